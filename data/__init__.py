@@ -1,0 +1,57 @@
+"""Datasets -> tff.simulation ClientData: loaders, partitioners, client inputs.
+
+Public names are re-exported lazily (PEP 562): `from data import
+IidPartitioner` or `import data.partitioners` does not import TensorFlow,
+which the partition explorer and quick checks appreciate; names from
+`data.datasets` / `data.loaders` import TF/TFF on first use.
+
+This package depends on numpy, TF/TFF, tensorflow-datasets, scikit-learn and
+matplotlib only: never on `programs` or the method modules of `tff_algos`.
+"""
+
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    'data.partitioners': (
+        'PartitionError', 'Partition', 'Partitioner', 'IidPartitioner',
+        'DirichletPartitioner', 'ShardPartitioner', 'ClassesPerClientPartitioner',
+        'QuantitySkewPartitioner', 'ClusterSkewPartitioner', 'CLUSTER_LAYOUTS',
+        'PARTITIONERS', 'make_partitioner',
+    ),
+    'data.client_inputs': ('client_input', 'sample_clients', 'round_inputs'),
+    'data.datasets': ('ArrayDataset', 'ArrayClientData', 'FederatedDataset', 'federate'),
+    'data.loaders': (
+        'DatasetNotFoundError', 'FASHION_MNIST_DIR', 'read_idx', 'load_fashion_mnist',
+        'load_digits', 'TFDS_NAMES', 'load_tfds', 'load_tff_emnist', 'load_tff_shakespeare',
+        'LEAF_LETTERS', 'load_leaf', 'DATASETS', 'NATURALLY_FEDERATED', 'load_dataset',
+    ),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+  module = _WHERE.get(name)
+  if module is None:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  value = getattr(importlib.import_module(module), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+  from data.client_inputs import client_input, round_inputs, sample_clients  # noqa: F401
+  from data.datasets import ArrayClientData, ArrayDataset, FederatedDataset, federate  # noqa: F401
+  from data.loaders import (  # noqa: F401
+      DATASETS, FASHION_MNIST_DIR, LEAF_LETTERS, NATURALLY_FEDERATED, TFDS_NAMES,
+      DatasetNotFoundError, load_dataset, load_digits, load_fashion_mnist, load_leaf,
+      load_tfds, load_tff_emnist, load_tff_shakespeare, read_idx)
+  from data.partitioners import (  # noqa: F401
+      CLUSTER_LAYOUTS, PARTITIONERS, ClassesPerClientPartitioner, ClusterSkewPartitioner,
+      DirichletPartitioner, IidPartitioner, Partition, PartitionError, Partitioner,
+      QuantitySkewPartitioner, ShardPartitioner, make_partitioner)

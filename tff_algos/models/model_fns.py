@@ -1,0 +1,72 @@
+"""`model_fn`s: no-arg callables building fresh `tff.learning.models.VariableModel`s."""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Optional
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_algos.models import zoo
+
+
+def input_spec_for(name: str, input_shape: Optional[zoo.Shape] = None
+                   ) -> collections.OrderedDict:
+  """The `input_spec` of zoo model `name`: an OrderedDict(x=TensorSpec, y=TensorSpec).
+
+  Image / vector models: x float32 [None, *input_shape], y int32 [None].
+  'char_lstm': x and y int32 [None, seq_length] (input_shape is (seq_length,)).
+  `input_shape` defaults to `zoo.DEFAULT_INPUT_SHAPES[name]`.
+  """
+  zoo.check_model_name(name)
+  if input_shape is None:
+    input_shape = zoo.DEFAULT_INPUT_SHAPES[name]
+  input_shape = tuple(int(d) for d in input_shape)
+  if name in zoo.SEQUENCE_MODELS:
+    if len(input_shape) != 1:
+      raise ValueError(f'{name} expects input_shape (seq_length,), got {input_shape}')
+    return collections.OrderedDict(
+        x=tf.TensorSpec([None, input_shape[0]], tf.int32),
+        y=tf.TensorSpec([None, input_shape[0]], tf.int32))
+  return collections.OrderedDict(
+      x=tf.TensorSpec([None, *input_shape], tf.float32),
+      y=tf.TensorSpec([None], tf.int32))
+
+
+def make_model_fn(name: str, input_shape: Optional[zoo.Shape] = None,
+                  num_classes: Optional[int] = None, seed: Optional[int] = None
+                  ) -> Callable[[], tff.learning.models.VariableModel]:
+  """Returns a no-arg `model_fn` for `tff.learning` building zoo model `name`.
+
+  Every call builds a fresh Keras model (with `seed`, every call starts from the same initial
+  weights) and wraps it with `tff.learning.models.from_keras_model`, using
+  `SparseCategoricalCrossentropy(from_logits=True)` and a `SparseCategoricalAccuracy` metric.
+  The loss is created per call and the metric is passed as a constructor, so TFF gets fresh
+  metric objects and rebuilds them from the constructor when finalizing (the form TFF 0.87
+  recommends over metric instances).
+
+  Argument validation (unknown name, bad shapes) happens here, not at the first call.
+  """
+  zoo.check_model_name(name)
+  if input_shape is None:
+    input_shape = zoo.DEFAULT_INPUT_SHAPES[name]
+  if num_classes is None:
+    num_classes = zoo.DEFAULT_NUM_CLASSES[name]
+  input_shape = tuple(int(d) for d in input_shape)
+  num_classes = int(num_classes)
+  spec = input_spec_for(name, input_shape)  # validates the shape's rank for sequence models
+
+  def model_fn() -> tff.learning.models.VariableModel:
+    keras_model = zoo.build_keras_model(name, input_shape, num_classes, seed=seed)
+    return tff.learning.models.from_keras_model(
+        keras_model,
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=collections.OrderedDict(spec),
+        metrics=[tf.keras.metrics.SparseCategoricalAccuracy],
+    )
+
+  model_fn.__name__ = f'{name}_model_fn'
+  model_fn.__qualname__ = model_fn.__name__
+  return model_fn
