@@ -1,1 +1,8 @@
-"""tff_algos."""
+"""tff_algos: FedCross, FedCDA, CADIS and FedLEx for TensorFlow Federated, with their baselines.
+
+Every method is built by a `build_<method>` function returning a
+`tff.learning.templates.LearningProcess`; see README.md.
+"""
+from tff_algos.baselines import (
+    BASELINES, build_baseline, build_fedadam, build_fedavg, build_fedavgm, build_fedprox,
+    build_fedsgd)

@@ -1,0 +1,153 @@
+"""The baselines the papers compare against, on the project's fast client-training path.
+
+Each builder composes `tff.learning.templates.compose_learning_process` from TFF's stock
+broadcast distributor, `tff.aggregators.MeanFactory` and apply-optimizer finalizer, with the
+shared client work (`tff_algos.client_work`), so every comparison runs the same local
+training as the new methods. Results equal TFF's own builders on the same data and
+optimisers (tests/test_baselines.py), except FedProx, see `build_fedprox`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_algos.client_work import model_delta
+
+BASELINES = ('fedavg', 'fedavgm', 'fedadam', 'fedprox', 'fedsgd')
+
+
+def initial_model_weights_fn(model_fn) -> tff.Computation:
+  """A no-arg TF computation returning the model_fn model's initial `ModelWeights`."""
+
+  @tff.tensorflow.computation
+  def initial_weights():
+    return tff.learning.models.ModelWeights.from_model(model_fn())
+
+  return initial_weights
+
+
+def compose_with_client_work(
+    model_fn,
+    client_work: tff.learning.templates.ClientWorkProcess,
+    server_optimizer_fn: tff.learning.optimizers.Optimizer,
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+) -> tff.learning.templates.LearningProcess:
+  """Broadcast -> `client_work` -> weighted mean of updates -> server optimiser step."""
+  initial_weights = initial_model_weights_fn(model_fn)
+  weights_type = initial_weights.type_signature.result
+  distributor = tff.learning.templates.build_broadcast_process(weights_type)
+  aggregator_factory = model_aggregator or tff.aggregators.MeanFactory()
+  aggregator = aggregator_factory.create(
+      weights_type.trainable, tff.TensorType(tf.float32.as_numpy_dtype))
+  finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
+      server_optimizer_fn, weights_type)
+  return tff.learning.templates.compose_learning_process(
+      initial_weights, distributor, client_work, aggregator, finalizer)
+
+
+def build_fedavg(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    client_batch_size: int,
+    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
+    *,
+    client_weighting: str = 'num_examples',
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    guided: bool = False,
+) -> tff.learning.templates.LearningProcess:
+  """FedAvg (McMahan et al. 2017): server SGD with learning rate 1.0 by default.
+
+  Args:
+    model_fn: no-arg function returning a `tff.learning.models.VariableModel`.
+    client_optimizer_fn: a `tff.learning.optimizers.Optimizer` for local steps.
+    client_batch_size: local batch size.
+    server_optimizer_fn: applied to the weighted mean update (default SGD, lr 1.0).
+    client_weighting: 'num_examples' or 'uniform'.
+    model_aggregator: a weighted aggregation factory (default `MeanFactory`).
+    guided: FedLEx guidance in the client work state (see `tff_algos.fedlex`).
+  """
+  client_work = model_delta.build_model_delta_client_work(
+      model_fn, client_optimizer_fn, client_batch_size,
+      client_weighting=client_weighting, guided=guided)
+  return compose_with_client_work(
+      model_fn, client_work,
+      server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=1.0),
+      model_aggregator)
+
+
+def build_fedavgm(model_fn, client_optimizer_fn, client_batch_size, *,
+                  server_learning_rate: float = 1.0, server_momentum: float = 0.9,
+                  **kwargs) -> tff.learning.templates.LearningProcess:
+  """FedAvgM (Hsu et al. 2019): FedAvg with server SGD momentum (default lr 1.0, m 0.9)."""
+  return build_fedavg(
+      model_fn, client_optimizer_fn, client_batch_size,
+      tff.learning.optimizers.build_sgdm(learning_rate=server_learning_rate,
+                                         momentum=server_momentum), **kwargs)
+
+
+def build_fedadam(model_fn, client_optimizer_fn, client_batch_size, *,
+                  server_learning_rate: float = 1e-2, beta_1: float = 0.9,
+                  beta_2: float = 0.99, epsilon: float = 1e-3,
+                  **kwargs) -> tff.learning.templates.LearningProcess:
+  """FedAdam / FedOpt (Reddi et al. 2021): FedAvg with a server Adam optimiser."""
+  return build_fedavg(
+      model_fn, client_optimizer_fn, client_batch_size,
+      tff.learning.optimizers.build_adam(learning_rate=server_learning_rate,
+                                         beta_1=beta_1, beta_2=beta_2, epsilon=epsilon),
+      **kwargs)
+
+
+def build_fedprox(
+    model_fn, client_optimizer_fn, client_batch_size, proximal_strength: float = 0.01,
+    server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None, *,
+    client_weighting: str = 'num_examples',
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    guided: bool = False,
+) -> tff.learning.templates.LearningProcess:
+  """FedProx (Li et al. 2020): local loss + (mu/2)||w - w_t||^2.
+
+  Note: TFF 0.87's `build_weighted_fed_prox` adds mu * (w_t - w) to the gradient, the
+  negative of the proximal term's gradient, so it pushes clients away from the global
+  model. This builder uses the paper's sign; tests/test_baselines.py shows both facts.
+  """
+  if proximal_strength < 0:
+    raise ValueError(f'proximal_strength must be >= 0, got {proximal_strength}')
+  client_work = model_delta.build_model_delta_client_work(
+      model_fn, client_optimizer_fn, client_batch_size,
+      proximal_strength=proximal_strength, client_weighting=client_weighting,
+      guided=guided)
+  return compose_with_client_work(
+      model_fn, client_work,
+      server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=1.0),
+      model_aggregator)
+
+
+def build_fedsgd(
+    model_fn, server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
+    client_batch_size: int = 256, *,
+    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    guided: bool = False,
+) -> tff.learning.templates.LearningProcess:
+  """FedSGD: each client uploads its full-batch mean gradient; server SGD (lr 0.1 default,
+  as `tff.learning.algorithms.build_fed_sgd`). `client_batch_size` only bounds memory."""
+  client_work = model_delta.build_model_delta_client_work(
+      model_fn, None, client_batch_size, full_gradient=True, guided=guided)
+  return compose_with_client_work(
+      model_fn, client_work,
+      server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=0.1),
+      model_aggregator)
+
+
+def build_baseline(name: str, model_fn, client_optimizer_fn, client_batch_size: int,
+                   **kwargs) -> tff.learning.templates.LearningProcess:
+  """`build_<name>` by name, for programs."""
+  if name == 'fedsgd':
+    return build_fedsgd(model_fn, client_batch_size=client_batch_size, **kwargs)
+  builders = dict(fedavg=build_fedavg, fedavgm=build_fedavgm, fedadam=build_fedadam,
+                  fedprox=build_fedprox)
+  if name not in builders:
+    raise ValueError(f'unknown baseline {name!r}; choose one of {BASELINES}')
+  return builders[name](model_fn, client_optimizer_fn, client_batch_size, **kwargs)

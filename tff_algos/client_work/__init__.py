@@ -1,0 +1,8 @@
+"""Client work: the shared fast local-training loop and the client work processes built on it."""
+from tff_algos.client_work.local_training import (
+    INPUT_KEYS, LocalTrainingOutput, build_local_training, client_data_type,
+    client_element_type, finalize_training_metrics, single_element, training_metric_sums,
+    zero_if_non_finite)
+from tff_algos.client_work.model_delta import (
+    CLIENT_WEIGHTINGS, build_model_delta_client_work, model_input_spec, model_weights_type,
+    sum_and_finalize_training_metrics)

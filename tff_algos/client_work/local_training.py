@@ -1,0 +1,225 @@
+"""The one fast local-training path every method trains its clients through.
+
+Client input (what `data.client_inputs.client_input` builds): a TFF sequence holding ONE
+element, a structure of whole-client tensors
+
+    x      the client's features  [n, ...]
+    y      its labels             [n] (or [n, T] for sequence models)
+    order  int32 [E, n]: one permutation of range(n) per local epoch
+    index  int32 scalar: the client's index in [0, N)
+    slot   int32 scalar: its position in this round's sample, in [0, P)
+
+Batches are gathered in-graph from `order` inside one `tf.function` loop. Feeding
+whole-client tensors instead of a `tf.data` pipeline of batches is what makes a round cost
+about what a tight plain-TF loop costs (see benchmarks/round_overhead.py); wrapping them in a
+one-element sequence keeps the data a `tff.SequenceType`, so TFF's own templates
+(`ClientWorkProcess`, `compose_learning_process`) accept it. The number of epochs and the
+batch order live in the data, so a resumed run replays them exactly.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, NamedTuple, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+INPUT_KEYS = ('x', 'y', 'order', 'index', 'slot')
+
+
+def client_element_type(model_input_spec) -> tff.StructType:
+  """The type of the one element of a client's input sequence, from a model's input_spec."""
+  x_spec, y_spec = model_input_spec['x'], model_input_spec['y']
+  return tff.StructType([
+      ('x', tff.TensorType(x_spec.dtype.as_numpy_dtype, x_spec.shape)),
+      ('y', tff.TensorType(y_spec.dtype.as_numpy_dtype, y_spec.shape)),
+      ('order', tff.TensorType(np.int32, [None, None])),
+      ('index', tff.TensorType(np.int32)),
+      ('slot', tff.TensorType(np.int32)),
+  ])
+
+
+def client_data_type(model_input_spec) -> tff.SequenceType:
+  return tff.SequenceType(client_element_type(model_input_spec))
+
+
+def single_element(dataset) -> Any:
+  """The whole-client structure out of its one-element sequence."""
+  return dataset.get_single_element()
+
+
+class LocalTrainingOutput(NamedTuple):
+  """What one client's local training produces (all tensors)."""
+  model_weights: Any        # tff.learning.models.ModelWeights after training
+  num_examples: tf.Tensor   # float32, examples in one epoch (n)
+  loss_sum: tf.Tensor       # float32, sum over all steps of batch loss x batch size
+  correct: tf.Tensor        # float32, correct predictions over all steps
+  seen: tf.Tensor           # float32, predictions scored for accuracy (examples or tokens)
+  examples_trained: tf.Tensor  # float32, examples over all steps (n x epochs)
+  last_epoch_loss: tf.Tensor  # float32, mean training loss over the last epoch
+  full_gradient: Any        # full-batch mean gradient at the initial weights (FedSGD) or ()
+
+
+# Hooks a method adds to the shared loop, all optional:
+#   gradient_transform(grads, context) -> grads      (FedLEx guidance)
+#   extra_loss(batch, output, context) -> scalar     (CADIS knowledge distillation)
+GradientTransform = Callable[[list, Any], list]
+ExtraLoss = Callable[[Any, Any, Any], tf.Tensor]
+
+
+def _accuracy_terms(predictions, labels):
+  """(correct, counted) for classification; padding label 0 is skipped for sequences."""
+  pred = tf.argmax(predictions, axis=-1, output_type=labels.dtype)
+  hit = tf.cast(tf.equal(pred, labels), tf.float32)
+  if labels.shape.rank is not None and labels.shape.rank > 1:
+    mask = tf.cast(tf.not_equal(labels, 0), tf.float32)
+    return tf.reduce_sum(hit * mask), tf.reduce_sum(mask)
+  return tf.reduce_sum(hit), tf.cast(tf.size(labels), tf.float32)
+
+
+def build_local_training(
+    model: tff.learning.models.VariableModel,
+    optimizer: Optional[tff.learning.optimizers.Optimizer],
+    batch_size: int,
+    *,
+    proximal_strength: float = 0.0,
+    full_gradient: bool = False,
+    gradient_transform: Optional[GradientTransform] = None,
+    extra_loss: Optional[ExtraLoss] = None,
+) -> Callable[..., LocalTrainingOutput]:
+  """Returns `train(initial_weights, element, context=None)` as a `tf.function`.
+
+  Call inside a `tff.tensorflow.computation`, with `model` built there too.
+
+  Args:
+    model: the client's `tff.learning.models.VariableModel`.
+    optimizer: a `tff.learning.optimizers.Optimizer`, re-initialised for every client and
+      round as in `tff.learning`; unused when `full_gradient`.
+    batch_size: examples per local step (the last batch of an epoch may be smaller).
+    proximal_strength: FedProx's mu: adds mu * (w - w_t) to every gradient, the gradient of
+      (mu/2)||w - w_t||^2.
+    full_gradient: FedSGD: no local step; accumulate the example-weighted mean gradient over
+      the first epoch's batches at the initial weights.
+    gradient_transform: applied to the gradients before the optimiser step.
+    extra_loss: added to the model's batch loss inside the tape.
+  """
+  if batch_size <= 0:
+    raise ValueError(f'batch_size must be positive, got {batch_size}')
+  if not full_gradient and optimizer is None:
+    raise ValueError('an optimizer is required unless full_gradient=True')
+
+  @tf.function
+  def train(initial_weights, element, context=None):
+    weights = tff.learning.models.ModelWeights.from_model(model)
+    tf.nest.map_structure(lambda v, t: v.assign(t), weights, initial_weights)
+    trainable = list(weights.trainable)
+    initial_trainable = [tf.identity(t) for t in initial_weights.trainable]
+    x, y, order = element['x'], element['y'], element['order']
+    n = tf.shape(order)[1]
+    epochs = tf.shape(order)[0]
+    if full_gradient:
+      epochs = tf.minimum(epochs, 1)
+    batches_per_epoch = (n + batch_size - 1) // batch_size
+    num_steps = epochs * batches_per_epoch
+
+    if full_gradient:
+      opt_state = ()
+    else:
+      specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
+      opt_state = optimizer.initialize(specs)
+    grad_sum = [tf.zeros_like(v) for v in trainable] if full_gradient else []
+    loss_sum = tf.constant(0.0)
+    correct = tf.constant(0.0)
+    seen = tf.constant(0.0)
+    examples_trained = tf.constant(0.0)
+    last_loss = tf.constant(0.0)
+    last_count = tf.constant(0.0)
+
+    for step in tf.range(num_steps):
+      epoch = step // batches_per_epoch
+      start = (step % batches_per_epoch) * batch_size
+      end = tf.minimum(start + batch_size, n)
+      idx = order[epoch, start:end]
+      batch = collections.OrderedDict(x=tf.gather(x, idx), y=tf.gather(y, idx))
+      with tf.GradientTape() as tape:
+        output = model.forward_pass(batch, training=not full_gradient)
+        loss = output.loss
+        if extra_loss is not None:
+          loss = loss + extra_loss(batch, output, context)
+      grads = tape.gradient(loss, trainable,
+                            unconnected_gradients=tf.UnconnectedGradients.ZERO)
+      if proximal_strength:
+        grads = [g + proximal_strength * (v - v0)
+                 for g, v, v0 in zip(grads, trainable, initial_trainable)]
+      if gradient_transform is not None:
+        grads = list(gradient_transform(grads, context))
+      count = tf.cast(end - start, tf.float32)
+      if full_gradient:
+        grad_sum = [s + count * g for s, g in zip(grad_sum, grads)]
+      else:
+        opt_state, updated = optimizer.next(opt_state, tuple(trainable), tuple(grads))
+        for v, u in zip(trainable, updated):
+          v.assign(u)
+      batch_loss = tf.cast(output.loss, tf.float32)
+      loss_sum += batch_loss * count
+      examples_trained += count
+      hits, counted = _accuracy_terms(output.predictions, batch['y'])
+      correct += hits
+      seen += counted
+      in_last_epoch = tf.cast(tf.equal(epoch, epochs - 1), tf.float32)
+      last_loss += in_last_epoch * batch_loss * count
+      last_count += in_last_epoch * count
+
+    num_examples = tf.cast(n, tf.float32)
+    if full_gradient:
+      full = tuple(s / tf.maximum(num_examples, 1.0) for s in grad_sum)
+    else:
+      full = ()
+    return LocalTrainingOutput(
+        model_weights=tff.learning.models.ModelWeights(
+            trainable=[tf.identity(v) for v in weights.trainable],
+            non_trainable=[tf.identity(v) for v in weights.non_trainable]),
+        num_examples=num_examples,
+        loss_sum=loss_sum,
+        correct=correct,
+        seen=seen,
+        examples_trained=examples_trained,
+        last_epoch_loss=tf.math.divide_no_nan(last_loss, last_count),
+        full_gradient=full)
+
+  return train
+
+
+def zero_if_non_finite(structure):
+  """(structure zeroed if any entry is NaN/Inf, 1.0 if it was non-finite else 0.0)."""
+  flat = tf.nest.flatten(structure)
+  finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in flat])
+  zeroed = tf.nest.map_structure(
+      lambda t: tf.where(finite, t, tf.zeros_like(t)), structure)
+  return zeroed, tf.cast(tf.logical_not(finite), tf.float32)
+
+
+def training_metric_sums(out: LocalTrainingOutput, non_finite) -> collections.OrderedDict:
+  """Per-client sums that `finalize_training_metrics` turns into round metrics."""
+  return collections.OrderedDict(
+      loss_sum=out.loss_sum,
+      examples_trained=out.examples_trained,
+      correct=out.correct,
+      seen=out.seen,
+      num_examples=out.num_examples,
+      last_epoch_loss_sum=out.last_epoch_loss * out.num_examples,
+      num_clients=tf.constant(1.0),
+      non_finite_clients=non_finite)
+
+
+def finalize_training_metrics(sums) -> collections.OrderedDict:
+  """Round metrics from the federated sum of `training_metric_sums` (a TF function body)."""
+  return collections.OrderedDict(
+      loss=tf.math.divide_no_nan(sums['loss_sum'], sums['examples_trained']),
+      accuracy=tf.math.divide_no_nan(sums['correct'], sums['seen']),
+      last_epoch_loss=tf.math.divide_no_nan(sums['last_epoch_loss_sum'], sums['num_examples']),
+      num_examples=sums['num_examples'],
+      num_clients=sums['num_clients'],
+      non_finite_clients=sums['non_finite_clients'])
