@@ -69,7 +69,7 @@ GradientTransform = Callable[[list, Any], list]
 ExtraLoss = Callable[[Any, Any, Any], tf.Tensor]
 
 
-def _accuracy_terms(predictions, labels):
+def accuracy_terms(predictions, labels):
   """(correct, counted) for classification; padding label 0 is skipped for sequences."""
   pred = tf.argmax(predictions, axis=-1, output_type=labels.dtype)
   hit = tf.cast(tf.equal(pred, labels), tf.float32)
@@ -165,7 +165,7 @@ def build_local_training(
       batch_loss = tf.cast(output.loss, tf.float32)
       loss_sum += batch_loss * count
       examples_trained += count
-      hits, counted = _accuracy_terms(output.predictions, batch['y'])
+      hits, counted = accuracy_terms(output.predictions, batch['y'])
       correct += hits
       seen += counted
       in_last_epoch = tf.cast(tf.equal(epoch, epochs - 1), tf.float32)

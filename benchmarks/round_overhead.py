@@ -1,0 +1,209 @@
+"""Seconds per FedAvg round: plain TF vs our fast client path vs TFF's stock builder.
+
+Builds, on identical clients, three things doing the same FedAvg work (one local epoch of
+SGD per client, example-weighted mean of the deltas, server SGD with learning rate 1.0):
+
+  plain_tf  a tight plain-TF loop in this Python process: one `tf.function` per client
+            epoch over pre-gathered tensor batches of a Keras model;
+  ours      `tff_algos.baselines.build_fedavg` (whole-client tensors, batches gathered
+            in-graph by `tff_algos.client_work.build_local_training`);
+  tff       `tff.learning.algorithms.build_weighted_fed_avg` with `tf.data` clients.
+
+They run INTERLEAVED round by round in one process (the order rotates every round), so
+load from other users of the machine hits all three alike. Prints the median seconds per
+round of each after the warm-up rounds, and the ratios ours / plain_tf and tff / plain_tf.
+All three start from the same weights and see the same batches; the script also prints
+how far their final weights are apart (float noise only).
+
+  .venv/bin/python benchmarks/round_overhead.py --examples_per_client=200 --rounds=3
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+from absl import logging
+import numpy as np
+# TF is imported here, not inside main(): imported after absl's app.run has parsed the
+# flags, Keras' Flatten fails to build fedavg_cnn ("Attempt to convert a value (None)").
+import tensorflow as tf
+
+_MODEL = flags.DEFINE_string('model', 'fedavg_cnn', 'tff_algos.models zoo model.')
+_DATASET = flags.DEFINE_enum('dataset', 'fashion_mnist', ['fashion_mnist', 'digits'],
+                             'Data (fashion_mnist falls back to digits if it is missing).')
+_CLIENTS = flags.DEFINE_integer('clients', 10, 'Clients per round (all clients take part).')
+_EXAMPLES = flags.DEFINE_integer('examples_per_client', 600, 'Examples per client.')
+_BATCH = flags.DEFINE_integer('batch_size', 50, 'Local batch size.')
+_EPOCHS = flags.DEFINE_integer('epochs', 1, 'Local epochs.')
+_LR = flags.DEFINE_float('client_lr', 0.1, 'Client SGD learning rate.')
+_ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per variant.')
+_WARMUP = flags.DEFINE_integer('warmup_rounds', 1, 'Untimed rounds per variant first.')
+_SEED = flags.DEFINE_integer('seed', 0, 'Seed for data selection, orders and model init.')
+
+VARIANTS = ('plain_tf', 'ours', 'tff')
+
+
+def load_data(name):
+  import data  # pylint: disable=g-import-not-at-top
+  if name == 'fashion_mnist':
+    try:
+      return data.load_fashion_mnist()
+    except data.DatasetNotFoundError as e:
+      print(f'Fashion-MNIST unavailable ({e}); using digits', flush=True)
+  return data.load_digits()
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)  # TFF logs every Keras model it wraps
+  t_start = time.perf_counter()
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  execution.initialize_runtime()
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import baselines  # pylint: disable=g-import-not-at-top
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+
+  num_clients, per_client, batch, epochs = (_CLIENTS.value, _EXAMPLES.value, _BATCH.value,
+                                            _EPOCHS.value)
+  if per_client % batch:
+    raise app.UsageError('examples_per_client must be a multiple of batch_size '
+                         '(the plain-TF loop stacks full batches)')
+  ds = load_data(_DATASET.value)
+  total = num_clients * per_client
+  if total > ds.x_train.shape[0]:
+    raise app.UsageError(f'{num_clients} x {per_client} examples > {ds.x_train.shape[0]} '
+                         f'in {ds.name}')
+  pick = np.random.default_rng(_SEED.value).permutation(ds.x_train.shape[0])[:total]
+  xs = np.split(ds.x_train[pick], num_clients)
+  ys = np.split(ds.y_train[pick], num_clients)
+  input_shape = ds.input_shape
+  model_fn = models.make_model_fn(_MODEL.value, input_shape, ds.num_classes, seed=_SEED.value)
+  client_opt = tff.learning.optimizers.build_sgdm(learning_rate=_LR.value)
+  server_opt = tff.learning.optimizers.build_sgdm(learning_rate=1.0)
+
+  t0 = time.perf_counter()
+  ours = baselines.build_fedavg(model_fn, client_opt, batch, server_opt)
+  t_build_ours = time.perf_counter() - t0
+  t0 = time.perf_counter()
+  stock = tff.learning.algorithms.build_weighted_fed_avg(
+      model_fn, client_optimizer_fn=client_opt, server_optimizer_fn=server_opt)
+  t_build_tff = time.perf_counter() - t0
+  state_ours = ours.initialize()
+  state_tff = stock.initialize()
+  w0 = ours.get_model_weights(state_ours)
+  num_params = sum(int(np.prod(np.shape(t))) for t in w0.trainable)
+
+  # Plain TF: a Keras model created after TFF has built its processes (TFF_NOTES traps).
+  keras_model = models.build_keras_model(_MODEL.value, input_shape, ds.num_classes,
+                                         seed=_SEED.value)
+  variables = keras_model.trainable_variables
+  loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  lr = tf.constant(_LR.value, tf.float32)
+
+  @tf.function
+  def client_epochs(global_weights, xb, yb):
+    """All local epochs of one client over stacked batches xb [steps, B, ...]."""
+    for v, w in zip(variables, global_weights):
+      v.assign(w)
+    loss_sum = tf.constant(0.0)
+    correct = tf.constant(0.0)
+    for i in tf.range(tf.shape(xb)[0]):
+      x, y = xb[i], yb[i]
+      with tf.GradientTape() as tape:
+        logits = keras_model(x, training=True)
+        loss = loss_fn(y, logits)
+      grads = tape.gradient(loss, variables)
+      for v, g in zip(variables, grads):
+        v.assign_sub(lr * g)
+      count = tf.cast(tf.shape(y)[0], tf.float32)
+      loss_sum += loss * count
+      correct += tf.reduce_sum(tf.cast(
+          tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
+    delta = [w - v for v, w in zip(variables, global_weights)]
+    return delta, loss_sum, correct
+
+  plain_weights = [tf.constant(np.asarray(t)) for t in w0.trainable]
+  for v, w in zip(variables, plain_weights):  # check: same start as the TFF processes
+    v.assign(w)
+
+  def plain_round(weights, inputs):
+    total_n = 0.0
+    acc = [tf.zeros_like(w) for w in weights]
+    for inp in inputs:
+      steps = inp['order'].reshape(-1, batch)  # epochs x n / B full batches
+      xb = tf.constant(inp['x'][steps])
+      yb = tf.constant(inp['y'][steps])
+      delta, _, _ = client_epochs(weights, xb, yb)
+      n = float(inp['x'].shape[0])
+      acc = [a + n * d for a, d in zip(acc, delta)]
+      total_n += n
+    return [w - a / total_n for w, a in zip(weights, acc)]
+
+  def tff_dataset(inp):
+    x, y, order = inp['x'], inp['y'], inp['order']
+    parts = [tf.data.Dataset.from_tensor_slices(
+        collections.OrderedDict(x=x[o], y=y[o])).batch(batch) for o in order]
+    out = parts[0]
+    for p in parts[1:]:
+      out = out.concatenate(p)
+    return out
+
+  print(f'setup: {ds.name} {num_clients} clients x {per_client} examples, batch {batch}, '
+        f'{epochs} epoch(s), model {_MODEL.value} ({num_params:,} params), '
+        f'{_WARMUP.value} warm-up + {_ROUNDS.value} timed rounds, interleaved', flush=True)
+  print(f'build: ours {t_build_ours:.1f} s, tff {t_build_tff:.1f} s', flush=True)
+
+  times = {v: [] for v in VARIANTS}
+  total_rounds = _WARMUP.value + _ROUNDS.value
+  for r in range(total_rounds):
+    inputs = []
+    for c in range(num_clients):
+      rng = np.random.default_rng([_SEED.value, r, c, 1])
+      inputs.append(data.client_input(xs[c], ys[c], epochs, rng, c, c))
+    datasets = [tff_dataset(inp) for inp in inputs]
+    order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
+    line = []
+    for variant in order:
+      t0 = time.perf_counter()
+      if variant == 'plain_tf':
+        plain_weights = plain_round(plain_weights, inputs)
+        _ = [w.numpy() for w in plain_weights]  # wait for the values
+      elif variant == 'ours':
+        state_ours = ours.next(state_ours, [[inp] for inp in inputs]).state
+      else:
+        state_tff = stock.next(state_tff, datasets).state
+      dt = time.perf_counter() - t0
+      line.append(f'{variant} {dt:.2f}s')
+      if r >= _WARMUP.value:
+        times[variant].append(dt)
+    tag = 'warm-up' if r < _WARMUP.value else 'timed'
+    print(f'round {r} ({tag}): ' + ', '.join(line), flush=True)
+
+  med = {v: statistics.median(times[v]) for v in VARIANTS}
+  print('\nmedian s/round: ' + ', '.join(f'{v} {med[v]:.3f}' for v in VARIANTS))
+  print(f'ratio ours / plain_tf: {med["ours"] / med["plain_tf"]:.2f}x')
+  print(f'ratio tff / plain_tf: {med["tff"] / med["plain_tf"]:.2f}x')
+
+  w_ours = ours.get_model_weights(state_ours).trainable
+  w_tff = stock.get_model_weights(state_tff).trainable
+  diff_tff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                 for a, b in zip(w_ours, w_tff))
+  diff_plain = max(float(np.max(np.abs(np.asarray(a) - b.numpy())))
+                   for a, b in zip(w_ours, plain_weights))
+  print(f'final weights max |ours - tff| {diff_tff:.2e}, max |ours - plain_tf| '
+        f'{diff_plain:.2e}')
+  print(f'total wall time {time.perf_counter() - t_start:.0f} s')
+
+
+if __name__ == '__main__':
+  app.run(main)

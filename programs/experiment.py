@@ -1,0 +1,369 @@
+"""The training loop behind programs/train.py: data -> process -> rounds -> results.
+
+Kept apart from the absl binary so that tests and notebooks can run an experiment from a
+plain `ExperimentConfig`. Per experiment directory it writes `metrics.csv`, TensorBoard
+events, `checkpoints/` (TFF's FileProgramStateManager: each version is written to a temp
+directory and renamed, so a kill mid-write leaves the previous one intact), `summary.json`,
+`accuracy.png` and `partition.npz`.
+
+Resume is exact: client sampling and per-epoch batch orders are functions of
+(seed, round, client), model initialisation of the seed, and everything else is in the
+saved program state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import csv
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+ALGORITHMS = ('fedavg', 'fedavgm', 'fedadam', 'fedprox', 'fedsgd')
+SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
+DEFAULT_MODELS = {
+    'digits': 'tiny_cnn', 'fashion_mnist': 'fedavg_cnn', 'mnist': 'fedavg_cnn',
+    'emnist': 'fedavg_cnn', 'femnist_tff': 'fedavg_cnn', 'femnist_leaf': 'fedavg_cnn',
+    'cifar10': 'resnet20', 'cifar100': 'resnet20', 'shakespeare_tff': 'char_lstm',
+    'shakespeare_leaf': 'char_lstm',
+}
+
+
+class ExperimentError(Exception):
+  """A problem the user can fix; its message is one line naming the fix."""
+
+
+@dataclasses.dataclass
+class ExperimentConfig:
+  algorithm: str = 'fedavg'
+  dataset: str = 'fashion_mnist'
+  data_dir: Optional[str] = None
+  partition: str = 'dirichlet'
+  dirichlet_alpha: float = 0.5
+  shards_per_client: int = 2
+  classes_per_client: int = 2
+  quantity_alpha: float = 1.0
+  num_clients: int = 20
+  clients_per_round: int = 4
+  rounds: int = 30
+  local_epochs: int = 1
+  batch_size: int = 50
+  client_lr: float = 0.01
+  client_momentum: float = 0.5
+  server_optimizer: str = ''   # '' = the algorithm's own default
+  server_lr: float = -1.0      # < 0 = the algorithm's own default
+  server_momentum: float = 0.9
+  proximal_strength: float = 0.01
+  model: str = ''              # '' = the dataset's default model
+  seed: int = 0
+  eval_every: int = 1
+  root_output_dir: str = 'runs'
+  experiment_name: str = ''
+  resume: bool = False
+  progress: bool = True
+  # Method-specific options are passed through untouched to the method builders.
+  method_options: dict = dataclasses.field(default_factory=dict)
+
+  @property
+  def experiment_dir(self) -> str:
+    name = self.experiment_name or f'{self.algorithm}_{self.dataset}_{self.partition}_s{self.seed}'
+    return os.path.join(self.root_output_dir, name)
+
+
+def validate(config: ExperimentConfig) -> None:
+  """Raises ExperimentError with one line for the first bad setting."""
+  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+  c = config
+  if c.algorithm not in ALGORITHMS:
+    raise ExperimentError(f'--algorithm={c.algorithm!r} is unknown; choose one of {", ".join(ALGORITHMS)}')
+  if c.dataset not in data.DATASETS:
+    raise ExperimentError(f'--dataset={c.dataset!r} is unknown; choose one of {", ".join(data.DATASETS)}')
+  if c.dataset not in data.NATURALLY_FEDERATED and c.partition not in data.PARTITIONERS:
+    raise ExperimentError(f'--partition={c.partition!r} is unknown; choose one of {", ".join(data.PARTITIONERS)}')
+  if c.model and c.model not in models.MODELS:
+    raise ExperimentError(f'--model={c.model!r} is unknown; choose one of {", ".join(models.MODELS)}')
+  positive_ints = dict(num_clients=c.num_clients, clients_per_round=c.clients_per_round,
+                       rounds=c.rounds, local_epochs=c.local_epochs, batch_size=c.batch_size,
+                       eval_every=c.eval_every)
+  for name, value in positive_ints.items():
+    if value < 1:
+      raise ExperimentError(f'--{name} must be at least 1, got {value}')
+  if c.clients_per_round > c.num_clients:
+    raise ExperimentError(
+        f'--clients_per_round={c.clients_per_round} exceeds --num_clients={c.num_clients}; '
+        'lower it or add clients')
+  if not c.client_lr > 0 or not math.isfinite(c.client_lr):
+    raise ExperimentError(f'--client_lr must be a positive number, got {c.client_lr}')
+  if not 0 <= c.client_momentum < 1:
+    raise ExperimentError(f'--client_momentum must be in [0, 1), got {c.client_momentum}')
+  if c.partition == 'dirichlet' and not c.dirichlet_alpha > 0:
+    raise ExperimentError(f'--dirichlet_alpha must be > 0, got {c.dirichlet_alpha}')
+  if c.server_optimizer and c.server_optimizer not in SERVER_OPTIMIZERS:
+    raise ExperimentError(
+        f'--server_optimizer={c.server_optimizer!r} is unknown; choose one of {", ".join(SERVER_OPTIMIZERS)}')
+  if c.proximal_strength < 0:
+    raise ExperimentError(f'--proximal_strength must be >= 0, got {c.proximal_strength}')
+
+
+def load_federated_data(c: ExperimentConfig):
+  """The FederatedDataset of the config (loaders and partitioners from data/)."""
+  import data  # pylint: disable=g-import-not-at-top
+  try:
+    loaded = data.load_dataset(c.dataset, c.data_dir)
+  except data.DatasetNotFoundError as e:
+    raise ExperimentError(str(e)) from None
+  if isinstance(loaded, data.FederatedDataset):
+    if c.num_clients > loaded.num_clients:
+      raise ExperimentError(
+          f'--num_clients={c.num_clients} but {c.dataset} has {loaded.num_clients} clients')
+    return loaded
+  params = dict(num_clients=c.num_clients, seed=c.seed)
+  if c.partition == 'dirichlet':
+    params['alpha'] = c.dirichlet_alpha
+  elif c.partition == 'shards':
+    params['shards_per_client'] = c.shards_per_client
+  elif c.partition == 'classes':
+    params['classes_per_client'] = c.classes_per_client
+  elif c.partition == 'quantity':
+    params['alpha'] = c.quantity_alpha
+  try:
+    return data.federate(loaded, data.make_partitioner(c.partition, **params))
+  except data.PartitionError as e:
+    raise ExperimentError(f'impossible partition: {e}') from None
+
+
+def build_process(c: ExperimentConfig, model_fn, fed):
+  """The LearningProcess of the config."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_algos import baselines  # pylint: disable=g-import-not-at-top
+  client_opt = tff.learning.optimizers.build_sgdm(
+      learning_rate=c.client_lr, momentum=c.client_momentum or None)
+  server_opt = None
+  if c.server_optimizer:
+    lr = c.server_lr if c.server_lr >= 0 else (1e-2 if c.server_optimizer == 'adam' else 1.0)
+    if c.server_optimizer == 'adam':
+      server_opt = tff.learning.optimizers.build_adam(learning_rate=lr, epsilon=1e-3)
+    else:
+      server_opt = tff.learning.optimizers.build_sgdm(
+          learning_rate=lr, momentum=c.server_momentum if c.server_optimizer == 'sgdm' else None)
+  del fed
+  if c.algorithm == 'fedavg':
+    return baselines.build_fedavg(model_fn, client_opt, c.batch_size, server_opt)
+  if c.algorithm == 'fedavgm':
+    return baselines.build_fedavgm(model_fn, client_opt, c.batch_size,
+                                   server_learning_rate=c.server_lr if c.server_lr >= 0 else 1.0,
+                                   server_momentum=c.server_momentum)
+  if c.algorithm == 'fedadam':
+    return baselines.build_fedadam(model_fn, client_opt, c.batch_size,
+                                   server_learning_rate=c.server_lr if c.server_lr >= 0 else 1e-2)
+  if c.algorithm == 'fedprox':
+    return baselines.build_fedprox(model_fn, client_opt, c.batch_size, c.proximal_strength,
+                                   server_opt)
+  if c.algorithm == 'fedsgd':
+    return baselines.build_fedsgd(model_fn, server_opt, client_batch_size=max(c.batch_size, 256))
+  raise ExperimentError(f'--algorithm={c.algorithm!r} is unknown')
+
+
+class Evaluator:
+  """Central test-set accuracy and loss of a process's global model."""
+
+  def __init__(self, model_fn, x_test, y_test):
+    from tff_algos import evaluation  # pylint: disable=g-import-not-at-top
+    self._evaluate = evaluation.build_central_evaluation(model_fn)
+    self._x, self._y = x_test, y_test
+
+  def __call__(self, model_weights) -> tuple[float, float]:
+    result = self._evaluate(model_weights, self._x, self._y)
+    return float(result['accuracy']), float(result['loss'])
+
+
+def _flatten_metrics(metrics, prefix='') -> dict:
+  flat = {}
+  for key, value in metrics.items():
+    name = f'{prefix}{key}'
+    if isinstance(value, collections.abc.Mapping):
+      flat.update(_flatten_metrics(value, name + '/'))
+    else:
+      arr = np.asarray(value)
+      if arr.ndim == 0:
+        flat[name] = arr.item()
+  return flat
+
+
+def _csv_rows(path) -> list[dict]:
+  if not os.path.exists(path):
+    return []
+  with open(path, newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def _write_csv(path, rows: list[dict]) -> None:
+  """Rewrites the CSV atomically (the column set may grow between rounds)."""
+  columns = []
+  for row in rows:
+    columns += [k for k in row if k not in columns]
+  tmp = path + '.tmp'
+  with open(tmp, 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+  os.replace(tmp, path)
+
+
+def _write_json(path, value) -> None:
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(value, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def plot_accuracy(rows: list[dict], path: str, title: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  points = [(int(r['round']), float(r['test_accuracy'])) for r in rows
+            if r.get('test_accuracy') not in (None, '')]
+  fig, ax = plt.subplots(figsize=(6, 4))
+  if points:
+    ax.plot(*zip(*points), marker='.')
+  ax.set_xlabel('round')
+  ax.set_ylabel('test accuracy')
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path + '.tmp.png', dpi=100)
+  plt.close(fig)
+  os.replace(path + '.tmp.png', path)
+
+
+def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> dict:
+  """Runs (or resumes) an experiment; returns the summary dict written to summary.json."""
+  log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+  validate(c)
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  execution.initialize_runtime()
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+
+  exp_dir = c.experiment_dir
+  ckpt_dir = os.path.join(exp_dir, 'checkpoints')
+  csv_path = os.path.join(exp_dir, 'metrics.csv')
+  if os.path.exists(ckpt_dir) and os.listdir(ckpt_dir) and not c.resume:
+    raise ExperimentError(
+        f'{exp_dir} already holds a run; pass --resume to continue it or choose another '
+        '--experiment_name')
+  os.makedirs(exp_dir, exist_ok=True)
+  _write_json(os.path.join(exp_dir, 'config.json'), dataclasses.asdict(c))
+
+  fed = load_federated_data(c)
+  if fed.partition is not None:
+    fed.partition.save(os.path.join(exp_dir, 'partition.npz'))
+  x0, _ = fed.client_arrays(0)
+  input_shape = tuple(x0.shape[1:])
+  model_name = c.model or DEFAULT_MODELS.get(c.dataset, 'fedavg_cnn')
+  model_fn = models.make_model_fn(model_name, input_shape, fed.num_classes, seed=c.seed)
+  num_clients = min(c.num_clients, fed.num_clients)
+
+  process = build_process(c, model_fn, fed)
+  evaluator = Evaluator(model_fn, fed.x_test, fed.y_test)
+
+  loop = asyncio.new_event_loop()
+  manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=2)
+  state = process.initialize()
+  program_state = collections.OrderedDict(state=state, round=0, best_accuracy=-1.0)
+  start_round = 0
+  if c.resume:
+    restored, version = loop.run_until_complete(manager.load_latest(program_state))
+    if restored is not None:
+      program_state = restored
+      state = restored['state']
+      start_round = int(restored['round'])
+      log(f'resuming {exp_dir} after round {start_round}')
+  rows = [r for r in _csv_rows(csv_path) if int(r['round']) <= start_round]
+  best = float(program_state['best_accuracy'])
+  writer = tf.summary.create_file_writer(os.path.join(exp_dir, 'tensorboard'))
+
+  progress = None
+  if c.progress:
+    from tqdm import tqdm  # pylint: disable=g-import-not-at-top
+    progress = tqdm(total=c.rounds, initial=start_round, unit='round', file=sys.stderr,
+                    dynamic_ncols=True)
+  round_times = []
+  accuracy = float(rows[-1]['test_accuracy']) if rows and rows[-1].get('test_accuracy') else float('nan')
+  for round_num in range(start_round + 1, c.rounds + 1):
+    t0 = time.time()
+    _, inputs = data.round_inputs(fed, round_num, c.clients_per_round, c.local_epochs, c.seed,
+                                  client_ids=None) if num_clients == fed.num_clients else \
+        _subset_round_inputs(fed, num_clients, round_num, c)
+    output = process.next(state, [[element] for element in inputs])
+    state = output.state
+    seconds = time.time() - t0
+    round_times.append(seconds)
+    metrics = _flatten_metrics(output.metrics)
+    train_loss = metrics.get('client_work/train/loss', float('nan'))
+    if not math.isfinite(train_loss) or (
+        metrics.get('client_work/train/non_finite_clients', 0) >= c.clients_per_round):
+      raise ExperimentError(
+          f'training diverged at round {round_num} (train loss {train_loss}); lower '
+          f'--client_lr (now {c.client_lr}) or the server learning rate. The last good '
+          f'checkpoint is in {ckpt_dir} (round {round_num - 1}).')
+    row = collections.OrderedDict(round=round_num, seconds=round(seconds, 4))
+    row.update(metrics)
+    if round_num % c.eval_every == 0 or round_num == c.rounds:
+      accuracy, test_loss = evaluator(process.get_model_weights(state))
+      best = max(best, accuracy)
+      row['test_accuracy'] = accuracy
+      row['test_loss'] = test_loss
+    rows.append(row)
+    _write_csv(csv_path, rows)
+    with writer.as_default(step=round_num):
+      for key, value in row.items():
+        if key != 'round' and isinstance(value, (int, float)) and math.isfinite(value):
+          tf.summary.scalar(key, value)
+    program_state = collections.OrderedDict(state=state, round=round_num, best_accuracy=best)
+    loop.run_until_complete(manager.save(program_state, round_num))
+    if progress is not None:
+      progress.set_postfix(loss=f'{train_loss:.4f}', acc=f'{accuracy:.4f}', refresh=False)
+      progress.update(1)
+  if progress is not None:
+    progress.close()
+  writer.flush()
+
+  accuracies = [float(r['test_accuracy']) for r in rows if r.get('test_accuracy') not in (None, '')]
+  seconds = [float(r['seconds']) for r in rows[1:]] or [float(r['seconds']) for r in rows]
+  summary = collections.OrderedDict(
+      algorithm=c.algorithm, dataset=c.dataset, partition=c.partition, model=model_name,
+      rounds=len(rows),
+      final_accuracy=accuracies[-1] if accuracies else None,
+      best_accuracy=max(accuracies) if accuracies else None,
+      last10_mean_accuracy=float(np.mean(accuracies[-10:])) if accuracies else None,
+      seconds_per_round=float(np.median(seconds)) if seconds else None,
+      experiment_dir=os.path.abspath(exp_dir),
+      accuracy_plot=os.path.abspath(os.path.join(exp_dir, 'accuracy.png')),
+  )
+  final_weights = process.get_model_weights(state)
+  np.savez(os.path.join(exp_dir, 'final_weights.npz'),
+           *[np.asarray(w) for w in list(final_weights.trainable) + list(final_weights.non_trainable)])
+  _write_json(os.path.join(exp_dir, 'summary.json'), summary)
+  plot_accuracy(rows, os.path.join(exp_dir, 'accuracy.png'),
+                f'{c.algorithm} on {c.dataset} ({c.partition})')
+  loop.close()
+  return summary
+
+
+def _subset_round_inputs(fed, num_clients, round_num, c):
+  """Round inputs when only the first `num_clients` of a naturally federated set take part."""
+  import data  # pylint: disable=g-import-not-at-top
+  ids = data.sample_clients(num_clients, c.clients_per_round, round_num, c.seed)
+  return data.round_inputs(fed, round_num, c.clients_per_round, c.local_epochs, c.seed,
+                           client_ids=ids)

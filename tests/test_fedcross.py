@@ -1,0 +1,405 @@
+"""FedCross: the cross-aggregation rules against NumPy, and the LearningProcess end to end."""
+
+import collections
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import data
+from tff_algos import execution
+from tff_algos.aggregators import cross_aggregation as ca
+from tff_algos.client_work import local_training, model_delta
+from tff_algos.fedcross import build_fedcross
+from tff_algos.models import make_model_fn, zoo
+
+RULES = ('lowest_similarity', 'highest_similarity', 'in_order')
+
+
+# --------------------------------------------------------------------------- #
+# Independent NumPy reference
+# --------------------------------------------------------------------------- #
+
+
+def np_cosine(flat):
+  flat = np.asarray(flat, np.float64)
+  k = flat.shape[0]
+  sim = np.zeros([k, k])
+  for i in range(k):
+    for j in range(k):
+      ni, nj = np.linalg.norm(flat[i]), np.linalg.norm(flat[j])
+      sim[i, j] = 0.0 if ni == 0 or nj == 0 else flat[i] @ flat[j] / (ni * nj)
+  return sim
+
+
+def np_select(sim, rule, t, eligible=None):
+  k = sim.shape[0]
+  if k == 1:
+    return np.array([-1])
+  out = []
+  for i in range(k):
+    if rule == 'in_order':
+      out.append((i + (t % (k - 1)) + 1) % k)
+      continue
+    cands = [j for j in range(k) if j != i and (eligible is None or eligible[j])]
+    if not cands:
+      cands = [j for j in range(k) if j != i]
+    best = cands[0]
+    for j in cands[1:]:  # strict comparison: ties keep the lowest index
+      if (rule == 'lowest_similarity' and sim[i, j] < sim[i, best]) or \
+         (rule == 'highest_similarity' and sim[i, j] > sim[i, best]):
+        best = j
+    out.append(best)
+  return np.array(out)
+
+
+def np_cross(models, collab, alpha):
+  return [np.stack([m[i] if c < 0 else alpha * m[i] + (1 - alpha) * m[c]
+                    for i, c in enumerate(collab)]) for m in models]
+
+
+def random_models(rng, k):
+  return [rng.normal(size=[k, 3, 4]).astype(np.float32),
+          rng.normal(size=[k, 5]).astype(np.float32),
+          rng.normal(size=[k]).astype(np.float32)]  # a scalar per model (e.g. a BN count)
+
+
+def flat_np(models):
+  return np.concatenate([m.reshape(m.shape[0], -1) for m in models], axis=1)
+
+
+# --------------------------------------------------------------------------- #
+# Pure TF functions
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize('k', [2, 3, 5])
+@pytest.mark.parametrize('rule', RULES)
+@pytest.mark.parametrize('alpha', [0.5, 0.9, 0.99])
+def test_rules_and_cross_aggregate_match_numpy(k, rule, alpha):
+  rng = np.random.default_rng([k, len(rule), int(alpha * 100)])
+  models = random_models(rng, k)
+  for t in range(3):
+    sim = ca.cosine_similarity_matrix(ca.flatten_models(models)).numpy()
+    np.testing.assert_allclose(sim, np_cosine(flat_np(models)), atol=1e-5)
+    collab = ca.select_collaborators(sim, rule, t).numpy()
+    np.testing.assert_array_equal(collab, np_select(np_cosine(flat_np(models)), rule, t))
+    assert np.all(collab != np.arange(k))
+    new = ca.cross_aggregate(models, collab, alpha)
+    for got, want in zip(new, np_cross(models, collab, alpha)):
+      np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+    # the whole server step agrees too
+    stepped, meas = ca.cross_aggregation_step(
+        models, t, num_models=k, alpha=alpha, selection=rule, alpha_schedule=False,
+        num_propellers=1, accel_rounds=0)
+    np.testing.assert_array_equal(meas['collaborators'].numpy(), collab)
+    for got, want in zip(stepped, new):
+      np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
+    models = [m.numpy() for m in new]
+
+
+def test_ties_go_to_lowest_index_and_eligibility():
+  sim = np.array([[1.0, 0.2, 0.2, 0.2],
+                  [0.2, 1.0, 0.5, 0.5],
+                  [0.2, 0.5, 1.0, 0.5],
+                  [0.2, 0.5, 0.5, 1.0]], np.float32)
+  np.testing.assert_array_equal(
+      ca.select_collaborators(sim, 'lowest_similarity', 0).numpy(), [1, 0, 0, 0])
+  np.testing.assert_array_equal(
+      ca.select_collaborators(sim, 'highest_similarity', 0).numpy(), [1, 2, 1, 1])
+  eligible = np.array([False, True, True, True])
+  np.testing.assert_array_equal(
+      ca.select_collaborators(sim, 'lowest_similarity', 0, eligible).numpy(), [1, 2, 1, 1])
+  np.testing.assert_array_equal(
+      ca.select_collaborators(sim, 'lowest_similarity', 0, eligible).numpy(),
+      np_select(sim, 'lowest_similarity', 0, eligible))
+  # nobody eligible but k itself: every j != k is a candidate again
+  only0 = np.array([True, False, False, False])
+  np.testing.assert_array_equal(
+      ca.select_collaborators(sim, 'highest_similarity', 0, only0).numpy(), [1, 0, 0, 0])
+  # in_order ignores eligibility
+  np.testing.assert_array_equal(
+      ca.select_collaborators(sim, 'in_order', 1, eligible).numpy(), [2, 3, 0, 1])
+
+
+@pytest.mark.parametrize('k', [2, 3, 4, 5, 7])
+def test_in_order_pairs_every_model_with_every_other_once(k):
+  seen = collections.Counter()
+  for t in range(k - 1):
+    c = ca.in_order_collaborators(k, t).numpy()
+    assert np.all(c != np.arange(k))
+    assert sorted(c) == list(range(k))  # a permutation: every model is someone's collaborator
+    seen.update((i, int(c[i])) for i in range(k))
+  assert set(seen) == {(i, j) for i in range(k) for j in range(k) if i != j}
+  assert set(seen.values()) == {1}
+  # and the schedule repeats with period K-1
+  np.testing.assert_array_equal(ca.in_order_collaborators(k, k - 1).numpy(),
+                                ca.in_order_collaborators(k, 0).numpy())
+
+
+def test_k1_has_no_collaborator():
+  models = random_models(np.random.default_rng(0), 1)
+  sim = ca.cosine_similarity_matrix(ca.flatten_models(models))
+  for rule in RULES:
+    c = ca.select_collaborators(sim, rule, 3).numpy()
+    np.testing.assert_array_equal(c, [-1])
+    for got, want in zip(ca.cross_aggregate(models, c, 0.7), models):
+      np.testing.assert_array_equal(got.numpy(), want)
+
+
+def test_alpha_schedule_and_propellers():
+  np.testing.assert_allclose(
+      [ca.alpha_for_round(0.9, t, 4, True).numpy() for t in range(6)],
+      [0.5, 0.6, 0.7, 0.8, 0.9, 0.9], rtol=1e-6)
+  assert ca.alpha_for_round(0.9, 0, 4, False).numpy() == pytest.approx(0.9)
+  assert ca.alpha_for_round(0.9, 0, 0, True).numpy() == pytest.approx(0.9)
+
+  k, p = 5, 3
+  np.testing.assert_array_equal(ca.in_order_propellers(k, p, 0).numpy(),
+                                [[(i + d) % k for d in (1, 2, 3)] for i in range(k)])
+  for t in range(6):
+    props = ca.in_order_propellers(k, p, t).numpy()
+    np.testing.assert_array_equal(props[:, 0], ca.in_order_collaborators(k, t).numpy())
+    for i in range(k):
+      assert len(set(props[i])) == p and i not in props[i]
+  with pytest.raises(ValueError):
+    ca.in_order_propellers(k, k, 0)
+
+  rng = np.random.default_rng(1)
+  models = random_models(rng, k)
+  props = ca.in_order_propellers(k, p, 2).numpy()
+  new = ca.propeller_aggregate(models, props, 0.8)
+  for got, m in zip(new, models):
+    want = np.stack([0.8 * m[i] + 0.2 * m[props[i]].mean(axis=0) for i in range(k)])
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+
+  # in the server step: propellers + dynamic alpha during accel, the rule afterwards
+  opts = dict(num_models=k, alpha=0.9, selection='lowest_similarity', alpha_schedule=True,
+              num_propellers=p, accel_rounds=2)
+  stepped, meas = ca.cross_aggregation_step(models, 1, **opts)
+  props1 = ca.in_order_propellers(k, p, 1).numpy()
+  assert meas['propellers_used'].numpy() == 1.0
+  assert meas['alpha'].numpy() == pytest.approx(0.7)
+  for got, m in zip(stepped, models):
+    want = np.stack([0.7 * m[i] + 0.3 * m[props1[i]].mean(axis=0) for i in range(k)])
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+  stepped, meas = ca.cross_aggregation_step(models, 2, **opts)
+  assert meas['propellers_used'].numpy() == 0.0
+  collab = np_select(np_cosine(flat_np(models)), 'lowest_similarity', 2)
+  np.testing.assert_array_equal(meas['collaborators'].numpy(), collab)
+  for got, want in zip(stepped, np_cross(models, collab, 0.9)):
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_options_are_refused():
+  mf = make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
+  opt = tff.learning.optimizers.build_sgdm(0.1)
+  for kwargs in (dict(selection='random'), dict(alpha=1.5), dict(num_propellers=5),
+                 dict(accel_rounds=-1)):
+    with pytest.raises(ValueError):
+      build_fedcross(mf, opt, 16, 5, **kwargs)
+  with pytest.raises(ValueError):
+    build_fedcross(mf, opt, 16, 0)
+
+
+# --------------------------------------------------------------------------- #
+# The LearningProcess
+# --------------------------------------------------------------------------- #
+
+MODEL_FN = make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
+BATCH = 16
+
+
+def optimizer():
+  return tff.learning.optimizers.build_sgdm(learning_rate=0.1, momentum=0.5)
+
+
+@pytest.fixture(scope='module')
+def fed():
+  return data.federate(data.load_digits(), data.IidPartitioner(10, seed=0))
+
+
+@pytest.fixture(scope='module')
+def process5():
+  proc = build_fedcross(MODEL_FN, optimizer(), BATCH, 5)
+  execution.initialize_runtime()
+  return proc
+
+
+@pytest.fixture(scope='module')
+def local_train():
+  """Reference: the shared loop run on one client from given weights (no federation)."""
+  weights_type = model_delta.model_weights_type(MODEL_FN)
+  data_type = local_training.client_data_type(model_delta.model_input_spec(MODEL_FN))
+
+  @tff.tensorflow.computation(weights_type, data_type)
+  def train(weights, dataset):
+    model = MODEL_FN()
+    run = local_training.build_local_training(model, optimizer(), BATCH)
+    return run(weights, local_training.single_element(dataset)).model_weights
+
+  execution.initialize_runtime()
+  return train
+
+
+def as_list(weights):
+  return [np.asarray(t) for t in tf.nest.flatten(
+      [list(weights.trainable), list(weights.non_trainable)])]
+
+
+def stack_of(state):
+  models = state.aggregator['models']
+  return [np.asarray(t) for t in list(models.trainable) + list(models.non_trainable)]
+
+
+def intrinsics_of(comp):
+  from tensorflow_federated.python.core.impl.compiler import building_blocks, tree_analysis
+  found = []
+
+  def visit(bb):
+    if isinstance(bb, building_blocks.Intrinsic):
+      found.append((bb.uri, bb.type_signature))
+
+  tree_analysis.visit_postorder(comp.to_building_block(), visit)
+  return found
+
+
+def test_one_model_down_and_one_up_per_client(process5):
+  weights_type = model_delta.model_weights_type(MODEL_FN)
+  intrinsics = intrinsics_of(process5.next)
+  uris = [u for u, _ in intrinsics]
+  assert 'federated_select' in uris
+  assert 'federated_broadcast' not in uris
+  (select_type,) = [t for u, t in intrinsics if u == 'federated_select']
+  # federated_select(keys@CLIENTS, max_key@SERVER, stack[K,...]@SERVER, fn) -> one model
+  assert select_type.parameter[2].member.trainable[0].shape[0] == 5
+  sent = select_type.result.member.element
+  assert sent.is_equivalent_to(weights_type)
+  assert select_type.parameter[0].member.shape == (1,)  # one key per client
+  aggregates = [t for u, t in intrinsics if u == 'federated_aggregate']
+  assert len(aggregates) == 1
+  uploaded = aggregates[0].parameter[0].member
+  assert uploaded[0]['model'].is_equivalent_to(weights_type)  # one model up per client
+  assert uploaded[0]['slot'].dtype == np.int32
+  acc = aggregates[0].parameter[1]
+  assert acc['models'].trainable[0].shape[0] == 5  # O(K·D) accumulator
+  # and the stage's own signature
+  agg = ca.build_cross_aggregation_process(weights_type, 5)
+  assert isinstance(agg, tff.templates.AggregationProcess)
+  assert agg.is_weighted
+  meas = agg.next.type_signature.result.measurements.member
+  assert meas['similarity'].shape == (5, 5) and meas['collaborators'].shape == (5,)
+
+
+def test_end_to_end_and_program_state_roundtrip(process5, fed, tmp_path):
+  state = process5.initialize()
+  init_global = as_list(process5.get_model_weights(state))
+  for t in range(3):
+    _, inputs = data.round_inputs(fed, t, 5, 1, seed=0)
+    out = process5.next(state, [[x] for x in inputs])
+    state = out.state
+  m = out.metrics
+  assert m['client_work']['train']['num_clients'] == 5
+  assert np.isfinite(m['client_work']['train']['loss'])
+  assert m['distributor']['dispatch_select'] == 1.0
+  assert m['aggregator']['similarity'].shape == (5, 5)
+  assert np.all(m['aggregator']['collaborators'] != np.arange(5))
+  assert m['aggregator']['alpha'] == pytest.approx(0.99)
+  assert state.aggregator['round_num'] == 3
+  # the global model is the mean of the middleware models, and has moved
+  glob = as_list(process5.get_model_weights(state))
+  for g, s in zip(glob, stack_of(state)):
+    np.testing.assert_allclose(g, s.mean(axis=0), rtol=1e-5, atol=1e-7)
+  assert any(not np.allclose(a, b) for a, b in zip(glob, init_global))
+  # the middleware models differ from each other
+  assert not np.allclose(stack_of(state)[0][0], stack_of(state)[0][1])
+
+  manager = tff.program.FileProgramStateManager(str(tmp_path))
+  manager.save(state, 3)
+  restored, version = manager.load_latest(process5.initialize())
+  assert version == 3
+  for a, b in zip(tf.nest.flatten(stack_of(state)), tf.nest.flatten(stack_of(restored))):
+    np.testing.assert_array_equal(a, b)
+  assert restored.aggregator['round_num'] == 3
+  _, inputs = data.round_inputs(fed, 3, 5, 1, seed=0)
+  out_a = process5.next(state, [[x] for x in inputs])
+  out_b = process5.next(restored, [[x] for x in inputs])
+  for a, b in zip(stack_of(out_a.state), stack_of(out_b.state)):
+    np.testing.assert_array_equal(a, b)
+
+  # set_model_weights sets all K models (and the global model)
+  reset = process5.set_model_weights(state, process5.get_model_weights(process5.initialize()))
+  for s, w in zip(stack_of(reset), init_global):
+    for k in range(5):
+      np.testing.assert_array_equal(s[k], w)
+  for a, b in zip(as_list(process5.get_model_weights(reset)), init_global):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_learns_digits(process5, fed):
+  state = process5.initialize()
+  keras_model = zoo.build_keras_model('tiny_cnn', (8, 8, 1), 10, seed=0)
+  acc = 0.0
+  for t in range(10):
+    _, inputs = data.round_inputs(fed, t, 5, 2, seed=1)
+    state = process5.next(state, [[x] for x in inputs]).state
+    if t >= 4:
+      process5.get_model_weights(state).assign_weights_to(keras_model)
+      acc = (keras_model.predict(fed.x_test, verbose=0).argmax(-1) == fed.y_test).mean()
+      if acc > 0.5:
+        break
+  assert acc > 0.5, acc
+
+
+def test_dispatch_upload_and_cross_match_reference(fed, local_train):
+  """K=3, alpha=0.9, one client without data: every step against an independent reference."""
+  k, alpha = 3, 0.9
+  proc = build_fedcross(MODEL_FN, optimizer(), BATCH, k, alpha=alpha,
+                        selection='lowest_similarity')
+  state = proc.initialize()
+  rng = np.random.default_rng(0)
+  x0, y0 = fed.client_arrays(0)
+  x1, y1 = fed.client_arrays(1)
+  empty = data.client_input(x0[:0], y0[:0], 1, rng, 9, 0)
+  for t, slots_of_data in enumerate([(0, 1, 2), (2, 0, 1)]):
+    # client A (data of client 0), client B (client 1), client E (empty), at these slots
+    s_a, s_b, s_e = slots_of_data
+    inputs = [None] * k
+    inputs[s_a] = data.client_input(x0, y0, 1, np.random.default_rng([t, 0]), 0, s_a)
+    inputs[s_b] = data.client_input(x1, y1, 1, np.random.default_rng([t, 1]), 1, s_b)
+    inputs[s_e] = collections.OrderedDict(empty)
+    inputs[s_e]['slot'] = np.int32(s_e)
+    before = stack_of(state)
+    out = proc.next(state, [[x] for x in inputs])
+    # reference uploads: local training of the model at each client's slot
+    uploads = [None] * k
+    for s in (s_a, s_b):
+      w = tff.learning.models.ModelWeights(trainable=[b[s] for b in before], non_trainable=[])
+      uploads[s] = as_list(local_train(w, [inputs[s]]))
+    uploads[s_e] = [b[s_e] for b in before]  # the empty client returns what it received
+    uploaded = [np.stack([uploads[s][i] for s in range(k)]) for i in range(len(before))]
+    eligible = np.array([s != s_e for s in range(k)])
+    sim = np_cosine(flat_np(uploaded))
+    np.testing.assert_allclose(out.metrics['aggregator']['similarity'], sim, atol=1e-4)
+    collab = np_select(sim, 'lowest_similarity', t, eligible)
+    np.testing.assert_array_equal(out.metrics['aggregator']['collaborators'], collab)
+    assert s_e not in collab  # the untrained model is nobody's collaborator
+    np.testing.assert_array_equal(out.metrics['aggregator']['eligible'], eligible)
+    for got, want in zip(stack_of(out.state), np_cross(uploaded, collab, alpha)):
+      np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert out.metrics['client_work']['train']['num_clients'] == 3
+    state = out.state
+
+
+def test_k1_equals_local_training(fed, local_train):
+  proc = build_fedcross(MODEL_FN, optimizer(), BATCH, 1)
+  state = proc.initialize()
+  weights = proc.get_model_weights(state)
+  for t in range(2):
+    _, inputs = data.round_inputs(fed, t, 1, 1, seed=3)
+    state = proc.next(state, [[inputs[0]]]).state
+    weights = local_train(weights, [inputs[0]])
+    for a, b in zip(as_list(proc.get_model_weights(state)), as_list(weights)):
+      np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)

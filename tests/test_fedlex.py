@@ -1,0 +1,313 @@
+"""FedLEx (tff_algos.fedlex): guidance maths vs numpy, exploration, guided bases, checkpoints."""
+
+import asyncio
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import data
+from tff_algos import execution, fedlex
+from tff_algos.models import make_model_fn
+
+BATCH = 16
+EXPLORATION_EPOCHS = 3
+EXPLORERS = (0, 3, 7)
+EXPLORATION_ROUND = 10**6  # seeds the explorers' orders apart from training rounds
+
+
+# ------------------------------------------------------------------------------------------
+# numpy references
+# ------------------------------------------------------------------------------------------
+
+
+def np_normalize(t):
+  t = np.asarray(t, np.float64)
+  lo, hi = t.min(), t.max()
+  if hi == lo:
+    return np.ones_like(t)
+  return (t - lo) / (hi - lo)
+
+
+def np_guidance(client_devs, normalize, floor):
+  if normalize == 'per_client':
+    client_devs = [[np_normalize(d) for d in devs] for devs in client_devs]
+  mean = [np.mean(np.stack(ts), axis=0) for ts in zip(*client_devs)]
+  if normalize == 'after_mean':
+    mean = [np_normalize(m) for m in mean]
+  return [np.maximum(m, floor) for m in mean]
+
+
+def random_devs(rng, num_clients=3):
+  shapes = [(3, 3, 1, 4), (4,), (5, 2), (1,)]
+  return [[rng.uniform(0, 2, s).astype(np.float32) ** 2 for s in shapes]
+          for _ in range(num_clients)]
+
+
+# ------------------------------------------------------------------------------------------
+# Pure TF functions
+# ------------------------------------------------------------------------------------------
+
+
+def test_deviation_is_squared_difference():
+  rng = np.random.default_rng(0)
+  a = [rng.normal(size=(3, 2)).astype(np.float32), rng.normal(size=(4,)).astype(np.float32)]
+  b = [rng.normal(size=(3, 2)).astype(np.float32), rng.normal(size=(4,)).astype(np.float32)]
+  got = fedlex.deviations(a, b)
+  for g, x, y in zip(got, a, b):
+    np.testing.assert_allclose(g.numpy(), (x - y) ** 2, rtol=1e-6)
+
+
+def test_normalize_matches_numpy_per_tensor():
+  rng = np.random.default_rng(1)
+  devs = random_devs(rng, 1)[0]
+  got = fedlex.normalize_deviations(devs)
+  for g, d in zip(got, devs):
+    np.testing.assert_allclose(g.numpy(), np_normalize(d), rtol=1e-5, atol=1e-6)
+    assert g.numpy().min() >= 0.0 and g.numpy().max() <= 1.0
+
+
+def test_constant_tensor_normalizes_to_ones_without_nan():
+  for t in (np.zeros((3, 4), np.float32), np.full((5,), 2.5, np.float32),
+            np.array([7.0], np.float32)):
+    got = fedlex.normalize_tensor(t).numpy()
+    assert not np.isnan(got).any()
+    np.testing.assert_array_equal(got, np.ones_like(t))
+
+
+@pytest.mark.parametrize('normalize', fedlex.NORMALIZATIONS)
+@pytest.mark.parametrize('floor', [0.0, 0.25])
+def test_global_guidance_matrix_matches_numpy(normalize, floor):
+  rng = np.random.default_rng(2)
+  devs = random_devs(rng)
+  devs[1][3] = devs[0][3]  # single-entry tensors are constant per client
+  got = fedlex.global_guidance_matrix(devs, normalize, floor)
+  want = np_guidance(devs, normalize, floor)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g.numpy(), w, rtol=1e-5, atol=1e-6)
+    assert g.numpy().min() >= floor and g.numpy().max() <= 1.0
+
+
+def test_orders_differ():
+  rng = np.random.default_rng(3)
+  devs = random_devs(rng)
+  devs[1] = [10.0 * d for d in devs[1]]  # one explorer moves much more
+  a = fedlex.global_guidance_matrix(devs, 'per_client')
+  b = fedlex.global_guidance_matrix(devs, 'after_mean')
+  assert not np.allclose(a[0].numpy(), b[0].numpy())
+
+
+def test_bad_options_refused():
+  with pytest.raises(ValueError, match='normalize'):
+    fedlex.global_guidance_matrix([[np.ones(2)]], 'nope')
+  with pytest.raises(ValueError, match='guidance_floor'):
+    fedlex.global_guidance_matrix([[np.ones(2)]], 'per_client', 1.5)
+  with pytest.raises(ValueError, match='base'):
+    fedlex.build_fedlex(None, None, 8, base='adagrad')
+
+
+# ------------------------------------------------------------------------------------------
+# TFF: shared setup (the expensive part: processes are built once per module)
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope='module')
+def env():
+  execution.initialize_runtime()
+  fed = data.federate(data.load_digits(), data.ClassesPerClientPartitioner(10, 2, seed=0))
+  model_fn = make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
+  opt = tff.learning.optimizers.build_sgdm(learning_rate=0.1)
+  _, explorer_inputs = data.round_inputs(fed, EXPLORATION_ROUND, len(EXPLORERS),
+                                         EXPLORATION_EPOCHS, 0, client_ids=EXPLORERS)
+  return collections.OrderedDict(fed=fed, model_fn=model_fn, opt=opt,
+                                 explorer_inputs=[[x] for x in explorer_inputs])
+
+
+_BASE_KWARGS = dict(avgm={}, sgd={}, opt={}, prox=dict(proximal_strength=0.1))
+_processes = {}
+
+
+def process(env, base, guided):
+  key = (base, guided)
+  if key not in _processes:
+    _processes[key] = fedlex.build_fedlex(env['model_fn'], env['opt'], BATCH, base,
+                                          guided=guided, **_BASE_KWARGS[base])
+  return _processes[key]
+
+
+def run_rounds(proc, state, fed, rounds, start=0):
+  metrics = []
+  for r in range(start, start + rounds):
+    _, inputs = data.round_inputs(fed, r, 3, 1, 0)
+    out = proc.next(state, [[x] for x in inputs])
+    state = out.state
+    metrics.append(out.metrics)
+  return state, metrics
+
+
+def trainable(proc, state):
+  return [np.asarray(t) for t in proc.get_model_weights(state).trainable]
+
+
+# ------------------------------------------------------------------------------------------
+# Exploration
+# ------------------------------------------------------------------------------------------
+
+
+def explorer_final_weights(env):
+  """Each explorer's weights after its exploration, through the unguided FedAvgM process:
+  one round with that client alone from the initial model moves the global model exactly
+  to the client's model (first server-momentum step = the update), up to rounding."""
+  proc = process(env, 'avgm', False)
+  state0 = proc.initialize()
+  w0 = trainable(proc, state0)
+  finals = []
+  for inp in env['explorer_inputs']:
+    finals.append(trainable(proc, proc.next(state0, [inp]).state))
+  return w0, finals
+
+
+@pytest.mark.parametrize('normalize,floor', [('per_client', 0.0), ('after_mean', 0.1)])
+def test_exploration_matches_numpy(env, normalize, floor):
+  w0, finals = explorer_final_weights(env)
+  devs = [[(a - b) ** 2 for a, b in zip(w0, wf)] for wf in finals]
+  want = np_guidance(devs, normalize, floor)
+  explore = fedlex.build_fedlex_exploration(env['model_fn'], env['opt'], BATCH,
+                                            normalize=normalize, guidance_floor=floor)
+  proc = process(env, 'avgm', True)
+  result = explore(proc.get_model_weights(proc.initialize()), env['explorer_inputs'])
+  assert float(result['client_epochs']) == len(EXPLORERS) * EXPLORATION_EPOCHS
+  got = result['guidance']
+  assert [np.shape(g) for g in got] == [w.shape for w in w0]
+  for g, w in zip(got, want):
+    # w0 - (w0 - w_final) only approximates w_final in float32, hence the tolerance.
+    np.testing.assert_allclose(g, w, atol=2e-3)
+    assert np.min(g) >= floor and np.max(g) <= 1.0
+
+
+def test_early_stopping_counts_epochs(env):
+  # lr 0: the loss never improves after the first epoch, so each explorer runs 1 + patience
+  # epochs; nothing moves, every tensor is constant (zero deviation) and G is all ones.
+  frozen = tff.learning.optimizers.build_sgdm(learning_rate=0.0)
+  _, inputs = data.round_inputs(env['fed'], EXPLORATION_ROUND, 2, 10, 0, client_ids=(1, 2))
+  for x in inputs:  # the same order every epoch: identical epoch losses, bit for bit
+    x['order'] = np.tile(x['order'][:1], [10, 1])
+  explore = fedlex.build_fedlex_exploration(env['model_fn'], frozen, BATCH,
+                                            exploration_patience=2)
+  proc = process(env, 'avgm', True)
+  result = explore(proc.get_model_weights(proc.initialize()), [[x] for x in inputs])
+  assert float(result['client_epochs']) == 2 * 3
+  for g in result['guidance']:
+    assert not np.isnan(g).any()
+    np.testing.assert_array_equal(g, np.ones_like(g))
+
+
+def test_large_patience_equals_no_patience(env):
+  proc = process(env, 'avgm', True)
+  w = proc.get_model_weights(proc.initialize())
+  plain = fedlex.build_fedlex_exploration(env['model_fn'], env['opt'], BATCH)(
+      w, env['explorer_inputs'])
+  patient = fedlex.build_fedlex_exploration(
+      env['model_fn'], env['opt'], BATCH, exploration_patience=100)(w, env['explorer_inputs'])
+  assert float(patient['client_epochs']) == float(plain['client_epochs'])
+  for a, b in zip(plain['guidance'], patient['guidance']):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------
+# Guided bases
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize('base', fedlex.BASES)
+def test_all_ones_guidance_is_the_base_bit_for_bit(env, base):
+  guided, plain = process(env, base, True), process(env, base, False)
+  gstate = guided.initialize()
+  for g in fedlex.get_guidance(gstate):
+    np.testing.assert_array_equal(g, np.ones_like(g))
+  gstate, _ = run_rounds(guided, gstate, env['fed'], 2)
+  pstate, _ = run_rounds(plain, plain.initialize(), env['fed'], 2)
+  for a, b in zip(trainable(guided, gstate), trainable(plain, pstate)):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('base', ['avgm', 'sgd', 'prox'])
+def test_zero_entry_freezes_parameter(env, base):
+  proc = process(env, base, True)
+  state = proc.initialize()
+  guidance = [np.ones_like(g) for g in fedlex.get_guidance(state)]
+  guidance[0][0, 0, 0, 0] = 0.0
+  guidance[1][:] = 0.0  # a whole tensor
+  state = fedlex.set_guidance(proc, state, guidance)
+  before = trainable(proc, state)
+  state, _ = run_rounds(proc, state, env['fed'], 2)
+  after = trainable(proc, state)
+  assert after[0][0, 0, 0, 0] == before[0][0, 0, 0, 0]
+  np.testing.assert_array_equal(after[1], before[1])
+  assert not np.array_equal(after[0], before[0])  # the rest still trains
+  assert not np.array_equal(after[2], before[2])
+
+
+def test_set_guidance_checks_shapes(env):
+  proc = process(env, 'avgm', True)
+  state = proc.initialize()
+  with pytest.raises(ValueError, match='match'):
+    fedlex.set_guidance(proc, state, [np.ones(3)])
+
+
+@pytest.mark.parametrize('base', fedlex.BASES)
+def test_end_to_end_on_digits(env, base):
+  proc = process(env, base, True)
+  explore = _explorations.setdefault('default', fedlex.build_fedlex_exploration(
+      env['model_fn'], env['opt'], BATCH, guidance_floor=0.05))
+  state, metrics = fedlex.explore_and_initialize(proc, explore, env['explorer_inputs'])
+  assert metrics['exploration_client_epochs'] == len(EXPLORERS) * EXPLORATION_EPOCHS
+  assert metrics['num_explorers'] == len(EXPLORERS)
+  assert 0.05 <= metrics['guidance_min'] <= metrics['guidance_max'] <= 1.0
+  guidance = fedlex.get_guidance(state)
+  state, round_metrics = run_rounds(proc, state, env['fed'], 3)
+  for m in round_metrics:
+    train = m['client_work']['train']
+    assert np.isfinite(train['loss']) and train['non_finite_clients'] == 0
+  for a, b in zip(fedlex.get_guidance(state), guidance):  # guidance persists in the state
+    np.testing.assert_array_equal(a, b)
+  # refresh with this round's explorer participants (program-level, paper III-E)
+  state2, refresh_metrics = fedlex.refresh_guidance(proc, explore, state,
+                                                    env['explorer_inputs'][:1])
+  assert refresh_metrics['exploration_client_epochs'] == EXPLORATION_EPOCHS
+  assert not all(np.array_equal(a, b) for a, b in
+                 zip(fedlex.get_guidance(state2), guidance))
+  same, none = fedlex.refresh_guidance(proc, explore, state, [])
+  assert same is state and none['exploration_client_epochs'] == 0.0
+
+
+_explorations = {}
+
+
+def test_checkpoint_round_trip_keeps_guidance(env, tmp_path):
+  proc = process(env, 'avgm', True)
+  state = proc.initialize()
+  guidance = [np.random.default_rng(i).uniform(size=np.shape(g)).astype(np.float32)
+              for i, g in enumerate(fedlex.get_guidance(state))]
+  state = fedlex.set_guidance(proc, state, guidance)
+  state, _ = run_rounds(proc, state, env['fed'], 1)
+  manager = tff.program.FileProgramStateManager(str(tmp_path))
+  loop = asyncio.new_event_loop()
+  try:
+    loop.run_until_complete(manager.save(state, 1))
+    loaded = loop.run_until_complete(manager.load(1, proc.initialize()))
+  finally:
+    loop.close()
+  flat_a, flat_b = tf.nest.flatten(state), tf.nest.flatten(loaded)
+  assert len(flat_a) == len(flat_b)
+  for a, b in zip(flat_a, flat_b):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for a, b in zip(fedlex.get_guidance(loaded), guidance):
+    np.testing.assert_array_equal(a, b)
+  # the loaded state trains on exactly like the original
+  a_state, _ = run_rounds(proc, state, env['fed'], 1, start=1)
+  b_state, _ = run_rounds(proc, loaded, env['fed'], 1, start=1)
+  for a, b in zip(trainable(proc, a_state), trainable(proc, b_state)):
+    np.testing.assert_array_equal(a, b)

@@ -1,0 +1,210 @@
+"""The shared local-training loop against independent plain-TF computations, and its edge cases
+(empty clients, non-finite updates) in the client work process and in FedAvg."""
+
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+import collections  # pylint: disable=g-import-not-at-top
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import data
+from tff_algos import baselines
+from tff_algos import execution
+from tff_algos import models
+from tff_algos.client_work import local_training
+from tff_algos.client_work import model_delta
+
+BATCH = 8
+EPOCHS = 3
+LR = 0.1
+RTOL, ATOL = 1e-5, 1e-6
+MODEL_FN = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
+
+
+def sgd(learning_rate=LR):
+  return tff.learning.optimizers.build_sgdm(learning_rate=learning_rate)
+
+
+@pytest.fixture(scope='module', autouse=True)
+def runtime():
+  execution.initialize_runtime()
+
+
+@pytest.fixture(scope='module')
+def digits():
+  return data.load_digits()
+
+
+def make_input(ds, start, n, index, seed=0, epochs=EPOCHS):
+  rng = np.random.default_rng([seed, index])
+  return data.client_input(ds.x_train[start:start + n], ds.y_train[start:start + n], epochs,
+                           rng, index, index)
+
+
+@pytest.fixture(scope='module')
+def client_train():
+  """A TFF computation running build_local_training for one client (tiny CNN, SGD)."""
+  weights_type = model_delta.model_weights_type(MODEL_FN)
+  data_type = local_training.client_data_type(model_delta.model_input_spec(MODEL_FN))
+
+  @tff.tensorflow.computation(weights_type, data_type)
+  def train_one(initial_weights, dataset):
+    train = local_training.build_local_training(MODEL_FN(), sgd(), BATCH)
+    out = train(initial_weights, local_training.single_element(dataset))
+    return collections.OrderedDict(
+        trainable=out.model_weights.trainable, num_examples=out.num_examples,
+        loss_sum=out.loss_sum, examples_trained=out.examples_trained,
+        correct=out.correct, seen=out.seen, last_epoch_loss=out.last_epoch_loss)
+
+  return train_one
+
+
+@pytest.fixture(scope='module')
+def initial_weights():
+  return baselines.initial_model_weights_fn(MODEL_FN)()
+
+
+@pytest.fixture(scope='module')
+def client_work():
+  return model_delta.build_model_delta_client_work(MODEL_FN, sgd(), BATCH)
+
+
+@pytest.fixture(scope='module')
+def fedavg():
+  return baselines.build_fedavg(MODEL_FN, sgd(), BATCH)
+
+
+def reference_sgd(initial, inp):
+  """Plain eager TF: GradientTape SGD over the batches `order` defines; per-batch losses."""
+  keras_model = models.build_keras_model('tiny_cnn', (8, 8, 1), 10, seed=0)
+  variables = keras_model.trainable_variables
+  for v, w in zip(variables, initial):
+    v.assign(w)
+  loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  n = inp['x'].shape[0]
+  losses = []  # (epoch, batch size, loss)
+  correct = 0
+  for epoch, epoch_order in enumerate(inp['order']):
+    for start in range(0, n, BATCH):
+      idx = epoch_order[start:start + BATCH]
+      with tf.GradientTape() as tape:
+        logits = keras_model(inp['x'][idx], training=True)
+        loss = loss_fn(inp['y'][idx], logits)
+      grads = tape.gradient(loss, variables)
+      for v, g in zip(variables, grads):
+        v.assign_sub(LR * g)
+      losses.append((epoch, len(idx), float(loss)))
+      correct += int(np.sum(np.argmax(logits.numpy(), -1) == inp['y'][idx]))
+  return [v.numpy() for v in variables], losses, correct
+
+
+def test_matches_gradient_tape_sgd(digits, client_train, initial_weights):
+  inp = make_input(digits, 0, 21, index=0)  # 21 = 2 full batches + 5
+  out = client_train(initial_weights, [inp])
+  expected, losses, correct = reference_sgd(initial_weights.trainable, inp)
+  assert len(out['trainable']) == len(expected)
+  for a, e in zip(out['trainable'], expected):
+    np.testing.assert_allclose(a, e, rtol=RTOL, atol=ATOL)
+  assert max(np.max(np.abs(np.asarray(a) - np.asarray(w)))
+             for a, w in zip(out['trainable'], initial_weights.trainable)) > 1e-3
+  assert out['num_examples'] == 21
+  assert out['examples_trained'] == 21 * EPOCHS
+  assert out['seen'] == 21 * EPOCHS
+  assert out['correct'] == correct
+  np.testing.assert_allclose(out['loss_sum'], sum(c * l for _, c, l in losses), rtol=1e-5)
+
+
+def test_last_epoch_loss_is_example_weighted_mean_over_last_epoch(
+    digits, client_train, initial_weights):
+  inp = make_input(digits, 100, 13, index=1)  # batches of 8 and 5: weighting matters
+  out = client_train(initial_weights, [inp])
+  _, losses, _ = reference_sgd(initial_weights.trainable, inp)
+  last = [(c, l) for e, c, l in losses if e == EPOCHS - 1]
+  assert [c for c, _ in last] == [8, 5]
+  expected = sum(c * l for c, l in last) / sum(c for c, _ in last)
+  np.testing.assert_allclose(out['last_epoch_loss'], expected, rtol=1e-5)
+  unweighted = np.mean([l for _, l in last])
+  assert abs(expected - unweighted) > 1e-6  # the check can tell the two apart
+
+
+def test_single_epoch_and_exact_batches(digits, client_train, initial_weights):
+  inp = make_input(digits, 200, 16, index=2, epochs=1)
+  out = client_train(initial_weights, [inp])
+  expected, losses, _ = reference_sgd(initial_weights.trainable, inp)
+  assert len(losses) == 2
+  for a, e in zip(out['trainable'], expected):
+    np.testing.assert_allclose(a, e, rtol=RTOL, atol=ATOL)
+  np.testing.assert_allclose(out['last_epoch_loss'],
+                             (8 * losses[0][2] + 8 * losses[1][2]) / 16, rtol=1e-5)
+
+
+def client_results(client_work, initial_weights, inputs):
+  state = client_work.initialize()
+  out = client_work.next(state, [initial_weights] * len(inputs), [[inp] for inp in inputs])
+  return out.result, out.measurements['train']
+
+
+def test_empty_client_gives_zero_update_and_weight(digits, client_work, initial_weights):
+  empty = data.client_input(np.zeros([0, 8, 8, 1], np.float32), np.zeros([0], np.int32),
+                            EPOCHS, np.random.default_rng(0), 5, 1)
+  assert empty['order'].shape == (EPOCHS, 0)
+  results, train = client_results(client_work, initial_weights,
+                                  [make_input(digits, 0, 21, 0), empty])
+  assert results[1].update_weight == 0
+  for u in results[1].update:
+    np.testing.assert_array_equal(u, np.zeros_like(u))
+  assert results[0].update_weight == 21
+  assert train['num_examples'] == 21 and train['num_clients'] == 2
+  assert train['non_finite_clients'] == 0
+  for key in ('loss', 'accuracy', 'last_epoch_loss'):
+    assert np.isfinite(train[key]), key
+
+
+def test_non_finite_update_is_zeroed_with_weight_zero(digits, client_work, initial_weights):
+  bad = make_input(digits, 300, 12, index=3)
+  bad['x'] = bad['x'].copy()
+  bad['x'][0, 0, 0, 0] = np.nan
+  results, train = client_results(client_work, initial_weights,
+                                  [make_input(digits, 0, 21, 0), bad])
+  assert results[1].update_weight == 0
+  for u in results[1].update:
+    np.testing.assert_array_equal(u, np.zeros_like(u))
+  assert results[0].update_weight == 21
+  assert np.all([np.all(np.isfinite(u)) for u in results[0].update])
+  assert train['non_finite_clients'] == 1
+
+
+def test_exploding_learning_rate_is_non_finite(digits, initial_weights):
+  work = model_delta.build_model_delta_client_work(MODEL_FN, sgd(1e30), BATCH)
+  results, train = client_results(work, initial_weights, [make_input(digits, 0, 40, 0)])
+  assert results[0].update_weight == 0
+  for u in results[0].update:
+    np.testing.assert_array_equal(u, np.zeros_like(u))
+  assert train['non_finite_clients'] == 1
+
+
+def fedavg_weights(process, inputs):
+  state = process.initialize()
+  out = process.next(state, [[inp] for inp in inputs])
+  return [np.asarray(t) for t in process.get_model_weights(out.state).trainable], out.metrics
+
+
+def test_fedavg_ignores_empty_and_non_finite_clients(digits, fedavg):
+  good = [make_input(digits, 0, 21, 0), make_input(digits, 50, 30, 1)]
+  empty = data.client_input(np.zeros([0, 8, 8, 1], np.float32), np.zeros([0], np.int32),
+                            EPOCHS, np.random.default_rng(0), 2, 2)
+  bad = make_input(digits, 300, 12, index=3)
+  bad['x'] = np.full_like(bad['x'], np.nan)
+  expected, _ = fedavg_weights(fedavg, good)
+  actual, metrics = fedavg_weights(fedavg, [good[0], empty, bad, good[1]])
+  for a, e in zip(actual, expected):
+    assert np.all(np.isfinite(a))
+    np.testing.assert_allclose(a, e, rtol=RTOL, atol=ATOL)
+  train = metrics['client_work']['train']
+  assert train['non_finite_clients'] == 1
+  assert train['num_clients'] == 4

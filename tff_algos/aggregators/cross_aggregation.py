@@ -1,0 +1,370 @@
+"""FedCross's cross-aggregation stage (ALGORITHMS.md §1, steps 3-5) as an AggregationProcess.
+
+The server keeps K *middleware models* as dense stacked tensors (`[K, ...]` per weight
+tensor of a `ModelWeights`) inside this process's state, plus a round counter, so
+`tff.program` state managers checkpoint everything.
+
+One `next(state, value@CLIENTS, weight@CLIENTS)`:
+
+* `value` = OrderedDict(slot=int32, model=ModelWeights): the model a client trained, and the
+  slot (middleware model index, in [0, K)) it trained. `weight` = float32; a weight <= 0 marks
+  a client that did not train (empty dataset, or non-finite update reverted on the client).
+* Uploads are gathered keyed by slot with `tff.federated_aggregate` into a zero `[K, ...]`
+  accumulator (`tf.tensor_scatter_nd_update` by slot, merge = add), so server memory is
+  O(K·D) whatever the number of clients. A slot nobody uploaded keeps its previous model.
+* CoModelSel picks a collaborator c(k) != k per model from the uploaded set (`in_order`,
+  `highest_similarity`, `lowest_similarity`; cosine of whole flattened models, trainable +
+  non-trainable; ties -> lowest index).
+* CrossAggr: w^k <- alpha * v^k + (1 - alpha) * v^{c(k)} from the uploaded copies.
+* Acceleration (paper §III-D): dynamic alpha (`alpha_schedule`) and propeller models
+  (`num_propellers` > 1) during the first `accel_rounds` rounds.
+
+Result: the uniform mean of the new middleware models (the deployable global model) at
+SERVER. Measurements: `similarity` [K, K], `collaborators` [K] int32 (-1 = none, K = 1),
+`alpha` (the alpha used this round), `propellers_used` (1.0 if the propeller rule ran),
+`eligible` [K] (1.0 for models that trained this round).
+
+Decisions not fixed by the paper (documented, tested in tests/test_fedcross.py):
+
+* A model whose client did not train (weight <= 0) is uploaded unchanged (= the middleware
+  model it received). It is still cross-aggregated with its own collaborator, but the
+  similarity rules do not choose it as anybody's collaborator, since it carries no new
+  information — unless no trained alternative exists, then all j != k are candidates.
+  `in_order` and the propellers keep their fixed schedule regardless.
+* Propellers: model k's P propellers are the in-order collaborators of rounds t, t+1, ...,
+  t+P-1, i.e. (k + ((t + i) mod (K-1)) + 1) mod K for i in [0, P); at t = 0 they are
+  k+1, ..., k+P (mod K). They are distinct for P <= K-1 (enforced). With num_propellers = 1
+  the ordinary `selection` rule is used in every round.
+* Dynamic alpha: alpha_t = 0.5 + (alpha - 0.5) * min(t, R) / R with R = accel_rounds, so
+  round 0 uses 0.5 and rounds >= R use alpha.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+SELECTIONS = ('lowest_similarity', 'highest_similarity', 'in_order')
+
+
+# --------------------------------------------------------------------------- #
+# Pure TF functions (each usable and tested on its own)
+# --------------------------------------------------------------------------- #
+
+
+def flatten_models(stacked_models) -> tf.Tensor:
+  """[K, D] float32 from a structure of [K, ...] tensors (structure order: trainable, then
+  non-trainable for a ModelWeights)."""
+  flat = [tf.reshape(tf.cast(t, tf.float32), [tf.shape(t)[0], -1])
+          for t in tf.nest.flatten(stacked_models)]
+  return tf.concat(flat, axis=1)
+
+
+def cosine_similarity_matrix(flat_models) -> tf.Tensor:
+  """[K, K] cosine similarity of the rows of `flat_models` [K, D] (0 for a zero row)."""
+  flat = tf.convert_to_tensor(flat_models, tf.float32)
+  norms = tf.norm(flat, axis=1)
+  dots = tf.matmul(flat, flat, transpose_b=True)
+  return tf.math.divide_no_nan(dots, norms[:, None] * norms[None, :])
+
+
+def in_order_collaborators(num_models: int, round_num) -> tf.Tensor:
+  """c(k) = (k + (t mod (K-1)) + 1) mod K, int32 [K]; [-1] when K = 1."""
+  k = int(num_models)
+  if k == 1:
+    return tf.constant([-1], tf.int32)
+  t = tf.cast(round_num, tf.int32)
+  idx = tf.range(k, dtype=tf.int32)
+  return (idx + tf.math.floormod(t, k - 1) + 1) % k
+
+
+def select_collaborators(sim, rule: str, round_num, eligible=None) -> tf.Tensor:
+  """CoModelSel: int32 [K] collaborator index per model (-1 when K = 1).
+
+  Args:
+    sim: [K, K] similarity matrix (static K).
+    rule: 'in_order', 'highest_similarity' (argmax over j != k) or 'lowest_similarity'
+      (argmin over j != k). Ties go to the lowest index.
+    round_num: the round t (used by 'in_order').
+    eligible: optional bool [K]: only eligible j are candidates for the similarity rules,
+      unless model k has no eligible j != k (then every j != k is a candidate).
+  """
+  if rule not in SELECTIONS:
+    raise ValueError(f'selection must be one of {SELECTIONS}, got {rule!r}')
+  sim = tf.convert_to_tensor(sim, tf.float32)
+  k = sim.shape[0]
+  if k is None:
+    raise ValueError('the number of models must be static')
+  if rule == 'in_order' or k == 1:
+    return in_order_collaborators(k, round_num)
+  not_self = tf.logical_not(tf.eye(k, dtype=tf.bool))
+  candidates = not_self
+  if eligible is not None:
+    eligible = tf.convert_to_tensor(eligible, tf.bool)
+    restricted = tf.logical_and(not_self, eligible[None, :])
+    any_left = tf.reduce_any(restricted, axis=1, keepdims=True)
+    candidates = tf.where(any_left, restricted, not_self)
+  if rule == 'highest_similarity':
+    masked = tf.where(candidates, sim, tf.fill([k, k], -np.inf))
+    best = tf.reduce_max(masked, axis=1, keepdims=True)
+  else:
+    masked = tf.where(candidates, sim, tf.fill([k, k], np.inf))
+    best = tf.reduce_min(masked, axis=1, keepdims=True)
+  hits = tf.logical_and(candidates, tf.equal(masked, best))
+  columns = tf.broadcast_to(tf.range(k, dtype=tf.int32)[None, :], [k, k])
+  return tf.reduce_min(tf.where(hits, columns, k), axis=1)
+
+
+def cross_aggregate(models, collaborators, alpha):
+  """CrossAggr: w^k = alpha * v^k + (1 - alpha) * v^{c(k)} for each [K, ...] tensor.
+
+  `models` is a structure of [K, ...] tensors; `collaborators` int32 [K]; an index < 0
+  means "no collaborator" and keeps v^k unchanged.
+  """
+  collaborators = tf.convert_to_tensor(collaborators, tf.int32)
+  has = collaborators >= 0
+  safe = tf.maximum(collaborators, 0)
+
+  def fuse(v):
+    a = tf.cast(alpha, v.dtype)
+    mixed = a * v + (1 - a) * tf.gather(v, safe)
+    mask = tf.reshape(has, [-1] + [1] * (v.shape.rank - 1))
+    return tf.where(mask, mixed, v)
+
+  return tf.nest.map_structure(fuse, models)
+
+
+def in_order_propellers(num_models: int, num_propellers: int, round_num) -> tf.Tensor:
+  """int32 [K, P]: propeller i of model k = (k + ((t + i) mod (K-1)) + 1) mod K."""
+  k, p = int(num_models), int(num_propellers)
+  if k == 1:
+    return tf.fill([1, p], -1)
+  if not 1 <= p <= k - 1:
+    raise ValueError(f'num_propellers must be in [1, K-1={k - 1}], got {p}')
+  t = tf.cast(round_num, tf.int32)
+  offsets = tf.math.floormod(t + tf.range(p, dtype=tf.int32), k - 1) + 1
+  return (tf.range(k, dtype=tf.int32)[:, None] + offsets[None, :]) % k
+
+
+def propeller_aggregate(models, propellers, alpha):
+  """w^k = alpha * v^k + (1 - alpha) * mean_i v^{p_i(k)}; `propellers` int32 [K, P]."""
+  propellers = tf.convert_to_tensor(propellers, tf.int32)
+  has = tf.reduce_all(propellers >= 0, axis=1)
+  safe = tf.maximum(propellers, 0)
+
+  def fuse(v):
+    a = tf.cast(alpha, v.dtype)
+    mean = tf.reduce_mean(tf.gather(v, safe), axis=1)  # [K, P, ...] -> [K, ...]
+    mask = tf.reshape(has, [-1] + [1] * (v.shape.rank - 1))
+    return tf.where(mask, a * v + (1 - a) * mean, v)
+
+  return tf.nest.map_structure(fuse, models)
+
+
+def alpha_for_round(alpha: float, round_num, accel_rounds: int = 0,
+                    alpha_schedule: bool = False) -> tf.Tensor:
+  """Dynamic alpha: 0.5 + (alpha - 0.5) * min(t, R) / R over R = accel_rounds; else alpha."""
+  if not alpha_schedule or accel_rounds <= 0:
+    return tf.constant(alpha, tf.float32)
+  t = tf.cast(round_num, tf.float32)
+  frac = tf.minimum(t, float(accel_rounds)) / float(accel_rounds)
+  return tf.constant(0.5, tf.float32) + (alpha - 0.5) * frac
+
+
+def stack_model(weights, num_models: int):
+  """A structure of [K, ...] tensors holding K copies of `weights`."""
+  return tf.nest.map_structure(
+      lambda t: tf.tile(tf.expand_dims(tf.convert_to_tensor(t), 0),
+                        [num_models] + [1] * len(t.shape)), weights)
+
+
+def mean_model(stacked):
+  return tf.nest.map_structure(lambda t: tf.reduce_mean(t, axis=0), stacked)
+
+
+def validate_options(num_models: int, alpha: float, selection: str, num_propellers: int,
+                     accel_rounds: int) -> None:
+  if isinstance(num_models, bool) or not isinstance(num_models, (int, np.integer)) \
+      or num_models < 1:
+    raise ValueError(f'num_models must be an integer >= 1, got {num_models!r}')
+  if not 0.0 <= alpha <= 1.0:
+    raise ValueError(f'alpha must be in [0, 1] (paper: [0.5, 1)), got {alpha}')
+  if selection not in SELECTIONS:
+    raise ValueError(f'selection must be one of {SELECTIONS}, got {selection!r}')
+  if num_propellers < 1 or (num_models > 1 and num_propellers > num_models - 1):
+    raise ValueError(
+        f'num_propellers must be in [1, max(1, K-1)={max(1, num_models - 1)}], '
+        f'got {num_propellers}')
+  if accel_rounds < 0:
+    raise ValueError(f'accel_rounds must be >= 0, got {accel_rounds}')
+
+
+def cross_aggregation_step(uploaded, round_num, *, num_models: int, alpha: float,
+                           selection: str, alpha_schedule: bool, num_propellers: int,
+                           accel_rounds: int, eligible=None):
+  """One server step from uploaded models [K, ...]: (new models, measurements dict)."""
+  k = int(num_models)
+  sim = cosine_similarity_matrix(flatten_models(uploaded))
+  a = alpha_for_round(alpha, round_num, accel_rounds, alpha_schedule)
+  collaborators = select_collaborators(sim, selection, round_num, eligible)
+  crossed = cross_aggregate(uploaded, collaborators, a)
+  propellers_used = tf.constant(0.0)
+  if k > 1 and num_propellers > 1 and accel_rounds > 0:
+    in_accel = tf.cast(round_num, tf.int32) < accel_rounds
+    props = in_order_propellers(k, num_propellers, round_num)
+    propelled = propeller_aggregate(uploaded, props, a)
+    crossed = tf.nest.map_structure(lambda p, c: tf.where(in_accel, p, c), propelled, crossed)
+    collaborators = tf.where(in_accel, props[:, 0], collaborators)
+    propellers_used = tf.cast(in_accel, tf.float32)
+  measurements = collections.OrderedDict(
+      similarity=sim,
+      collaborators=collaborators,
+      alpha=a,
+      propellers_used=propellers_used)
+  return crossed, measurements
+
+
+# --------------------------------------------------------------------------- #
+# The AggregationProcess
+# --------------------------------------------------------------------------- #
+
+
+def stacked_type(weights_type: tff.Type, num_models: int) -> tff.Type:
+  """`weights_type` (a ModelWeights type) with a leading [K] dimension on every tensor."""
+
+  def stack(t):
+    return tff.TensorType(t.dtype, [num_models, *t.shape])
+
+  return tff.StructWithPythonType(
+      [('trainable', tff.StructWithPythonType([stack(t) for t in weights_type.trainable], list)),
+       ('non_trainable',
+        tff.StructWithPythonType([stack(t) for t in weights_type.non_trainable], list))],
+      tff.learning.models.ModelWeights)
+
+
+def build_cross_aggregation_process(
+    weights_type: tff.Type,
+    num_models: int,
+    *,
+    alpha: float = 0.99,
+    selection: str = 'lowest_similarity',
+    alpha_schedule: bool = False,
+    num_propellers: int = 1,
+    accel_rounds: int = 0,
+    initial_weights_fn: Optional[tff.Computation] = None,
+) -> tff.templates.AggregationProcess:
+  """FedCross's cross-aggregation as a stateful weighted `tff.templates.AggregationProcess`.
+
+  Args:
+    weights_type: the `tff.learning.models.ModelWeights` type of one model.
+    num_models: K, the number of middleware models (= clients per round).
+    alpha: the CrossAggr weight of a model's own upload (paper default 0.99).
+    selection: collaborator rule, one of `SELECTIONS`.
+    alpha_schedule: dynamic alpha over the first `accel_rounds` rounds.
+    num_propellers: propellers per model during the first `accel_rounds` rounds (> 1 on).
+    accel_rounds: length of the acceleration phase.
+    initial_weights_fn: no-arg TF computation returning the initial `ModelWeights`; the K
+      middleware models start as copies of it (default: zeros).
+
+  Returns:
+    An AggregationProcess: state = OrderedDict(models=ModelWeights of [K, ...] tensors,
+    round_num=int32); next(state, OrderedDict(slot, model)@CLIENTS, float32@CLIENTS) ->
+    result = mean of the new middleware models @SERVER, measurements (see module doc).
+  """
+  k = int(num_models) if isinstance(num_models, (int, np.integer)) else num_models
+  validate_options(k, alpha, selection, num_propellers, accel_rounds)
+  model_type = stacked_type(weights_type, k)
+  value_type = tff.StructWithPythonType(
+      [('slot', tff.TensorType(np.int32)), ('model', weights_type)], collections.OrderedDict)
+  weight_type = tff.TensorType(np.float32)
+  options = dict(num_models=k, alpha=alpha, selection=selection,
+                 alpha_schedule=alpha_schedule, num_propellers=num_propellers,
+                 accel_rounds=accel_rounds)
+
+  if initial_weights_fn is None:
+    @tff.tensorflow.computation
+    def initial_weights_fn():
+      return tff.learning.models.ModelWeights(
+          trainable=[tf.zeros(t.shape, t.dtype) for t in weights_type.trainable],
+          non_trainable=[tf.zeros(t.shape, t.dtype) for t in weights_type.non_trainable])
+
+  @tff.tensorflow.computation
+  def initial_state():
+    w = initial_weights_fn()
+    return collections.OrderedDict(
+        models=stack_model(w, k), round_num=tf.constant(0, tf.int32))
+
+  state_type = initial_state.type_signature.result
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_eval(initial_state, tff.SERVER)
+
+  def zeros_of(t):
+    return tf.zeros(t.shape, t.dtype)
+
+  @tff.tensorflow.computation
+  def zero_accumulator():
+    return collections.OrderedDict(
+        models=tff.learning.models.ModelWeights(
+            trainable=[zeros_of(t) for t in model_type.trainable],
+            non_trainable=[zeros_of(t) for t in model_type.non_trainable]),
+        received=tf.zeros([k], tf.float32),
+        weight=tf.zeros([k], tf.float32))
+
+  acc_type = zero_accumulator.type_signature.result
+
+  @tff.tensorflow.computation(acc_type, (value_type, weight_type))
+  def accumulate(acc, value_and_weight):
+    value, weight = value_and_weight
+    index = tf.reshape(value['slot'], [1, 1])
+    models = tf.nest.map_structure(
+        lambda a, v: tf.tensor_scatter_nd_update(a, index, tf.expand_dims(v, 0)),
+        acc['models'], value['model'])
+    return collections.OrderedDict(
+        models=models,
+        received=tf.tensor_scatter_nd_update(acc['received'], index, [1.0]),
+        weight=tf.tensor_scatter_nd_update(acc['weight'], index, [weight]))
+
+  @tff.tensorflow.computation(acc_type, acc_type)
+  def merge(a, b):
+    return tf.nest.map_structure(tf.add, a, b)
+
+  @tff.tensorflow.computation(acc_type)
+  def report(acc):
+    return acc
+
+  @tff.tensorflow.computation(state_type, acc_type)
+  def server_step(state, acc):
+    received = acc['received'] > 0.0
+
+    def keep_missing(new, old):
+      mask = tf.reshape(received, [-1] + [1] * (new.shape.rank - 1))
+      return tf.where(mask, new, old)
+
+    uploaded = tf.nest.map_structure(keep_missing, acc['models'], state['models'])
+    eligible = tf.logical_and(received, acc['weight'] > 0.0)
+    new_models, measurements = cross_aggregation_step(
+        uploaded, state['round_num'], eligible=eligible, **options)
+    measurements['eligible'] = tf.cast(eligible, tf.float32)
+    new_state = collections.OrderedDict(models=new_models,
+                                        round_num=state['round_num'] + 1)
+    return new_state, mean_model(new_models), measurements
+
+  @tff.federated_computation(
+      tff.FederatedType(state_type, tff.SERVER),
+      tff.FederatedType(value_type, tff.CLIENTS),
+      tff.FederatedType(weight_type, tff.CLIENTS))
+  def next_fn(state, value, weight):
+    acc = tff.federated_aggregate(
+        tff.federated_zip((value, weight)), zero_accumulator(),
+        accumulate, merge, report)
+    new_state, result, measurements = tff.federated_map(server_step, (state, acc))
+    return tff.templates.MeasuredProcessOutput(new_state, result, measurements)
+
+  return tff.templates.AggregationProcess(init_fn, next_fn)
+

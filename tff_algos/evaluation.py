@@ -1,0 +1,50 @@
+"""Central (server-side) evaluation of a model's weights on a held-out test set.
+
+Runs as a TFF TensorFlow computation, so it needs no eager Keras model in the Python process
+(eager Keras models and TFF's graph-built ones do not mix in TF 2.14).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_algos.client_work import local_training, model_delta
+
+
+def build_central_evaluation(model_fn, batch_size: int = 1000) -> tff.Computation:
+  """`(model_weights, x, y) -> OrderedDict(accuracy, loss, num_examples)`."""
+  weights_type = model_delta.model_weights_type(model_fn)
+  element = local_training.client_element_type(model_delta.model_input_spec(model_fn))
+
+  @tff.tensorflow.computation(weights_type, element.x, element.y)
+  def evaluate(model_weights, x, y):
+    model = model_fn()
+
+    @tf.function
+    def run():
+      weights = tff.learning.models.ModelWeights.from_model(model)
+      tf.nest.map_structure(lambda v, t: v.assign(t), weights, model_weights)
+      n = tf.shape(y)[0]
+      hits = tf.constant(0.0)
+      counted = tf.constant(0.0)
+      loss_sum = tf.constant(0.0)
+      for start in tf.range(0, n, batch_size):
+        end = tf.minimum(start + batch_size, n)
+        batch = collections.OrderedDict(x=x[start:end], y=y[start:end])
+        output = model.forward_pass(batch, training=False)
+        h, c = local_training.accuracy_terms(output.predictions, batch['y'])
+        hits += h
+        counted += c
+        loss_sum += tf.cast(output.loss, tf.float32) * tf.cast(end - start, tf.float32)
+      num = tf.cast(n, tf.float32)
+      return collections.OrderedDict(
+          accuracy=tf.math.divide_no_nan(hits, counted),
+          loss=tf.math.divide_no_nan(loss_sum, num),
+          num_examples=num)
+
+    return run()
+
+  return evaluate

@@ -1,0 +1,226 @@
+"""FedCross: multi-model cross-aggregation (ALGORITHMS.md §1), as a `LearningProcess`.
+
+The server holds K middleware models (K = clients per round) as dense `[K, ...]` tensors in
+the cross-aggregation process's state (`tff_algos.aggregators.cross_aggregation`). A round:
+
+1. distributor: each sampled client's input carries its `slot` s in [0, K) (its position in
+   the round's random sample: the paper's shuffle). `tff.federated_select` keyed by
+   `[slot]` sends it middleware model s only (one model down per client, like FedAvg);
+2. client work: the client trains the received model on the shared fast loop
+   (`tff_algos.client_work.local_training`) and uploads OrderedDict(slot, model) with weight
+   = its example count (0 if it has no data or its training went non-finite, in which case
+   it uploads the received model unchanged);
+3. aggregator: keyed `tff.federated_aggregate` into a [K, ...] accumulator (one model up per
+   client, O(K·D) server memory), CoModelSel + CrossAggr (+ dynamic alpha / propellers);
+4. the state's `global_model_weights` is the uniform mean of the K middleware models, which
+   is also what `get_model_weights` returns; `set_model_weights` sets all K models.
+
+The state is a `tff.learning.templates.LearningAlgorithmState` (global_model_weights,
+distributor=(), client_work=(), aggregator=OrderedDict(models, round_num), finalizer=()).
+Metrics: distributor=OrderedDict(dispatch_select=1.0) (federated_select dispatch; the
+broadcast fallback was not needed in TFF 0.87's runtime), client_work=OrderedDict(train=...)
+(loss, accuracy, last_epoch_loss, num_examples, num_clients, non_finite_clients),
+aggregator=similarity [K,K], collaborators [K], alpha, propellers_used, eligible [K],
+finalizer=().
+
+Clients must be fed in the round's sample with slots 0..K-1 (`data.round_inputs`); a slot
+with no client keeps its middleware model for that round. With K = 1 there is no
+collaborator: FedCross is plain local training of one model.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_algos.aggregators import cross_aggregation
+from tff_algos.client_work import local_training, model_delta
+
+
+def initial_model_weights_fn(model_fn) -> tff.Computation:
+  """A no-arg TF computation returning the model_fn model's initial `ModelWeights`."""
+
+  @tff.tensorflow.computation
+  def initial_weights():
+    return tff.learning.models.ModelWeights.from_model(model_fn())
+
+  return initial_weights
+
+
+def build_fedcross_client_work(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    client_batch_size: int,
+) -> tff.learning.templates.ClientWorkProcess:
+  """Local training that uploads the trained model itself, keyed by the client's slot.
+
+  Result per client: `ClientResult(update=OrderedDict(slot=int32, model=ModelWeights),
+  update_weight=num_examples)`. A client with no data uploads the received model unchanged
+  (training runs zero steps) with weight 0; a client whose training is not finite uploads
+  the received model with weight 0 and is counted in `train/non_finite_clients`.
+  """
+  weights_type = model_delta.model_weights_type(model_fn)
+  data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_value((), tff.SERVER)
+
+  @tff.tensorflow.computation(weights_type, data_type)
+  def client_update(initial_weights, dataset):
+    model = model_fn()
+    train = local_training.build_local_training(model, client_optimizer_fn,
+                                                client_batch_size)
+    element = local_training.single_element(dataset)
+    out = train(initial_weights, element)
+    trained = tff.learning.models.ModelWeights(
+        trainable=list(out.model_weights.trainable),
+        non_trainable=list(out.model_weights.non_trainable))
+    flat = tf.nest.flatten(trained)
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in flat])
+    received = tff.learning.models.ModelWeights(
+        trainable=list(initial_weights.trainable),
+        non_trainable=list(initial_weights.non_trainable))
+    model_out = tf.nest.map_structure(lambda a, b: tf.where(finite, a, b), trained, received)
+    non_finite = tf.cast(tf.logical_not(finite), tf.float32)
+    weight = out.num_examples * (1.0 - non_finite)
+    update = collections.OrderedDict(slot=element['slot'], model=model_out)
+    return (tff.learning.templates.ClientResult(update=update, update_weight=weight),
+            local_training.training_metric_sums(out, non_finite))
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(weights_type, tff.CLIENTS),
+      tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, weights, client_data):
+    results, metric_sums = tff.federated_map(client_update, (weights, client_data))
+    measurements = tff.federated_zip(collections.OrderedDict(
+        train=model_delta.sum_and_finalize_training_metrics(metric_sums)))
+    return tff.templates.MeasuredProcessOutput(state, results, measurements)
+
+  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
+
+
+def build_fedcross(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    client_batch_size: int,
+    num_models: int,
+    *,
+    alpha: float = 0.99,
+    selection: str = 'lowest_similarity',
+    alpha_schedule: bool = False,
+    num_propellers: int = 1,
+    accel_rounds: int = 0,
+) -> tff.learning.templates.LearningProcess:
+  """FedCross (multi-model cross-aggregation) as a `tff.learning.templates.LearningProcess`.
+
+  Args:
+    model_fn: no-arg function returning a `tff.learning.models.VariableModel`.
+    client_optimizer_fn: a `tff.learning.optimizers.Optimizer` for local steps.
+    client_batch_size: local batch size.
+    num_models: K, the number of middleware models = clients per round. Client inputs
+      (`data.round_inputs`) carry `slot` in [0, K): the middleware model that client trains.
+    alpha: CrossAggr weight of a model's own upload, in [0.5, 1) in the paper (0.99).
+    selection: 'lowest_similarity' (default), 'highest_similarity' or 'in_order'.
+    alpha_schedule: alpha rises linearly from 0.5 to `alpha` over `accel_rounds` rounds.
+    num_propellers: > 1: during the first `accel_rounds` rounds each model is fused with
+      the mean of this many in-order collaborators (see cross_aggregation's module doc).
+    accel_rounds: length of the acceleration phase (0 = off).
+
+  Returns:
+    A LearningProcess; `next(state, client_data)` takes the K clients' one-element
+    sequences (`tff_algos.client_work.local_training.client_data_type`).
+  """
+  cross_aggregation.validate_options(num_models, alpha, selection, num_propellers,
+                                     accel_rounds)
+  k = int(num_models)
+  initial_weights = initial_model_weights_fn(model_fn)
+  weights_type = initial_weights.type_signature.result
+  data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
+  client_work = build_fedcross_client_work(model_fn, client_optimizer_fn, client_batch_size)
+  aggregator = cross_aggregation.build_cross_aggregation_process(
+      weights_type, k, alpha=alpha, selection=selection, alpha_schedule=alpha_schedule,
+      num_propellers=num_propellers, accel_rounds=accel_rounds,
+      initial_weights_fn=initial_weights)
+  agg_state_type = aggregator.initialize.type_signature.result.member
+  stacked_type = agg_state_type['models']
+
+  @tff.tensorflow.computation(agg_state_type)
+  def global_from_aggregator(agg_state):
+    return cross_aggregation.mean_model(agg_state['models'])
+
+  @tff.federated_computation
+  def init_fn():
+    agg_state = aggregator.initialize()
+    return tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+        global_model_weights=tff.federated_map(global_from_aggregator, agg_state),
+        distributor=tff.federated_value((), tff.SERVER),
+        client_work=client_work.initialize(),
+        aggregator=agg_state,
+        finalizer=tff.federated_value((), tff.SERVER)))
+
+  state_type = init_fn.type_signature.result.member
+
+  @tff.tensorflow.computation(data_type)
+  def slot_key(dataset):
+    return tf.reshape(local_training.single_element(dataset)['slot'], [1])
+
+  @tff.tensorflow.computation(stacked_type, tff.TensorType(np.int32))
+  def select_model(stack, key):
+    return tf.nest.map_structure(lambda t: tf.gather(t, key), stack)
+
+  @tff.tensorflow.computation(tff.SequenceType(weights_type))
+  def first_model(models):
+    return models.get_single_element()
+
+  @tff.tensorflow.computation
+  def dispatch_metrics():
+    return collections.OrderedDict(dispatch_select=tf.constant(1.0))
+
+  @tff.federated_computation(
+      tff.FederatedType(state_type, tff.SERVER),
+      tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, client_data):
+    agg_state = state.aggregator
+    keys = tff.federated_map(slot_key, client_data)
+    max_key = tff.federated_value(np.int32(k - 1), tff.SERVER)
+    selected = tff.federated_select(keys, max_key, agg_state.models, select_model)
+    weights_at_clients = tff.federated_map(first_model, selected)
+    client_out = client_work.next(state.client_work, weights_at_clients, client_data)
+    agg_out = aggregator.next(agg_state, client_out.result.update,
+                              client_out.result.update_weight)
+    new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
+        global_model_weights=agg_out.result,
+        distributor=state.distributor,
+        client_work=client_out.state,
+        aggregator=agg_out.state,
+        finalizer=state.finalizer))
+    metrics = tff.federated_zip(collections.OrderedDict(
+        distributor=tff.federated_eval(dispatch_metrics, tff.SERVER),
+        client_work=client_out.measurements,
+        aggregator=agg_out.measurements,
+        finalizer=tff.federated_value((), tff.SERVER)))
+    return tff.learning.templates.LearningProcessOutput(new_state, metrics)
+
+  @tff.tensorflow.computation(state_type)
+  def get_model_weights(state):
+    return state.global_model_weights
+
+  @tff.tensorflow.computation(state_type, weights_type)
+  def set_model_weights(state, weights):
+    models = cross_aggregation.stack_model(weights, k)
+    return tff.learning.templates.LearningAlgorithmState(
+        global_model_weights=weights,
+        distributor=state.distributor,
+        client_work=state.client_work,
+        aggregator=collections.OrderedDict(models=models,
+                                           round_num=state.aggregator['round_num']),
+        finalizer=state.finalizer)
+
+  return tff.learning.templates.LearningProcess(
+      init_fn, next_fn, get_model_weights, set_model_weights)

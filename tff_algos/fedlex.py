@@ -1,0 +1,362 @@
+"""FedLEx: federated loss exploration (seed 002; ALGORITHMS.md section 4).
+
+Two pieces, both ordinary TFF objects:
+
+* `build_fedlex_exploration(...)`: a `tff.federated_computation` that runs the exploration
+  phase on the explorer clients it is given. Each explorer trains from the initial global
+  model w_0 for the epochs in its `order` input ([exploration_epochs, n]), optionally with
+  early stopping by `exploration_patience`, and computes its per-parameter deviation
+  D_i = (w_0 - w_i)^2 over every trainable tensor. The server turns the deviations into the
+  Global Guidance Matrix G (same structure as the trainable weights, values in
+  [guidance_floor, 1]) and reports the exploration's cost in client-epochs.
+
+* `build_fedlex(..., base='avgm'|'sgd'|'opt'|'prox')`: the base algorithm of
+  `tff_algos.baselines` built with guided client work: the guidance lives in
+  `state.client_work`, is broadcast every round and multiplies every gradient elementwise
+  before the client optimiser step (for FedSGD, the uploaded full-batch gradient). It
+  starts as all ones, which is bit-for-bit the unguided base; `set_guidance` or
+  `explore_and_initialize` put the explored matrix into the state, so `tff.program`
+  state managers checkpoint it with the model.
+
+Definitions this module settles (document of record: ALGORITHMS.md section 4):
+  * Min-max normalisation is per tensor. A tensor whose entries are all equal (max == min,
+    e.g. a parameter that never moved, or a single-entry tensor) carries no relative
+    information: it normalises to ONES, i.e. it leaves those gradients unmodulated. It
+    never produces NaN.
+  * `normalize='per_client'` (default, the paper's order): every explorer normalises its own
+    D_i, the server takes the uniform mean over explorers. `'after_mean'` (the reference
+    code's order): uniform mean of the raw D_i, then one normalisation on the server.
+  * `guidance_floor` f in [0, 1]: G = max(G, f) elementwise (default 0.0 = the paper).
+  * Early stopping (`exploration_patience=p`): the explorer runs one epoch at a time and
+    stops once its mean epoch training loss has not strictly improved on its best for p
+    consecutive epochs (or the epochs in `order` run out); the deviation uses the weights
+    at the stop. The client optimiser is re-initialised at each epoch in this mode
+    (identical for plain SGD; momentum restarts every epoch). Without patience all epochs
+    run in one pass of the shared loop.
+  * Cost: `client_epochs` = epochs actually run, summed over explorers.
+  * Refresh during training (paper section III-E) is program-level: `refresh_guidance`
+    re-runs the exploration from the current global model on the explorers that take
+    part in a round and replaces G with the result (see its docstring).
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_algos import baselines
+from tff_algos.client_work import local_training
+from tff_algos.client_work import model_delta
+
+NORMALIZATIONS = ('per_client', 'after_mean')
+BASES = ('avgm', 'sgd', 'opt', 'prox')
+
+
+# ------------------------------------------------------------------------------------------
+# Pure TF pieces (usable inside TFF computations; tested against numpy).
+# ------------------------------------------------------------------------------------------
+
+
+def deviations(initial_trainable, final_trainable) -> list:
+  """D = (w_0 - w_final)^2, elementwise, for every tensor."""
+  return [tf.square(tf.cast(a, tf.float32) - tf.cast(b, tf.float32))
+          for a, b in zip(initial_trainable, final_trainable)]
+
+
+def normalize_tensor(t: tf.Tensor) -> tf.Tensor:
+  """Min-max normalisation of one tensor to [0, 1]; ones when max == min (or empty)."""
+  t = tf.convert_to_tensor(t)
+  if t.shape.num_elements() == 0:
+    return tf.ones_like(t)
+  lo = tf.reduce_min(t)
+  hi = tf.reduce_max(t)
+  span = hi - lo
+  has_span = span > 0
+  scaled = (t - lo) / tf.where(has_span, span, tf.ones_like(span))
+  return tf.where(has_span, scaled, tf.ones_like(t))
+
+
+def normalize_deviations(deviation_tensors) -> list:
+  """Per-tensor min-max normalisation of a list of deviation tensors."""
+  return [normalize_tensor(d) for d in deviation_tensors]
+
+
+def apply_floor(guidance, floor: float) -> list:
+  """max(G, floor) elementwise."""
+  if floor == 0.0:
+    return list(guidance)
+  return [tf.maximum(g, tf.cast(floor, g.dtype)) for g in guidance]
+
+
+def global_guidance_matrix(client_deviations: Sequence[Sequence[Any]],
+                           normalize: str = 'per_client',
+                           floor: float = 0.0) -> list:
+  """G from a list (over explorers) of deviation lists (over tensors), in plain TF.
+
+  The reference formula the federated computation implements (there split between
+  clients and server): uniform mean over explorers, normalisation per `normalize`,
+  then the floor.
+  """
+  _check_normalize(normalize)
+  _check_floor(floor)
+  if not client_deviations:
+    raise ValueError('at least one explorer deviation is needed')
+  per_client = [[tf.convert_to_tensor(d, tf.float32) for d in devs]
+                for devs in client_deviations]
+  if normalize == 'per_client':
+    per_client = [normalize_deviations(devs) for devs in per_client]
+  mean = [tf.add_n(list(ts)) / float(len(per_client)) for ts in zip(*per_client)]
+  if normalize == 'after_mean':
+    mean = normalize_deviations(mean)
+  return apply_floor(mean, floor)
+
+
+def _check_normalize(normalize):
+  if normalize not in NORMALIZATIONS:
+    raise ValueError(f'normalize must be one of {NORMALIZATIONS}, got {normalize!r}')
+
+
+def _check_floor(floor):
+  if not 0.0 <= float(floor) <= 1.0:
+    raise ValueError(f'guidance_floor must be in [0, 1], got {floor}')
+
+
+# ------------------------------------------------------------------------------------------
+# Exploration phase.
+# ------------------------------------------------------------------------------------------
+
+
+def _explore_fn(train, patience: Optional[int]):
+  """(final ModelWeights, epochs run as float32) for one explorer, as a tf.function."""
+
+  @tf.function
+  def explore(initial_weights, element):
+    order = element['order']
+    total = tf.shape(order)[0]
+    if patience is None:
+      out = train(initial_weights, element)
+      return out.model_weights, tf.cast(total, tf.float32)
+
+    weights = tff.learning.models.ModelWeights(
+        trainable=[tf.identity(t) for t in initial_weights.trainable],
+        non_trainable=[tf.identity(t) for t in initial_weights.non_trainable])
+    best = tf.constant(np.inf, tf.float32)
+    since_best = tf.constant(0)
+    epoch = tf.constant(0)
+    while epoch < total and since_best < patience:
+      one_epoch = collections.OrderedDict(element)
+      one_epoch['order'] = order[epoch:epoch + 1]
+      out = train(weights, one_epoch)
+      weights = tff.learning.models.ModelWeights(
+          trainable=list(out.model_weights.trainable),
+          non_trainable=list(out.model_weights.non_trainable))
+      loss = out.last_epoch_loss
+      improved = loss < best
+      best = tf.where(improved, loss, best)
+      since_best = tf.where(improved, 0, since_best + 1)
+      epoch += 1
+    return weights, tf.cast(epoch, tf.float32)
+
+  return explore
+
+
+def build_fedlex_exploration(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    client_batch_size: int,
+    *,
+    normalize: str = 'per_client',
+    guidance_floor: float = 0.0,
+    exploration_patience: Optional[int] = None,
+) -> tff.Computation:
+  """The FedLEx exploration phase as a federated computation.
+
+  Args:
+    model_fn: no-arg function returning a `tff.learning.models.VariableModel`.
+    client_optimizer_fn: a `tff.learning.optimizers.Optimizer` for the explorers' local steps.
+    client_batch_size: local batch size.
+    normalize: 'per_client' (paper, default) or 'after_mean' (reference code).
+    guidance_floor: lower bound of every guidance entry, in [0, 1] (0 = paper).
+    exploration_patience: None (run every epoch in `order`) or a positive int: stop an
+      explorer once its epoch loss has not improved for that many epochs.
+
+  Returns:
+    A `tff.federated_computation` (initial ModelWeights@SERVER, explorer inputs@CLIENTS)
+    -> OrderedDict(guidance=<list shaped like the trainable weights>, client_epochs=float32)
+    @SERVER. The explorer inputs are the project's client inputs (one-element sequences,
+    `data.client_input`) whose `order` has shape [exploration_epochs, n].
+  """
+  _check_normalize(normalize)
+  _check_floor(guidance_floor)
+  if exploration_patience is not None:
+    if isinstance(exploration_patience, bool) or int(exploration_patience) != \
+        exploration_patience or exploration_patience < 1:
+      raise ValueError(
+          f'exploration_patience must be None or a positive int, got {exploration_patience!r}')
+    exploration_patience = int(exploration_patience)
+  guidance_floor = float(guidance_floor)
+
+  weights_type = model_delta.model_weights_type(model_fn)
+  data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
+
+  @tff.tensorflow.computation(weights_type, data_type)
+  def client_explore(initial_weights, dataset):
+    model = model_fn()
+    train = local_training.build_local_training(model, client_optimizer_fn,
+                                                client_batch_size)
+    explore = _explore_fn(train, exploration_patience)
+    element = local_training.single_element(dataset)
+    final_weights, epochs = explore(initial_weights, element)
+    devs = deviations(initial_weights.trainable, final_weights.trainable)
+    if normalize == 'per_client':
+      devs = normalize_deviations(devs)
+    return devs, epochs
+
+  deviation_type = client_explore.type_signature.result[0]
+
+  @tff.tensorflow.computation(deviation_type)
+  def server_finish(mean_deviation):
+    guidance = list(mean_deviation)
+    if normalize == 'after_mean':
+      guidance = normalize_deviations(guidance)
+    return apply_floor(guidance, guidance_floor)
+
+  @tff.federated_computation(tff.FederatedType(weights_type, tff.SERVER),
+                             tff.FederatedType(data_type, tff.CLIENTS))
+  def exploration(initial_weights, explorer_data):
+    weights_at_clients = tff.federated_broadcast(initial_weights)
+    devs, epochs = tff.federated_map(client_explore, (weights_at_clients, explorer_data))
+    guidance = tff.federated_map(server_finish, tff.federated_mean(devs))
+    return tff.federated_zip(collections.OrderedDict(
+        guidance=guidance, client_epochs=tff.federated_sum(epochs)))
+
+  return exploration
+
+
+# ------------------------------------------------------------------------------------------
+# Guided learning processes.
+# ------------------------------------------------------------------------------------------
+
+
+def build_fedlex(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    client_optimizer_fn: Optional[tff.learning.optimizers.Optimizer],
+    client_batch_size: int,
+    base: str = 'avgm',
+    *,
+    guided: bool = True,
+    **base_kwargs,
+) -> tff.learning.templates.LearningProcess:
+  """FedLEx on a base algorithm: FedLExAvgM / FedLExSgd / FedLExOpt / FedLExProx.
+
+  Args:
+    model_fn: no-arg function returning a `tff.learning.models.VariableModel`.
+    client_optimizer_fn: the client optimiser (ignored, may be None, for base='sgd').
+    client_batch_size: local batch size (for 'sgd' it only bounds memory).
+    base: 'avgm' (`baselines.build_fedavgm`: server SGD lr 1.0 momentum 0.9), 'sgd'
+      (`build_fedsgd`), 'opt' (`build_fedadam`: server Adam), 'prox' (`build_fedprox`).
+    guided: False builds the plain base (same builder, no guidance state), for baselines.
+    **base_kwargs: passed to the base builder (server_learning_rate, server_momentum,
+      proximal_strength, server_optimizer_fn, client_weighting, model_aggregator, ...).
+
+  Returns:
+    A `LearningProcess`; when guided, `state.client_work` is the guidance (all ones after
+    `initialize`, i.e. exactly the base) -- see `set_guidance`, `explore_and_initialize`.
+  """
+  if base not in BASES:
+    raise ValueError(f'base must be one of {BASES}, got {base!r}')
+  if base == 'sgd':
+    return baselines.build_fedsgd(model_fn, client_batch_size=client_batch_size,
+                                  guided=guided, **base_kwargs)
+  builder = dict(avgm=baselines.build_fedavgm, opt=baselines.build_fedadam,
+                 prox=baselines.build_fedprox)[base]
+  return builder(model_fn, client_optimizer_fn, client_batch_size, guided=guided,
+                 **base_kwargs)
+
+
+def get_guidance(state) -> list:
+  """The guidance matrix held by a FedLEx process state (list of arrays)."""
+  return list(state.client_work)
+
+
+def set_guidance(process: tff.learning.templates.LearningProcess, state, guidance):
+  """A copy of a FedLEx `process` state whose guidance is `guidance` (a list like the
+  trainable weights, e.g. the exploration's `guidance` output). Shapes are checked."""
+  del process  # the state carries everything needed; kept for a uniform signature
+  current = state.client_work
+  if not isinstance(current, (list, tuple)) or not current:
+    raise ValueError('state carries no guidance: build the process with build_fedlex '
+                     '(guided=True)')
+  guidance = [np.asarray(g, dtype=np.asarray(c).dtype) for g, c in
+              zip(guidance, current)] if len(guidance) == len(current) else None
+  if guidance is None or any(g.shape != np.shape(c) for g, c in zip(guidance, current)):
+    raise ValueError('guidance must match the trainable weights: shapes '
+                     f'{[np.shape(c) for c in current]}')
+  return state._replace(client_work=guidance)
+
+
+def guidance_statistics(guidance) -> collections.OrderedDict:
+  """Python floats summarising a guidance matrix (for metrics)."""
+  flat = np.concatenate([np.asarray(g, np.float64).ravel() for g in guidance])
+  return collections.OrderedDict(
+      guidance_mean=float(flat.mean()), guidance_min=float(flat.min()),
+      guidance_max=float(flat.max()),
+      guidance_zero_fraction=float(np.mean(flat == 0.0)))
+
+
+def explore_and_initialize(process: tff.learning.templates.LearningProcess,
+                           exploration: tff.Computation,
+                           explorer_inputs: Sequence[Any],
+                           initial_state=None):
+  """Runs the exploration from the state's global model and installs its guidance.
+
+  Args:
+    process: a guided process from `build_fedlex`.
+    exploration: the computation from `build_fedlex_exploration` (same model_fn).
+    explorer_inputs: the explorers' client inputs (each a one-element sequence, i.e. a list
+      holding one `data.client_input` structure; a bare structure is wrapped).
+    initial_state: defaults to `process.initialize()`.
+
+  Returns:
+    (state with the guidance, OrderedDict of exploration metrics: exploration_client_epochs,
+    num_explorers and `guidance_statistics`).
+  """
+  if initial_state is None:
+    initial_state = process.initialize()
+  inputs = [x if isinstance(x, (list, tuple)) else [x] for x in explorer_inputs]
+  if not inputs:
+    raise ValueError('at least one explorer is needed')
+  result = exploration(process.get_model_weights(initial_state), inputs)
+  state = set_guidance(process, initial_state, result['guidance'])
+  metrics = collections.OrderedDict(
+      exploration_client_epochs=float(result['client_epochs']),
+      num_explorers=len(inputs))
+  metrics.update(guidance_statistics(result['guidance']))
+  return state, metrics
+
+
+def refresh_guidance(process: tff.learning.templates.LearningProcess,
+                     exploration: tff.Computation,
+                     state,
+                     explorer_inputs: Sequence[Any]):
+  """Refresh during training (paper section III-E), at program level.
+
+  Call after a round with the inputs of the explorers that took part in it (pass an empty
+  list to keep G). They re-explore from the current global model and G is recomputed from
+  their fresh deviations only (the explorers absent from the round are not remembered:
+  keeping every explorer's last deviation would need an [explorers, D] server store).
+  The extra cost is reported as `exploration_client_epochs` like the initial exploration.
+
+  Returns (state, metrics); with no explorers the state is returned unchanged and the
+  metrics report 0 client-epochs.
+  """
+  inputs = list(explorer_inputs)
+  if not inputs:
+    metrics = collections.OrderedDict(exploration_client_epochs=0.0, num_explorers=0)
+    metrics.update(guidance_statistics(get_guidance(state)))
+    return state, metrics
+  return explore_and_initialize(process, exploration, inputs, state)
