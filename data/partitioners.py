@@ -305,6 +305,17 @@ def _check_seed(seed: Any, who: str) -> None:
     raise PartitionError(f'{who}: seed must be a non-negative integer, got {seed!r}')
 
 
+def _check_alpha(alpha: Any, who: str, hint: str) -> None:
+  if not (isinstance(alpha, (int, float, np.floating, np.integer))
+          and math.isfinite(alpha) and alpha > 0):
+    raise PartitionError(f'{who}: alpha must be a finite number > 0 ({hint}), got {alpha!r}')
+
+
+def _check_min_size(min_size: Any, who: str) -> None:
+  if isinstance(min_size, bool) or not isinstance(min_size, (int, np.integer)) or min_size < 0:
+    raise PartitionError(f'{who}: min_size must be an integer >= 0, got {min_size!r}')
+
+
 def _check_enough_samples(n: int, num_clients: int, who: str, per_client: int = 1) -> None:
   if num_clients * per_client > n:
     raise PartitionError(
@@ -413,15 +424,8 @@ class DirichletPartitioner(Partitioner):
   def __post_init__(self):
     _check_positive_int(self.num_clients, 'num_clients', self.name)
     _check_seed(self.seed, self.name)
-    if not (isinstance(self.alpha, (int, float, np.floating, np.integer))
-            and math.isfinite(self.alpha) and self.alpha > 0):
-      raise PartitionError(
-          f'{self.name}: alpha must be a finite number > 0 (e.g. 0.1 skewed, 100 near-IID), '
-          f'got {self.alpha!r}'
-      )
-    if isinstance(self.min_size, bool) or not isinstance(self.min_size, (int, np.integer)) \
-        or self.min_size < 0:
-      raise PartitionError(f'{self.name}: min_size must be an integer >= 0, got {self.min_size!r}')
+    _check_alpha(self.alpha, self.name, 'e.g. 0.1 skewed, 100 near-IID')
+    _check_min_size(self.min_size, self.name)
     _check_positive_int(self.max_retries, 'max_retries', self.name)
 
   def partition(self, labels: np.ndarray) -> Partition:
@@ -594,15 +598,8 @@ class QuantitySkewPartitioner(Partitioner):
   def __post_init__(self):
     _check_positive_int(self.num_clients, 'num_clients', self.name)
     _check_seed(self.seed, self.name)
-    if not (isinstance(self.alpha, (int, float, np.floating, np.integer))
-            and math.isfinite(self.alpha) and self.alpha > 0):
-      raise PartitionError(
-          f'{self.name}: alpha must be a finite number > 0 (smaller = more unequal sizes), '
-          f'got {self.alpha!r}'
-      )
-    if isinstance(self.min_size, bool) or not isinstance(self.min_size, (int, np.integer)) \
-        or self.min_size < 0:
-      raise PartitionError(f'{self.name}: min_size must be an integer >= 0, got {self.min_size!r}')
+    _check_alpha(self.alpha, self.name, 'smaller = more unequal sizes')
+    _check_min_size(self.min_size, self.name)
 
   def partition(self, labels: np.ndarray) -> Partition:
     labels = _check_labels(labels, self.name)
