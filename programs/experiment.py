@@ -26,7 +26,11 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-ALGORITHMS = ('fedavg', 'fedavgm', 'fedadam', 'fedprox', 'fedsgd')
+BASELINE_ALGORITHMS = ('fedavg', 'fedavgm', 'fedadam', 'fedprox', 'fedsgd')
+FEDLEX_ALGORITHMS = ('fedlex_avgm', 'fedlex_sgd', 'fedlex_opt', 'fedlex_prox')
+ALGORITHMS = BASELINE_ALGORITHMS + ('fedcross',) + FEDLEX_ALGORITHMS
+FEDCROSS_SELECTIONS = ('lowest_similarity', 'highest_similarity', 'in_order')
+FEDLEX_NORMALIZE = ('per_client', 'after_mean')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 DEFAULT_MODELS = {
     'digits': 'tiny_cnn', 'fashion_mnist': 'fedavg_cnn', 'mnist': 'fedavg_cnn',
@@ -68,8 +72,19 @@ class ExperimentConfig:
   experiment_name: str = ''
   resume: bool = False
   progress: bool = True
-  # Method-specific options are passed through untouched to the method builders.
-  method_options: dict = dataclasses.field(default_factory=dict)
+  # FedCross (ALGORITHMS.md section 1).
+  fedcross_alpha: float = 0.99
+  fedcross_selection: str = 'lowest_similarity'
+  fedcross_alpha_schedule: bool = False
+  fedcross_num_propellers: int = 1
+  fedcross_accel_rounds: int = 0
+  # FedLEx (ALGORITHMS.md section 4).
+  fedlex_explorer_fraction: float = 0.2
+  fedlex_exploration_epochs: int = 5
+  fedlex_exploration_patience: int = 0   # 0 = no early stopping
+  fedlex_normalize: str = 'per_client'
+  fedlex_guidance_floor: float = 0.0
+  fedlex_refresh: bool = False
 
   @property
   def experiment_dir(self) -> str:
@@ -111,6 +126,31 @@ def validate(config: ExperimentConfig) -> None:
         f'--server_optimizer={c.server_optimizer!r} is unknown; choose one of {", ".join(SERVER_OPTIMIZERS)}')
   if c.proximal_strength < 0:
     raise ExperimentError(f'--proximal_strength must be >= 0, got {c.proximal_strength}')
+  if c.algorithm == 'fedcross':
+    if not 0.5 <= c.fedcross_alpha < 1:
+      raise ExperimentError(f'--fedcross_alpha must be in [0.5, 1), got {c.fedcross_alpha}')
+    if c.fedcross_selection not in FEDCROSS_SELECTIONS:
+      raise ExperimentError(f'--fedcross_selection={c.fedcross_selection!r} is unknown; choose '
+                            f'one of {", ".join(FEDCROSS_SELECTIONS)}')
+    if not 1 <= c.fedcross_num_propellers < max(c.clients_per_round, 2):
+      raise ExperimentError(
+          f'--fedcross_num_propellers must be in [1, clients_per_round - 1], got '
+          f'{c.fedcross_num_propellers}')
+    if c.fedcross_accel_rounds < 0:
+      raise ExperimentError(f'--fedcross_accel_rounds must be >= 0, got {c.fedcross_accel_rounds}')
+  if c.algorithm in FEDLEX_ALGORITHMS:
+    if not 0 < c.fedlex_explorer_fraction <= 1:
+      raise ExperimentError(
+          f'--fedlex_explorer_fraction must be in (0, 1], got {c.fedlex_explorer_fraction}')
+    if c.fedlex_exploration_epochs < 1:
+      raise ExperimentError(
+          f'--fedlex_exploration_epochs must be at least 1, got {c.fedlex_exploration_epochs}')
+    if c.fedlex_exploration_patience < 0:
+      raise ExperimentError('--fedlex_exploration_patience must be >= 0 (0 = off)')
+    if c.fedlex_normalize not in FEDLEX_NORMALIZE:
+      raise ExperimentError(f'--fedlex_normalize must be one of {", ".join(FEDLEX_NORMALIZE)}')
+    if not 0 <= c.fedlex_guidance_floor <= 1:
+      raise ExperimentError(f'--fedlex_guidance_floor must be in [0, 1], got {c.fedlex_guidance_floor}')
 
 
 def load_federated_data(c: ExperimentConfig):
@@ -155,6 +195,29 @@ def build_process(c: ExperimentConfig, model_fn, fed):
       server_opt = tff.learning.optimizers.build_sgdm(
           learning_rate=lr, momentum=c.server_momentum if c.server_optimizer == 'sgdm' else None)
   del fed
+  if c.algorithm == 'fedcross':
+    from tff_algos import fedcross  # pylint: disable=g-import-not-at-top
+    return fedcross.build_fedcross(
+        model_fn, client_opt, c.batch_size, c.clients_per_round, alpha=c.fedcross_alpha,
+        selection=c.fedcross_selection, alpha_schedule=c.fedcross_alpha_schedule,
+        num_propellers=c.fedcross_num_propellers, accel_rounds=c.fedcross_accel_rounds)
+  if c.algorithm in FEDLEX_ALGORITHMS:
+    from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+    base = c.algorithm.split('_', 1)[1]
+    kwargs = {}
+    if base == 'prox':
+      kwargs['proximal_strength'] = c.proximal_strength
+    if base == 'avgm':
+      kwargs.update(server_learning_rate=c.server_lr if c.server_lr >= 0 else 1.0,
+                    server_momentum=c.server_momentum)
+    if base == 'opt':
+      kwargs['server_learning_rate'] = c.server_lr if c.server_lr >= 0 else 1e-2
+    if base == 'sgd':
+      kwargs['server_optimizer_fn'] = server_opt
+      return fedlex.build_fedlex(model_fn, None, max(c.batch_size, 256), base, **kwargs)
+    if base == 'prox' and server_opt is not None:
+      kwargs['server_optimizer_fn'] = server_opt
+    return fedlex.build_fedlex(model_fn, client_opt, c.batch_size, base, **kwargs)
   if c.algorithm == 'fedavg':
     return baselines.build_fedavg(model_fn, client_opt, c.batch_size, server_opt)
   if c.algorithm == 'fedavgm':
@@ -280,7 +343,8 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
   loop = asyncio.new_event_loop()
   manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=2)
   state = process.initialize()
-  program_state = collections.OrderedDict(state=state, round=0, best_accuracy=-1.0)
+  program_state = collections.OrderedDict(state=state, round=0, best_accuracy=-1.0,
+                                          exploration_client_epochs=0.0)
   start_round = 0
   if c.resume:
     restored, version = loop.run_until_complete(manager.load_latest(program_state))
@@ -289,6 +353,15 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
       state = restored['state']
       start_round = int(restored['round'])
       log(f'resuming {exp_dir} after round {start_round}')
+  exploration = None
+  explorers = np.zeros([0], np.int64)
+  if c.algorithm in FEDLEX_ALGORITHMS:
+    exploration, explorers = _fedlex_exploration(c, model_fn, num_clients)
+    if start_round == 0:
+      state, explore_metrics = _explore(c, fed, process, exploration, explorers, state, 0)
+      program_state['exploration_client_epochs'] = explore_metrics['exploration_client_epochs']
+      log(f'FedLEx exploration: {len(explorers)} explorers, '
+          f'{explore_metrics["exploration_client_epochs"]:.0f} client-epochs')
   rows = [r for r in _csv_rows(csv_path) if int(r['round']) <= start_round]
   best = float(program_state['best_accuracy'])
   writer = tf.summary.create_file_writer(os.path.join(exp_dir, 'tensorboard'))
@@ -302,11 +375,17 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
   accuracy = float(rows[-1]['test_accuracy']) if rows and rows[-1].get('test_accuracy') else float('nan')
   for round_num in range(start_round + 1, c.rounds + 1):
     t0 = time.time()
+    sampled = data.sample_clients(num_clients, c.clients_per_round, round_num, c.seed)
     _, inputs = data.round_inputs(fed, round_num, c.clients_per_round, c.local_epochs, c.seed,
-                                  client_ids=None) if num_clients == fed.num_clients else \
-        _subset_round_inputs(fed, num_clients, round_num, c)
+                                  client_ids=sampled)
     output = process.next(state, [[element] for element in inputs])
     state = output.state
+    if exploration is not None and c.fedlex_refresh:
+      state, refresh_metrics = _explore(c, fed, process, exploration,
+                                        np.intersect1d(sampled, explorers), state, round_num)
+      program_state['exploration_client_epochs'] = (
+          float(program_state['exploration_client_epochs']) +
+          refresh_metrics['exploration_client_epochs'])
     seconds = time.time() - t0
     round_times.append(seconds)
     metrics = _flatten_metrics(output.metrics)
@@ -319,6 +398,8 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
           f'checkpoint is in {ckpt_dir} (round {round_num - 1}).')
     row = collections.OrderedDict(round=round_num, seconds=round(seconds, 4))
     row.update(metrics)
+    if exploration is not None:
+      row['exploration_client_epochs'] = float(program_state['exploration_client_epochs'])
     if round_num % c.eval_every == 0 or round_num == c.rounds:
       accuracy, test_loss = evaluator(process.get_model_weights(state))
       best = max(best, accuracy)
@@ -330,7 +411,9 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
       for key, value in row.items():
         if key != 'round' and isinstance(value, (int, float)) and math.isfinite(value):
           tf.summary.scalar(key, value)
-    program_state = collections.OrderedDict(state=state, round=round_num, best_accuracy=best)
+    program_state = collections.OrderedDict(
+        state=state, round=round_num, best_accuracy=best,
+        exploration_client_epochs=float(program_state['exploration_client_epochs']))
     loop.run_until_complete(manager.save(program_state, round_num))
     if progress is not None:
       progress.set_postfix(loss=f'{train_loss:.4f}', acc=f'{accuracy:.4f}', refresh=False)
@@ -348,6 +431,8 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
       best_accuracy=max(accuracies) if accuracies else None,
       last10_mean_accuracy=float(np.mean(accuracies[-10:])) if accuracies else None,
       seconds_per_round=float(np.median(seconds)) if seconds else None,
+      client_epochs_training=len(rows) * c.clients_per_round * c.local_epochs,
+      exploration_client_epochs=float(program_state['exploration_client_epochs']),
       experiment_dir=os.path.abspath(exp_dir),
       accuracy_plot=os.path.abspath(os.path.join(exp_dir, 'accuracy.png')),
   )
@@ -361,9 +446,27 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
   return summary
 
 
-def _subset_round_inputs(fed, num_clients, round_num, c):
-  """Round inputs when only the first `num_clients` of a naturally federated set take part."""
+def _fedlex_exploration(c: ExperimentConfig, model_fn, num_clients: int):
+  """FedLEx's exploration computation and its (seeded, fixed) explorer clients."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+  client_opt = tff.learning.optimizers.build_sgdm(
+      learning_rate=c.client_lr, momentum=c.client_momentum or None)
+  exploration = fedlex.build_fedlex_exploration(
+      model_fn, client_opt, c.batch_size, normalize=c.fedlex_normalize,
+      guidance_floor=c.fedlex_guidance_floor,
+      exploration_patience=c.fedlex_exploration_patience or None)
+  count = max(1, int(round(c.fedlex_explorer_fraction * num_clients)))
+  explorers = np.sort(np.random.default_rng([c.seed, 7]).choice(num_clients, count, replace=False))
+  return exploration, explorers
+
+
+def _explore(c: ExperimentConfig, fed, process, exploration, explorers, state, round_num):
+  """Runs FedLEx exploration on `explorers` from the state's global model."""
   import data  # pylint: disable=g-import-not-at-top
-  ids = data.sample_clients(num_clients, c.clients_per_round, round_num, c.seed)
-  return data.round_inputs(fed, round_num, c.clients_per_round, c.local_epochs, c.seed,
-                           client_ids=ids)
+  from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+  if len(explorers) == 0:
+    return fedlex.refresh_guidance(process, exploration, state, [])
+  _, inputs = data.round_inputs(fed, round_num, len(explorers), c.fedlex_exploration_epochs,
+                                c.seed + 1, client_ids=explorers)
+  return fedlex.explore_and_initialize(process, exploration, [[x] for x in inputs], state)

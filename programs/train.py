@@ -49,6 +49,26 @@ _ROOT = flags.DEFINE_string('root_output_dir', 'runs', 'Where experiment directo
 _NAME = flags.DEFINE_string('experiment_name', '', 'Experiment directory name.')
 _RESUME = flags.DEFINE_bool('resume', False, 'Continue the run in the experiment directory.')
 _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar on stderr.')
+# FedCross.
+_FC_ALPHA = flags.DEFINE_float('fedcross_alpha', 0.99, 'FedCross alpha in [0.5, 1).')
+_FC_SELECTION = flags.DEFINE_string(
+    'fedcross_selection', 'lowest_similarity',
+    'FedCross collaborator rule: lowest_similarity, highest_similarity, in_order.')
+_FC_SCHEDULE = flags.DEFINE_bool(
+    'fedcross_alpha_schedule', False, 'FedCross dynamic alpha: 0.5 -> alpha over accel rounds.')
+_FC_PROPELLERS = flags.DEFINE_integer(
+    'fedcross_num_propellers', 1, 'FedCross propeller models during the accel rounds.')
+_FC_ACCEL = flags.DEFINE_integer('fedcross_accel_rounds', 0, 'FedCross acceleration rounds.')
+# FedLEx.
+_FL_FRACTION = flags.DEFINE_float('fedlex_explorer_fraction', 0.2, 'Fraction of clients exploring.')
+_FL_EPOCHS = flags.DEFINE_integer('fedlex_exploration_epochs', 5, 'Exploration epochs.')
+_FL_PATIENCE = flags.DEFINE_integer(
+    'fedlex_exploration_patience', 0, 'Early-stopping patience of explorers (0 = off).')
+_FL_NORMALIZE = flags.DEFINE_string(
+    'fedlex_normalize', 'per_client', 'Guidance normalisation: per_client or after_mean.')
+_FL_FLOOR = flags.DEFINE_float('fedlex_guidance_floor', 0.0, 'Lower bound of guidance entries.')
+_FL_REFRESH = flags.DEFINE_bool(
+    'fedlex_refresh', False, 'Explorers taking part in a round refresh the guidance.')
 
 
 def config_from_flags() -> experiment.ExperimentConfig:
@@ -64,7 +84,13 @@ def config_from_flags() -> experiment.ExperimentConfig:
       server_momentum=_SERVER_MOMENTUM.value, proximal_strength=_PROXIMAL.value,
       model=_MODEL.value, seed=_SEED.value, eval_every=_EVAL_EVERY.value,
       root_output_dir=_ROOT.value, experiment_name=_NAME.value, resume=_RESUME.value,
-      progress=_PROGRESS.value)
+      progress=_PROGRESS.value,
+      fedcross_alpha=_FC_ALPHA.value, fedcross_selection=_FC_SELECTION.value,
+      fedcross_alpha_schedule=_FC_SCHEDULE.value, fedcross_num_propellers=_FC_PROPELLERS.value,
+      fedcross_accel_rounds=_FC_ACCEL.value,
+      fedlex_explorer_fraction=_FL_FRACTION.value, fedlex_exploration_epochs=_FL_EPOCHS.value,
+      fedlex_exploration_patience=_FL_PATIENCE.value, fedlex_normalize=_FL_NORMALIZE.value,
+      fedlex_guidance_floor=_FL_FLOOR.value, fedlex_refresh=_FL_REFRESH.value)
 
 
 def main(argv):
