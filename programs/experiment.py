@@ -258,6 +258,8 @@ def _flatten_metrics(metrics, prefix='') -> dict:
       arr = np.asarray(value)
       if arr.ndim == 0:
         flat[name] = arr.item()
+      elif arr.size <= 400:  # small arrays (e.g. FedCross similarity, collaborators) as JSON
+        flat[name] = json.dumps(np.round(arr, 6).tolist())
   return flat
 
 

@@ -1,7 +1,7 @@
 """FedCross: the cross-aggregation rules against NumPy, and the LearningProcess end to end."""
 
+import asyncio
 import collections
-import os
 
 import numpy as np
 import pytest
@@ -14,6 +14,8 @@ from tff_algos.aggregators import cross_aggregation as ca
 from tff_algos.client_work import local_training, model_delta
 from tff_algos.fedcross import build_fedcross
 from tff_algos.models import make_model_fn, zoo
+
+execution.initialize_runtime()
 
 RULES = ('lowest_similarity', 'highest_similarity', 'in_order')
 
@@ -204,6 +206,55 @@ def test_bad_options_are_refused():
     build_fedcross(mf, opt, 16, 0)
 
 
+def test_aggregation_process_on_its_own():
+  """The stage alone: keyed upload by slot, a missing slot keeps its model, weight 0 is not
+  a collaborator, result = mean of the new models, round counter advances."""
+  k, alpha = 3, 0.8
+  weights_type = tff.StructWithPythonType(
+      [('trainable', tff.StructWithPythonType(
+          [tff.TensorType(np.float32, [4]), tff.TensorType(np.float32, [2, 2])], list)),
+       ('non_trainable', tff.StructWithPythonType([tff.TensorType(np.float32, [])], list))],
+      tff.learning.models.ModelWeights)
+
+  @tff.tensorflow.computation
+  def initial():
+    return tff.learning.models.ModelWeights(
+        trainable=[tf.ones([4]), tf.ones([2, 2])], non_trainable=[tf.constant(1.0)])
+
+  proc = ca.build_cross_aggregation_process(
+      weights_type, k, alpha=alpha, selection='lowest_similarity', initial_weights_fn=initial)
+  state = proc.initialize()
+  rng = np.random.default_rng(5)
+  models = [[rng.normal(size=[4]).astype(np.float32),
+             rng.normal(size=[2, 2]).astype(np.float32), np.float32(rng.normal())]
+            for _ in range(k)]
+
+  def value(slot):
+    m = models[slot]
+    return collections.OrderedDict(slot=np.int32(slot), model=tff.learning.models.ModelWeights(
+        trainable=[m[0], m[1]], non_trainable=[m[2]]))
+
+  # clients arrive in any order; slot 1 is missing, slot 2 did not train (weight 0)
+  out = proc.next(state, [value(2), value(0)], [np.float32(0.0), np.float32(5.0)])
+  uploaded = [np.stack([models[0][i], np.ones_like(models[0][i]), models[2][i]])
+              for i in range(3)]
+  sim = np_cosine(flat_np(uploaded))
+  eligible = np.array([True, False, False])
+  collab = np_select(sim, 'lowest_similarity', 0, eligible)
+  np.testing.assert_array_equal(out.measurements['collaborators'], collab)
+  np.testing.assert_array_equal(out.measurements['eligible'], eligible)
+  np.testing.assert_allclose(out.measurements['similarity'], sim, atol=1e-5)
+  want = np_cross(uploaded, collab, alpha)
+  got = [np.asarray(t) for t in list(out.state['models'].trainable) +
+         list(out.state['models'].non_trainable)]
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+  result = [np.asarray(t) for t in list(out.result.trainable) + list(out.result.non_trainable)]
+  for r, w in zip(result, want):
+    np.testing.assert_allclose(r, w.mean(axis=0), rtol=1e-5, atol=1e-6)
+  assert out.state['round_num'] == 1
+
+
 # --------------------------------------------------------------------------- #
 # The LearningProcess
 # --------------------------------------------------------------------------- #
@@ -252,6 +303,15 @@ def as_list(weights):
 def stack_of(state):
   models = state.aggregator['models']
   return [np.asarray(t) for t in list(models.trainable) + list(models.non_trainable)]
+
+
+def run(coro):
+  # a private loop: asyncio.run() would break tff.simulation's get_event_loop() later
+  loop = asyncio.new_event_loop()
+  try:
+    return loop.run_until_complete(coro)
+  finally:
+    loop.close()
 
 
 def intrinsics_of(comp):
@@ -317,8 +377,8 @@ def test_end_to_end_and_program_state_roundtrip(process5, fed, tmp_path):
   assert not np.allclose(stack_of(state)[0][0], stack_of(state)[0][1])
 
   manager = tff.program.FileProgramStateManager(str(tmp_path))
-  manager.save(state, 3)
-  restored, version = manager.load_latest(process5.initialize())
+  run(manager.save(state, 3))
+  restored, version = run(manager.load_latest(process5.initialize()))
   assert version == 3
   for a, b in zip(tf.nest.flatten(stack_of(state)), tf.nest.flatten(stack_of(restored))):
     np.testing.assert_array_equal(a, b)
@@ -353,32 +413,38 @@ def test_learns_digits(process5, fed):
   assert acc > 0.5, acc
 
 
-def test_dispatch_upload_and_cross_match_reference(fed, local_train):
-  """K=3, alpha=0.9, one client without data: every step against an independent reference."""
-  k, alpha = 3, 0.9
-  proc = build_fedcross(MODEL_FN, optimizer(), BATCH, k, alpha=alpha,
-                        selection='lowest_similarity')
-  state = proc.initialize()
-  rng = np.random.default_rng(0)
+def test_dispatch_upload_and_cross_match_reference(process5, fed, local_train):
+  """K=5, alpha=0.99, one client without data: every step against an independent reference.
+
+  Two rounds with different slot orders: each client must train the middleware model of
+  its slot, and its upload must land in that slot.
+  """
+  k, alpha = 5, 0.99
+  state = process5.initialize()
   x0, y0 = fed.client_arrays(0)
-  x1, y1 = fed.client_arrays(1)
-  empty = data.client_input(x0[:0], y0[:0], 1, rng, 9, 0)
-  for t, slots_of_data in enumerate([(0, 1, 2), (2, 0, 1)]):
-    # client A (data of client 0), client B (client 1), client E (empty), at these slots
-    s_a, s_b, s_e = slots_of_data
+  empty = data.client_input(x0[:0], y0[:0], 1, np.random.default_rng(0), 9, 0)
+  for t, order in enumerate([(0, 1, 2, 3, 4), (3, 0, 4, 2, 1)]):
+    # client c (c < 4: data of client c; c = 4: no data) sits at slot order[c]
     inputs = [None] * k
-    inputs[s_a] = data.client_input(x0, y0, 1, np.random.default_rng([t, 0]), 0, s_a)
-    inputs[s_b] = data.client_input(x1, y1, 1, np.random.default_rng([t, 1]), 1, s_b)
-    inputs[s_e] = collections.OrderedDict(empty)
-    inputs[s_e]['slot'] = np.int32(s_e)
+    for c, s in enumerate(order):
+      if c < 4:
+        x, y = fed.client_arrays(c)
+        inputs[s] = data.client_input(x, y, 1, np.random.default_rng([t, c]), c, s)
+      else:
+        inputs[s] = collections.OrderedDict(empty)
+        inputs[s]['slot'] = np.int32(s)
+    s_e = order[4]
     before = stack_of(state)
-    out = proc.next(state, [[x] for x in inputs])
+    out = process5.next(state, [[x] for x in inputs])
     # reference uploads: local training of the model at each client's slot
     uploads = [None] * k
-    for s in (s_a, s_b):
-      w = tff.learning.models.ModelWeights(trainable=[b[s] for b in before], non_trainable=[])
-      uploads[s] = as_list(local_train(w, [inputs[s]]))
-    uploads[s_e] = [b[s_e] for b in before]  # the empty client returns what it received
+    for s in range(k):
+      if s == s_e:
+        uploads[s] = [b[s] for b in before]  # the empty client returns what it received
+      else:
+        w = tff.learning.models.ModelWeights(trainable=[b[s] for b in before],
+                                             non_trainable=[])
+        uploads[s] = as_list(local_train(w, [inputs[s]]))
     uploaded = [np.stack([uploads[s][i] for s in range(k)]) for i in range(len(before))]
     eligible = np.array([s != s_e for s in range(k)])
     sim = np_cosine(flat_np(uploaded))
@@ -389,7 +455,9 @@ def test_dispatch_upload_and_cross_match_reference(fed, local_train):
     np.testing.assert_array_equal(out.metrics['aggregator']['eligible'], eligible)
     for got, want in zip(stack_of(out.state), np_cross(uploaded, collab, alpha)):
       np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    assert out.metrics['client_work']['train']['num_clients'] == 3
+    assert out.metrics['client_work']['train']['num_clients'] == k
+    assert out.metrics['client_work']['train']['num_examples'] == sum(
+        len(inputs[s]['y']) for s in range(k))
     state = out.state
 
 

@@ -19,16 +19,6 @@ from tff_algos.client_work import model_delta
 BASELINES = ('fedavg', 'fedavgm', 'fedadam', 'fedprox', 'fedsgd')
 
 
-def initial_model_weights_fn(model_fn) -> tff.Computation:
-  """A no-arg TF computation returning the model_fn model's initial `ModelWeights`."""
-
-  @tff.tensorflow.computation
-  def initial_weights():
-    return tff.learning.models.ModelWeights.from_model(model_fn())
-
-  return initial_weights
-
-
 def compose_with_client_work(
     model_fn,
     client_work: tff.learning.templates.ClientWorkProcess,
@@ -36,7 +26,7 @@ def compose_with_client_work(
     model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
 ) -> tff.learning.templates.LearningProcess:
   """Broadcast -> `client_work` -> weighted mean of updates -> server optimiser step."""
-  initial_weights = initial_model_weights_fn(model_fn)
+  initial_weights = model_delta.initial_model_weights_fn(model_fn)
   weights_type = initial_weights.type_signature.result
   distributor = tff.learning.templates.build_broadcast_process(weights_type)
   aggregator_factory = model_aggregator or tff.aggregators.MeanFactory()

@@ -117,8 +117,11 @@ def initialize_runtime(
       default_num_clients=default_num_clients,
       max_concurrent_computation_calls=max_concurrent_computation_calls)
   if not _installed:
-    atexit.register(shutdown_workers)
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
       signal.signal(signal.SIGTERM, _on_sigterm)
     _installed = True
 
+
+# Registered on import, so a process that imports tff_algos stops its TFF workers (and
+# avoids TFF's teardown traceback) even if it never called initialize_runtime.
+atexit.register(shutdown_workers)

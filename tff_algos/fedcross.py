@@ -41,16 +41,6 @@ from tff_algos.aggregators import cross_aggregation
 from tff_algos.client_work import local_training, model_delta
 
 
-def initial_model_weights_fn(model_fn) -> tff.Computation:
-  """A no-arg TF computation returning the model_fn model's initial `ModelWeights`."""
-
-  @tff.tensorflow.computation
-  def initial_weights():
-    return tff.learning.models.ModelWeights.from_model(model_fn())
-
-  return initial_weights
-
-
 def build_fedcross_client_work(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     client_optimizer_fn: tff.learning.optimizers.Optimizer,
@@ -139,7 +129,7 @@ def build_fedcross(
   cross_aggregation.validate_options(num_models, alpha, selection, num_propellers,
                                      accel_rounds)
   k = int(num_models)
-  initial_weights = initial_model_weights_fn(model_fn)
+  initial_weights = model_delta.initial_model_weights_fn(model_fn)
   weights_type = initial_weights.type_signature.result
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
   client_work = build_fedcross_client_work(model_fn, client_optimizer_fn, client_batch_size)

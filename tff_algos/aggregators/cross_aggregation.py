@@ -42,7 +42,7 @@ Decisions not fixed by the paper (documented, tested in tests/test_fedcross.py):
 from __future__ import annotations
 
 import collections
-from typing import Any, Optional
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -130,6 +130,7 @@ def cross_aggregate(models, collaborators, alpha):
   safe = tf.maximum(collaborators, 0)
 
   def fuse(v):
+    v = tf.convert_to_tensor(v)
     a = tf.cast(alpha, v.dtype)
     mixed = a * v + (1 - a) * tf.gather(v, safe)
     mask = tf.reshape(has, [-1] + [1] * (v.shape.rank - 1))
@@ -157,6 +158,7 @@ def propeller_aggregate(models, propellers, alpha):
   safe = tf.maximum(propellers, 0)
 
   def fuse(v):
+    v = tf.convert_to_tensor(v)
     a = tf.cast(alpha, v.dtype)
     mean = tf.reduce_mean(tf.gather(v, safe), axis=1)  # [K, P, ...] -> [K, ...]
     mask = tf.reshape(has, [-1] + [1] * (v.shape.rank - 1))

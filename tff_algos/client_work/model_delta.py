@@ -27,6 +27,16 @@ def model_weights_type(model_fn) -> tff.Type:
     return tff.learning.models.weights_type_from_model(model)
 
 
+def initial_model_weights_fn(model_fn) -> tff.Computation:
+  """A no-arg TF computation returning the model_fn model's initial `ModelWeights`."""
+
+  @tff.tensorflow.computation
+  def initial_weights():
+    return tff.learning.models.ModelWeights.from_model(model_fn())
+
+  return initial_weights
+
+
 def model_input_spec(model_fn):
   with tf.Graph().as_default():
     return model_fn().input_spec
