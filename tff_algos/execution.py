@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 _WORKER_NAME = 'worker_binary'
-_installed = False
+_installed = None  # the settings of the context in force
 
 
 def _set_parent_death_signal():  # runs in the child between fork and exec
@@ -108,6 +108,9 @@ def initialize_runtime(
     default_num_clients: TFF's default client cardinality.
   """
   global _installed
+  settings = (max_concurrent_computation_calls, default_num_clients)
+  if _installed == settings:
+    return  # a second local context would start a second worker and can hang
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
@@ -116,10 +119,9 @@ def initialize_runtime(
   tff.backends.native.set_sync_local_cpp_execution_context(
       default_num_clients=default_num_clients,
       max_concurrent_computation_calls=max_concurrent_computation_calls)
-  if not _installed:
-    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-      signal.signal(signal.SIGTERM, _on_sigterm)
-    _installed = True
+  if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+    signal.signal(signal.SIGTERM, _on_sigterm)
+  _installed = settings
 
 
 # Registered on import, so a process that imports tff_algos stops its TFF workers (and

@@ -1,0 +1,63 @@
+"""The execution context owns TFF's worker processes: none outlives its Python parent."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+SCRIPT = """
+import os, sys, time
+from tff_algos import execution
+execution.initialize_runtime()
+execution.initialize_runtime()  # idempotent: no second worker, no hang
+import numpy as np, tensorflow_federated as tff
+@tff.federated_computation
+def three():
+  return tff.federated_value(np.int32(3), tff.SERVER)
+print('result', three(), 'workers', len(execution.worker_pids()), flush=True)
+if len(sys.argv) > 1:
+  print('worker', execution.worker_pids()[0], flush=True)
+  time.sleep(600)
+"""
+
+
+def _env():
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT)
+
+
+def _alive(pid):
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().split(')')[1].split()[0] != 'Z'
+  except OSError:
+    return False
+
+
+def test_program_through_a_pipe_terminates_cleanly():
+  result = subprocess.run(['bash', '-c', f'{sys.executable} -c "$SCRIPT" 2>&1 | cat'],
+                          env=dict(_env(), SCRIPT=SCRIPT), capture_output=True, text=True,
+                          timeout=180)
+  assert 'result 3 workers 1' in result.stdout, result.stdout
+  assert 'Traceback' not in result.stdout and 'Exception ignored' not in result.stdout
+
+
+def test_worker_dies_with_a_killed_parent():
+  proc = subprocess.Popen([sys.executable, '-c', SCRIPT, 'hold'], env=_env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+  worker = None
+  deadline = time.time() + 120
+  while time.time() < deadline:
+    line = proc.stdout.readline()
+    if line.startswith('worker'):
+      worker = int(line.split()[1])
+      break
+  assert worker is not None and _alive(worker)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  deadline = time.time() + 20
+  while _alive(worker) and time.time() < deadline:
+    time.sleep(0.2)
+  assert not _alive(worker)
