@@ -5,6 +5,10 @@ the batch size), 2 local epochs, the tiny CNN. TFF's builders get `tf.data` clie
 exactly the batches our loop gathers from `order`: per epoch, the examples in that epoch's
 order batched by BATCH (last batch smaller), epochs concatenated (TFF's client does one pass
 over its dataset).
+
+Each process costs ~15 s here (tracing plus the worker's first-call compilation), so the
+default run keeps FedAvg (SGD), both FedProx checks, the type/weights checks and the
+learning check (~90 s); the other builder comparisons are marked `slow` (RUN_SLOW=1).
 """
 
 import os
@@ -25,8 +29,8 @@ from tff_algos import models
 from tff_algos.client_work import local_training
 from tff_algos.client_work import model_delta
 
-BATCH = 8
-SIZES = (40, 24, 13)   # 13 is not a multiple of BATCH
+BATCH = 16
+SIZES = (40, 24, 13)   # 40 and 13 are not multiples of BATCH
 EPOCHS = 2
 ROUNDS = 2
 CLIENT_LR = 0.1
@@ -60,6 +64,21 @@ def round_inputs():
                                       rng, c, c))
     rounds.append(inputs)
   return rounds
+
+
+@pytest.fixture(scope='module')
+def ours_fedavg():
+  return baselines.build_fedavg(MODEL_FN, sgd(), BATCH)
+
+
+@pytest.fixture(scope='module')
+def tff_fedavg():
+  return tff.learning.algorithms.build_weighted_fed_avg(MODEL_FN, client_optimizer_fn=sgd())
+
+
+@pytest.fixture(scope='module')
+def tff_fedprox():
+  return tff.learning.algorithms.build_weighted_fed_prox(MODEL_FN, MU, sgd())
 
 
 def as_dataset(inp, epochs=None):
@@ -115,11 +134,19 @@ def assert_histories_match(ours, theirs):
   assert max(np.max(np.abs(a - b)) for a, b in zip(ours[-1], ours[0])) > 1e-3
 
 
-@pytest.mark.parametrize('momentum', [None, 0.9], ids=['sgd', 'sgd_momentum'])
-def test_fedavg_matches_tff(round_inputs, momentum):
-  ours = baselines.build_fedavg(MODEL_FN, sgd(momentum), BATCH)
-  theirs = tff.learning.algorithms.build_weighted_fed_avg(
-      MODEL_FN, client_optimizer_fn=sgd(momentum))
+def test_fedavg_matches_tff(round_inputs, ours_fedavg, tff_fedavg):
+  check_fedavg(round_inputs, ours_fedavg, tff_fedavg)
+
+
+@pytest.mark.slow
+def test_fedavg_client_momentum_matches_tff(round_inputs):
+  """Client optimiser state (momentum) is re-initialised per client as in TFF."""
+  check_fedavg(round_inputs, baselines.build_fedavg(MODEL_FN, sgd(0.9), BATCH),
+               tff.learning.algorithms.build_weighted_fed_avg(
+                   MODEL_FN, client_optimizer_fn=sgd(0.9)))
+
+
+def check_fedavg(round_inputs, ours, theirs):
   h_ours, m_ours = run(ours, ours_data(round_inputs))
   h_tff, _ = run(theirs, tff_data(round_inputs))
   assert_histories_match(h_ours, h_tff)
@@ -130,6 +157,7 @@ def test_fedavg_matches_tff(round_inputs, momentum):
   assert np.isfinite(train['loss']) and 0.0 <= train['accuracy'] <= 1.0
 
 
+@pytest.mark.slow
 def test_fedavgm_matches_tff(round_inputs):
   ours = baselines.build_fedavgm(MODEL_FN, sgd(), BATCH)
   theirs = tff.learning.algorithms.build_weighted_fed_avg(
@@ -139,6 +167,7 @@ def test_fedavgm_matches_tff(round_inputs):
                          run(theirs, tff_data(round_inputs))[0])
 
 
+@pytest.mark.slow
 def test_fedadam_matches_tff(round_inputs):
   hparams = dict(beta_1=0.9, beta_2=0.99, epsilon=1e-3)
   ours = baselines.build_fedadam(MODEL_FN, sgd(), BATCH, server_learning_rate=1e-2,
@@ -150,6 +179,7 @@ def test_fedadam_matches_tff(round_inputs):
                          run(theirs, tff_data(round_inputs))[0])
 
 
+@pytest.mark.slow
 def test_fedsgd_matches_tff(round_inputs):
   ours = baselines.build_fedsgd(MODEL_FN, client_batch_size=BATCH)
   theirs = tff.learning.algorithms.build_fed_sgd(MODEL_FN)
@@ -188,9 +218,9 @@ def reference_fedprox(initial, round_inputs, mu):
   return history
 
 
-def test_fedprox_matches_plain_tf_reference(round_inputs):
+def test_fedprox_matches_plain_tf_reference(round_inputs, tff_fedprox):
   ours = baselines.build_fedprox(MODEL_FN, sgd(), BATCH, proximal_strength=MU)
-  tff_prox = tff.learning.algorithms.build_weighted_fed_prox(MODEL_FN, MU, sgd())
+  tff_prox = tff_fedprox
   h_ours, _ = run(ours, ours_data(round_inputs))
   h_tff, _ = run(tff_prox, tff_data(round_inputs))
   expected = reference_fedprox(h_ours[0], round_inputs, MU)
@@ -201,7 +231,7 @@ def test_fedprox_matches_plain_tf_reference(round_inputs):
   assert gap > 1e-3
 
 
-def test_tff_fedprox_is_our_loop_with_negated_mu(round_inputs):
+def test_tff_fedprox_is_our_loop_with_negated_mu(round_inputs, tff_fedprox):
   """TFF 0.87's build_weighted_fed_prox(mu) adds mu * (w_t - w) to every gradient
   (templates/proximal_client_work.py): our loop with proximal_strength=-mu."""
   weights_type = model_delta.model_weights_type(MODEL_FN)
@@ -214,8 +244,7 @@ def test_tff_fedprox_is_our_loop_with_negated_mu(round_inputs):
     out = train(initial_weights, local_training.single_element(dataset))
     return out.model_weights.trainable, out.num_examples
 
-  tff_prox = tff.learning.algorithms.build_weighted_fed_prox(MODEL_FN, MU, sgd())
-  h_tff, _ = run(tff_prox, tff_data(round_inputs))
+  h_tff, _ = run(tff_fedprox, tff_data(round_inputs))
   weights = h_tff[0]
   non_trainable = []
   for r, inputs in enumerate(round_inputs, start=1):
@@ -231,8 +260,8 @@ def test_tff_fedprox_is_our_loop_with_negated_mu(round_inputs):
     assert_weights_close(h_tff[r], weights)
 
 
-def test_process_types_and_model_weights(round_inputs):
-  process = baselines.build_fedavg(MODEL_FN, sgd(), BATCH)
+def test_process_types_and_model_weights(round_inputs, ours_fedavg, tff_fedavg):
+  process = ours_fedavg
   next_type = process.next.type_signature
   assert str(next_type.parameter[1]) == DATA_TYPE
   assert next_type.parameter[0].placement is tff.SERVER
@@ -249,18 +278,18 @@ def test_process_types_and_model_weights(round_inputs):
   state2 = process.set_model_weights(state, shifted)
   assert_weights_close(trainable(process, state2), shifted.trainable, rtol=0, atol=0)
   # Training continues from the set weights: same update as TFF's builder from there.
-  theirs = tff.learning.algorithms.build_weighted_fed_avg(MODEL_FN, client_optimizer_fn=sgd())
+  theirs = tff_fedavg
   tff_state = theirs.set_model_weights(theirs.initialize(), shifted)
   ours_after = process.next(state2, ours_data(round_inputs)[0]).state
   tff_after = theirs.next(tff_state, tff_data(round_inputs)[0]).state
   assert_weights_close(trainable(process, ours_after), trainable(theirs, tff_after))
 
 
-def test_fedavg_learns_digits():
-  """10 IID digits clients, 5 per round, 8 rounds: central test accuracy > 0.6."""
+def test_fedavg_learns_digits(ours_fedavg):
+  """10 IID digits clients, 5 per round, batch 16, 2 epochs, 8 rounds: test accuracy > 0.6."""
   ds = data.load_digits()
   fed = data.federate(ds, data.IidPartitioner(num_clients=10, seed=0))
-  process = baselines.build_fedavg(MODEL_FN, sgd(), 16)
+  process = ours_fedavg
   state = process.initialize()
   for r in range(8):
     _, inputs = data.round_inputs(fed, r, clients_per_round=5, epochs=2, seed=0)

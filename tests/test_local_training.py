@@ -16,8 +16,8 @@ import data
 from tff_algos import baselines
 from tff_algos import execution
 from tff_algos import models
-from tff_algos.client_work import local_training
 from tff_algos.client_work import model_delta
+from tff_algos.client_work import local_training
 
 BATCH = 8
 EPOCHS = 3
@@ -66,7 +66,7 @@ def client_train():
 
 @pytest.fixture(scope='module')
 def initial_weights():
-  return baselines.initial_model_weights_fn(MODEL_FN)()
+  return model_delta.initial_model_weights_fn(MODEL_FN)()
 
 
 @pytest.fixture(scope='module')
@@ -208,3 +208,6 @@ def test_fedavg_ignores_empty_and_non_finite_clients(digits, fedavg):
   train = metrics['client_work']['train']
   assert train['non_finite_clients'] == 1
   assert train['num_clients'] == 4
+  # The diverged client is left out of the round's training metrics.
+  assert np.isfinite(train['loss']) and np.isfinite(train['accuracy'])
+  assert train['num_examples'] == 21 + 30

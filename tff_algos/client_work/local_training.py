@@ -202,14 +202,20 @@ def zero_if_non_finite(structure):
 
 
 def training_metric_sums(out: LocalTrainingOutput, non_finite) -> collections.OrderedDict:
-  """Per-client sums that `finalize_training_metrics` turns into round metrics."""
+  """Per-client sums that `finalize_training_metrics` turns into round metrics.
+
+  A client whose update was not finite contributes only its count in
+  `non_finite_clients`, so one diverged client does not turn the round's loss into NaN.
+  """
+  keep = tf.equal(non_finite, 0.0)
+  kept = lambda t: tf.where(keep, t, tf.zeros_like(t))  # noqa: E731
   return collections.OrderedDict(
-      loss_sum=out.loss_sum,
-      examples_trained=out.examples_trained,
-      correct=out.correct,
-      seen=out.seen,
-      num_examples=out.num_examples,
-      last_epoch_loss_sum=out.last_epoch_loss * out.num_examples,
+      loss_sum=kept(out.loss_sum),
+      examples_trained=kept(out.examples_trained),
+      correct=kept(out.correct),
+      seen=kept(out.seen),
+      num_examples=kept(out.num_examples),
+      last_epoch_loss_sum=kept(out.last_epoch_loss * out.num_examples),
       num_clients=tf.constant(1.0),
       non_finite_clients=non_finite)
 
