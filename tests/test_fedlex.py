@@ -127,6 +127,16 @@ def env():
 
 _BASE_KWARGS = dict(avgm={}, sgd={}, opt={}, prox=dict(proximal_strength=0.1))
 _processes = {}
+_explorations = {}
+
+
+def exploration(env, normalize='per_client', floor=0.0, patience=None):
+  key = (normalize, floor, patience)
+  if key not in _explorations:
+    _explorations[key] = fedlex.build_fedlex_exploration(
+        env['model_fn'], env['opt'], BATCH, normalize=normalize, guidance_floor=floor,
+        exploration_patience=patience)
+  return _explorations[key]
 
 
 def process(env, base, guided):
@@ -140,7 +150,7 @@ def process(env, base, guided):
 def run_rounds(proc, state, fed, rounds, start=0):
   metrics = []
   for r in range(start, start + rounds):
-    _, inputs = data.round_inputs(fed, r, 3, 1, 0)
+    _, inputs = data.round_inputs(fed, r, 2, 1, 0)
     out = proc.next(state, [[x] for x in inputs])
     state = out.state
     metrics.append(out.metrics)
@@ -174,8 +184,7 @@ def test_exploration_matches_numpy(env, normalize, floor):
   w0, finals = explorer_final_weights(env)
   devs = [[(a - b) ** 2 for a, b in zip(w0, wf)] for wf in finals]
   want = np_guidance(devs, normalize, floor)
-  explore = fedlex.build_fedlex_exploration(env['model_fn'], env['opt'], BATCH,
-                                            normalize=normalize, guidance_floor=floor)
+  explore = exploration(env, normalize, floor)
   proc = process(env, 'avgm', True)
   result = explore(proc.get_model_weights(proc.initialize()), env['explorer_inputs'])
   assert float(result['client_epochs']) == len(EXPLORERS) * EXPLORATION_EPOCHS
@@ -187,30 +196,50 @@ def test_exploration_matches_numpy(env, normalize, floor):
     assert np.min(g) >= floor and np.max(g) <= 1.0
 
 
+def empty_client(epochs):
+  """A client without examples: its epoch loss is 0 every epoch, so it never improves."""
+  return [collections.OrderedDict(
+      x=np.zeros([0, 8, 8, 1], np.float32), y=np.zeros([0], np.int32),
+      order=np.zeros([epochs, 0], np.int32), index=np.int32(0), slot=np.int32(0))]
+
+
 def test_early_stopping_counts_epochs(env):
-  # lr 0: the loss never improves after the first epoch, so each explorer runs 1 + patience
-  # epochs; nothing moves, every tensor is constant (zero deviation) and G is all ones.
-  frozen = tff.learning.optimizers.build_sgdm(learning_rate=0.0)
-  _, inputs = data.round_inputs(env['fed'], EXPLORATION_ROUND, 2, 10, 0, client_ids=(1, 2))
-  for x in inputs:  # the same order every epoch: identical epoch losses, bit for bit
-    x['order'] = np.tile(x['order'][:1], [10, 1])
-  explore = fedlex.build_fedlex_exploration(env['model_fn'], frozen, BATCH,
-                                            exploration_patience=2)
+  # No improvement after the first epoch: each explorer runs 1 + patience of its 10 epochs;
+  # nothing moves, every tensor is constant (zero deviation) and G is all ones, not NaN.
+  explore = exploration(env, patience=2)
   proc = process(env, 'avgm', True)
-  result = explore(proc.get_model_weights(proc.initialize()), [[x] for x in inputs])
+  result = explore(proc.get_model_weights(proc.initialize()),
+                   [empty_client(10), empty_client(10)])
   assert float(result['client_epochs']) == 2 * 3
   for g in result['guidance']:
     assert not np.isnan(g).any()
     np.testing.assert_array_equal(g, np.ones_like(g))
 
 
-def test_large_patience_equals_no_patience(env):
+def test_diverged_explorer_is_left_out(env):
   proc = process(env, 'avgm', True)
   w = proc.get_model_weights(proc.initialize())
-  plain = fedlex.build_fedlex_exploration(env['model_fn'], env['opt'], BATCH)(
-      w, env['explorer_inputs'])
-  patient = fedlex.build_fedlex_exploration(
-      env['model_fn'], env['opt'], BATCH, exploration_patience=100)(w, env['explorer_inputs'])
+  explore = exploration(env)
+  plain = explore(w, env['explorer_inputs'])
+  bad = collections.OrderedDict(env['explorer_inputs'][0][0])
+  bad['x'] = np.full_like(bad['x'], np.nan)
+  with_bad = explore(w, env['explorer_inputs'] + [[bad]])
+  assert float(with_bad['finite_explorers']) == len(EXPLORERS)
+  assert float(with_bad['client_epochs']) == (len(EXPLORERS) + 1) * EXPLORATION_EPOCHS
+  for a, b in zip(plain['guidance'], with_bad['guidance']):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  only_bad = explore(w, [[bad]])
+  assert float(only_bad['finite_explorers']) == 0
+  for g in only_bad['guidance']:
+    np.testing.assert_array_equal(g, np.ones_like(g))
+
+
+def test_patience_not_reached_equals_no_patience(env):
+  # patience 2 with 3 epochs can never stop early: epoch by epoch == one pass.
+  proc = process(env, 'avgm', True)
+  w = proc.get_model_weights(proc.initialize())
+  plain = exploration(env)(w, env['explorer_inputs'])
+  patient = exploration(env, patience=2)(w, env['explorer_inputs'])
   assert float(patient['client_epochs']) == float(plain['client_epochs'])
   for a, b in zip(plain['guidance'], patient['guidance']):
     np.testing.assert_allclose(a, b, atol=1e-6)
@@ -260,12 +289,11 @@ def test_set_guidance_checks_shapes(env):
 @pytest.mark.parametrize('base', fedlex.BASES)
 def test_end_to_end_on_digits(env, base):
   proc = process(env, base, True)
-  explore = _explorations.setdefault('default', fedlex.build_fedlex_exploration(
-      env['model_fn'], env['opt'], BATCH, guidance_floor=0.05))
+  explore = exploration(env, 'after_mean', 0.1)
   state, metrics = fedlex.explore_and_initialize(proc, explore, env['explorer_inputs'])
   assert metrics['exploration_client_epochs'] == len(EXPLORERS) * EXPLORATION_EPOCHS
-  assert metrics['num_explorers'] == len(EXPLORERS)
-  assert 0.05 <= metrics['guidance_min'] <= metrics['guidance_max'] <= 1.0
+  assert metrics['num_explorers'] == metrics['finite_explorers'] == len(EXPLORERS)
+  assert 0.1 <= metrics['guidance_min'] <= metrics['guidance_max'] <= 1.0
   guidance = fedlex.get_guidance(state)
   state, round_metrics = run_rounds(proc, state, env['fed'], 3)
   for m in round_metrics:
@@ -282,8 +310,6 @@ def test_end_to_end_on_digits(env, base):
   same, none = fedlex.refresh_guidance(proc, explore, state, [])
   assert same is state and none['exploration_client_epochs'] == 0.0
 
-
-_explorations = {}
 
 
 def test_checkpoint_round_trip_keeps_guidance(env, tmp_path):

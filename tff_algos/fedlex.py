@@ -34,6 +34,8 @@ Definitions this module settles (document of record: ALGORITHMS.md section 4):
     (identical for plain SGD; momentum restarts every epoch). Without patience all epochs
     run in one pass of the shared loop.
   * Cost: `client_epochs` = epochs actually run, summed over explorers.
+  * An explorer whose deviation is not finite is dropped from the mean (reported as
+    `finite_explorers`); if none is finite, G is all ones.
   * Refresh during training (paper section III-E) is program-level: `refresh_guidance`
     re-runs the exploration from the current global model on the explorers that take
     part in a round and replaces G with the result (see its docstring).
@@ -186,9 +188,11 @@ def build_fedlex_exploration(
 
   Returns:
     A `tff.federated_computation` (initial ModelWeights@SERVER, explorer inputs@CLIENTS)
-    -> OrderedDict(guidance=<list shaped like the trainable weights>, client_epochs=float32)
-    @SERVER. The explorer inputs are the project's client inputs (one-element sequences,
-    `data.client_input`) whose `order` has shape [exploration_epochs, n].
+    -> OrderedDict(guidance=<list shaped like the trainable weights>, client_epochs=float32,
+    finite_explorers=float32)@SERVER. The explorer inputs are the project's client inputs
+    (one-element sequences, `data.client_input`) whose `order` has shape
+    [exploration_epochs, n]. An explorer whose deviation is not finite (diverged training)
+    is left out of the mean (its epochs still count); with none finite, G is all ones.
   """
   _check_normalize(normalize)
   _check_floor(guidance_floor)
@@ -212,9 +216,10 @@ def build_fedlex_exploration(
     element = local_training.single_element(dataset)
     final_weights, epochs = explore(initial_weights, element)
     devs = deviations(initial_weights.trainable, final_weights.trainable)
+    devs, non_finite = local_training.zero_if_non_finite(devs)
     if normalize == 'per_client':
       devs = normalize_deviations(devs)
-    return devs, epochs
+    return devs, 1.0 - non_finite, epochs
 
   deviation_type = client_explore.type_signature.result[0]
 
@@ -223,16 +228,20 @@ def build_fedlex_exploration(
     guidance = list(mean_deviation)
     if normalize == 'after_mean':
       guidance = normalize_deviations(guidance)
+    # No finite explorer at all (0/0 mean): no guidance, i.e. ones.
+    guidance = [tf.where(tf.math.is_finite(g), g, tf.ones_like(g)) for g in guidance]
     return apply_floor(guidance, guidance_floor)
 
   @tff.federated_computation(tff.FederatedType(weights_type, tff.SERVER),
                              tff.FederatedType(data_type, tff.CLIENTS))
   def exploration(initial_weights, explorer_data):
     weights_at_clients = tff.federated_broadcast(initial_weights)
-    devs, epochs = tff.federated_map(client_explore, (weights_at_clients, explorer_data))
-    guidance = tff.federated_map(server_finish, tff.federated_mean(devs))
+    devs, finite, epochs = tff.federated_map(client_explore,
+                                             (weights_at_clients, explorer_data))
+    guidance = tff.federated_map(server_finish, tff.federated_mean(devs, finite))
     return tff.federated_zip(collections.OrderedDict(
-        guidance=guidance, client_epochs=tff.federated_sum(epochs)))
+        guidance=guidance, client_epochs=tff.federated_sum(epochs),
+        finite_explorers=tff.federated_sum(finite)))
 
   return exploration
 
@@ -334,7 +343,8 @@ def explore_and_initialize(process: tff.learning.templates.LearningProcess,
   state = set_guidance(process, initial_state, result['guidance'])
   metrics = collections.OrderedDict(
       exploration_client_epochs=float(result['client_epochs']),
-      num_explorers=len(inputs))
+      num_explorers=len(inputs),
+      finite_explorers=int(result['finite_explorers']))
   metrics.update(guidance_statistics(result['guidance']))
   return state, metrics
 
@@ -356,7 +366,8 @@ def refresh_guidance(process: tff.learning.templates.LearningProcess,
   """
   inputs = list(explorer_inputs)
   if not inputs:
-    metrics = collections.OrderedDict(exploration_client_epochs=0.0, num_explorers=0)
+    metrics = collections.OrderedDict(exploration_client_epochs=0.0, num_explorers=0,
+                                      finite_explorers=0)
     metrics.update(guidance_statistics(get_guidance(state)))
     return state, metrics
   return explore_and_initialize(process, exploration, inputs, state)
