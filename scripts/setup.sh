@@ -27,7 +27,8 @@ else
 import os
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
 import tensorflow_federated as tff
-print("setup: tensorflow_federated", tff.__version__, "imports")
+import tff_algos  # noqa: F401  (also stops TFF's worker cleanly at exit)
+print("setup: tensorflow_federated", tff.__version__, "and tff_algos import")
 PY
   echo "$REQ_HASH" > "$STAMP"
 fi
