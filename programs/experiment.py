@@ -22,7 +22,7 @@ import math
 import os
 import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -180,7 +180,7 @@ def load_federated_data(c: ExperimentConfig):
     raise ExperimentError(f'impossible partition: {e}') from None
 
 
-def build_process(c: ExperimentConfig, model_fn, fed):
+def build_process(c: ExperimentConfig, model_fn):
   """The LearningProcess of the config."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_algos import baselines  # pylint: disable=g-import-not-at-top
@@ -194,7 +194,6 @@ def build_process(c: ExperimentConfig, model_fn, fed):
     else:
       server_opt = tff.learning.optimizers.build_sgdm(
           learning_rate=lr, momentum=c.server_momentum if c.server_optimizer == 'sgdm' else None)
-  del fed
   if c.algorithm == 'fedcross':
     from tff_algos import fedcross  # pylint: disable=g-import-not-at-top
     return fedcross.build_fedcross(
@@ -339,7 +338,7 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
   model_fn = models.make_model_fn(model_name, input_shape, fed.num_classes, seed=c.seed)
   num_clients = min(c.num_clients, fed.num_clients)
 
-  process = build_process(c, model_fn, fed)
+  process = build_process(c, model_fn)
   evaluator = Evaluator(model_fn, fed.x_test, fed.y_test)
 
   loop = asyncio.new_event_loop()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 from typing import Callable
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
