@@ -23,6 +23,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import data
+from tests import helpers
 from tff_algos import baselines
 from tff_algos import execution
 from tff_algos import models
@@ -82,16 +83,7 @@ def tff_fedprox():
 
 
 def as_dataset(inp, epochs=None):
-  """TFF-style client data: our batches, per epoch, as one tf.data pass."""
-  x, y, order = inp['x'], inp['y'], inp['order']
-  if epochs is not None:
-    order = order[:epochs]
-  out = None
-  for o in order:
-    ds = tf.data.Dataset.from_tensor_slices(
-        collections.OrderedDict(x=x[o], y=y[o])).batch(BATCH)
-    out = ds if out is None else out.concatenate(ds)
-  return out
+  return helpers.as_tff_dataset(inp, BATCH, epochs)
 
 
 def trainable(process, state):

@@ -1,6 +1,5 @@
 """FedCross: the cross-aggregation rules against NumPy, and the LearningProcess end to end."""
 
-import asyncio
 import collections
 
 import numpy as np
@@ -9,6 +8,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import data
+from tests import helpers
 from tff_algos import execution
 from tff_algos.aggregators import cross_aggregation as ca
 from tff_algos.client_work import local_training, model_delta
@@ -231,8 +231,10 @@ def test_aggregation_process_on_its_own():
 
   def value(slot):
     m = models[slot]
-    return collections.OrderedDict(slot=np.int32(slot), model=tff.learning.models.ModelWeights(
-        trainable=[m[0], m[1]], non_trainable=[m[2]]))
+    return collections.OrderedDict(
+        client_index=np.int32(slot), slot=np.int32(slot),
+        model=tff.learning.models.ModelWeights(trainable=[m[0], m[1]], non_trainable=[m[2]]),
+        last_epoch_loss=np.float32(0.0))
 
   # clients arrive in any order; slot 1 is missing, slot 2 did not train (weight 0)
   out = proc.next(state, [value(2), value(0)], [np.float32(0.0), np.float32(5.0)])
@@ -305,13 +307,7 @@ def stack_of(state):
   return [np.asarray(t) for t in list(models.trainable) + list(models.non_trainable)]
 
 
-def run(coro):
-  # a private loop: asyncio.run() would break tff.simulation's get_event_loop() later
-  loop = asyncio.new_event_loop()
-  try:
-    return loop.run_until_complete(coro)
-  finally:
-    loop.close()
+run = helpers.run_async
 
 
 def intrinsics_of(comp):

@@ -1,6 +1,5 @@
 """FedLEx (tff_algos.fedlex): guidance maths vs numpy, exploration, guided bases, checkpoints."""
 
-import asyncio
 import collections
 
 import numpy as np
@@ -9,6 +8,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 import data
+from tests import helpers
 from tff_algos import execution, fedlex
 from tff_algos.models import make_model_fn
 
@@ -320,12 +320,8 @@ def test_checkpoint_round_trip_keeps_guidance(env, tmp_path):
   state = fedlex.set_guidance(proc, state, guidance)
   state, _ = run_rounds(proc, state, env['fed'], 1)
   manager = tff.program.FileProgramStateManager(str(tmp_path))
-  loop = asyncio.new_event_loop()
-  try:
-    loop.run_until_complete(manager.save(state, 1))
-    loaded = loop.run_until_complete(manager.load(1, proc.initialize()))
-  finally:
-    loop.close()
+  helpers.run_async(manager.save(state, 1))
+  loaded = helpers.run_async(manager.load(1, proc.initialize()))
   flat_a, flat_b = tf.nest.flatten(state), tf.nest.flatten(loaded)
   assert len(flat_a) == len(flat_b)
   for a, b in zip(flat_a, flat_b):

@@ -6,10 +6,10 @@ the cross-aggregation process's state (`tff_algos.aggregators.cross_aggregation`
 1. distributor: each sampled client's input carries its `slot` s in [0, K) (its position in
    the round's random sample: the paper's shuffle). `tff.federated_select` keyed by
    `[slot]` sends it middleware model s only (one model down per client, like FedAvg);
-2. client work: the client trains the received model on the shared fast loop
-   (`tff_algos.client_work.local_training`) and uploads OrderedDict(slot, model) with weight
-   = its example count (0 if it has no data or its training went non-finite, in which case
-   it uploads the received model unchanged);
+2. client work (`tff_algos.client_work.model_upload`): the client trains the received model
+   on the shared fast loop and uploads it with its slot, weight = its example count (0 if it
+   has no data or its training went non-finite, in which case it uploads the received model
+   unchanged);
 3. aggregator: keyed `tff.federated_aggregate` into a [K, ...] accumulator (one model up per
    client, O(K·D) server memory), CoModelSel + CrossAggr (+ dynamic alpha / propellers);
 4. the state's `global_model_weights` is the uniform mean of the K middleware models, which
@@ -38,61 +38,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos.aggregators import cross_aggregation
-from tff_algos.client_work import local_training, model_delta
-
-
-def build_fedcross_client_work(
-    model_fn: Callable[[], tff.learning.models.VariableModel],
-    client_optimizer_fn: tff.learning.optimizers.Optimizer,
-    client_batch_size: int,
-) -> tff.learning.templates.ClientWorkProcess:
-  """Local training that uploads the trained model itself, keyed by the client's slot.
-
-  Result per client: `ClientResult(update=OrderedDict(slot=int32, model=ModelWeights),
-  update_weight=num_examples)`. A client with no data uploads the received model unchanged
-  (training runs zero steps) with weight 0; a client whose training is not finite uploads
-  the received model with weight 0 and is counted in `train/non_finite_clients`.
-  """
-  weights_type = model_delta.model_weights_type(model_fn)
-  data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
-
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_value((), tff.SERVER)
-
-  @tff.tensorflow.computation(weights_type, data_type)
-  def client_update(initial_weights, dataset):
-    model = model_fn()
-    train = local_training.build_local_training(model, client_optimizer_fn,
-                                                client_batch_size)
-    element = local_training.single_element(dataset)
-    out = train(initial_weights, element)
-    trained = tff.learning.models.ModelWeights(
-        trainable=list(out.model_weights.trainable),
-        non_trainable=list(out.model_weights.non_trainable))
-    flat = tf.nest.flatten(trained)
-    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(t)) for t in flat])
-    received = tff.learning.models.ModelWeights(
-        trainable=list(initial_weights.trainable),
-        non_trainable=list(initial_weights.non_trainable))
-    model_out = tf.nest.map_structure(lambda a, b: tf.where(finite, a, b), trained, received)
-    non_finite = tf.cast(tf.logical_not(finite), tf.float32)
-    weight = out.num_examples * (1.0 - non_finite)
-    update = collections.OrderedDict(slot=element['slot'], model=model_out)
-    return (tff.learning.templates.ClientResult(update=update, update_weight=weight),
-            local_training.training_metric_sums(out, non_finite))
-
-  @tff.federated_computation(
-      init_fn.type_signature.result,
-      tff.FederatedType(weights_type, tff.CLIENTS),
-      tff.FederatedType(data_type, tff.CLIENTS))
-  def next_fn(state, weights, client_data):
-    results, metric_sums = tff.federated_map(client_update, (weights, client_data))
-    measurements = tff.federated_zip(collections.OrderedDict(
-        train=model_delta.sum_and_finalize_training_metrics(metric_sums)))
-    return tff.templates.MeasuredProcessOutput(state, results, measurements)
-
-  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
+from tff_algos.client_work import local_training, model_delta, model_upload
 
 
 def build_fedcross(
@@ -132,7 +78,8 @@ def build_fedcross(
   initial_weights = model_delta.initial_model_weights_fn(model_fn)
   weights_type = initial_weights.type_signature.result
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
-  client_work = build_fedcross_client_work(model_fn, client_optimizer_fn, client_batch_size)
+  client_work = model_upload.build_model_upload_client_work(model_fn, client_optimizer_fn,
+                                                            client_batch_size)
   aggregator = cross_aggregation.build_cross_aggregation_process(
       weights_type, k, alpha=alpha, selection=selection, alpha_schedule=alpha_schedule,
       num_propellers=num_propellers, accel_rounds=accel_rounds,

@@ -1,2 +1,4 @@
-"""Aggregation processes with server state (FedCross cross-aggregation, ...)."""
+"""Aggregation processes with server state (FedCross cross-aggregation, FedCDA's cross-round
+cache, ...)."""
 from tff_algos.aggregators.cross_aggregation import build_cross_aggregation_process
+from tff_algos.aggregators.cross_round_cache import build_cross_round_cache_process

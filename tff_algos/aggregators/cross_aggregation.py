@@ -6,8 +6,9 @@ tensor of a `ModelWeights`) inside this process's state, plus a round counter, s
 
 One `next(state, value@CLIENTS, weight@CLIENTS)`:
 
-* `value` = OrderedDict(slot=int32, model=ModelWeights): the model a client trained, and the
-  slot (middleware model index, in [0, K)) it trained. `weight` = float32; a weight <= 0 marks
+* `value` = OrderedDict(client_index, slot, model, last_epoch_loss)
+  (`tff_algos.client_work.model_upload`): the model a client trained, and the slot
+  (middleware model index, in [0, K)) it trained. `weight` = float32; a weight <= 0 marks
   a client that did not train (empty dataset, or non-finite update reverted on the client).
 * Uploads are gathered keyed by slot with `tff.federated_aggregate` into a zero `[K, ...]`
   accumulator (`tf.tensor_scatter_nd_update` by slot, merge = add), so server memory is
@@ -47,6 +48,8 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+
+from tff_algos.client_work import model_upload
 
 SELECTIONS = ('lowest_similarity', 'highest_similarity', 'in_order')
 
@@ -274,14 +277,13 @@ def build_cross_aggregation_process(
 
   Returns:
     An AggregationProcess: state = OrderedDict(models=ModelWeights of [K, ...] tensors,
-    round_num=int32); next(state, OrderedDict(slot, model)@CLIENTS, float32@CLIENTS) ->
+    round_num=int32); next(state, upload@CLIENTS, float32@CLIENTS) ->
     result = mean of the new middleware models @SERVER, measurements (see module doc).
   """
   k = int(num_models) if isinstance(num_models, (int, np.integer)) else num_models
   validate_options(k, alpha, selection, num_propellers, accel_rounds)
   model_type = stacked_type(weights_type, k)
-  value_type = tff.StructWithPythonType(
-      [('slot', tff.TensorType(np.int32)), ('model', weights_type)], collections.OrderedDict)
+  value_type = model_upload.model_upload_type(weights_type)
   weight_type = tff.TensorType(np.float32)
   options = dict(num_models=k, alpha=alpha, selection=selection,
                  alpha_schedule=alpha_schedule, num_propellers=num_propellers,

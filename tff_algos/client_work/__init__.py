@@ -6,3 +6,4 @@ from tff_algos.client_work.local_training import (
 from tff_algos.client_work.model_delta import (
     CLIENT_WEIGHTINGS, build_model_delta_client_work, initial_model_weights_fn, model_input_spec, model_weights_type,
     sum_and_finalize_training_metrics)
+from tff_algos.client_work.model_upload import build_model_upload_client_work, model_upload_type

@@ -1,0 +1,510 @@
+"""FedCDA's per-client cross-round cache and divergence-aware selection (ALGORITHMS.md §2).
+
+The server keeps, for every client n of the N, a FIFO cache of its K most recent uploaded
+models (a ring buffer: slot `count[n] mod K` is written next), the mean training loss of its
+last local epoch for each, and the ring slot `selected[n]` of its currently selected model.
+All of it lives in this `tff.templates.AggregationProcess`'s state, so `tff.program` state
+managers checkpoint the cache:
+
+    cache     ModelWeights of [N, K, ...] tensors    N·K·D floats (D = all model weights)
+    losses    float32 [N, K]
+    sq_norms  float32 [N, K] ‖w‖² of each cached model (eq. 8 needs them; kept, not recomputed)
+    count     int32 [N]      uploads so far (cache holds min(count, K) models)
+    selected  int32 [N]      ring slot of the selected model
+    round_num int32
+
+**Memory** = 4·N·K·D bytes for the cache plus 4·(2·N·K + 2·N + 1) bytes of bookkeeping
+(`state_size_bytes`). A round adds transient buffers of O(P·K·D) (the participants'
+candidates) and O(P·D) (the upload accumulator); no second copy of the cache is kept.
+
+One `next(state, value@CLIENTS, weight@CLIENTS)`:
+
+* `value` = OrderedDict(client_index, slot, model, last_epoch_loss) (see
+  `tff_algos.client_work.model_upload`); weight <= 0 marks a client whose upload must not
+  enter the cache (no data, or training went non-finite). Uploads are gathered keyed by slot
+  with `tff.federated_aggregate` into a dense [P, ...] accumulator, then pushed into the
+  uploaders' caches.
+* Warmup (`round_num < warmup_rounds`): every uploader selects its newest model and the
+  result is the uniform mean of this round's uploads (FedAvg with uniform weighting).
+* After warmup, selection (`SELECTIONS`):
+  - 'batch_greedy' (default): the uploaders are split at random into B batches (sizes differ
+    by at most one); batch b picks, exhaustively over its K^{|b|} combinations, the
+    candidates minimising eq. 8
+        J_b = (1/M_b) Σ_{n∈S_b} [F_n(w_n) + (L/2)‖w_n‖²] − (L/2)‖w̄_b‖²
+    over S_b = every cached client not in a later batch (non-uploaders at their fixed
+    selection, earlier batches at their new choice). J_b is evaluated from a Gram matrix of
+    the uploaders' candidates and their inner products with the fixed clients' sum, never by
+    materialising a candidate average;
+  - 'exact': one batch of all P uploaders (K^P combinations);
+  - 'newest' / 'random': the paper's ablations (random: uniform over a client's cache).
+  The result is the uniform mean over every cached client of its selected model.
+* Ties go to the combination whose candidates are newest (lexicographic in age order).
+
+Measurements: `warmup` (1.0 in warmup), `cached_clients` (M), `uploads`, `switched` (uploaders
+that selected a model other than their newest), `objective_before` (J over all cached clients
+with every uploader at its newest model) and `objective_after` (with the selection made; equal
+to `objective_before` in warmup and for 'newest'), and `has_result` (0.0 when no client has a
+cache yet, in which case the result is meaningless and `has_result` tells the finalizer to keep
+the global model).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_algos.client_work import model_upload
+
+SELECTIONS = ('batch_greedy', 'exact', 'newest', 'random')
+# The exhaustive search of one batch evaluates K^{batch size} combinations at once.
+MAX_COMBINATIONS = 1 << 20
+
+
+# --------------------------------------------------------------------------- #
+# Sizes and validation
+# --------------------------------------------------------------------------- #
+
+
+def num_weights(weights_type) -> int:
+  """D: the number of floats in one model (trainable and non-trainable)."""
+  return int(sum(int(np.prod(t.shape)) for t in tff.structure.flatten(weights_type)))
+
+
+def cache_size_bytes(num_clients: int, cache_size: int, num_params: int) -> int:
+  """Bytes of the model cache: 4·N·K·D (float32)."""
+  return 4 * int(num_clients) * int(cache_size) * int(num_params)
+
+
+def state_size_bytes(num_clients: int, cache_size: int, num_params: int) -> int:
+  """Bytes of the whole aggregator state: the cache plus losses, counts, selections, round."""
+  n, k = int(num_clients), int(cache_size)
+  return cache_size_bytes(n, k, num_params) + 4 * (2 * n * k + 2 * n + 1)
+
+
+def batch_sizes(num_uploads: int, num_batches: int) -> list[int]:
+  """Sizes of the B batches P uploaders are split into (differ by at most one; may be 0)."""
+  p, b = int(num_uploads), int(num_batches)
+  return [p // b + (1 if i < p % b else 0) for i in range(b)]
+
+
+def validate_options(num_clients: int, clients_per_round: int, cache_size: int,
+                     num_batches: int, warmup_rounds: int, smoothness: float,
+                     selection: str) -> None:
+  for name, value, low in (('num_clients', num_clients, 1),
+                           ('clients_per_round', clients_per_round, 1),
+                           ('cache_size', cache_size, 1), ('num_batches', num_batches, 1),
+                           ('warmup_rounds', warmup_rounds, 0)):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+      raise ValueError(f'{name} must be an integer >= {low}, got {value!r}')
+  if clients_per_round > num_clients:
+    raise ValueError(f'clients_per_round ({clients_per_round}) must be <= num_clients '
+                     f'({num_clients})')
+  if not smoothness >= 0.0:
+    raise ValueError(f'smoothness (L) must be >= 0, got {smoothness}')
+  if selection not in SELECTIONS:
+    raise ValueError(f'selection must be one of {SELECTIONS}, got {selection!r}')
+  largest = max(batch_sizes(clients_per_round, 1 if selection == 'exact' else num_batches))
+  if selection in ('batch_greedy', 'exact') and cache_size ** largest > MAX_COMBINATIONS:
+    raise ValueError(
+        f'{selection} would search K^{largest} = {cache_size}^{largest} combinations per '
+        f'batch (limit {MAX_COMBINATIONS}); use more batches or a smaller cache_size')
+
+
+# --------------------------------------------------------------------------- #
+# Pure TF functions (each usable and tested on its own)
+# --------------------------------------------------------------------------- #
+
+
+def candidate_slots(count, cache_size: int):
+  """int32 [..., K]: ring slot of each client's j-th newest model (j = 0 newest)."""
+  count = tf.convert_to_tensor(count, tf.int32)
+  ages = tf.range(cache_size, dtype=tf.int32)
+  return tf.math.floormod(count[..., None] - 1 - ages, cache_size)
+
+
+def weighted_cache_sum(cache, weights):
+  """Σ_{n,k} weights[n, k] · cache[n, k] for each [N, K, ...] tensor, without a gather."""
+  weights = tf.convert_to_tensor(weights, tf.float32)
+
+  def one(t):
+    flat = tf.reshape(t, [tf.shape(weights)[0] * tf.shape(weights)[1], -1])
+    summed = tf.linalg.matvec(flat, tf.reshape(tf.cast(weights, t.dtype), [-1]),
+                              transpose_a=True)
+    return tf.reshape(summed, tf.shape(t)[2:])
+
+  return tf.nest.map_structure(one, cache)
+
+
+def gather_candidates(cache, clients, count, cache_size: int):
+  """Flattened candidates of `clients` [P]: a list (one per weight tensor) of [P·K, d_t],
+  row p·K + j = client p's j-th newest cached model."""
+  clients = tf.convert_to_tensor(clients, tf.int32)
+  slots = candidate_slots(tf.gather(count, clients), cache_size)  # [P, K]
+  index = tf.stack([tf.broadcast_to(clients[:, None], tf.shape(slots)), slots], axis=-1)
+  return [tf.reshape(tf.gather_nd(t, index), [-1, int(np.prod(t.shape[2:]))])
+          for t in tf.nest.flatten(cache)]
+
+
+def structure_dot(a, b):
+  """Σ over tensors of <a_t, b_t> for two structures of equal shapes (float32)."""
+  return tf.add_n([tf.reduce_sum(tf.cast(x, tf.float32) * tf.cast(y, tf.float32))
+                   for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b))])
+
+
+def divergence_objective(loss_sum, sq_norm_sum, sum_sq_norm, count, smoothness):
+  """Eq. 8 from sums over the M members: (1/M)ΣF + (L/2)((1/M)Σ‖w‖² − ‖Σw‖²/M²); 0 if M=0."""
+  m = tf.cast(count, tf.float32)
+  mean_f = tf.math.divide_no_nan(loss_sum, m)
+  mean_sq = tf.math.divide_no_nan(sq_norm_sum, m)
+  mean_norm_sq = tf.math.divide_no_nan(sum_sq_norm, m * m)
+  return mean_f + 0.5 * smoothness * (mean_sq - mean_norm_sq)
+
+
+def _combinations(cache_size: int, size: int) -> np.ndarray:
+  """int32 [K^size, size], lexicographic (so ties go to the newest candidates)."""
+  return np.array(list(itertools.product(range(cache_size), repeat=size)),
+                  np.int32).reshape(-1, size)
+
+
+def select_models(gram, fixed_dot, fixed, losses, num_candidates, valid, batches,
+                  smoothness: float, cache_size: int):
+  """Batch-greedy selection of eq. 8 in the space of the uploaders' candidates.
+
+  Args:
+    gram: float32 [P·K, P·K] inner products of the candidates (row p·K + j = uploader p's
+      j-th newest model).
+    fixed_dot: float32 [P·K]: inner product of each candidate with the sum of the fixed
+      (non-uploading, cached) clients' selected models.
+    fixed: OrderedDict(loss_sum, sq_norm_sum, sum_sq_norm, count) of the fixed clients.
+    losses: float32 [P·K] last-epoch losses of the candidates.
+    num_candidates: int32 [P] cached models per uploader (after this round's push).
+    valid: bool [P]: uploaders (an invalid slot takes no part in anything).
+    batches: a list of int32 [m_b] tensors (static sizes): the slots of each batch, in
+      processing order.
+    smoothness: L.
+    cache_size: K.
+
+  Returns:
+    (choice int32 [P]: age of the selected candidate per slot (0 = newest; 0 for invalid
+    slots), final objective over all members, final member sums).
+  """
+  k = int(cache_size)
+  valid = tf.convert_to_tensor(valid, tf.bool)
+  choice = tf.zeros(tf.shape(valid), tf.int32)
+  loss_sum, sq_sum = fixed['loss_sum'], fixed['sq_norm_sum']
+  sum_sq, count = fixed['sum_sq_norm'], tf.cast(fixed['count'], tf.float32)
+  dot_with_fixed = fixed_dot
+  for slots in batches:
+    m = int(slots.shape[0])
+    if m == 0:
+      continue
+    combos = tf.constant(_combinations(k, m))                        # [C, m]
+    slot_valid = tf.gather(valid, slots)                              # [m]
+    allowed = tf.where(slot_valid[None, :],
+                       combos < tf.gather(num_candidates, slots)[None, :],
+                       tf.equal(combos, 0))
+    ok = tf.reduce_all(allowed, axis=1)                               # [C]
+    idx = slots[None, :] * k + combos                                 # [C, m]
+    member = tf.cast(slot_valid, tf.float32)[None, :]                 # [1, m]
+    c_loss = tf.reduce_sum(member * tf.gather(losses, idx), axis=1)
+    diag = tf.linalg.diag_part(gram)
+    c_sq = tf.reduce_sum(member * tf.gather(diag, idx), axis=1)
+    c_cross = tf.reduce_sum(member * tf.gather(dot_with_fixed, idx), axis=1)
+    pair = tf.gather(tf.gather(gram, idx), idx, axis=2, batch_dims=1)  # [C, m, m]
+    pair_mask = member[:, :, None] * member[:, None, :]
+    c_pair = tf.reduce_sum(pair * pair_mask, axis=[1, 2])
+    c_count = tf.reduce_sum(member)
+    objective = divergence_objective(loss_sum + c_loss, sq_sum + c_sq,
+                                     sum_sq + 2.0 * c_cross + c_pair, count + c_count,
+                                     smoothness)
+    objective = tf.where(ok, objective, np.inf)
+    best = tf.argmin(objective, output_type=tf.int32)  # first minimum: newest on ties
+    chosen = tf.gather(combos, best)                                   # [m]
+    chosen = tf.where(slot_valid, chosen, 0)
+    choice = tf.tensor_scatter_nd_update(choice, slots[:, None], chosen)
+    chosen_idx = slots * k + chosen
+    w = tf.cast(slot_valid, tf.float32)
+    loss_sum += tf.reduce_sum(w * tf.gather(losses, chosen_idx))
+    sq_sum += tf.reduce_sum(w * tf.gather(diag, chosen_idx))
+    sum_sq += 2.0 * tf.reduce_sum(w * tf.gather(dot_with_fixed, chosen_idx)) + tf.reduce_sum(
+        w[:, None] * w[None, :] * tf.gather(tf.gather(gram, chosen_idx), chosen_idx, axis=1))
+    count += tf.reduce_sum(w)
+    dot_with_fixed += tf.linalg.matvec(tf.gather(gram, chosen_idx), w, transpose_a=True)
+  final = divergence_objective(loss_sum, sq_sum, sum_sq, count, smoothness)
+  return choice, final
+
+
+def objective_of_choice(gram, fixed_dot, fixed, losses, choice, valid, smoothness: float,
+                        cache_size: int):
+  """Eq. 8 over all cached clients with uploader p at candidate age `choice[p]`."""
+  k = int(cache_size)
+  p = tf.shape(valid)[0]
+  idx = tf.range(p, dtype=tf.int32) * k + choice
+  w = tf.cast(valid, tf.float32)
+  diag = tf.linalg.diag_part(gram)
+  sub = tf.gather(tf.gather(gram, idx), idx, axis=1)
+  return divergence_objective(
+      fixed['loss_sum'] + tf.reduce_sum(w * tf.gather(losses, idx)),
+      fixed['sq_norm_sum'] + tf.reduce_sum(w * tf.gather(diag, idx)),
+      fixed['sum_sq_norm'] + 2.0 * tf.reduce_sum(w * tf.gather(fixed_dot, idx))
+      + tf.reduce_sum(w[:, None] * w[None, :] * sub),
+      tf.cast(fixed['count'], tf.float32) + tf.reduce_sum(w), smoothness)
+
+
+def random_batches(num_uploads: int, num_batches: int, seed):
+  """A random split of slots range(P) into B batches of `batch_sizes(P, B)` (stateless)."""
+  p = int(num_uploads)
+  perm = tf.argsort(tf.random.stateless_uniform([p], seed=seed), stable=True)
+  perm = tf.cast(perm, tf.int32)
+  out, start = [], 0
+  for size in batch_sizes(p, num_batches):
+    out.append(perm[start:start + size])
+    out[-1].set_shape([size])
+    start += size
+  return out
+
+
+def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_size: int,
+                num_batches: int, warmup_rounds: int, smoothness: float, selection: str,
+                seed: int):
+  """One server round on the state and the round's upload accumulator (pure TF).
+
+  `acc` = OrderedDict(models=ModelWeights of [P, ...], client_index int32 [P], loss float32
+  [P], valid float32 [P]) as gathered by the process; `num_batches` is 1 for 'exact'.
+  Returns (new state, OrderedDict(model, has_result), measurements).
+  """
+  n, p, k = num_clients, clients_per_round, cache_size
+  valid = acc['valid'] > 0.0
+  clients = acc['client_index']
+  writers = tf.boolean_mask(clients, valid)
+  # 1. push uploads into the ring buffers.
+  ring = tf.math.floormod(tf.gather(state['count'], writers), k)
+  at = tf.stack([writers, ring], axis=1)
+  cache = tf.nest.map_structure(
+      lambda c, u: tf.tensor_scatter_nd_update(c, at, tf.boolean_mask(u, valid)),
+      state['cache'], acc['models'])
+  losses = tf.tensor_scatter_nd_update(state['losses'], at,
+                                       tf.boolean_mask(acc['loss'], valid))
+  upload_sq = tf.add_n([tf.reduce_sum(tf.reshape(tf.square(u), [p, -1]), 1)
+                        for u in tf.nest.flatten(acc['models'])])
+  sq_norms = tf.tensor_scatter_nd_update(state['sq_norms'], at,
+                                         tf.boolean_mask(upload_sq, valid))
+  count = tf.tensor_scatter_nd_add(state['count'], writers[:, None],
+                                   tf.ones_like(writers))
+  uploader = tf.scatter_nd(writers[:, None], tf.ones_like(writers), [n]) > 0
+  cached = count > 0
+  fixed_mask = tf.logical_and(cached, tf.logical_not(uploader))
+  # 2. candidates of the uploaders and their inner products (all in P·K space).
+  safe_clients = tf.where(valid, clients, 0)
+  cands = gather_candidates(cache, safe_clients, count, k)
+  gram = tf.add_n([tf.matmul(c, c, transpose_b=True) for c in cands])
+  fixed_onehot = tf.one_hot(state['selected'], k) * tf.cast(fixed_mask, tf.float32)[:, None]
+  fixed_sum = weighted_cache_sum(cache, fixed_onehot)
+  fixed_flat = [tf.reshape(t, [-1]) for t in tf.nest.flatten(fixed_sum)]
+  fixed_dot = tf.add_n([tf.linalg.matvec(c, f) for c, f in zip(cands, fixed_flat)])
+  cand_slots = candidate_slots(tf.gather(count, safe_clients), k)       # [P, K]
+  cand_losses = tf.reshape(
+      tf.gather_nd(losses, tf.stack(
+          [tf.broadcast_to(safe_clients[:, None], [p, k]), cand_slots], -1)), [-1])
+  num_cands = tf.minimum(tf.gather(count, safe_clients), k)
+  fixed = collections.OrderedDict(
+      loss_sum=tf.reduce_sum(fixed_onehot * losses),
+      sq_norm_sum=tf.reduce_sum(fixed_onehot * sq_norms),
+      sum_sq_norm=structure_dot(fixed_sum, fixed_sum),
+      count=tf.reduce_sum(tf.cast(fixed_mask, tf.int32)))
+  newest = tf.zeros([p], tf.int32)
+  before = objective_of_choice(gram, fixed_dot, fixed, cand_losses, newest, valid,
+                               smoothness, k)
+  round_num = state['round_num']
+  round_seed = tf.stack([tf.constant(seed, tf.int32), round_num])
+  if selection == 'newest':
+    choice = newest
+  elif selection == 'random':
+    draw = tf.random.stateless_uniform([p], seed=round_seed)
+    choice = tf.minimum(tf.cast(draw * tf.cast(num_cands, tf.float32), tf.int32),
+                        tf.maximum(num_cands - 1, 0))
+    choice = tf.where(valid, choice, 0)
+  else:
+    batches = random_batches(p, num_batches, round_seed)
+    choice, _ = select_models(gram, fixed_dot, fixed, cand_losses, num_cands, valid,
+                              batches, smoothness, k)
+  in_warmup = round_num < warmup_rounds
+  choice = tf.where(in_warmup, newest, choice)
+  after = objective_of_choice(gram, fixed_dot, fixed, cand_losses, choice, valid,
+                              smoothness, k)
+  chosen_slot = tf.gather(cand_slots, choice, batch_dims=1)
+  selected = tf.tensor_scatter_nd_update(state['selected'], writers[:, None],
+                                         tf.boolean_mask(chosen_slot, valid))
+  # 3. the new global model.
+  uploads = tf.reduce_sum(acc['valid'])
+  upload_mean = tf.nest.map_structure(
+      lambda t: tf.math.divide_no_nan(tf.reduce_sum(t, 0), uploads), acc['models'])
+  cached_count = tf.reduce_sum(tf.cast(cached, tf.float32))
+  cached_onehot = tf.one_hot(selected, k) * tf.cast(cached, tf.float32)[:, None]
+  cache_mean = tf.nest.map_structure(
+      lambda t: tf.math.divide_no_nan(t, cached_count),
+      weighted_cache_sum(cache, cached_onehot))
+  model = tf.nest.map_structure(lambda a, b: tf.where(in_warmup, a, b),
+                                upload_mean, cache_mean)
+  has_result = tf.where(in_warmup, tf.cast(uploads > 0, tf.float32),
+                        tf.cast(cached_count > 0, tf.float32))
+  new_state = collections.OrderedDict(cache=cache, losses=losses, sq_norms=sq_norms,
+                                      count=count,
+                                      selected=selected, round_num=round_num + 1)
+  measurements = collections.OrderedDict(
+      warmup=tf.cast(in_warmup, tf.float32),
+      cached_clients=cached_count,
+      uploads=uploads,
+      switched=tf.reduce_sum(tf.cast(tf.logical_and(valid, choice > 0), tf.float32)),
+      objective_before=before,
+      objective_after=after)
+  result = collections.OrderedDict(model=model, has_result=has_result)
+  return new_state, result, measurements
+
+
+
+# --------------------------------------------------------------------------- #
+# The AggregationProcess
+# --------------------------------------------------------------------------- #
+
+
+def stacked_type(weights_type: tff.Type, *leading: int) -> tff.Type:
+  """`weights_type` (ModelWeights) with leading dimensions on every tensor."""
+
+  def stack(t):
+    return tff.TensorType(t.dtype, [*leading, *t.shape])
+
+  return tff.StructWithPythonType(
+      [('trainable', tff.StructWithPythonType([stack(t) for t in weights_type.trainable], list)),
+       ('non_trainable',
+        tff.StructWithPythonType([stack(t) for t in weights_type.non_trainable], list))],
+      tff.learning.models.ModelWeights)
+
+
+def _zeros_weights(model_type):
+  return tff.learning.models.ModelWeights(
+      trainable=[tf.zeros(t.shape, t.dtype) for t in model_type.trainable],
+      non_trainable=[tf.zeros(t.shape, t.dtype) for t in model_type.non_trainable])
+
+
+def build_cross_round_cache_process(
+    weights_type: tff.Type,
+    num_clients: int,
+    clients_per_round: int,
+    *,
+    cache_size: int = 3,
+    num_batches: int = 3,
+    warmup_rounds: int = 50,
+    smoothness: float = 1.0,
+    selection: str = 'batch_greedy',
+    seed: int = 0,
+    max_cache_gib: Optional[float] = 4.0,
+) -> tff.templates.AggregationProcess:
+  """FedCDA's cross-round cache and selection as a weighted `tff.templates.AggregationProcess`.
+
+  Args:
+    weights_type: the `tff.learning.models.ModelWeights` type of one model.
+    num_clients: N (client indices are in [0, N)).
+    clients_per_round: P (client slots are in [0, P)).
+    cache_size: K, models kept per client (paper: 3).
+    num_batches: B for 'batch_greedy' (paper: 3).
+    warmup_rounds: rounds of FedAvg behaviour before selection starts (paper: 50 of 200).
+    smoothness: L in eq. 8 (paper: 1).
+    selection: one of `SELECTIONS`.
+    seed: seeds the random batch split and 'random' selection (with the round number).
+    max_cache_gib: refuse a configuration whose state (`state_size_bytes`) exceeds this
+      many GiB (None: no limit).
+
+  Returns:
+    An AggregationProcess: state as in the module doc; next(state, upload@CLIENTS,
+    float32@CLIENTS) -> result = OrderedDict(model=ModelWeights, has_result=float32) @SERVER.
+  """
+  validate_options(num_clients, clients_per_round, cache_size, num_batches, warmup_rounds,
+                   smoothness, selection)
+  n, p, k = int(num_clients), int(clients_per_round), int(cache_size)
+  size = state_size_bytes(n, k, num_weights(weights_type))
+  if max_cache_gib is not None and size > max_cache_gib * 2**30:
+    raise ValueError(
+        f'the FedCDA cache needs {size / 2**30:.2f} GiB (4·N·K·D bytes: N={n} clients, '
+        f'K={k}, D={num_weights(weights_type)} weights), above the {max_cache_gib} GiB '
+        'limit; lower the cache size or the number of clients, or raise max_cache_gib')
+  value_type = model_upload.model_upload_type(weights_type)
+  weight_type = tff.TensorType(np.float32)
+  cache_type = stacked_type(weights_type, n, k)
+  slots_type = stacked_type(weights_type, p)
+  smoothness = float(smoothness)
+  batches_b = 1 if selection == 'exact' else int(num_batches)
+
+  @tff.tensorflow.computation
+  def initial_state():
+    return collections.OrderedDict(
+        cache=_zeros_weights(cache_type),
+        losses=tf.zeros([n, k], tf.float32),
+        sq_norms=tf.zeros([n, k], tf.float32),
+        count=tf.zeros([n], tf.int32),
+        selected=tf.zeros([n], tf.int32),
+        round_num=tf.constant(0, tf.int32))
+
+  state_type = initial_state.type_signature.result
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_eval(initial_state, tff.SERVER)
+
+  @tff.tensorflow.computation
+  def zero_accumulator():
+    return collections.OrderedDict(
+        models=_zeros_weights(slots_type),
+        client_index=tf.zeros([p], tf.int32),
+        loss=tf.zeros([p], tf.float32),
+        valid=tf.zeros([p], tf.float32))
+
+  acc_type = zero_accumulator.type_signature.result
+
+  @tff.tensorflow.computation(acc_type, (value_type, weight_type))
+  def accumulate(acc, value_and_weight):
+    value, weight = value_and_weight
+    at = tf.reshape(value['slot'], [1, 1])
+    ok = tf.cast(weight > 0.0, tf.float32)
+    return collections.OrderedDict(
+        models=tf.nest.map_structure(
+            lambda a, v: tf.tensor_scatter_nd_update(a, at, tf.expand_dims(v * ok, 0)),
+            acc['models'], value['model']),
+        client_index=tf.tensor_scatter_nd_update(acc['client_index'], at,
+                                                 [value['client_index']]),
+        loss=tf.tensor_scatter_nd_update(acc['loss'], at, [value['last_epoch_loss'] * ok]),
+        valid=tf.tensor_scatter_nd_update(acc['valid'], at, [ok]))
+
+  @tff.tensorflow.computation(acc_type, acc_type)
+  def merge(a, b):
+    return tf.nest.map_structure(tf.add, a, b)
+
+  @tff.tensorflow.computation(acc_type)
+  def report(acc):
+    return acc
+
+  options = dict(num_clients=n, clients_per_round=p, cache_size=k, num_batches=batches_b,
+                 warmup_rounds=warmup_rounds, smoothness=smoothness, selection=selection,
+                 seed=seed)
+
+  @tff.tensorflow.computation(state_type, acc_type)
+  def server_step(state, acc):
+    return cache_round(state, acc, **options)
+
+  @tff.federated_computation(
+      tff.FederatedType(state_type, tff.SERVER),
+      tff.FederatedType(value_type, tff.CLIENTS),
+      tff.FederatedType(weight_type, tff.CLIENTS))
+  def next_fn(state, value, weight):
+    acc = tff.federated_aggregate(tff.federated_zip((value, weight)), zero_accumulator(),
+                                  accumulate, merge, report)
+    new_state, result, measurements = tff.federated_map(server_step, (state, acc))
+    return tff.templates.MeasuredProcessOutput(new_state, result, measurements)
+
+  return tff.templates.AggregationProcess(init_fn, next_fn)
+

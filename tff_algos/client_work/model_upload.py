@@ -1,0 +1,94 @@
+"""Client work that uploads the trained model itself, keyed by the client's index and slot.
+
+FedCross (the slot says which middleware model the client trained) and FedCDA (the client
+index says whose cache the model enters) aggregate whole models on the server, not deltas.
+Each client uploads
+
+    OrderedDict(client_index=int32, slot=int32, model=ModelWeights, last_epoch_loss=float32)
+
+with weight = its example count. A client with no data trains zero steps; a client whose
+training went non-finite uploads the model it received, unchanged and finite, so no NaN
+reaches a server accumulator. Both get weight 0, which tells the aggregator to ignore the
+upload, and the latter is counted in `train/non_finite_clients`.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_algos.client_work import local_training, model_delta
+
+
+def model_upload_type(weights_type: tff.Type) -> tff.Type:
+  """The type of one client's upload for a model of `weights_type` (a ModelWeights type)."""
+  return tff.StructWithPythonType(
+      [('client_index', tff.TensorType(np.int32)), ('slot', tff.TensorType(np.int32)),
+       ('model', weights_type), ('last_epoch_loss', tff.TensorType(np.float32))],
+      collections.OrderedDict)
+
+
+def build_model_upload_client_work(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    client_batch_size: int,
+) -> tff.learning.templates.ClientWorkProcess:
+  """Local training on the shared fast loop that uploads the trained model (see module doc).
+
+  Args:
+    model_fn: no-arg function returning a `tff.learning.models.VariableModel`.
+    client_optimizer_fn: a `tff.learning.optimizers.Optimizer` for local steps.
+    client_batch_size: local batch size.
+
+  Returns:
+    A stateless `ClientWorkProcess`; `ClientResult(update=<upload>, update_weight=float32)`,
+    measurements `train` (loss, accuracy, last_epoch_loss, num_examples, num_clients,
+    non_finite_clients).
+  """
+  weights_type = model_delta.model_weights_type(model_fn)
+  data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_value((), tff.SERVER)
+
+  @tff.tensorflow.computation(weights_type, data_type)
+  def client_update(initial_weights, dataset):
+    train = local_training.build_local_training(model_fn(), client_optimizer_fn,
+                                                client_batch_size)
+    element = local_training.single_element(dataset)
+    out = train(initial_weights, element)
+    trained = tff.learning.models.ModelWeights(
+        trainable=list(out.model_weights.trainable),
+        non_trainable=list(out.model_weights.non_trainable))
+    received = tff.learning.models.ModelWeights(
+        trainable=list(initial_weights.trainable),
+        non_trainable=list(initial_weights.non_trainable))
+    _, non_finite = local_training.zero_if_non_finite(
+        (trained, out.last_epoch_loss))
+    failed = non_finite > 0.0
+    model = tf.nest.map_structure(lambda r, t: tf.where(failed, r, t), received, trained)
+    upload = collections.OrderedDict(
+        client_index=element['index'],
+        slot=element['slot'],
+        model=model,
+        last_epoch_loss=tf.where(failed, 0.0, out.last_epoch_loss))
+    weight = out.num_examples * (1.0 - non_finite)
+    return (tff.learning.templates.ClientResult(update=upload, update_weight=weight),
+            local_training.training_metric_sums(out, non_finite))
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(weights_type, tff.CLIENTS),
+      tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, weights, client_data):
+    results, metric_sums = tff.federated_map(client_update, (weights, client_data))
+    measurements = tff.federated_zip(collections.OrderedDict(
+        train=model_delta.sum_and_finalize_training_metrics(metric_sums)))
+    return tff.templates.MeasuredProcessOutput(state, results, measurements)
+
+  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)

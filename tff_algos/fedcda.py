@@ -1,0 +1,122 @@
+"""FedCDA: cross-round divergence-aware aggregation (ALGORITHMS.md §2), as a `LearningProcess`.
+
+Composed from TFF's templates with `tff.learning.templates.compose_learning_process`:
+
+1. distributor: TFF's stock broadcast of the global model;
+2. client work (`tff_algos.client_work.model_upload`): local SGD on the shared fast loop;
+   each client uploads its index, its trained model and its mean loss over its last local
+   epoch;
+3. aggregator (`tff_algos.aggregators.cross_round_cache`): every upload enters its client's
+   FIFO cache of K models in the aggregator's state; after the warmup, each participant
+   selects the cached model minimising eq. 8 (batch-greedy over B random batches by default)
+   and the result is the uniform mean over every cached client of its selected model (FedAvg
+   over this round's uploads during warmup);
+4. finalizer (`build_replace_finalizer`): the aggregate becomes the global model.
+
+Memory is FedCDA's real cost: the cache holds N·K·D floats (4·N·K·D bytes, e.g. 20 clients ×
+3 × 1,663,370 weights of FedAvg's CNN = 381 MiB); `cross_round_cache.state_size_bytes` gives
+the whole state, and `build_fedcda` refuses a configuration above `max_cache_gib`.
+
+Client inputs carry the client's index (cache row) and slot (position in the round's
+sample, in [0, P)): `data.round_inputs` builds them.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Callable, Optional
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_algos.aggregators import cross_round_cache
+from tff_algos.client_work import model_delta, model_upload
+
+SELECTIONS = cross_round_cache.SELECTIONS
+
+
+def build_replace_finalizer(weights_type: tff.Type) -> tff.learning.templates.FinalizerProcess:
+  """A stateless finalizer whose update is OrderedDict(model, has_result): the new global
+  model is `model` when `has_result` > 0, else the current one (nothing to aggregate yet)."""
+  update_type = tff.StructWithPythonType(
+      [('model', weights_type), ('has_result', tff.TensorType(tf.float32.as_numpy_dtype))],
+      collections.OrderedDict)
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_value((), tff.SERVER)
+
+  @tff.tensorflow.computation(weights_type, update_type)
+  def replace(current, update):
+    keep = update['has_result'] > 0.0
+    new = tf.nest.map_structure(lambda u, c: tf.where(keep, u, c), update['model'],
+                                current)
+    return tff.learning.models.ModelWeights(trainable=list(new.trainable),
+                                            non_trainable=list(new.non_trainable))
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(weights_type, tff.SERVER),
+      tff.FederatedType(update_type, tff.SERVER))
+  def next_fn(state, weights, update):
+    new_weights = tff.federated_map(replace, (weights, update))
+    return tff.templates.MeasuredProcessOutput(
+        state, new_weights, tff.federated_value((), tff.SERVER))
+
+  return tff.learning.templates.FinalizerProcess(init_fn, next_fn)
+
+
+def build_fedcda(
+    model_fn: Callable[[], tff.learning.models.VariableModel],
+    client_optimizer_fn: tff.learning.optimizers.Optimizer,
+    client_batch_size: int,
+    num_clients: int,
+    clients_per_round: int,
+    *,
+    cache_size: int = 3,
+    num_batches: int = 3,
+    warmup_rounds: int = 50,
+    smoothness: float = 1.0,
+    selection: str = 'batch_greedy',
+    seed: int = 0,
+    max_cache_gib: Optional[float] = 4.0,
+) -> tff.learning.templates.LearningProcess:
+  """FedCDA as a `tff.learning.templates.LearningProcess`.
+
+  Args:
+    model_fn: no-arg function returning a `tff.learning.models.VariableModel`.
+    client_optimizer_fn: a `tff.learning.optimizers.Optimizer` for local steps (paper: SGD
+      lr 1e-3, momentum 1e-4, weight decay 1e-5).
+    client_batch_size: local batch size (paper: 64).
+    num_clients: N; client inputs carry `index` in [0, N).
+    clients_per_round: P; client inputs carry `slot` in [0, P).
+    cache_size: K, models cached per client (paper: 3).
+    num_batches: B, batches of the batch-greedy selection (paper: 3).
+    warmup_rounds: rounds of FedAvg (uniform weighting) before selection starts (paper: 50
+      of 200 rounds).
+    smoothness: L in eq. 8 (paper: 1).
+    selection: 'batch_greedy' (default), 'exact' (all K^P combinations at once), 'newest'
+      or 'random' (the paper's ablations).
+    seed: seeds the random batch split and the 'random' selection, with the round number.
+    max_cache_gib: refuse configurations whose aggregator state exceeds this (None: no
+      limit). The state is 4·N·K·D bytes of cache plus 4·(2NK + 2N + 1) of bookkeeping.
+
+  Returns:
+    A LearningProcess; `next(state, client_data)` takes the P clients' one-element
+    sequences (`tff_algos.client_work.local_training.client_data_type`). Metrics:
+    client_work/train (loss, accuracy, last_epoch_loss, ...), aggregator (warmup,
+    cached_clients, uploads, switched, objective_before, objective_after).
+  """
+  initial_weights = model_delta.initial_model_weights_fn(model_fn)
+  weights_type = initial_weights.type_signature.result
+  aggregator = cross_round_cache.build_cross_round_cache_process(
+      weights_type, num_clients, clients_per_round, cache_size=cache_size,
+      num_batches=num_batches, warmup_rounds=warmup_rounds, smoothness=smoothness,
+      selection=selection, seed=seed, max_cache_gib=max_cache_gib)
+  return tff.learning.templates.compose_learning_process(
+      initial_weights,
+      tff.learning.templates.build_broadcast_process(weights_type),
+      model_upload.build_model_upload_client_work(model_fn, client_optimizer_fn,
+                                                  client_batch_size),
+      aggregator,
+      build_replace_finalizer(weights_type))
