@@ -28,9 +28,10 @@ import numpy as np
 
 BASELINE_ALGORITHMS = ('fedavg', 'fedavgm', 'fedadam', 'fedprox', 'fedsgd')
 FEDLEX_ALGORITHMS = ('fedlex_avgm', 'fedlex_sgd', 'fedlex_opt', 'fedlex_prox')
-ALGORITHMS = BASELINE_ALGORITHMS + ('fedcross',) + FEDLEX_ALGORITHMS
+ALGORITHMS = BASELINE_ALGORITHMS + ('fedcross', 'fedcda') + FEDLEX_ALGORITHMS
 FEDCROSS_SELECTIONS = ('lowest_similarity', 'highest_similarity', 'in_order')
 FEDLEX_NORMALIZE = ('per_client', 'after_mean')
+FEDCDA_SELECTIONS = ('batch_greedy', 'exact', 'newest', 'random')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 DEFAULT_MODELS = {
     'digits': 'tiny_cnn', 'fashion_mnist': 'fedavg_cnn', 'mnist': 'fedavg_cnn',
@@ -78,6 +79,13 @@ class ExperimentConfig:
   fedcross_alpha_schedule: bool = False
   fedcross_num_propellers: int = 1
   fedcross_accel_rounds: int = 0
+  # FedCDA (ALGORITHMS.md section 2).
+  fedcda_cache_size: int = 3
+  fedcda_batches: int = 3
+  fedcda_warmup_rounds: int = 50
+  fedcda_smoothness: float = 1.0
+  fedcda_selection: str = 'batch_greedy'
+  fedcda_max_cache_gib: float = 4.0
   # FedLEx (ALGORITHMS.md section 4).
   fedlex_explorer_fraction: float = 0.2
   fedlex_exploration_epochs: int = 5
@@ -138,6 +146,24 @@ def validate(config: ExperimentConfig) -> None:
           f'{c.fedcross_num_propellers}')
     if c.fedcross_accel_rounds < 0:
       raise ExperimentError(f'--fedcross_accel_rounds must be >= 0, got {c.fedcross_accel_rounds}')
+  if c.algorithm == 'fedcda':
+    for name in ('fedcda_cache_size', 'fedcda_batches'):
+      if getattr(c, name) < 1:
+        raise ExperimentError(f'--{name} must be at least 1, got {getattr(c, name)}')
+    if c.fedcda_warmup_rounds < 0:
+      raise ExperimentError(f'--fedcda_warmup_rounds must be >= 0, got {c.fedcda_warmup_rounds}')
+    if not c.fedcda_smoothness >= 0:
+      raise ExperimentError(f'--fedcda_smoothness must be >= 0, got {c.fedcda_smoothness}')
+    if c.fedcda_selection not in FEDCDA_SELECTIONS:
+      raise ExperimentError(f'--fedcda_selection={c.fedcda_selection!r} is unknown; choose one '
+                            f'of {", ".join(FEDCDA_SELECTIONS)}')
+    if not c.fedcda_max_cache_gib > 0:
+      raise ExperimentError(f'--fedcda_max_cache_gib must be > 0, got {c.fedcda_max_cache_gib}')
+    size = max(1, -(-c.clients_per_round // (1 if c.fedcda_selection == 'exact' else c.fedcda_batches)))
+    if c.fedcda_selection in ('batch_greedy', 'exact') and c.fedcda_cache_size ** size > 1 << 20:
+      raise ExperimentError(
+          f'--fedcda_selection={c.fedcda_selection} would search {c.fedcda_cache_size}^{size} '
+          'combinations per batch; raise --fedcda_batches or lower --fedcda_cache_size')
   if c.algorithm in FEDLEX_ALGORITHMS:
     if not 0 < c.fedlex_explorer_fraction <= 1:
       raise ExperimentError(
@@ -180,8 +206,10 @@ def load_federated_data(c: ExperimentConfig):
     raise ExperimentError(f'impossible partition: {e}') from None
 
 
-def build_process(c: ExperimentConfig, model_fn):
-  """The LearningProcess of the config."""
+def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = None):
+  """The LearningProcess of the config (`num_clients`: clients of the loaded data, default
+  `c.num_clients`)."""
+  num_clients = num_clients or c.num_clients
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_algos import baselines  # pylint: disable=g-import-not-at-top
   client_opt = tff.learning.optimizers.build_sgdm(
@@ -200,6 +228,16 @@ def build_process(c: ExperimentConfig, model_fn):
         model_fn, client_opt, c.batch_size, c.clients_per_round, alpha=c.fedcross_alpha,
         selection=c.fedcross_selection, alpha_schedule=c.fedcross_alpha_schedule,
         num_propellers=c.fedcross_num_propellers, accel_rounds=c.fedcross_accel_rounds)
+  if c.algorithm == 'fedcda':
+    from tff_algos import fedcda  # pylint: disable=g-import-not-at-top
+    try:
+      return fedcda.build_fedcda(
+          model_fn, client_opt, c.batch_size, num_clients, c.clients_per_round,
+          cache_size=c.fedcda_cache_size, num_batches=c.fedcda_batches,
+          warmup_rounds=c.fedcda_warmup_rounds, smoothness=c.fedcda_smoothness,
+          selection=c.fedcda_selection, seed=c.seed, max_cache_gib=c.fedcda_max_cache_gib)
+    except ValueError as e:
+      raise ExperimentError(str(e)) from None
   if c.algorithm in FEDLEX_ALGORITHMS:
     from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
     base = c.algorithm.split('_', 1)[1]
@@ -257,7 +295,7 @@ def _flatten_metrics(metrics, prefix='') -> dict:
       arr = np.asarray(value)
       if arr.ndim == 0:
         flat[name] = arr.item()
-      elif arr.size <= 400:  # small arrays (e.g. FedCross similarity, collaborators) as JSON
+      elif 0 < arr.size <= 400:  # small arrays (e.g. FedCross similarity, collaborators) as JSON
         flat[name] = json.dumps(np.round(arr, 6).tolist())
   return flat
 
@@ -338,7 +376,10 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
   model_fn = models.make_model_fn(model_name, input_shape, fed.num_classes, seed=c.seed)
   num_clients = min(c.num_clients, fed.num_clients)
 
-  process = build_process(c, model_fn)
+  process = build_process(c, model_fn, num_clients)
+  if c.algorithm == 'fedcda' and c.fedcda_warmup_rounds >= c.rounds:
+    log(f'note: --fedcda_warmup_rounds={c.fedcda_warmup_rounds} >= --rounds={c.rounds}: this '
+        'run is FedAvg with uniform weighting throughout')
   evaluator = Evaluator(model_fn, fed.x_test, fed.y_test)
 
   loop = asyncio.new_event_loop()
@@ -434,9 +475,18 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
       seconds_per_round=float(np.median(seconds)) if seconds else None,
       client_epochs_training=len(rows) * c.clients_per_round * c.local_epochs,
       exploration_client_epochs=float(program_state['exploration_client_epochs']),
+      aggregator_state_bytes=int(sum(np.asarray(t).nbytes
+                                     for t in tf.nest.flatten(state.aggregator))),
       experiment_dir=os.path.abspath(exp_dir),
       accuracy_plot=os.path.abspath(os.path.join(exp_dir, 'accuracy.png')),
   )
+  if c.algorithm == 'fedcda':
+    from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
+    d = sum(int(np.asarray(w).size) for w in tf.nest.flatten(process.get_model_weights(state)))
+    summary['fedcda_state_formula_bytes'] = cross_round_cache.state_size_bytes(
+        num_clients, c.fedcda_cache_size, d)
+    summary['fedcda_cache_formula'] = (
+        f'4*N*K*D = 4*{num_clients}*{c.fedcda_cache_size}*{d} bytes + 4*(2NK+2N+1) bookkeeping')
   final_weights = process.get_model_weights(state)
   np.savez(os.path.join(exp_dir, 'final_weights.npz'),
            *[np.asarray(w) for w in list(final_weights.trainable) + list(final_weights.non_trainable)])

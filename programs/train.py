@@ -60,6 +60,15 @@ _FC_PROPELLERS = flags.DEFINE_integer(
     'fedcross_num_propellers', 1, 'FedCross propeller models during the accel rounds.')
 _FC_ACCEL = flags.DEFINE_integer('fedcross_accel_rounds', 0, 'FedCross acceleration rounds.')
 # FedLEx.
+_CDA_CACHE = flags.DEFINE_integer('fedcda_cache_size', 3, 'FedCDA: models cached per client (K).')
+_CDA_BATCHES = flags.DEFINE_integer('fedcda_batches', 3, 'FedCDA: batches of the greedy selection (B).')
+_CDA_WARMUP = flags.DEFINE_integer('fedcda_warmup_rounds', 50, 'FedCDA: FedAvg rounds before selection.')
+_CDA_SMOOTHNESS = flags.DEFINE_float('fedcda_smoothness', 1.0, 'FedCDA: L in eq. 8.')
+_CDA_SELECTION = flags.DEFINE_string(
+    'fedcda_selection', 'batch_greedy', 'FedCDA selection: batch_greedy, exact, newest or random.')
+_CDA_MAX_GIB = flags.DEFINE_float(
+    'fedcda_max_cache_gib', 4.0, 'FedCDA: refuse a cache (4*N*K*D bytes) above this many GiB.')
+
 _FL_FRACTION = flags.DEFINE_float('fedlex_explorer_fraction', 0.2, 'Fraction of clients exploring.')
 _FL_EPOCHS = flags.DEFINE_integer('fedlex_exploration_epochs', 5, 'Exploration epochs.')
 _FL_PATIENCE = flags.DEFINE_integer(
@@ -88,6 +97,9 @@ def config_from_flags() -> experiment.ExperimentConfig:
       fedcross_alpha=_FC_ALPHA.value, fedcross_selection=_FC_SELECTION.value,
       fedcross_alpha_schedule=_FC_SCHEDULE.value, fedcross_num_propellers=_FC_PROPELLERS.value,
       fedcross_accel_rounds=_FC_ACCEL.value,
+      fedcda_cache_size=_CDA_CACHE.value, fedcda_batches=_CDA_BATCHES.value,
+      fedcda_warmup_rounds=_CDA_WARMUP.value, fedcda_smoothness=_CDA_SMOOTHNESS.value,
+      fedcda_selection=_CDA_SELECTION.value, fedcda_max_cache_gib=_CDA_MAX_GIB.value,
       fedlex_explorer_fraction=_FL_FRACTION.value, fedlex_exploration_epochs=_FL_EPOCHS.value,
       fedlex_exploration_patience=_FL_PATIENCE.value, fedlex_normalize=_FL_NORMALIZE.value,
       fedlex_guidance_floor=_FL_FLOOR.value, fedlex_refresh=_FL_REFRESH.value)

@@ -31,6 +31,9 @@ def _weights(directory):
     ('--partition=dirichlet --dirichlet_alpha=0', '--dirichlet_alpha must be > 0'),
     ('--dataset=mnist --data_dir=/nonexistent', 'tfds build'),
     ('--partition=classes --classes_per_client=11', 'impossible partition'),
+    ('--algorithm=fedcda --fedcda_selection=best', '--fedcda_selection'),
+    # found only once the model is built: still one line, naming the flags to change
+    ('--algorithm=fedcda --fedcda_max_cache_gib=0.0001', '--fedcda_max_cache_gib'),
 ])
 def test_bad_input_gives_one_line(tmp_path, flag, fragment):
   result = _run(BASE + flag.split() + [f'--root_output_dir={tmp_path}'])
