@@ -15,7 +15,10 @@ managers checkpoint the cache:
 
 **Memory** = 4·N·K·D bytes for the cache plus 4·(2·N·K + 2·N + 1) bytes of bookkeeping
 (`state_size_bytes`). A round adds transient buffers of O(P·K·D) (the participants'
-candidates) and O(P·D) (the upload accumulator); no second copy of the cache is kept.
+candidates) and O(P·D) (the upload accumulator); no second copy of the cache is kept from
+one round to the next. Within the server step, writing the uploads into the cache
+(`tf.tensor_scatter_nd_update`) may allocate the new cache beside the input one when the
+runtime still holds the input, so budget up to 2× the cache at that moment.
 
 One `next(state, value@CLIENTS, weight@CLIENTS)`:
 
@@ -432,7 +435,8 @@ def build_cross_round_cache_process(
     raise ValueError(
         f'the FedCDA cache needs {size / 2**30:.2f} GiB (4·N·K·D bytes: N={n} clients, '
         f'K={k}, D={num_weights(weights_type)} weights), above the {max_cache_gib} GiB '
-        'limit; lower the cache size or the number of clients, or raise max_cache_gib')
+        'limit; lower the cache size (--fedcda_cache_size) or the number of clients, or raise '
+        'max_cache_gib (--fedcda_max_cache_gib)')
   value_type = model_upload.model_upload_type(weights_type)
   weight_type = tff.TensorType(np.float32)
   cache_type = stacked_type(weights_type, n, k)
