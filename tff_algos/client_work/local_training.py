@@ -64,7 +64,8 @@ class LocalTrainingOutput(NamedTuple):
 
 # Hooks a method adds to the shared loop, all optional:
 #   gradient_transform(grads, context) -> grads      (FedLEx guidance)
-#   extra_loss(batch, output, context) -> scalar     (CADIS knowledge distillation)
+#   extra_loss(batch, output, context) -> scalar     (CADIS knowledge distillation;
+#                                                     batch = OrderedDict(x, y, index))
 GradientTransform = Callable[[list, Any], list]
 ExtraLoss = Callable[[Any, Any, Any], tf.Tensor]
 
@@ -103,7 +104,8 @@ def build_local_training(
     full_gradient: FedSGD: no local step; accumulate the example-weighted mean gradient over
       the first epoch's batches at the initial weights.
     gradient_transform: applied to the gradients before the optimiser step.
-    extra_loss: added to the model's batch loss inside the tape.
+    extra_loss: added to the model's batch loss inside the tape; its `batch` argument also
+      holds `index`, the batch's rows in the client's `x` / `y` (int32 [b]).
   """
   if batch_size <= 0:
     raise ValueError(f'batch_size must be positive, got {batch_size}')
@@ -147,7 +149,8 @@ def build_local_training(
         output = model.forward_pass(batch, training=not full_gradient)
         loss = output.loss
         if extra_loss is not None:
-          loss = loss + extra_loss(batch, output, context)
+          loss = loss + extra_loss(
+              collections.OrderedDict(batch, index=idx), output, context)
       grads = tape.gradient(loss, trainable,
                             unconnected_gradients=tf.UnconnectedGradients.ZERO)
       if proximal_strength:

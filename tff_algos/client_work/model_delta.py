@@ -1,9 +1,9 @@
 """Client work processes on the shared local-training path.
 
 `build_model_delta_client_work` is FedAvg's / FedProx's / FedSGD's client side (and, with
-`guided=True`, FedLEx's guided variant of each): a `tff.learning.templates.ClientWorkProcess`
-that plugs into `compose_learning_process` beside TFF's stock distributor, aggregators and
-finalizer.
+`guided=True`, FedLEx's guided variant of each; with `kd_weight > 0` and `keyed=True`,
+CADIS's KD-regularised client side): a `tff.learning.templates.ClientWorkProcess` that plugs
+into `compose_learning_process` beside TFF's stock distributor, aggregators and finalizer.
 """
 
 from __future__ import annotations
@@ -11,12 +11,21 @@ from __future__ import annotations
 import collections
 from typing import Callable
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos.client_work import distillation
 from tff_algos.client_work import local_training
 
 CLIENT_WEIGHTINGS = ('num_examples', 'uniform')
+
+
+def keyed_update_type(delta_type: tff.Type) -> tff.Type:
+  """The update type of a keyed client work: OrderedDict(client_index=int32, delta=...)."""
+  return tff.StructWithPythonType(
+      [('client_index', tff.TensorType(np.int32)), ('delta', delta_type)],
+      collections.OrderedDict)
 
 
 def model_weights_type(model_fn) -> tff.Type:
@@ -62,6 +71,9 @@ def build_model_delta_client_work(
     full_gradient: bool = False,
     client_weighting: str = 'num_examples',
     guided: bool = False,
+    keyed: bool = False,
+    kd_weight: float = 0.0,
+    kd_reduction: str = 'sum',
 ) -> tff.learning.templates.ClientWorkProcess:
   """Local training that uploads the model delta (or FedSGD's mean gradient).
 
@@ -75,17 +87,33 @@ def build_model_delta_client_work(
     guided: FedLEx: the process state is a guidance structure shaped like the trainable
       weights (initialised to ones), broadcast each round; every gradient is multiplied by
       it elementwise before the optimiser step (before upload for FedSGD).
+    keyed: upload `OrderedDict(client_index=int32, delta=<the update>)`, the client's index
+      from its input travelling with its update (for aggregators with per-client state,
+      e.g. `tff_algos.aggregators.clustered_aggregation`).
+    kd_weight: CADIS's λ: adds λ·KL(teacher ‖ student) of the representations' kernel
+      conditionals (`tff_algos.client_work.distillation`) to every batch loss, the teacher
+      being the received model. 0 (default) builds no teacher: plain local training.
+      Needs a Keras-backed model with a 'classifier' layer, and local steps (not FedSGD).
+    kd_reduction: 'sum' (default, the reference code) or 'mean' (see `distillation`).
 
   Returns:
     A `ClientWorkProcess` whose update is `initial - final` trainable weights (TFF's
-    convention, applied by a server optimiser) and whose weight follows
-    `client_weighting`; a client whose update is not finite is zeroed with weight 0 and
-    counted in `train/non_finite_clients`.
+    convention, applied by a server optimiser), keyed when `keyed`, and whose weight
+    follows `client_weighting`; a client whose update is not finite is zeroed with weight
+    0 and counted in `train/non_finite_clients`.
   """
   if client_weighting not in CLIENT_WEIGHTINGS:
     raise ValueError(f'client_weighting must be one of {CLIENT_WEIGHTINGS}, got {client_weighting!r}')
   if proximal_strength < 0:
     raise ValueError(f'proximal_strength must be >= 0, got {proximal_strength}')
+  if kd_reduction not in distillation.REDUCTIONS:
+    raise ValueError(
+        f'kd_reduction must be one of {distillation.REDUCTIONS}, got {kd_reduction!r}')
+  if isinstance(kd_weight, bool) or not np.isfinite(kd_weight) or kd_weight < 0:
+    raise ValueError(f'kd_weight must be a finite number >= 0, got {kd_weight!r}')
+  if kd_weight and full_gradient:
+    raise ValueError('kd_weight > 0 needs local training steps; it is not defined for '
+                     'full_gradient (FedSGD)')
   weights_type = model_weights_type(model_fn)
   data_type = local_training.client_data_type(model_input_spec(model_fn))
   guidance_type = weights_type.trainable
@@ -104,20 +132,30 @@ def build_model_delta_client_work(
       return tff.federated_value((), tff.SERVER)
   state_type = init_fn.type_signature.result.member
 
-  def multiply_by_guidance(grads, guidance):
-    return [g * m for g, m in zip(grads, guidance)]
+  def multiply_by_guidance(grads, context):
+    return [g * m for g, m in zip(grads, context['guidance'])]
 
   @tff.tensorflow.computation(state_type, weights_type, data_type)
   def client_update(guidance, initial_weights, dataset):
     model = model_fn()
+    element = local_training.single_element(dataset)
+    context = collections.OrderedDict()
+    if guided:
+      context['guidance'] = list(guidance)
+    extra_loss = None
+    if kd_weight:
+      kd = distillation.build_kd_loss(model, kd_weight, kd_reduction, client_batch_size)
+      # Runs before training (training takes its result), at the received weights.
+      context['teacher_representations'] = kd.teacher_representations(
+          initial_weights, element['x'])
+      extra_loss = kd.extra_loss
     train = local_training.build_local_training(
         model, client_optimizer_fn, client_batch_size,
         proximal_strength=proximal_strength,
         full_gradient=full_gradient,
-        gradient_transform=multiply_by_guidance if guided else None)
-    element = local_training.single_element(dataset)
-    context = list(guidance) if guided else None
-    out = train(initial_weights, element, context)
+        gradient_transform=multiply_by_guidance if guided else None,
+        extra_loss=extra_loss)
+    out = train(initial_weights, element, context or None)
     if full_gradient:
       update = list(out.full_gradient)
       if guided:
@@ -131,6 +169,8 @@ def build_model_delta_client_work(
     else:
       weight = out.num_examples
     weight = weight * (1.0 - non_finite)
+    if keyed:
+      update = collections.OrderedDict(client_index=element['index'], delta=update)
     return (tff.learning.templates.ClientResult(update=update, update_weight=weight),
             local_training.training_metric_sums(out, non_finite))
 

@@ -77,3 +77,26 @@ def keras_model_of(variable_model) -> tf.keras.Model:
       'tff.learning.models.from_keras_model (or a tf.keras.Model); got '
       f'{type(variable_model).__module__}.{type(variable_model).__name__}, which is not '
       'Keras-backed')
+
+
+def classifier_weight_indices(variable_model) -> tuple[int, int]:
+  """(kernel, bias) positions of the classifier layer's tensors in the model's trainable
+  weights (the order of `ModelWeights.trainable` and so of model deltas).
+
+  Raises:
+    TypeError / ValueError: as `keras_model_of` / `classifier_layer`, or when the classifier
+      has no bias or its variables are not trainable.
+  """
+  layer = classifier_layer(keras_model_of(variable_model))
+  if getattr(layer, 'bias', None) is None:
+    raise ValueError(f'the classifier layer of {layer.name!r} has no bias')
+  trainable = (variable_model.trainable_variables
+               if isinstance(variable_model, tff.learning.models.VariableModel)
+               else keras_model_of(variable_model).trainable_variables)
+  positions = {}
+  for name, var in (('kernel', layer.kernel), ('bias', layer.bias)):
+    hits = [i for i, v in enumerate(trainable) if v is var]
+    if len(hits) != 1:
+      raise ValueError(f'the classifier {name} is not among the trainable weights')
+    positions[name] = hits[0]
+  return positions['kernel'], positions['bias']

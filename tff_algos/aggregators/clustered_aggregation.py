@@ -1,0 +1,668 @@
+"""CADIS's clustered aggregation (ALGORITHMS.md §3, server steps 1-6) as an AggregationProcess.
+
+`ClusteredAggregator(num_clients, clients_per_round, ...)` is a
+`tff.aggregators.WeightedAggregationFactory`; `create(value_type, weight_type)` returns a
+stateful weighted `tff.templates.AggregationProcess` that can be passed as `model_aggregator`
+to `tff.learning.templates.compose_learning_process` (see `tff_algos.cadis.build_cadis`).
+
+Keyed mode (the method). Each client uploads `OrderedDict(client_index=int32, delta=<its
+model delta, a structure of float tensors>)` with weight n_i (its example count; weight <= 0
+marks a client that did not train, and such a client is excluded from everything). Server
+state, all dense tensors so `tff.program` state managers checkpoint it:
+
+    OrderedDict(q=float32 [N, N] cumulative similarity, f=float32 [N, N] co-participation
+                counts, tau=float32 threshold for the coming round, round_num=int32)
+
+A client has been *seen* when F_ii > 0. One round:
+
+1. Uploads reach the server through `tff.federated_aggregate` into a dense [C, ...]
+   accumulator, C = `clients_per_round` (upload memory O(C·D) whatever N is). Each client
+   is appended at the next free row (accumulate writes row `count`; merge appends the other
+   partial accumulator's rows after its own), so the aggregator needs no slot and works with
+   any client work that uploads the client index. More than C uploads in a round is an
+   error (the round fails with a clear message rather than silently dropping clients). The
+   server sorts the rows by client index, so the result does not depend on arrival order.
+   A client may upload at most once per round (as `data.round_inputs` guarantees).
+2. s_ij = cosine of the participants' similarity vectors: the flattened delta tensor at
+   `similarity_index` — default: the final classifier's bias (`similarity_layer='bias'`, the
+   last delta tensor) or kernel ('kernel', the second to last), which is where the
+   classifier's tensors sit in every `tff_algos.models` zoo model; pass the index explicitly
+   for other models (`tff_algos.cadis.build_cadis` derives it from the model). A zero
+   vector has cosine 0 with everything.
+3. Q_ij += s_ij, F_ij += 1 for every ordered pair i != j of this round's participants;
+   Q_ii += 1, F_ii += 1 for each participant.
+4. Optional transitive learning (`transitive=True`, §3.6): for every pair (i, j), i != j,
+   with F_ij = 0 after step 3, and every k not in {i, j} with F_ik > 0 and F_kj > 0, let
+   a = Q*_ik, b = Q*_kj (the averages after step 3); k qualifies when
+   √((1−a²)(1−b²)) < `transitive_half_width` (0.02) and a·b > τ. If any k qualifies, the mean
+   of a·b over them is added to Q_ij and 1 to F_ij. All estimates of one round come from the
+   averages before any of them is added (an estimate never feeds another in the same round);
+   an estimated pair counts as seen together afterwards. (The paper draws a random number
+   from N(a·b, half-width); ALGORITHMS.md uses the mean.)
+5. Q* = Q / F (0 where F = 0). Q-matrix = min-max rescale of Q* over its strictly positive
+   entries with F > 0 (diagonal included, so a seen client's own entry rescales to 1); every
+   other entry is 0. If all those entries are equal they rescale to 1.
+6. A = (Q-matrix > τ) over seen clients. Closure: 'two_hop' (default, the reference code):
+   i ~ j iff some k has A_ki = A_kj = 1; 'components': connected components of A. Every seen
+   client is in its own cluster. |C_i| = number of seen clients j with i ~ j (1 for a client
+   never seen). With 'two_hop' the relation need not be transitive; `num_clusters` then
+   counts the distinct sets C_i.
+7. p_i ∝ (1/|C_i|)·(n_i/n) over this round's participants (n = their total examples;
+   `sample_weighted=False`: p_i ∝ 1/|C_i|), normalised to sum 1. Result = Σ p_i Δ_i, a delta,
+   so an apply-optimizer finalizer with server SGD at learning rate 1.0 yields Σ p_i w_i.
+   With no participant the result is zero (the model does not move).
+8. τ_{t+1} = min(τ_t · growth^t, τ_max), t = the round just run (growth 1.0005).
+
+Measurements (per round): `participants` int32 [C] (client indices of the uploads in
+canonical order, −1 for empty rows), `cluster_sizes` int32 [C] (|C_i| of each row, 0 for an
+excluded client or empty row), `aggregation_weights` float32 [C] (p_i), `num_clusters` int32
+(clusters among all clients seen so far), `seen_clients` int32, `tau` float32 (the τ used
+this round). With `true_clusters` (int [N]) given at build time, also:
+`q_matrix_mse` float32 = mean over off-diagonal pairs with F > 0 of (Q-matrix_ij − I_ij)²,
+I_ij = 1 when i and j share a true cluster else 0 (0 when no such pair; the distance of the
+paper's Figure 10); `cluster_pair_accuracy` float32 = fraction of pairs i < j of seen clients
+on which "i ~ j" agrees with "same true cluster" (1 when fewer than two are seen);
+`clusters_match` float32 = 1.0 iff that fraction is 1 (the recovered clustering of the seen
+clients equals the true one; read "rounds until clusters match" together with
+`seen_clients`).
+
+Anonymous mode (no client identity). TFF's stock client work, e.g. inside
+`tff.learning.algorithms.build_weighted_fed_avg(model_aggregator=...)`, uploads the bare
+delta: TFF's federated language is anonymous, and nothing in that client work carries the
+client's index. `create` accepts such a plain value type too, and then clusters each
+round's participants from THAT ROUND's similarities alone: the same steps on a fresh
+[C, C] Q/F that is not kept (state = OrderedDict(tau, round_num); rows stay in arrival
+order and `participants` holds row positions). What is lost, and why
+this is not CADIS proper: the cumulative averaging over rounds that makes the paper's
+similarity estimates reliable, cluster sizes over all clients seen so far (|C_i| counts this
+round's participants only), transitive learning, and the true-cluster measurements (which
+need identities; `true_clusters` is refused in this mode). There is no honest way to do
+better with an anonymous upload: per-client memory needs an identity, and matching uploads
+to clients by content would be a guess. For the method itself, use a client work that
+uploads the client index (`tff_algos.client_work.model_delta.build_model_delta_client_work(
+..., keyed=True)`), as `tff_algos.cadis.build_cadis` does.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_algos.aggregators import cross_aggregation
+
+CLOSURES = ('two_hop', 'components')
+SIMILARITY_LAYERS = ('bias', 'kernel')
+DEFAULT_THRESHOLD = 0.975
+DEFAULT_THRESHOLD_MAX = 0.985
+DEFAULT_THRESHOLD_GROWTH = 1.0005
+DEFAULT_TRANSITIVE_HALF_WIDTH = 0.02
+KEYED_FIELDS = ('client_index', 'delta')
+
+
+# --------------------------------------------------------------------------- #
+# Pure TF functions (each usable and tested on its own)
+# --------------------------------------------------------------------------- #
+
+
+def similarity_vectors(deltas, similarity_index: int) -> tf.Tensor:
+  """[C, b] float32: the flattened delta tensor at `similarity_index` of [C, ...] deltas."""
+  t = tf.nest.flatten(deltas)[similarity_index]
+  t = tf.cast(tf.convert_to_tensor(t), tf.float32)
+  return tf.reshape(t, [tf.shape(t)[0], -1])
+
+
+def update_similarity(q, f, client_index, similarity, valid):
+  """Step 3: (Q, F) after adding one round's pairwise similarities.
+
+  Args:
+    q, f: float32 [N, N].
+    client_index: int32 [C] client index of each row (ignored where not `valid`).
+    similarity: float32 [C, C] s_ij between rows.
+    valid: bool [C], the rows that take part (distinct client indices).
+  """
+  q = tf.convert_to_tensor(q, tf.float32)
+  f = tf.convert_to_tensor(f, tf.float32)
+  valid = tf.convert_to_tensor(valid, tf.bool)
+  idx = tf.where(valid, tf.convert_to_tensor(client_index, tf.int32), 0)
+  c = tf.shape(idx)[0]
+  pair = tf.logical_and(valid[:, None], valid[None, :])
+  eye = tf.eye(c, dtype=tf.bool)
+  similarity = tf.convert_to_tensor(similarity, tf.float32)
+  add_q = tf.where(pair, tf.where(eye, tf.ones_like(similarity), similarity),
+                   tf.zeros_like(similarity))
+  add_f = tf.cast(pair, tf.float32)
+  rows, cols = tf.meshgrid(idx, idx, indexing='ij')
+  grid = tf.stack([rows, cols], axis=-1)
+  return tf.tensor_scatter_nd_add(q, grid, add_q), tf.tensor_scatter_nd_add(f, grid, add_f)
+
+
+def average_similarity(q, f) -> tf.Tensor:
+  """Q* = Q / F, 0 where F = 0."""
+  return tf.math.divide_no_nan(tf.convert_to_tensor(q, tf.float32),
+                               tf.convert_to_tensor(f, tf.float32))
+
+
+def rescale_similarity(q_avg, f) -> tf.Tensor:
+  """Step 5: min-max rescale of Q* over its strictly positive entries with F > 0; other
+  entries 0; equal entries rescale to 1."""
+  q_avg = tf.convert_to_tensor(q_avg, tf.float32)
+  positive = tf.logical_and(tf.convert_to_tensor(f, tf.float32) > 0.0, q_avg > 0.0)
+  big = tf.fill(tf.shape(q_avg), np.float32(np.inf))
+  lo = tf.reduce_min(tf.where(positive, q_avg, big))
+  hi = tf.reduce_max(tf.where(positive, q_avg, -big))
+  span = hi - lo
+  has_span = span > 0.0
+  scaled = tf.where(has_span, (q_avg - lo) / tf.where(has_span, span, 1.0),
+                    tf.ones_like(q_avg))
+  return tf.where(positive, scaled, tf.zeros_like(q_avg))
+
+
+def transitive_update(q, f, tau, half_width: float = DEFAULT_TRANSITIVE_HALF_WIDTH):
+  """Step 4: (Q, F) with transitive estimates for pairs never seen together (module doc)."""
+  q = tf.convert_to_tensor(q, tf.float32)
+  f = tf.convert_to_tensor(f, tf.float32)
+  tau = tf.cast(tau, tf.float32)
+  q_avg = average_similarity(q, f)
+  seen_pair = f > 0.0
+  n = tf.shape(q)[0]
+  ids = tf.range(n)
+  never = tf.logical_and(tf.equal(f, 0.0), tf.not_equal(ids[:, None], ids[None, :]))
+
+  def body(k, total, count):
+    a = q_avg[:, k]
+    b = q_avg[k, :]
+    linked = tf.logical_and((seen_pair[:, k] & tf.not_equal(ids, k))[:, None],
+                            (seen_pair[k, :] & tf.not_equal(ids, k))[None, :])
+    mean = a[:, None] * b[None, :]
+    width = tf.sqrt(tf.maximum(1.0 - tf.square(a), 0.0)[:, None] *
+                    tf.maximum(1.0 - tf.square(b), 0.0)[None, :])
+    accept = linked & never & (width < half_width) & (mean > tau)
+    return (k + 1, total + tf.where(accept, mean, tf.zeros_like(mean)),
+            count + tf.cast(accept, tf.float32))
+
+  zeros = tf.zeros_like(q)
+  _, total, count = tf.while_loop(lambda k, *_: k < n, body, (tf.constant(0), zeros, zeros))
+  estimated = count > 0.0
+  q = q + tf.where(estimated, tf.math.divide_no_nan(total, count), zeros)
+  f = f + tf.cast(estimated, tf.float32)
+  return q, f
+
+
+def seen_clients(f) -> tf.Tensor:
+  """bool [N]: clients seen at least once (F_ii > 0)."""
+  return tf.linalg.diag_part(tf.convert_to_tensor(f, tf.float32)) > 0.0
+
+
+def adjacency(q_matrix, f, tau) -> tf.Tensor:
+  """bool [N, N]: A = (Q-matrix > τ) among seen clients."""
+  seen = seen_clients(f)
+  a = tf.convert_to_tensor(q_matrix, tf.float32) > tf.cast(tau, tf.float32)
+  return a & seen[:, None] & seen[None, :]
+
+
+def cluster_relation(adj, seen, closure: str = 'two_hop') -> tf.Tensor:
+  """bool [N, N]: i ~ j; every seen client is related to itself, unseen ones to nobody.
+
+  'two_hop': i ~ j iff some k has A_ki = A_kj = 1; 'components': i ~ j iff a path of A
+  joins them.
+  """
+  if closure not in CLOSURES:
+    raise ValueError(f'closure must be one of {CLOSURES}, got {closure!r}')
+  seen = tf.convert_to_tensor(seen, tf.bool)
+  n = tf.shape(seen)[0]
+  self_loops = tf.logical_and(tf.eye(n, dtype=tf.bool), seen[None, :])
+  a = tf.logical_or(tf.convert_to_tensor(adj, tf.bool), self_loops)
+  af = tf.cast(a, tf.float32)
+  if closure == 'two_hop':
+    return tf.matmul(af, af, transpose_a=True) > 0.0
+
+  def body(reach, changed):
+    rf = tf.cast(reach, tf.float32)
+    new = tf.logical_or(reach, tf.matmul(rf, rf) > 0.0)
+    return new, tf.reduce_any(tf.not_equal(new, reach))
+
+  reach, _ = tf.while_loop(lambda r, changed: changed, body, (a, tf.constant(True)))
+  return reach
+
+
+def cluster_sizes(relation) -> tf.Tensor:
+  """int32 [N]: |C_i| (at least 1: a never-seen client is its own cluster)."""
+  sizes = tf.reduce_sum(tf.cast(relation, tf.int32), axis=1)
+  return tf.maximum(sizes, 1)
+
+
+def count_clusters(relation, seen) -> tf.Tensor:
+  """int32: the number of distinct sets C_i among seen clients."""
+  seen = tf.convert_to_tensor(seen, tf.bool)
+  rf = tf.cast(relation, tf.float32)
+  overlap = tf.matmul(rf, rf, transpose_b=True)
+  size = tf.linalg.diag_part(overlap)
+  same = tf.logical_and(tf.equal(overlap, size[:, None]), tf.equal(overlap, size[None, :]))
+  n = tf.shape(seen)[0]
+  ids = tf.range(n)
+  earlier = ids[None, :] < ids[:, None]
+  duplicate = tf.reduce_any(same & earlier & seen[None, :], axis=1)
+  return tf.reduce_sum(tf.cast(seen & tf.logical_not(duplicate), tf.int32))
+
+
+def aggregation_weights(sizes, num_examples, valid, sample_weighted: bool = True):
+  """float32 [C]: p_i ∝ (1/|C_i|)·(n_i/n) (or 1/|C_i|) over valid rows, summing to 1 (all
+  zero when no row is valid)."""
+  valid = tf.convert_to_tensor(valid, tf.bool)
+  sizes = tf.cast(sizes, tf.float32)
+  inv = tf.where(valid, tf.math.divide_no_nan(1.0, sizes), tf.zeros_like(sizes))
+  if sample_weighted:
+    n_i = tf.where(valid, tf.cast(num_examples, tf.float32), tf.zeros_like(sizes))
+    inv = inv * tf.math.divide_no_nan(n_i, tf.reduce_sum(n_i))
+  return tf.math.divide_no_nan(inv, tf.reduce_sum(inv))
+
+
+def weighted_sum(deltas, weights):
+  """Σ_i p_i Δ_i for each [C, ...] tensor of `deltas` (structure preserved)."""
+  weights = tf.convert_to_tensor(weights, tf.float32)
+
+  def combine(t):
+    t = tf.convert_to_tensor(t)
+    return tf.tensordot(tf.cast(weights, t.dtype), t, axes=[[0], [0]])
+
+  return tf.nest.map_structure(combine, deltas)
+
+
+def next_threshold(tau, round_num, threshold_max: float = DEFAULT_THRESHOLD_MAX,
+                   growth: float = DEFAULT_THRESHOLD_GROWTH) -> tf.Tensor:
+  """τ_{t+1} = min(τ_t · growth^t, τ_max)."""
+  t = tf.cast(round_num, tf.float32)
+  return tf.minimum(tf.cast(tau, tf.float32) * tf.pow(tf.constant(growth, tf.float32), t),
+                    tf.constant(threshold_max, tf.float32))
+
+
+def ideal_similarity(true_clusters) -> tf.Tensor:
+  """float32 [N, N]: 1 where two clients share a true cluster, else 0."""
+  tc = tf.convert_to_tensor(true_clusters)
+  return tf.cast(tf.equal(tc[:, None], tc[None, :]), tf.float32)
+
+
+def q_matrix_mse(q_matrix, f, true_clusters) -> tf.Tensor:
+  """Mean of (Q-matrix − ideal)² over off-diagonal pairs with F > 0 (0 if none)."""
+  q_matrix = tf.convert_to_tensor(q_matrix, tf.float32)
+  n = tf.shape(q_matrix)[0]
+  mask = tf.logical_and(tf.convert_to_tensor(f, tf.float32) > 0.0,
+                        tf.logical_not(tf.eye(n, dtype=tf.bool)))
+  err = tf.square(q_matrix - ideal_similarity(true_clusters))
+  m = tf.cast(mask, tf.float32)
+  return tf.math.divide_no_nan(tf.reduce_sum(err * m), tf.reduce_sum(m))
+
+
+def cluster_agreement(relation, seen, true_clusters):
+  """(pair accuracy, match flag), float32: agreement of i ~ j with the true clusters over
+  pairs i < j of seen clients (1.0, 1.0 with fewer than two seen)."""
+  seen = tf.convert_to_tensor(seen, tf.bool)
+  n = tf.shape(seen)[0]
+  ids = tf.range(n)
+  pairs = seen[:, None] & seen[None, :] & (ids[:, None] < ids[None, :])
+  truth = ideal_similarity(true_clusters) > 0.5
+  agree = tf.equal(tf.convert_to_tensor(relation, tf.bool), truth)
+  num = tf.reduce_sum(tf.cast(pairs, tf.float32))
+  hits = tf.reduce_sum(tf.cast(pairs & agree, tf.float32))
+  accuracy = tf.where(num > 0.0, tf.math.divide_no_nan(hits, num), 1.0)
+  return accuracy, tf.cast(tf.equal(hits, num), tf.float32)
+
+
+def empty_accumulator(capacity: int, delta_specs) -> collections.OrderedDict:
+  """The upload accumulator: `count` uploads so far, and per row the client index (−1 =
+  empty), its weight and its delta ([capacity, ...] per delta tensor)."""
+  return collections.OrderedDict(
+      count=tf.constant(0, tf.int32),
+      index=tf.fill([capacity], -1),
+      weight=tf.zeros([capacity], tf.float32),
+      delta=tf.nest.map_structure(lambda s: tf.zeros([capacity, *s.shape], s.dtype),
+                                  delta_specs))
+
+
+def append_upload(acc, index, weight, delta, capacity: int) -> collections.OrderedDict:
+  """Writes one upload at row `count` (nothing when the accumulator is full); count += 1."""
+  pos = tf.convert_to_tensor(acc['count'], tf.int32)
+
+  def put():
+    at = tf.reshape(pos, [1, 1])
+    return (tf.tensor_scatter_nd_update(acc['index'], at, tf.reshape(index, [1])),
+            tf.tensor_scatter_nd_update(acc['weight'], at, tf.reshape(weight, [1])),
+            tf.nest.map_structure(
+                lambda a, v: tf.tensor_scatter_nd_update(a, at, tf.expand_dims(v, 0)),
+                acc['delta'], delta))
+
+  def full():
+    return acc['index'], acc['weight'], acc['delta']
+
+  new_index, new_weight, new_delta = tf.cond(pos < capacity, put, full)
+  return collections.OrderedDict(count=pos + 1, index=new_index, weight=new_weight,
+                                 delta=new_delta)
+
+
+def merge_accumulators(a, b, capacity: int) -> collections.OrderedDict:
+  """`a` with `b`'s rows appended after its own (as far as they fit); counts add."""
+  k = tf.range(capacity)
+  dest = a['count'] + k
+  take = tf.logical_and(k < b['count'], dest < capacity)
+  src = tf.boolean_mask(k, take)
+  at = tf.expand_dims(tf.boolean_mask(dest, take), 1)
+
+  def insert(x, y):
+    return tf.tensor_scatter_nd_update(x, at, tf.gather(y, src))
+
+  return collections.OrderedDict(
+      count=a['count'] + b['count'],
+      index=insert(a['index'], b['index']),
+      weight=insert(a['weight'], b['weight']),
+      delta=tf.nest.map_structure(insert, a['delta'], b['delta']))
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusteringOptions:
+  """The server step's options (see `ClusteredAggregator` for their meaning)."""
+  similarity_index: int = -1
+  closure: str = 'two_hop'
+  sample_weighted: bool = True
+  transitive: bool = False
+  transitive_half_width: float = DEFAULT_TRANSITIVE_HALF_WIDTH
+  threshold_max: float = DEFAULT_THRESHOLD_MAX
+  threshold_growth: float = DEFAULT_THRESHOLD_GROWTH
+
+
+def clustered_aggregation_step(state, client_index, weights, deltas,
+                               options: ClusteringOptions = ClusteringOptions(),
+                               true_clusters=None):
+  """One server round (steps 2-8) on C uploaded rows: (new state, result, measurements).
+
+  Args:
+    state: OrderedDict(q [N, N], f [N, N], tau, round_num).
+    client_index: int32 [C]; −1 marks an empty row.
+    weights: float32 [C] n_i; rows with weight <= 0 (or index −1) are ignored.
+    deltas: a structure of [C, ...] tensors.
+    options: `ClusteringOptions`.
+    true_clusters: optional int [N] for the true-cluster measurements.
+  """
+  client_index = tf.convert_to_tensor(client_index, tf.int32)
+  weights = tf.convert_to_tensor(weights, tf.float32)
+  valid = tf.logical_and(client_index >= 0, weights > 0.0)
+  tau = tf.cast(state['tau'], tf.float32)
+  sim = cross_aggregation.cosine_similarity_matrix(
+      similarity_vectors(deltas, options.similarity_index))
+  q, f = update_similarity(state['q'], state['f'], client_index, sim, valid)
+  if options.transitive:
+    q, f = transitive_update(q, f, tau, options.transitive_half_width)
+  q_matrix = rescale_similarity(average_similarity(q, f), f)
+  seen = seen_clients(f)
+  relation = cluster_relation(adjacency(q_matrix, f, tau), seen, options.closure)
+  sizes_all = cluster_sizes(relation)
+  sizes = tf.where(valid, tf.gather(sizes_all, tf.where(valid, client_index, 0)), 0)
+  p = aggregation_weights(sizes, weights, valid, options.sample_weighted)
+  result = weighted_sum(deltas, p)
+  measurements = collections.OrderedDict(
+      participants=tf.where(client_index >= 0, client_index, -1),
+      cluster_sizes=sizes,
+      aggregation_weights=p,
+      num_clusters=count_clusters(relation, seen),
+      seen_clients=tf.reduce_sum(tf.cast(seen, tf.int32)),
+      tau=tau)
+  if true_clusters is not None:
+    accuracy, match = cluster_agreement(relation, seen, true_clusters)
+    measurements['q_matrix_mse'] = q_matrix_mse(q_matrix, f, true_clusters)
+    measurements['cluster_pair_accuracy'] = accuracy
+    measurements['clusters_match'] = match
+  new_state = collections.OrderedDict(
+      q=q, f=f,
+      tau=next_threshold(tau, state['round_num'], options.threshold_max,
+                         options.threshold_growth),
+      round_num=tf.cast(state['round_num'], tf.int32) + 1)
+  return new_state, result, measurements
+
+
+# --------------------------------------------------------------------------- #
+# The aggregation factory and process
+# --------------------------------------------------------------------------- #
+
+
+def _check_int(value, name, low):
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+    raise ValueError(f'{name} must be an integer >= {low}, got {value!r}')
+  return int(value)
+
+
+def _check_unit(value, name):
+  if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) \
+      or not 0.0 <= float(value) < 1.0:
+    raise ValueError(f'{name} must be a number in [0, 1), got {value!r}')
+  return float(value)
+
+
+def is_keyed_type(value_type: tff.Type) -> bool:
+  """Whether `value_type` is OrderedDict(client_index=int32 scalar, delta=...)."""
+  if not isinstance(value_type, tff.StructType):
+    return False
+  names = tff.structure.name_list(value_type)
+  if tuple(names) != KEYED_FIELDS:
+    return False
+  index_type = value_type.client_index
+  return (isinstance(index_type, tff.TensorType) and index_type.dtype == np.int32
+          and tuple(index_type.shape) == ())
+
+
+class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
+  """CADIS's similarity-matrix clustered weighting as a weighted aggregation factory.
+
+  See the module docstring for the rules, the state, the measurements and the two modes.
+  """
+
+  def __init__(self,
+               num_clients: Optional[int],
+               clients_per_round: int,
+               *,
+               threshold: float = DEFAULT_THRESHOLD,
+               threshold_max: float = DEFAULT_THRESHOLD_MAX,
+               threshold_growth: float = DEFAULT_THRESHOLD_GROWTH,
+               similarity_layer: str = 'bias',
+               similarity_index: Optional[int] = None,
+               sample_weighted: bool = True,
+               closure: str = 'two_hop',
+               transitive: bool = False,
+               transitive_half_width: float = DEFAULT_TRANSITIVE_HALF_WIDTH,
+               true_clusters: Optional[Sequence[int]] = None):
+    """Args:
+      num_clients: N, the size of the Q and F matrices (client indices lie in [0, N));
+        may be None only for anonymous mode.
+      clients_per_round: C, the most uploads one round may bring (the accumulator's rows).
+      threshold: τ_0 in [0, 1) (paper 0.975).
+      threshold_max: τ_max in [τ_0, 1) (0.985).
+      threshold_growth: the schedule's base (1.0005), >= 1.
+      similarity_layer: 'bias' (default) or 'kernel' of the final classifier; selects the
+        default `similarity_index` (−1 resp. −2 among the flattened delta tensors).
+      similarity_index: explicit position of the similarity tensor among the flattened
+        delta tensors (overrides the layer's default position).
+      sample_weighted: p_i ∝ (1/|C_i|)(n_i/n) (True, the paper) or 1/|C_i| (reference code).
+      closure: 'two_hop' (reference code) or 'components'.
+      transitive: add transitive estimates for pairs never seen together (§3.6).
+      transitive_half_width: the acceptance bound on √((1−a²)(1−b²)) (0.02).
+      true_clusters: optional int [N] true cluster per client, for measurements only.
+    """
+    if num_clients is not None:
+      num_clients = _check_int(num_clients, 'num_clients', 1)
+    self._num_clients = num_clients
+    self._capacity = _check_int(clients_per_round, 'clients_per_round', 1)
+    if num_clients is not None and self._capacity > num_clients:
+      raise ValueError(f'clients_per_round ({clients_per_round}) must be <= num_clients '
+                       f'({num_clients})')
+    self._threshold = _check_unit(threshold, 'threshold')
+    threshold_max = _check_unit(threshold_max, 'threshold_max')
+    if threshold_max < self._threshold:
+      raise ValueError(f'threshold_max ({threshold_max}) must be >= threshold '
+                       f'({self._threshold})')
+    if not np.isfinite(threshold_growth) or threshold_growth < 1.0:
+      raise ValueError(f'threshold_growth must be >= 1, got {threshold_growth!r}')
+    if similarity_layer not in SIMILARITY_LAYERS:
+      raise ValueError(
+          f'similarity_layer must be one of {SIMILARITY_LAYERS}, got {similarity_layer!r}')
+    if similarity_index is not None and (isinstance(similarity_index, bool) or
+                                         not isinstance(similarity_index, (int, np.integer))):
+      raise ValueError(f'similarity_index must be None or an int, got {similarity_index!r}')
+    if closure not in CLOSURES:
+      raise ValueError(f'closure must be one of {CLOSURES}, got {closure!r}')
+    if not np.isfinite(transitive_half_width) or transitive_half_width <= 0:
+      raise ValueError(f'transitive_half_width must be > 0, got {transitive_half_width!r}')
+    if true_clusters is not None:
+      true_clusters = np.asarray(true_clusters)
+      if true_clusters.dtype.kind not in 'iu' or true_clusters.ndim != 1:
+        raise ValueError('true_clusters must be a 1-D integer array (one cluster id per '
+                         f'client), got dtype {true_clusters.dtype} shape {true_clusters.shape}')
+      if num_clients is None or true_clusters.shape[0] != num_clients:
+        raise ValueError(f'true_clusters has {true_clusters.shape[0]} entries; it needs one '
+                         f'per client (num_clients={num_clients})')
+      true_clusters = true_clusters.astype(np.int32)
+    self._true_clusters = true_clusters
+    self._similarity_layer = similarity_layer
+    self._similarity_index = None if similarity_index is None else int(similarity_index)
+    self._options = dict(closure=closure, sample_weighted=bool(sample_weighted),
+                         transitive=bool(transitive),
+                         transitive_half_width=float(transitive_half_width),
+                         threshold_max=threshold_max, threshold_growth=float(threshold_growth))
+
+  def _resolve_similarity_index(self, delta_specs) -> int:
+    flat = tf.nest.flatten(delta_specs)
+    if self._similarity_index is not None:
+      index = self._similarity_index
+      if not -len(flat) <= index < len(flat):
+        raise ValueError(f'similarity_index {index} is out of range for a delta of '
+                         f'{len(flat)} tensors')
+      return index % len(flat)
+    if self._similarity_layer == 'bias':
+      index, rank = len(flat) - 1, 1
+    else:
+      index, rank = len(flat) - 2, 2
+    if index < 0 or flat[index].shape.rank != rank:
+      raise ValueError(
+          f'similarity_layer={self._similarity_layer!r} expects the classifier '
+          f'{self._similarity_layer} (rank {rank}) at position {index} of the delta tensors '
+          f'(their shapes: {[tuple(s.shape) for s in flat]}); pass similarity_index for this '
+          'model')
+    return index
+
+  def create(self, value_type: tff.Type,
+             weight_type: tff.Type) -> tff.templates.AggregationProcess:
+    if not (isinstance(weight_type, tff.TensorType) and weight_type.dtype == np.float32
+            and tuple(weight_type.shape) == ()):
+      raise TypeError(f'the weight must be a float32 scalar, got {weight_type}')
+    keyed = is_keyed_type(value_type)
+    delta_type = value_type.delta if keyed else value_type
+    delta_specs = tff.types.type_to_tf_tensor_specs(delta_type)
+    flat_specs = tf.nest.flatten(delta_specs)
+    if not flat_specs or any(not s.dtype.is_floating or not s.shape.is_fully_defined()
+                             for s in flat_specs):
+      raise TypeError('the delta must be a structure of float tensors with static shapes; '
+                      f'got {delta_type}')
+    if keyed and self._num_clients is None:
+      raise ValueError('num_clients is needed for keyed uploads (the Q and F matrices)')
+    if not keyed and self._true_clusters is not None:
+      raise ValueError('true_clusters needs client identities: the value type has no '
+                       f'client_index ({value_type}); see the module doc, "Anonymous mode"')
+    options = ClusteringOptions(similarity_index=self._resolve_similarity_index(delta_specs),
+                                **self._options)
+    return _build_process(value_type, weight_type, delta_specs, keyed, self._num_clients,
+                          self._capacity, self._threshold, options, self._true_clusters)
+
+
+def build_clustered_aggregator(num_clients: Optional[int], clients_per_round: int,
+                               **kwargs) -> ClusteredAggregator:
+  """`ClusteredAggregator(num_clients, clients_per_round, **kwargs)` (builder-style alias)."""
+  return ClusteredAggregator(num_clients, clients_per_round, **kwargs)
+
+
+def _build_process(value_type, weight_type, delta_specs, keyed: bool, num_clients,
+                   capacity: int, threshold: float, options: ClusteringOptions,
+                   true_clusters) -> tff.templates.AggregationProcess:
+  c = capacity
+  n = num_clients if keyed else c
+
+  @tff.tensorflow.computation
+  def initial_state():
+    state = collections.OrderedDict(
+        tau=tf.constant(threshold, tf.float32), round_num=tf.constant(0, tf.int32))
+    if keyed:
+      state = collections.OrderedDict(q=tf.zeros([n, n], tf.float32),
+                                      f=tf.zeros([n, n], tf.float32), **state)
+    return state
+
+  state_type = initial_state.type_signature.result
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_eval(initial_state, tff.SERVER)
+
+  @tff.tensorflow.computation
+  def zero_accumulator():
+    return empty_accumulator(c, delta_specs)
+
+  acc_type = zero_accumulator.type_signature.result
+
+  @tff.tensorflow.computation(acc_type, (value_type, weight_type))
+  def accumulate(acc, value_and_weight):
+    value, weight = value_and_weight
+    if keyed:
+      return append_upload(acc, value['client_index'], weight, value['delta'], c)
+    return append_upload(acc, acc['count'], weight, value, c)
+
+  @tff.tensorflow.computation(acc_type, acc_type)
+  def merge(a, b):
+    return merge_accumulators(a, b, c)
+
+  @tff.tensorflow.computation(acc_type)
+  def report(acc):
+    return acc
+
+  @tff.tensorflow.computation(state_type, acc_type)
+  def server_step(state, acc):
+    checks = [tf.debugging.assert_less_equal(
+        acc['count'], c,
+        message=f'more clients uploaded this round than clients_per_round={c}')]
+    received = tf.range(c) < acc['count']
+    if keyed:
+      index = tf.where(received, acc['index'], -1)
+      checks.append(tf.debugging.assert_equal(
+          tf.reduce_all(tf.logical_or(tf.logical_not(received),
+                                      tf.logical_and(index >= 0, index < n))), True,
+          message=f'a client_index is outside [0, num_clients={n})'))
+      # Canonical row order (by client index, empty rows last): arrival order is irrelevant.
+      order = tf.argsort(tf.where(received, index, n), stable=True)
+      q, f = state['q'], state['f']
+    else:
+      order = tf.range(c)
+      index = tf.where(received, tf.range(c), -1)
+      q = f = tf.zeros([n, n], tf.float32)
+    with tf.control_dependencies(checks):
+      index = tf.gather(index, order)
+    weight = tf.gather(tf.where(received, acc['weight'], 0.0), order)
+    delta = tf.nest.map_structure(lambda t: tf.gather(t, order), acc['delta'])
+    step_state = collections.OrderedDict(q=q, f=f, tau=state['tau'],
+                                         round_num=state['round_num'])
+    new_state, result, measurements = clustered_aggregation_step(
+        step_state, index, weight, delta, options, true_clusters)
+    if not keyed:
+      new_state = collections.OrderedDict(tau=new_state['tau'],
+                                          round_num=new_state['round_num'])
+    return new_state, result, measurements
+
+  @tff.federated_computation(
+      tff.FederatedType(state_type, tff.SERVER),
+      tff.FederatedType(value_type, tff.CLIENTS),
+      tff.FederatedType(weight_type, tff.CLIENTS))
+  def next_fn(state, value, weight):
+    acc = tff.federated_aggregate(
+        tff.federated_zip((value, weight)), zero_accumulator(), accumulate, merge, report)
+    new_state, result, measurements = tff.federated_map(server_step, (state, acc))
+    return tff.templates.MeasuredProcessOutput(new_state, result, measurements)
+
+  return tff.templates.AggregationProcess(init_fn, next_fn)

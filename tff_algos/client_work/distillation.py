@@ -1,0 +1,212 @@
+"""CADIS's knowledge-distillation regulariser (ALGORITHMS.md §3, client side).
+
+Client loss = cross-entropy + λ·KL(teacher ‖ student), where the teacher is the frozen global
+model the client received this round and the student is the model being trained. Both are
+compared through the pairwise geometry of their *representations* r(x), the input of the
+final classifier (Dense) layer:
+
+* for a batch of m examples, d_ij = ‖r_i − r_j‖ for i ≠ j;
+* μ, σ = mean and (population) standard deviation of those m(m−1) distances, separately for
+  teacher and student;
+* K_ij = exp(−½ (d_ij − μ)² / (σ² + 1e-3)), row-normalised over j ≠ i to p(j|i);
+* KL = Σ_i Σ_{j≠i} p_t(j|i) · log(p_t(j|i) / p_s(j|i)).
+
+Definitions this module settles:
+
+* `reduction='sum'` (default, the reference code) is the double sum above; `'mean'` divides
+  it by m, i.e. it is the mean over anchor examples i of KL(p_t(·|i) ‖ p_s(·|i)) (like
+  PyTorch's `batchmean`), so its scale does not grow with the batch size.
+* σ is the population standard deviation (divide by the number of pairs m(m−1)).
+* Representations of rank > 2 are flattened to [m, −1]. Distances use the Gram form
+  ‖a‖² + ‖b‖² − 2a·b on batch-centred representations (memory O(m² + m·d), not O(m²·d));
+  a squared distance ≤ 1e-12 (duplicate points) counts as distance 0 with zero gradient, so
+  the square root never sees 0 and gradients stay finite.
+* p(j|i) is computed in the log domain (log-softmax of the log-kernel over j ≠ i), so a kernel
+  value that underflows in float32 does not produce log(0); this is the formula exactly,
+  without an epsilon.
+* m ≤ 2 gives 0 (with m = 2 each row has a single neighbour, p = 1 for both models).
+* The teacher side is under `tf.stop_gradient`.
+
+The client side (`build_kd_loss`): the teacher's representations are computed ONCE per client
+and round, for all n examples in inference mode (`training=False`; BatchNorm uses the global
+model's moving statistics, dropout is off), from the received weights before any local step;
+each batch gathers its rows. The student's representation is the one its own training forward
+pass computes (a tap on the classifier layer records its input), so KD costs no extra student
+forward pass and BatchNorm statistics are updated once per step, as without KD.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+from tff_algos.models import representation
+
+REDUCTIONS = ('sum', 'mean')
+KERNEL_EPSILON = 1e-3
+_MIN_SQUARED_DISTANCE = 1e-12
+# Gap (in log space) below a row's smallest kernel value at which the excluded diagonal sits:
+# exp(-200) is 0 in float32, so the diagonal contributes nothing to the row normaliser while
+# every quantity stays finite (no -inf, hence no NaN gradients).
+_DIAGONAL_GAP = 200.0
+
+
+def _flatten(r) -> tf.Tensor:
+  r = tf.cast(tf.convert_to_tensor(r), tf.float32)
+  return tf.reshape(r, [tf.shape(r)[0], -1])
+
+
+def pairwise_distances(representations) -> tf.Tensor:
+  """[m, m] Euclidean distances between the rows of `representations` (rank >= 2, flattened).
+
+  The diagonal is 0; a squared distance <= 1e-12 is treated as 0 (zero gradient).
+  """
+  r = _flatten(representations)
+  r = r - tf.reduce_mean(r, axis=0, keepdims=True)  # distances are translation invariant
+  norms = tf.reduce_sum(tf.square(r), axis=1)
+  squared = norms[:, None] + norms[None, :] - 2.0 * tf.matmul(r, r, transpose_b=True)
+  m = tf.shape(r)[0]
+  off_diagonal = tf.logical_not(tf.eye(m, dtype=tf.bool))
+  positive = tf.logical_and(off_diagonal, squared > _MIN_SQUARED_DISTANCE)
+  safe = tf.where(positive, squared, tf.ones_like(squared))
+  return tf.where(positive, tf.sqrt(safe), tf.zeros_like(squared))
+
+
+def log_conditional_probabilities(representations) -> tf.Tensor:
+  """[m, m] log p(j|i) of the standardised Gaussian kernel over j != i (see module doc).
+
+  The diagonal holds a finite value far below the row's entries (p(i|i) is 0 in float32);
+  callers mask it out.
+  """
+  d = pairwise_distances(representations)
+  m = tf.shape(d)[0]
+  off_diagonal = tf.logical_not(tf.eye(m, dtype=tf.bool))
+  mask = tf.cast(off_diagonal, tf.float32)
+  num_pairs = tf.cast(m * (m - 1), tf.float32)
+  mu = tf.math.divide_no_nan(tf.reduce_sum(d * mask), num_pairs)
+  var = tf.math.divide_no_nan(tf.reduce_sum(tf.square(d - mu) * mask), num_pairs)
+  log_kernel = -0.5 * tf.square(d - mu) / (var + KERNEL_EPSILON)
+  floor = tf.stop_gradient(tf.reduce_min(log_kernel)) - _DIAGONAL_GAP
+  filled = tf.where(off_diagonal, log_kernel, tf.fill(tf.shape(log_kernel), floor))
+  return filled - tf.reduce_logsumexp(filled, axis=1, keepdims=True)
+
+
+def kde_similarity_kl(teacher_repr, student_repr, reduction: str = 'sum') -> tf.Tensor:
+  """KL(teacher ‖ student) between the two batches' kernel conditionals p(j|i), j != i.
+
+  Args:
+    teacher_repr: [m, ...] teacher representations (no gradient flows into them).
+    student_repr: [m, ...] student representations of the same m examples.
+    reduction: 'sum' (Σ over i and j != i) or 'mean' (that sum / m: mean over anchors i).
+
+  Returns:
+    A float32 scalar; 0 for m <= 2.
+  """
+  if reduction not in REDUCTIONS:
+    raise ValueError(f'kd_reduction must be one of {REDUCTIONS}, got {reduction!r}')
+  log_t = tf.stop_gradient(log_conditional_probabilities(tf.stop_gradient(teacher_repr)))
+  log_s = log_conditional_probabilities(student_repr)
+  m = tf.shape(log_s)[0]
+  off_diagonal = tf.logical_not(tf.eye(m, dtype=tf.bool))
+  terms = tf.where(off_diagonal, tf.exp(log_t) * (log_t - log_s), tf.zeros_like(log_s))
+  total = tf.reduce_sum(terms)
+  if reduction == 'mean':
+    total = tf.math.divide_no_nan(total, tf.cast(m, tf.float32))
+  return total
+
+
+# ------------------------------------------------------------------------------------------
+# Client side: frozen teacher from the received weights, student tap, the extra-loss hook.
+# ------------------------------------------------------------------------------------------
+
+
+# The `tf.function` methods of TFF's Keras-backed VariableModel on the forward path.
+_FORWARD_FUNCTIONS = ('forward_pass', 'predict_on_batch')
+
+
+class RepresentationTap:
+  """Records the input of the classifier layer every time a Keras-backed model runs.
+
+  Installed on the student model built inside the client computation: after its training
+  forward pass, `value` is that pass's representation r(x), so the KD term reuses it instead
+  of running the body twice. For the tensor to be usable by the caller, the model's forward
+  pass must be traced into the caller's graph: TFF 0.87 wraps `forward_pass` and
+  `predict_on_batch` of its Keras model in `tf.function`s, whose inner tensors the training
+  loop cannot read, so the tap rebinds those two methods on this model instance to their
+  undecorated Python functions (same code, inlined into the loop's graph).
+  """
+
+  def __init__(self, model: tff.learning.models.VariableModel):
+    keras_model = representation.keras_model_of(model)
+    representation.representation_model(keras_model)  # validates a unique classifier input
+    layer = representation.classifier_layer(keras_model)
+    original_call = layer.call
+    self.value = None
+
+    def call(inputs, *args, **kwargs):
+      self.value = inputs
+      return original_call(inputs, *args, **kwargs)
+
+    layer.call = call
+    for name in _FORWARD_FUNCTIONS:
+      method = getattr(type(model), name, None)
+      python_function = getattr(method, 'python_function', None)
+      if python_function is not None:
+        setattr(model, name, python_function.__get__(model))
+
+
+class KnowledgeDistillation(NamedTuple):
+  """What `build_kd_loss` returns (use both in the same client computation)."""
+  # teacher_representations(initial_weights, x) -> [n, ...]: the received model's
+  # representations of all n examples (assigns initial_weights to the model first).
+  teacher_representations: Callable[[Any, tf.Tensor], tf.Tensor]
+  # extra_loss(batch, output, context) for `local_training.build_local_training`; context
+  # must hold 'teacher_representations' and batch 'index' (the batch's rows in x).
+  extra_loss: Callable[[Any, Any, Any], tf.Tensor]
+
+
+def build_kd_loss(model: tff.learning.models.VariableModel, kd_weight: float,
+                  reduction: str, batch_size: int) -> KnowledgeDistillation:
+  """CADIS's KD term for `model` (Keras-backed, with a 'classifier' layer).
+
+  Call inside a `tff.tensorflow.computation`, with `model` the student that
+  `build_local_training` trains. The teacher is the same model evaluated at the received
+  weights before training starts (`teacher_representations`, which must run first: pass its
+  result to training through `context`, which also orders the two calls).
+  """
+  if reduction not in REDUCTIONS:
+    raise ValueError(f'kd_reduction must be one of {REDUCTIONS}, got {reduction!r}')
+  keras_model = representation.keras_model_of(model)
+  rep_model = representation.representation_model(keras_model)
+  rep_shape = rep_model.output_shape[1:]
+  tap = RepresentationTap(model)
+  chunk = int(batch_size)
+
+  @tf.function
+  def teacher_representations(initial_weights, x):
+    weights = tff.learning.models.ModelWeights.from_model(model)
+    tf.nest.map_structure(lambda v, t: v.assign(t), weights, initial_weights)
+    n = tf.shape(x)[0]
+    num_chunks = (n + chunk - 1) // chunk
+    parts = tf.TensorArray(tf.float32, size=num_chunks, infer_shape=False,
+                           element_shape=tf.TensorShape([None, *rep_shape]))
+    for i in tf.range(num_chunks):
+      rows = x[i * chunk:tf.minimum((i + 1) * chunk, n)]
+      parts = parts.write(i, tf.cast(rep_model(rows, training=False), tf.float32))
+    if num_chunks == 0:  # autograph: both branches are traced, the value picks one
+      out = tf.zeros([0, *rep_shape], tf.float32)
+    else:
+      out = parts.concat()
+    return out
+
+  def extra_loss(batch, output, context):
+    del output
+    if tap.value is None:
+      raise RuntimeError('the KD loss runs after the student forward pass')
+    teacher = tf.gather(context['teacher_representations'], batch['index'])
+    kl = kde_similarity_kl(teacher, tap.value, reduction)
+    return tf.cast(kd_weight, kl.dtype) * kl
+
+  return KnowledgeDistillation(teacher_representations, extra_loss)
