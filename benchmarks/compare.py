@@ -38,6 +38,18 @@ SUITES = {
               for name, part in (('dir0.1', dict(partition='dirichlet', dirichlet_alpha=0.1)),
                                  ('shards2', dict(partition='shards', shards_per_client=2)))
               for alg in ('fedavg', 'fedcda')}),
+    # CADIS vs FedAvg vs FedProx on the cluster-skewed MC partition, 100 clients, 10 per round
+    # (issue 4); CADIS without its KD term for the cost of KD, and with transitive learning
+    # (most client pairs are never sampled together in a short run).
+    'cadis': dict(
+        common=dict(dataset='fashion_mnist', model='simple_cnn', partition='cluster_mc',
+                    num_clients=100, clients_per_round=10, batch_size=32, client_lr=0.01,
+                    client_momentum=0.5),
+        runs={'fedavg': dict(algorithm='fedavg'),
+              'fedprox': dict(algorithm='fedprox', proximal_strength=0.01),
+              'cadis': dict(algorithm='cadis'),
+              'cadis_no_kd': dict(algorithm='cadis', cadis_kd_weight=0.0),
+              'cadis_transitive': dict(algorithm='cadis', cadis_transitive=True)}),
     # Each FedLEx base vs its guided variant, 2 classes per client, 20 clients, 5 per round.
     'fedlex': dict(
         common=dict(dataset='fashion_mnist', partition='classes', classes_per_client=2,

@@ -28,10 +28,13 @@ import numpy as np
 
 BASELINE_ALGORITHMS = ('fedavg', 'fedavgm', 'fedadam', 'fedprox', 'fedsgd')
 FEDLEX_ALGORITHMS = ('fedlex_avgm', 'fedlex_sgd', 'fedlex_opt', 'fedlex_prox')
-ALGORITHMS = BASELINE_ALGORITHMS + ('fedcross', 'fedcda') + FEDLEX_ALGORITHMS
+ALGORITHMS = BASELINE_ALGORITHMS + ('fedcross', 'fedcda', 'cadis') + FEDLEX_ALGORITHMS
 FEDCROSS_SELECTIONS = ('lowest_similarity', 'highest_similarity', 'in_order')
 FEDLEX_NORMALIZE = ('per_client', 'after_mean')
 FEDCDA_SELECTIONS = ('batch_greedy', 'exact', 'newest', 'random')
+CADIS_REDUCTIONS = ('sum', 'mean')
+CADIS_SIMILARITY_LAYERS = ('bias', 'kernel')
+CADIS_CLOSURES = ('two_hop', 'components')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 DEFAULT_MODELS = {
     'digits': 'tiny_cnn', 'fashion_mnist': 'fedavg_cnn', 'mnist': 'fedavg_cnn',
@@ -86,6 +89,15 @@ class ExperimentConfig:
   fedcda_smoothness: float = 1.0
   fedcda_selection: str = 'batch_greedy'
   fedcda_max_cache_gib: float = 4.0
+  # CADIS (ALGORITHMS.md section 3).
+  cadis_threshold: float = 0.975
+  cadis_threshold_max: float = 0.985
+  cadis_kd_weight: float = 1.0
+  cadis_kd_reduction: str = 'sum'
+  cadis_similarity_layer: str = 'bias'
+  cadis_sample_weighted: bool = True
+  cadis_closure: str = 'two_hop'
+  cadis_transitive: bool = False
   # FedLEx (ALGORITHMS.md section 4).
   fedlex_explorer_fraction: float = 0.2
   fedlex_exploration_epochs: int = 5
@@ -164,6 +176,19 @@ def validate(config: ExperimentConfig) -> None:
       raise ExperimentError(
           f'--fedcda_selection={c.fedcda_selection} would search {c.fedcda_cache_size}^{size} '
           'combinations per batch; raise --fedcda_batches or lower --fedcda_cache_size')
+  if c.algorithm == 'cadis':
+    if not 0 <= c.cadis_threshold <= c.cadis_threshold_max <= 1:
+      raise ExperimentError(
+          f'CADIS needs 0 <= --cadis_threshold <= --cadis_threshold_max <= 1, got '
+          f'{c.cadis_threshold} and {c.cadis_threshold_max}')
+    if not (c.cadis_kd_weight >= 0 and math.isfinite(c.cadis_kd_weight)):
+      raise ExperimentError(f'--cadis_kd_weight must be >= 0, got {c.cadis_kd_weight}')
+    for flag, value, choices in (
+        ('cadis_kd_reduction', c.cadis_kd_reduction, CADIS_REDUCTIONS),
+        ('cadis_similarity_layer', c.cadis_similarity_layer, CADIS_SIMILARITY_LAYERS),
+        ('cadis_closure', c.cadis_closure, CADIS_CLOSURES)):
+      if value not in choices:
+        raise ExperimentError(f'--{flag}={value!r} is unknown; choose one of {", ".join(choices)}')
   if c.algorithm in FEDLEX_ALGORITHMS:
     if not 0 < c.fedlex_explorer_fraction <= 1:
       raise ExperimentError(
@@ -206,9 +231,11 @@ def load_federated_data(c: ExperimentConfig):
     raise ExperimentError(f'impossible partition: {e}') from None
 
 
-def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = None):
+def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = None,
+                  true_clusters=None):
   """The LearningProcess of the config (`num_clients`: clients of the loaded data, default
-  `c.num_clients`)."""
+  `c.num_clients`; `true_clusters`: the partition's ground-truth clusters, for CADIS's
+  cluster-recovery metrics)."""
   num_clients = num_clients or c.num_clients
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_algos import baselines  # pylint: disable=g-import-not-at-top
@@ -238,6 +265,19 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
           selection=c.fedcda_selection, seed=c.seed, max_cache_gib=c.fedcda_max_cache_gib)
     except ValueError as e:
       raise ExperimentError(str(e)) from None
+  if c.algorithm == 'cadis':
+    from tff_algos import cadis  # pylint: disable=g-import-not-at-top
+    try:
+      return cadis.build_cadis(
+          model_fn, client_opt, c.batch_size, num_clients,
+          clients_per_round=c.clients_per_round, kd_weight=c.cadis_kd_weight,
+          kd_reduction=c.cadis_kd_reduction, threshold=c.cadis_threshold,
+          threshold_max=c.cadis_threshold_max, similarity_layer=c.cadis_similarity_layer,
+          sample_weighted=c.cadis_sample_weighted, closure=c.cadis_closure,
+          transitive=c.cadis_transitive, true_clusters=true_clusters,
+          server_optimizer_fn=server_opt)
+    except (ValueError, TypeError) as e:
+      raise ExperimentError(f'--algorithm=cadis: {e}') from None
   if c.algorithm in FEDLEX_ALGORITHMS:
     from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
     base = c.algorithm.split('_', 1)[1]
@@ -376,7 +416,10 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
   model_fn = models.make_model_fn(model_name, input_shape, fed.num_classes, seed=c.seed)
   num_clients = min(c.num_clients, fed.num_clients)
 
-  process = build_process(c, model_fn, num_clients)
+  true_clusters = getattr(fed, 'true_clusters', None)
+  if true_clusters is not None:
+    true_clusters = np.asarray(true_clusters)[:num_clients]
+  process = build_process(c, model_fn, num_clients, true_clusters)
   if c.algorithm == 'fedcda' and c.fedcda_warmup_rounds >= c.rounds:
     log(f'note: --fedcda_warmup_rounds={c.fedcda_warmup_rounds} >= --rounds={c.rounds}: this '
         'run is FedAvg with uniform weighting throughout')
@@ -480,6 +523,13 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
       experiment_dir=os.path.abspath(exp_dir),
       accuracy_plot=os.path.abspath(os.path.join(exp_dir, 'accuracy.png')),
   )
+  if c.algorithm == 'cadis':
+    matched = [int(r['round']) for r in rows
+               if float(r.get('aggregator/clusters_match') or 0) == 1.0
+               and int(float(r.get('aggregator/seen_clients') or 0)) == num_clients]
+    summary['cadis_first_round_clusters_match'] = matched[0] if matched else None
+    summary['cadis_final_num_clusters'] = (
+        int(float(rows[-1]['aggregator/num_clusters'])) if rows else None)
   if c.algorithm == 'fedcda':
     from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
     d = sum(int(np.asarray(w).size) for w in tf.nest.flatten(process.get_model_weights(state)))

@@ -69,6 +69,18 @@ _CDA_SELECTION = flags.DEFINE_string(
 _CDA_MAX_GIB = flags.DEFINE_float(
     'fedcda_max_cache_gib', 4.0, 'FedCDA: refuse a cache (4*N*K*D bytes) above this many GiB.')
 
+_CADIS_TAU = flags.DEFINE_float('cadis_threshold', 0.975, 'CADIS: initial clustering threshold tau_0.')
+_CADIS_TAU_MAX = flags.DEFINE_float('cadis_threshold_max', 0.985, 'CADIS: largest threshold.')
+_CADIS_KD = flags.DEFINE_float('cadis_kd_weight', 1.0, 'CADIS: lambda of the KD term (0 = off).')
+_CADIS_REDUCTION = flags.DEFINE_string('cadis_kd_reduction', 'sum', 'CADIS KD: sum or mean.')
+_CADIS_LAYER = flags.DEFINE_string(
+    'cadis_similarity_layer', 'bias', 'CADIS: classifier bias or kernel delta for similarity.')
+_CADIS_SAMPLE_WEIGHTED = flags.DEFINE_bool(
+    'cadis_sample_weighted', True, 'CADIS: weights (1/|C|)(n_i/n); false: 1/|C| only.')
+_CADIS_CLOSURE = flags.DEFINE_string('cadis_closure', 'two_hop', 'CADIS: two_hop or components.')
+_CADIS_TRANSITIVE = flags.DEFINE_bool(
+    'cadis_transitive', False, 'CADIS: transitive learning of never co-sampled pairs.')
+
 _FL_FRACTION = flags.DEFINE_float('fedlex_explorer_fraction', 0.2, 'Fraction of clients exploring.')
 _FL_EPOCHS = flags.DEFINE_integer('fedlex_exploration_epochs', 5, 'Exploration epochs.')
 _FL_PATIENCE = flags.DEFINE_integer(
@@ -100,6 +112,11 @@ def config_from_flags() -> experiment.ExperimentConfig:
       fedcda_cache_size=_CDA_CACHE.value, fedcda_batches=_CDA_BATCHES.value,
       fedcda_warmup_rounds=_CDA_WARMUP.value, fedcda_smoothness=_CDA_SMOOTHNESS.value,
       fedcda_selection=_CDA_SELECTION.value, fedcda_max_cache_gib=_CDA_MAX_GIB.value,
+      cadis_threshold=_CADIS_TAU.value, cadis_threshold_max=_CADIS_TAU_MAX.value,
+      cadis_kd_weight=_CADIS_KD.value, cadis_kd_reduction=_CADIS_REDUCTION.value,
+      cadis_similarity_layer=_CADIS_LAYER.value,
+      cadis_sample_weighted=_CADIS_SAMPLE_WEIGHTED.value, cadis_closure=_CADIS_CLOSURE.value,
+      cadis_transitive=_CADIS_TRANSITIVE.value,
       fedlex_explorer_fraction=_FL_FRACTION.value, fedlex_exploration_epochs=_FL_EPOCHS.value,
       fedlex_exploration_patience=_FL_PATIENCE.value, fedlex_normalize=_FL_NORMALIZE.value,
       fedlex_guidance_floor=_FL_FLOOR.value, fedlex_refresh=_FL_REFRESH.value)
