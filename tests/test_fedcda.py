@@ -120,7 +120,7 @@ def zero_state(n, k):
       trainable=[tf.zeros([n, k, *s]) for s in SHAPES_TRAINABLE],
       non_trainable=[tf.zeros([n, k, *s]) for s in SHAPES_NON_TRAINABLE])
   return collections.OrderedDict(
-      cache=cache, losses=tf.zeros([n, k]), sq_norms=tf.zeros([n, k]),
+      cache=cache, losses=tf.zeros([n, k]), sq_norms=tf.zeros([n, k], tf.float64),
       count=tf.zeros([n], tf.int32), selected=tf.zeros([n], tf.int32),
       round_num=tf.constant(0, tf.int32))
 
@@ -189,7 +189,7 @@ def test_cache_round_matches_numpy_brute_force(n, p, k, b, selection, dropout):
   for t in range(7):
     uploads = random_uploads(rng, n, p, dropout)
     batches = [list(np.asarray(x)) for x in crc.random_batches(
-        p, nb, tf.constant([seed, t], tf.int32))]
+        p, nb, tf.constant([seed, t], tf.int32), [u is not None for u in uploads])]
     state, result, m = crc.cache_round(
         state, accumulator(uploads, p), num_clients=n, clients_per_round=p, cache_size=k,
         num_batches=nb, warmup_rounds=warmup, smoothness=smoothness, selection=selection,
@@ -208,6 +208,30 @@ def test_cache_round_matches_numpy_brute_force(n, p, k, b, selection, dropout):
       if ref.cache[c]:
         assert (count[c] - 1 - selected[c]) % k == ref.age[c]
   assert int(state['round_num']) == 7
+
+
+def test_selection_is_exact_for_models_far_from_the_origin():
+  """Real models have large norms and eq. 8 is a small difference of large sums of squares:
+  with a common offset of 300 per weight (‖w‖² ≈ 7e5) and differences of 0.05, float32
+  arithmetic would pick at random; the float64 evaluation matches the brute force."""
+  n, p, k = 8, 4, 3
+  rng = np.random.default_rng(11)
+  state = zero_state(n, k)
+  ref = NpFedCDA(n, k, 1.0, 0)
+  for t in range(6):
+    uploads = []
+    for c in rng.choice(n, size=p, replace=False):
+      vec = (300.0 + 0.05 * rng.normal(size=8)).astype(np.float32).astype(np.float64)
+      uploads.append((int(c), vec, 1e-4 * rng.uniform()))
+    batches = [list(np.asarray(x)) for x in crc.random_batches(
+        p, 1, tf.constant([0, t], tf.int32), [True] * p)]
+    state, _, m = crc.cache_round(
+        state, accumulator(uploads, p), num_clients=n, clients_per_round=p, cache_size=k,
+        num_batches=1, warmup_rounds=0, smoothness=1.0, selection='exact', seed=0)
+    _, want = ref.step(uploads, batches, 'exact')
+    count, selected = state['count'].numpy(), state['selected'].numpy()
+    for s, (c, _, _) in enumerate(uploads):
+      assert (count[c] - 1 - selected[c]) % k == want['choice'][s], t
 
 
 def test_exact_equals_batch_greedy_with_one_batch_and_is_the_global_minimum():
@@ -306,6 +330,12 @@ def test_random_batches_partition_the_slots():
     batches = crc.random_batches(p, b, tf.constant([1, 2], tf.int32))
     assert [int(x.shape[0]) for x in batches] == sizes
     assert sorted(np.concatenate([x.numpy() for x in batches]).tolist()) == list(range(p))
+  # valid slots are dealt round-robin first: their counts per batch differ by at most one
+  valid = np.array([True, False, True, False, True, True, False])
+  for t in range(10):
+    batches = crc.random_batches(7, 3, tf.constant([3, t], tf.int32), valid)
+    counts = [int(valid[x.numpy()].sum()) for x in batches]
+    assert max(counts) - min(counts) <= 1, counts
   # the split changes with the round
   splits = {tuple(np.concatenate([x.numpy() for x in crc.random_batches(
       6, 3, tf.constant([0, t], tf.int32))])) for t in range(10)}
@@ -393,7 +423,7 @@ def test_aggregation_process_on_its_own():
     out = proc.next(state, [values[i] for i in order], [weights[i] for i in order])
     state = out.state
     batches = [list(np.asarray(x)) for x in crc.random_batches(
-        p, 2, tf.constant([4, t], tf.int32))]
+        p, 2, tf.constant([4, t], tf.int32), [u is not None for u in uploads])]
     want, want_m = ref.step(uploads, batches)
     np.testing.assert_allclose(flat(out.result['model']), want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out.measurements['objective_after'], want_m['objective_after'],
@@ -472,6 +502,20 @@ def test_end_to_end_learns_and_checkpoint_roundtrip(fedcda, fed, tmp_path):
   out_b = fedcda.next(restored, [[x] for x in inputs])
   for a, b in zip(tf.nest.flatten(out_a.state), tf.nest.flatten(out_b.state)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_duplicate_slots_fail_the_round():
+  weights_type = tff.types.to_type(tff.learning.models.ModelWeights(
+      trainable=[tff.TensorType(np.float32, [2])], non_trainable=[]))
+  proc = crc.build_cross_round_cache_process(weights_type, 4, 2, cache_size=2, num_batches=1)
+  value = collections.OrderedDict(
+      client_index=np.int32(1), slot=np.int32(0),
+      model=tff.learning.models.ModelWeights(trainable=[np.ones(2, np.float32)],
+                                             non_trainable=[]),
+      last_epoch_loss=np.float32(1.0))
+  other = collections.OrderedDict(value, client_index=np.int32(2))
+  with pytest.raises(Exception, match='same slot'):
+    proc.next(proc.initialize(), [value, other], [np.float32(1.0), np.float32(1.0)])
 
 
 def test_builder_refuses_a_cache_above_the_limit():

@@ -93,7 +93,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.aggregators import cross_aggregation
+from tff_algos.aggregators import cross_aggregation, server_state
 
 CLOSURES = ('two_hop', 'components')
 SIMILARITY_LAYERS = ('bias', 'kernel')
@@ -587,7 +587,6 @@ def _build_process(value_type, weight_type, delta_specs, keyed: bool, num_client
   c = capacity
   n = num_clients if keyed else c
 
-  @tff.tensorflow.computation
   def initial_state():
     state = collections.OrderedDict(
         tau=tf.constant(threshold, tf.float32), round_num=tf.constant(0, tf.int32))
@@ -596,34 +595,17 @@ def _build_process(value_type, weight_type, delta_specs, keyed: bool, num_client
                                       f=tf.zeros([n, n], tf.float32), **state)
     return state
 
-  state_type = initial_state.type_signature.result
-
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_eval(initial_state, tff.SERVER)
-
-  @tff.tensorflow.computation
   def zero_accumulator():
     return empty_accumulator(c, delta_specs)
 
-  acc_type = zero_accumulator.type_signature.result
-
-  @tff.tensorflow.computation(acc_type, (value_type, weight_type))
-  def accumulate(acc, value_and_weight):
-    value, weight = value_and_weight
+  def accumulate(acc, value, weight):
     if keyed:
       return append_upload(acc, value['client_index'], weight, value['delta'], c)
     return append_upload(acc, acc['count'], weight, value, c)
 
-  @tff.tensorflow.computation(acc_type, acc_type)
   def merge(a, b):
     return merge_accumulators(a, b, c)
 
-  @tff.tensorflow.computation(acc_type)
-  def report(acc):
-    return acc
-
-  @tff.tensorflow.computation(state_type, acc_type)
   def server_step(state, acc):
     checks = [tf.debugging.assert_less_equal(
         acc['count'], c,
@@ -655,14 +637,7 @@ def _build_process(value_type, weight_type, delta_specs, keyed: bool, num_client
                                           round_num=new_state['round_num'])
     return new_state, result, measurements
 
-  @tff.federated_computation(
-      tff.FederatedType(state_type, tff.SERVER),
-      tff.FederatedType(value_type, tff.CLIENTS),
-      tff.FederatedType(weight_type, tff.CLIENTS))
-  def next_fn(state, value, weight):
-    acc = tff.federated_aggregate(
-        tff.federated_zip((value, weight)), zero_accumulator(), accumulate, merge, report)
-    new_state, result, measurements = tff.federated_map(server_step, (state, acc))
-    return tff.templates.MeasuredProcessOutput(new_state, result, measurements)
-
-  return tff.templates.AggregationProcess(init_fn, next_fn)
+  return server_state.build_server_state_aggregation(
+      value_type, weight_type, initial_state=initial_state,
+      zero_accumulator=zero_accumulator, accumulate=accumulate, server_step=server_step,
+      merge=merge)

@@ -49,6 +49,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos.aggregators import server_state
 from tff_algos.client_work import model_upload
 
 SELECTIONS = ('lowest_similarity', 'highest_similarity', 'in_order')
@@ -289,60 +290,28 @@ def build_cross_aggregation_process(
                  alpha_schedule=alpha_schedule, num_propellers=num_propellers,
                  accel_rounds=accel_rounds)
 
-  if initial_weights_fn is None:
-    @tff.tensorflow.computation
-    def initial_weights_fn():
-      return tff.learning.models.ModelWeights(
-          trainable=[tf.zeros(t.shape, t.dtype) for t in weights_type.trainable],
-          non_trainable=[tf.zeros(t.shape, t.dtype) for t in weights_type.non_trainable])
-
-  @tff.tensorflow.computation
   def initial_state():
-    w = initial_weights_fn()
+    if initial_weights_fn is None:
+      w = server_state.zero_model_weights(weights_type)
+    else:
+      w = initial_weights_fn()
     return collections.OrderedDict(
         models=stack_model(w, k), round_num=tf.constant(0, tf.int32))
 
-  state_type = initial_state.type_signature.result
-
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_eval(initial_state, tff.SERVER)
-
-  def zeros_of(t):
-    return tf.zeros(t.shape, t.dtype)
-
-  @tff.tensorflow.computation
   def zero_accumulator():
     return collections.OrderedDict(
-        models=tff.learning.models.ModelWeights(
-            trainable=[zeros_of(t) for t in model_type.trainable],
-            non_trainable=[zeros_of(t) for t in model_type.non_trainable]),
+        models=server_state.zero_model_weights(model_type),
         received=tf.zeros([k], tf.float32),
         weight=tf.zeros([k], tf.float32))
 
-  acc_type = zero_accumulator.type_signature.result
-
-  @tff.tensorflow.computation(acc_type, (value_type, weight_type))
-  def accumulate(acc, value_and_weight):
-    value, weight = value_and_weight
-    index = tf.reshape(value['slot'], [1, 1])
-    models = tf.nest.map_structure(
-        lambda a, v: tf.tensor_scatter_nd_update(a, index, tf.expand_dims(v, 0)),
-        acc['models'], value['model'])
+  def accumulate(acc, value, weight):
+    slot = value['slot']
     return collections.OrderedDict(
-        models=models,
-        received=tf.tensor_scatter_nd_update(acc['received'], index, [1.0]),
-        weight=tf.tensor_scatter_nd_update(acc['weight'], index, [weight]))
+        models=tf.nest.map_structure(lambda a, v: server_state.scatter_row(a, slot, v),
+                                     acc['models'], value['model']),
+        received=server_state.scatter_row(acc['received'], slot, 1.0),
+        weight=server_state.scatter_row(acc['weight'], slot, weight))
 
-  @tff.tensorflow.computation(acc_type, acc_type)
-  def merge(a, b):
-    return tf.nest.map_structure(tf.add, a, b)
-
-  @tff.tensorflow.computation(acc_type)
-  def report(acc):
-    return acc
-
-  @tff.tensorflow.computation(state_type, acc_type)
   def server_step(state, acc):
     received = acc['received'] > 0.0
 
@@ -359,16 +328,7 @@ def build_cross_aggregation_process(
                                         round_num=state['round_num'] + 1)
     return new_state, mean_model(new_models), measurements
 
-  @tff.federated_computation(
-      tff.FederatedType(state_type, tff.SERVER),
-      tff.FederatedType(value_type, tff.CLIENTS),
-      tff.FederatedType(weight_type, tff.CLIENTS))
-  def next_fn(state, value, weight):
-    acc = tff.federated_aggregate(
-        tff.federated_zip((value, weight)), zero_accumulator(),
-        accumulate, merge, report)
-    new_state, result, measurements = tff.federated_map(server_step, (state, acc))
-    return tff.templates.MeasuredProcessOutput(new_state, result, measurements)
-
-  return tff.templates.AggregationProcess(init_fn, next_fn)
+  return server_state.build_server_state_aggregation(
+      value_type, weight_type, initial_state=initial_state,
+      zero_accumulator=zero_accumulator, accumulate=accumulate, server_step=server_step)
 

@@ -8,12 +8,12 @@ managers checkpoint the cache:
 
     cache     ModelWeights of [N, K, ...] tensors    N·K·D floats (D = all model weights)
     losses    float32 [N, K]
-    sq_norms  float32 [N, K] ‖w‖² of each cached model (eq. 8 needs them; kept, not recomputed)
+    sq_norms  float64 [N, K] ‖w‖² of each cached model (eq. 8 needs them; kept, not recomputed)
     count     int32 [N]      uploads so far (cache holds min(count, K) models)
     selected  int32 [N]      ring slot of the selected model
     round_num int32
 
-**Memory** = 4·N·K·D bytes for the cache plus 4·(2·N·K + 2·N + 1) bytes of bookkeeping
+**Memory** = 4·N·K·D bytes for the cache plus 4·(3·N·K + 2·N + 1) bytes of bookkeeping
 (`state_size_bytes`). A round adds transient buffers of O(P·K·D) (the participants'
 candidates) and O(P·D) (the upload accumulator); no second copy of the cache is kept from
 one round to the next. Within the server step, writing the uploads into the cache
@@ -61,6 +61,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos.aggregators import server_state
 from tff_algos.client_work import model_upload
 
 SELECTIONS = ('batch_greedy', 'exact', 'newest', 'random')
@@ -86,7 +87,7 @@ def cache_size_bytes(num_clients: int, cache_size: int, num_params: int) -> int:
 def state_size_bytes(num_clients: int, cache_size: int, num_params: int) -> int:
   """Bytes of the whole aggregator state: the cache plus losses, counts, selections, round."""
   n, k = int(num_clients), int(cache_size)
-  return cache_size_bytes(n, k, num_params) + 4 * (2 * n * k + 2 * n + 1)
+  return cache_size_bytes(n, k, num_params) + 4 * (3 * n * k + 2 * n + 1)
 
 
 def batch_sizes(num_uploads: int, num_batches: int) -> list[int]:
@@ -154,14 +155,14 @@ def gather_candidates(cache, clients, count, cache_size: int):
 
 
 def structure_dot(a, b):
-  """Σ over tensors of <a_t, b_t> for two structures of equal shapes (float32)."""
-  return tf.add_n([tf.reduce_sum(tf.cast(x, tf.float32) * tf.cast(y, tf.float32))
+  """Σ over tensors of <a_t, b_t> for two structures of equal shapes, in float64."""
+  return tf.add_n([tf.reduce_sum(tf.cast(x, tf.float64) * tf.cast(y, tf.float64))
                    for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b))])
 
 
 def divergence_objective(loss_sum, sq_norm_sum, sum_sq_norm, count, smoothness):
   """Eq. 8 from sums over the M members: (1/M)ΣF + (L/2)((1/M)Σ‖w‖² − ‖Σw‖²/M²); 0 if M=0."""
-  m = tf.cast(count, tf.float32)
+  m = tf.cast(count, loss_sum.dtype)
   mean_f = tf.math.divide_no_nan(loss_sum, m)
   mean_sq = tf.math.divide_no_nan(sq_norm_sum, m)
   mean_norm_sq = tf.math.divide_no_nan(sum_sq_norm, m * m)
@@ -197,10 +198,11 @@ def select_models(gram, fixed_dot, fixed, losses, num_candidates, valid, batches
     slots), final objective over all members, final member sums).
   """
   k = int(cache_size)
+  dt = gram.dtype
   valid = tf.convert_to_tensor(valid, tf.bool)
   choice = tf.zeros(tf.shape(valid), tf.int32)
   loss_sum, sq_sum = fixed['loss_sum'], fixed['sq_norm_sum']
-  sum_sq, count = fixed['sum_sq_norm'], tf.cast(fixed['count'], tf.float32)
+  sum_sq, count = fixed['sum_sq_norm'], tf.cast(fixed['count'], dt)
   dot_with_fixed = fixed_dot
   for slots in batches:
     m = int(slots.shape[0])
@@ -213,7 +215,7 @@ def select_models(gram, fixed_dot, fixed, losses, num_candidates, valid, batches
                        tf.equal(combos, 0))
     ok = tf.reduce_all(allowed, axis=1)                               # [C]
     idx = slots[None, :] * k + combos                                 # [C, m]
-    member = tf.cast(slot_valid, tf.float32)[None, :]                 # [1, m]
+    member = tf.cast(slot_valid, dt)[None, :]                 # [1, m]
     c_loss = tf.reduce_sum(member * tf.gather(losses, idx), axis=1)
     diag = tf.linalg.diag_part(gram)
     c_sq = tf.reduce_sum(member * tf.gather(diag, idx), axis=1)
@@ -231,7 +233,7 @@ def select_models(gram, fixed_dot, fixed, losses, num_candidates, valid, batches
     chosen = tf.where(slot_valid, chosen, 0)
     choice = tf.tensor_scatter_nd_update(choice, slots[:, None], chosen)
     chosen_idx = slots * k + chosen
-    w = tf.cast(slot_valid, tf.float32)
+    w = tf.cast(slot_valid, dt)
     loss_sum += tf.reduce_sum(w * tf.gather(losses, chosen_idx))
     sq_sum += tf.reduce_sum(w * tf.gather(diag, chosen_idx))
     sum_sq += 2.0 * tf.reduce_sum(w * tf.gather(dot_with_fixed, chosen_idx)) + tf.reduce_sum(
@@ -248,7 +250,7 @@ def objective_of_choice(gram, fixed_dot, fixed, losses, choice, valid, smoothnes
   k = int(cache_size)
   p = tf.shape(valid)[0]
   idx = tf.range(p, dtype=tf.int32) * k + choice
-  w = tf.cast(valid, tf.float32)
+  w = tf.cast(valid, gram.dtype)
   diag = tf.linalg.diag_part(gram)
   sub = tf.gather(tf.gather(gram, idx), idx, axis=1)
   return divergence_objective(
@@ -256,19 +258,25 @@ def objective_of_choice(gram, fixed_dot, fixed, losses, choice, valid, smoothnes
       fixed['sq_norm_sum'] + tf.reduce_sum(w * tf.gather(diag, idx)),
       fixed['sum_sq_norm'] + 2.0 * tf.reduce_sum(w * tf.gather(fixed_dot, idx))
       + tf.reduce_sum(w[:, None] * w[None, :] * sub),
-      tf.cast(fixed['count'], tf.float32) + tf.reduce_sum(w), smoothness)
+      tf.cast(fixed['count'], gram.dtype) + tf.reduce_sum(w), smoothness)
 
 
-def random_batches(num_uploads: int, num_batches: int, seed):
-  """A random split of slots range(P) into B batches of `batch_sizes(P, B)` (stateless)."""
+def random_batches(num_uploads: int, num_batches: int, seed, valid=None):
+  """A random split of slots range(P) into B batches of static sizes `batch_sizes(P, B)`.
+
+  The slots are shuffled (stateless, from `seed`) with the `valid` ones first and dealt
+  round-robin, so the valid slots of the batches differ in number by at most one too.
+  """
   p = int(num_uploads)
-  perm = tf.argsort(tf.random.stateless_uniform([p], seed=seed), stable=True)
-  perm = tf.cast(perm, tf.int32)
-  out, start = [], 0
-  for size in batch_sizes(p, num_batches):
-    out.append(perm[start:start + size])
-    out[-1].set_shape([size])
-    start += size
+  keys = tf.random.stateless_uniform([p], seed=seed)
+  if valid is not None:
+    keys += 2.0 * tf.cast(tf.logical_not(tf.convert_to_tensor(valid, tf.bool)), tf.float32)
+  perm = tf.cast(tf.argsort(keys, stable=True), tf.int32)
+  out = []
+  for b, size in enumerate(batch_sizes(p, num_batches)):
+    batch = perm[b::num_batches]
+    batch.set_shape([size])
+    out.append(batch)
   return out
 
 
@@ -293,7 +301,7 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
       state['cache'], acc['models'])
   losses = tf.tensor_scatter_nd_update(state['losses'], at,
                                        tf.boolean_mask(acc['loss'], valid))
-  upload_sq = tf.add_n([tf.reduce_sum(tf.reshape(tf.square(u), [p, -1]), 1)
+  upload_sq = tf.add_n([tf.reduce_sum(tf.reshape(tf.square(tf.cast(u, tf.float64)), [p, -1]), 1)
                         for u in tf.nest.flatten(acc['models'])])
   sq_norms = tf.tensor_scatter_nd_update(state['sq_norms'], at,
                                          tf.boolean_mask(upload_sq, valid))
@@ -305,19 +313,21 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
   # 2. candidates of the uploaders and their inner products (all in P·K space).
   safe_clients = tf.where(valid, clients, 0)
   cands = gather_candidates(cache, safe_clients, count, k)
+  # Eq. 8's divergence is a small difference of large sums of squares: float64 from here on.
+  cands = [tf.cast(c, tf.float64) for c in cands]
   gram = tf.add_n([tf.matmul(c, c, transpose_b=True) for c in cands])
   fixed_onehot = tf.one_hot(state['selected'], k) * tf.cast(fixed_mask, tf.float32)[:, None]
   fixed_sum = weighted_cache_sum(cache, fixed_onehot)
-  fixed_flat = [tf.reshape(t, [-1]) for t in tf.nest.flatten(fixed_sum)]
+  fixed_flat = [tf.cast(tf.reshape(t, [-1]), tf.float64) for t in tf.nest.flatten(fixed_sum)]
   fixed_dot = tf.add_n([tf.linalg.matvec(c, f) for c, f in zip(cands, fixed_flat)])
   cand_slots = candidate_slots(tf.gather(count, safe_clients), k)       # [P, K]
-  cand_losses = tf.reshape(
+  cand_losses = tf.cast(tf.reshape(
       tf.gather_nd(losses, tf.stack(
-          [tf.broadcast_to(safe_clients[:, None], [p, k]), cand_slots], -1)), [-1])
+          [tf.broadcast_to(safe_clients[:, None], [p, k]), cand_slots], -1)), [-1]), tf.float64)
   num_cands = tf.minimum(tf.gather(count, safe_clients), k)
   fixed = collections.OrderedDict(
-      loss_sum=tf.reduce_sum(fixed_onehot * losses),
-      sq_norm_sum=tf.reduce_sum(fixed_onehot * sq_norms),
+      loss_sum=tf.reduce_sum(tf.cast(fixed_onehot * losses, tf.float64)),
+      sq_norm_sum=tf.reduce_sum(tf.cast(fixed_onehot, tf.float64) * sq_norms),
       sum_sq_norm=structure_dot(fixed_sum, fixed_sum),
       count=tf.reduce_sum(tf.cast(fixed_mask, tf.int32)))
   newest = tf.zeros([p], tf.int32)
@@ -333,7 +343,7 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
                         tf.maximum(num_cands - 1, 0))
     choice = tf.where(valid, choice, 0)
   else:
-    batches = random_batches(p, num_batches, round_seed)
+    batches = random_batches(p, num_batches, round_seed, valid)
     choice, _ = select_models(gram, fixed_dot, fixed, cand_losses, num_cands, valid,
                               batches, smoothness, k)
   in_warmup = round_num < warmup_rounds
@@ -364,8 +374,8 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
       cached_clients=cached_count,
       uploads=uploads,
       switched=tf.reduce_sum(tf.cast(tf.logical_and(valid, choice > 0), tf.float32)),
-      objective_before=before,
-      objective_after=after)
+      objective_before=tf.cast(before, tf.float32),
+      objective_after=tf.cast(after, tf.float32))
   result = collections.OrderedDict(model=model, has_result=has_result)
   return new_state, result, measurements
 
@@ -387,12 +397,6 @@ def stacked_type(weights_type: tff.Type, *leading: int) -> tff.Type:
        ('non_trainable',
         tff.StructWithPythonType([stack(t) for t in weights_type.non_trainable], list))],
       tff.learning.models.ModelWeights)
-
-
-def _zeros_weights(model_type):
-  return tff.learning.models.ModelWeights(
-      trainable=[tf.zeros(t.shape, t.dtype) for t in model_type.trainable],
-      non_trainable=[tf.zeros(t.shape, t.dtype) for t in model_type.non_trainable])
 
 
 def build_cross_round_cache_process(
@@ -437,78 +441,62 @@ def build_cross_round_cache_process(
         f'K={k}, D={num_weights(weights_type)} weights), above the {max_cache_gib} GiB '
         'limit; lower the cache size (--fedcda_cache_size) or the number of clients, or raise '
         'max_cache_gib (--fedcda_max_cache_gib)')
-  value_type = model_upload.model_upload_type(weights_type)
-  weight_type = tff.TensorType(np.float32)
   cache_type = stacked_type(weights_type, n, k)
   slots_type = stacked_type(weights_type, p)
   smoothness = float(smoothness)
   batches_b = 1 if selection == 'exact' else int(num_batches)
 
-  @tff.tensorflow.computation
   def initial_state():
     return collections.OrderedDict(
-        cache=_zeros_weights(cache_type),
+        cache=server_state.zero_model_weights(cache_type),
         losses=tf.zeros([n, k], tf.float32),
-        sq_norms=tf.zeros([n, k], tf.float32),
+        sq_norms=tf.zeros([n, k], tf.float64),
         count=tf.zeros([n], tf.int32),
         selected=tf.zeros([n], tf.int32),
         round_num=tf.constant(0, tf.int32))
 
-  state_type = initial_state.type_signature.result
-
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_eval(initial_state, tff.SERVER)
-
-  @tff.tensorflow.computation
   def zero_accumulator():
     return collections.OrderedDict(
-        models=_zeros_weights(slots_type),
+        models=server_state.zero_model_weights(slots_type),
         client_index=tf.zeros([p], tf.int32),
         loss=tf.zeros([p], tf.float32),
-        valid=tf.zeros([p], tf.float32))
+        valid=tf.zeros([p], tf.float32),
+        received=tf.zeros([p], tf.float32))
 
-  acc_type = zero_accumulator.type_signature.result
-
-  @tff.tensorflow.computation(acc_type, (value_type, weight_type))
-  def accumulate(acc, value_and_weight):
-    value, weight = value_and_weight
-    at = tf.reshape(value['slot'], [1, 1])
+  def accumulate(acc, value, weight):
+    slot = value['slot']
     ok = tf.cast(weight > 0.0, tf.float32)
     return collections.OrderedDict(
-        models=tf.nest.map_structure(
-            lambda a, v: tf.tensor_scatter_nd_update(a, at, tf.expand_dims(v * ok, 0)),
-            acc['models'], value['model']),
-        client_index=tf.tensor_scatter_nd_update(acc['client_index'], at,
-                                                 [value['client_index']]),
-        loss=tf.tensor_scatter_nd_update(acc['loss'], at, [value['last_epoch_loss'] * ok]),
-        valid=tf.tensor_scatter_nd_update(acc['valid'], at, [ok]))
-
-  @tff.tensorflow.computation(acc_type, acc_type)
-  def merge(a, b):
-    return tf.nest.map_structure(tf.add, a, b)
-
-  @tff.tensorflow.computation(acc_type)
-  def report(acc):
-    return acc
+        models=tf.nest.map_structure(lambda a, v: server_state.scatter_row(a, slot, v * ok),
+                                     acc['models'], value['model']),
+        client_index=server_state.scatter_row(acc['client_index'], slot,
+                                              value['client_index']),
+        loss=server_state.scatter_row(acc['loss'], slot, value['last_epoch_loss'] * ok),
+        valid=server_state.scatter_row(acc['valid'], slot, ok),
+        # added, not set: a second upload to the same slot is caught in the server step
+        received=acc['received'] + tf.one_hot(slot, p))
 
   options = dict(num_clients=n, clients_per_round=p, cache_size=k, num_batches=batches_b,
                  warmup_rounds=warmup_rounds, smoothness=smoothness, selection=selection,
                  seed=seed)
 
-  @tff.tensorflow.computation(state_type, acc_type)
   def server_step(state, acc):
+    valid = acc['valid'] > 0.0
+    checks = [
+        tf.debugging.assert_less_equal(
+            acc['received'], 1.0,
+            message='two clients uploaded with the same slot: slots must be distinct in '
+            f'[0, clients_per_round={p})'),
+        tf.debugging.assert_equal(
+            tf.reduce_all(tf.logical_or(tf.logical_not(valid), tf.logical_and(
+                acc['client_index'] >= 0, acc['client_index'] < n))), True,
+            message=f'a client_index is outside [0, num_clients={n})')]
+    with tf.control_dependencies(checks):
+      acc = tf.nest.map_structure(tf.identity, acc)
     return cache_round(state, acc, **options)
 
-  @tff.federated_computation(
-      tff.FederatedType(state_type, tff.SERVER),
-      tff.FederatedType(value_type, tff.CLIENTS),
-      tff.FederatedType(weight_type, tff.CLIENTS))
-  def next_fn(state, value, weight):
-    acc = tff.federated_aggregate(tff.federated_zip((value, weight)), zero_accumulator(),
-                                  accumulate, merge, report)
-    new_state, result, measurements = tff.federated_map(server_step, (state, acc))
-    return tff.templates.MeasuredProcessOutput(new_state, result, measurements)
-
-  return tff.templates.AggregationProcess(init_fn, next_fn)
+  return server_state.build_server_state_aggregation(
+      model_upload.model_upload_type(weights_type), tff.TensorType(np.float32),
+      initial_state=initial_state, zero_accumulator=zero_accumulator, accumulate=accumulate,
+      server_step=server_step)
 

@@ -1,0 +1,96 @@
+"""The shape every stateful aggregator of this project shares, in one place.
+
+FedCross's cross-aggregation, FedCDA's cross-round cache and CADIS's clustered aggregation
+are weighted `tff.templates.AggregationProcess`es of the same form:
+
+    uploads@CLIENTS --tff.federated_aggregate--> dense accumulator@SERVER   (O(P·D) memory)
+    (state, accumulator) --one TF server step--> (new state, result, measurements)
+
+They differ only in the TF functions plugged in, which `build_server_state_aggregation` turns
+into TFF computations.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import tensorflow as tf
+import tensorflow_federated as tff
+
+
+def scatter_row(tensor, row, value):
+  """`tensor` with row `row` (int32 scalar) replaced by `value` (shape tensor.shape[1:])."""
+  return tf.tensor_scatter_nd_update(tensor, tf.reshape(row, [1, 1]),
+                                     tf.expand_dims(tf.convert_to_tensor(value, tensor.dtype), 0))
+
+
+def zero_model_weights(weights_type: tff.Type):
+  """Zero `ModelWeights` of a ModelWeights type (e.g. a stacked [K, ...] one)."""
+  return tff.learning.models.ModelWeights(
+      trainable=[tf.zeros(t.shape, t.dtype) for t in weights_type.trainable],
+      non_trainable=[tf.zeros(t.shape, t.dtype) for t in weights_type.non_trainable])
+
+
+def build_server_state_aggregation(
+    value_type: tff.Type,
+    weight_type: tff.Type,
+    *,
+    initial_state: Callable[[], Any],
+    zero_accumulator: Callable[[], Any],
+    accumulate: Callable[[Any, Any, Any], Any],
+    server_step: Callable[[Any, Any], tuple],
+    merge: Optional[Callable[[Any, Any], Any]] = None,
+) -> tff.templates.AggregationProcess:
+  """A weighted AggregationProcess from TF functions (plain Python, traced here).
+
+  Args:
+    value_type: the type of one client's upload.
+    weight_type: the type of its weight.
+    initial_state: () -> the server state.
+    zero_accumulator: () -> the empty accumulator.
+    accumulate: (accumulator, value, weight) -> accumulator.
+    server_step: (state, accumulator) -> (new state, result, measurements).
+    merge: (accumulator, accumulator) -> accumulator; default elementwise add (right for
+      accumulators that scatter each upload into its own zero-initialised row).
+
+  Returns:
+    `next(state@SERVER, value@CLIENTS, weight@CLIENTS)` -> MeasuredProcessOutput with all of
+    state, result and measurements at SERVER.
+  """
+  state_fn = tff.tensorflow.computation(initial_state)
+  zero_fn = tff.tensorflow.computation(zero_accumulator)
+  state_type = state_fn.type_signature.result
+  acc_type = zero_fn.type_signature.result
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_eval(state_fn, tff.SERVER)
+
+  @tff.tensorflow.computation(acc_type, (value_type, weight_type))
+  def accumulate_fn(acc, value_and_weight):
+    value, weight = value_and_weight
+    return accumulate(acc, value, weight)
+
+  @tff.tensorflow.computation(acc_type, acc_type)
+  def merge_fn(a, b):
+    return merge(a, b) if merge is not None else tf.nest.map_structure(tf.add, a, b)
+
+  @tff.tensorflow.computation(acc_type)
+  def report_fn(acc):
+    return acc
+
+  @tff.tensorflow.computation(state_type, acc_type)
+  def server_step_fn(state, acc):
+    return server_step(state, acc)
+
+  @tff.federated_computation(
+      tff.FederatedType(state_type, tff.SERVER),
+      tff.FederatedType(value_type, tff.CLIENTS),
+      tff.FederatedType(weight_type, tff.CLIENTS))
+  def next_fn(state, value, weight):
+    acc = tff.federated_aggregate(tff.federated_zip((value, weight)), zero_fn(),
+                                  accumulate_fn, merge_fn, report_fn)
+    new_state, result, measurements = tff.federated_map(server_step_fn, (state, acc))
+    return tff.templates.MeasuredProcessOutput(new_state, result, measurements)
+
+  return tff.templates.AggregationProcess(init_fn, next_fn)
