@@ -126,7 +126,7 @@ def main(argv):
   with open(results_path, 'w') as f:
     json.dump(results, f, indent=1)
   common = suite['common']
-  title = (f'{_SUITE.value}: {common["dataset"]} {common.get("partition", "")}, '
+  title = (f'{_SUITE.value}: {common["dataset"]} {common.get("partition", "partition per run")}, '
            f'{common["num_clients"]} clients, {common["clients_per_round"]}/round, '
            f'E={_EPOCHS.value}')
   plot(results, os.path.join(out, 'curves.png'), title)

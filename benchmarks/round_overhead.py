@@ -48,6 +48,8 @@ _LR = flags.DEFINE_float('client_lr', 0.1, 'Client SGD learning rate.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per variant.')
 _WARMUP = flags.DEFINE_integer('warmup_rounds', 1, 'Untimed rounds per variant first.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for data selection, orders and model init.')
+_MAX_CALLS = flags.DEFINE_integer(
+    'max_concurrent_computation_calls', -1, 'Passed to the TFF runtime (-1 = no limit).')
 
 VARIANTS = ('plain_tf', 'ours', 'tff')
 
@@ -67,7 +69,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # TFF logs every Keras model it wraps
   t_start = time.perf_counter()
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
-  execution.initialize_runtime()
+  execution.initialize_runtime(max_concurrent_computation_calls=_MAX_CALLS.value)
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   import data  # pylint: disable=g-import-not-at-top
   from tff_algos import baselines  # pylint: disable=g-import-not-at-top

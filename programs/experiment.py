@@ -536,7 +536,7 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
     summary['fedcda_state_formula_bytes'] = cross_round_cache.state_size_bytes(
         num_clients, c.fedcda_cache_size, d)
     summary['fedcda_cache_formula'] = (
-        f'4*N*K*D = 4*{num_clients}*{c.fedcda_cache_size}*{d} bytes + 4*(2NK+2N+1) bookkeeping')
+        f'4*N*K*D = 4*{num_clients}*{c.fedcda_cache_size}*{d} bytes + 4*(3NK+2N+1) bookkeeping')
   final_weights = process.get_model_weights(state)
   np.savez(os.path.join(exp_dir, 'final_weights.npz'),
            *[np.asarray(w) for w in list(final_weights.trainable) + list(final_weights.non_trainable)])
