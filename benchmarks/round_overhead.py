@@ -21,6 +21,7 @@ how far their final weights are apart (float noise only).
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import statistics
 import sys
@@ -48,6 +49,14 @@ _LR = flags.DEFINE_float('client_lr', 0.1, 'Client SGD learning rate.')
 _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per variant.')
 _WARMUP = flags.DEFINE_integer('warmup_rounds', 1, 'Untimed rounds per variant first.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for data selection, orders and model init.')
+_VARIANTS = flags.DEFINE_list(
+    'variants', ['plain_tf', 'ours', 'tff'], 'Which of plain_tf, ours, tff to run.')
+_PAUSE = flags.DEFINE_float(
+    'pause', 0.0, 'Seconds to sleep (untimed) before each timed call: shows work the TFF '
+    'worker still does after a call has returned.')
+_MANAGE_GC = flags.DEFINE_bool(
+    'manage_gc', True, 'As programs/train.py does: freeze the long-lived heap after the '
+    'warm-up round and pause the garbage collector during each timed call (all variants).')
 _MAX_CALLS = flags.DEFINE_integer(
     'max_concurrent_computation_calls', -1, 'Passed to the TFF runtime (-1 = no limit).')
 
@@ -165,7 +174,21 @@ def main(argv):
         f'{_WARMUP.value} warm-up + {_ROUNDS.value} timed rounds, interleaved', flush=True)
   print(f'build: ours {t_build_ours:.1f} s, tff {t_build_tff:.1f} s', flush=True)
 
-  times = {v: [] for v in VARIANTS}
+  variants = tuple(v for v in VARIANTS if v in _VARIANTS.value)
+  if 'plain_tf' not in variants or len(variants) < 2:
+    raise app.UsageError('--variants needs plain_tf and at least one of ours, tff')
+  times = {v: [] for v in variants}
+  state = dict(plain=plain_weights, ours=state_ours, tff=state_tff)
+
+  def run_variant(variant):
+    if variant == 'plain_tf':
+      state['plain'] = plain_round(state['plain'], inputs)
+      _ = [w.numpy() for w in state['plain']]  # wait for the values
+    elif variant == 'ours':
+      state['ours'] = ours.next(state['ours'], [[inp] for inp in inputs]).state
+    else:
+      state['tff'] = stock.next(state['tff'], datasets).state
+
   total_rounds = _WARMUP.value + _ROUNDS.value
   for r in range(total_rounds):
     inputs = []
@@ -173,37 +196,43 @@ def main(argv):
       rng = np.random.default_rng([_SEED.value, r, c, 1])
       inputs.append(data.client_input(xs[c], ys[c], epochs, rng, c, c))
     datasets = [tff_dataset(inp) for inp in inputs]
-    order = VARIANTS[r % 3:] + VARIANTS[:r % 3]
+    shift = r % len(variants)
+    order = variants[shift:] + variants[:shift]
     line = []
     for variant in order:
+      if _PAUSE.value:
+        time.sleep(_PAUSE.value)
       t0 = time.perf_counter()
-      if variant == 'plain_tf':
-        plain_weights = plain_round(plain_weights, inputs)
-        _ = [w.numpy() for w in plain_weights]  # wait for the values
-      elif variant == 'ours':
-        state_ours = ours.next(state_ours, [[inp] for inp in inputs]).state
-      else:
-        state_tff = stock.next(state_tff, datasets).state
+      gc_guard = execution.collector_paused() if _MANAGE_GC.value else contextlib.nullcontext()
+      with gc_guard:
+        run_variant(variant)
       dt = time.perf_counter() - t0
       line.append(f'{variant} {dt:.2f}s')
       if r >= _WARMUP.value:
         times[variant].append(dt)
+    if _MANAGE_GC.value and r == _WARMUP.value - 1:
+      execution.freeze_long_lived_objects()
     tag = 'warm-up' if r < _WARMUP.value else 'timed'
     print(f'round {r} ({tag}): ' + ', '.join(line), flush=True)
 
-  med = {v: statistics.median(times[v]) for v in VARIANTS}
-  print('\nmedian s/round: ' + ', '.join(f'{v} {med[v]:.3f}' for v in VARIANTS))
-  print(f'ratio ours / plain_tf: {med["ours"] / med["plain_tf"]:.2f}x')
-  print(f'ratio tff / plain_tf: {med["tff"] / med["plain_tf"]:.2f}x')
+  med = {v: statistics.median(times[v]) for v in variants}
+  print('\nmedian s/round: ' + ', '.join(f'{v} {med[v]:.3f}' for v in variants))
+  for v in variants[1:] if variants[0] == 'plain_tf' else variants:
+    if v != 'plain_tf':
+      print(f'ratio {v} / plain_tf: {med[v] / med["plain_tf"]:.2f}x')
 
+  plain_weights, state_ours, state_tff = state['plain'], state['ours'], state['tff']
   w_ours = ours.get_model_weights(state_ours).trainable
-  w_tff = stock.get_model_weights(state_tff).trainable
-  diff_tff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-                 for a, b in zip(w_ours, w_tff))
   diff_plain = max(float(np.max(np.abs(np.asarray(a) - b.numpy())))
                    for a, b in zip(w_ours, plain_weights))
-  print(f'final weights max |ours - tff| {diff_tff:.2e}, max |ours - plain_tf| '
-        f'{diff_plain:.2e}')
+  line = f'final weights max |ours - plain_tf| {diff_plain:.2e}'
+  if 'tff' in variants and 'ours' in variants:
+    w_tff = stock.get_model_weights(state_tff).trainable
+    diff_tff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(w_ours, w_tff))
+    line += f', max |ours - tff| {diff_tff:.2e}'
+  if 'ours' in variants:
+    print(line)
   print(f'total wall time {time.perf_counter() - t_start:.0f} s')
 
 

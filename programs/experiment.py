@@ -457,20 +457,22 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
     progress = tqdm(total=c.rounds, initial=start_round, unit='round', file=sys.stderr,
                     dynamic_ncols=True)
   round_times = []
+  frozen = frozen_after_eval = False
   accuracy = float(rows[-1]['test_accuracy']) if rows and rows[-1].get('test_accuracy') else float('nan')
   for round_num in range(start_round + 1, c.rounds + 1):
     t0 = time.time()
     sampled = data.sample_clients(num_clients, c.clients_per_round, round_num, c.seed)
     _, inputs = data.round_inputs(fed, round_num, c.clients_per_round, c.local_epochs, c.seed,
                                   client_ids=sampled)
-    output = process.next(state, [[element] for element in inputs])
-    state = output.state
-    if exploration is not None and c.fedlex_refresh:
-      state, refresh_metrics = _explore(c, fed, process, exploration,
-                                        np.intersect1d(sampled, explorers), state, round_num)
-      program_state['exploration_client_epochs'] = (
-          float(program_state['exploration_client_epochs']) +
-          refresh_metrics['exploration_client_epochs'])
+    with execution.collector_paused():
+      output = process.next(state, [[element] for element in inputs])
+      state = output.state
+      if exploration is not None and c.fedlex_refresh:
+        state, refresh_metrics = _explore(c, fed, process, exploration,
+                                          np.intersect1d(sampled, explorers), state, round_num)
+        program_state['exploration_client_epochs'] = (
+            float(program_state['exploration_client_epochs']) +
+            refresh_metrics['exploration_client_epochs'])
     seconds = time.time() - t0
     round_times.append(seconds)
     metrics = _flatten_metrics(output.metrics)
@@ -485,8 +487,10 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
     row.update(metrics)
     if exploration is not None:
       row['exploration_client_epochs'] = float(program_state['exploration_client_epochs'])
-    if round_num % c.eval_every == 0 or round_num == c.rounds:
-      accuracy, test_loss = evaluator(process.get_model_weights(state))
+    evaluated = round_num % c.eval_every == 0 or round_num == c.rounds
+    if evaluated:
+      with execution.collector_paused():
+        accuracy, test_loss = evaluator(process.get_model_weights(state))
       best = max(best, accuracy)
       row['test_accuracy'] = accuracy
       row['test_loss'] = test_loss
@@ -500,6 +504,11 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
         state=state, round=round_num, best_accuracy=best,
         exploration_client_epochs=float(program_state['exploration_client_epochs']))
     loop.run_until_complete(manager.save(program_state, round_num))
+    if not frozen or (evaluated and not frozen_after_eval):
+      # Everything alive now (TFF's compiled computations, ~1M objects) lives as long as
+      # the run: keep the garbage collector from re-traversing it every round.
+      execution.freeze_long_lived_objects()
+      frozen, frozen_after_eval = True, frozen_after_eval or evaluated
     if progress is not None:
       progress.set_postfix(loss=f'{train_loss:.4f}', acc=f'{accuracy:.4f}', refresh=False)
       progress.update(1)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+from tff_algos import execution
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SCRIPT = """
@@ -61,3 +63,34 @@ def test_worker_dies_with_a_killed_parent():
   while _alive(worker) and time.time() < deadline:
     time.sleep(0.2)
   assert not _alive(worker)
+
+
+def test_collector_paused_restores_the_collector_even_on_error():
+  import gc
+  assert gc.isenabled()
+  with execution.collector_paused():
+    assert not gc.isenabled()
+  assert gc.isenabled()
+  try:
+    with execution.collector_paused():
+      raise RuntimeError('boom')
+  except RuntimeError:
+    pass
+  assert gc.isenabled()
+  gc.disable()
+  try:
+    with execution.collector_paused():  # a disabled collector stays disabled
+      pass
+    assert not gc.isenabled()
+  finally:
+    gc.enable()
+
+
+def test_freeze_long_lived_objects_hides_them_from_the_collector():
+  import gc
+  try:
+    frozen = execution.freeze_long_lived_objects()
+    assert frozen == gc.get_freeze_count() and frozen > 1000
+    assert len(gc.get_objects()) < frozen
+  finally:
+    gc.unfreeze()
