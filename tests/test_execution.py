@@ -90,7 +90,7 @@ def test_freeze_long_lived_objects_hides_them_from_the_collector():
   import gc
   try:
     frozen = execution.freeze_long_lived_objects()
-    assert frozen == gc.get_freeze_count() and frozen > 1000
-    assert len(gc.get_objects()) < frozen
+    assert frozen > 1000  # (frozen objects can still be freed by reference counting)
+    assert len(gc.get_objects()) < frozen / 2
   finally:
     gc.unfreeze()
