@@ -51,9 +51,6 @@ _WARMUP = flags.DEFINE_integer('warmup_rounds', 1, 'Untimed rounds per variant f
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for data selection, orders and model init.')
 _VARIANTS = flags.DEFINE_list(
     'variants', ['plain_tf', 'ours', 'tff'], 'Which of plain_tf, ours, tff to run.')
-_PAUSE = flags.DEFINE_float(
-    'pause', 0.0, 'Seconds to sleep (untimed) before each timed call: shows work the TFF '
-    'worker still does after a call has returned.')
 _MANAGE_GC = flags.DEFINE_bool(
     'manage_gc', True, 'As programs/train.py does: freeze the long-lived heap after the '
     'warm-up round and pause the garbage collector during each timed call (all variants).')
@@ -200,8 +197,6 @@ def main(argv):
     order = variants[shift:] + variants[:shift]
     line = []
     for variant in order:
-      if _PAUSE.value:
-        time.sleep(_PAUSE.value)
       t0 = time.perf_counter()
       gc_guard = execution.collector_paused() if _MANAGE_GC.value else contextlib.nullcontext()
       with gc_guard:

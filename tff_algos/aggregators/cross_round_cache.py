@@ -180,12 +180,12 @@ def select_models(gram, fixed_dot, fixed, losses, num_candidates, valid, batches
   """Batch-greedy selection of eq. 8 in the space of the uploaders' candidates.
 
   Args:
-    gram: float32 [P·K, P·K] inner products of the candidates (row p·K + j = uploader p's
+    gram: float64 [P·K, P·K] inner products of the candidates (row p·K + j = uploader p's
       j-th newest model).
-    fixed_dot: float32 [P·K]: inner product of each candidate with the sum of the fixed
+    fixed_dot: float64 [P·K]: inner product of each candidate with the sum of the fixed
       (non-uploading, cached) clients' selected models.
     fixed: OrderedDict(loss_sum, sq_norm_sum, sum_sq_norm, count) of the fixed clients.
-    losses: float32 [P·K] last-epoch losses of the candidates.
+    losses: float64 [P·K] last-epoch losses of the candidates.
     num_candidates: int32 [P] cached models per uploader (after this round's push).
     valid: bool [P]: uploaders (an invalid slot takes no part in anything).
     batches: a list of int32 [m_b] tensors (static sizes): the slots of each batch, in
@@ -194,8 +194,8 @@ def select_models(gram, fixed_dot, fixed, losses, num_candidates, valid, batches
     cache_size: K.
 
   Returns:
-    (choice int32 [P]: age of the selected candidate per slot (0 = newest; 0 for invalid
-    slots), final objective over all members, final member sums).
+    choice int32 [P]: age of the selected candidate per slot (0 = newest; 0 for invalid
+    slots).
   """
   k = int(cache_size)
   dt = gram.dtype
@@ -240,8 +240,7 @@ def select_models(gram, fixed_dot, fixed, losses, num_candidates, valid, batches
         w[:, None] * w[None, :] * tf.gather(tf.gather(gram, chosen_idx), chosen_idx, axis=1))
     count += tf.reduce_sum(w)
     dot_with_fixed += tf.linalg.matvec(tf.gather(gram, chosen_idx), w, transpose_a=True)
-  final = divergence_objective(loss_sum, sq_sum, sum_sq, count, smoothness)
-  return choice, final
+  return choice
 
 
 def objective_of_choice(gram, fixed_dot, fixed, losses, choice, valid, smoothness: float,
@@ -301,10 +300,6 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
       state['cache'], acc['models'])
   losses = tf.tensor_scatter_nd_update(state['losses'], at,
                                        tf.boolean_mask(acc['loss'], valid))
-  upload_sq = tf.add_n([tf.reduce_sum(tf.reshape(tf.square(tf.cast(u, tf.float64)), [p, -1]), 1)
-                        for u in tf.nest.flatten(acc['models'])])
-  sq_norms = tf.tensor_scatter_nd_update(state['sq_norms'], at,
-                                         tf.boolean_mask(upload_sq, valid))
   count = tf.tensor_scatter_nd_add(state['count'], writers[:, None],
                                    tf.ones_like(writers))
   uploader = tf.scatter_nd(writers[:, None], tf.ones_like(writers), [n]) > 0
@@ -316,6 +311,10 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
   # Eq. 8's divergence is a small difference of large sums of squares: float64 from here on.
   cands = [tf.cast(c, tf.float64) for c in cands]
   gram = tf.add_n([tf.matmul(c, c, transpose_b=True) for c in cands])
+  # ‖w‖² of each upload = its newest candidate's Gram diagonal entry (row p·K).
+  upload_sq = tf.linalg.diag_part(gram)[::k]
+  sq_norms = tf.tensor_scatter_nd_update(state['sq_norms'], at,
+                                         tf.boolean_mask(upload_sq, valid))
   fixed_onehot = tf.one_hot(state['selected'], k) * tf.cast(fixed_mask, tf.float32)[:, None]
   fixed_sum = weighted_cache_sum(cache, fixed_onehot)
   fixed_flat = [tf.cast(tf.reshape(t, [-1]), tf.float64) for t in tf.nest.flatten(fixed_sum)]
@@ -344,7 +343,7 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
     choice = tf.where(valid, choice, 0)
   else:
     batches = random_batches(p, num_batches, round_seed, valid)
-    choice, _ = select_models(gram, fixed_dot, fixed, cand_losses, num_cands, valid,
+    choice = select_models(gram, fixed_dot, fixed, cand_losses, num_cands, valid,
                               batches, smoothness, k)
   in_warmup = round_num < warmup_rounds
   choice = tf.where(in_warmup, newest, choice)
