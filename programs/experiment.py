@@ -428,7 +428,7 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
   process = build_process(c, model_fn, num_clients, true_clusters)
   if c.algorithm == 'fedcda' and c.fedcda_warmup_rounds >= c.rounds:
     log(f'note: --fedcda_warmup_rounds={c.fedcda_warmup_rounds} >= --rounds={c.rounds}: this '
-        'run is FedAvg with uniform weighting throughout')
+        'run is its warmup FedAvg throughout')
   evaluator = Evaluator(model_fn, fed.x_test, fed.y_test)
 
   loop = asyncio.new_event_loop()
