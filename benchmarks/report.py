@@ -71,7 +71,8 @@ def load_run(exp_dir: str) -> dict:
       if len(rows) > 1 else float('nan'),
       client_epochs_training=summary.get('client_epochs_training'),
       exploration_client_epochs=summary.get('exploration_client_epochs', 0.0),
-      aggregator_state_bytes=summary.get('aggregator_state_bytes', 0))
+      aggregator_state_bytes=summary.get('aggregator_state_bytes', 0),
+      summary=summary)
 
 
 def seed_dirs(suite: suites.Suite, run: str) -> dict:
@@ -106,26 +107,46 @@ def plateau_delta(curves: list) -> tuple:
   return w, float(mean[-w:].mean() - mean[-2 * w:-w].mean())
 
 
-def verdict(paper_margin: float, margin: float, spread: float) -> str:
+def verdict(paper_margin: float, margin: float, spread: float, paper_sign: float = 0) -> str:
   """Our margin (points, mean over seeds) against the paper's, given the seeds' spread.
 
   reproduced: the paper's sign, at least half its size, and larger than the spread;
   smaller: the paper's sign and larger than the spread, but under half the paper's margin;
   within noise: no larger than the spread; opposite: the other sign, larger than the spread.
+  A paper whose numbers were lost but whose claim's sign is known (`paper_sign`) is
+  'reproduced (sign)' when our margin has that sign beyond the spread.
   """
   if not np.isfinite(margin):
     return 'not run'
-  if not np.isfinite(paper_margin):
+  if not np.isfinite(paper_margin) and not paper_sign:
     return 'no paper figure'
   if abs(margin) <= spread:
     return 'within noise'
-  if np.sign(margin) != np.sign(paper_margin):
+  sign = np.sign(paper_margin) if np.isfinite(paper_margin) else np.sign(paper_sign)
+  if np.sign(margin) != sign:
     return 'opposite'
+  if not np.isfinite(paper_margin):
+    return 'reproduced (sign)'
   return 'reproduced' if abs(margin) >= 0.5 * abs(paper_margin) else 'smaller'
 
 
 def pct(x: float) -> str:
   return 'n/a' if not np.isfinite(x) else f'{100 * x:.2f}'
+
+
+def _summary_column(done: list, path: tuple, spec: str) -> str:
+  """Mean ± std over seeds of a summary.json value (e.g. FedLEx guidance statistics)."""
+  values = []
+  for r in done:
+    v = r['summary']
+    for key in path:
+      v = v.get(key) if isinstance(v, dict) else None
+    if v is not None:
+      values.append(float(v))
+  if not values:
+    return 'n/a'
+  mean, std = mean_std(values)
+  return f'{mean:{spec}} ± {std:{spec}}'
 
 
 def num(x, spec: str = '.2f') -> str:
@@ -167,7 +188,8 @@ def compare_runs(suite: suites.Suite, runs: dict, paper: dict) -> list:
         paper_method=figures.get('method'), paper_margin=paper_margin,
         baseline_mean=b_mean, baseline_std=b_std, method_mean=m_mean, method_std=m_std,
         margin=100 * margin if paired else np.nan, margin_std=100 * spread,
-        verdict=verdict(paper_margin, 100 * margin, spread_points) if paired else 'not run'))
+        verdict=verdict(paper_margin, 100 * margin, spread_points, figures.get('sign', 0))
+        if paired else 'not run'))
   return rows
 
 
@@ -279,6 +301,8 @@ def suite_page(suite: suites.Suite) -> tuple:
     lines.append(f'    python -m benchmarks.compare --suite={suite.name} --tune')
   lines += [f'    python -m benchmarks.compare --suite={suite.name}', '']
   lines += _settings_lines(suite, tuned) + ['']
+  if suite.notes:
+    lines += [suite.notes, '']
   lines += _tuning_lines(suite, tuned)
   lines += ['## Against the paper', '',
             f'Last-{LAST}-round mean test accuracy (%), mean ± std over seeds; margin = method '
@@ -299,12 +323,13 @@ def suite_page(suite: suites.Suite) -> tuple:
             f'Plateau: the mean curve\'s last W rounds (W = min(50, rounds/4)) against the W '
             f'before; plateaued when it moved less than {PLATEAU_POINTS} points.', '',
             '| run | seeds finished | last-10 mean (%) | best (%) | final (%) | plateau: W, '
-            'points moved | s/round (median) | client-epochs | aggregator state |',
-            '|---|---|---|---|---|---|---|---|---|']
+            'points moved | s/round (median) | client-epochs | aggregator state |' +
+            ''.join(f' {h} |' for h, _, _ in suite.summary_columns),
+            '|---|---|---|---|---|---|---|---|---|' + '---|' * len(suite.summary_columns)]
   for run, seeds in runs.items():
     done = [r for r in seeds.values() if r['finished']]
     if not done:
-      lines.append(f'| {run} | 0 | | | | | | | |')
+      lines.append(f'| {run} | 0 |' + ' |' * (7 + len(suite.summary_columns)))
       continue
     w, moved = plateau_delta([r['curve_accuracy'] for r in done])
     lines.append(
@@ -314,7 +339,9 @@ def suite_page(suite: suites.Suite) -> tuple:
         f'{"" if abs(moved) < PLATEAU_POINTS else " (not plateaued)"} | '
         f'{np.median([r["seconds_per_round"] for r in done]):.2f} | '
         f'{done[0]["client_epochs_training"]} | '
-        f'{done[0]["aggregator_state_bytes"] / 2**20:.1f} MiB |')
+        f'{done[0]["aggregator_state_bytes"] / 2**20:.1f} MiB |' +
+        ''.join(f' {_summary_column(done, path, spec)} |'
+                for _, path, spec in suite.summary_columns))
   lines += ['', '| run | seed | last-10 mean (%) | best (%) | final (%) | rounds |',
             '|---|---|---|---|---|---|']
   for run, seeds in runs.items():
@@ -326,6 +353,9 @@ def suite_page(suite: suites.Suite) -> tuple:
   if status:
     lines += ['', '## Not finished yet', ''] + status
   lines += ['', 'Curves: `curves.png` (mean over finished seeds, band = ± one std).', '']
+  if os.path.isdir(os.path.join(suites.suite_dir(suite.name), 'earlier_runs')):
+    lines += ['Earlier single-seed runs with older code (superseded, kept): '
+              '[earlier_runs/results.md](earlier_runs/results.md).', '']
   comparisons = json.dumps(_json_ready(summary['comparisons']), indent=1, sort_keys=True)
   return '\n'.join(lines), comparisons + '\n', runs
 

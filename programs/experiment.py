@@ -552,6 +552,9 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
         num_clients, c.fedcda_cache_size, d)
     summary['fedcda_cache_formula'] = (
         f'4*N*K*D = 4*{num_clients}*{c.fedcda_cache_size}*{d} bytes + 4*(3NK+2N+1) bookkeeping')
+  if c.algorithm in FEDLEX_ALGORITHMS:
+    from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+    summary['guidance'] = fedlex.guidance_statistics(fedlex.get_guidance(state))
   final_weights = process.get_model_weights(state)
   np.savez(os.path.join(exp_dir, 'final_weights.npz'),
            *[np.asarray(w) for w in list(final_weights.trainable) + list(final_weights.non_trainable)])

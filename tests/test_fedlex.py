@@ -360,3 +360,15 @@ def test_fractional_guidance_scales_the_update_once(env, base):
     plain_move = w - b
     assert np.abs(plain_move).max() > 1e-4  # not a comparison between zeros
     np.testing.assert_allclose(w - a, g * plain_move, rtol=1e-3, atol=1e-7)
+
+
+def test_guidance_statistics_match_numpy():
+  rng = np.random.default_rng(3)
+  guidance = [rng.uniform(0, 0.05, size=(3, 4)), np.zeros(5), rng.uniform(0, 1, size=7)]
+  flat = np.concatenate([g.ravel() for g in guidance])
+  stats = fedlex.guidance_statistics(guidance)
+  assert stats['guidance_mean'] == pytest.approx(flat.mean())
+  assert stats['guidance_median'] == pytest.approx(np.median(flat))
+  assert stats['guidance_below_0_01'] == pytest.approx(np.mean(flat < 0.01))
+  assert stats['guidance_zero_fraction'] == pytest.approx(5 / 24)
+  assert (stats['guidance_min'], stats['guidance_max']) == (flat.min(), flat.max())

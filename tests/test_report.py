@@ -10,19 +10,21 @@ import pytest
 from benchmarks import report, suites
 
 
-@pytest.mark.parametrize('paper, ours, spread, want', [
-    (6.8, 4.0, 1.0, 'reproduced'),    # paper's sign, >= half, above the spread
-    (6.8, 3.4, 1.0, 'reproduced'),    # exactly half
-    (6.8, 3.0, 1.0, 'smaller'),
-    (6.8, 0.9, 1.0, 'within noise'),
-    (6.8, -0.9, 1.0, 'within noise'),
-    (6.8, -2.0, 1.0, 'opposite'),
-    (-1.0, -2.0, 0.5, 'reproduced'),  # a paper that reports a loss: the sign is what counts
-    (6.8, float('nan'), 1.0, 'not run'),
-    (float('nan'), 3.0, 1.0, 'no paper figure'),
+@pytest.mark.parametrize('paper, ours, spread, want, sign', [
+    (6.8, 4.0, 1.0, 'reproduced', 0),    # paper's sign, >= half, above the spread
+    (6.8, 3.4, 1.0, 'reproduced', 0),    # exactly half
+    (6.8, 3.0, 1.0, 'smaller', 0),
+    (6.8, 0.9, 1.0, 'within noise', 0),
+    (6.8, -0.9, 1.0, 'within noise', 0),
+    (6.8, -2.0, 1.0, 'opposite', 0),
+    (-1.0, -2.0, 0.5, 'reproduced', 0),  # a paper that reports a loss: the sign is what counts
+    (6.8, float('nan'), 1.0, 'not run', 0),
+    (float('nan'), 3.0, 1.0, 'no paper figure', 0),
+    (float('nan'), 3.0, 1.0, 'reproduced (sign)', 1),   # the paper's numbers were lost
+    (float('nan'), -3.0, 1.0, 'opposite', 1),
 ])
-def test_verdict(paper, ours, spread, want):
-  assert report.verdict(paper, ours, spread) == want
+def test_verdict(paper, ours, spread, want, sign):
+  assert report.verdict(paper, ours, spread, sign) == want
 
 
 def test_plateau_delta_is_the_move_between_the_last_two_windows():
@@ -95,3 +97,9 @@ def test_committed_suite_pages_regenerate_byte_for_byte(name):
 def test_committed_reproduction_page_regenerates_byte_for_byte():
   with open(report.REPRODUCTION) as f:
     assert f.read() == report.reproduction_page()
+
+
+def test_cadis_weight_diagnosis_regenerates_byte_for_byte():
+  from benchmarks import cadis_weights  # pylint: disable=g-import-not-at-top
+  with open(cadis_weights.OUT) as f:
+    assert f.read() == cadis_weights.page()
