@@ -10,6 +10,8 @@ import time
 import nbformat
 import pytest
 
+from tests.helpers import process_alive
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK_DIR = os.path.join(ROOT, 'notebooks')
 _spec = importlib.util.spec_from_file_location('notebook_runner', os.path.join(NOTEBOOK_DIR, 'run.py'))
@@ -29,14 +31,6 @@ def _errors(notebook):
 def _text(notebook):
   return '\n'.join(out.get('text', '') for cell in notebook.cells if cell.cell_type == 'code'
                    for out in cell.get('outputs', []) if out.get('output_type') == 'stream')
-
-
-def _alive(pid):
-  try:
-    with open(f'/proc/{pid}/stat') as f:
-      return f.read().split(')')[1].split()[0] != 'Z'
-  except OSError:
-    return False
 
 
 def test_the_code_digest_sees_code_edits_only():
@@ -94,15 +88,15 @@ def test_ending_the_kernel_leaves_no_worker(how, monkeypatch):
     assert reply['content']['status'] == 'ok', reply['content']
     line = next(t for t in ''.join(printed).splitlines() if t.startswith('workers'))
     workers = [int(p) for p in line.split()[2:]]
-    assert line.split()[1] == '3' and workers and all(_alive(p) for p in workers)
+    assert line.split()[1] == '3' and workers and all(process_alive(p) for p in workers)
     if how == 'SIGKILL':  # no atexit, no cleanup: only PR_SET_PDEATHSIG can stop the worker
       os.kill(km.provisioner.process.pid, signal.SIGKILL)
     else:  # Jupyter's "Shut Down Kernel"
       km.shutdown_kernel(now=False)
     deadline = time.time() + 30
-    while any(_alive(p) for p in workers) and time.time() < deadline:
+    while any(process_alive(p) for p in workers) and time.time() < deadline:
       time.sleep(0.2)
-    assert not any(_alive(p) for p in workers), f'worker(s) {workers} outlived the kernel'
+    assert not any(process_alive(p) for p in workers), f'worker(s) {workers} outlived the kernel'
   finally:
     kc.stop_channels()
     if km.has_kernel:
