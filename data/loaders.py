@@ -513,7 +513,7 @@ def _encode_leaf_inputs(strings: Sequence[str], length: int = 80) -> np.ndarray:
   for i, s in enumerate(strings):
     if not isinstance(s, str) or len(s) != length:
       raise DatasetFormatError(
-          f'LEAF shakespeare: inputs must be {length}-character strings, got '
+          f'LEAF shakespeare: inputs must be strings of {length} characters, got '
           f'{len(s) if isinstance(s, str) else type(s).__name__}: {str(s)[:20]!r}')
     out[i] = [table.get(ch, oov) for ch in s]
   return out

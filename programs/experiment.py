@@ -621,6 +621,38 @@ def _dropped_clients(metrics: dict) -> int:
                        if k.endswith('non_finite_clients') and isinstance(v, (int, float)))))
 
 
+# The computations of the last configuration run in this Python process, keyed by the flags
+# they depend on: running it again (a notebook cell re-run, a resume after an interrupt)
+# reuses TFF's traced and compiled computations instead of paying for them again.
+_LAST_BUILT: dict = {}
+_NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'root_output_dir', 'experiment_name', 'resume',
+                     'progress')
+
+
+def _build_computations(c: ExperimentConfig, fed, num_clients: int):
+  """(model name, model_fn, LearningProcess, Evaluator) of the config and loaded data."""
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+  key = json.dumps({k: v for k, v in dataclasses.asdict(c).items()
+                    if k not in _NOT_BUILD_INPUTS}, sort_keys=True)
+  if key in _LAST_BUILT:
+    return _LAST_BUILT[key]
+  x0, _ = fed.client_arrays(0)
+  model_name = c.model or DEFAULT_MODELS[c.dataset]
+  try:
+    model_fn = models.make_model_fn(model_name, tuple(x0.shape[1:]), fed.num_classes,
+                                    seed=c.seed, vocab_size=fed.info.get('vocab_size'))
+  except ValueError as e:
+    raise ExperimentError(f'--model={model_name} cannot take {c.dataset}: {e}') from None
+  true_clusters = getattr(fed, 'true_clusters', None)
+  if true_clusters is not None:
+    true_clusters = np.asarray(true_clusters)[:num_clients]
+  process = build_process(c, model_fn, num_clients, true_clusters)
+  built = (model_name, model_fn, process, Evaluator(model_fn, fed.x_test, fed.y_test))
+  _LAST_BUILT.clear()
+  _LAST_BUILT[key] = built
+  return built
+
+
 def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
                    stop: Optional[StopRequests] = None) -> dict:
   """Runs (or resumes) an experiment; returns the summary dict written to summary.json.
@@ -637,7 +669,6 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   import data  # pylint: disable=g-import-not-at-top
-  from tff_algos import models  # pylint: disable=g-import-not-at-top
 
   exp_dir = c.experiment_dir
   ckpt_dir = os.path.join(exp_dir, 'checkpoints')
@@ -648,24 +679,11 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
     raise ExperimentError(
         f'{c.dataset} has no central test examples (no accuracy can be measured); give its '
         'test split data (LEAF: test/*.json) in --data_dir')
-  x0, _ = fed.client_arrays(0)
-  input_shape = tuple(x0.shape[1:])
-  model_name = c.model or DEFAULT_MODELS[c.dataset]
-  try:
-    model_fn = models.make_model_fn(model_name, input_shape, fed.num_classes, seed=c.seed,
-                                    vocab_size=fed.info.get('vocab_size'))
-  except ValueError as e:
-    raise ExperimentError(f'--model={model_name} cannot take {c.dataset}: {e}') from None
   num_clients = min(c.num_clients, fed.num_clients)
-
-  true_clusters = getattr(fed, 'true_clusters', None)
-  if true_clusters is not None:
-    true_clusters = np.asarray(true_clusters)[:num_clients]
-  process = build_process(c, model_fn, num_clients, true_clusters)
+  model_name, model_fn, process, evaluator = _build_computations(c, fed, num_clients)
   if c.algorithm == 'fedcda' and c.fedcda_warmup_rounds >= c.rounds:
     log(f'note: --fedcda_warmup_rounds={c.fedcda_warmup_rounds} >= --rounds={c.rounds}: this '
         'run is FedAvg with uniform weighting throughout')
-  evaluator = Evaluator(model_fn, fed.x_test, fed.y_test)
 
   loop = asyncio.new_event_loop()
   manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=2)
