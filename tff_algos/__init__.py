@@ -6,8 +6,9 @@ Every method is built by a `build_<method>` function returning a
 The builders are exported lazily (PEP 562): `import tff_algos` does not start TensorFlow, so a
 program can validate its flags (e.g. against `tff_algos.models.catalog`) first.
 """
-import importlib
 from typing import TYPE_CHECKING
+
+from tff_algos._lazy_exports import lazy_exports
 
 from tff_algos import execution  # stdlib only; registers the worker shutdown at exit
 
@@ -20,28 +21,10 @@ _EXPORTS = {
     'tff_algos.fedcross': ('build_fedcross',),
     'tff_algos.fedlex': ('build_fedlex', 'build_fedlex_exploration'),
 }
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_WHERE) + ['execution']
-
-
 _SUBMODULES = ('aggregators', 'baselines', 'cadis', 'client_work', 'evaluation', 'fedcda',
-                'fedcross', 'fedlex', 'models')
-
-
-def __getattr__(name):
-  module = _WHERE.get(name)
-  if module is None and name in _SUBMODULES:  # `pkg.sub` after a bare `import pkg`
-    return importlib.import_module(f'{__name__}.{name}')
-  if module is None:
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-  value = getattr(importlib.import_module(module), name)
-  globals()[name] = value
-  return value
-
-
-def __dir__():
-  return sorted(set(globals()) | set(__all__))
-
+               'fedcross', 'fedlex', 'models')
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
+__all__ = __all__ + ['execution']
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
   from tff_algos.baselines import (  # noqa: F401

@@ -4,8 +4,9 @@ Names are exported lazily (PEP 562): `tff_algos.models.catalog` (model names and
 each takes) imports without TensorFlow, so programs can check `--model` before TF starts.
 """
 
-import importlib
 from typing import TYPE_CHECKING
+
+from tff_algos._lazy_exports import lazy_exports
 
 _EXPORTS = {
     'tff_algos.models.model_fns': ('input_spec_for', 'make_model_fn'),
@@ -17,26 +18,8 @@ _EXPORTS = {
         'leaf_char_lstm', 'mlp_2nn', 'MODELS', 'resnet20', 'SEQUENCE_MODELS', 'sent140_lstm',
         'ShortcutA', 'simple_cnn', 'tiny_cnn', 'TOKEN_MODELS', 'vgg16'),
 }
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_WHERE)
-
-
 _SUBMODULES = ('catalog', 'model_fns', 'representation', 'zoo')
-
-
-def __getattr__(name):
-  module = _WHERE.get(name)
-  if module is None and name in _SUBMODULES:  # `pkg.sub` after a bare `import pkg`
-    return importlib.import_module(f'{__name__}.{name}')
-  if module is None:
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-  value = getattr(importlib.import_module(module), name)
-  globals()[name] = value
-  return value
-
-
-def __dir__():
-  return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
