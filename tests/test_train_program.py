@@ -163,6 +163,22 @@ def test_server_lr_alone_sets_the_server_sgd_rate():
   assert float(state.finalizer['learning_rate']) == 0.25
 
 
+def test_dropped_clients_are_counted_and_announced(tmp_path):
+  """With this seed and --client_lr=1e6, one of round 1's 4 clients goes non-finite: the run
+  goes on without it, says so on stderr and counts it in metrics.csv and summary.json."""
+  result = _run(BASE + ['--client_lr=1e6', '--rounds=1', f'--root_output_dir={tmp_path}',
+                        '--experiment_name=d'])
+  assert result.returncode == 0, result.stderr
+  assert ('warning: round 1: 1 of 4 clients had non-finite updates and were left out'
+          in result.stderr), result.stderr
+  import csv  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  with open(tmp_path / 'd' / 'metrics.csv') as f:
+    rows = list(csv.DictReader(f))
+  assert [r['dropped_clients'] for r in rows] == ['1']
+  assert json.loads((tmp_path / 'd' / 'summary.json').read_text())['dropped_clients'] == 1
+
+
 def test_diverging_training_stops_with_message(tmp_path):
   result = _run(BASE + ['--client_lr=1e9', '--rounds=3', f'--root_output_dir={tmp_path}'])
   assert result.returncode == 2
