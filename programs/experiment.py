@@ -451,6 +451,12 @@ class Evaluator:
     self._evaluate = evaluation.build_central_evaluation(model_fn)
     self._x, self._y = x_test, y_test
 
+  def on(self, x_test, y_test) -> 'Evaluator':
+    """The same (already built) evaluation on another test set of the same shapes."""
+    other = object.__new__(Evaluator)
+    other._evaluate, other._x, other._y = self._evaluate, x_test, y_test  # pylint: disable=protected-access
+    return other
+
   def __call__(self, model_weights) -> tuple[float, float]:
     result = self._evaluate(model_weights, self._x, self._y)
     return float(result['accuracy']), float(result['loss'])
@@ -632,11 +638,14 @@ _NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'root_output_dir', 'experiment_name
 def _build_computations(c: ExperimentConfig, fed, num_clients: int):
   """(model name, model_fn, LearningProcess, Evaluator) of the config and loaded data."""
   from tff_algos import models  # pylint: disable=g-import-not-at-top
-  key = json.dumps({k: v for k, v in dataclasses.asdict(c).items()
-                    if k not in _NOT_BUILD_INPUTS}, sort_keys=True)
-  if key in _LAST_BUILT:
-    return _LAST_BUILT[key]
   x0, _ = fed.client_arrays(0)
+  key = json.dumps(
+      [{k: v for k, v in dataclasses.asdict(c).items() if k not in _NOT_BUILD_INPUTS},
+       x0.shape[1:], str(x0.dtype), fed.num_classes, fed.info.get('vocab_size'), num_clients],
+      sort_keys=True)
+  if key in _LAST_BUILT:
+    model_name, model_fn, process, evaluator = _LAST_BUILT[key]
+    return model_name, model_fn, process, evaluator.on(fed.x_test, fed.y_test)
   model_name = c.model or DEFAULT_MODELS[c.dataset]
   try:
     model_fn = models.make_model_fn(model_name, tuple(x0.shape[1:]), fed.num_classes,
