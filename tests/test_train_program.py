@@ -86,6 +86,7 @@ BAD_INPUTS = [
     ('--partition=classes --classes_per_client=11', 'impossible partition'),
     ('--num_clients=200', 'use fewer clients'),  # names no min_size: that is not a flag
     ('--algorithm=fedcda --fedcda_selection=best', '--fedcda_selection'),
+    ('--algorithm=fedcda --fedcda_warmup_weighting=loss', '--fedcda_warmup_weighting'),
     ('--algorithm=cadis --cadis_threshold=0.99 --cadis_threshold_max=0.9', '--cadis_threshold'),
     ('--algorithm=cadis --cadis_closure=three_hop', '--cadis_closure'),
     # found only once the model is built: still one line, naming the flags to change
