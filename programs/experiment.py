@@ -705,8 +705,8 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
   state = process.initialize()
   program_state = collections.OrderedDict(state=state, round=0, best_accuracy=-1.0,
                                           exploration_client_epochs=0.0)
+  _remove_unfinished_checkpoints(ckpt_dir)
   if start_round:
-    _remove_unfinished_checkpoints(ckpt_dir)
     try:
       restored, _ = loop.run_until_complete(manager.load_latest(program_state))
     except Exception as e:  # pylint: disable=broad-except
