@@ -31,16 +31,16 @@ TIMINGS = ([(signal.SIGTERM if i % 2 else signal.SIGINT, d) for i, d in enumerat
               (signal.SIGTERM, ('setup', 0.3)), (signal.SIGINT, ('setup', 0.6))])
 
 
-def _fire(sig, when, ckpt_dir, first_new_round, started):
+def _fire(sig, when, ckpt_dir, first_new_round, started, run_ended):
   if isinstance(when, tuple):
     time.sleep(max(0.0, started + when[1] - time.time()))
   else:
-    deadline = time.time() + 300
     while (max(experiment._checkpointed_rounds(ckpt_dir), default=0) < first_new_round  # pylint: disable=protected-access
-           and time.time() < deadline):
+           and not run_ended.is_set()):
       time.sleep(0.0005)
     time.sleep(when)
-  os.kill(os.getpid(), sig)
+  if not run_ended.is_set():
+    os.kill(os.getpid(), sig)
 
 
 def _csv_rounds(path):
@@ -59,15 +59,18 @@ def test_every_signal_stops_the_run_at_a_round_boundary(tmp_path):
   outcomes = []
   for i, (sig, when) in enumerate(TIMINGS):
     config.resume = last > 0
-    config.rounds = last + 4  # a lost signal would finish the run: no Interrupted below
-    started = time.time()
+    # A lost signal would let the run finish these rounds: no Interrupted below.
+    config.rounds = last + 30
+    started, run_ended = time.time(), threading.Event()
     with experiment.StopRequests() as stop:
-      thread = threading.Thread(target=_fire, args=(sig, when, ckpt_dir, last + 1, started))
+      thread = threading.Thread(target=_fire,
+                                args=(sig, when, ckpt_dir, last + 1, started, run_ended))
       thread.start()
       try:
         with pytest.raises(experiment.Interrupted) as info:
           experiment.run_experiment(config, log=lambda msg: None, stop=stop)
       finally:
+        run_ended.set()
         thread.join()
     stopped = info.value
     outcomes.append((signal.Signals(sig).name, when, last, stopped.last_round))
