@@ -22,7 +22,7 @@ _EXPORTS = {
     'data.client_inputs': ('client_input', 'sample_clients', 'round_inputs'),
     'data.datasets': ('ArrayDataset', 'ArrayClientData', 'FederatedDataset', 'federate'),
     'data.loaders': (
-        'DatasetNotFoundError', 'FASHION_MNIST_DIR', 'read_idx', 'load_fashion_mnist',
+        'DatasetNotFoundError', 'DatasetFormatError', 'FASHION_MNIST_DIR', 'read_idx', 'load_fashion_mnist',
         'load_digits', 'TFDS_NAMES', 'load_tfds', 'load_tff_emnist', 'load_tff_shakespeare',
         'LEAF_LETTERS', 'load_leaf', 'DATASETS', 'NATURALLY_FEDERATED', 'load_dataset',
     ),
@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
   from data.datasets import ArrayClientData, ArrayDataset, FederatedDataset, federate  # noqa: F401
   from data.loaders import (  # noqa: F401
       DATASETS, FASHION_MNIST_DIR, LEAF_LETTERS, NATURALLY_FEDERATED, TFDS_NAMES,
-      DatasetNotFoundError, load_dataset, load_digits, load_fashion_mnist, load_leaf,
+      DatasetFormatError, DatasetNotFoundError, load_dataset, load_digits, load_fashion_mnist, load_leaf,
       load_tfds, load_tff_emnist, load_tff_shakespeare, read_idx)
   from data.partitioners import (  # noqa: F401
       CLUSTER_LAYOUTS, PARTITIONERS, ClassesPerClientPartitioner, ClusterSkewPartitioner,

@@ -22,14 +22,21 @@ import gzip
 import json
 import os
 import sqlite3
-from typing import Optional, Sequence
+import zlib
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import numpy as np
 
-from data.datasets import ArrayClientData, ArrayDataset, FederatedDataset
+if TYPE_CHECKING:
+  from data.datasets import ArrayDataset, FederatedDataset
+
+# data.datasets (TensorFlow, TFF) is imported inside the loaders, so that the registry below
+# (DATASETS, NATURALLY_FEDERATED) and the error types import without TensorFlow: programs
+# check their flags before TF starts.
 
 __all__ = [
     'DatasetNotFoundError',
+    'DatasetFormatError',
     'FASHION_MNIST_DIR',
     'read_idx',
     'load_fashion_mnist',
@@ -59,6 +66,17 @@ class DatasetNotFoundError(FileNotFoundError):
     return self.args[0]
 
 
+class DatasetFormatError(ValueError):
+  """Dataset files exist but cannot be read (corrupt, truncated, wrong layout);
+  str(error) is one line naming the file and what is wrong with it."""
+
+  def __init__(self, message: str):
+    super().__init__(' '.join(str(message).split()))
+
+  def __str__(self) -> str:
+    return self.args[0]
+
+
 # --------------------------------------------------------------------------- #
 # IDX (MNIST / Fashion-MNIST)
 # --------------------------------------------------------------------------- #
@@ -83,20 +101,24 @@ def read_idx(path: str) -> np.ndarray:
   with open(path, 'rb') as f:
     raw = f.read()
   if raw[:2] == b'\x1f\x8b':
-    raw = gzip.decompress(raw)
+    try:
+      raw = gzip.decompress(raw)
+    except (EOFError, OSError, zlib.error) as e:
+      raise DatasetFormatError(
+          f'{path}: truncated or corrupt gzip file ({e}); download it again') from None
   if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-    raise ValueError(f'{path}: not an IDX file (bad magic number)')
+    raise DatasetFormatError(f'{path}: not an IDX file (bad magic number)')
   code, ndim = raw[2], raw[3]
   if code not in _IDX_DTYPES:
-    raise ValueError(f'{path}: unknown IDX data type code 0x{code:02x}')
+    raise DatasetFormatError(f'{path}: unknown IDX data type code 0x{code:02x}')
   header = 4 + 4 * ndim
   if len(raw) < header:
-    raise ValueError(f'{path}: truncated IDX header')
+    raise DatasetFormatError(f'{path}: truncated IDX header')
   shape = tuple(int(d) for d in np.frombuffer(raw, dtype='>u4', count=ndim, offset=4))
   dtype = _IDX_DTYPES[code]
   expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
   if len(raw) - header != expected:
-    raise ValueError(
+    raise DatasetFormatError(
         f'{path}: IDX payload is {len(raw) - header} bytes, header {shape} needs {expected}'
     )
   data = np.frombuffer(raw, dtype=dtype, offset=header).reshape(shape)
@@ -125,6 +147,7 @@ def load_fashion_mnist(data_dir: Optional[str] = None) -> ArrayDataset:
 
   Default location is the Debian package `dataset-fashion-mnist`.
   """
+  from data.datasets import ArrayDataset  # pylint: disable=g-import-not-at-top
   directory = data_dir or FASHION_MNIST_DIR
   paths = {k: _find_idx(directory, stem) for k, stem in _FMNIST_FILES.items()}
   missing = [_FMNIST_FILES[k] for k, p in paths.items() if p is None]
@@ -140,7 +163,7 @@ def load_fashion_mnist(data_dir: Optional[str] = None) -> ArrayDataset:
   for split in ('train', 'test'):
     x, y = arrays[f'x_{split}'], arrays[f'y_{split}']
     if x.ndim != 3 or y.ndim != 1 or x.shape[0] != y.shape[0]:
-      raise ValueError(
+      raise DatasetFormatError(
           f'Fashion-MNIST {split} files in {directory} disagree: images {x.shape}, labels {y.shape}'
       )
   return ArrayDataset(
@@ -164,6 +187,7 @@ def load_digits(seed: int = 0, test_fraction: float = 0.2) -> ArrayDataset:
   Pixel values 0..16 are scaled to [0, 1]; the split is stratified and fixed
   by `seed` so every run and machine sees the same test set.
   """
+  from data.datasets import ArrayDataset  # pylint: disable=g-import-not-at-top
   from sklearn import datasets as sk_datasets
   from sklearn.model_selection import train_test_split
 
@@ -203,6 +227,7 @@ def load_tfds(name: str, data_dir: Optional[str] = None) -> ArrayDataset:
   command. tfds stores EMNIST transposed (tensorflow/datasets#812); we
   transpose it back so it looks like MNIST.
   """
+  from data.datasets import ArrayDataset  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds
 
   tfds_name, label_key = TFDS_NAMES.get(name, (name, 'label'))
@@ -313,6 +338,7 @@ def load_tff_emnist(cache_dir: Optional[str] = None, only_digits: bool = False,
   given); the central test set is the union of those writers' test splits.
   Pixels are kept as TFF stores them: float32 in [0, 1] with 1.0 = background.
   """
+  from data.datasets import ArrayClientData, FederatedDataset  # pylint: disable=g-import-not-at-top
   import tensorflow as tf
 
   path = _tff_sqlite(cache_dir, 'emnist_all.sqlite', 'emnist')
@@ -380,6 +406,7 @@ def load_tff_shakespeare(cache_dir: Optional[str] = None,
   """TFF's federated Shakespeare (LEAF, one client per speaking role) from
   shakespeare.sqlite, as next-character windows: x, y int32 [n, 80] with TFF's
   character vocabulary (num_classes = vocab + pad/OOV/BOS/EOS = 90)."""
+  from data.datasets import ArrayClientData, FederatedDataset  # pylint: disable=g-import-not-at-top
   import tensorflow as tf
 
   path = _tff_sqlite(cache_dir, 'shakespeare.sqlite', 'shakespeare')
@@ -427,15 +454,31 @@ _LEAF_DATASETS = ('femnist', 'shakespeare', 'sent140')
 SENT140_SEQUENCE_LENGTH = 25
 
 
-def _read_leaf_dir(directory: str, users: Optional[list] = None) -> dict:
-  """{user: {'x': [...], 'y': [...]}} merged over every *.json in directory."""
+def _read_leaf_dir(directory: str) -> dict:
+  """{user: {'x': [...], 'y': [...]}} merged over every *.json in directory.
+
+  Raises DatasetFormatError naming the file for anything that is not LEAF's layout
+  ({"users": [...], "num_samples": [...], "user_data": {user: {"x": [...], "y": [...]}}}).
+  """
   merged = collections.OrderedDict()
   for path in sorted(glob.glob(os.path.join(directory, '*.json'))):
-    with open(path, 'r', encoding='utf-8') as f:
-      blob = json.load(f)
-    if 'user_data' not in blob:
-      raise ValueError(f'{path}: not a LEAF JSON file (no "user_data" key)')
+    try:
+      with open(path, 'r', encoding='utf-8') as f:
+        blob = json.load(f)
+    except json.JSONDecodeError as e:
+      raise DatasetFormatError(
+          f'{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); regenerate '
+          'it with LEAF') from None
+    except UnicodeDecodeError as e:
+      raise DatasetFormatError(f'{path}: not UTF-8 text ({e.reason}); regenerate it with LEAF'
+                               ) from None
+    if not isinstance(blob, dict) or not isinstance(blob.get('user_data'), dict):
+      raise DatasetFormatError(f'{path}: not a LEAF JSON file (no "user_data" object)')
     for user, data in blob['user_data'].items():
+      if (not isinstance(data, dict) or not isinstance(data.get('x'), list)
+          or not isinstance(data.get('y'), list) or len(data['x']) != len(data['y'])):
+        raise DatasetFormatError(
+            f'{path}: user {user!r} needs equally long "x" and "y" lists (LEAF layout)')
       entry = merged.setdefault(user, {'x': [], 'y': []})
       entry['x'].extend(data['x'])
       entry['y'].extend(data['y'])
@@ -468,9 +511,10 @@ def _encode_leaf_inputs(strings: Sequence[str], length: int = 80) -> np.ndarray:
   table, oov = _leaf_char_table(), len(LEAF_LETTERS)
   out = np.zeros([len(strings), length], np.int32)
   for i, s in enumerate(strings):
-    if len(s) != length:
-      raise ValueError(
-          f'LEAF shakespeare: inputs must be {length} characters, got {len(s)}: {s[:20]!r}')
+    if not isinstance(s, str) or len(s) != length:
+      raise DatasetFormatError(
+          f'LEAF shakespeare: inputs must be strings of {length} characters, got '
+          f'{len(s) if isinstance(s, str) else type(s).__name__}: {str(s)[:20]!r}')
     out[i] = [table.get(ch, oov) for ch in s]
   return out
 
@@ -479,9 +523,26 @@ def _encode_leaf_targets(chars: Sequence[str]) -> np.ndarray:
   """LEAF Shakespeare targets (one character each) -> int32 [n]."""
   table, oov = _leaf_char_table(), len(LEAF_LETTERS)
   for c in chars:
-    if len(c) != 1:
-      raise ValueError(f'LEAF shakespeare: targets must be single characters, got {c!r}')
+    if not isinstance(c, str) or len(c) != 1:
+      raise DatasetFormatError(f'LEAF shakespeare: targets must be single characters, got {c!r}')
   return np.array([table.get(c, oov) for c in chars], np.int32).reshape(-1)
+
+
+def _encode_femnist(x: list, y: list, where: str) -> tuple:
+  try:
+    pixels = np.asarray(x, np.float32)
+    labels = np.asarray(y, np.int64).astype(np.int32).reshape(-1)
+  except (TypeError, ValueError) as e:
+    raise DatasetFormatError(f'{where}: LEAF femnist rows must be lists of 784 numbers and '
+                             f'labels integers ({e})') from None
+  if pixels.size and (pixels.ndim != 2 or pixels.shape[1] != 28 * 28):
+    raise DatasetFormatError(
+        f'{where}: LEAF femnist rows must hold 784 pixels (28x28), got rows of shape '
+        f'{pixels.shape[1:]}')
+  if labels.size and not 0 <= labels.min() <= labels.max() < 62:
+    raise DatasetFormatError(f'{where}: LEAF femnist labels must be in [0, 62), got '
+                             f'{labels.min()}..{labels.max()}')
+  return pixels.reshape(-1, 28, 28, 1), labels
 
 
 def load_leaf(root: str, dataset: str = 'femnist', seed: int = 0,
@@ -491,17 +552,26 @@ def load_leaf(root: str, dataset: str = 'femnist', seed: int = 0,
 
   Layouts: root/train/*.json + root/test/*.json (LEAF's split), or
   root/all_data/*.json, which is split here per user (train_fraction, at least
-  one training example, seeded by `seed`). Users sorted by name become clients
-  0..N-1 (first max_clients if given); the central test set is the union of
-  those users' test data.
+  one training example, seeded by `seed`). Users of train/ sorted by name become
+  clients 0..N-1 (first max_clients if given). The central test set is the test
+  data of those clients plus that of every test/ user who has no training data:
+  LEAF's sample split (`-t sample`) puts the same users in both directories,
+  its user split (`-t user`) puts held-out users in test/, and both are kept.
 
   Encodings: femnist x = 784 floats -> [28, 28, 1] (LEAF keeps 1.0 =
   background), 62 classes; shakespeare x = 80-char string -> int32 [80], y =
-  next char, both via LEAF's ALL_LETTERS (80 chars; any other char -> id 80,
-  so num_classes = 81); sent140 x = tweet record (text at index 4) ->
-  lower-cased whitespace tokens, ids from a train-set vocabulary (0 pad, 1
-  OOV, then by frequency), padded/truncated to 25, y in {0, 1}.
+  the one next char, both via LEAF's ALL_LETTERS (80 chars; any other char ->
+  id 80, so num_classes = 81); sent140 x = tweet record (text at index 4) ->
+  lower-cased whitespace tokens, ids from a vocabulary of the clients' training
+  tweets (0 pad, 1 OOV, then words by decreasing frequency, ties by spelling;
+  the first `max_vocab` words if given), padded/truncated to 25, y in {0, 1}.
+  The vocabulary is in `info['vocab']` (word i has id i + 2).
+
+  Raises:
+    DatasetNotFoundError: no LEAF JSON under root.
+    DatasetFormatError: a file is not LEAF's JSON layout or holds malformed rows.
   """
+  from data.datasets import ArrayClientData, FederatedDataset  # pylint: disable=g-import-not-at-top
   if dataset not in _LEAF_DATASETS:
     raise ValueError(f'unknown LEAF dataset {dataset!r}; valid: {", ".join(_LEAF_DATASETS)}')
   if root and not os.path.isdir(os.path.join(root, 'train')) \
@@ -531,15 +601,16 @@ def load_leaf(root: str, dataset: str = 'femnist', seed: int = 0,
   if max_clients is not None:
     users = users[:max_clients]
   if not users:
-    raise ValueError(f'LEAF {dataset} in {root}: no users with training data')
-  test_x = [v for u in users if u in test_users for v in test_users[u]['x']]
-  test_y = [v for u in users if u in test_users for v in test_users[u]['y']]
-  info = {'client_names': users, 'source': root}
+    raise DatasetFormatError(f'LEAF {dataset} in {root}: no users with training data')
+  held_out = sorted(u for u in test_users if u not in train_users)
+  test_from = [u for u in users if u in test_users] + held_out
+  test_x = [v for u in test_from for v in test_users[u]['x']]
+  test_y = [v for u in test_from for v in test_users[u]['y']]
+  info = {'client_names': users, 'test_users': test_from, 'source': root}
 
   if dataset == 'femnist':
     def encode(x, y):
-      return (np.asarray(x, np.float32).reshape(-1, 28, 28, 1),
-              np.asarray(y, np.int64).astype(np.int32))
+      return _encode_femnist(x, y, f'{root} ({dataset})')
     num_classes = 62
   elif dataset == 'shakespeare':
     def encode(x, y):
@@ -559,7 +630,14 @@ def load_leaf(root: str, dataset: str = 'femnist', seed: int = 0,
       for i, rec in enumerate(x):
         ids = [vocab.get(t, 1) for t in _tokens(rec)][:SENT140_SEQUENCE_LENGTH]
         out[i, :len(ids)] = ids
-      return out, np.asarray(y, np.float64).astype(np.int32).reshape(-1)
+      try:
+        labels = np.asarray(y, np.float64).astype(np.int32).reshape(-1)
+      except (TypeError, ValueError) as e:
+        raise DatasetFormatError(f'{root}: LEAF sent140 labels must be 0 or 1 ({e})') from None
+      if labels.size and not set(np.unique(labels)) <= {0, 1}:
+        raise DatasetFormatError(f'{root}: LEAF sent140 labels must be 0 or 1, got '
+                                 f'{sorted(set(np.unique(labels)) - {0, 1})[:3]}')
+      return out, labels
     num_classes = 2
     info.update(vocab_size=len(vocab) + 2, sequence_length=SENT140_SEQUENCE_LENGTH,
                 pad_id=0, oov_id=1, vocab=words)
@@ -578,8 +656,13 @@ def load_leaf(root: str, dataset: str = 'femnist', seed: int = 0,
 
 
 def _tokens(record) -> list:
-  text = record[4] if isinstance(record, (list, tuple)) else str(record)
-  return str(text).lower().split()
+  """Lower-cased whitespace tokens of a LEAF Sent140 record (its tweet text is field 4)."""
+  if isinstance(record, (list, tuple)):
+    if len(record) < 5:
+      raise DatasetFormatError(
+          f'LEAF sent140: a record must list 5+ fields with the text at index 4, got {record!r:.60}')
+    record = record[4]
+  return str(record).lower().split()
 
 
 # --------------------------------------------------------------------------- #
@@ -609,7 +692,7 @@ def load_dataset(name: str, data_dir: Optional[str] = None, **kwargs):
     raise ValueError(f'unknown dataset {name!r}; valid: {", ".join(DATASETS)}')
   if name == 'digits':
     if data_dir is not None:
-      raise ValueError('digits is bundled with scikit-learn and takes no data_dir')
+      raise ValueError('digits is bundled with scikit-learn and takes no data_dir; drop --data_dir')
     return load_digits(**kwargs)
   if name == 'fashion_mnist':
     return load_fashion_mnist(data_dir, **kwargs)

@@ -202,6 +202,10 @@ class Partition:
         np.savez(f, **arrays)
         f.flush()
         os.fsync(f.fileno())
+      # mkstemp creates the file 0600; give it the permissions open() would (0666 & ~umask).
+      umask = os.umask(0)
+      os.umask(umask)
+      os.chmod(tmp, 0o666 & ~umask)
       os.replace(tmp, path)
     except BaseException:
       if os.path.exists(tmp):

@@ -20,6 +20,9 @@ import dataclasses
 import json
 import math
 import os
+import re
+import shutil
+import signal
 import sys
 import time
 from typing import Callable, Optional
@@ -37,16 +40,94 @@ CADIS_REDUCTIONS = ('sum', 'mean')
 CADIS_SIMILARITY_LAYERS = ('bias', 'kernel')
 CADIS_CLOSURES = ('two_hop', 'components')
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
+# The model each dataset trains by default (its benchmark's model); a --model must take the
+# same kind of input (tff_algos.models.catalog) as this one.
 DEFAULT_MODELS = {
     'digits': 'tiny_cnn', 'fashion_mnist': 'fedavg_cnn', 'mnist': 'fedavg_cnn',
     'emnist': 'fedavg_cnn', 'femnist_tff': 'fedavg_cnn', 'femnist_leaf': 'fedavg_cnn',
     'cifar10': 'resnet20', 'cifar100': 'resnet20', 'shakespeare_tff': 'char_lstm',
-    'shakespeare_leaf': 'char_lstm',
+    'shakespeare_leaf': 'leaf_char_lstm', 'sent140_leaf': 'sent140_lstm',
 }
+# The server-side flags each algorithm reads (build_process); any other one set away from its
+# default is refused rather than recorded in config.json and ignored.
+_OPTIMIZER_FLAGS = ('server_optimizer', 'server_lr', 'server_momentum')
+SERVER_FLAGS_USED = {
+    'fedavg': _OPTIMIZER_FLAGS, 'fedsgd': _OPTIMIZER_FLAGS, 'cadis': _OPTIMIZER_FLAGS,
+    'fedlex_sgd': _OPTIMIZER_FLAGS,
+    'fedprox': _OPTIMIZER_FLAGS + ('proximal_strength',),
+    'fedlex_prox': _OPTIMIZER_FLAGS + ('proximal_strength',),
+    'fedavgm': ('server_lr', 'server_momentum'), 'fedlex_avgm': ('server_lr', 'server_momentum'),
+    'fedadam': ('server_lr',), 'fedlex_opt': ('server_lr',),
+    'fedcross': (), 'fedcda': (),
+}
+# Flags that do not change what a run computes: a resumed run may change them.
+RESUMABLE_CHANGES = ('rounds', 'eval_every', 'data_dir', 'root_output_dir', 'experiment_name',
+                     'resume', 'progress')
 
 
 class ExperimentError(Exception):
   """A problem the user can fix; its message is one line naming the fix."""
+
+
+class Interrupted(Exception):
+  """A stop signal reached the training loop, which stopped at a safe point.
+
+  Attributes: signum (the signal), last_round (the last finished and checkpointed round,
+  0 if none), experiment_dir.
+  """
+
+  def __init__(self, signum: int, last_round: int, experiment_dir: str):
+    self.signum, self.last_round, self.experiment_dir = signum, last_round, experiment_dir
+    name = signal.Signals(signum).name
+    if last_round:
+      message = (f'interrupted by {name}: round {last_round} is the last finished and '
+                 f'checkpointed round; rerun with --resume to continue')
+    else:
+      message = f'interrupted by {name} before any round finished; nothing was checkpointed'
+    super().__init__(message)
+
+  @property
+  def exit_code(self) -> int:
+    return 128 + self.signum
+
+
+class StopRequests:
+  """Turns SIGINT/SIGTERM into a request the training loop honours at its next safe point.
+
+  The handler only records the signal: raising from it (as KeyboardInterrupt does) can land
+  inside a callback where Python ignores exceptions (TF's garbage-collector callback), and
+  the signal is lost. `run_experiment` checks `signum` between rounds, after the checkpoint,
+  so a stop never leaves a half-written round. A second signal exits at once (exit code
+  128 + signal; the worker dies with the process and the last checkpoint is intact).
+
+  Use as a context manager in the main thread; the previous handlers come back on exit.
+  """
+
+  SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+  def __init__(self):
+    self.signum: Optional[int] = None
+    self._previous = {}
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.signum is not None:
+      os.write(2, f'\n{signal.Signals(signum).name} again: stopping now\n'.encode())
+      os._exit(128 + signum)  # pylint: disable=protected-access
+    self.signum = signum
+    # os.write: print() is not reentrant and the handler may interrupt a print.
+    os.write(2, f'\n{signal.Signals(signum).name}: stopping after the current round '
+                '(send it again to stop now)\n'.encode())
+
+  def __enter__(self) -> 'StopRequests':
+    for sig in self.SIGNALS:
+      self._previous[sig] = signal.signal(sig, self._handle)
+    return self
+
+  def __exit__(self, *exc):
+    for sig, handler in self._previous.items():
+      signal.signal(sig, handler)
+    self._previous = {}
 
 
 @dataclasses.dataclass
@@ -114,19 +195,62 @@ class ExperimentConfig:
     return os.path.join(self.root_output_dir, name)
 
 
+def _default(name: str):
+  return ExperimentConfig.__dataclass_fields__[name].default
+
+
+def _algorithm_family(algorithm: str) -> str:
+  """The prefix of the method-specific flags `algorithm` reads ('' for the baselines)."""
+  if algorithm in FEDLEX_ALGORITHMS:
+    return 'fedlex_'
+  return f'{algorithm}_' if algorithm in ('fedcross', 'fedcda', 'cadis') else ''
+
+
+def _check_flags_used(c: ExperimentConfig) -> None:
+  """Refuses flags set away from their default that `c.algorithm` would ignore."""
+  used = SERVER_FLAGS_USED[c.algorithm]
+  for name in ('server_optimizer', 'server_lr', 'server_momentum', 'proximal_strength'):
+    if getattr(c, name) != _default(name) and name not in used:
+      uses = ', '.join(f'--{f}' for f in used) or 'no server-optimizer flag'
+      raise ExperimentError(
+          f'--{name} is not used by --algorithm={c.algorithm} (it reads {uses}); drop it')
+  if ('server_optimizer' in used and c.server_momentum != _default('server_momentum')
+      and c.server_optimizer != 'sgdm'):
+    raise ExperimentError('--server_momentum is used only with --server_optimizer=sgdm; '
+                          'add that or drop --server_momentum')
+  family = _algorithm_family(c.algorithm)
+  for name in ExperimentConfig.__dataclass_fields__:
+    if (name.startswith(('fedcross_', 'fedcda_', 'cadis_', 'fedlex_'))
+        and not (family and name.startswith(family)) and getattr(c, name) != _default(name)):
+      raise ExperimentError(f'--{name} is not used by --algorithm={c.algorithm}; drop it')
+
+
 def validate(config: ExperimentConfig) -> None:
-  """Raises ExperimentError with one line for the first bad setting."""
+  """Raises ExperimentError with one line for the first bad setting.
+
+  Imports neither TensorFlow nor TFF (a flag error costs no TF start-up).
+  """
   import data  # pylint: disable=g-import-not-at-top
-  from tff_algos import models  # pylint: disable=g-import-not-at-top
+  from data import partitioners  # pylint: disable=g-import-not-at-top
+  from tff_algos.models import catalog  # pylint: disable=g-import-not-at-top
   c = config
   if c.algorithm not in ALGORITHMS:
     raise ExperimentError(f'--algorithm={c.algorithm!r} is unknown; choose one of {", ".join(ALGORITHMS)}')
   if c.dataset not in data.DATASETS:
     raise ExperimentError(f'--dataset={c.dataset!r} is unknown; choose one of {", ".join(data.DATASETS)}')
-  if c.dataset not in data.NATURALLY_FEDERATED and c.partition not in data.PARTITIONERS:
-    raise ExperimentError(f'--partition={c.partition!r} is unknown; choose one of {", ".join(data.PARTITIONERS)}')
-  if c.model and c.model not in models.MODELS:
-    raise ExperimentError(f'--model={c.model!r} is unknown; choose one of {", ".join(models.MODELS)}')
+  if c.dataset not in data.NATURALLY_FEDERATED and c.partition not in partitioners.PARTITIONERS:
+    raise ExperimentError(f'--partition={c.partition!r} is unknown; choose one of {", ".join(partitioners.PARTITIONERS)}')
+  if c.dataset == 'digits' and c.data_dir:
+    raise ExperimentError('--dataset=digits is bundled with scikit-learn and reads no files; '
+                          'drop --data_dir')
+  if c.model and c.model not in catalog.MODEL_NAMES:
+    raise ExperimentError(f'--model={c.model!r} is unknown; choose one of {", ".join(catalog.MODEL_NAMES)}')
+  wanted = catalog.MODEL_INPUTS[DEFAULT_MODELS[c.dataset]]
+  if c.model and catalog.MODEL_INPUTS[c.model] != wanted:
+    raise ExperimentError(
+        f'--model={c.model} does not take {c.dataset}\'s {catalog.INPUT_DESCRIPTIONS[wanted]}; '
+        f'choose one of {", ".join(catalog.models_for(wanted))}')
+  _check_flags_used(c)
   positive_ints = dict(num_clients=c.num_clients, clients_per_round=c.clients_per_round,
                        rounds=c.rounds, local_epochs=c.local_epochs, batch_size=c.batch_size,
                        eval_every=c.eval_every)
@@ -214,8 +338,10 @@ def load_federated_data(c: ExperimentConfig):
   import data  # pylint: disable=g-import-not-at-top
   try:
     loaded = data.load_dataset(c.dataset, c.data_dir)
-  except data.DatasetNotFoundError as e:
+  except (data.DatasetNotFoundError, data.DatasetFormatError) as e:
     raise ExperimentError(str(e)) from None
+  except OSError as e:  # unreadable files: permissions, a directory where a file should be
+    raise ExperimentError(f'cannot read {c.dataset}: {e.strerror}: {e.filename}') from None
   if isinstance(loaded, data.FederatedDataset):
     if c.num_clients > loaded.num_clients:
       raise ExperimentError(
@@ -233,7 +359,9 @@ def load_federated_data(c: ExperimentConfig):
   try:
     return data.federate(loaded, data.make_partitioner(c.partition, **params))
   except data.PartitionError as e:
-    raise ExperimentError(f'impossible partition: {e}') from None
+    # The partitioners' minimum client size is not a flag of this program: name the flags.
+    reason = re.sub(r'(,? or a smaller min_size|lower min_size, )', '', str(e))
+    raise ExperimentError(f'impossible partition: {reason}') from None
 
 
 def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = None,
@@ -247,13 +375,16 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
   client_opt = tff.learning.optimizers.build_sgdm(
       learning_rate=c.client_lr, momentum=c.client_momentum or None)
   server_opt = None
-  if c.server_optimizer:
-    lr = c.server_lr if c.server_lr >= 0 else (1e-2 if c.server_optimizer == 'adam' else 1.0)
-    if c.server_optimizer == 'adam':
+  # --server_lr alone sets the learning rate of plain server SGD.
+  kind = c.server_optimizer or (
+      'sgd' if c.server_lr >= 0 and 'server_optimizer' in SERVER_FLAGS_USED[c.algorithm] else '')
+  if kind:
+    lr = c.server_lr if c.server_lr >= 0 else (1e-2 if kind == 'adam' else 1.0)
+    if kind == 'adam':
       server_opt = tff.learning.optimizers.build_adam(learning_rate=lr, epsilon=1e-3)
     else:
       server_opt = tff.learning.optimizers.build_sgdm(
-          learning_rate=lr, momentum=c.server_momentum if c.server_optimizer == 'sgdm' else None)
+          learning_rate=lr, momentum=c.server_momentum if kind == 'sgdm' else None)
   if c.algorithm == 'fedcross':
     from tff_algos import fedcross  # pylint: disable=g-import-not-at-top
     return fedcross.build_fedcross(
@@ -326,6 +457,12 @@ class Evaluator:
     self._evaluate = evaluation.build_central_evaluation(model_fn)
     self._x, self._y = x_test, y_test
 
+  def on(self, x_test, y_test) -> 'Evaluator':
+    """The same (already built) evaluation on another test set of the same shapes."""
+    other = object.__new__(Evaluator)
+    other._evaluate, other._x, other._y = self._evaluate, x_test, y_test  # pylint: disable=protected-access
+    return other
+
   def __call__(self, model_weights) -> tuple[float, float]:
     result = self._evaluate(model_weights, self._x, self._y)
     return float(result['accuracy']), float(result['loss'])
@@ -392,58 +529,201 @@ def plot_accuracy(rows: list[dict], path: str, title: str) -> None:
   os.replace(path + '.tmp.png', path)
 
 
-def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> dict:
-  """Runs (or resumes) an experiment; returns the summary dict written to summary.json."""
+_VERSION_DIR = re.compile(r'^program_state_(\d+)$')
+_TEMP_VERSION_DIR = re.compile(r'^program_state_\d+_temp\d+$')  # TFF's file_utils naming
+
+
+def _checkpointed_rounds(ckpt_dir: str) -> list[int]:
+  """Versions FileProgramStateManager has finished writing (renamed from their temp dir)."""
+  if not os.path.isdir(ckpt_dir):
+    return []
+  return sorted(int(m.group(1)) for m in map(_VERSION_DIR.match, os.listdir(ckpt_dir)) if m)
+
+
+def _remove_unfinished_checkpoints(ckpt_dir: str) -> None:
+  """Deletes the temp directories of checkpoint writes that a kill interrupted."""
+  if os.path.isdir(ckpt_dir):
+    for entry in os.listdir(ckpt_dir):
+      if _TEMP_VERSION_DIR.match(entry):
+        shutil.rmtree(os.path.join(ckpt_dir, entry), ignore_errors=True)
+
+
+def _prepare_output(c: ExperimentConfig, log: Callable[[str], None]) -> int:
+  """Checks the experiment directory before anything is loaded or written.
+
+  Returns the round to resume after (0 = a fresh run). Refuses to start over an existing
+  run without --resume, and to resume a run recorded with different run-defining flags
+  (everything but RESUMABLE_CHANGES) or fewer --rounds than it already finished.
+  """
+  exp_dir = c.experiment_dir
+  try:
+    os.makedirs(exp_dir, exist_ok=True)
+  except OSError as e:
+    raise ExperimentError(f'cannot create the experiment directory {exp_dir}: {e.strerror}; '
+                          'choose a writable --root_output_dir') from None
+  if not os.access(exp_dir, os.W_OK | os.X_OK):
+    raise ExperimentError(f'{exp_dir} is not writable; choose a writable --root_output_dir')
+  last = max(_checkpointed_rounds(os.path.join(exp_dir, 'checkpoints')), default=0)
+  if not c.resume:
+    if last:
+      raise ExperimentError(
+          f'{exp_dir} already holds a run; pass --resume to continue it or choose another '
+          '--experiment_name')
+    return 0
+  if not last:
+    log(f'note: nothing to resume in {exp_dir} (no finished round checkpointed): starting '
+        'a fresh run')
+    return 0
+  config_path = os.path.join(exp_dir, 'config.json')
+  try:
+    with open(config_path) as f:
+      saved = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ExperimentError(f'cannot resume {exp_dir}: its config.json is unreadable ({e}); '
+                          'choose another --experiment_name') from None
+  mine = dataclasses.asdict(c)
+  differing = [name for name in mine if name not in RESUMABLE_CHANGES
+               and saved.get(name, _default(name)) != mine[name]]
+  if differing:
+    raise ExperimentError(
+        f'cannot resume {exp_dir}: it was run with ' +
+        ', '.join(f'--{n}={saved.get(n, _default(n))}' for n in differing) +
+        ' (now ' + ', '.join(f'--{n}={mine[n]}' for n in differing) + '); pass the same '
+        'values or choose another --experiment_name')
+  if c.rounds < last:
+    raise ExperimentError(f'cannot resume {exp_dir} with --rounds={c.rounds}: it already '
+                          f'finished round {last}; pass --rounds={last} or more')
+  return last
+
+
+def _truncate_tensorboard(directory: str, last_round: int) -> None:
+  """Drops the scalars of rounds after `last_round` from the event files in `directory`.
+
+  A run killed after logging round r but before checkpointing it repeats round r when
+  resumed; without this TensorBoard would show that round twice.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(directory):
+    return
+  for name in sorted(os.listdir(directory)):
+    if 'tfevents' not in name:
+      continue
+    path = os.path.join(directory, name)
+    kept, dropped = [], False
+    try:
+      for record in tf.data.TFRecordDataset(path):
+        raw = record.numpy()
+        event = tf.compat.v1.Event.FromString(raw)
+        if event.HasField('summary') and event.step > last_round:
+          dropped = True
+        else:
+          kept.append(raw)
+    except tf.errors.DataLossError:  # the last record of a killed write: drop it
+      dropped = True
+    if dropped:
+      with tf.io.TFRecordWriter(path + '.tmp') as writer:
+        for raw in kept:
+          writer.write(raw)
+      os.replace(path + '.tmp', path)
+
+
+def _dropped_clients(metrics: dict) -> int:
+  """Clients whose non-finite update the round left out (client work's non_finite_clients)."""
+  return int(round(sum(v for k, v in metrics.items()
+                       if k.endswith('non_finite_clients') and isinstance(v, (int, float)))))
+
+
+# The computations of the last configuration run in this Python process, keyed by the flags
+# they depend on: running it again (a notebook cell re-run, a resume after an interrupt)
+# reuses TFF's traced and compiled computations instead of paying for them again.
+_LAST_BUILT: dict = {}
+_NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'root_output_dir', 'experiment_name', 'resume',
+                     'progress')
+
+
+def _build_computations(c: ExperimentConfig, fed, num_clients: int):
+  """(model name, model_fn, LearningProcess, Evaluator) of the config and loaded data."""
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+  x0, _ = fed.client_arrays(0)
+  key = json.dumps(
+      [{k: v for k, v in dataclasses.asdict(c).items() if k not in _NOT_BUILD_INPUTS},
+       x0.shape[1:], str(x0.dtype), fed.num_classes, fed.info.get('vocab_size'), num_clients],
+      sort_keys=True)
+  if key in _LAST_BUILT:
+    model_name, model_fn, process, evaluator = _LAST_BUILT[key]
+    return model_name, model_fn, process, evaluator.on(fed.x_test, fed.y_test)
+  model_name = c.model or DEFAULT_MODELS[c.dataset]
+  try:
+    model_fn = models.make_model_fn(model_name, tuple(x0.shape[1:]), fed.num_classes,
+                                    seed=c.seed, vocab_size=fed.info.get('vocab_size'))
+  except ValueError as e:
+    raise ExperimentError(f'--model={model_name} cannot take {c.dataset}: {e}') from None
+  true_clusters = getattr(fed, 'true_clusters', None)
+  if true_clusters is not None:
+    true_clusters = np.asarray(true_clusters)[:num_clients]
+  process = build_process(c, model_fn, num_clients, true_clusters)
+  built = (model_name, model_fn, process, Evaluator(model_fn, fed.x_test, fed.y_test))
+  _LAST_BUILT.clear()
+  _LAST_BUILT[key] = built
+  return built
+
+
+def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
+                   stop: Optional[StopRequests] = None) -> dict:
+  """Runs (or resumes) an experiment; returns the summary dict written to summary.json.
+
+  Nothing in the experiment directory is written before the flags, the data, the model and,
+  on --resume, the saved run have been checked. With `stop` (a StopRequests), a signal ends
+  the run at the next round boundary by raising `Interrupted`.
+  """
   log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
   validate(c)
+  start_round = _prepare_output(c, log)
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   execution.initialize_runtime()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   import data  # pylint: disable=g-import-not-at-top
-  from tff_algos import models  # pylint: disable=g-import-not-at-top
 
   exp_dir = c.experiment_dir
   ckpt_dir = os.path.join(exp_dir, 'checkpoints')
   csv_path = os.path.join(exp_dir, 'metrics.csv')
-  if os.path.exists(ckpt_dir) and os.listdir(ckpt_dir) and not c.resume:
-    raise ExperimentError(
-        f'{exp_dir} already holds a run; pass --resume to continue it or choose another '
-        '--experiment_name')
-  os.makedirs(exp_dir, exist_ok=True)
-  _write_json(os.path.join(exp_dir, 'config.json'), dataclasses.asdict(c))
 
   fed = load_federated_data(c)
-  if fed.partition is not None:
-    fed.partition.save(os.path.join(exp_dir, 'partition.npz'))
-  x0, _ = fed.client_arrays(0)
-  input_shape = tuple(x0.shape[1:])
-  model_name = c.model or DEFAULT_MODELS.get(c.dataset, 'fedavg_cnn')
-  model_fn = models.make_model_fn(model_name, input_shape, fed.num_classes, seed=c.seed)
+  if len(fed.y_test) == 0:
+    raise ExperimentError(
+        f'{c.dataset} has no central test examples (no accuracy can be measured); give its '
+        'test split data (LEAF: test/*.json) in --data_dir')
   num_clients = min(c.num_clients, fed.num_clients)
-
-  true_clusters = getattr(fed, 'true_clusters', None)
-  if true_clusters is not None:
-    true_clusters = np.asarray(true_clusters)[:num_clients]
-  process = build_process(c, model_fn, num_clients, true_clusters)
+  model_name, model_fn, process, evaluator = _build_computations(c, fed, num_clients)
   if c.algorithm == 'fedcda' and c.fedcda_warmup_rounds >= c.rounds:
     log(f'note: --fedcda_warmup_rounds={c.fedcda_warmup_rounds} >= --rounds={c.rounds}: this '
         'run is its warmup FedAvg throughout')
-  evaluator = Evaluator(model_fn, fed.x_test, fed.y_test)
 
   loop = asyncio.new_event_loop()
   manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=2)
   state = process.initialize()
   program_state = collections.OrderedDict(state=state, round=0, best_accuracy=-1.0,
                                           exploration_client_epochs=0.0)
-  start_round = 0
-  if c.resume:
-    restored, version = loop.run_until_complete(manager.load_latest(program_state))
-    if restored is not None:
-      program_state = restored
-      state = restored['state']
-      start_round = int(restored['round'])
-      log(f'resuming {exp_dir} after round {start_round}')
+  _remove_unfinished_checkpoints(ckpt_dir)
+  if start_round:
+    try:
+      restored, _ = loop.run_until_complete(manager.load_latest(program_state))
+    except Exception as e:  # pylint: disable=broad-except
+      raise ExperimentError(
+          f'cannot resume {exp_dir}: its checkpoint does not match this program\'s state '
+          f'({type(e).__name__}); choose another --experiment_name') from None
+    program_state = restored
+    state = restored['state']
+    start_round = int(restored['round'])
+    log(f'resuming {exp_dir} after round {start_round}')
+  # The run is known valid from here on: only now is its record (re)written.
+  _write_json(os.path.join(exp_dir, 'config.json'), dataclasses.asdict(c))
+  partition_path = os.path.join(exp_dir, 'partition.npz')
+  if fed.partition is not None and not (start_round and os.path.exists(partition_path)):
+    fed.partition.save(partition_path)
+  _truncate_tensorboard(os.path.join(exp_dir, 'tensorboard'), start_round)
+
   exploration = None
   explorers = np.zeros([0], np.int64)
   if c.algorithm in FEDLEX_ALGORITHMS:
@@ -462,65 +742,89 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top
     progress = tqdm(total=c.rounds, initial=start_round, unit='round', file=sys.stderr,
                     dynamic_ncols=True)
-  round_times = []
+  last_round = start_round
+
+  def check_stop():
+    if stop is not None and stop.signum is not None:
+      if progress is not None:
+        progress.close()  # the message below goes on its own line
+      writer.flush()
+      raise Interrupted(stop.signum, last_round, exp_dir)
+
   frozen = frozen_after_eval = False
   accuracy = float(rows[-1]['test_accuracy']) if rows and rows[-1].get('test_accuracy') else float('nan')
-  for round_num in range(start_round + 1, c.rounds + 1):
-    t0 = time.time()
-    sampled = data.sample_clients(num_clients, c.clients_per_round, round_num, c.seed)
-    _, inputs = data.round_inputs(fed, round_num, c.clients_per_round, c.local_epochs, c.seed,
-                                  client_ids=sampled)
-    with execution.collector_paused():
-      output = process.next(state, [[element] for element in inputs])
-      state = output.state
-      if exploration is not None and c.fedlex_refresh:
-        state, refresh_metrics = _explore(c, fed, process, exploration,
-                                          np.intersect1d(sampled, explorers), state, round_num)
-        program_state['exploration_client_epochs'] = (
-            float(program_state['exploration_client_epochs']) +
-            refresh_metrics['exploration_client_epochs'])
-    seconds = time.time() - t0
-    round_times.append(seconds)
-    metrics = _flatten_metrics(output.metrics)
-    train_loss = metrics.get('client_work/train/loss', float('nan'))
-    if not math.isfinite(train_loss) or (
-        metrics.get('client_work/train/non_finite_clients', 0) >= c.clients_per_round):
-      raise ExperimentError(
-          f'training diverged at round {round_num} (train loss {train_loss}); lower '
-          f'--client_lr (now {c.client_lr}) or the server learning rate. The last good '
-          f'checkpoint is in {ckpt_dir} (round {round_num - 1}).')
-    row = collections.OrderedDict(round=round_num, seconds=round(seconds, 4))
-    row.update(metrics)
-    if exploration is not None:
-      row['exploration_client_epochs'] = float(program_state['exploration_client_epochs'])
-    evaluated = round_num % c.eval_every == 0 or round_num == c.rounds
-    if evaluated:
+  try:
+    for round_num in range(start_round + 1, c.rounds + 1):
+      check_stop()
+      t0 = time.time()
+      sampled = data.sample_clients(num_clients, c.clients_per_round, round_num, c.seed)
+      _, inputs = data.round_inputs(fed, round_num, c.clients_per_round, c.local_epochs, c.seed,
+                                    client_ids=sampled)
       with execution.collector_paused():
-        accuracy, test_loss = evaluator(process.get_model_weights(state))
-      best = max(best, accuracy)
-      row['test_accuracy'] = accuracy
-      row['test_loss'] = test_loss
-    rows.append(row)
-    _write_csv(csv_path, rows)
-    with writer.as_default(step=round_num):
-      for key, value in row.items():
-        if key != 'round' and isinstance(value, (int, float)) and math.isfinite(value):
-          tf.summary.scalar(key, value)
-    program_state = collections.OrderedDict(
-        state=state, round=round_num, best_accuracy=best,
-        exploration_client_epochs=float(program_state['exploration_client_epochs']))
-    loop.run_until_complete(manager.save(program_state, round_num))
-    if not frozen or (evaluated and not frozen_after_eval):
-      # Everything alive now (TFF's compiled computations, ~1M objects) lives as long as
-      # the run: keep the garbage collector from re-traversing it every round.
-      execution.freeze_long_lived_objects()
-      frozen, frozen_after_eval = True, frozen_after_eval or evaluated
+        output = process.next(state, [[element] for element in inputs])
+        state = output.state
+        if exploration is not None and c.fedlex_refresh:
+          state, refresh_metrics = _explore(c, fed, process, exploration,
+                                            np.intersect1d(sampled, explorers), state, round_num)
+          program_state['exploration_client_epochs'] = (
+              float(program_state['exploration_client_epochs']) +
+              refresh_metrics['exploration_client_epochs'])
+      seconds = time.time() - t0
+      metrics = _flatten_metrics(output.metrics)
+      train_loss = metrics.get('client_work/train/loss', float('nan'))
+      dropped = _dropped_clients(metrics)
+      if dropped >= c.clients_per_round or not math.isfinite(train_loss):
+        why = (f'all {dropped} sampled clients\' updates were non-finite'
+               if dropped >= c.clients_per_round else f'train loss {train_loss}')
+        again = ('start a new run (another --experiment_name: rounds before this one are '
+                 f'checkpointed in {ckpt_dir})' if round_num > 1 else 'start again')
+        raise ExperimentError(
+            f'training diverged at round {round_num} ({why}); {again} with a lower '
+            f'--client_lr (now {c.client_lr}) or server learning rate')
+      if dropped:
+        message = (f'warning: round {round_num}: {dropped} of {c.clients_per_round} clients '
+                   'had non-finite updates and were left out; consider a lower --client_lr')
+        if progress is not None:
+          progress.write(message, file=sys.stderr)
+        else:
+          log(message)
+      row = collections.OrderedDict(round=round_num, seconds=round(seconds, 4),
+                                    dropped_clients=dropped)
+      row.update(metrics)
+      if exploration is not None:
+        row['exploration_client_epochs'] = float(program_state['exploration_client_epochs'])
+      evaluated = round_num % c.eval_every == 0 or round_num == c.rounds
+      if evaluated:
+        with execution.collector_paused():
+          accuracy, test_loss = evaluator(process.get_model_weights(state))
+        best = max(best, accuracy)
+        row['test_accuracy'] = accuracy
+        row['test_loss'] = test_loss
+      rows.append(row)
+      _write_csv(csv_path, rows)
+      with writer.as_default(step=round_num):
+        for key, value in row.items():
+          if key != 'round' and isinstance(value, (int, float)) and math.isfinite(value):
+            tf.summary.scalar(key, value)
+      program_state = collections.OrderedDict(
+          state=state, round=round_num, best_accuracy=best,
+          exploration_client_epochs=float(program_state['exploration_client_epochs']))
+      loop.run_until_complete(manager.save(program_state, round_num))
+      last_round = round_num
+      if not frozen or (evaluated and not frozen_after_eval):
+        # Everything alive now (TFF's compiled computations, ~1M objects) lives as long as
+        # the run: keep the garbage collector from re-traversing it every round.
+        execution.freeze_long_lived_objects()
+        frozen, frozen_after_eval = True, frozen_after_eval or evaluated
+      if progress is not None:
+        progress.set_postfix(loss=f'{train_loss:.4f}', acc=f'{accuracy:.4f}', refresh=False)
+        progress.update(1)
+    check_stop()
+  finally:
     if progress is not None:
-      progress.set_postfix(loss=f'{train_loss:.4f}', acc=f'{accuracy:.4f}', refresh=False)
-      progress.update(1)
-  if progress is not None:
-    progress.close()
-  writer.flush()
+      progress.close()
+    writer.flush()
+    loop.close()
 
   accuracies = [float(r['test_accuracy']) for r in rows if r.get('test_accuracy') not in (None, '')]
   seconds = [float(r['seconds']) for r in rows[1:]] or [float(r['seconds']) for r in rows]
@@ -533,6 +837,7 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
       seconds_per_round=float(np.median(seconds)) if seconds else None,
       client_epochs_training=len(rows) * c.clients_per_round * c.local_epochs,
       exploration_client_epochs=float(program_state['exploration_client_epochs']),
+      dropped_clients=int(sum(int(float(r.get('dropped_clients') or 0)) for r in rows)),
       aggregator_state_bytes=int(sum(np.asarray(t).nbytes
                                      for t in tf.nest.flatten(state.aggregator))),
       experiment_dir=os.path.abspath(exp_dir),
@@ -561,7 +866,6 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
   _write_json(os.path.join(exp_dir, 'summary.json'), summary)
   plot_accuracy(rows, os.path.join(exp_dir, 'accuracy.png'),
                 f'{c.algorithm} on {c.dataset} ({c.partition})')
-  loop.close()
   return summary
 
 

@@ -6,7 +6,9 @@ r"""Trains any method on any dataset and partition.
 
 Writes metrics.csv, TensorBoard events, per-round checkpoints, summary.json and accuracy.png
 under --root_output_dir/--experiment_name; `--resume` continues a killed run exactly.
-Bad flags, missing data, impossible partitions and diverging training stop with one line.
+Bad flags, missing data, impossible partitions and diverging training stop with one line
+(exit code 2). SIGTERM / SIGINT stop the run after the round in progress (exit 143 / 130);
+a second one stops it at once.
 """
 
 import os
@@ -131,16 +133,17 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   logging.set_verbosity(logging.WARNING)  # TFF's per-model INFO lines are noise here
   config = config_from_flags()
-  try:
-    experiment.validate(config)  # up front, before TF/TFF start
-    summary = experiment.run_experiment(config)
-  except experiment.ExperimentError as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
-  except KeyboardInterrupt:
-    print('interrupted: the last finished round is checkpointed; rerun with --resume',
-          file=sys.stderr)
-    return 130
+  # Installed before the TFF runtime starts, so SIGINT/SIGTERM only ask the loop to stop at
+  # its next round boundary (see experiment.StopRequests); the worker stops at exit.
+  with experiment.StopRequests() as stop:
+    try:
+      summary = experiment.run_experiment(config, stop=stop)  # validates before TF starts
+    except experiment.ExperimentError as e:
+      print(f'error: {e}', file=sys.stderr)
+      return 2
+    except experiment.Interrupted as e:
+      print(str(e), file=sys.stderr)
+      return e.exit_code
   print(f'final accuracy {summary["final_accuracy"]:.4f}  best {summary["best_accuracy"]:.4f}  '
         f'{summary["seconds_per_round"]:.2f} s/round')
   print(f'summary: {os.path.join(summary["experiment_dir"], "summary.json")}')

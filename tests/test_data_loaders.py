@@ -11,7 +11,9 @@ import gzip
 import json
 import os
 import socket
+import subprocess
 import sqlite3
+import sys
 from unittest import mock
 
 import numpy as np
@@ -22,6 +24,7 @@ import tensorflow_federated as tff
 from data import loaders
 from data.datasets import ArrayDataset, FederatedDataset
 from data.loaders import DatasetNotFoundError
+from tests.helpers import leaf_shakespeare_users, write_leaf_json
 
 
 @pytest.fixture(autouse=True)
@@ -372,15 +375,6 @@ def test_tff_missing_and_malformed(tmp_path):
 # --------------------------------------------------------------------------- #
 
 
-def write_leaf_json(path, user_data):
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  users = list(user_data)
-  blob = {'users': users, 'num_samples': [len(user_data[u]['y']) for u in users],
-          'hierarchies': [], 'user_data': user_data}
-  with open(path, 'w') as f:
-    json.dump(blob, f)
-
-
 def _femnist_user(rng, n):
   return {'x': rng.random([n, 784]).round(3).tolist(), 'y': rng.integers(0, 62, n).tolist()}
 
@@ -476,6 +470,58 @@ def test_leaf_sent140(tmp_path):
   assert fed.x_test[0, :3].tolist() == [ids['love'], 1, 0]  # lower-cased; OOV = 1
   small = loaders.load_leaf(str(tmp_path), 'sent140', max_vocab=1)
   assert small.info['vocab'] == ['word']
+
+
+def test_leaf_user_split_keeps_held_out_test_users(tmp_path):
+  """LEAF's `-t user` split: test/ holds other users than train/; all of them are tested."""
+  train = leaf_shakespeare_users(['ROMEO', 'JULIET'], 3)
+  test = leaf_shakespeare_users(['HAMLET', 'OPHELIA'], 2, start=100)
+  write_leaf_json(str(tmp_path / 'train' / 'a.json'), train)
+  write_leaf_json(str(tmp_path / 'test' / 'a.json'), test)
+  fed = loaders.load_leaf(str(tmp_path), 'shakespeare')
+  assert fed.info['client_names'] == ['JULIET', 'ROMEO']
+  assert fed.info['test_users'] == ['HAMLET', 'OPHELIA']
+  expected = loaders._encode_leaf_targets(test['HAMLET']['y'] + test['OPHELIA']['y'])  # pylint: disable=protected-access
+  np.testing.assert_array_equal(fed.y_test, expected)
+  assert fed.x_test.shape == (4, 80)
+  # Sample split (same users in both): only the kept clients' test data.
+  write_leaf_json(str(tmp_path / 'test' / 'a.json'), leaf_shakespeare_users(['ROMEO', 'JULIET'], 1))
+  one = loaders.load_leaf(str(tmp_path), 'shakespeare', max_clients=1)
+  assert one.info['test_users'] == ['JULIET'] and one.y_test.shape == (1,)
+
+
+@pytest.mark.parametrize('content, fragment', [
+    ('{"users": ["a"], "user_data": {"a": {"x": [[0.5]', 'not valid JSON'),
+    ('{"users": ["a"], "num_samples": [1]}', 'no "user_data"'),
+    ('{"user_data": {"a": {"x": [[0.5]], "y": [1, 2]}}}', 'equally long "x" and "y"'),
+    ('{"user_data": {"a": {"x": [[0.5, 0.5]], "y": [1]}}}', '784 pixels'),
+    ('{"user_data": {"a": {"x": [[0.5]], "y": ["b"]}}}', 'labels'),
+])
+def test_leaf_bad_files_raise_one_line_format_errors(tmp_path, content, fragment):
+  for split in ('train', 'test'):
+    os.makedirs(tmp_path / split)
+    (tmp_path / split / 'a.json').write_text(content)
+  with pytest.raises(loaders.DatasetFormatError) as err:
+    loaders.load_leaf(str(tmp_path), 'femnist')
+  text = _one_line(err)
+  assert fragment in text and str(tmp_path) in text, text
+
+
+def test_truncated_gzip_idx_is_a_format_error(tmp_path):
+  import gzip  # pylint: disable=g-import-not-at-top
+  raw = gzip.compress(bytes([0, 0, 8, 1, 0, 0, 0, 200]) + bytes(200))
+  (tmp_path / 'f.gz').write_bytes(raw[:len(raw) // 2])
+  with pytest.raises(loaders.DatasetFormatError, match='truncated or corrupt gzip'):
+    loaders.read_idx(str(tmp_path / 'f.gz'))
+
+
+def test_loaders_import_without_tensorflow():
+  """Programs check --dataset against the registry before TensorFlow starts."""
+  code = ('import sys, data; data.DATASETS; data.DatasetFormatError; '
+          'from tff_algos.models import catalog; import tff_algos; '
+          'assert "tensorflow" not in sys.modules, "TF imported"')
+  subprocess.run([sys.executable, '-c', code], check=True, cwd=os.path.dirname(
+      os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_leaf_missing(tmp_path):

@@ -26,14 +26,16 @@ EXPECTED = {
     'vgg16': ((32, 32, 3), 10, 15_257_802),
     'char_lstm': ((80,), 86, 819_462),
     'tiny_cnn': ((8, 8, 1), 10, 9_658),
+    'leaf_char_lstm': ((80,), 81, 818_137),
+    'sent140_lstm': ((25,), 2, 273_986),
 }
 BATCH = 2
 
 
 def _random_x(name, input_shape, batch=BATCH, seed=0):
   rng = np.random.default_rng(seed)
-  if name in models.SEQUENCE_MODELS:
-    vocab = EXPECTED[name][1]
+  if name in models.SEQUENCE_MODELS or name in models.TOKEN_MODELS:
+    vocab = models.DEFAULT_VOCAB_SIZES.get(name, EXPECTED[name][1])
     # Mostly real ids, with trailing padding (id 0) in the first example.
     x = rng.integers(1, vocab, size=(batch, *input_shape)).astype(np.int32)
     x[0, -5:] = 0
@@ -55,6 +57,8 @@ def built():
 
 
 def test_registry_lists_every_builder():
+  from tff_algos.models import catalog  # pylint: disable=g-import-not-at-top
+  assert tuple(models.MODELS) == catalog.MODEL_NAMES  # the TF-free names are the builders'
   assert set(models.MODELS) == set(EXPECTED)
   assert set(models.DEFAULT_INPUT_SHAPES) == set(EXPECTED)
   for name, (shape, classes, _) in EXPECTED.items():
@@ -166,6 +170,40 @@ def test_char_lstm_structure_and_masking(built):
   manual = tf.keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True)
   keep = (x != 0).astype(np.float32)
   np.testing.assert_allclose(masked, float(np.sum(manual * keep) / keep.sum()), rtol=1e-5)
+
+
+def _lstm_params(inputs, units):
+  return 4 * units * (inputs + units + 1)
+
+
+def test_leaf_models_have_leafs_layers():
+  """Parameter counts from LEAF's layer sizes: Shakespeare embedding 8, 2 x LSTM(256), dense
+  over 81 ids on the last step; Sent140 embedding = LSTM width 100, 2 x LSTM(100), linear
+  dense 128, 2 classes."""
+  char = models.leaf_char_lstm(seed=0)
+  assert char.count_params() == (81 * 8 + _lstm_params(8, 256) + _lstm_params(256, 256)
+                                 + 256 * 81 + 81)
+  assert [l.return_sequences for l in char.layers if isinstance(l, tf.keras.layers.LSTM)] == [
+      True, False]
+  assert char.get_layer('embedding').mask_zero is False  # LEAF's id 0 is a newline
+  sent = models.sent140_lstm(vocab_size=50, seed=0)
+  assert sent.count_params() == (50 * 100 + 2 * _lstm_params(100, 100) + 100 * 128 + 128
+                                 + 128 * 2 + 2)
+  assert sent.get_layer('fc1').activation is tf.keras.activations.linear
+  # Padding (id 0) is masked: trailing padding does not change the prediction.
+  x = np.zeros([1, 25], np.int32)
+  x[0, :5] = [3, 7, 9, 2, 4]
+  longer = np.zeros([1, 30], np.int32)
+  longer[0, :5] = x[0, :5]
+  sent30 = models.sent140_lstm(vocab_size=50, seq_length=30, seed=0)
+  np.testing.assert_allclose(sent(x).numpy(), sent30(longer).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_token_model_input_spec_has_one_label_per_example():
+  for name, length in (('leaf_char_lstm', 80), ('sent140_lstm', 25)):
+    spec = models.input_spec_for(name)
+    assert spec['x'] == tf.TensorSpec([None, length], tf.int32)
+    assert spec['y'] == tf.TensorSpec([None], tf.int32)
 
 
 def _weights(model):

@@ -25,31 +25,168 @@ def _weights(directory):
     return [f[k] for k in sorted(f.files, key=lambda k: int(k.split('_')[1]))]
 
 
-@pytest.mark.parametrize('flag, fragment', [
+def _snapshot(directory):
+  """{path: (bytes, mode)} of every file under directory."""
+  out = {}
+  for base, _, files in os.walk(directory):
+    for name in files:
+      path = os.path.join(base, name)
+      with open(path, 'rb') as f:
+        out[path] = (f.read(), os.stat(path).st_mode)
+  return out
+
+
+@pytest.fixture(scope='module')
+def piped_run(tmp_path_factory):
+  """A finished 2-round run through `| cat`, started with --resume in an empty directory."""
+  tmp = tmp_path_factory.mktemp('piped')
+  cmd = (f'{sys.executable} -m programs.train ' + ' '.join(BASE) +
+         f' --rounds=2 --resume --root_output_dir={tmp} --experiment_name=p 2>&1 | cat')
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT)
+  result = subprocess.run(['bash', '-c', cmd], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+  return result, tmp / 'p'
+
+
+@pytest.fixture(scope='module')
+def bad_inputs(tmp_path_factory):
+  """Data directories and files that the bad-input cases point at."""
+  from tests.helpers import write_leaf_json  # pylint: disable=g-import-not-at-top
+  tmp = tmp_path_factory.mktemp('bad')
+  for split in ('train', 'test'):
+    for case, content in (('corrupt', '{"users": ["a"], "user_data": {"a": {"x": [[0.5'),
+                          ('no_user_data', '{"users": ["a"], "num_samples": [1]}')):
+      os.makedirs(tmp / case / split)
+      (tmp / case / split / 'a.json').write_text(content)
+    write_leaf_json(str(tmp / 'pixels700' / split / 'a.json'),
+                    {'u': {'x': [[0.5] * 700] * 2, 'y': [1, 2]}})
+  # LEAF all_data whose users have one sample each: all go to training, none to the test set.
+  write_leaf_json(str(tmp / 'no_test' / 'all_data' / 'a.json'),
+                  {f'u{i}': {'x': [[0.5] * 784], 'y': [i]} for i in range(12)})
+  import gzip  # pylint: disable=g-import-not-at-top
+  os.makedirs(tmp / 'fmnist')
+  for stem, shape in (('train-images-idx3-ubyte', (3, 28, 28)), ('train-labels-idx1-ubyte', (3,)),
+                      ('t10k-images-idx3-ubyte', (2, 28, 28)), ('t10k-labels-idx1-ubyte', (2,))):
+    header = bytes([0, 0, 8, len(shape)]) + b''.join(d.to_bytes(4, 'big') for d in shape)
+    raw = gzip.compress(header + bytes(int(np.prod(shape))))
+    if stem.startswith('train-images'):
+      raw = raw[:len(raw) // 2]  # a download cut short
+    (tmp / 'fmnist' / (stem + '.gz')).write_bytes(raw)
+  (tmp / 'a_file').write_text('not a directory')
+  return tmp
+
+
+# (flags, fragment of the one error line); {bad} = the bad_inputs directory, {run} = the
+# root of piped_run's finished run 'p' (resume cases).
+BAD_INPUTS = [
     ('--algorithm=nope', '--algorithm'),
     ('--clients_per_round=50', '--clients_per_round=50 exceeds'),
     ('--partition=dirichlet --dirichlet_alpha=0', '--dirichlet_alpha must be > 0'),
     ('--dataset=mnist --data_dir=/nonexistent', 'tfds build'),
     ('--partition=classes --classes_per_client=11', 'impossible partition'),
+    ('--num_clients=200', 'use fewer clients'),  # names no min_size: that is not a flag
     ('--algorithm=fedcda --fedcda_selection=best', '--fedcda_selection'),
     ('--algorithm=fedcda --fedcda_warmup_weighting=loss', '--fedcda_warmup_weighting'),
     ('--algorithm=cadis --cadis_threshold=0.99 --cadis_threshold_max=0.9', '--cadis_threshold'),
     ('--algorithm=cadis --cadis_closure=three_hop', '--cadis_closure'),
     # found only once the model is built: still one line, naming the flags to change
     ('--algorithm=fedcda --fedcda_max_cache_gib=0.0001', '--fedcda_max_cache_gib'),
-])
-def test_bad_input_gives_one_line(tmp_path, flag, fragment):
-  result = _run(BASE + flag.split() + [f'--root_output_dir={tmp_path}'])
+    # flags a method would ignore
+    ('--algorithm=fedcross --server_optimizer=adam --server_lr=0.5', '--server_optimizer is not used'),
+    ('--algorithm=fedavgm --server_optimizer=adam', '--server_optimizer is not used'),
+    ('--algorithm=fedavg --server_momentum=0.5', 'only with --server_optimizer=sgdm'),
+    ('--algorithm=fedavg --fedcda_cache_size=5', '--fedcda_cache_size is not used'),
+    # models that cannot take the data
+    ('--model=char_lstm', 'does not take digits'),
+    ('--model=vgg16', 'vgg16 needs height and width >= 32'),
+    ('--data_dir=/tmp', 'drop --data_dir'),
+    # unreadable data
+    ('--dataset=femnist_leaf --data_dir={bad}/corrupt', 'not valid JSON'),
+    ('--dataset=femnist_leaf --data_dir={bad}/no_user_data', 'no "user_data"'),
+    ('--dataset=femnist_leaf --data_dir={bad}/pixels700', '784 pixels'),
+    ('--dataset=femnist_leaf --data_dir={bad}/no_test', 'no central test examples'),
+    ('--dataset=fashion_mnist --data_dir={bad}/fmnist', 'truncated or corrupt gzip'),
+    # output directories
+    ('--root_output_dir={bad}/a_file', 'cannot create the experiment directory'),
+    ('--root_output_dir=/proc/no_such_dir', 'cannot create the experiment directory'),
+    # --resume of a different run
+    ('--root_output_dir={run} --experiment_name=p --resume --rounds=2 --seed=1',
+     'run with --seed=0 (now --seed=1)'),
+    ('--root_output_dir={run} --experiment_name=p --resume --rounds=2 --algorithm=fedcross',
+     '--algorithm=fedavg (now --algorithm=fedcross)'),
+    ('--root_output_dir={run} --experiment_name=p --resume --rounds=1',
+     'already finished round 2; pass --rounds=2 or more'),
+    ('--root_output_dir={run} --experiment_name=p --rounds=2', 'pass --resume to continue'),
+]
+
+
+@pytest.mark.parametrize('flags, fragment', BAD_INPUTS, ids=[f for f, _ in BAD_INPUTS])
+def test_bad_input_gives_one_line_and_changes_no_run_file(piped_run, bad_inputs, tmp_path,
+                                                          flags, fragment):
+  run_root = piped_run[1].parent
+  flags = flags.format(bad=bad_inputs, run=run_root)
+  # An earlier run's record in the default output place: nothing of it may change.
+  record = tmp_path / 'runs' / 'r'
+  os.makedirs(record)
+  for name in ('config.json', 'metrics.csv', 'partition.npz'):
+    (record / name).write_text(name)
+  before = _snapshot(tmp_path), _snapshot(run_root)
+  args = BASE + [f'--root_output_dir={tmp_path / "runs"}', '--experiment_name=r'] + flags.split()
+  result = _run(args)
   assert result.returncode == 2, result.stderr
   lines = [l for l in result.stderr.strip().splitlines() if l.strip()]
   assert len(lines) == 1, result.stderr
   assert lines[0].startswith('error: ') and fragment in lines[0], lines[0]
+  assert 'min_size' not in lines[0]
+  assert (_snapshot(tmp_path), _snapshot(run_root)) == before
+
+
+def test_flag_errors_come_before_tensorflow_starts():
+  code = ('import atexit, runpy, sys; '
+          'atexit.register(lambda: print("TF" if "tensorflow" in sys.modules else "no TF")); '
+          'sys.argv = ["train", "--dataset=digits", "--algorithm=fedcross", '
+          '"--server_optimizer=adam"]; runpy.run_module("programs.train", run_name="__main__")')
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT)
+  result = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+  assert result.returncode == 2 and result.stderr.startswith('error: --server_optimizer')
+  assert result.stdout.strip() == 'no TF'
+
+
+def test_server_lr_alone_sets_the_server_sgd_rate():
+  """--server_lr without --server_optimizer is used (plain server SGD), not ignored."""
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  model_fn = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
+  config = experiment.ExperimentConfig(dataset='digits', server_lr=0.25)
+  process = experiment.build_process(config, model_fn, num_clients=4)
+  state = process.initialize()
+  assert float(state.finalizer['learning_rate']) == 0.25
+
+
+def test_dropped_clients_are_counted_and_announced(tmp_path):
+  """With this seed and --client_lr=1e6, one of round 1's 4 clients goes non-finite: the run
+  goes on without it, says so on stderr and counts it in metrics.csv and summary.json."""
+  result = _run(BASE + ['--client_lr=1e6', '--rounds=1', f'--root_output_dir={tmp_path}',
+                        '--experiment_name=d'])
+  assert result.returncode == 0, result.stderr
+  assert ('warning: round 1: 1 of 4 clients had non-finite updates and were left out'
+          in result.stderr), result.stderr
+  import csv  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  with open(tmp_path / 'd' / 'metrics.csv') as f:
+    rows = list(csv.DictReader(f))
+  assert [r['dropped_clients'] for r in rows] == ['1']
+  assert json.loads((tmp_path / 'd' / 'summary.json').read_text())['dropped_clients'] == 1
 
 
 def test_diverging_training_stops_with_message(tmp_path):
   result = _run(BASE + ['--client_lr=1e9', '--rounds=3', f'--root_output_dir={tmp_path}'])
   assert result.returncode == 2
-  assert 'diverged' in result.stderr and '--client_lr' in result.stderr
+  lines = [l for l in result.stderr.strip().splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith('error: training diverged at round 1 ('), lines
+  assert 'non-finite' in lines[0] and '--client_lr (now 1000000000.0)' in lines[0]
+  assert 'train loss 0.0' not in lines[0] and 'checkpoint' not in lines[0]
   assert 'Traceback' not in result.stderr
 
 
@@ -81,16 +218,13 @@ def test_resume_after_kill_is_identical_to_unbroken_run(tmp_path):
   assert [strip(r) for r in rows_a[1:]] == [strip(r) for r in rows_b[1:]]
 
 
-def test_outputs_and_pipe_termination(tmp_path):
-  """Through a pipe the program returns (TFF's worker would otherwise hold it open)."""
-  cmd = (f'{sys.executable} -m programs.train ' + ' '.join(BASE) +
-         f' --rounds=2 --root_output_dir={tmp_path} --experiment_name=p 2>&1 | cat')
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT)
-  result = subprocess.run(['bash', '-c', cmd], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=240)
+def test_outputs_and_pipe_termination(piped_run):
+  """Through a pipe the program returns (TFF's worker would otherwise hold it open); --resume
+  with nothing to resume says so and trains from scratch."""
+  result, out = piped_run
   assert 'final accuracy' in result.stdout, result.stdout
   assert 'Traceback' not in result.stdout and 'Exception ignored' not in result.stdout
-  out = tmp_path / 'p'
+  assert 'note: nothing to resume in' in result.stdout
   for name in ('summary.json', 'metrics.csv', 'accuracy.png', 'final_weights.npz',
                'partition.npz', 'config.json'):
     assert (out / name).stat().st_size > 0, name
@@ -99,4 +233,4 @@ def test_outputs_and_pipe_termination(tmp_path):
   summary = json.loads((out / 'summary.json').read_text())
   for key in ('final_accuracy', 'best_accuracy', 'rounds', 'seconds_per_round'):
     assert summary[key] is not None
-  assert summary['rounds'] == 2
+  assert summary['rounds'] == 2 and summary['dropped_clients'] == 0

@@ -2,12 +2,35 @@
 
 Every method is built by a `build_<method>` function returning a
 `tff.learning.templates.LearningProcess`; see README.md.
+
+The builders are exported lazily (PEP 562): `import tff_algos` does not start TensorFlow, so a
+program can validate its flags (e.g. against `tff_algos.models.catalog`) first.
 """
-from tff_algos import execution
-from tff_algos.baselines import (
-    BASELINES, build_baseline, build_fedadam, build_fedavg, build_fedavgm, build_fedprox,
-    build_fedsgd)
-from tff_algos.cadis import build_cadis
-from tff_algos.fedcda import build_fedcda
-from tff_algos.fedcross import build_fedcross
-from tff_algos.fedlex import build_fedlex, build_fedlex_exploration
+from typing import TYPE_CHECKING
+
+from tff_algos._lazy_exports import lazy_exports
+
+from tff_algos import execution  # stdlib only; registers the worker shutdown at exit
+
+_EXPORTS = {
+    'tff_algos.baselines': (
+        'BASELINES', 'build_baseline', 'build_fedadam', 'build_fedavg', 'build_fedavgm',
+        'build_fedprox', 'build_fedsgd'),
+    'tff_algos.cadis': ('build_cadis',),
+    'tff_algos.fedcda': ('build_fedcda',),
+    'tff_algos.fedcross': ('build_fedcross',),
+    'tff_algos.fedlex': ('build_fedlex', 'build_fedlex_exploration'),
+}
+_SUBMODULES = ('aggregators', 'baselines', 'cadis', 'client_work', 'evaluation', 'fedcda',
+               'fedcross', 'fedlex', 'models')
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
+__all__ = __all__ + ['execution']
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+  from tff_algos.baselines import (  # noqa: F401
+      BASELINES, build_baseline, build_fedadam, build_fedavg, build_fedavgm, build_fedprox,
+      build_fedsgd)
+  from tff_algos.cadis import build_cadis  # noqa: F401
+  from tff_algos.fedcda import build_fedcda  # noqa: F401
+  from tff_algos.fedcross import build_fedcross  # noqa: F401
+  from tff_algos.fedlex import build_fedlex, build_fedlex_exploration  # noqa: F401

@@ -1,45 +1,32 @@
-"""Keras model zoo with a known final `classifier` layer, and TFF `model_fn`s for it."""
+"""Keras model zoo with a known final `classifier` layer, and TFF `model_fn`s for it.
 
-from tff_algos.models.model_fns import input_spec_for
-from tff_algos.models.model_fns import make_model_fn
-from tff_algos.models.representation import classifier_layer
-from tff_algos.models.representation import keras_model_of
-from tff_algos.models.representation import representation_model
-from tff_algos.models.zoo import build_keras_model
-from tff_algos.models.zoo import char_lstm
-from tff_algos.models.zoo import check_model_name
-from tff_algos.models.zoo import CLASSIFIER_LAYER
-from tff_algos.models.zoo import DEFAULT_INPUT_SHAPES
-from tff_algos.models.zoo import DEFAULT_NUM_CLASSES
-from tff_algos.models.zoo import fedavg_cnn
-from tff_algos.models.zoo import mlp_2nn
-from tff_algos.models.zoo import MODELS
-from tff_algos.models.zoo import resnet20
-from tff_algos.models.zoo import SEQUENCE_MODELS
-from tff_algos.models.zoo import ShortcutA
-from tff_algos.models.zoo import simple_cnn
-from tff_algos.models.zoo import tiny_cnn
-from tff_algos.models.zoo import vgg16
+Names are exported lazily (PEP 562): `tff_algos.models.catalog` (model names and the inputs
+each takes) imports without TensorFlow, so programs can check `--model` before TF starts.
+"""
 
-__all__ = [
-    'CLASSIFIER_LAYER',
-    'DEFAULT_INPUT_SHAPES',
-    'DEFAULT_NUM_CLASSES',
-    'MODELS',
-    'SEQUENCE_MODELS',
-    'ShortcutA',
-    'build_keras_model',
-    'char_lstm',
-    'check_model_name',
-    'classifier_layer',
-    'fedavg_cnn',
-    'input_spec_for',
-    'keras_model_of',
-    'make_model_fn',
-    'mlp_2nn',
-    'representation_model',
-    'resnet20',
-    'simple_cnn',
-    'tiny_cnn',
-    'vgg16',
-]
+from typing import TYPE_CHECKING
+
+from tff_algos._lazy_exports import lazy_exports
+
+_EXPORTS = {
+    'tff_algos.models.model_fns': ('input_spec_for', 'make_model_fn'),
+    'tff_algos.models.representation': (
+        'classifier_layer', 'keras_model_of', 'representation_model'),
+    'tff_algos.models.zoo': (
+        'build_keras_model', 'char_lstm', 'check_model_name', 'CLASSIFIER_LAYER',
+        'DEFAULT_INPUT_SHAPES', 'DEFAULT_NUM_CLASSES', 'DEFAULT_VOCAB_SIZES', 'fedavg_cnn',
+        'leaf_char_lstm', 'mlp_2nn', 'MODELS', 'resnet20', 'SEQUENCE_MODELS', 'sent140_lstm',
+        'ShortcutA', 'simple_cnn', 'tiny_cnn', 'TOKEN_MODELS', 'vgg16'),
+}
+_SUBMODULES = ('catalog', 'model_fns', 'representation', 'zoo')
+__getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
+
+
+if TYPE_CHECKING:  # static analysers and IDEs see the real names
+  from tff_algos.models.model_fns import input_spec_for, make_model_fn  # noqa: F401
+  from tff_algos.models.representation import (  # noqa: F401
+      classifier_layer, keras_model_of, representation_model)
+  from tff_algos.models.zoo import (  # noqa: F401
+      CLASSIFIER_LAYER, DEFAULT_INPUT_SHAPES, DEFAULT_NUM_CLASSES, DEFAULT_VOCAB_SIZES, MODELS,
+      SEQUENCE_MODELS, TOKEN_MODELS, ShortcutA, build_keras_model, char_lstm, check_model_name,
+      fedavg_cnn, leaf_char_lstm, mlp_2nn, resnet20, sent140_lstm, simple_cnn, tiny_cnn, vgg16)

@@ -18,25 +18,28 @@ def input_spec_for(name: str, input_shape: Optional[zoo.Shape] = None
 
   Image / vector models: x float32 [None, *input_shape], y int32 [None].
   'char_lstm': x and y int32 [None, seq_length] (input_shape is (seq_length,)).
+  'leaf_char_lstm', 'sent140_lstm': x int32 [None, seq_length], y int32 [None].
   `input_shape` defaults to `zoo.DEFAULT_INPUT_SHAPES[name]`.
   """
   zoo.check_model_name(name)
   if input_shape is None:
     input_shape = zoo.DEFAULT_INPUT_SHAPES[name]
   input_shape = tuple(int(d) for d in input_shape)
-  if name in zoo.SEQUENCE_MODELS:
+  if name in zoo.SEQUENCE_MODELS or name in zoo.TOKEN_MODELS:
     if len(input_shape) != 1:
       raise ValueError(f'{name} expects input_shape (seq_length,), got {input_shape}')
+    label_shape = [None, input_shape[0]] if name in zoo.SEQUENCE_MODELS else [None]
     return collections.OrderedDict(
         x=tf.TensorSpec([None, input_shape[0]], tf.int32),
-        y=tf.TensorSpec([None, input_shape[0]], tf.int32))
+        y=tf.TensorSpec(label_shape, tf.int32))
   return collections.OrderedDict(
       x=tf.TensorSpec([None, *input_shape], tf.float32),
       y=tf.TensorSpec([None], tf.int32))
 
 
 def make_model_fn(name: str, input_shape: Optional[zoo.Shape] = None,
-                  num_classes: Optional[int] = None, seed: Optional[int] = None
+                  num_classes: Optional[int] = None, seed: Optional[int] = None,
+                  vocab_size: Optional[int] = None
                   ) -> Callable[[], tff.learning.models.VariableModel]:
   """Returns a no-arg `model_fn` for `tff.learning` building zoo model `name`.
 
@@ -47,7 +50,11 @@ def make_model_fn(name: str, input_shape: Optional[zoo.Shape] = None,
   metric objects and rebuilds them from the constructor when finalizing (the form TFF 0.87
   recommends over metric instances).
 
-  Argument validation (unknown name, bad shapes) happens here, not at the first call.
+  `vocab_size` is the token vocabulary of 'sent140_lstm' (see `zoo.build_keras_model`).
+
+  Argument validation (unknown name, bad shapes, sizes a model cannot take) happens here, not
+  at the first call: the Keras model is built once in a throwaway graph, so nothing eager is
+  left behind to mix with TFF's traced models.
   """
   zoo.check_model_name(name)
   if input_shape is None:
@@ -57,9 +64,12 @@ def make_model_fn(name: str, input_shape: Optional[zoo.Shape] = None,
   input_shape = tuple(int(d) for d in input_shape)
   num_classes = int(num_classes)
   spec = input_spec_for(name, input_shape)  # validates the shape's rank for sequence models
+  with tf.Graph().as_default():
+    zoo.build_keras_model(name, input_shape, num_classes, seed=seed, vocab_size=vocab_size)
 
   def model_fn() -> tff.learning.models.VariableModel:
-    keras_model = zoo.build_keras_model(name, input_shape, num_classes, seed=seed)
+    keras_model = zoo.build_keras_model(name, input_shape, num_classes, seed=seed,
+                                        vocab_size=vocab_size)
     return tff.learning.models.from_keras_model(
         keras_model,
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),

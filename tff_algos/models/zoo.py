@@ -33,6 +33,16 @@ Models:
   LSTM(256, return_sequences=True), and a per-position Dense classifier over the vocabulary.
   int32 inputs [batch, seq_length] -> logits [batch, seq_length, vocab]. Character id 0 is
   padding and is masked: Keras losses ignore padded positions.
+* `leaf_char_lstm`: LEAF's Shakespeare model (LEAF ``models/shakespeare/stacked_lstm.py``):
+  Embedding(vocab, 8), two stacked LSTM(256) and a Dense classifier over the vocabulary on the
+  **last** step's output: int32 [batch, 80] -> logits [batch, vocab], one next character per
+  window, as LEAF writes its data. No masking: LEAF's character id 0 is a newline.
+* `sent140_lstm`: LEAF's Sent140 model (LEAF ``models/sent140/stacked_lstm.py``): a trainable
+  Embedding(vocab, 100), two stacked LSTM(100), a linear 128-unit dense layer on the last
+  step's output and the classifier (2 classes). LEAF looks its ids up in a 300-d GloVe table
+  that needs a download; here the embedding is learnt from scratch over the vocabulary the
+  loader builds from the training tweets (`data.load_leaf`: 0 = padding, 1 = out of
+  vocabulary, then words by frequency), with id 0 masked so padding does not count.
 * `tiny_cnn`: a very small CNN for tests on scikit-learn's 8x8 digits.
 
 BatchNorm note (ResNet-20, VGG-16): its moving statistics are non-trainable variables; TFF
@@ -52,6 +62,8 @@ from typing import Optional
 
 import numpy as np
 import tensorflow as tf
+
+from tff_algos.models import catalog
 
 CLASSIFIER_LAYER = 'classifier'
 
@@ -293,6 +305,59 @@ def char_lstm(vocab_size: int = 86, seq_length: int = 80, embedding_dim: int = 8
   return tf.keras.Model(inputs, outputs, name='char_lstm')
 
 
+def _check_token_model(vocab_size: int, seq_length: int) -> tuple[int, int]:
+  if int(vocab_size) < 2:
+    raise ValueError(f'vocab_size must be >= 2, got {vocab_size}')
+  if int(seq_length) < 1:
+    raise ValueError(f'seq_length must be >= 1, got {seq_length}')
+  return int(vocab_size), int(seq_length)
+
+
+def _stacked_lstm_on_last_step(inputs, units: int, init: _Initializers):
+  h = inputs
+  for i in (1, 2):
+    h = tf.keras.layers.LSTM(units, return_sequences=(i == 1),
+                             kernel_initializer=init.glorot_uniform(),
+                             recurrent_initializer=init.orthogonal(), name=f'lstm{i}')(h)
+  return h
+
+
+def leaf_char_lstm(vocab_size: int = 81, seq_length: int = 80, embedding_dim: int = 8,
+                   units: int = 256, seed: Optional[int] = None) -> tf.keras.Model:
+  """LEAF's Shakespeare model: int32 [B, seq_length] -> next-character logits [B, vocab].
+
+  vocab_size 81 = LEAF's 80 letters + the loader's out-of-alphabet id.
+  """
+  vocab_size, seq_length = _check_token_model(vocab_size, seq_length)
+  init = _Initializers(seed)
+  inputs = tf.keras.Input(shape=(seq_length,), dtype=tf.int32, name='x')
+  h = tf.keras.layers.Embedding(vocab_size, int(embedding_dim),
+                                embeddings_initializer=init.embedding_uniform(),
+                                name='embedding')(inputs)
+  h = _stacked_lstm_on_last_step(h, int(units), init)
+  outputs = _classifier(vocab_size, init)(h)
+  return tf.keras.Model(inputs, outputs, name='leaf_char_lstm')
+
+
+def sent140_lstm(vocab_size: int = 1000, seq_length: int = 25, num_classes: int = 2,
+                 units: int = 100, dense_units: int = 128,
+                 seed: Optional[int] = None) -> tf.keras.Model:
+  """LEAF's Sent140 model: int32 token ids [B, seq_length] (0 = padding) -> logits [B, 2]."""
+  vocab_size, seq_length = _check_token_model(vocab_size, seq_length)
+  num_classes = _check_num_classes(num_classes)
+  init = _Initializers(seed)
+  inputs = tf.keras.Input(shape=(seq_length,), dtype=tf.int32, name='x')
+  h = tf.keras.layers.Embedding(vocab_size, int(units), mask_zero=True,
+                                embeddings_initializer=init.embedding_uniform(),
+                                name='embedding')(inputs)
+  h = _stacked_lstm_on_last_step(h, int(units), init)
+  # LEAF's fc1 has no activation.
+  h = tf.keras.layers.Dense(int(dense_units), kernel_initializer=init.glorot_uniform(),
+                            name='fc1')(h)
+  outputs = _classifier(num_classes, init)(h)
+  return tf.keras.Model(inputs, outputs, name='sent140_lstm')
+
+
 def tiny_cnn(input_shape: Shape = (8, 8, 1), num_classes: int = 10,
              seed: Optional[int] = None) -> tf.keras.Model:
   """Tiny test CNN: Conv 3x3x8 ('valid', ReLU), Flatten, Dense 32 ReLU, classifier."""
@@ -309,6 +374,7 @@ def tiny_cnn(input_shape: Shape = (8, 8, 1), num_classes: int = 10,
   return tf.keras.Model(inputs, outputs, name='tiny_cnn')
 
 
+# The builders, under the names (and in the order) of `catalog.MODEL_NAMES`.
 MODELS: dict[str, Callable[..., tf.keras.Model]] = {
     'fedavg_cnn': fedavg_cnn,
     'simple_cnn': simple_cnn,
@@ -317,6 +383,8 @@ MODELS: dict[str, Callable[..., tf.keras.Model]] = {
     'vgg16': vgg16,
     'char_lstm': char_lstm,
     'tiny_cnn': tiny_cnn,
+    'leaf_char_lstm': leaf_char_lstm,
+    'sent140_lstm': sent140_lstm,
 }
 
 # Per-model defaults used when `build_keras_model` gets no input_shape / num_classes.
@@ -329,14 +397,22 @@ DEFAULT_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     'vgg16': (32, 32, 3),
     'char_lstm': (80,),
     'tiny_cnn': (8, 8, 1),
+    'leaf_char_lstm': (80,),
+    'sent140_lstm': (25,),
 }
 DEFAULT_NUM_CLASSES: dict[str, int] = {
     'fedavg_cnn': 10, 'simple_cnn': 10, 'mlp_2nn': 10, 'resnet20': 10, 'vgg16': 10,
-    'char_lstm': 86, 'tiny_cnn': 10,
+    'char_lstm': 86, 'tiny_cnn': 10, 'leaf_char_lstm': 81, 'sent140_lstm': 2,
 }
+# Vocabulary of the token models whose vocabulary is not their class count.
+DEFAULT_VOCAB_SIZES: dict[str, int] = {'sent140_lstm': 1000}
 
 # Models whose inputs are int32 token ids and whose labels are one id per position.
-SEQUENCE_MODELS = frozenset({'char_lstm'})
+SEQUENCE_MODELS = frozenset(
+    n for n, kind in catalog.MODEL_INPUTS.items() if kind == catalog.TOKENS_PER_POSITION)
+# Models whose inputs are int32 token ids and whose label is one id per example.
+TOKEN_MODELS = frozenset(
+    n for n, kind in catalog.MODEL_INPUTS.items() if kind == catalog.TOKENS_TO_LABEL)
 
 
 def check_model_name(name: str) -> str:
@@ -349,7 +425,8 @@ def check_model_name(name: str) -> str:
 
 def build_keras_model(name: str, input_shape: Optional[Shape] = None,
                       num_classes: Optional[int] = None,
-                      seed: Optional[int] = None) -> tf.keras.Model:
+                      seed: Optional[int] = None,
+                      vocab_size: Optional[int] = None) -> tf.keras.Model:
   """Builds the zoo model `name` (a key of `MODELS`).
 
   Args:
@@ -360,6 +437,8 @@ def build_keras_model(name: str, input_shape: Optional[Shape] = None,
       is the vocabulary size.
     seed: int seed for the kernel/embedding initializers (same seed, same initial weights), or
       None for unseeded initialization.
+    vocab_size: the token vocabulary of 'sent140_lstm' (default `DEFAULT_VOCAB_SIZES`); the
+      character models' vocabulary is their `num_classes`.
 
   Raises:
     ValueError: unknown `name` (the message lists the valid names) or bad shapes.
@@ -374,4 +453,12 @@ def build_keras_model(name: str, input_shape: Optional[Shape] = None,
     if len(input_shape) != 1:
       raise ValueError(f"char_lstm expects input_shape (seq_length,), got {input_shape}")
     return char_lstm(vocab_size=num_classes, seq_length=input_shape[0], seed=seed)
+  if name in TOKEN_MODELS:
+    input_shape = tuple(input_shape)
+    if len(input_shape) != 1:
+      raise ValueError(f'{name} expects input_shape (seq_length,), got {input_shape}')
+    if name == 'leaf_char_lstm':
+      return leaf_char_lstm(vocab_size=num_classes, seq_length=input_shape[0], seed=seed)
+    return sent140_lstm(vocab_size=vocab_size or DEFAULT_VOCAB_SIZES[name],
+                        seq_length=input_shape[0], num_classes=num_classes, seed=seed)
   return MODELS[name](input_shape=tuple(input_shape), num_classes=num_classes, seed=seed)
