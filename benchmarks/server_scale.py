@@ -73,7 +73,9 @@ def main(argv):
   print(f'setup: {_METHOD.value}, {ds.name}, model {_MODEL.value}, P={per_round} clients x '
         f'{per_client} examples per round, batch {_BATCH.value}, {_ROUNDS.value} timed rounds '
         'per variant after 1 warm-up, full and empty rounds interleaved', flush=True)
-  print('| N | state MB | full round s | empty round s | empty / full | worker peak RSS MB |')
+  print(f'load average at start: {os.getloadavg()[0]:.1f} (2 cores; shared machine)')
+  print('| N | state MB | full round s (min / median) | empty round s (min / median) | '
+        'empty / full (min) | worker peak RSS MB |')
   print('|---|---|---|---|---|---|', flush=True)
   for n in [int(v) for v in _NUM_CLIENTS.value]:
     config = experiment.ExperimentConfig(
@@ -102,9 +104,11 @@ def main(argv):
           times[variant].append(time.perf_counter() - t0)
       if r == 0:
         execution.freeze_long_lived_objects()
-    full, empty = statistics.median(times['full']), statistics.median(times['empty'])
-    print(f'| {n} | {state_bytes / 2**20:.1f} | {full:.3f} | {empty:.3f} | '
-          f'{100 * empty / full:.0f}% | {worker_peak_bytes() / 2**20:.0f} |', flush=True)
+    full, empty = min(times['full']), min(times['empty'])  # min: least disturbed by load
+    print(f'| {n} | {state_bytes / 2**20:.1f} | {full:.3f} / {statistics.median(times["full"]):.3f} | '
+          f'{empty:.3f} / {statistics.median(times["empty"]):.3f} | {100 * empty / full:.0f}% | '
+          f'{worker_peak_bytes() / 2**20:.0f} |', flush=True)
+  print(f'load average at end: {os.getloadavg()[0]:.1f}')
 
 
 if __name__ == '__main__':

@@ -14,7 +14,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 import functools  # pylint: disable=g-import-not-at-top
 import json
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -44,15 +43,9 @@ CALL_TIMEOUT = 1200
 KILL_TIMEOUT = 300
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
-
-
 def _start_service():
   """A worker service as a user starts one (scripts/start_worker.py), dying with pytest."""
-  port = _free_port()
+  port = execution._unused_port()  # pylint: disable=protected-access
   process = execution._PopenDyingWithParent(  # pylint: disable=protected-access
       [sys.executable, os.path.join(ROOT, 'scripts', 'start_worker.py'), f'--port={port}'],
       stdout=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
@@ -202,6 +195,7 @@ def test_someone_elses_worker_killed_mid_round_is_named_in_a_clear_error(service
   process = _build('fedavg')
   address, victim = _start_service()
   try:
+    execution.WorkerService(address).stub(timeout_seconds=120)  # up (a loaded machine is slow)
     context = execution.distributed_context([services[0], address], worker_timeout_seconds=5)
     killer = threading.Thread(target=_kill_when_busy, args=(victim,))
     killer.start()
