@@ -159,17 +159,31 @@ def test_dependent_aggregations_are_refused_with_the_reason():
     execution.check_mergeable(centered_mean, 'centered_mean')
 
 
-def _kill_when_busy(process, seconds=60.0):
-  """Kills `process` once it has used CPU (it is computing the round), at most after `seconds`."""
-  def cpu_ticks():
-    with open(f'/proc/{process.pid}/stat') as f:
-      fields = f.read().rsplit(')', 1)[1].split()
-    return int(fields[11]) + int(fields[12])
+def _kill_at_first_compute(service, process):
+  """Makes `service`'s next executor kill `process` when the round's first Compute call is
+  sent to it (the worker holds the round's values and is asked for a result): a kill in
+  the middle of the round, at a known point."""
+  real_stub = service.stub
 
-  start, deadline = cpu_ticks(), time.time() + seconds
-  while cpu_ticks() < start + 20 and time.time() < deadline:  # 0.2 s of CPU
-    time.sleep(0.02)
-  process.kill()
+  class KillingStub:
+
+    def __init__(self, stub):
+      self._stub = stub
+
+    def compute(self, request):
+      if process.poll() is None:
+        process.kill()
+        process.wait()
+      return self._stub.compute(request)
+
+    def __getattr__(self, name):
+      return getattr(self._stub, name)
+
+  def stub_once(timeout_seconds):
+    service.stub = real_stub  # later executors (the retries) talk to the worker directly
+    return KillingStub(real_stub(timeout_seconds))
+
+  service.stub = stub_once
 
 
 def test_our_worker_killed_mid_round_is_restarted_and_the_round_matches(fed):
@@ -179,12 +193,11 @@ def test_our_worker_killed_mid_round_is_restarted_and_the_round_matches(fed):
   local = _train(config, fed, process, rounds=1)
   context = execution.distributed_context(local_workers=2, worker_timeout_seconds=60)
   victim = context.worker_contexts[1].worker
-  first_pid = victim.process.pid
-  killer = threading.Thread(target=_kill_when_busy, args=(victim.process,))
-  killer.start()
+  first = victim.process
+  _kill_at_first_compute(victim, first)
   _assert_same(local, _in_context(context, _train, config, fed, process, 1))
-  killer.join()
-  assert victim.process.pid != first_pid and victim.process.poll() is None  # restarted
+  assert first.returncode is not None  # it was killed mid-round ...
+  assert victim.process is not first and victim.process.poll() is None  # ... and restarted
   for worker in context.worker_contexts:
     worker.worker.stop()
 
@@ -197,11 +210,10 @@ def test_someone_elses_worker_killed_mid_round_is_named_in_a_clear_error(service
   try:
     execution.WorkerService(address).stub(timeout_seconds=120)  # up (a loaded machine is slow)
     context = execution.distributed_context([services[0], address], worker_timeout_seconds=5)
-    killer = threading.Thread(target=_kill_when_busy, args=(victim,))
-    killer.start()
+    _kill_at_first_compute(context.worker_contexts[1].worker, victim)
     with pytest.raises(execution.WorkerUnavailableError, match=f'{address} did not answer'):
       _in_context(context, _train, config, fed, process, 1, timeout=KILL_TIMEOUT)
-    killer.join()
+    assert victim.returncode is not None
   finally:
     _stop(victim)
 

@@ -252,19 +252,20 @@ class WorkerService:
     """A ready gRPC stub; restarts a dead owned worker; WorkerUnavailableError on timeout."""
     from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub  # pylint: disable=g-import-not-at-top
     import grpc  # pylint: disable=g-import-not-at-top
-    with self._lock:
-      if self.owned and self.process.poll() is not None:
-        self._start()
-      if self._stub is None:
-        channel = grpc.insecure_channel(self.address, _GRPC_CHANNEL_OPTIONS)
-        self._stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(channel)
-      stub = self._stub
     deadline = time.monotonic() + timeout_seconds
-    while not stub.is_ready:
+    while True:
+      with self._lock:
+        if self.owned and self.process.poll() is not None:
+          self._start()  # died (or lost its port to another process): a new one
+        if self._stub is None:
+          channel = grpc.insecure_channel(self.address, _GRPC_CHANNEL_OPTIONS)
+          self._stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(channel)
+        stub = self._stub
+      if stub.is_ready:
+        return stub
       if time.monotonic() > deadline:
         raise WorkerUnavailableError(self.unavailable_message(timeout_seconds))
       time.sleep(0.05)
-    return stub
 
   def forget_channel(self):
     """After a failure: the next `stub()` opens a fresh channel (a broken one backs off)."""
@@ -320,13 +321,14 @@ def _worker_context(service: WorkerService, timeout_seconds: float, default_num_
       return await loop.run_in_executor(pool, self._invoke_blocking, comp, arg)
 
     def _invoke_blocking(self, comp, arg):
-      deadline = time.monotonic() + timeout_seconds
+      deadline = None  # counted from the first failure: a long round is not a lost worker
       while True:
         try:
           return asyncio.run(invoke_once(self, comp, arg))
         except (executors_errors.RetryableError, grpc.RpcError) as e:
           if isinstance(e, grpc.RpcError) and e.code() not in lost_connection:
             raise
+          deadline = deadline or time.monotonic() + timeout_seconds
           if time.monotonic() > deadline:
             raise WorkerUnavailableError(service.unavailable_message(timeout_seconds)) from None
           service.forget_channel()
