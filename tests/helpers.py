@@ -29,3 +29,12 @@ def run_async(coro):
     return loop.run_until_complete(coro)
   finally:
     loop.close()
+
+
+def process_alive(pid: int) -> bool:
+  """Whether process `pid` exists and is not a zombie."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      return f.read().split(')')[1].split()[0] != 'Z'
+  except OSError:
+    return False

@@ -26,6 +26,7 @@ import tensorflow_federated as tff
 
 import data
 from programs import experiment
+from tests import helpers
 from tff_algos import execution
 from tff_algos import fedlex
 from tff_algos import models
@@ -238,17 +239,9 @@ def test_our_services_die_with_a_killed_parent():
   parent.send_signal(signal.SIGKILL)
   parent.wait()
   deadline = time.time() + 20
-  while any(os.path.exists(f'/proc/{p}') and _state(p) != 'Z' for p in pids):
+  while any(helpers.process_alive(p) for p in pids):
     assert time.time() < deadline, f'worker services {pids} outlived their parent'
     time.sleep(0.2)
-
-
-def _state(pid):
-  try:
-    with open(f'/proc/{pid}/stat') as f:
-      return f.read().rsplit(')', 1)[1].split()[0]
-  except OSError:
-    return 'gone'
 
 
 @pytest.mark.parametrize('text, expected', [

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+from tests.helpers import process_alive
 from tff_algos import execution
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,14 +31,6 @@ def _env():
   return dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT)
 
 
-def _alive(pid):
-  try:
-    with open(f'/proc/{pid}/stat') as f:
-      return f.read().split(')')[1].split()[0] != 'Z'
-  except OSError:
-    return False
-
-
 def test_program_through_a_pipe_terminates_cleanly():
   result = subprocess.run(['bash', '-c', f'{sys.executable} -c "$SCRIPT" 2>&1 | cat'],
                           env=dict(_env(), SCRIPT=SCRIPT), capture_output=True, text=True,
@@ -56,13 +49,13 @@ def test_worker_dies_with_a_killed_parent():
     if line.startswith('worker'):
       worker = int(line.split()[1])
       break
-  assert worker is not None and _alive(worker)
+  assert worker is not None and process_alive(worker)
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   deadline = time.time() + 20
-  while _alive(worker) and time.time() < deadline:
+  while process_alive(worker) and time.time() < deadline:
     time.sleep(0.2)
-  assert not _alive(worker)
+  assert not process_alive(worker)
 
 
 def test_collector_paused_restores_the_collector_even_on_error():
