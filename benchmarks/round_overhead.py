@@ -1,4 +1,4 @@
-"""Seconds per FedAvg round: plain TF vs our fast client path vs TFF's stock builder.
+"""Seconds per round of every method against a tight plain-TF loop doing the same local work.
 
 Builds, on identical clients, three things doing the same FedAvg work (one local epoch of
 SGD per client, example-weighted mean of the deltas, server SGD with learning rate 1.0):
@@ -9,11 +9,22 @@ SGD per client, example-weighted mean of the deltas, server SGD with learning ra
             in-graph by `tff_algos.client_work.build_local_training`);
   tff       `tff.learning.algorithms.build_weighted_fed_avg` with `tf.data` clients.
 
+and every method of the project on the same clients and batches (built by the training
+program's `experiment.build_process`; client SGD without momentum at the same learning rate,
+every client taking part; FedCDA with no warm-up, so its cache selection runs every round):
+
+  fedcross, fedcda, cadis (KD, lambda = 1), cadis_nokd (lambda = 0),
+  fedlex_avgm, fedlex_sgd, fedlex_opt, fedlex_prox (guided client steps; the guidance is
+  the initial one, exploration is not timed).
+
 They run INTERLEAVED round by round in one process (the order rotates every round), so
-load from other users of the machine hits all three alike. Prints the median seconds per
-round of each after the warm-up rounds, and the ratios ours / plain_tf and tff / plain_tf.
-All three start from the same weights and see the same batches; the script also prints
-how far their final weights are apart (float noise only).
+load from other users of the machine hits all alike. Prints the median seconds per round of
+each after the warm-up rounds, and each one's ratio to plain_tf. With --server_share, each
+TFF variant also runs, interleaved, rounds whose clients train for 0 epochs (same clients,
+same uploads, same server step): that round's time over the full round is an upper bound
+of the server step's share (it also holds the dispatch and the upload). CADIS with KD and
+FedLEx-SGD (one full-batch gradient per client) do other local work than the plain-TF
+loop: their ratio is to plain TF's SGD epoch, stated as such.
 
   .venv/bin/python benchmarks/round_overhead.py --examples_per_client=200 --rounds=3
 """
@@ -50,14 +61,35 @@ _ROUNDS = flags.DEFINE_integer('rounds', 5, 'Timed rounds per variant.')
 _WARMUP = flags.DEFINE_integer('warmup_rounds', 1, 'Untimed rounds per variant first.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for data selection, orders and model init.')
 _VARIANTS = flags.DEFINE_list(
-    'variants', ['plain_tf', 'ours', 'tff'], 'Which of plain_tf, ours, tff to run.')
+    'variants', ['plain_tf', 'ours', 'tff'],
+    'Which of plain_tf, ours, tff and the methods (fedcross, fedcda, cadis, cadis_nokd, '
+    'fedlex_avgm, fedlex_sgd, fedlex_opt, fedlex_prox) to run; "all" = every one.')
+_LOCAL_WORKERS = flags.DEFINE_integer(
+    'local_workers', 0, 'Also run `ours` split across this many worker services started here '
+    '(variant ours_w, TFF\'s mergeable-comp context), interleaved with the local runtime.')
+_SERVER_SHARE = flags.DEFINE_bool(
+    'server_share', False, 'Also time 0-epoch rounds of each TFF variant (server step share).')
 _MANAGE_GC = flags.DEFINE_bool(
     'manage_gc', True, 'As programs/train.py does: freeze the long-lived heap after the '
     'warm-up round and pause the garbage collector during each timed call (all variants).')
 _MAX_CALLS = flags.DEFINE_integer(
     'max_concurrent_computation_calls', -1, 'Passed to the TFF runtime (-1 = no limit).')
 
-VARIANTS = ('plain_tf', 'ours', 'tff')
+METHODS = ('fedcross', 'fedcda', 'cadis', 'cadis_nokd', 'fedlex_avgm', 'fedlex_sgd',
+           'fedlex_opt', 'fedlex_prox')
+VARIANTS = ('plain_tf', 'ours', 'tff') + METHODS
+
+
+def build_method(name, model_fn, num_clients, batch, lr, seed):
+  """A method's process as the training program builds it, on this benchmark's setting."""
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  algorithm = 'cadis' if name == 'cadis_nokd' else name
+  config = experiment.ExperimentConfig(
+      algorithm=algorithm, num_clients=num_clients, clients_per_round=num_clients,
+      batch_size=batch, client_lr=lr, client_momentum=0.0, seed=seed,
+      fedcda_warmup_rounds=0, fedcda_max_cache_gib=64.0,
+      cadis_kd_weight=0.0 if name == 'cadis_nokd' else 1.0)
+  return experiment.build_process(config, model_fn, num_clients)
 
 
 def load_data(name):
@@ -106,6 +138,22 @@ def main(argv):
   stock = tff.learning.algorithms.build_weighted_fed_avg(
       model_fn, client_optimizer_fn=client_opt, server_optimizer_fn=server_opt)
   t_build_tff = time.perf_counter() - t0
+  requested = VARIANTS if 'all' in _VARIANTS.value else tuple(_VARIANTS.value)
+  unknown = sorted(set(requested) - set(VARIANTS))
+  if unknown:
+    raise app.UsageError(f'--variants: unknown {", ".join(unknown)}; choose from {", ".join(VARIANTS)}')
+  processes = dict(ours=ours)
+  contexts = {}
+  if _LOCAL_WORKERS.value > 0:
+    processes['ours_w'] = ours
+    contexts['ours_w'] = execution.distributed_context(local_workers=_LOCAL_WORKERS.value)
+    requested += ('ours_w',)
+  builds = dict(ours=t_build_ours, tff=t_build_tff)
+  for name in METHODS:
+    if name in requested:
+      t0 = time.perf_counter()
+      processes[name] = build_method(name, model_fn, num_clients, batch, _LR.value, _SEED.value)
+      builds[name] = time.perf_counter() - t0
   state_ours = ours.initialize()
   state_tff = stock.initialize()
   w0 = ours.get_model_weights(state_ours)
@@ -168,23 +216,34 @@ def main(argv):
 
   print(f'setup: {ds.name} {num_clients} clients x {per_client} examples, batch {batch}, '
         f'{epochs} epoch(s), model {_MODEL.value} ({num_params:,} params), '
-        f'{_WARMUP.value} warm-up + {_ROUNDS.value} timed rounds, interleaved', flush=True)
-  print(f'build: ours {t_build_ours:.1f} s, tff {t_build_tff:.1f} s', flush=True)
+        f'{_WARMUP.value} warm-up + {_ROUNDS.value} timed rounds, interleaved; load average '
+        f'{os.getloadavg()[0]:.1f} (2 cores)', flush=True)
+  print('build: ' + ', '.join(f'{k} {v:.1f} s' for k, v in builds.items()), flush=True)
 
-  variants = tuple(v for v in VARIANTS if v in _VARIANTS.value)
+  variants = tuple(v for v in VARIANTS + ('ours_w',) if v in requested)
   if 'plain_tf' not in variants or len(variants) < 2:
-    raise app.UsageError('--variants needs plain_tf and at least one of ours, tff')
-  times = {v: [] for v in variants}
-  state = dict(plain=plain_weights, ours=state_ours, tff=state_tff)
+    raise app.UsageError('--variants needs plain_tf and at least one other variant')
+  # 0-epoch rounds of the TFF variants whose clients take our inputs (not TFF's tf.data).
+  empty_variants = tuple(v for v in variants if v in processes) if _SERVER_SHARE.value else ()
+  times = {v: [] for v in variants + tuple(f'{v}@0' for v in empty_variants)}
+  state = dict(plain=plain_weights, tff=state_tff)
+  state.update({name: p.initialize() for name, p in processes.items() if name != 'ours'})
+  state['ours'] = state_ours
+  state.update({f'{name}@0': processes[name].initialize() for name in empty_variants})
 
   def run_variant(variant):
     if variant == 'plain_tf':
       state['plain'] = plain_round(state['plain'], inputs)
       _ = [w.numpy() for w in state['plain']]  # wait for the values
-    elif variant == 'ours':
-      state['ours'] = ours.next(state['ours'], [[inp] for inp in inputs]).state
-    else:
+    elif variant == 'tff':
       state['tff'] = stock.next(state['tff'], datasets).state
+    else:
+      name, empty = variant.split('@')[0], variant.endswith('@0')
+      context = contexts.get(name)
+      with (tff.framework.get_context_stack().install(context) if context
+            else contextlib.nullcontext()):
+        state[variant] = processes[name].next(
+            state[variant], [[inp] for inp in (empty_inputs if empty else inputs)]).state
 
   total_rounds = _WARMUP.value + _ROUNDS.value
   for r in range(total_rounds):
@@ -192,9 +251,12 @@ def main(argv):
     for c in range(num_clients):
       rng = np.random.default_rng([_SEED.value, r, c, 1])
       inputs.append(data.client_input(xs[c], ys[c], epochs, rng, c, c))
+    empty_inputs = [data.client_input(xs[c], ys[c], 0, np.random.default_rng(0), c, c)
+                    for c in range(num_clients)]
     datasets = [tff_dataset(inp) for inp in inputs]
-    shift = r % len(variants)
-    order = variants[shift:] + variants[:shift]
+    timed = variants + tuple(f'{v}@0' for v in empty_variants)
+    shift = r % len(timed)
+    order = timed[shift:] + timed[:shift]
     line = []
     for variant in order:
       t0 = time.perf_counter()
@@ -210,11 +272,22 @@ def main(argv):
     tag = 'warm-up' if r < _WARMUP.value else 'timed'
     print(f'round {r} ({tag}): ' + ', '.join(line), flush=True)
 
-  med = {v: statistics.median(times[v]) for v in variants}
+  print(f'load average at end: {os.getloadavg()[0]:.1f} (2 cores; shared machine)')
+  med = {v: statistics.median(t) for v, t in times.items()}
+  low = {v: min(t) for v, t in times.items()}  # least disturbed by other load
   print('\nmedian s/round: ' + ', '.join(f'{v} {med[v]:.3f}' for v in variants))
-  for v in variants[1:] if variants[0] == 'plain_tf' else variants:
+  for v in variants:
     if v != 'plain_tf':
       print(f'ratio {v} / plain_tf: {med[v] / med["plain_tf"]:.2f}x')
+  if empty_variants:
+    print('\n| variant | s/round median (min) | / plain_tf median (min) | 0-epoch round s median '
+          '(min) | server share, upper bound, median (min) |')
+    print('|---|---|---|---|---|')
+    for v in empty_variants:
+      e = v + '@0'
+      print(f'| {v} | {med[v]:.3f} ({low[v]:.3f}) | {med[v] / med["plain_tf"]:.2f}x '
+            f'({low[v] / low["plain_tf"]:.2f}x) | {med[e]:.3f} ({low[e]:.3f}) | '
+            f'{100 * med[e] / med[v]:.1f}% ({100 * low[e] / low[v]:.1f}%) |')
 
   plain_weights, state_ours, state_tff = state['plain'], state['ours'], state['tff']
   w_ours = ours.get_model_weights(state_ours).trainable

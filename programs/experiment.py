@@ -62,7 +62,7 @@ SERVER_FLAGS_USED = {
 }
 # Flags that do not change what a run computes: a resumed run may change them.
 RESUMABLE_CHANGES = ('rounds', 'eval_every', 'data_dir', 'root_output_dir', 'experiment_name',
-                     'resume', 'progress')
+                     'resume', 'progress', 'workers', 'local_workers', 'worker_timeout')
 
 
 class ExperimentError(Exception):
@@ -158,6 +158,9 @@ class ExperimentConfig:
   experiment_name: str = ''
   resume: bool = False
   progress: bool = True
+  workers: str = ''            # 'host:port,...' of worker services (scripts/start_worker.py)
+  local_workers: int = 0       # worker services to start on this machine
+  worker_timeout: float = 60.0  # seconds a worker service may stay unreachable
   # FedCross (ALGORITHMS.md section 1).
   fedcross_alpha: float = 0.99
   fedcross_selection: str = 'lowest_similarity'
@@ -257,6 +260,7 @@ def validate(config: ExperimentConfig) -> None:
   for name, value in positive_ints.items():
     if value < 1:
       raise ExperimentError(f'--{name} must be at least 1, got {value}')
+  _validate_workers(c)
   if c.clients_per_round > c.num_clients:
     raise ExperimentError(
         f'--clients_per_round={c.clients_per_round} exceeds --num_clients={c.num_clients}; '
@@ -331,6 +335,30 @@ def validate(config: ExperimentConfig) -> None:
       raise ExperimentError(f'--fedlex_normalize must be one of {", ".join(FEDLEX_NORMALIZE)}')
     if not 0 <= c.fedlex_guidance_floor <= 1:
       raise ExperimentError(f'--fedlex_guidance_floor must be in [0, 1], got {c.fedlex_guidance_floor}')
+
+
+def _validate_workers(c: ExperimentConfig) -> None:
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top  (no TF import)
+  try:
+    execution.parse_worker_addresses(c.workers)
+  except ValueError as e:
+    raise ExperimentError(f'--workers: {e}; give host:port,host:port,...') from None
+  if c.local_workers < 0:
+    raise ExperimentError(f'--local_workers must be >= 0, got {c.local_workers}')
+  if not c.worker_timeout > 0:
+    raise ExperimentError(f'--worker_timeout must be > 0 seconds, got {c.worker_timeout}')
+
+
+def _check_distributable(c: ExperimentConfig, computations) -> None:
+  """With worker services, every computation of the run must split across them."""
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  if not (c.workers or c.local_workers):
+    return
+  for computation in computations:
+    try:
+      execution.check_mergeable(computation, f'--algorithm={c.algorithm}')
+    except execution.NotMergeableError as e:
+      raise ExperimentError(f'{e}; run it without --workers/--local_workers') from None
 
 
 def load_federated_data(c: ExperimentConfig):
@@ -680,7 +708,12 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
   validate(c)
   start_round = _prepare_output(c, log)
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
-  execution.initialize_runtime()
+  try:
+    execution.initialize_runtime(workers=execution.parse_worker_addresses(c.workers),
+                                 local_workers=c.local_workers,
+                                 worker_timeout_seconds=c.worker_timeout)
+  except execution.WorkerUnavailableError as e:
+    raise ExperimentError(str(e)) from None
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   import data  # pylint: disable=g-import-not-at-top
@@ -696,6 +729,7 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
         'test split data (LEAF: test/*.json) in --data_dir')
   num_clients = min(c.num_clients, fed.num_clients)
   model_name, model_fn, process, evaluator = _build_computations(c, fed, num_clients)
+  _check_distributable(c, [process.next])
   if c.algorithm == 'fedcda' and c.fedcda_warmup_rounds >= c.rounds:
     log(f'note: --fedcda_warmup_rounds={c.fedcda_warmup_rounds} >= --rounds={c.rounds}: this '
         'run is its warmup FedAvg throughout')
@@ -728,6 +762,7 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
   explorers = np.zeros([0], np.int64)
   if c.algorithm in FEDLEX_ALGORITHMS:
     exploration, explorers = _fedlex_exploration(c, model_fn, num_clients)
+    _check_distributable(c, [exploration])
     if start_round == 0:
       state, explore_metrics = _explore(c, fed, process, exploration, explorers, state, 0)
       program_state['exploration_client_epochs'] = explore_metrics['exploration_client_epochs']
@@ -840,6 +875,8 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
       dropped_clients=int(sum(int(float(r.get('dropped_clients') or 0)) for r in rows)),
       aggregator_state_bytes=int(sum(np.asarray(t).nbytes
                                      for t in tf.nest.flatten(state.aggregator))),
+      # Measured inside the worker services, not this process's tf.config (README "Accelerators").
+      compute_devices=execution.worker_devices(),
       experiment_dir=os.path.abspath(exp_dir),
       accuracy_plot=os.path.abspath(os.path.join(exp_dir, 'accuracy.png')),
   )

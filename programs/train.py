@@ -51,6 +51,13 @@ _ROOT = flags.DEFINE_string('root_output_dir', 'runs', 'Where experiment directo
 _NAME = flags.DEFINE_string('experiment_name', '', 'Experiment directory name.')
 _RESUME = flags.DEFINE_bool('resume', False, 'Continue the run in the experiment directory.')
 _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar on stderr.')
+_WORKERS = flags.DEFINE_string(
+    'workers', '', 'host:port,... of TFF worker services (scripts/start_worker.py) to split '
+    'each round\'s clients across.')
+_LOCAL_WORKERS = flags.DEFINE_integer(
+    'local_workers', 0, 'Start this many TFF worker services here and split rounds across them.')
+_WORKER_TIMEOUT = flags.DEFINE_float(
+    'worker_timeout', 60.0, 'Seconds a worker service may stay unreachable before the run stops.')
 # FedCross.
 _FC_ALPHA = flags.DEFINE_float('fedcross_alpha', 0.99, 'FedCross alpha in [0.5, 1).')
 _FC_SELECTION = flags.DEFINE_string(
@@ -110,7 +117,8 @@ def config_from_flags() -> experiment.ExperimentConfig:
       server_momentum=_SERVER_MOMENTUM.value, proximal_strength=_PROXIMAL.value,
       model=_MODEL.value, seed=_SEED.value, eval_every=_EVAL_EVERY.value,
       root_output_dir=_ROOT.value, experiment_name=_NAME.value, resume=_RESUME.value,
-      progress=_PROGRESS.value,
+      progress=_PROGRESS.value, workers=_WORKERS.value, local_workers=_LOCAL_WORKERS.value,
+      worker_timeout=_WORKER_TIMEOUT.value,
       fedcross_alpha=_FC_ALPHA.value, fedcross_selection=_FC_SELECTION.value,
       fedcross_alpha_schedule=_FC_SCHEDULE.value, fedcross_num_propellers=_FC_PROPELLERS.value,
       fedcross_accel_rounds=_FC_ACCEL.value,
@@ -144,6 +152,13 @@ def main(argv):
     except experiment.Interrupted as e:
       print(str(e), file=sys.stderr)
       return e.exit_code
+    except Exception as e:  # pylint: disable=broad-except
+      from tff_algos import execution  # pylint: disable=g-import-not-at-top
+      if not isinstance(e, execution.WorkerUnavailableError):
+        raise
+      print(f'error: {e}; the last finished round is checkpointed: rerun with --resume',
+            file=sys.stderr)
+      return 2
   print(f'final accuracy {summary["final_accuracy"]:.4f}  best {summary["best_accuracy"]:.4f}  '
         f'{summary["seconds_per_round"]:.2f} s/round')
   print(f'summary: {os.path.join(summary["experiment_dir"], "summary.json")}')

@@ -16,17 +16,26 @@ each TFF call in `collector_paused()`: the round then costs what the runtime cos
 
 from __future__ import annotations
 
+import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import ctypes
+import functools
 import gc
+import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
+from typing import Optional, Sequence
 
 _WORKER_NAME = 'worker_binary'
 _installed = None  # the settings of the context in force
+DEFAULT_WORKER_TIMEOUT_SECONDS = 60.0
 
 
 def _set_parent_death_signal():  # runs in the child between fork and exec
@@ -108,16 +117,29 @@ def _on_sigterm(signum, frame):
 def initialize_runtime(
     max_concurrent_computation_calls: int = -1,
     default_num_clients: int = 0,
+    workers: Sequence[str] = (),
+    local_workers: int = 0,
+    worker_timeout_seconds: float = DEFAULT_WORKER_TIMEOUT_SECONDS,
 ) -> None:
   """Sets TFF's execution context (idempotent).
 
+  Without `workers` and `local_workers`: TFF's local C++ runtime (one worker child).
+  Otherwise TFF's mergeable-comp context over several worker services (see
+  `distributed_context`): each round's clients are split across them and their partial
+  aggregates merged.
+
   Args:
-    max_concurrent_computation_calls: passed to the local C++ runtime (-1: no limit,
-      which measured fastest on 2 cores).
+    max_concurrent_computation_calls: passed to the C++ runtime (-1: no limit, which
+      measured fastest on 2 cores).
     default_num_clients: TFF's default client cardinality.
+    workers: `host:port` addresses of running worker services (scripts/start_worker.py).
+    local_workers: number of worker services to start on this machine (they die with
+      this process).
+    worker_timeout_seconds: how long a worker may stay unreachable before the call fails.
   """
   global _installed
-  settings = (max_concurrent_computation_calls, default_num_clients)
+  settings = (max_concurrent_computation_calls, default_num_clients, tuple(workers),
+              local_workers, worker_timeout_seconds)
   if _installed == settings:
     return  # a second local context would start a second worker and can hang
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -125,12 +147,335 @@ def initialize_runtime(
   from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
 
   executor_factory.subprocess = _SubprocessProxy()
-  tff.backends.native.set_sync_local_cpp_execution_context(
-      default_num_clients=default_num_clients,
-      max_concurrent_computation_calls=max_concurrent_computation_calls)
+  if workers or local_workers:
+    context = distributed_context(
+        workers, local_workers, worker_timeout_seconds=worker_timeout_seconds,
+        max_concurrent_computation_calls=max_concurrent_computation_calls,
+        default_num_clients=default_num_clients)
+    tff.framework.get_context_stack().set_default_context(context)
+  else:
+    tff.backends.native.set_sync_local_cpp_execution_context(
+        default_num_clients=default_num_clients,
+        max_concurrent_computation_calls=max_concurrent_computation_calls)
   if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
     signal.signal(signal.SIGTERM, _on_sigterm)
   _installed = settings
+
+
+# --- Several worker services -------------------------------------------------------------
+#
+# TFF 0.87's pieces, used as TFF uses them: a `worker_binary --port=P` per machine (the
+# executor service its local runtime also starts), a `RemoteExecutor` per service over a
+# gRPC channel, an `AsyncExecutionContext` per service, and the
+# `MergeableCompExecutionContext` above them, which compiles each computation to
+# (up_to_merge, merge, after_merge), runs `up_to_merge` on a slice of the round's clients
+# on each service, merges the partial aggregates and finishes on one service.
+#
+# Two things differ from TFF's defaults, both about failures and parallelism:
+# * TFF's `AsyncExecutionContext.invoke` retries a `RetryableError` (a dead worker answers
+#   UNAVAILABLE) forever: a killed remote worker hangs the program. Here a call retries for
+#   at most `worker_timeout_seconds`, restarting a dead worker this process started (the
+#   subround's result is a function of its arguments, so the retry gives the same value),
+#   then raises `WorkerUnavailableError`.
+# * TFF's `RemoteExecutor` issues blocking gRPC calls from coroutines, so the subrounds of
+#   one round would run one after another; each service's call runs in its own thread.
+
+_GRPC_CHANNEL_OPTIONS = [  # TFF's own local-runtime channel options (2 GB messages)
+    ('grpc.max_message_length', 2 * 1000 * 1000 * 1000),
+    ('grpc.max_receive_message_length', 2 * 1000 * 1000 * 1000),
+    ('grpc.max_send_message_length', 2 * 1000 * 1000 * 1000),
+]
+
+
+class WorkerUnavailableError(RuntimeError):
+  """A worker service stopped answering for longer than the timeout."""
+
+
+class NotMergeableError(ValueError):
+  """A computation cannot be split across worker services."""
+
+
+def parse_worker_addresses(text: str) -> list[str]:
+  """`'host:port,host:port'` -> addresses; ValueError names the bad entry (no TF import)."""
+  addresses = [a.strip() for a in text.split(',') if a.strip()]
+  for address in addresses:
+    host, sep, port = address.rpartition(':')
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+      raise ValueError(f'{address!r} is not host:port (port 1-65535)')
+  duplicates = sorted({a for a in addresses if addresses.count(a) > 1})
+  if duplicates:
+    raise ValueError(f'{", ".join(duplicates)} listed twice')
+  return addresses
+
+
+def worker_binary_path() -> str:
+  """The `worker_binary` shipped in the installed TFF wheel (found without importing TFF)."""
+  spec = importlib.util.find_spec('tensorflow_federated')
+  if spec is None or not spec.submodule_search_locations:
+    raise RuntimeError('tensorflow_federated is not installed')
+  return os.path.join(list(spec.submodule_search_locations)[0], 'data', _WORKER_NAME)
+
+
+def worker_command(port: int, max_concurrent_computation_calls: int = -1) -> list[str]:
+  """The command line TFF's local runtime uses to start its worker service."""
+  return [worker_binary_path(), f'--port={port}',
+          f'--max_concurrent_computation_calls={max_concurrent_computation_calls}']
+
+
+def _unused_port() -> int:
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(('127.0.0.1', 0))
+    return s.getsockname()[1]
+
+
+class WorkerService:
+  """One executor service: an address, and the process when this program started it."""
+
+  def __init__(self, address: Optional[str] = None, max_concurrent_computation_calls: int = -1):
+    self._max_calls = max_concurrent_computation_calls
+    self.owned = address is None
+    self.address = address
+    self.process = None
+    self._stub = None
+    self._lock = threading.Lock()
+    if self.owned:
+      self._start()
+
+  def _start(self):
+    port = _unused_port()
+    self.address = f'127.0.0.1:{port}'
+    self.process = _PopenDyingWithParent(worker_command(port, self._max_calls),
+                                         stdout=subprocess.DEVNULL)
+    self._stub = None
+
+  def stub(self, timeout_seconds: float):
+    """A ready gRPC stub; restarts a dead owned worker; WorkerUnavailableError on timeout."""
+    from tensorflow_federated.python.core.impl.executors import remote_executor_grpc_stub  # pylint: disable=g-import-not-at-top
+    import grpc  # pylint: disable=g-import-not-at-top
+    deadline = time.monotonic() + timeout_seconds
+    while True:
+      with self._lock:
+        if self.owned and self.process.poll() is not None:
+          self._start()  # died (or lost its port to another process): a new one
+        if self._stub is None:
+          channel = grpc.insecure_channel(self.address, _GRPC_CHANNEL_OPTIONS)
+          self._stub = remote_executor_grpc_stub.RemoteExecutorGrpcStub(channel)
+        stub = self._stub
+      if stub.is_ready:
+        return stub
+      if time.monotonic() > deadline:
+        raise WorkerUnavailableError(self.unavailable_message(timeout_seconds))
+      time.sleep(0.05)
+
+  def forget_channel(self):
+    """After a failure: the next `stub()` opens a fresh channel (a broken one backs off)."""
+    with self._lock:
+      self._stub = None
+
+  def unavailable_message(self, timeout_seconds: float) -> str:
+    if self.owned:
+      return (f'the local worker service {self.address} did not answer within '
+              f'{timeout_seconds:.0f} s (restarted after each failure)')
+    return (f'worker service {self.address} did not answer within {timeout_seconds:.0f} s; '
+            'start it there with `python scripts/start_worker.py --port=PORT` (or check '
+            'the host and port), then rerun (a training run continues with --resume)')
+
+  def stop(self):
+    if self.process is not None and self.process.poll() is None:
+      self.process.kill()
+      self.process.wait(timeout=10)
+
+
+def _worker_context(service: WorkerService, timeout_seconds: float, default_num_clients: int,
+                    pool: concurrent.futures.Executor):
+  """An AsyncExecutionContext on `service` with bounded retries and a thread per call."""
+  from tensorflow_federated.python.core.backends.native import compiler  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.execution_contexts import async_execution_context  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.executors import executors_errors  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.executors import remote_executor  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.types import placements  # pylint: disable=g-import-not-at-top
+  import grpc  # pylint: disable=g-import-not-at-top
+
+  def stack_fn(cardinalities):
+    if cardinalities.get(placements.CLIENTS) is None:
+      cardinalities[placements.CLIENTS] = default_num_clients
+    executor = remote_executor.RemoteExecutor(service.stub(timeout_seconds))
+    executor.set_cardinalities(cardinalities)
+    return executor
+
+  # `invoke` without TFF's unbounded retry decorator (functools.wraps keeps the original).
+  invoke_once = async_execution_context.AsyncExecutionContext.invoke.__wrapped__
+  lost_connection = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+
+  class WorkerContext(async_execution_context.AsyncExecutionContext):
+    """Runs each call in a thread of its own; retries a lost worker until the timeout."""
+
+    worker = service
+
+    async def invoke(self, comp, arg):
+      if asyncio.iscoroutine(arg):
+        arg = await arg
+      loop = asyncio.get_running_loop()
+      return await loop.run_in_executor(pool, self._invoke_blocking, comp, arg)
+
+    def _invoke_blocking(self, comp, arg):
+      deadline = None  # counted from the first failure: a long round is not a lost worker
+      while True:
+        try:
+          return asyncio.run(invoke_once(self, comp, arg))
+        except (executors_errors.RetryableError, grpc.RpcError) as e:
+          if isinstance(e, grpc.RpcError) and e.code() not in lost_connection:
+            raise
+          deadline = deadline or time.monotonic() + timeout_seconds
+          if time.monotonic() > deadline:
+            raise WorkerUnavailableError(service.unavailable_message(timeout_seconds)) from None
+          service.forget_channel()
+          time.sleep(0.2)
+
+  return WorkerContext(
+      executor_fn=python_executor_stacks.ResourceManagingExecutorFactory(stack_fn),
+      compiler_fn=_shared_compiler(compiler.desugar_and_transform_to_native),
+      transform_args=tensorflow_computation.transform_args,
+      transform_result=tensorflow_computation.transform_result)
+
+
+def distributed_context(
+    workers: Sequence[str] = (),
+    local_workers: int = 0,
+    worker_timeout_seconds: float = DEFAULT_WORKER_TIMEOUT_SECONDS,
+    max_concurrent_computation_calls: int = -1,
+    default_num_clients: int = 0,
+):
+  """TFF's mergeable-comp context over the services at `workers` plus `local_workers` new ones.
+
+  Use it as the default (`initialize_runtime(workers=...)`) or for a block:
+  `with tff.framework.get_context_stack().install(distributed_context(...)):`. Every
+  service must answer within `worker_timeout_seconds` (else WorkerUnavailableError). The
+  services this call starts die with this process (and at `shutdown_workers`).
+  """
+  from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler  # pylint: disable=g-import-not-at-top
+  if not workers and local_workers < 1:
+    raise ValueError('give worker addresses or local_workers >= 1')
+  services = [WorkerService(a, max_concurrent_computation_calls) for a in workers]
+  services += [WorkerService(None, max_concurrent_computation_calls) for _ in range(local_workers)]
+  _owned_services.extend(s for s in services if s.owned)
+  for service in services:
+    service.stub(worker_timeout_seconds)  # fail now, with the address, not mid-round
+  pool = concurrent.futures.ThreadPoolExecutor(len(services), thread_name_prefix='tff-worker')
+  contexts = [_worker_context(s, worker_timeout_seconds, default_num_clients, pool)
+              for s in services]
+  return _distributed_context_class()(
+      async_contexts=contexts,
+      compiler_fn=_shared_compiler(mergeable_comp_compiler.compile_to_mergeable_comp_form))
+
+
+_shared_compilers = {}
+
+
+def _shared_compiler(compiler_fn):
+  """`compiler_fn` with one cache for every context of the process: TFF caches per context,
+  so N services (and each new distributed context) would repeat the same Python-side
+  compilation of every computation (seconds each for the methods' rounds)."""
+  if compiler_fn not in _shared_compilers:
+    _shared_compilers[compiler_fn] = functools.lru_cache(maxsize=256)(compiler_fn)
+  return _shared_compilers[compiler_fn]
+
+
+def _distributed_context_class():
+  from tensorflow_federated.python.core.impl.computation import computation_base  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.execution_contexts import mergeable_comp_execution_context  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.types import computation_types  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.types import placements  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.types import type_analysis  # pylint: disable=g-import-not-at-top
+
+  def takes_client_values(comp) -> bool:
+    parameter = comp.type_signature.parameter
+    return parameter is not None and type_analysis.contains(
+        parameter, lambda t: isinstance(t, computation_types.FederatedType)
+        and t.placement is placements.CLIENTS)
+
+  class DistributedContext(mergeable_comp_execution_context.MergeableCompExecutionContext):
+    """Splits calls that take client values; runs the others whole on the first service.
+
+    TFF's context would replicate a call without client values (initialize,
+    get_model_weights, central evaluation) to every service and run it on each: the same
+    result at N times the cost. Run whole on one service it is exactly the local call.
+    """
+
+    @property
+    def worker_contexts(self):
+      return self._async_execution_contexts
+
+    def invoke(self, comp, arg=None):
+      if isinstance(comp, computation_base.Computation) and not takes_client_values(comp):
+        return self._async_runner.run_coro_and_return_result(
+            self._async_execution_contexts[0].invoke(comp, arg))
+      return super().invoke(comp, arg)
+
+  return DistributedContext
+
+
+_owned_services: list[WorkerService] = []
+
+
+def check_mergeable(computation, what: str) -> None:
+  """Raises NotMergeableError (one line, naming `what`) if TFF cannot split `computation`
+  across worker services: the mergeable form needs one aggregation per call (parallel
+  aggregations are fine, an aggregation feeding another is not)."""
+  from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler  # pylint: disable=g-import-not-at-top
+  try:  # the shared cache: the distributed context will not compile it again
+    _shared_compiler(mergeable_comp_compiler.compile_to_mergeable_comp_form)(computation)
+  except Exception as e:  # pylint: disable=broad-except
+    reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise NotMergeableError(
+        f'{what} cannot be split across worker services (TFF mergeable form: {reason})'
+    ) from None
+
+
+def _device_probe():
+  """A TF computation run inside a worker: where TF places an unconstrained op, and where an
+  op asked for `/GPU:0` lands (soft placement falls back to CPU when the worker has no usable
+  GPU, e.g. TFF 0.87's wheel binary, built without CUDA). `DeviceIndex` is the op TF itself
+  uses to branch on the device it runs on."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  @tff.tensorflow.computation
+  def probe():
+    default = tf.raw_ops.DeviceIndex(device_names=list(_DEVICE_TYPES))
+    with tf.device('/device:GPU:0'):
+      asked_gpu = tf.raw_ops.DeviceIndex(device_names=list(_DEVICE_TYPES))
+    return default, asked_gpu
+
+  return probe
+
+
+_DEVICE_TYPES = ('CPU', 'GPU', 'TPU')
+
+
+def worker_devices(context=None) -> dict:
+  """{worker: {'default_device', 'gpu_usable'}} measured inside each worker service of
+  `context` (default: the context in force; 'local' for TFF's local runtime). Not
+  `tf.config` of this Python process, which the workers do not share."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  probe = _device_probe()
+  context = context or tff.framework.get_context_stack().current
+  worker_contexts = getattr(context, 'worker_contexts', None)
+  if worker_contexts is None:
+    with tff.framework.get_context_stack().install(context):
+      answers = {'local': probe()}
+  else:
+    loop = asyncio.new_event_loop()
+    try:
+      answers = {c.worker.address: loop.run_until_complete(c.invoke(probe, None))
+                 for c in worker_contexts}
+    finally:
+      loop.close()
+  name = lambda i: _DEVICE_TYPES[int(i)] if 0 <= int(i) < len(_DEVICE_TYPES) else 'unknown'
+  return {worker: {'default_device': name(default), 'gpu_usable': name(asked) == 'GPU'}
+          for worker, (default, asked) in answers.items()}
 
 
 def freeze_long_lived_objects() -> int:
