@@ -33,7 +33,56 @@ def test_build_is_current():
   assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.skipif(shutil.which('bazel') is None, reason='bazel not installed')
+def _py_tests():
+  """{name: {attribute: value source}} of every py_test in BUILD."""
+  build = open(os.path.join(ROOT, 'BUILD')).read()
+  tests = {}
+  for body in re.findall(r'^py_test\(\n(.*?)^\)', build, flags=re.M | re.S):
+    attributes = dict(re.findall(r'^    (\w+) = (.*),$', body, flags=re.M))
+    tests[attributes['name'].strip('"')] = attributes
+  return tests
+
+
+def test_every_py_test_runs_pytest_on_its_file():
+  tests = _py_tests()
+  test_files = sorted(p for p in _python_files()
+                      if os.path.basename(p).startswith('test_') and p.startswith('tests/'))
+  assert sorted(tests) == sorted(os.path.splitext(os.path.basename(p))[0] for p in test_files)
+  for path in test_files:
+    attributes = tests[os.path.splitext(os.path.basename(path))[0]]
+    # A test file has no __main__: as `main` it would be imported, run nothing and pass.
+    assert attributes['main'] == '"tests/pytest_main.py"', path
+    assert attributes['args'] == f'["{path}"]', path
+    assert attributes['srcs'] == f'["{path}", "tests/pytest_main.py"]', path
+
+
+@pytest.mark.parametrize('body, exit_code, summary', [
+    ('def test_ok():\n  assert True\n', 0, '1 passed'),
+    ('def test_bad():\n  assert False\n', 1, '1 failed'),
+    ('def helper():\n  pass\n', 5, 'no tests ran'),
+])
+def test_pytest_main_runs_the_given_file(tmp_path, body, exit_code, summary):
+  """The py_test entry point runs pytest on its argument and fails when pytest does
+  (exit 5 when nothing was collected, so an empty test target cannot pass)."""
+  test_file = tmp_path / 'test_probe.py'
+  test_file.write_text(body)
+  result = subprocess.run([sys.executable, os.path.join(ROOT, 'tests', 'pytest_main.py'),
+                           str(test_file)], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == exit_code, result.stdout + result.stderr
+  assert summary in result.stdout
+
+
+def test_pytest_main_without_a_file_is_an_error():
+  result = subprocess.run([sys.executable, os.path.join(ROOT, 'tests', 'pytest_main.py')],
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.startswith('error: ') and result.stderr.count('\n') == 1
+
+
+# Bazel sets TEST_SRCDIR for the tests it runs: its sandbox cannot start another Bazel.
+@pytest.mark.skipif(shutil.which('bazel') is None or 'TEST_SRCDIR' in os.environ,
+                    reason='bazel not installed, or running under bazel test')
 def test_bazel_query_succeeds(tmp_path):
   result = subprocess.run(['bazel', f'--output_user_root={tmp_path}', 'query', '//...'],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)

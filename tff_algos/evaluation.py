@@ -15,7 +15,13 @@ from tff_algos.client_work import local_training, model_delta
 
 
 def build_central_evaluation(model_fn, batch_size: int = 1000) -> tff.Computation:
-  """`(model_weights, x, y) -> OrderedDict(accuracy, loss, num_examples)`."""
+  """`(model_weights, x, y) -> OrderedDict(accuracy, loss, num_examples)`.
+
+  accuracy and loss (cross-entropy of the model's logits, the zoo's output) are means over the
+  same labels (`local_training.counted_labels`): every example, or for sequence models every
+  position whose label is not padding. The model's own loss is not used: for `char_lstm`,
+  TFF's Keras wrapper does not pass the Embedding mask to the loss, so it counts padding.
+  """
   weights_type = model_delta.model_weights_type(model_fn)
   element = local_training.client_element_type(model_delta.model_input_spec(model_fn))
 
@@ -33,17 +39,18 @@ def build_central_evaluation(model_fn, batch_size: int = 1000) -> tff.Computatio
       loss_sum = tf.constant(0.0)
       for start in tf.range(0, n, batch_size):
         end = tf.minimum(start + batch_size, n)
-        batch = collections.OrderedDict(x=x[start:end], y=y[start:end])
-        output = model.forward_pass(batch, training=False)
-        h, c = local_training.accuracy_terms(output.predictions, batch['y'])
+        labels = y[start:end]
+        logits = model.predict_on_batch(x[start:end], training=False)
+        h, c = local_training.accuracy_terms(logits, labels)
         hits += h
         counted += c
-        loss_sum += tf.cast(output.loss, tf.float32) * tf.cast(end - start, tf.float32)
-      num = tf.cast(n, tf.float32)
+        losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=tf.cast(logits, tf.float32))
+        loss_sum += tf.reduce_sum(losses * local_training.counted_labels(labels))
       return collections.OrderedDict(
           accuracy=tf.math.divide_no_nan(hits, counted),
-          loss=tf.math.divide_no_nan(loss_sum, num),
-          num_examples=num)
+          loss=tf.math.divide_no_nan(loss_sum, counted),
+          num_examples=tf.cast(n, tf.float32))
 
     return run()
 

@@ -70,14 +70,20 @@ GradientTransform = Callable[[list, Any], list]
 ExtraLoss = Callable[[Any, Any, Any], tf.Tensor]
 
 
+def counted_labels(labels):
+  """float32 weights of the labels a metric counts: all of them for classification; for
+  sequences (labels of rank > 1), every position whose label is not padding id 0."""
+  if labels.shape.rank is not None and labels.shape.rank > 1:
+    return tf.cast(tf.not_equal(labels, 0), tf.float32)
+  return tf.ones_like(labels, tf.float32)
+
+
 def accuracy_terms(predictions, labels):
   """(correct, counted) for classification; padding label 0 is skipped for sequences."""
   pred = tf.argmax(predictions, axis=-1, output_type=labels.dtype)
   hit = tf.cast(tf.equal(pred, labels), tf.float32)
-  if labels.shape.rank is not None and labels.shape.rank > 1:
-    mask = tf.cast(tf.not_equal(labels, 0), tf.float32)
-    return tf.reduce_sum(hit * mask), tf.reduce_sum(mask)
-  return tf.reduce_sum(hit), tf.cast(tf.size(labels), tf.float32)
+  weights = counted_labels(labels)
+  return tf.reduce_sum(hit * weights), tf.reduce_sum(weights)
 
 
 def build_local_training(
