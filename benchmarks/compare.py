@@ -54,8 +54,11 @@ def _run(config) -> None:
 
 def _config(suite, fields, seed, directory, name):
   from programs import experiment  # pylint: disable=g-import-not-at-top
+  # Relative to the repository root (where `python -m benchmarks.compare` runs), so the
+  # committed config.json and summary.json hold no machine-specific paths.
   return experiment.ExperimentConfig(**fields, seed=seed, progress=False,
-                                     root_output_dir=directory, experiment_name=name)
+                                     root_output_dir=os.path.relpath(directory),
+                                     experiment_name=name)
 
 
 def tune(suite: suites.Suite) -> dict:

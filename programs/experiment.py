@@ -877,8 +877,10 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
                                      for t in tf.nest.flatten(state.aggregator))),
       # Measured inside the worker services, not this process's tf.config (README "Accelerators").
       compute_devices=execution.worker_devices(),
-      experiment_dir=os.path.abspath(exp_dir),
-      accuracy_plot=os.path.abspath(os.path.join(exp_dir, 'accuracy.png')),
+      # As given (relative to where the program ran): committed run records hold no
+      # machine-specific absolute paths.
+      experiment_dir=exp_dir,
+      accuracy_plot=os.path.join(exp_dir, 'accuracy.png'),
   )
   if c.algorithm == 'cadis':
     matched = [int(r['round']) for r in rows
