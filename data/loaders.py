@@ -26,7 +26,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from data.datasets import ArrayClientData, ArrayDataset, FederatedDataset
+from .datasets import ArrayClientData, ArrayDataset, FederatedDataset
 
 __all__ = [
     'DatasetNotFoundError',

@@ -12,10 +12,12 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos.client_work import local_training, model_delta
+from tff_algos.models import model_fns
 
 
 def build_central_evaluation(model_fn, batch_size: int = 1000) -> tff.Computation:
   """`(model_weights, x, y) -> OrderedDict(accuracy, loss, num_examples)`."""
+  model_fn = model_fns.as_model_fn(model_fn)
   weights_type = model_delta.model_weights_type(model_fn)
   element = local_training.client_element_type(model_delta.model_input_spec(model_fn))
 

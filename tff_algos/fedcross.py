@@ -37,8 +37,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.aggregators import cross_aggregation
+from tff_algos.aggregators import cross_aggregation, factories
 from tff_algos.client_work import local_training, model_delta, model_upload
+from tff_algos.models import model_fns
 
 
 def build_fedcross(
@@ -52,6 +53,7 @@ def build_fedcross(
     alpha_schedule: bool = False,
     num_propellers: int = 1,
     accel_rounds: int = 0,
+    model_aggregator=None,
 ) -> tff.learning.templates.LearningProcess:
   """FedCross (multi-model cross-aggregation) as a `tff.learning.templates.LearningProcess`.
 
@@ -67,11 +69,20 @@ def build_fedcross(
     num_propellers: > 1: during the first `accel_rounds` rounds each model is fused with
       the mean of this many in-order collaborators (see cross_aggregation's module doc).
     accel_rounds: length of the acceleration phase (0 = off).
+    model_aggregator: must be None (accepted for TFF-style call sites; a factory is refused
+      with the reason, see `tff_algos.aggregators.factories`).
 
   Returns:
     A LearningProcess; `next(state, client_data)` takes the K clients' one-element
     sequences (`tff_algos.client_work.local_training.client_data_type`).
   """
+  factories.refuse_model_aggregator(
+      'FedCross', model_aggregator,
+      'nothing is averaged over clients: each upload replaces its own middleware model '
+      '(by slot) and is then fused with one collaborator chosen by similarity, so the '
+      'server needs every upload individually, which a TFF aggregation factory (a sum over '
+      'clients) does not deliver')
+  model_fn = model_fns.as_model_fn(model_fn)
   cross_aggregation.validate_options(num_models, alpha, selection, num_propellers,
                                      accel_rounds)
   k = int(num_models)

@@ -53,6 +53,7 @@ import tensorflow_federated as tff
 from tff_algos import baselines
 from tff_algos.client_work import local_training
 from tff_algos.client_work import model_delta
+from tff_algos.models import model_fns
 
 NORMALIZATIONS = ('per_client', 'after_mean')
 BASES = ('avgm', 'sgd', 'opt', 'prox')
@@ -204,6 +205,7 @@ def build_fedlex_exploration(
     exploration_patience = int(exploration_patience)
   guidance_floor = float(guidance_floor)
 
+  model_fn = model_fns.as_model_fn(model_fn)
   weights_type = model_delta.model_weights_type(model_fn)
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
 

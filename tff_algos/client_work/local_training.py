@@ -20,6 +20,7 @@ batch order live in the data, so a resumed run replays them exactly.
 from __future__ import annotations
 
 import collections
+import collections.abc
 from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
@@ -29,9 +30,28 @@ import tensorflow_federated as tff
 INPUT_KEYS = ('x', 'y', 'order', 'index', 'slot')
 
 
+def input_xy_specs(model_input_spec) -> tuple:
+  """(x spec, y spec) of a model's input_spec: a mapping with 'x' and 'y' or an (x, y)
+  tuple/list of TensorSpecs (the two forms `from_keras_model` takes), else one TypeError."""
+  if isinstance(model_input_spec, collections.abc.Mapping) and set(model_input_spec) == {
+      'x', 'y'}:
+    specs = (model_input_spec['x'], model_input_spec['y'])
+  elif isinstance(model_input_spec, (tuple, list)) and len(model_input_spec) == 2:
+    specs = tuple(model_input_spec)
+  else:
+    specs = ()
+  if len(specs) != 2 or not all(isinstance(s, tf.TensorSpec) for s in specs):
+    raise TypeError(
+        'the model\'s input_spec must be OrderedDict(x=TensorSpec, y=TensorSpec) or a '
+        f'(x, y) tuple of TensorSpecs (one input tensor, one label tensor); got '
+        f'{model_input_spec}')
+  return specs
+
+
 def client_element_type(model_input_spec) -> tff.StructType:
-  """The type of the one element of a client's input sequence, from a model's input_spec."""
-  x_spec, y_spec = model_input_spec['x'], model_input_spec['y']
+  """The type of the one element of a client's input sequence, from a model's input_spec
+  (either form of `input_xy_specs`; the element always names its parts x and y)."""
+  x_spec, y_spec = input_xy_specs(model_input_spec)
   return tff.StructType([
       ('x', tff.TensorType(x_spec.dtype.as_numpy_dtype, x_spec.shape)),
       ('y', tff.TensorType(y_spec.dtype.as_numpy_dtype, y_spec.shape)),

@@ -17,6 +17,7 @@ import tensorflow_federated as tff
 
 from tff_algos.client_work import distillation
 from tff_algos.client_work import local_training
+from tff_algos.models import model_fns
 
 CLIENT_WEIGHTINGS = ('num_examples', 'uniform')
 
@@ -31,7 +32,7 @@ def keyed_update_type(delta_type: tff.Type) -> tff.Type:
 def model_weights_type(model_fn) -> tff.Type:
   """The `ModelWeights` type of a model_fn's model (built in a throwaway graph)."""
   with tf.Graph().as_default():
-    model = model_fn()
+    model = model_fns.check_variable_model(model_fn())
     return tff.learning.models.weights_type_from_model(model)
 
 
@@ -47,7 +48,7 @@ def initial_model_weights_fn(model_fn) -> tff.Computation:
 
 def model_input_spec(model_fn):
   with tf.Graph().as_default():
-    return model_fn().input_spec
+    return model_fns.check_variable_model(model_fn()).input_spec
 
 
 def sum_and_finalize_training_metrics(metric_sums_at_clients):
@@ -102,6 +103,7 @@ def build_model_delta_client_work(
     follows `client_weighting`; a client whose update is not finite is zeroed with weight
     0 and counted in `train/non_finite_clients`.
   """
+  model_fn = model_fns.as_model_fn(model_fn)
   if client_weighting not in CLIENT_WEIGHTINGS:
     raise ValueError(f'client_weighting must be one of {CLIENT_WEIGHTINGS}, got {client_weighting!r}')
   if proximal_strength < 0:

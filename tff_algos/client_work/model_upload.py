@@ -22,6 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos.client_work import local_training, model_delta
+from tff_algos.models import model_fns
 
 
 def model_upload_type(weights_type: tff.Type) -> tff.Type:
@@ -49,6 +50,7 @@ def build_model_upload_client_work(
     measurements `train` (loss, accuracy, last_epoch_loss, num_examples, num_clients,
     non_finite_clients).
   """
+  model_fn = model_fns.as_model_fn(model_fn)
   weights_type = model_delta.model_weights_type(model_fn)
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
 

@@ -1,5 +1,7 @@
 """Keras model zoo with a known final `classifier` layer, and TFF `model_fn`s for it."""
 
+from tff_algos.models.model_fns import as_model_fn
+from tff_algos.models.model_fns import check_variable_model
 from tff_algos.models.model_fns import input_spec_for
 from tff_algos.models.model_fns import make_model_fn
 from tff_algos.models.representation import classifier_layer
@@ -28,8 +30,10 @@ __all__ = [
     'MODELS',
     'SEQUENCE_MODELS',
     'ShortcutA',
+    'as_model_fn',
     'build_keras_model',
     'char_lstm',
+    'check_variable_model',
     'check_model_name',
     'classifier_layer',
     'fedavg_cnn',
