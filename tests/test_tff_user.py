@@ -221,6 +221,8 @@ def test_builder_through_tff_loops(name, model_fn, client_data, program_context,
     train = metrics.values()[round_num]['client_work']['train']
     assert train['num_clients'] == P and train['num_examples'] == P * PER_CLIENT
     assert np.isfinite(train['loss'])
+    # The model's own Keras metric, summed and finalised as TFF does, beside ours.
+    assert train['sparse_categorical_accuracy'] == pytest.approx(train['accuracy'], abs=1e-6)
   if name == 'fedcross':  # every slot received its client: P distinct middleware models
     assert metrics.values()[1]['aggregator']['eligible'].tolist() == [1.0] * P
   if name == 'fedcda':
@@ -230,8 +232,19 @@ def test_builder_through_tff_loops(name, model_fn, client_data, program_context,
     sampled = sorted(inputs.index_of(c) for c in inputs.sample(1, P))
     assert metrics.values()[1]['aggregator']['participants'].tolist() == sampled
   expected = process.get_model_weights(state)
-  initial = process.get_model_weights(process.initialize())
+  initial_state = process.initialize()
+  initial = process.get_model_weights(initial_state)
   assert not np.allclose(initial.trainable[-1], expected.trainable[-1])
+  hparams = process.get_hparams(initial_state)  # TFF's hparams API reaches the client lr
+  if name == 'fedsgd':
+    assert hparams['client_work'] == ()  # no client optimizer, as TFF's FedSGD
+  else:
+    assert hparams['client_work']['learning_rate'] == pytest.approx(0.1)
+    hparams['client_work']['learning_rate'] = 0.0
+    frozen = process.next(process.set_hparams(initial_state, hparams),
+                          data.client_selection_fn(client_data, P)(1)).state
+    for a, b in zip(process.get_model_weights(frozen).trainable, initial.trainable):
+      np.testing.assert_allclose(a, b, atol=1e-7)
 
   root = str(tmp_path / 'program_state')
   _run_train_model(process, client_data, root, 1, program_context)  # "killed" after round 1
@@ -338,3 +351,41 @@ def test_tuple_input_spec_and_functional_model(raw, client_data, model_fn):
     tff_algos.build_fedavg(lambda: functional, sgd(), BATCH)
   with pytest.raises(TypeError, match=r'\(x, y\) tuple of TensorSpecs'):
     tff_algos.build_fedavg(user_model_fn((spec['x'], spec['y'], spec['y'])), sgd(), BATCH)
+
+
+def test_batchnorm_statistics_are_averaged(client_data):
+  """With the client learning rate at 0 (set through TFF's hparams API) only BatchNorm's
+  moving statistics move; BN on the raw input makes them a numpy computation: per client,
+  m <- 0.99 m + 0.01 mean(batch) over its batches in `order`, and the new global moving
+  mean is the example-weighted mean of the clients' m."""
+  spec = client_data.element_type_structure
+
+  def bn_model_fn():
+    keras_model = tf.keras.Sequential([
+        tf.keras.layers.InputLayer((8, 8, 1)),
+        tf.keras.layers.BatchNormalization(),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(10, name='classifier')])
+    return tff.learning.models.from_keras_model(
+        keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=spec)
+
+  with pytest.raises(ValueError, match='non-trainable weights'):
+    tff_algos.build_cadis(bn_model_fn, sgd(), BATCH, len(IDS), clients_per_round=P)
+  process = tff_algos.build_fedavg(bn_model_fn, sgd(), BATCH)
+  state = process.initialize()
+  hparams = process.get_hparams(state)
+  hparams['client_work']['learning_rate'] = 0.0
+  state = process.set_hparams(state, hparams)
+  clients = data.client_selection_fn(client_data, P, seed=5)(1)
+  new = process.get_model_weights(process.next(state, clients).state)
+  means, sizes = [], []
+  for [inp] in clients:
+    m = 0.0
+    for start in range(0, PER_CLIENT, BATCH):
+      m = 0.99 * m + 0.01 * inp['x'][inp['order'][0, start:start + BATCH]].mean()
+    means.append(m)
+    sizes.append(len(inp['y']))
+  moving_mean = new.non_trainable[0]
+  np.testing.assert_allclose(moving_mean, [np.average(means, weights=sizes)], rtol=1e-5)
+  assert not np.allclose(new.non_trainable[1], 1.0)  # the moving variance moved too

@@ -16,7 +16,9 @@ the cross-aggregation process's state (`tff_algos.aggregators.cross_aggregation`
    is also what `get_model_weights` returns; `set_model_weights` sets all K models.
 
 The state is a `tff.learning.templates.LearningAlgorithmState` (global_model_weights,
-distributor=(), client_work=(), aggregator=OrderedDict(models, round_num), finalizer=()).
+distributor=(), client_work=<client optimizer hparams, as TFF's; `get_hparams` /
+`set_hparams` change the client learning rate>, aggregator=OrderedDict(models, round_num),
+finalizer=()).
 Metrics: distributor=OrderedDict(dispatch_select=1.0) (federated_select dispatch; the
 broadcast fallback was not needed in TFF 0.87's runtime), client_work=OrderedDict(train=...)
 (loss, accuracy, last_epoch_loss, num_examples, num_clients, non_finite_clients),
@@ -170,5 +172,20 @@ def build_fedcross(
                                            round_num=state.aggregator['round_num']),
         finalizer=state.finalizer)
 
+  # As compose_learning_process's: OrderedDict(client_work=<client optimizer hparams>).
+  @tff.tensorflow.computation(state_type)
+  def get_hparams(state):
+    return collections.OrderedDict(client_work=client_work.get_hparams(state.client_work))
+
+  @tff.tensorflow.computation(state_type, get_hparams.type_signature.result)
+  def set_hparams(state, hparams):
+    return tff.learning.templates.LearningAlgorithmState(
+        global_model_weights=state.global_model_weights,
+        distributor=state.distributor,
+        client_work=client_work.set_hparams(state.client_work, hparams['client_work']),
+        aggregator=state.aggregator,
+        finalizer=state.finalizer)
+
   return tff.learning.templates.LearningProcess(
-      init_fn, next_fn, get_model_weights, set_model_weights)
+      init_fn, next_fn, get_model_weights, set_model_weights, get_hparams_fn=get_hparams,
+      set_hparams_fn=set_hparams)

@@ -80,6 +80,8 @@ class LocalTrainingOutput(NamedTuple):
   examples_trained: tf.Tensor  # float32, examples over all steps (n x epochs)
   last_epoch_loss: tf.Tensor  # float32, mean training loss over the last epoch
   full_gradient: Any        # full-batch mean gradient at the initial weights (FedSGD) or ()
+  model_metrics: Any        # the model's own unfinalized metrics over all steps
+                            # (`report_local_unfinalized_metrics`, e.g. its Keras metrics)
 
 
 # Hooks a method adds to the shared loop, all optional:
@@ -110,7 +112,8 @@ def build_local_training(
     gradient_transform: Optional[GradientTransform] = None,
     extra_loss: Optional[ExtraLoss] = None,
 ) -> Callable[..., LocalTrainingOutput]:
-  """Returns `train(initial_weights, element, context=None)` as a `tf.function`.
+  """Returns `train(initial_weights, element, context=None, optimizer_hparams=None)` as a
+  `tf.function` (`optimizer_hparams`: set on the optimizer after its initialisation).
 
   Call inside a `tff.tensorflow.computation`, with `model` built there too.
 
@@ -133,7 +136,7 @@ def build_local_training(
     raise ValueError('an optimizer is required unless full_gradient=True')
 
   @tf.function
-  def train(initial_weights, element, context=None):
+  def train(initial_weights, element, context=None, optimizer_hparams=None):
     weights = tff.learning.models.ModelWeights.from_model(model)
     tf.nest.map_structure(lambda v, t: v.assign(t), weights, initial_weights)
     trainable = list(weights.trainable)
@@ -151,6 +154,8 @@ def build_local_training(
     else:
       specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
       opt_state = optimizer.initialize(specs)
+      if optimizer_hparams is not None:  # the client work state's (TFF's hparams API)
+        opt_state = optimizer.set_hparams(opt_state, optimizer_hparams)
     grad_sum = [tf.zeros_like(v) for v in trainable] if full_gradient else []
     loss_sum = tf.constant(0.0)
     correct = tf.constant(0.0)
@@ -210,7 +215,10 @@ def build_local_training(
         seen=seen,
         examples_trained=examples_trained,
         last_epoch_loss=tf.math.divide_no_nan(last_loss, last_count),
-        full_gradient=full)
+        full_gradient=full,
+        # forward_pass updated the model's metric variables at every step; read them
+        # here, after the loop (a fresh model per client starts them at zero).
+        model_metrics=model.report_local_unfinalized_metrics())
 
   return train
 
