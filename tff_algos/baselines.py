@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos.aggregators import factories
