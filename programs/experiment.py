@@ -32,6 +32,7 @@ ALGORITHMS = BASELINE_ALGORITHMS + ('fedcross', 'fedcda', 'cadis') + FEDLEX_ALGO
 FEDCROSS_SELECTIONS = ('lowest_similarity', 'highest_similarity', 'in_order')
 FEDLEX_NORMALIZE = ('per_client', 'after_mean')
 FEDCDA_SELECTIONS = ('batch_greedy', 'exact', 'newest', 'random')
+FEDCDA_WARMUP_WEIGHTINGS = ('data_size', 'uniform')
 CADIS_REDUCTIONS = ('sum', 'mean')
 CADIS_SIMILARITY_LAYERS = ('bias', 'kernel')
 CADIS_CLOSURES = ('two_hop', 'components')
@@ -88,6 +89,7 @@ class ExperimentConfig:
   fedcda_warmup_rounds: int = 50
   fedcda_smoothness: float = 1.0
   fedcda_selection: str = 'batch_greedy'
+  fedcda_warmup_weighting: str = 'data_size'
   fedcda_max_cache_gib: float = 4.0
   # CADIS (ALGORITHMS.md section 3).
   cadis_threshold: float = 0.975
@@ -169,6 +171,9 @@ def validate(config: ExperimentConfig) -> None:
     if c.fedcda_selection not in FEDCDA_SELECTIONS:
       raise ExperimentError(f'--fedcda_selection={c.fedcda_selection!r} is unknown; choose one '
                             f'of {", ".join(FEDCDA_SELECTIONS)}')
+    if c.fedcda_warmup_weighting not in FEDCDA_WARMUP_WEIGHTINGS:
+      raise ExperimentError(f'--fedcda_warmup_weighting={c.fedcda_warmup_weighting!r} is '
+                            f'unknown; choose one of {", ".join(FEDCDA_WARMUP_WEIGHTINGS)}')
     if not c.fedcda_max_cache_gib > 0:
       raise ExperimentError(f'--fedcda_max_cache_gib must be > 0, got {c.fedcda_max_cache_gib}')
     size = max(1, -(-c.clients_per_round // (1 if c.fedcda_selection == 'exact' else c.fedcda_batches)))
@@ -262,7 +267,8 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
           model_fn, client_opt, c.batch_size, num_clients, c.clients_per_round,
           cache_size=c.fedcda_cache_size, num_batches=c.fedcda_batches,
           warmup_rounds=c.fedcda_warmup_rounds, smoothness=c.fedcda_smoothness,
-          selection=c.fedcda_selection, seed=c.seed, max_cache_gib=c.fedcda_max_cache_gib)
+          selection=c.fedcda_selection, warmup_weighting=c.fedcda_warmup_weighting,
+          seed=c.seed, max_cache_gib=c.fedcda_max_cache_gib)
     except ValueError as e:
       raise ExperimentError(str(e)) from None
   if c.algorithm == 'cadis':
@@ -422,7 +428,7 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
   process = build_process(c, model_fn, num_clients, true_clusters)
   if c.algorithm == 'fedcda' and c.fedcda_warmup_rounds >= c.rounds:
     log(f'note: --fedcda_warmup_rounds={c.fedcda_warmup_rounds} >= --rounds={c.rounds}: this '
-        'run is FedAvg with uniform weighting throughout')
+        'run is its warmup FedAvg throughout')
   evaluator = Evaluator(model_fn, fed.x_test, fed.y_test)
 
   loop = asyncio.new_event_loop()
@@ -546,6 +552,9 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None) -> di
         num_clients, c.fedcda_cache_size, d)
     summary['fedcda_cache_formula'] = (
         f'4*N*K*D = 4*{num_clients}*{c.fedcda_cache_size}*{d} bytes + 4*(3NK+2N+1) bookkeeping')
+  if c.algorithm in FEDLEX_ALGORITHMS:
+    from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+    summary['guidance'] = fedlex.guidance_statistics(fedlex.get_guidance(state))
   final_weights = process.get_model_weights(state)
   np.savez(os.path.join(exp_dir, 'final_weights.npz'),
            *[np.asarray(w) for w in list(final_weights.trainable) + list(final_weights.non_trainable)])

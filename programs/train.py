@@ -64,6 +64,9 @@ _CDA_CACHE = flags.DEFINE_integer('fedcda_cache_size', 3, 'FedCDA: models cached
 _CDA_BATCHES = flags.DEFINE_integer('fedcda_batches', 3, 'FedCDA: batches of the greedy selection (B).')
 _CDA_WARMUP = flags.DEFINE_integer('fedcda_warmup_rounds', 50, 'FedCDA: FedAvg rounds before selection.')
 _CDA_SMOOTHNESS = flags.DEFINE_float('fedcda_smoothness', 1.0, 'FedCDA: L in eq. 8.')
+_CDA_WARMUP_WEIGHTING = flags.DEFINE_string(
+    'fedcda_warmup_weighting', 'data_size',
+    'FedCDA: client weights of the warmup FedAvg: data_size (the paper) or uniform.')
 _CDA_SELECTION = flags.DEFINE_string(
     'fedcda_selection', 'batch_greedy', 'FedCDA selection: batch_greedy, exact, newest or random.')
 _CDA_MAX_GIB = flags.DEFINE_float(
@@ -112,6 +115,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       fedcda_cache_size=_CDA_CACHE.value, fedcda_batches=_CDA_BATCHES.value,
       fedcda_warmup_rounds=_CDA_WARMUP.value, fedcda_smoothness=_CDA_SMOOTHNESS.value,
       fedcda_selection=_CDA_SELECTION.value, fedcda_max_cache_gib=_CDA_MAX_GIB.value,
+      fedcda_warmup_weighting=_CDA_WARMUP_WEIGHTING.value,
       cadis_threshold=_CADIS_TAU.value, cadis_threshold_max=_CADIS_TAU_MAX.value,
       cadis_kd_weight=_CADIS_KD.value, cadis_kd_reduction=_CADIS_REDUCTION.value,
       cadis_similarity_layer=_CADIS_LAYER.value,

@@ -65,7 +65,7 @@ class NpFedCDA:
     valid = [u is not None for u in uploads]
     for u in uploads:
       if u is not None:
-        n, w, loss = u
+        n, w, loss = u[:3]
         self.cache[n].insert(0, (np.asarray(w, np.float64), float(loss)))
         del self.cache[n][self.k:]
     uploaders = {u[0]: s for s, u in enumerate(uploads) if u is not None}
@@ -100,8 +100,9 @@ class NpFedCDA:
     for s, u in enumerate(uploads):
       if u is not None:
         self.age[u[0]] = choice[s]
-    if warm:
-      result = np.mean([u[1] for u in uploads if u is not None], axis=0)
+    if warm:  # FedAvg weighted by data size
+      kept = [u for u in uploads if u is not None]
+      result = np.average([u[1] for u in kept], axis=0, weights=[upload_weight(u) for u in kept])
     else:
       result = np.mean([self.model(n)[0] for n in self.members(())], axis=0)
     self.round += 1
@@ -138,21 +139,26 @@ def flat(weights):
   return np.concatenate([np.ravel(t) for t in tf.nest.flatten(weights)])
 
 
+def upload_weight(upload):
+  """An upload is (client, flat model, loss) or (client, flat model, loss, example count)."""
+  return upload[3] if len(upload) > 3 else 1.0
+
+
 def accumulator(uploads, p):
   """The process's [P, ...] accumulator built directly from (client, vec, loss) by slot."""
   parts = [np.zeros([p, *s], np.float32) for s in SHAPES_TRAINABLE + SHAPES_NON_TRAINABLE]
-  index, loss, valid = np.zeros([p], np.int32), np.zeros([p], np.float32), np.zeros([p],
-                                                                                   np.float32)
+  index = np.zeros([p], np.int32)
+  loss, valid, weight = (np.zeros([p], np.float32) for _ in range(3))
   for s, u in enumerate(uploads):
     if u is None:
       continue
     for part, value in zip(parts, unflatten(u[1])):
       part[s] = value
-    index[s], loss[s], valid[s] = u[0], u[2], 1.0
+    index[s], loss[s], valid[s], weight[s] = u[0], u[2], 1.0, upload_weight(u)
   nt = len(SHAPES_TRAINABLE)
   return collections.OrderedDict(
       models=tff.learning.models.ModelWeights(trainable=parts[:nt], non_trainable=parts[nt:]),
-      client_index=index, loss=loss, valid=valid)
+      client_index=index, loss=loss, valid=valid, weight=weight)
 
 
 def random_uploads(rng, n, p, dropout):
@@ -162,7 +168,8 @@ def random_uploads(rng, n, p, dropout):
     if rng.uniform() < dropout:
       out.append(None)
     else:
-      out.append((int(c), rng.normal(size=8) * rng.uniform(0.5, 2.0), rng.uniform(0.0, 2.0)))
+      out.append((int(c), rng.normal(size=8) * rng.uniform(0.5, 2.0), rng.uniform(0.0, 2.0),
+                  float(rng.integers(1, 100))))  # (client, model, loss, example count)
   return out
 
 
@@ -210,6 +217,28 @@ def test_cache_round_matches_numpy_brute_force(n, p, k, b, selection, dropout):
   assert int(state['round_num']) == 7
 
 
+def test_uniform_warmup_weighting_is_the_plain_mean():
+  n, p, k = 6, 3, 2
+  rng = np.random.default_rng(2)
+  uploads = random_uploads(rng, n, p, 0.0)
+  results = {}
+  for weighting in crc.WARMUP_WEIGHTINGS:
+    _, res, _ = crc.cache_round(
+        zero_state(n, k), accumulator(uploads, p), num_clients=n, clients_per_round=p,
+        cache_size=k, num_batches=1, warmup_rounds=1, smoothness=1.0, selection='exact',
+        seed=0, warmup_weighting=weighting)
+    results[weighting] = flat(res['model'])
+  np.testing.assert_allclose(results['uniform'], np.mean([u[1] for u in uploads], 0),
+                             rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+      results['data_size'],
+      np.average([u[1] for u in uploads], 0, weights=[u[3] for u in uploads]),
+      rtol=1e-5, atol=1e-6)
+  assert not np.allclose(results['uniform'], results['data_size'])
+  with pytest.raises(ValueError, match='warmup_weighting'):
+    crc.validate_options(n, p, k, 1, 1, 1.0, 'exact', 'by_loss')
+
+
 def test_selection_is_exact_for_models_far_from_the_origin():
   """Real models have large norms and eq. 8 is a small difference of large sums of squares:
   with a common offset of 300 per weight (‖w‖² ≈ 7e5) and differences of 0.05, float32
@@ -230,7 +259,7 @@ def test_selection_is_exact_for_models_far_from_the_origin():
         num_batches=1, warmup_rounds=0, smoothness=1.0, selection='exact', seed=0)
     _, want = ref.step(uploads, batches, 'exact')
     count, selected = state['count'].numpy(), state['selected'].numpy()
-    for s, (c, _, _) in enumerate(uploads):
+    for s, (c, *_) in enumerate(uploads):
       assert (count[c] - 1 - selected[c]) % k == want['choice'][s], t
 
 
@@ -353,7 +382,7 @@ def test_random_selection_picks_cached_models_only():
         state, accumulator(uploads, p), num_clients=n, clients_per_round=p, cache_size=k,
         num_batches=1, warmup_rounds=0, smoothness=1.0, selection='random', seed=0)
     count, selected = state['count'].numpy(), state['selected'].numpy()
-    for c, _, _ in uploads:
+    for c, *_ in uploads:
       age = (count[c] - 1 - selected[c]) % k
       assert age < min(count[c], k)
       picked.add(int(age))
@@ -408,13 +437,13 @@ def test_aggregation_process_on_its_own():
   for t in range(4):
     uploads = random_uploads(rng, n, p, 0.0)
     values, weights = [], []
-    for s, (c, vec, loss) in enumerate(uploads):
+    for s, (c, vec, loss, count) in enumerate(uploads):
       parts = unflatten(vec)
       values.append(collections.OrderedDict(
           client_index=np.int32(c), slot=np.int32(s),
           model=tff.learning.models.ModelWeights(trainable=parts[:2], non_trainable=parts[2:]),
           last_epoch_loss=np.float32(loss)))
-      weights.append(np.float32(10.0))
+      weights.append(np.float32(count))
     # a diverged client (weight 0) in slot 2 on round 2: it must not enter the cache
     if t == 2:
       weights[2] = np.float32(0.0)
@@ -453,11 +482,19 @@ def test_type_signature(fedcda):
       'objective_after']
 
 
-def test_warmup_equals_tff_fedavg_with_uniform_weighting(fedcda, fed):
+@pytest.mark.parametrize('weighting', crc.WARMUP_WEIGHTINGS)
+def test_warmup_equals_tff_fedavg(fedcda, fed, weighting):
+  """The warmup is TFF's FedAvg: weighted by example counts by default (the paper), or
+  uniformly with warmup_weighting='uniform'."""
+  client_weighting = dict(data_size=tff.learning.ClientWeighting.NUM_EXAMPLES,
+                          uniform=tff.learning.ClientWeighting.UNIFORM)[weighting]
   tff_avg = tff.learning.algorithms.build_weighted_fed_avg(
       MODEL_FN, client_optimizer_fn=sgd(),
       server_optimizer_fn=tff.learning.optimizers.build_sgdm(learning_rate=1.0),
-      client_weighting=tff.learning.ClientWeighting.UNIFORM)
+      client_weighting=client_weighting)
+  if weighting != 'data_size':
+    fedcda = build_fedcda(MODEL_FN, sgd(), BATCH, 8, 4, warmup_rounds=2, cache_size=2,
+                          num_batches=2, warmup_weighting=weighting)
   ours, theirs = fedcda.initialize(), tff_avg.initialize()
   for t in range(2):
     _, inputs = data.round_inputs(fed, t, 4, 2, seed=3)

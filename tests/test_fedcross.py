@@ -255,6 +255,10 @@ def test_aggregation_process_on_its_own():
   for r, w in zip(result, want):
     np.testing.assert_allclose(r, w.mean(axis=0), rtol=1e-5, atol=1e-6)
   assert out.state['round_num'] == 1
+  # two uploads to one slot would overwrite one model and skip another: the round fails
+  with pytest.raises(Exception, match='same slot'):
+    proc.next(state, [value(0), collections.OrderedDict(value(1), slot=np.int32(0))],
+              [np.float32(1.0), np.float32(1.0)])
 
 
 # --------------------------------------------------------------------------- #

@@ -333,3 +333,42 @@ def test_checkpoint_round_trip_keeps_guidance(env, tmp_path):
   b_state, _ = run_rounds(proc, loaded, env['fed'], 1, start=1)
   for a, b in zip(trainable(proc, a_state), trainable(proc, b_state)):
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize('base', ['sgd', 'avgm'])
+def test_fractional_guidance_scales_the_update_once(env, base):
+  """One round whose update is linear in each client's gradient (FedSGD's full-batch
+  gradient; FedAvgM with one plain-SGD local step per client, first server step) must move
+  the weights by exactly G times the unguided move, elementwise: G·g, never G²·g."""
+  _, inputs = data.round_inputs(env['fed'], 0, 2, 1, 0)
+  inputs = [[x] for x in inputs]
+  if base == 'sgd':
+    guided, plain = process(env, base, True), process(env, base, False)
+  else:  # a batch as large as any client's data: one local step
+    whole = max(int(np.shape(x[0]['order'])[1]) for x in inputs)
+    guided, plain = (fedlex.build_fedlex(env['model_fn'], env['opt'], whole, base, guided=g)
+                     for g in (True, False))
+  state = guided.initialize()
+  rng = np.random.default_rng(7)
+  guidance = [rng.uniform(0.2, 0.9, size=np.shape(g)).astype(np.float32)
+              for g in fedlex.get_guidance(state)]
+  state = fedlex.set_guidance(guided, state, guidance)
+  w0 = trainable(guided, state)
+  g_after = trainable(guided, guided.next(state, inputs).state)
+  p_after = trainable(plain, plain.next(plain.initialize(), inputs).state)
+  for g, a, b, w in zip(guidance, g_after, p_after, w0):
+    plain_move = w - b
+    assert np.abs(plain_move).max() > 1e-4  # not a comparison between zeros
+    np.testing.assert_allclose(w - a, g * plain_move, rtol=1e-3, atol=1e-7)
+
+
+def test_guidance_statistics_match_numpy():
+  rng = np.random.default_rng(3)
+  guidance = [rng.uniform(0, 0.05, size=(3, 4)), np.zeros(5), rng.uniform(0, 1, size=7)]
+  flat = np.concatenate([g.ravel() for g in guidance])
+  stats = fedlex.guidance_statistics(guidance)
+  assert stats['guidance_mean'] == pytest.approx(flat.mean())
+  assert stats['guidance_median'] == pytest.approx(np.median(flat))
+  assert stats['guidance_below_0_01'] == pytest.approx(np.mean(flat < 0.01))
+  assert stats['guidance_zero_fraction'] == pytest.approx(5 / 24)
+  assert (stats['guidance_min'], stats['guidance_max']) == (flat.min(), flat.max())

@@ -1,8 +1,47 @@
-"""Slow reproduction runs (skipped unless RUN_SLOW=1; see README)."""
+"""Slow reproduction checks (skipped unless RUN_SLOW=1; see README).
+
+Each suite of benchmarks/suites.py: re-run the first rounds of its first compared method,
+seed 0, from its committed config.json, and require the committed metrics.csv numbers
+exactly (runs are deterministic functions of their configuration and seed).
+"""
+
+import csv
+import dataclasses
+import json
+import os
 
 import pytest
 
+from benchmarks import suites
 from programs import experiment
+
+ROUNDS = 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name', sorted(suites.SUITES))
+def test_first_rounds_of_a_committed_run_are_reproduced(tmp_path, name):
+  suite = suites.SUITES[name]
+  run = suite.comparisons[0].method
+  committed = os.path.join(suites.suite_dir(name), 'runs', suites.run_name(run, 0))
+  if not os.path.exists(os.path.join(committed, 'metrics.csv')):
+    pytest.fail(f'{committed} is not committed yet: run python -m benchmarks.compare '
+                f'--suite={name}')
+  with open(os.path.join(committed, 'config.json')) as f:
+    fields = json.load(f)
+  known = {f.name for f in dataclasses.fields(experiment.ExperimentConfig)}
+  config = experiment.ExperimentConfig(**{k: v for k, v in fields.items() if k in known})
+  config.rounds, config.resume, config.progress = ROUNDS, False, False
+  config.root_output_dir, config.experiment_name = str(tmp_path), 'again'
+  experiment.run_experiment(config)
+  with open(os.path.join(committed, 'metrics.csv'), newline='') as f:
+    want = list(csv.DictReader(f))[:ROUNDS]
+  with open(os.path.join(config.experiment_dir, 'metrics.csv'), newline='') as f:
+    got = list(csv.DictReader(f))
+  assert len(got) == ROUNDS
+  for a, b in zip(got, want):
+    for key in ('test_accuracy', 'test_loss', 'client_work/train/loss'):
+      assert float(a[key]) == pytest.approx(float(b[key]), rel=1e-5, abs=1e-6), (key, a['round'])
 
 
 @pytest.mark.slow
@@ -15,40 +54,3 @@ def test_fedavg_fashion_mnist_dirichlet_reaches_80_percent(tmp_path):
       batch_size=50, client_lr=0.05, client_momentum=0.5, root_output_dir=str(tmp_path),
       progress=False))
   assert summary['final_accuracy'] > 0.80
-
-
-@pytest.mark.slow
-def test_fedcross_beats_chance_by_far_on_skewed_fashion_mnist(tmp_path):
-  """FedCross, Dirichlet 0.1, 50 clients, 5 per round, 30 rounds (benchmarks/fedcross)."""
-  summary = experiment.run_experiment(experiment.ExperimentConfig(
-      algorithm='fedcross', dataset='fashion_mnist', partition='dirichlet',
-      dirichlet_alpha=0.1, num_clients=50, clients_per_round=5, rounds=30, local_epochs=1,
-      batch_size=50, client_lr=0.01, client_momentum=0.5, root_output_dir=str(tmp_path),
-      progress=False))
-  assert summary['best_accuracy'] > 0.5
-
-
-@pytest.mark.slow
-def test_fedcda_dirichlet_0_1_is_stable_after_warmup(tmp_path):
-  """FedCDA, Fashion-MNIST Dir 0.1, 20 clients, 4 per round, 100 rounds of E=2, warmup 25
-  (benchmarks/fedcda: last-10 mean 76.6% against FedAvg's 72.4%)."""
-  summary = experiment.run_experiment(experiment.ExperimentConfig(
-      algorithm='fedcda', dataset='fashion_mnist', model='simple_cnn', partition='dirichlet',
-      dirichlet_alpha=0.1, num_clients=20, clients_per_round=4, rounds=100, local_epochs=2,
-      batch_size=64, client_lr=0.01, client_momentum=0.5, fedcda_warmup_rounds=25,
-      root_output_dir=str(tmp_path), progress=False))
-  assert summary['last10_mean_accuracy'] > 0.73
-
-
-@pytest.mark.slow
-def test_cadis_cluster_mc_learns_and_recovers_most_pairs(tmp_path):
-  """CADIS, Fashion-MNIST cluster-MC, 100 clients, 10 per round, 50 rounds (benchmarks/cadis)."""
-  config = experiment.ExperimentConfig(
-      algorithm='cadis', dataset='fashion_mnist', model='simple_cnn', partition='cluster_mc',
-      num_clients=100, clients_per_round=10, rounds=50, local_epochs=1, batch_size=32,
-      client_lr=0.01, client_momentum=0.5, root_output_dir=str(tmp_path), progress=False)
-  summary = experiment.run_experiment(config)
-  assert summary['best_accuracy'] > 0.5
-  rows = experiment._csv_rows(  # pylint: disable=protected-access
-      f'{config.experiment_dir}/metrics.csv')
-  assert float(rows[-1]['aggregator/cluster_pair_accuracy']) > 0.9

@@ -32,6 +32,7 @@ def _weights(directory):
     ('--dataset=mnist --data_dir=/nonexistent', 'tfds build'),
     ('--partition=classes --classes_per_client=11', 'impossible partition'),
     ('--algorithm=fedcda --fedcda_selection=best', '--fedcda_selection'),
+    ('--algorithm=fedcda --fedcda_warmup_weighting=loss', '--fedcda_warmup_weighting'),
     ('--algorithm=cadis --cadis_threshold=0.99 --cadis_threshold_max=0.9', '--cadis_threshold'),
     ('--algorithm=cadis --cadis_closure=three_hop', '--cadis_closure'),
     # found only once the model is built: still one line, naming the flags to change

@@ -10,7 +10,7 @@ Composed from TFF's templates with `tff.learning.templates.compose_learning_proc
    FIFO cache of K models in the aggregator's state; after the warmup, each participant
    selects the cached model minimising eq. 8 (batch-greedy over B random batches by default)
    and the result is the uniform mean over every cached client of its selected model (FedAvg
-   over this round's uploads during warmup);
+   over this round's uploads, weighted by data size, during warmup);
 4. finalizer (`build_replace_finalizer`): the aggregate becomes the global model.
 
 Memory is FedCDA's real cost: the cache holds N·K·D floats (4·N·K·D bytes, e.g. 20 clients ×
@@ -79,6 +79,7 @@ def build_fedcda(
     warmup_rounds: int = 50,
     smoothness: float = 1.0,
     selection: str = 'batch_greedy',
+    warmup_weighting: str = 'data_size',
     seed: int = 0,
     max_cache_gib: Optional[float] = 4.0,
     model_aggregator=None,
@@ -94,11 +95,12 @@ def build_fedcda(
     clients_per_round: P; client inputs carry `slot` in [0, P).
     cache_size: K, models cached per client (paper: 3).
     num_batches: B, batches of the batch-greedy selection (paper: 3).
-    warmup_rounds: rounds of FedAvg (uniform weighting) before selection starts (paper: 50
-      of 200 rounds).
+    warmup_rounds: rounds of FedAvg before selection starts (paper: 50 of 200 rounds).
     smoothness: L in eq. 8 (paper: 1).
     selection: 'batch_greedy' (default), 'exact' (all K^P combinations at once), 'newest'
       or 'random' (the paper's ablations).
+    warmup_weighting: the warmup FedAvg's client weights: 'data_size' (example counts, the
+      paper's FedAvg; default) or 'uniform'.
     seed: seeds the random batch split and the 'random' selection, with the round number.
     max_cache_gib: refuse configurations whose aggregator state exceeds this (None: no
       limit). The state is 4·N·K·D bytes of cache plus 4·(2NK + 2N + 1) of bookkeeping.
@@ -123,7 +125,8 @@ def build_fedcda(
   aggregator = cross_round_cache.build_cross_round_cache_process(
       weights_type, num_clients, clients_per_round, cache_size=cache_size,
       num_batches=num_batches, warmup_rounds=warmup_rounds, smoothness=smoothness,
-      selection=selection, seed=seed, max_cache_gib=max_cache_gib)
+      selection=selection, warmup_weighting=warmup_weighting, seed=seed,
+      max_cache_gib=max_cache_gib)
   return tff.learning.templates.compose_learning_process(
       initial_weights,
       tff.learning.templates.build_broadcast_process(weights_type),

@@ -323,8 +323,10 @@ def guidance_statistics(guidance) -> collections.OrderedDict:
   flat = np.concatenate([np.asarray(g, np.float64).ravel() for g in guidance])
   return collections.OrderedDict(
       guidance_mean=float(flat.mean()), guidance_min=float(flat.min()),
-      guidance_max=float(flat.max()),
-      guidance_zero_fraction=float(np.mean(flat == 0.0)))
+      guidance_max=float(flat.max()), guidance_median=float(np.median(flat)),
+      guidance_zero_fraction=float(np.mean(flat == 0.0)),
+      # G multiplies every gradient: the share far below 1 says how much it slows training
+      guidance_below_0_01=float(np.mean(flat < 0.01)))
 
 
 def explore_and_initialize(process: tff.learning.templates.LearningProcess,

@@ -309,10 +309,11 @@ def build_cross_aggregation_process(
     return collections.OrderedDict(
         models=tf.nest.map_structure(lambda a, v: server_state.scatter_row(a, slot, v),
                                      acc['models'], value['model']),
-        received=server_state.scatter_row(acc['received'], slot, 1.0),
+        received=server_state.count_slot(acc['received'], slot),
         weight=server_state.scatter_row(acc['weight'], slot, weight))
 
   def server_step(state, acc):
+    acc = server_state.assert_distinct_slots(acc, k)
     received = acc['received'] > 0.0
 
     def keep_missing(new, old):

@@ -28,7 +28,9 @@ One `next(state, value@CLIENTS, weight@CLIENTS)`:
   with `tff.federated_aggregate` into a dense [P, ...] accumulator, then pushed into the
   uploaders' caches.
 * Warmup (`round_num < warmup_rounds`): every uploader selects its newest model and the
-  result is the uniform mean of this round's uploads (FedAvg with uniform weighting).
+  result is FedAvg of this round's uploads: weighted by the uploads' weights (the clients'
+  example counts, the paper's "ratio of the data size"; `warmup_weighting='data_size'`,
+  default) or their uniform mean (`warmup_weighting='uniform'`).
 * After warmup, selection (`SELECTIONS`):
   - 'batch_greedy' (default): the uploaders are split at random into B batches (sizes differ
     by at most one); batch b picks, exhaustively over its K^{|b|} combinations, the
@@ -65,6 +67,7 @@ from tff_algos.aggregators import server_state
 from tff_algos.client_work import model_upload
 
 SELECTIONS = ('batch_greedy', 'exact', 'newest', 'random')
+WARMUP_WEIGHTINGS = ('data_size', 'uniform')
 # The exhaustive search of one batch evaluates K^{batch size} combinations at once.
 MAX_COMBINATIONS = 1 << 20
 
@@ -98,7 +101,7 @@ def batch_sizes(num_uploads: int, num_batches: int) -> list[int]:
 
 def validate_options(num_clients: int, clients_per_round: int, cache_size: int,
                      num_batches: int, warmup_rounds: int, smoothness: float,
-                     selection: str) -> None:
+                     selection: str, warmup_weighting: str = 'data_size') -> None:
   for name, value, low in (('num_clients', num_clients, 1),
                            ('clients_per_round', clients_per_round, 1),
                            ('cache_size', cache_size, 1), ('num_batches', num_batches, 1),
@@ -112,6 +115,9 @@ def validate_options(num_clients: int, clients_per_round: int, cache_size: int,
     raise ValueError(f'smoothness (L) must be >= 0, got {smoothness}')
   if selection not in SELECTIONS:
     raise ValueError(f'selection must be one of {SELECTIONS}, got {selection!r}')
+  if warmup_weighting not in WARMUP_WEIGHTINGS:
+    raise ValueError(f'warmup_weighting must be one of {WARMUP_WEIGHTINGS}, '
+                     f'got {warmup_weighting!r}')
   largest = max(batch_sizes(clients_per_round, 1 if selection == 'exact' else num_batches))
   if selection in ('batch_greedy', 'exact') and cache_size ** largest > MAX_COMBINATIONS:
     raise ValueError(
@@ -281,11 +287,12 @@ def random_batches(num_uploads: int, num_batches: int, seed, valid=None):
 
 def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_size: int,
                 num_batches: int, warmup_rounds: int, smoothness: float, selection: str,
-                seed: int):
+                seed: int, warmup_weighting: str = 'data_size'):
   """One server round on the state and the round's upload accumulator (pure TF).
 
   `acc` = OrderedDict(models=ModelWeights of [P, ...], client_index int32 [P], loss float32
-  [P], valid float32 [P]) as gathered by the process; `num_batches` is 1 for 'exact'.
+  [P], valid float32 [P], weight float32 [P]) as gathered by the process (an invalid slot
+  has a zero model and weight); `num_batches` is 1 for 'exact'.
   Returns (new state, OrderedDict(model, has_result), measurements).
   """
   n, p, k = num_clients, clients_per_round, cache_size
@@ -354,8 +361,10 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
                                          tf.boolean_mask(chosen_slot, valid))
   # 3. the new global model.
   uploads = tf.reduce_sum(acc['valid'])
+  warmup_weight = acc['weight'] if warmup_weighting == 'data_size' else acc['valid']
   upload_mean = tf.nest.map_structure(
-      lambda t: tf.math.divide_no_nan(tf.reduce_sum(t, 0), uploads), acc['models'])
+      lambda t: tf.math.divide_no_nan(tf.tensordot(warmup_weight, t, axes=1),
+                                      tf.reduce_sum(warmup_weight)), acc['models'])
   cached_count = tf.reduce_sum(tf.cast(cached, tf.float32))
   cached_onehot = tf.one_hot(selected, k) * tf.cast(cached, tf.float32)[:, None]
   cache_mean = tf.nest.map_structure(
@@ -408,6 +417,7 @@ def build_cross_round_cache_process(
     warmup_rounds: int = 50,
     smoothness: float = 1.0,
     selection: str = 'batch_greedy',
+    warmup_weighting: str = 'data_size',
     seed: int = 0,
     max_cache_gib: Optional[float] = 4.0,
 ) -> tff.templates.AggregationProcess:
@@ -422,6 +432,8 @@ def build_cross_round_cache_process(
     warmup_rounds: rounds of FedAvg behaviour before selection starts (paper: 50 of 200).
     smoothness: L in eq. 8 (paper: 1).
     selection: one of `SELECTIONS`.
+    warmup_weighting: the warmup's FedAvg weights, one of `WARMUP_WEIGHTINGS`: 'data_size'
+      (the upload weights, i.e. example counts; the paper) or 'uniform'.
     seed: seeds the random batch split and 'random' selection (with the round number).
     max_cache_gib: refuse a configuration whose state (`state_size_bytes`) exceeds this
       many GiB (None: no limit).
@@ -431,7 +443,7 @@ def build_cross_round_cache_process(
     float32@CLIENTS) -> result = OrderedDict(model=ModelWeights, has_result=float32) @SERVER.
   """
   validate_options(num_clients, clients_per_round, cache_size, num_batches, warmup_rounds,
-                   smoothness, selection)
+                   smoothness, selection, warmup_weighting)
   n, p, k = int(num_clients), int(clients_per_round), int(cache_size)
   size = state_size_bytes(n, k, num_weights(weights_type))
   if max_cache_gib is not None and size > max_cache_gib * 2**30:
@@ -460,6 +472,7 @@ def build_cross_round_cache_process(
         client_index=tf.zeros([p], tf.int32),
         loss=tf.zeros([p], tf.float32),
         valid=tf.zeros([p], tf.float32),
+        weight=tf.zeros([p], tf.float32),
         received=tf.zeros([p], tf.float32))
 
   def accumulate(acc, value, weight):
@@ -472,20 +485,17 @@ def build_cross_round_cache_process(
                                               value['client_index']),
         loss=server_state.scatter_row(acc['loss'], slot, value['last_epoch_loss'] * ok),
         valid=server_state.scatter_row(acc['valid'], slot, ok),
-        # added, not set: a second upload to the same slot is caught in the server step
-        received=acc['received'] + tf.one_hot(slot, p))
+        weight=server_state.scatter_row(acc['weight'], slot, weight * ok),
+        received=server_state.count_slot(acc['received'], slot))
 
   options = dict(num_clients=n, clients_per_round=p, cache_size=k, num_batches=batches_b,
                  warmup_rounds=warmup_rounds, smoothness=smoothness, selection=selection,
-                 seed=seed)
+                 seed=seed, warmup_weighting=warmup_weighting)
 
   def server_step(state, acc):
+    acc = server_state.assert_distinct_slots(acc, p)
     valid = acc['valid'] > 0.0
     checks = [
-        tf.debugging.assert_less_equal(
-            acc['received'], 1.0,
-            message='two clients uploaded with the same slot: slots must be distinct in '
-            f'[0, clients_per_round={p})'),
         tf.debugging.assert_equal(
             tf.reduce_all(tf.logical_or(tf.logical_not(valid), tf.logical_and(
                 acc['client_index'] >= 0, acc['client_index'] < n))), True,

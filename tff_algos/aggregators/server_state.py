@@ -24,6 +24,26 @@ def scatter_row(tensor, row, value):
                                      tf.expand_dims(tf.convert_to_tensor(value, tensor.dtype), 0))
 
 
+def count_slot(received, slot):
+  """`received` (float32 [P], uploads counted per slot) with one more upload at `slot`.
+
+  Counted, not set: two uploads to one slot then show as a count of 2 whether they meet in
+  one accumulator (where the second overwrites the first) or in a merge (where they add),
+  and `assert_distinct_slots` fails the round instead of silently losing a model.
+  """
+  return received + tf.one_hot(slot, tf.shape(received)[0], dtype=received.dtype)
+
+
+def assert_distinct_slots(acc, num_slots: int):
+  """`acc` behind a check that no slot of `acc['received']` counted two uploads."""
+  check = tf.debugging.assert_less_equal(
+      acc['received'], tf.constant(1.0, acc['received'].dtype),
+      message=f'two clients uploaded with the same slot: slots must be distinct in '
+      f'[0, clients_per_round={num_slots})')
+  with tf.control_dependencies([check]):
+    return tf.nest.map_structure(tf.identity, acc)
+
+
 def zero_model_weights(weights_type: tff.Type):
   """Zero `ModelWeights` of a ModelWeights type (e.g. a stacked [K, ...] one)."""
   return tff.learning.models.ModelWeights(

@@ -260,9 +260,8 @@ def build_model_delta_client_work(
     out = train(initial_weights, element, context or None,
                 ClientWorkState.optimizer_hparams(state, guided))
     if full_gradient:
+      # The per-batch gradients were already multiplied by G inside the loop: G·g, once.
       update = list(out.full_gradient)
-      if guided:
-        update = multiply_by_guidance(update, context)
     else:
       update = tf.nest.map_structure(tf.subtract, list(initial_weights.trainable),
                                      list(out.model_weights.trainable))

@@ -1,0 +1,414 @@
+"""Writes every reproduction page from committed run directories and benchmarks/suites.py.
+
+  python -m benchmarks.report            # all suites' results.md/json/curves.png, REPRODUCTION.md
+
+Nothing on a page is typed by hand: settings come from the suite declaration, numbers from
+each run's metrics.csv and summary.json, paper figures from paper_numbers.json, verdicts from
+`verdict`. A test regenerates the pages and compares them byte for byte with the committed ones.
+
+Accuracy of a run = the mean test accuracy over its last 10 rounds (evaluated every round);
+across seeds: mean ± sample standard deviation. Seeds are paired (same partition, sampling
+and initial model for both methods of a comparison), so a margin's spread is the standard
+deviation of the per-seed differences.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import itertools
+import json
+import os
+import re
+import sys
+
+import numpy as np
+
+from benchmarks import suites
+
+LAST = 10                 # rounds in the headline mean
+PLATEAU_POINTS = 0.5      # a curve has plateaued when its last window moved less than this
+REPRODUCTION = os.path.join(suites.HERE, 'REPRODUCTION.md')
+
+
+# --------------------------------------------------------------------------- #
+# Reading runs
+# --------------------------------------------------------------------------- #
+
+
+def grid_points(grid: dict) -> list:
+  keys = sorted(grid)
+  return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+
+
+def load_run(exp_dir: str) -> dict:
+  """One run's curve and headline numbers; `finished` says whether all rounds are in."""
+  with open(os.path.join(exp_dir, 'config.json')) as f:
+    config = json.load(f)
+  rows = []
+  metrics = os.path.join(exp_dir, 'metrics.csv')
+  if os.path.exists(metrics):
+    with open(metrics, newline='') as f:
+      rows = list(csv.DictReader(f))
+  curve = [(int(r['round']), float(r['test_accuracy'])) for r in rows if r.get('test_accuracy')]
+  summary_path = os.path.join(exp_dir, 'summary.json')
+  summary = {}
+  if os.path.exists(summary_path):
+    with open(summary_path) as f:
+      summary = json.load(f)
+  rounds = config['rounds']
+  done = int(rows[-1]['round']) if rows else 0
+  acc = np.array([a for _, a in curve])
+  tail = [a for r, a in curve if r > rounds - LAST]
+  return dict(
+      config=config, rounds=rounds, rounds_done=done,
+      finished=summary.get('rounds') == rounds and done == rounds,
+      curve_rounds=[r for r, _ in curve], curve_accuracy=[a for _, a in curve],
+      last10_mean_accuracy=float(np.mean(tail)) if tail else float('nan'),
+      final_accuracy=float(acc[-1]) if acc.size else float('nan'),
+      best_accuracy=float(acc.max()) if acc.size else float('nan'),
+      seconds_per_round=float(np.median([float(r['seconds']) for r in rows[1:]]))
+      if len(rows) > 1 else float('nan'),
+      client_epochs_training=summary.get('client_epochs_training'),
+      exploration_client_epochs=summary.get('exploration_client_epochs', 0.0),
+      aggregator_state_bytes=summary.get('aggregator_state_bytes', 0),
+      summary=summary)
+
+
+def seed_dirs(suite: suites.Suite, run: str) -> dict:
+  """{seed: directory} of every seed ever run for `run` (none is dropped from a page)."""
+  out = {}
+  for path in glob.glob(os.path.join(suites.suite_dir(suite.name), 'runs', f'{run}_s*')):
+    m = re.fullmatch(re.escape(run) + r'_s(\d+)', os.path.basename(path))
+    if m and os.path.exists(os.path.join(path, 'config.json')):
+      out[int(m.group(1))] = path
+  return dict(sorted(out.items()))
+
+
+# --------------------------------------------------------------------------- #
+# Statistics and verdicts
+# --------------------------------------------------------------------------- #
+
+
+def mean_std(values) -> tuple:
+  v = np.asarray(values, np.float64)
+  if v.size == 0:
+    return float('nan'), float('nan')
+  return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+
+
+def plateau_delta(curves: list) -> tuple:
+  """(window W, points moved by the mean curve between its last two W-round windows)."""
+  length = min(len(c) for c in curves)
+  mean = np.mean([c[:length] for c in curves], axis=0) * 100
+  w = min(50, length // 4)
+  if w < 1:
+    return 0, float('nan')
+  return w, float(mean[-w:].mean() - mean[-2 * w:-w].mean())
+
+
+def verdict(paper_margin: float, margin: float, spread: float, paper_sign: float = 0) -> str:
+  """Our margin (points, mean over seeds) against the paper's, given the seeds' spread.
+
+  reproduced: the paper's sign, at least half its size, and larger than the spread;
+  smaller: the paper's sign and larger than the spread, but under half the paper's margin;
+  within noise: no larger than the spread; opposite: the other sign, larger than the spread.
+  A paper whose numbers were lost but whose claim's sign is known (`paper_sign`) is
+  'reproduced (sign)' when our margin has that sign beyond the spread.
+  """
+  if not np.isfinite(margin):
+    return 'not run'
+  if not np.isfinite(paper_margin) and not paper_sign:
+    return 'no paper figure'
+  if abs(margin) <= spread:
+    return 'within noise'
+  sign = np.sign(paper_margin) if np.isfinite(paper_margin) else np.sign(paper_sign)
+  if np.sign(margin) != sign:
+    return 'opposite'
+  if not np.isfinite(paper_margin):
+    return 'reproduced (sign)'
+  return 'reproduced' if abs(margin) >= 0.5 * abs(paper_margin) else 'smaller'
+
+
+def pct(x: float) -> str:
+  return 'n/a' if not np.isfinite(x) else f'{100 * x:.2f}'
+
+
+def _summary_column(done: list, path: tuple, spec: str) -> str:
+  """Mean ± std over seeds of a summary.json value (e.g. FedLEx guidance statistics)."""
+  values = []
+  for r in done:
+    v = r['summary']
+    for key in path:
+      v = v.get(key) if isinstance(v, dict) else None
+    if v is not None:
+      values.append(float(v))
+  if not values:
+    return 'n/a'
+  mean, std = mean_std(values)
+  return f'{mean:{spec}} ± {std:{spec}}'
+
+
+def num(x, spec: str = '.2f') -> str:
+  return 'n/a' if x is None or not np.isfinite(x) else format(x, spec)
+
+
+def pm(mean: float, std: float) -> str:
+  return 'n/a' if not np.isfinite(mean) else f'{100 * mean:.2f} ± {100 * std:.2f}'
+
+
+# --------------------------------------------------------------------------- #
+# Pages
+# --------------------------------------------------------------------------- #
+
+
+def collect(suite: suites.Suite) -> dict:
+  """{run: {seed: loaded run}} for every run directory of the suite."""
+  return {run: {seed: load_run(path) for seed, path in seed_dirs(suite, run).items()}
+          for run in suite.runs}
+
+
+def compare_runs(suite: suites.Suite, runs: dict, paper: dict) -> list:
+  rows = []
+  for comp in suite.comparisons:
+    method = {s: r for s, r in runs[comp.method].items() if r['finished']}
+    base = {s: r for s, r in runs[comp.baseline].items() if r['finished']}
+    paired = sorted(set(method) & set(base))
+    diffs = [method[s]['last10_mean_accuracy'] - base[s]['last10_mean_accuracy']
+             for s in paired]
+    margin, spread = mean_std(diffs)
+    m_mean, m_std = mean_std([r['last10_mean_accuracy'] for r in method.values()])
+    b_mean, b_std = mean_std([r['last10_mean_accuracy'] for r in base.values()])
+    figures = paper.get(comp.paper, {})
+    paper_margin = figures.get('method', np.nan) - figures.get('baseline', np.nan)
+    spread_points = max(100 * spread, 100 * m_std, 100 * b_std) if paired else np.nan
+    rows.append(dict(
+        label=comp.label, method=comp.method, baseline=comp.baseline, seeds=paired,
+        paper_dataset=figures.get('dataset', ''), paper_baseline=figures.get('baseline'),
+        paper_method=figures.get('method'), paper_margin=paper_margin,
+        baseline_mean=b_mean, baseline_std=b_std, method_mean=m_mean, method_std=m_std,
+        margin=100 * margin if paired else np.nan, margin_std=100 * spread,
+        verdict=verdict(paper_margin, 100 * margin, spread_points, figures.get('sign', 0))
+        if paired else 'not run'))
+  return rows
+
+
+def _plot(suite: suites.Suite, runs: dict, path: str) -> None:
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, ax = plt.subplots(figsize=(8, 4.8))
+  for run, seeds in runs.items():
+    finished = [r for r in seeds.values() if r['finished']]
+    if not finished:
+      continue
+    length = min(len(r['curve_accuracy']) for r in finished)
+    acc = np.array([r['curve_accuracy'][:length] for r in finished]) * 100
+    x = finished[0]['curve_rounds'][:length]
+    mean, std = acc.mean(0), acc.std(0, ddof=1) if len(finished) > 1 else np.zeros(length)
+    line, = ax.plot(x, mean, lw=1.2, label=f'{run} ({len(finished)} seeds)')
+    ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2, lw=0)
+  ax.set_xlabel('round')
+  ax.set_ylabel('test accuracy (%)')
+  ax.set_title(suite.title, fontsize=9)
+  ax.grid(alpha=0.3)
+  if ax.lines:
+    ax.legend(fontsize=7, loc='lower right')
+  else:
+    ax.text(0.5, 0.5, 'no finished run yet', ha='center', transform=ax.transAxes)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110, metadata={'Software': None})
+  plt.close(fig)
+
+
+def _settings_lines(suite: suites.Suite, tuned) -> list:
+  common = suite.config_overrides(next(iter(suite.runs)), tuned)
+  shared = {k: v for k, v in common.items()
+            if all(suite.config_overrides(r, tuned).get(k) == v for r in suite.runs)}
+  lines = ['Settings shared by every run: ' + ', '.join(
+      f'`{k}={v}`' for k, v in sorted(shared.items())) + '.', '', '| run | its own settings |',
+      '|---|---|']
+  for run in suite.runs:
+    own = {k: v for k, v in suite.config_overrides(run, tuned).items() if k not in shared}
+    lines.append(f'| {run} | ' + ', '.join(f'`{k}={v}`' for k, v in sorted(own.items())) + ' |')
+  return lines + ['', 'What is scaled from the paper, and why: ' + suite.scaled]
+
+
+def _tuning_lines(suite: suites.Suite, tuned) -> list:
+  if not suite.grid:
+    return []
+  lines = ['## Learning-rate tuning', '',
+           f'One seed ({suites.TUNING_SEED}, apart from the reported seeds), the full schedule; '
+           'the best last-10 mean is frozen in `tuned.json` for every run of that algorithm.',
+           '', '| run | values | last-10 mean (%) | chosen |', '|---|---|---|---|']
+  for run, grid in suite.grid.items():
+    algorithm = suite.config_overrides(run)['algorithm']
+    for values in grid_points(grid):
+      path = os.path.join(suites.suite_dir(suite.name), 'tuning',
+                          suites.tuning_name(run, values))
+      if os.path.exists(os.path.join(path, 'config.json')):
+        r = load_run(path)
+        score = (pct(r['last10_mean_accuracy']) if r['finished'] else
+                 f'stopped at round {r["rounds_done"]}/{r["rounds"]}')
+      else:
+        score = 'not run yet'
+      chosen = 'yes' if tuned and tuned.get(algorithm) == values else ''
+      lines.append(f'| {run} | ' + ', '.join(f'{k}={v:g}' for k, v in values.items()) +
+                   f' | {score} | {chosen} |')
+  return lines + ['']
+
+
+def _status(runs: dict) -> list:
+  lines = []
+  for run, seeds in runs.items():
+    for seed, r in seeds.items():
+      if not r['finished']:
+        lines.append(f'- `{run}` seed {seed}: stopped after round {r["rounds_done"]} of '
+                     f'{r["rounds"]} (continues with the same command).')
+    missing = [s for s in suites.SEEDS if s not in seeds]
+    if missing:
+      lines.append(f'- `{run}`: seeds {", ".join(map(str, missing))} not run yet.')
+  return lines
+
+
+def suite_summary(suite: suites.Suite) -> dict:
+  runs = collect(suite)
+  paper = suites.load_paper_numbers().get(suite.name, {})
+  return dict(runs=runs, comparisons=compare_runs(suite, runs, paper), paper=paper)
+
+
+def write_suite_page(suite: suites.Suite) -> None:
+  """Writes results.md, results.json and curves.png of the suite."""
+  out = suites.suite_dir(suite.name)
+  page, comparisons, runs = suite_page(suite)
+  os.makedirs(out, exist_ok=True)
+  with open(os.path.join(out, 'results.md'), 'w') as f:
+    f.write(page)
+  with open(os.path.join(out, 'results.json'), 'w') as f:
+    f.write(comparisons)
+  _plot(suite, runs, os.path.join(out, 'curves.png'))
+
+
+def suite_page(suite: suites.Suite) -> tuple:
+  """(results.md text, results.json text, the loaded runs) of a suite."""
+  tuned = suites.load_tuned(suite.name)
+  summary = suite_summary(suite)
+  runs = summary['runs']
+  lines = [f'# {suite.title}', '',
+           '<!-- written by `python -m benchmarks.report`; do not edit by hand -->', '',
+           'Commands (each continues where it stopped; `--report` rewrites this page only):', '']
+  if suite.grid:
+    lines.append(f'    python -m benchmarks.compare --suite={suite.name} --tune')
+  lines += [f'    python -m benchmarks.compare --suite={suite.name}', '']
+  lines += _settings_lines(suite, tuned) + ['']
+  if suite.notes:
+    lines += [suite.notes, '']
+  lines += _tuning_lines(suite, tuned)
+  lines += ['## Against the paper', '',
+            f'Last-{LAST}-round mean test accuracy (%), mean ± std over seeds; margin = method '
+            '− FedAvg, per seed, then mean ± std. Verdict: `reproduced` = the paper\'s sign, '
+            'at least half its margin and larger than the seeds\' spread; `smaller`, '
+            '`within noise`, `opposite` otherwise (`benchmarks/report.py: verdict`).', '',
+            '| setting | paper data | paper FedAvg | paper method | paper margin | seeds | '
+            'our FedAvg | our method | our margin | verdict |',
+            '|---|---|---|---|---|---|---|---|---|---|']
+  for c in summary['comparisons']:
+    lines.append(
+        f'| {c["label"]} ({c["method"]}) | {c["paper_dataset"]} | {num(c["paper_baseline"])} | '
+        f'{num(c["paper_method"])} | {num(c["paper_margin"], "+.2f")} | {len(c["seeds"])} | '
+        f'{pm(c["baseline_mean"], c["baseline_std"])} | {pm(c["method_mean"], c["method_std"])} '
+        f'| ' + ('n/a' if not np.isfinite(c['margin']) else
+                 f'{c["margin"]:+.2f} ± {c["margin_std"]:.2f}') + f' | **{c["verdict"]}** |')
+  lines += ['', '## Every run', '',
+            f'Plateau: the mean curve\'s last W rounds (W = min(50, rounds/4)) against the W '
+            f'before; plateaued when it moved less than {PLATEAU_POINTS} points.', '',
+            '| run | seeds finished | last-10 mean (%) | best (%) | final (%) | plateau: W, '
+            'points moved | s/round (median) | client-epochs | aggregator state |' +
+            ''.join(f' {h} |' for h, _, _ in suite.summary_columns),
+            '|---|---|---|---|---|---|---|---|---|' + '---|' * len(suite.summary_columns)]
+  for run, seeds in runs.items():
+    done = [r for r in seeds.values() if r['finished']]
+    if not done:
+      lines.append(f'| {run} | 0 |' + ' |' * (7 + len(suite.summary_columns)))
+      continue
+    w, moved = plateau_delta([r['curve_accuracy'] for r in done])
+    lines.append(
+        f'| {run} | {len(done)} | {pm(*mean_std([r["last10_mean_accuracy"] for r in done]))} | '
+        f'{pm(*mean_std([r["best_accuracy"] for r in done]))} | '
+        f'{pm(*mean_std([r["final_accuracy"] for r in done]))} | {w}, {moved:+.2f}'
+        f'{"" if abs(moved) < PLATEAU_POINTS else " (not plateaued)"} | '
+        f'{np.median([r["seconds_per_round"] for r in done]):.2f} | '
+        f'{done[0]["client_epochs_training"]} | '
+        f'{done[0]["aggregator_state_bytes"] / 2**20:.1f} MiB |' +
+        ''.join(f' {_summary_column(done, path, spec)} |'
+                for _, path, spec in suite.summary_columns))
+  lines += ['', '| run | seed | last-10 mean (%) | best (%) | final (%) | rounds |',
+            '|---|---|---|---|---|---|']
+  for run, seeds in runs.items():
+    for seed, r in seeds.items():
+      lines.append(f'| {run} | {seed} | {pct(r["last10_mean_accuracy"])} | '
+                   f'{pct(r["best_accuracy"])} | {pct(r["final_accuracy"])} | '
+                   f'{r["rounds_done"]}/{r["rounds"]} |')
+  status = _status(runs)
+  if status:
+    lines += ['', '## Not finished yet', ''] + status
+  lines += ['', 'Curves: `curves.png` (mean over finished seeds, band = ± one std).', '']
+  if os.path.isdir(os.path.join(suites.suite_dir(suite.name), 'earlier_runs')):
+    lines += ['Earlier single-seed runs with older code (superseded, kept): '
+              '[earlier_runs/results.md](earlier_runs/results.md).', '']
+  comparisons = json.dumps(_json_ready(summary['comparisons']), indent=1, sort_keys=True)
+  return '\n'.join(lines), comparisons + '\n', runs
+
+
+def _json_ready(value):
+  if isinstance(value, dict):
+    return {k: _json_ready(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_json_ready(v) for v in value]
+  if isinstance(value, float) and not np.isfinite(value):
+    return None
+  if isinstance(value, (np.floating, np.integer)):
+    return _json_ready(value.item())
+  return value
+
+
+def write_reproduction_page() -> None:
+  with open(REPRODUCTION, 'w') as f:
+    f.write(reproduction_page())
+
+
+def reproduction_page() -> str:
+  lines = ['# Reproducing the papers\' claims', '',
+           '<!-- written by `python -m benchmarks.report`; do not edit by hand -->', '',
+           'Each paper\'s comparison on Fashion-MNIST (the offline real data set) at the paper\'s '
+           'client layout, model family, batch size and optimizer, scaled where the compute '
+           'here forces it (each suite\'s page says what and why), over seeds '
+           f'{", ".join(map(str, suites.SEEDS))} fixed in advance. Numbers: last-{LAST}-round '
+           'mean test accuracy (%), mean ± std over seeds.', '']
+  for suite in suites.SUITES.values():
+    summary = suite_summary(suite)
+    lines += [f'## {suite.title}', '', f'Page: [{suite.name}/results.md]({suite.name}/results.md)',
+              '', '| setting | paper margin | our FedAvg | our method | our margin | verdict |',
+              '|---|---|---|---|---|---|']
+    for c in summary['comparisons']:
+      lines.append(
+          f'| {c["label"]} | {num(c["paper_margin"], "+.2f")} ({c["paper_dataset"]}) | '
+          f'{pm(c["baseline_mean"], c["baseline_std"])} | '
+          f'{pm(c["method_mean"], c["method_std"])} | ' +
+          ('n/a' if not np.isfinite(c['margin']) else
+           f'{c["margin"]:+.2f} ± {c["margin_std"]:.2f}') + f' | **{c["verdict"]}** |')
+    lines.append('')
+  return '\n'.join(lines)
+
+
+def main() -> int:
+  for suite in suites.SUITES.values():
+    write_suite_page(suite)
+  write_reproduction_page()
+  print('wrote', ', '.join(f'{s}/results.md' for s in suites.SUITES), 'and REPRODUCTION.md',
+        file=sys.stderr)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,105 @@
+"""benchmarks/report.py: verdicts, statistics, and the committed pages regenerate byte for byte."""
+
+import csv
+import json
+import os
+
+import numpy as np
+import pytest
+
+from benchmarks import report, suites
+
+
+@pytest.mark.parametrize('paper, ours, spread, want, sign', [
+    (6.8, 4.0, 1.0, 'reproduced', 0),    # paper's sign, >= half, above the spread
+    (6.8, 3.4, 1.0, 'reproduced', 0),    # exactly half
+    (6.8, 3.0, 1.0, 'smaller', 0),
+    (6.8, 0.9, 1.0, 'within noise', 0),
+    (6.8, -0.9, 1.0, 'within noise', 0),
+    (6.8, -2.0, 1.0, 'opposite', 0),
+    (-1.0, -2.0, 0.5, 'reproduced', 0),  # a paper that reports a loss: the sign is what counts
+    (6.8, float('nan'), 1.0, 'not run', 0),
+    (float('nan'), 3.0, 1.0, 'no paper figure', 0),
+    (float('nan'), 3.0, 1.0, 'reproduced (sign)', 1),   # the paper's numbers were lost
+    (float('nan'), -3.0, 1.0, 'opposite', 1),
+])
+def test_verdict(paper, ours, spread, want, sign):
+  assert report.verdict(paper, ours, spread, sign) == want
+
+
+def test_plateau_delta_is_the_move_between_the_last_two_windows():
+  rng = np.random.default_rng(0)
+  curves = [np.clip(np.linspace(0.2, 0.8, 200) + rng.normal(0, 0.01, 200), 0, 1)
+            for _ in range(3)]
+  w, moved = report.plateau_delta(curves)
+  mean = np.mean(curves, axis=0) * 100
+  assert w == 50
+  assert moved == pytest.approx(mean[-50:].mean() - mean[-100:-50].mean())
+  w, moved = report.plateau_delta([np.full(40, 0.7)])
+  assert (w, moved) == (10, 0.0)
+
+
+def _write_run(path, rounds, accuracy, seconds=1.0, summary_rounds=None):
+  os.makedirs(path)
+  with open(os.path.join(path, 'config.json'), 'w') as f:
+    json.dump(dict(rounds=rounds), f)
+  with open(os.path.join(path, 'metrics.csv'), 'w', newline='') as f:
+    writer = csv.writer(f)
+    writer.writerow(['round', 'seconds', 'test_accuracy'])
+    for r, a in enumerate(accuracy, 1):
+      writer.writerow([r, seconds, a])
+  with open(os.path.join(path, 'summary.json'), 'w') as f:
+    json.dump(dict(rounds=summary_rounds or rounds, client_epochs_training=rounds), f)
+
+
+def test_comparison_numbers_match_numpy(tmp_path, monkeypatch):
+  """Three paired seeds of a synthetic suite: means, stds and the paired margin are numpy's,
+  a stopped run is listed but left out, and an extra seed is shown, not dropped."""
+  suite = suites.Suite(
+      name='toy', title='toy', common=dict(rounds=30), scaled='nothing',
+      runs=dict(base=dict(algorithm='fedavg'), new=dict(algorithm='fedcda')),
+      comparisons=(suites.Comparison('new', 'base', 'toy setting', 'toy'),))
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  rng = np.random.default_rng(1)
+  tails = {}
+  for run, level in (('base', 0.6), ('new', 0.7)):
+    for seed in (0, 1, 2):
+      acc = np.clip(level + rng.normal(0, 0.02, 30), 0, 1)
+      _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{seed}', 30, acc)
+      tails[run, seed] = acc[-10:].mean()
+  _write_run(tmp_path / 'toy' / 'runs' / 'new_s7', 30, np.full(12, 0.5), summary_rounds=12)
+  paper = {'toy setting': dict(dataset='D', baseline=50.0, method=60.0)}
+  runs = report.collect(suite)
+  (row,) = report.compare_runs(suite, runs, paper)
+  diffs = [tails['new', s] - tails['base', s] for s in (0, 1, 2)]
+  assert row['seeds'] == [0, 1, 2]
+  assert row['margin'] == pytest.approx(100 * np.mean(diffs))
+  assert row['margin_std'] == pytest.approx(100 * np.std(diffs, ddof=1))
+  assert row['method_mean'] == pytest.approx(np.mean([tails['new', s] for s in (0, 1, 2)]))
+  assert row['baseline_std'] == pytest.approx(
+      np.std([tails['base', s] for s in (0, 1, 2)], ddof=1))
+  assert row['paper_margin'] == 10.0
+  assert row['verdict'] == 'reproduced'
+  assert not runs['new'][7]['finished'] and runs['new'][7]['rounds_done'] == 12
+  page, _, _ = report.suite_page(suite)
+  assert '| new | 7 |' in page and 'stopped after round 12 of 30' in page
+
+
+@pytest.mark.parametrize('name', sorted(suites.SUITES))
+def test_committed_suite_pages_regenerate_byte_for_byte(name):
+  page, comparisons, _ = report.suite_page(suites.SUITES[name])
+  with open(os.path.join(suites.suite_dir(name), 'results.md')) as f:
+    assert f.read() == page, f'run python -m benchmarks.report: {name}/results.md is stale'
+  with open(os.path.join(suites.suite_dir(name), 'results.json')) as f:
+    assert f.read() == comparisons
+
+
+def test_committed_reproduction_page_regenerates_byte_for_byte():
+  with open(report.REPRODUCTION) as f:
+    assert f.read() == report.reproduction_page()
+
+
+def test_cadis_weight_diagnosis_regenerates_byte_for_byte():
+  from benchmarks import cadis_weights  # pylint: disable=g-import-not-at-top
+  with open(cadis_weights.OUT) as f:
+    assert f.read() == cadis_weights.page()
