@@ -176,6 +176,11 @@ class ClientDataInputs:
         ('slot', tff.TensorType(np.int32)),
     ], collections.OrderedDict)
 
+  def federated_type(self) -> tff.FederatedType:
+    """The type of one round's selection: one-element sequences of `element_type` at
+    CLIENTS (the process's `next` data parameter)."""
+    return tff.FederatedType(tff.SequenceType(self.element_type()), tff.CLIENTS)
+
   def client_arrays(self, n: int) -> tuple:
     """(x, y) NumPy arrays of client index n (read once, then cached)."""
     n = int(n)
@@ -261,7 +266,7 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
 
   @property
   def federated_type(self) -> tff.FederatedType:
-    return tff.FederatedType(tff.SequenceType(self._inputs.element_type()), tff.CLIENTS)
+    return self._inputs.federated_type()
 
   def select(self, k: Optional[int] = None) -> Any:
     if k is None:
@@ -311,7 +316,7 @@ class ClientDataSource(tff.program.FederatedDataSource):
 
   @property
   def federated_type(self) -> tff.FederatedType:
-    return tff.FederatedType(tff.SequenceType(self._inputs.element_type()), tff.CLIENTS)
+    return self._inputs.federated_type()
 
   def iterator(self) -> ClientDataSourceIterator:
     return ClientDataSourceIterator(self._inputs)
