@@ -213,6 +213,8 @@ def _run_train_model(process, client_data, root_dir, total_rounds, context):
 @pytest.mark.parametrize('name', list(BUILDERS))
 def test_builder_through_tff_loops(name, model_fn, client_data, program_context, tmp_path):
   process = BUILDERS[name](model_fn)
+  source_type = data.federated_data_source(client_data).federated_type
+  assert process.next.type_signature.parameter[1].is_assignable_from(source_type)
   metrics = tff.program.MemoryReleaseManager()
   state = tff.simulation.run_training_process(
       process, data.client_selection_fn(client_data, P, epochs=EPOCHS, seed=0),
