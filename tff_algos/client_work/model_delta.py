@@ -110,16 +110,20 @@ class ClientWorkState(NamedTuple):
   """The state of our client works, as TFF's: the client optimizer's hyperparameters
   (`OrderedDict(learning_rate=..., ...)`, `()` without an optimizer), so
   `process.get_hparams(state)` / `set_hparams` read and change the client learning rate;
-  with FedLEx guidance, `OrderedDict(guidance=[...], optimizer_hparams=<those>)`."""
+  with FedLEx guidance, `OrderedDict(guidance=[...], optimizer_hparams=<those>)` (no
+  `optimizer_hparams` entry without an optimizer)."""
   init_fn: tff.Computation
   get_hparams_fn: Optional[tff.Computation]
   set_hparams_fn: Optional[tff.Computation]
+  guided: bool
+  has_hparams: bool
 
-  @staticmethod
-  def optimizer_hparams(state, guided: bool):
-    """The optimizer hparams inside a client work state (for the client computation)."""
-    hparams = state['optimizer_hparams'] if guided else state
-    return hparams if len(hparams) else None
+  def optimizer_hparams(self, state):
+    """The optimizer hparams inside a client work state (for the client computation), or
+    None when there are none (FedSGD)."""
+    if not self.has_hparams:
+      return None
+    return state['optimizer_hparams'] if self.guided else state
 
 
 def build_client_work_state(optimizer: Optional[tff.learning.optimizers.Optimizer],
@@ -131,21 +135,26 @@ def build_client_work_state(optimizer: Optional[tff.learning.optimizers.Optimize
     hparams = optimizer.get_hparams(optimizer.initialize(tf.TensorSpec((), tf.float32)))
   guided = guidance_type is not None
 
-  @tff.tensorflow.computation
-  def initial_state():
-    if not guided:
-      return hparams
-    return collections.OrderedDict(
-        guidance=[tf.ones(t.shape, t.dtype) for t in guidance_type],
-        optimizer_hparams=hparams)
+  if guided:
+    @tff.tensorflow.computation
+    def initial_state():
+      state = collections.OrderedDict(
+          guidance=[tf.ones(t.shape, t.dtype) for t in guidance_type])
+      if hparams:  # no empty nested structure for FedLEx-SGD (no client optimizer)
+        state['optimizer_hparams'] = hparams
+      return state
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_eval(initial_state, tff.SERVER)
+    @tff.federated_computation
+    def init_fn():
+      return tff.federated_eval(initial_state, tff.SERVER)
+  else:
+    @tff.federated_computation
+    def init_fn():  # as TFF's model_delta_client_work
+      return tff.federated_value(hparams, tff.SERVER)
 
   state_type = init_fn.type_signature.result.member
   if not hparams:
-    return ClientWorkState(init_fn, None, None)
+    return ClientWorkState(init_fn, None, None, guided, False)
   hparams_type = state_type['optimizer_hparams'] if guided else state_type
 
   @tff.tensorflow.computation(state_type)
@@ -158,7 +167,7 @@ def build_client_work_state(optimizer: Optional[tff.learning.optimizers.Optimize
       return new_hparams
     return collections.OrderedDict(guidance=state['guidance'], optimizer_hparams=new_hparams)
 
-  return ClientWorkState(init_fn, get_hparams_fn, set_hparams_fn)
+  return ClientWorkState(init_fn, get_hparams_fn, set_hparams_fn, guided, True)
 
 
 def build_model_delta_client_work(
@@ -258,7 +267,7 @@ def build_model_delta_client_work(
         gradient_transform=multiply_by_guidance if guided else None,
         extra_loss=extra_loss)
     out = train(initial_weights, element, context or None,
-                ClientWorkState.optimizer_hparams(state, guided))
+                work_state.optimizer_hparams(state))
     if full_gradient:
       # The per-batch gradients were already multiplied by G inside the loop: G·g, once.
       update = list(out.full_gradient)

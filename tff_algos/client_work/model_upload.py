@@ -67,7 +67,7 @@ def build_model_upload_client_work(
                                                 client_batch_size)
     element = local_training.single_element(dataset)
     out = train(initial_weights, element, None,
-                model_delta.ClientWorkState.optimizer_hparams(state, guided=False))
+                work_state.optimizer_hparams(state))
     trained = tff.learning.models.ModelWeights(
         trainable=list(out.model_weights.trainable),
         non_trainable=list(out.model_weights.non_trainable))
