@@ -239,7 +239,7 @@ def test_builder_through_tff_loops(name, model_fn, client_data, program_context,
   assert not np.allclose(initial.trainable[-1], expected.trainable[-1])
   hparams = process.get_hparams(initial_state)  # TFF's hparams API reaches the client lr
   if name == 'fedsgd':
-    assert hparams['client_work'] == ()  # no client optimizer, as TFF's FedSGD
+    assert not hparams['client_work']  # no client optimizer, as TFF's FedSGD
   else:
     assert hparams['client_work']['learning_rate'] == pytest.approx(0.1)
     hparams['client_work']['learning_rate'] = 0.0
