@@ -32,6 +32,7 @@ import tff_algos
 from tff_algos import evaluation as central_evaluation
 from tff_algos import execution
 from tff_algos.aggregators import clustered_aggregation
+from tff_algos.client_work import local_training
 from tff_algos.client_work import model_delta
 
 IDS = ('alice', 'bob', 'carol', 'dave', 'erin', 'frank')
@@ -351,8 +352,12 @@ def test_tuple_input_spec_and_functional_model(raw, client_data, model_fn):
       np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
   with pytest.raises(TypeError, match='FunctionalModel itself'):
     tff_algos.build_fedavg(lambda: functional, sgd(), BATCH)
-  with pytest.raises(TypeError, match=r'\(x, y\) tuple of TensorSpecs'):
-    tff_algos.build_fedavg(user_model_fn((spec['x'], spec['y'], spec['y'])), sgd(), BATCH)
+  # What from_keras_model accepts but one-tensor x / one-tensor y training cannot take
+  # (several inputs), refused with the forms that are supported:
+  for bad in ((spec['x'], spec['y'], spec['y']), ((spec['x'], spec['x']), spec['y']),
+              collections.OrderedDict(x=spec['x'], y=spec['y'], w=spec['y'])):
+    with pytest.raises(TypeError, match=r'\(x, y\) tuple of TensorSpecs'):
+      local_training.client_element_type(bad)
 
 
 def test_batchnorm_statistics_are_averaged(client_data):
