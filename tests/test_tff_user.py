@@ -185,12 +185,21 @@ def test_iterator_bytes_hold_the_id_map(client_data):
 # --------------------------------------------------------------------------- #
 
 
+# Contexts stay referenced until the interpreter exits: TFF's ServiceManager.__del__ sends
+# its worker SIGINT and waits for it without a timeout, which hung this file's teardown when
+# the fixture's context was collected; the session-end `execution.shutdown_workers()`
+# (conftest.py) kills the workers instead.
+_PROGRAM_CONTEXTS = []
+
+
 @pytest.fixture(scope='module')
 def program_context():
   """What a TFF program installs: a `tff.program.NativeFederatedContext` (train_model
   checks for one) over TFF's async local C++ context."""
-  return tff.program.NativeFederatedContext(
+  context = tff.program.NativeFederatedContext(
       tff.backends.native.create_async_local_cpp_execution_context())
+  _PROGRAM_CONTEXTS.append(context)
+  return context
 
 
 def _run_train_model(process, client_data, root_dir, total_rounds, context):
