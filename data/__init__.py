@@ -1,5 +1,9 @@
 """Datasets -> tff.simulation ClientData: loaders, partitioners, client inputs.
 
+In a checkout this package is `data`; the wheel installs it as `tff_algos.data` (a name
+that cannot clash with a user's own `data`), so its modules import each other relatively.
+`data.client_data_inputs` turns a user's own TFF ClientData into our client inputs.
+
 Public names are re-exported lazily (PEP 562): `from data import
 IidPartitioner` or `import data.partitioners` does not import TensorFlow,
 which the partition explorer and quick checks appreciate; names from
@@ -20,6 +24,10 @@ _EXPORTS = {
         'PARTITIONERS', 'make_partitioner',
     ),
     'data.client_inputs': ('client_input', 'sample_clients', 'round_inputs'),
+    'data.client_data_inputs': (
+        'ClientDataInputs', 'ClientDataSource', 'ClientDataSourceIterator',
+        'client_selection_fn', 'federated_data_source', 'load_client_ids',
+    ),
     'data.datasets': ('ArrayDataset', 'ArrayClientData', 'FederatedDataset', 'federate'),
     'data.loaders': (
         'DatasetNotFoundError', 'DatasetFormatError', 'FASHION_MNIST_DIR', 'read_idx', 'load_fashion_mnist',
@@ -35,7 +43,8 @@ def __getattr__(name):
   module = _WHERE.get(name)
   if module is None:
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-  value = getattr(importlib.import_module(module), name)
+  # Relative to this package: installed from the wheel it is `tff_algos.data`.
+  value = getattr(importlib.import_module(module[len('data'):], __name__), name)
   globals()[name] = value
   return value
 
@@ -45,13 +54,16 @@ def __dir__():
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
-  from data.client_inputs import client_input, round_inputs, sample_clients  # noqa: F401
-  from data.datasets import ArrayClientData, ArrayDataset, FederatedDataset, federate  # noqa: F401
-  from data.loaders import (  # noqa: F401
+  from .client_data_inputs import (  # noqa: F401
+      ClientDataInputs, ClientDataSource, ClientDataSourceIterator, client_selection_fn,
+      federated_data_source, load_client_ids)
+  from .client_inputs import client_input, round_inputs, sample_clients  # noqa: F401
+  from .datasets import ArrayClientData, ArrayDataset, FederatedDataset, federate  # noqa: F401
+  from .loaders import (  # noqa: F401
       DATASETS, FASHION_MNIST_DIR, LEAF_LETTERS, NATURALLY_FEDERATED, TFDS_NAMES,
       DatasetFormatError, DatasetNotFoundError, load_dataset, load_digits, load_fashion_mnist, load_leaf,
       load_tfds, load_tff_emnist, load_tff_shakespeare, read_idx)
-  from data.partitioners import (  # noqa: F401
+  from .partitioners import (  # noqa: F401
       CLUSTER_LAYOUTS, PARTITIONERS, ClassesPerClientPartitioner, ClusterSkewPartitioner,
       DirichletPartitioner, IidPartitioner, Partition, PartitionError, Partitioner,
       QuantitySkewPartitioner, ShardPartitioner, make_partitioner)

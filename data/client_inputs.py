@@ -81,11 +81,16 @@ def round_inputs(
 ) -> tuple:
   """(sampled client indices int32 [P], list of P client inputs in slot order).
 
-  `fed` is a FederatedDataset. With `client_ids`, those clients are used in
+  `fed` is a FederatedDataset or a `data.ClientDataInputs` (which wraps any TFF
+  ClientData; its `round_inputs(round_num, ids)` takes string ids). With `client_ids`, those clients are used in
   the given order (e.g. FedLEx's explorers, evaluation sweeps) instead of a
   random sample. Each client's orders come from
   default_rng([seed, round_num, client_index, 1]).
   """
+  if not (hasattr(fed, 'client_arrays') and hasattr(fed, 'num_clients')):
+    raise TypeError(
+        f'round_inputs needs a data.FederatedDataset or data.ClientDataInputs, got '
+        f'{type(fed).__name__}; wrap a TFF ClientData with data.ClientDataInputs(client_data)')
   if client_ids is None:
     ids = sample_clients(fed.num_clients, clients_per_round, round_num, seed)
   else:

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from data.partitioners import Partition, Partitioner
+from .partitioners import Partition, Partitioner
 
 __all__ = ['ArrayDataset', 'ArrayClientData', 'FederatedDataset', 'federate']
 

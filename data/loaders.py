@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
-  from data.datasets import ArrayDataset, FederatedDataset
+  from .datasets import ArrayDataset, FederatedDataset
 
 # data.datasets (TensorFlow, TFF) is imported inside the loaders, so that the registry below
 # (DATASETS, NATURALLY_FEDERATED) and the error types import without TensorFlow: programs
@@ -147,7 +147,7 @@ def load_fashion_mnist(data_dir: Optional[str] = None) -> ArrayDataset:
 
   Default location is the Debian package `dataset-fashion-mnist`.
   """
-  from data.datasets import ArrayDataset  # pylint: disable=g-import-not-at-top
+  from .datasets import ArrayDataset  # pylint: disable=g-import-not-at-top
   directory = data_dir or FASHION_MNIST_DIR
   paths = {k: _find_idx(directory, stem) for k, stem in _FMNIST_FILES.items()}
   missing = [_FMNIST_FILES[k] for k, p in paths.items() if p is None]
@@ -187,7 +187,7 @@ def load_digits(seed: int = 0, test_fraction: float = 0.2) -> ArrayDataset:
   Pixel values 0..16 are scaled to [0, 1]; the split is stratified and fixed
   by `seed` so every run and machine sees the same test set.
   """
-  from data.datasets import ArrayDataset  # pylint: disable=g-import-not-at-top
+  from .datasets import ArrayDataset  # pylint: disable=g-import-not-at-top
   from sklearn import datasets as sk_datasets
   from sklearn.model_selection import train_test_split
 
@@ -227,7 +227,7 @@ def load_tfds(name: str, data_dir: Optional[str] = None) -> ArrayDataset:
   command. tfds stores EMNIST transposed (tensorflow/datasets#812); we
   transpose it back so it looks like MNIST.
   """
-  from data.datasets import ArrayDataset  # pylint: disable=g-import-not-at-top
+  from .datasets import ArrayDataset  # pylint: disable=g-import-not-at-top
   import tensorflow_datasets as tfds
 
   tfds_name, label_key = TFDS_NAMES.get(name, (name, 'label'))
@@ -338,7 +338,7 @@ def load_tff_emnist(cache_dir: Optional[str] = None, only_digits: bool = False,
   given); the central test set is the union of those writers' test splits.
   Pixels are kept as TFF stores them: float32 in [0, 1] with 1.0 = background.
   """
-  from data.datasets import ArrayClientData, FederatedDataset  # pylint: disable=g-import-not-at-top
+  from .datasets import ArrayClientData, FederatedDataset  # pylint: disable=g-import-not-at-top
   import tensorflow as tf
 
   path = _tff_sqlite(cache_dir, 'emnist_all.sqlite', 'emnist')
@@ -406,7 +406,7 @@ def load_tff_shakespeare(cache_dir: Optional[str] = None,
   """TFF's federated Shakespeare (LEAF, one client per speaking role) from
   shakespeare.sqlite, as next-character windows: x, y int32 [n, 80] with TFF's
   character vocabulary (num_classes = vocab + pad/OOV/BOS/EOS = 90)."""
-  from data.datasets import ArrayClientData, FederatedDataset  # pylint: disable=g-import-not-at-top
+  from .datasets import ArrayClientData, FederatedDataset  # pylint: disable=g-import-not-at-top
   import tensorflow as tf
 
   path = _tff_sqlite(cache_dir, 'shakespeare.sqlite', 'shakespeare')
@@ -571,7 +571,7 @@ def load_leaf(root: str, dataset: str = 'femnist', seed: int = 0,
     DatasetNotFoundError: no LEAF JSON under root.
     DatasetFormatError: a file is not LEAF's JSON layout or holds malformed rows.
   """
-  from data.datasets import ArrayClientData, FederatedDataset  # pylint: disable=g-import-not-at-top
+  from .datasets import ArrayClientData, FederatedDataset  # pylint: disable=g-import-not-at-top
   if dataset not in _LEAF_DATASETS:
     raise ValueError(f'unknown LEAF dataset {dataset!r}; valid: {", ".join(_LEAF_DATASETS)}')
   if root and not os.path.isdir(os.path.join(root, 'train')) \

@@ -11,29 +11,71 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos.aggregators import factories
 from tff_algos.client_work import model_delta
+from tff_algos.models import model_fns
+
+ModelAggregator = factories.ModelAggregator
 
 BASELINES = ('fedavg', 'fedavgm', 'fedadam', 'fedprox', 'fedsgd')
+
+
+def build_non_trainable_finalizer(
+    server_optimizer_fn: tff.learning.optimizers.Optimizer,
+    weights_type: tff.Type) -> tff.learning.templates.FinalizerProcess:
+  """TFF's apply-optimizer finalizer on the trainable delta, plus the mean non-trainable
+  delta subtracted from the global non-trainable weights (`model_delta.update_type`): all
+  clients start from the global statistics, so the result is their (weighted) mean
+  after local training, what FedAvg does to every weight. Hparams are the inner one's."""
+  inner = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer_fn,
+                                                                 weights_type)
+  delta_type = model_delta.update_type(weights_type)
+
+  @tff.tensorflow.computation(delta_type)
+  def trainable_part(update):
+    return update['trainable']
+
+  @tff.tensorflow.computation(weights_type, delta_type)
+  def apply_non_trainable(weights, update):
+    return tff.learning.models.ModelWeights(
+        trainable=list(weights.trainable),
+        non_trainable=[w - d for w, d in zip(weights.non_trainable,
+                                             update['non_trainable'])])
+
+  @tff.federated_computation(
+      inner.initialize.type_signature.result,
+      tff.FederatedType(weights_type, tff.SERVER),
+      tff.FederatedType(delta_type, tff.SERVER))
+  def next_fn(state, weights, update):
+    out = inner.next(state, weights, tff.federated_map(trainable_part, update))
+    new_weights = tff.federated_map(apply_non_trainable, (out.result, update))
+    return tff.templates.MeasuredProcessOutput(out.state, new_weights, out.measurements)
+
+  return tff.learning.templates.FinalizerProcess(
+      inner.initialize, next_fn, get_hparams_fn=inner.get_hparams,
+      set_hparams_fn=inner.set_hparams)
 
 
 def compose_with_client_work(
     model_fn,
     client_work: tff.learning.templates.ClientWorkProcess,
     server_optimizer_fn: tff.learning.optimizers.Optimizer,
-    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    model_aggregator: Optional[ModelAggregator] = None,
 ) -> tff.learning.templates.LearningProcess:
-  """Broadcast -> `client_work` -> weighted mean of updates -> server optimiser step."""
+  """Broadcast -> `client_work` -> (weighted) mean of updates -> server optimiser step."""
+  model_fn = model_fns.as_model_fn(model_fn)
   initial_weights = model_delta.initial_model_weights_fn(model_fn)
   weights_type = initial_weights.type_signature.result
   distributor = tff.learning.templates.build_broadcast_process(weights_type)
-  aggregator_factory = model_aggregator or tff.aggregators.MeanFactory()
-  aggregator = aggregator_factory.create(
-      weights_type.trainable, tff.TensorType(tf.float32.as_numpy_dtype))
-  finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
-      server_optimizer_fn, weights_type)
+  aggregator = factories.create_model_aggregator(model_aggregator,
+                                                 model_delta.update_type(weights_type))
+  if weights_type.non_trainable:
+    finalizer = build_non_trainable_finalizer(server_optimizer_fn, weights_type)
+  else:
+    finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
+        server_optimizer_fn, weights_type)
   return tff.learning.templates.compose_learning_process(
       initial_weights, distributor, client_work, aggregator, finalizer)
 
@@ -44,8 +86,8 @@ def build_fedavg(
     client_batch_size: int,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     *,
-    client_weighting: str = 'num_examples',
-    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    client_weighting: Optional[str] = None,
+    model_aggregator: Optional[ModelAggregator] = None,
     guided: bool = False,
 ) -> tff.learning.templates.LearningProcess:
   """FedAvg (McMahan et al. 2017): server SGD with learning rate 1.0 by default.
@@ -55,13 +97,17 @@ def build_fedavg(
     client_optimizer_fn: a `tff.learning.optimizers.Optimizer` for local steps.
     client_batch_size: local batch size.
     server_optimizer_fn: applied to the weighted mean update (default SGD, lr 1.0).
-    client_weighting: 'num_examples' or 'uniform'.
-    model_aggregator: a weighted aggregation factory (default `MeanFactory`).
+    client_weighting: 'num_examples' (default with a weighted aggregator) or 'uniform'
+      (default, and the only choice, with an unweighted one).
+    model_aggregator: a `tff.aggregators` weighted or unweighted aggregation factory
+      (default `MeanFactory`): TFF's DP, clipping, zeroing, compression and robust
+      wrappers apply to the averaged model deltas as in TFF's FedAvg builders.
     guided: FedLEx guidance in the client work state (see `tff_algos.fedlex`).
   """
   client_work = model_delta.build_model_delta_client_work(
       model_fn, client_optimizer_fn, client_batch_size,
-      client_weighting=client_weighting, guided=guided)
+      client_weighting=factories.resolve_client_weighting(client_weighting, model_aggregator),
+      guided=guided)
   return compose_with_client_work(
       model_fn, client_work,
       server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=1.0),
@@ -93,8 +139,8 @@ def build_fedadam(model_fn, client_optimizer_fn, client_batch_size, *,
 def build_fedprox(
     model_fn, client_optimizer_fn, client_batch_size, proximal_strength: float = 0.01,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None, *,
-    client_weighting: str = 'num_examples',
-    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    client_weighting: Optional[str] = None,
+    model_aggregator: Optional[ModelAggregator] = None,
     guided: bool = False,
 ) -> tff.learning.templates.LearningProcess:
   """FedProx (Li et al. 2020): local loss + (mu/2)||w - w_t||^2.
@@ -107,7 +153,8 @@ def build_fedprox(
     raise ValueError(f'proximal_strength must be >= 0, got {proximal_strength}')
   client_work = model_delta.build_model_delta_client_work(
       model_fn, client_optimizer_fn, client_batch_size,
-      proximal_strength=proximal_strength, client_weighting=client_weighting,
+      proximal_strength=proximal_strength,
+      client_weighting=factories.resolve_client_weighting(client_weighting, model_aggregator),
       guided=guided)
   return compose_with_client_work(
       model_fn, client_work,
@@ -118,13 +165,16 @@ def build_fedprox(
 def build_fedsgd(
     model_fn, server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     client_batch_size: int = 256, *,
-    model_aggregator: Optional[tff.aggregators.WeightedAggregationFactory] = None,
+    client_weighting: Optional[str] = None,
+    model_aggregator: Optional[ModelAggregator] = None,
     guided: bool = False,
 ) -> tff.learning.templates.LearningProcess:
   """FedSGD: each client uploads its full-batch mean gradient; server SGD (lr 0.1 default,
   as `tff.learning.algorithms.build_fed_sgd`). `client_batch_size` only bounds memory."""
   client_work = model_delta.build_model_delta_client_work(
-      model_fn, None, client_batch_size, full_gradient=True, guided=guided)
+      model_fn, None, client_batch_size, full_gradient=True,
+      client_weighting=factories.resolve_client_weighting(client_weighting, model_aggregator),
+      guided=guided)
   return compose_with_client_work(
       model_fn, client_work,
       server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=0.1),

@@ -32,9 +32,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.aggregators import clustered_aggregation
+from tff_algos.aggregators import clustered_aggregation, factories
 from tff_algos.client_work import distillation, model_delta
-from tff_algos.models import representation
+from tff_algos.models import model_fns, representation
 
 
 def classifier_similarity_index(model_fn, similarity_layer: str = 'bias') -> int:
@@ -65,6 +65,7 @@ def build_cadis(
     transitive: bool = False,
     true_clusters: Optional[Sequence[int]] = None,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
+    model_aggregator=None,
 ) -> tff.learning.templates.LearningProcess:
   """Builds a learning process for CADIS (clustered aggregation + KD regularisation).
 
@@ -90,6 +91,8 @@ def build_cadis(
       partition's `true_clusters`), for the cluster-recovery metrics only.
     server_optimizer_fn: applied to Σ p_i Δ_i (default SGD with learning rate 1.0, which
       makes the new global model Σ p_i w_i).
+    model_aggregator: must be None (accepted for TFF-style call sites; a factory is refused
+      with the reason, see `tff_algos.aggregators.factories`).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -97,6 +100,13 @@ def build_cadis(
   Raises:
     ValueError: an argument is out of range or inconsistent (checked before building).
   """
+  factories.refuse_model_aggregator(
+      'CADIS', model_aggregator,
+      'its weights p_i = (1/|C_i|)(n_i/n) come from the clusters, which the server computes '
+      'from this round\'s uploads after they arrive, so each client\'s delta must reach '
+      'the server individually (keyed by client index) before it can be weighted; a TFF '
+      'aggregation factory sums over clients with weights known at the clients')
+  model_fn = model_fns.as_model_fn(model_fn)
   if isinstance(client_batch_size, bool) or not isinstance(
       client_batch_size, (int, np.integer)) or client_batch_size < 1:
     raise ValueError(f'client_batch_size must be a positive integer, got {client_batch_size!r}')

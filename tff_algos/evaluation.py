@@ -12,6 +12,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos.client_work import local_training, model_delta
+from tff_algos.models import model_fns
 
 
 def build_central_evaluation(model_fn, batch_size: int = 1000) -> tff.Computation:
@@ -22,6 +23,7 @@ def build_central_evaluation(model_fn, batch_size: int = 1000) -> tff.Computatio
   position whose label is not padding. The model's own loss is not used: for `char_lstm`,
   TFF's Keras wrapper does not pass the Embedding mask to the loss, so it counts padding.
   """
+  model_fn = model_fns.as_model_fn(model_fn)
   weights_type = model_delta.model_weights_type(model_fn)
   element = local_training.client_element_type(model_delta.model_input_spec(model_fn))
 

@@ -29,8 +29,9 @@ from typing import Callable, Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.aggregators import cross_round_cache
+from tff_algos.aggregators import cross_round_cache, factories
 from tff_algos.client_work import model_delta, model_upload
+from tff_algos.models import model_fns
 
 SELECTIONS = cross_round_cache.SELECTIONS
 
@@ -81,6 +82,7 @@ def build_fedcda(
     warmup_weighting: str = 'data_size',
     seed: int = 0,
     max_cache_gib: Optional[float] = 4.0,
+    model_aggregator=None,
 ) -> tff.learning.templates.LearningProcess:
   """FedCDA as a `tff.learning.templates.LearningProcess`.
 
@@ -102,6 +104,8 @@ def build_fedcda(
     seed: seeds the random batch split and the 'random' selection, with the round number.
     max_cache_gib: refuse configurations whose aggregator state exceeds this (None: no
       limit). The state is 4·N·K·D bytes of cache plus 4·(2NK + 2N + 1) of bookkeeping.
+    model_aggregator: must be None (accepted for TFF-style call sites; a factory is refused
+      with the reason, see `tff_algos.aggregators.factories`).
 
   Returns:
     A LearningProcess; `next(state, client_data)` takes the P clients' one-element
@@ -109,6 +113,13 @@ def build_fedcda(
     client_work/train (loss, accuracy, last_epoch_loss, ...), aggregator (warmup,
     cached_clients, uploads, switched, objective_before, objective_after).
   """
+  factories.refuse_model_aggregator(
+      'FedCDA', model_aggregator,
+      'every upload enters its own client\'s cache (by client index) and the global model '
+      'is a mean over the cached models each client selects on the server, so the server '
+      'needs every upload individually, which a TFF aggregation factory (a sum over '
+      'clients) does not deliver')
+  model_fn = model_fns.as_model_fn(model_fn)
   initial_weights = model_delta.initial_model_weights_fn(model_fn)
   weights_type = initial_weights.type_signature.result
   aggregator = cross_round_cache.build_cross_round_cache_process(

@@ -16,7 +16,9 @@ the cross-aggregation process's state (`tff_algos.aggregators.cross_aggregation`
    is also what `get_model_weights` returns; `set_model_weights` sets all K models.
 
 The state is a `tff.learning.templates.LearningAlgorithmState` (global_model_weights,
-distributor=(), client_work=(), aggregator=OrderedDict(models, round_num), finalizer=()).
+distributor=(), client_work=<client optimizer hparams, as TFF's; `get_hparams` /
+`set_hparams` change the client learning rate>, aggregator=OrderedDict(models, round_num),
+finalizer=()).
 Metrics: distributor=OrderedDict(dispatch_select=1.0) (federated_select dispatch; the
 broadcast fallback was not needed in TFF 0.87's runtime), client_work=OrderedDict(train=...)
 (loss, accuracy, last_epoch_loss, num_examples, num_clients, non_finite_clients),
@@ -37,8 +39,9 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.aggregators import cross_aggregation
+from tff_algos.aggregators import cross_aggregation, factories
 from tff_algos.client_work import local_training, model_delta, model_upload
+from tff_algos.models import model_fns
 
 
 def build_fedcross(
@@ -52,6 +55,7 @@ def build_fedcross(
     alpha_schedule: bool = False,
     num_propellers: int = 1,
     accel_rounds: int = 0,
+    model_aggregator=None,
 ) -> tff.learning.templates.LearningProcess:
   """FedCross (multi-model cross-aggregation) as a `tff.learning.templates.LearningProcess`.
 
@@ -67,11 +71,20 @@ def build_fedcross(
     num_propellers: > 1: during the first `accel_rounds` rounds each model is fused with
       the mean of this many in-order collaborators (see cross_aggregation's module doc).
     accel_rounds: length of the acceleration phase (0 = off).
+    model_aggregator: must be None (accepted for TFF-style call sites; a factory is refused
+      with the reason, see `tff_algos.aggregators.factories`).
 
   Returns:
     A LearningProcess; `next(state, client_data)` takes the K clients' one-element
     sequences (`tff_algos.client_work.local_training.client_data_type`).
   """
+  factories.refuse_model_aggregator(
+      'FedCross', model_aggregator,
+      'nothing is averaged over clients: each upload replaces its own middleware model '
+      '(by slot) and is then fused with one collaborator chosen by similarity, so the '
+      'server needs every upload individually, which a TFF aggregation factory (a sum over '
+      'clients) does not deliver')
+  model_fn = model_fns.as_model_fn(model_fn)
   cross_aggregation.validate_options(num_models, alpha, selection, num_propellers,
                                      accel_rounds)
   k = int(num_models)
@@ -159,5 +172,20 @@ def build_fedcross(
                                            round_num=state.aggregator['round_num']),
         finalizer=state.finalizer)
 
+  # As compose_learning_process's: OrderedDict(client_work=<client optimizer hparams>).
+  @tff.tensorflow.computation(state_type)
+  def get_hparams(state):
+    return collections.OrderedDict(client_work=client_work.get_hparams(state.client_work))
+
+  @tff.tensorflow.computation(state_type, get_hparams.type_signature.result)
+  def set_hparams(state, hparams):
+    return tff.learning.templates.LearningAlgorithmState(
+        global_model_weights=state.global_model_weights,
+        distributor=state.distributor,
+        client_work=client_work.set_hparams(state.client_work, hparams['client_work']),
+        aggregator=state.aggregator,
+        finalizer=state.finalizer)
+
   return tff.learning.templates.LearningProcess(
-      init_fn, next_fn, get_model_weights, set_model_weights)
+      init_fn, next_fn, get_model_weights, set_model_weights, get_hparams_fn=get_hparams,
+      set_hparams_fn=set_hparams)

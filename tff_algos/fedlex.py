@@ -44,6 +44,7 @@ Definitions this module settles (document of record: ALGORITHMS.md section 4):
 from __future__ import annotations
 
 import collections
+import collections.abc
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -53,6 +54,7 @@ import tensorflow_federated as tff
 from tff_algos import baselines
 from tff_algos.client_work import local_training
 from tff_algos.client_work import model_delta
+from tff_algos.models import model_fns
 
 NORMALIZATIONS = ('per_client', 'after_mean')
 BASES = ('avgm', 'sgd', 'opt', 'prox')
@@ -204,6 +206,7 @@ def build_fedlex_exploration(
     exploration_patience = int(exploration_patience)
   guidance_floor = float(guidance_floor)
 
+  model_fn = model_fns.as_model_fn(model_fn)
   weights_type = model_delta.model_weights_type(model_fn)
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
 
@@ -273,7 +276,7 @@ def build_fedlex(
       proximal_strength, server_optimizer_fn, client_weighting, model_aggregator, ...).
 
   Returns:
-    A `LearningProcess`; when guided, `state.client_work` is the guidance (all ones after
+    A `LearningProcess`; when guided, `state.client_work['guidance']` is the guidance (all ones after
     `initialize`, i.e. exactly the base) -- see `set_guidance`, `explore_and_initialize`.
   """
   if base not in BASES:
@@ -287,25 +290,32 @@ def build_fedlex(
                  **base_kwargs)
 
 
+def _guidance_of(state) -> list:
+  work = state.client_work
+  if not isinstance(work, collections.abc.Mapping) or 'guidance' not in work:
+    raise ValueError('state carries no guidance: build the process with build_fedlex '
+                     '(guided=True)')
+  return list(work['guidance'])
+
+
 def get_guidance(state) -> list:
-  """The guidance matrix held by a FedLEx process state (list of arrays)."""
-  return list(state.client_work)
+  """The guidance matrix held by a FedLEx process state (list of arrays); the client work
+  state is `OrderedDict(guidance, optimizer_hparams)` (`model_delta.ClientWorkState`)."""
+  return _guidance_of(state)
 
 
 def set_guidance(process: tff.learning.templates.LearningProcess, state, guidance):
   """A copy of a FedLEx `process` state whose guidance is `guidance` (a list like the
   trainable weights, e.g. the exploration's `guidance` output). Shapes are checked."""
   del process  # the state carries everything needed; kept for a uniform signature
-  current = state.client_work
-  if not isinstance(current, (list, tuple)) or not current:
-    raise ValueError('state carries no guidance: build the process with build_fedlex '
-                     '(guided=True)')
+  current = _guidance_of(state)
   guidance = [np.asarray(g, dtype=np.asarray(c).dtype) for g, c in
               zip(guidance, current)] if len(guidance) == len(current) else None
   if guidance is None or any(g.shape != np.shape(c) for g, c in zip(guidance, current)):
     raise ValueError('guidance must match the trainable weights: shapes '
                      f'{[np.shape(c) for c in current]}')
-  return state._replace(client_work=guidance)
+  return state._replace(client_work=collections.OrderedDict(
+      state.client_work, guidance=guidance))
 
 
 def guidance_statistics(guidance) -> collections.OrderedDict:

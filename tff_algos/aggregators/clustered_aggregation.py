@@ -475,7 +475,8 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
                true_clusters: Optional[Sequence[int]] = None):
     """Args:
       num_clients: N, the size of the Q and F matrices (client indices lie in [0, N));
-        may be None only for anonymous mode.
+        must be None for anonymous mode (uploads without client_index; `create` refuses
+        a plain value type when num_clients is given, rather than drop to anonymous mode).
       clients_per_round: C, the most uploads one round may bring (the accumulator's rows).
       threshold: τ_0 in [0, 1) (paper 0.975).
       threshold_max: τ_max in [τ_0, 1) (0.985).
@@ -569,6 +570,15 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
     if not keyed and self._true_clusters is not None:
       raise ValueError('true_clusters needs client identities: the value type has no '
                        f'client_index ({value_type}); see the module doc, "Anonymous mode"')
+    if not keyed and self._num_clients is not None:
+      # Silently clustering each round alone when the caller asked for N clients' Q and F
+      # would lose the cumulative similarity CADIS is built on; say so instead.
+      raise ValueError(
+          f'num_clients={self._num_clients} asks for the Q and F matrices over N clients, but '
+          f'the uploads carry no client_index ({value_type}): TFF\'s own client work (e.g. '
+          'inside build_weighted_fed_avg) is anonymous. Use tff_algos.build_cadis or '
+          'build_model_delta_client_work(keyed=True) for CADIS proper, or pass '
+          'num_clients=None for per-round clustering (module doc, "Anonymous mode")')
     options = ClusteringOptions(similarity_index=self._resolve_similarity_index(delta_specs),
                                 **self._options)
     return _build_process(value_type, weight_type, delta_specs, keyed, self._num_clients,

@@ -20,6 +20,7 @@ batch order live in the data, so a resumed run replays them exactly.
 from __future__ import annotations
 
 import collections
+import collections.abc
 from typing import Any, Callable, NamedTuple, Optional
 
 import numpy as np
@@ -29,9 +30,28 @@ import tensorflow_federated as tff
 INPUT_KEYS = ('x', 'y', 'order', 'index', 'slot')
 
 
+def input_xy_specs(model_input_spec) -> tuple:
+  """(x spec, y spec) of a model's input_spec: a mapping with 'x' and 'y' or an (x, y)
+  tuple/list of TensorSpecs (the two forms `from_keras_model` takes), else one TypeError."""
+  if isinstance(model_input_spec, collections.abc.Mapping) and set(model_input_spec) == {
+      'x', 'y'}:
+    specs = (model_input_spec['x'], model_input_spec['y'])
+  elif isinstance(model_input_spec, (tuple, list)) and len(model_input_spec) == 2:
+    specs = tuple(model_input_spec)
+  else:
+    specs = ()
+  if len(specs) != 2 or not all(isinstance(s, tf.TensorSpec) for s in specs):
+    raise TypeError(
+        'the model\'s input_spec must be OrderedDict(x=TensorSpec, y=TensorSpec) or a '
+        f'(x, y) tuple of TensorSpecs (one input tensor, one label tensor); got '
+        f'{model_input_spec}')
+  return specs
+
+
 def client_element_type(model_input_spec) -> tff.StructType:
-  """The type of the one element of a client's input sequence, from a model's input_spec."""
-  x_spec, y_spec = model_input_spec['x'], model_input_spec['y']
+  """The type of the one element of a client's input sequence, from a model's input_spec
+  (either form of `input_xy_specs`; the element always names its parts x and y)."""
+  x_spec, y_spec = input_xy_specs(model_input_spec)
   return tff.StructType([
       ('x', tff.TensorType(x_spec.dtype.as_numpy_dtype, x_spec.shape)),
       ('y', tff.TensorType(y_spec.dtype.as_numpy_dtype, y_spec.shape)),
@@ -60,6 +80,8 @@ class LocalTrainingOutput(NamedTuple):
   examples_trained: tf.Tensor  # float32, examples over all steps (n x epochs)
   last_epoch_loss: tf.Tensor  # float32, mean training loss over the last epoch
   full_gradient: Any        # full-batch mean gradient at the initial weights (FedSGD) or ()
+  model_metrics: Any        # the model's own unfinalized metrics over all steps
+                            # (`report_local_unfinalized_metrics`, e.g. its Keras metrics)
 
 
 # Hooks a method adds to the shared loop, all optional:
@@ -96,7 +118,8 @@ def build_local_training(
     gradient_transform: Optional[GradientTransform] = None,
     extra_loss: Optional[ExtraLoss] = None,
 ) -> Callable[..., LocalTrainingOutput]:
-  """Returns `train(initial_weights, element, context=None)` as a `tf.function`.
+  """Returns `train(initial_weights, element, context=None, optimizer_hparams=None)` as a
+  `tf.function` (`optimizer_hparams`: set on the optimizer after its initialisation).
 
   Call inside a `tff.tensorflow.computation`, with `model` built there too.
 
@@ -119,7 +142,7 @@ def build_local_training(
     raise ValueError('an optimizer is required unless full_gradient=True')
 
   @tf.function
-  def train(initial_weights, element, context=None):
+  def train(initial_weights, element, context=None, optimizer_hparams=None):
     weights = tff.learning.models.ModelWeights.from_model(model)
     tf.nest.map_structure(lambda v, t: v.assign(t), weights, initial_weights)
     trainable = list(weights.trainable)
@@ -137,6 +160,8 @@ def build_local_training(
     else:
       specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
       opt_state = optimizer.initialize(specs)
+      if optimizer_hparams is not None:  # the client work state's (TFF's hparams API)
+        opt_state = optimizer.set_hparams(opt_state, optimizer_hparams)
     grad_sum = [tf.zeros_like(v) for v in trainable] if full_gradient else []
     loss_sum = tf.constant(0.0)
     correct = tf.constant(0.0)
@@ -196,7 +221,10 @@ def build_local_training(
         seen=seen,
         examples_trained=examples_trained,
         last_epoch_loss=tf.math.divide_no_nan(last_loss, last_count),
-        full_gradient=full)
+        full_gradient=full,
+        # forward_pass updated the model's metric variables at every step; read them
+        # here, after the loop (a fresh model per client starts them at zero).
+        model_metrics=model.report_local_unfinalized_metrics())
 
   return train
 

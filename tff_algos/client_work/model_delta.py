@@ -9,7 +9,7 @@ into `compose_learning_process` beside TFF's stock distributor, aggregators and 
 from __future__ import annotations
 
 import collections
-from typing import Callable
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -17,6 +17,7 @@ import tensorflow_federated as tff
 
 from tff_algos.client_work import distillation
 from tff_algos.client_work import local_training
+from tff_algos.models import model_fns
 
 CLIENT_WEIGHTINGS = ('num_examples', 'uniform')
 
@@ -28,10 +29,26 @@ def keyed_update_type(delta_type: tff.Type) -> tff.Type:
       collections.OrderedDict)
 
 
+def update_type(weights_type: tff.Type) -> tff.Type:
+  """The (unkeyed) update of `build_model_delta_client_work` for a model of `weights_type`.
+
+  The trainable delta (a list, TFF's FedAvg convention) when the model has no
+  non-trainable weights; otherwise OrderedDict(trainable=<that>, non_trainable=<initial -
+  final non-trainable weights>), so that the server averages BatchNorm statistics too
+  (`baselines.build_non_trainable_finalizer` applies the mean) instead of leaving the
+  global model with its initial statistics.
+  """
+  if not weights_type.non_trainable:
+    return weights_type.trainable
+  return tff.StructWithPythonType(
+      [('trainable', weights_type.trainable), ('non_trainable', weights_type.non_trainable)],
+      collections.OrderedDict)
+
+
 def model_weights_type(model_fn) -> tff.Type:
   """The `ModelWeights` type of a model_fn's model (built in a throwaway graph)."""
   with tf.Graph().as_default():
-    model = model_fn()
+    model = model_fns.check_variable_model(model_fn())
     return tff.learning.models.weights_type_from_model(model)
 
 
@@ -47,11 +64,24 @@ def initial_model_weights_fn(model_fn) -> tff.Computation:
 
 def model_input_spec(model_fn):
   with tf.Graph().as_default():
-    return model_fn().input_spec
+    return model_fns.check_variable_model(model_fn()).input_spec
 
 
-def sum_and_finalize_training_metrics(metric_sums_at_clients):
-  """Federated sum of per-client metric sums, finalised on the server."""
+def model_metric_finalizers(model_fn) -> collections.OrderedDict:
+  """The model's own metric finalizers (its Keras metrics; built in a throwaway graph)."""
+  with tf.Graph().as_default():
+    return model_fns.check_variable_model(model_fn()).metric_finalizers()
+
+
+def sum_and_finalize_training_metrics(metric_sums_at_clients, model_metrics_at_clients=None,
+                                      metric_finalizers=None):
+  """Federated sum of per-client metric sums, finalised on the server.
+
+  With `model_metrics_at_clients` (each client's `report_local_unfinalized_metrics`) and the
+  model's `metric_finalizers`, the model's own metrics are summed and finalised as TFF's
+  `sum_then_finalize` does and reported beside ours (e.g. `sparse_categorical_accuracy`,
+  `num_batches`, a user's custom metric); where a name is in both, ours is kept.
+  """
   sums = tff.federated_sum(metric_sums_at_clients)
   sums_type = sums.type_signature.member
 
@@ -59,7 +89,85 @@ def sum_and_finalize_training_metrics(metric_sums_at_clients):
   def finalize(s):
     return local_training.finalize_training_metrics(s)
 
-  return tff.federated_map(finalize, sums)
+  ours = tff.federated_map(finalize, sums)
+  if model_metrics_at_clients is None or not metric_finalizers:
+    return ours
+  theirs = tff.learning.metrics.sum_then_finalize(
+      metric_finalizers, model_metrics_at_clients.type_signature.member)(
+          model_metrics_at_clients)
+
+  @tff.tensorflow.computation(ours.type_signature.member, theirs.type_signature.member)
+  def merge(own, model_metrics):
+    merged = collections.OrderedDict(own)
+    for name, value in model_metrics.items():
+      merged.setdefault(name, value)
+    return merged
+
+  return tff.federated_map(merge, (ours, theirs))
+
+
+class ClientWorkState(NamedTuple):
+  """The state of our client works, as TFF's: the client optimizer's hyperparameters
+  (`OrderedDict(learning_rate=..., ...)`, `()` without an optimizer), so
+  `process.get_hparams(state)` / `set_hparams` read and change the client learning rate;
+  with FedLEx guidance, `OrderedDict(guidance=[...], optimizer_hparams=<those>)` (no
+  `optimizer_hparams` entry without an optimizer)."""
+  init_fn: tff.Computation
+  get_hparams_fn: Optional[tff.Computation]
+  set_hparams_fn: Optional[tff.Computation]
+  guided: bool
+  has_hparams: bool
+
+  def optimizer_hparams(self, state):
+    """The optimizer hparams inside a client work state (for the client computation), or
+    None when there are none (FedSGD)."""
+    if not self.has_hparams:
+      return None
+    return state['optimizer_hparams'] if self.guided else state
+
+
+def build_client_work_state(optimizer: Optional[tff.learning.optimizers.Optimizer],
+                            guidance_type: Optional[tff.Type] = None) -> ClientWorkState:
+  """init / get_hparams / set_hparams of a client work state (see `ClientWorkState`)."""
+  if optimizer is None:
+    hparams = ()
+  else:  # as TFF's model_delta_client_work: hparams of a state for a whimsy spec
+    hparams = optimizer.get_hparams(optimizer.initialize(tf.TensorSpec((), tf.float32)))
+  guided = guidance_type is not None
+
+  if guided:
+    @tff.tensorflow.computation
+    def initial_state():
+      state = collections.OrderedDict(
+          guidance=[tf.ones(t.shape, t.dtype) for t in guidance_type])
+      if hparams:  # no empty nested structure for FedLEx-SGD (no client optimizer)
+        state['optimizer_hparams'] = hparams
+      return state
+
+    @tff.federated_computation
+    def init_fn():
+      return tff.federated_eval(initial_state, tff.SERVER)
+  else:
+    @tff.federated_computation
+    def init_fn():  # as TFF's model_delta_client_work
+      return tff.federated_value(hparams, tff.SERVER)
+
+  state_type = init_fn.type_signature.result.member
+  if not hparams:
+    return ClientWorkState(init_fn, None, None, guided, False)
+  hparams_type = state_type['optimizer_hparams'] if guided else state_type
+
+  @tff.tensorflow.computation(state_type)
+  def get_hparams_fn(state):
+    return state['optimizer_hparams'] if guided else state
+
+  @tff.tensorflow.computation(state_type, hparams_type)
+  def set_hparams_fn(state, new_hparams):
+    if not guided:
+      return new_hparams
+    return collections.OrderedDict(guidance=state['guidance'], optimizer_hparams=new_hparams)
+
+  return ClientWorkState(init_fn, get_hparams_fn, set_hparams_fn, guided, True)
 
 
 def build_model_delta_client_work(
@@ -84,9 +192,10 @@ def build_model_delta_client_work(
     proximal_strength: FedProx's mu (0 = FedAvg).
     full_gradient: FedSGD: upload the mean full-batch gradient at the received weights.
     client_weighting: 'num_examples' (FedAvg) or 'uniform'.
-    guided: FedLEx: the process state is a guidance structure shaped like the trainable
-      weights (initialised to ones), broadcast each round; every gradient is multiplied by
-      it elementwise before the optimiser step (before upload for FedSGD).
+    guided: FedLEx: the process state holds a guidance structure shaped like the trainable
+      weights (initialised to ones; `ClientWorkState`), broadcast each round; every
+      gradient is multiplied by it elementwise before the optimiser step (before upload
+      for FedSGD).
     keyed: upload `OrderedDict(client_index=int32, delta=<the update>)`, the client's index
       from its input travelling with its update (for aggregators with per-client state,
       e.g. `tff_algos.aggregators.clustered_aggregation`).
@@ -98,10 +207,13 @@ def build_model_delta_client_work(
 
   Returns:
     A `ClientWorkProcess` whose update is `initial - final` trainable weights (TFF's
-    convention, applied by a server optimiser), keyed when `keyed`, and whose weight
+    convention, applied by a server optimiser; with non-trainable weights such as
+    BatchNorm statistics, also their `initial - final`, see `update_type`), keyed when
+    `keyed` (refused for models with non-trainable weights), and whose weight
     follows `client_weighting`; a client whose update is not finite is zeroed with weight
     0 and counted in `train/non_finite_clients`.
   """
+  model_fn = model_fns.as_model_fn(model_fn)
   if client_weighting not in CLIENT_WEIGHTINGS:
     raise ValueError(f'client_weighting must be one of {CLIENT_WEIGHTINGS}, got {client_weighting!r}')
   if proximal_strength < 0:
@@ -115,33 +227,32 @@ def build_model_delta_client_work(
     raise ValueError('kd_weight > 0 needs local training steps; it is not defined for '
                      'full_gradient (FedSGD)')
   weights_type = model_weights_type(model_fn)
+  if keyed and weights_type.non_trainable:
+    raise ValueError(
+        'keyed=True (CADIS) uploads the trainable delta only, and this model has '
+        f'{len(weights_type.non_trainable)} non-trainable weights (e.g. BatchNorm '
+        'statistics) that would then keep their initial values in the global model; use a '
+        'model without them (e.g. LayerNormalization or GroupNormalization instead of '
+        'BatchNormalization)')
+  with_non_trainable = bool(weights_type.non_trainable)
   data_type = local_training.client_data_type(model_input_spec(model_fn))
-  guidance_type = weights_type.trainable
-
-  if guided:
-    @tff.tensorflow.computation
-    def initial_guidance():
-      return [tf.ones(t.shape, t.dtype) for t in guidance_type]
-
-    @tff.federated_computation
-    def init_fn():
-      return tff.federated_eval(initial_guidance, tff.SERVER)
-  else:
-    @tff.federated_computation
-    def init_fn():
-      return tff.federated_value((), tff.SERVER)
+  work_state = build_client_work_state(
+      None if full_gradient else client_optimizer_fn,
+      weights_type.trainable if guided else None)
+  init_fn = work_state.init_fn
   state_type = init_fn.type_signature.result.member
+  metric_finalizers = model_metric_finalizers(model_fn)
 
   def multiply_by_guidance(grads, context):
     return [g * m for g, m in zip(grads, context['guidance'])]
 
   @tff.tensorflow.computation(state_type, weights_type, data_type)
-  def client_update(guidance, initial_weights, dataset):
+  def client_update(state, initial_weights, dataset):
     model = model_fn()
     element = local_training.single_element(dataset)
     context = collections.OrderedDict()
     if guided:
-      context['guidance'] = list(guidance)
+      context['guidance'] = list(state['guidance'])
     extra_loss = None
     if kd_weight:
       kd = distillation.build_kd_loss(model, kd_weight, kd_reduction, client_batch_size)
@@ -155,13 +266,19 @@ def build_model_delta_client_work(
         full_gradient=full_gradient,
         gradient_transform=multiply_by_guidance if guided else None,
         extra_loss=extra_loss)
-    out = train(initial_weights, element, context or None)
+    out = train(initial_weights, element, context or None,
+                work_state.optimizer_hparams(state))
     if full_gradient:
       # The per-batch gradients were already multiplied by G inside the loop: G·g, once.
       update = list(out.full_gradient)
     else:
       update = tf.nest.map_structure(tf.subtract, list(initial_weights.trainable),
                                      list(out.model_weights.trainable))
+    if with_non_trainable:  # see update_type
+      update = collections.OrderedDict(
+          trainable=update,
+          non_trainable=tf.nest.map_structure(tf.subtract, list(initial_weights.non_trainable),
+                                              list(out.model_weights.non_trainable)))
     update, non_finite = local_training.zero_if_non_finite(update)
     if client_weighting == 'uniform':
       weight = tf.constant(1.0)
@@ -171,7 +288,7 @@ def build_model_delta_client_work(
     if keyed:
       update = collections.OrderedDict(client_index=element['index'], delta=update)
     return (tff.learning.templates.ClientResult(update=update, update_weight=weight),
-            local_training.training_metric_sums(out, non_finite))
+            local_training.training_metric_sums(out, non_finite), out.model_metrics)
 
   @tff.federated_computation(
       init_fn.type_signature.result,
@@ -179,10 +296,13 @@ def build_model_delta_client_work(
       tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(state, weights, client_data):
     state_at_clients = tff.federated_broadcast(state)
-    results, metric_sums = tff.federated_map(
+    results, metric_sums, model_metrics = tff.federated_map(
         client_update, (state_at_clients, weights, client_data))
     measurements = tff.federated_zip(collections.OrderedDict(
-        train=sum_and_finalize_training_metrics(metric_sums)))
+        train=sum_and_finalize_training_metrics(metric_sums, model_metrics,
+                                                metric_finalizers)))
     return tff.templates.MeasuredProcessOutput(state, results, measurements)
 
-  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
+  return tff.learning.templates.ClientWorkProcess(
+      init_fn, next_fn, get_hparams_fn=work_state.get_hparams_fn,
+      set_hparams_fn=work_state.set_hparams_fn)

@@ -22,6 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos.client_work import local_training, model_delta
+from tff_algos.models import model_fns
 
 
 def model_upload_type(weights_type: tff.Type) -> tff.Type:
@@ -45,23 +46,28 @@ def build_model_upload_client_work(
     client_batch_size: local batch size.
 
   Returns:
-    A stateless `ClientWorkProcess`; `ClientResult(update=<upload>, update_weight=float32)`,
-    measurements `train` (loss, accuracy, last_epoch_loss, num_examples, num_clients,
-    non_finite_clients).
+    A `ClientWorkProcess` whose state is the client optimizer's hparams (TFF's hparams API:
+    `get_hparams` / `set_hparams` change the client learning rate);
+    `ClientResult(update=<upload>, update_weight=float32)`, measurements `train` (loss,
+    accuracy, last_epoch_loss, num_examples, num_clients, non_finite_clients, and the
+    model's own metrics).
   """
+  model_fn = model_fns.as_model_fn(model_fn)
   weights_type = model_delta.model_weights_type(model_fn)
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
 
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_value((), tff.SERVER)
+  work_state = model_delta.build_client_work_state(client_optimizer_fn)
+  init_fn = work_state.init_fn
+  state_type = init_fn.type_signature.result.member
+  metric_finalizers = model_delta.model_metric_finalizers(model_fn)
 
-  @tff.tensorflow.computation(weights_type, data_type)
-  def client_update(initial_weights, dataset):
+  @tff.tensorflow.computation(state_type, weights_type, data_type)
+  def client_update(state, initial_weights, dataset):
     train = local_training.build_local_training(model_fn(), client_optimizer_fn,
                                                 client_batch_size)
     element = local_training.single_element(dataset)
-    out = train(initial_weights, element)
+    out = train(initial_weights, element, None,
+                work_state.optimizer_hparams(state))
     trained = tff.learning.models.ModelWeights(
         trainable=list(out.model_weights.trainable),
         non_trainable=list(out.model_weights.non_trainable))
@@ -79,16 +85,20 @@ def build_model_upload_client_work(
         last_epoch_loss=tf.where(failed, 0.0, out.last_epoch_loss))
     weight = out.num_examples * (1.0 - non_finite)
     return (tff.learning.templates.ClientResult(update=upload, update_weight=weight),
-            local_training.training_metric_sums(out, non_finite))
+            local_training.training_metric_sums(out, non_finite), out.model_metrics)
 
   @tff.federated_computation(
       init_fn.type_signature.result,
       tff.FederatedType(weights_type, tff.CLIENTS),
       tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(state, weights, client_data):
-    results, metric_sums = tff.federated_map(client_update, (weights, client_data))
+    results, metric_sums, model_metrics = tff.federated_map(
+        client_update, (tff.federated_broadcast(state), weights, client_data))
     measurements = tff.federated_zip(collections.OrderedDict(
-        train=model_delta.sum_and_finalize_training_metrics(metric_sums)))
+        train=model_delta.sum_and_finalize_training_metrics(metric_sums, model_metrics,
+                                                            metric_finalizers)))
     return tff.templates.MeasuredProcessOutput(state, results, measurements)
 
-  return tff.learning.templates.ClientWorkProcess(init_fn, next_fn)
+  return tff.learning.templates.ClientWorkProcess(
+      init_fn, next_fn, get_hparams_fn=work_state.get_hparams_fn,
+      set_hparams_fn=work_state.set_hparams_fn)

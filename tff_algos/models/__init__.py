@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from tff_algos._lazy_exports import lazy_exports
 
 _EXPORTS = {
-    'tff_algos.models.model_fns': ('input_spec_for', 'make_model_fn'),
+    'tff_algos.models.model_fns': ('as_model_fn', 'check_variable_model', 'input_spec_for',
+                                   'make_model_fn'),
     'tff_algos.models.representation': (
         'classifier_layer', 'keras_model_of', 'representation_model'),
     'tff_algos.models.zoo': (
@@ -23,7 +24,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
-  from tff_algos.models.model_fns import input_spec_for, make_model_fn  # noqa: F401
+  from tff_algos.models.model_fns import (  # noqa: F401
+      as_model_fn, check_variable_model, input_spec_for, make_model_fn)
   from tff_algos.models.representation import (  # noqa: F401
       classifier_layer, keras_model_of, representation_model)
   from tff_algos.models.zoo import (  # noqa: F401

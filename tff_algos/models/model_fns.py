@@ -80,3 +80,36 @@ def make_model_fn(name: str, input_shape: Optional[zoo.Shape] = None,
   model_fn.__name__ = f'{name}_model_fn'
   model_fn.__qualname__ = model_fn.__name__
   return model_fn
+
+
+def as_model_fn(model) -> Callable[[], tff.learning.models.VariableModel]:
+  """What every builder does with its `model_fn` argument, as TFF's builders do.
+
+  A no-arg callable returning a `tff.learning.models.VariableModel` (e.g. a
+  `from_keras_model` model_fn) is returned as is; a `tff.learning.models.FunctionalModel`
+  becomes a model_fn through `tff.learning.models.model_from_functional`, so it trains on
+  the same fast path. Anything else is refused with one message naming what is supported.
+  """
+  if isinstance(model, tff.learning.models.FunctionalModel):
+    functional = model
+
+    def model_fn() -> tff.learning.models.VariableModel:
+      return tff.learning.models.model_from_functional(functional)
+
+    return model_fn
+  if not callable(model):
+    raise TypeError(
+        'model_fn must be a no-arg callable returning a tff.learning.models.VariableModel '
+        '(e.g. from tff.learning.models.from_keras_model) or a '
+        f'tff.learning.models.FunctionalModel; got {type(model).__name__}')
+  return model
+
+
+def check_variable_model(model) -> tff.learning.models.VariableModel:
+  """`model` if `model_fn()` built a VariableModel, else one clear TypeError."""
+  if not isinstance(model, tff.learning.models.VariableModel):
+    raise TypeError(
+        'model_fn() must return a tff.learning.models.VariableModel (e.g. '
+        'tff.learning.models.from_keras_model); pass a FunctionalModel itself, not a '
+        f'function returning one; got {type(model).__name__}')
+  return model

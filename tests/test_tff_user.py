@@ -1,0 +1,407 @@
+"""Playing the TFF user: their own ClientData and model_fn into every method, unchanged.
+
+The user has a `tff.simulation.datasets.TestClientData` with string ids whose datasets are
+batched `OrderedDict(x, y)`, and a `from_keras_model` model_fn of their own (a Keras model
+with seeded initialisers, so `initialize()` is reproducible). Each builder runs through
+`tff.simulation.run_training_process` (with `data.client_selection_fn`, the one call we
+ship) and through `tff.learning.programs.train_model` with a `FileProgramStateManager`,
+killed after round 1 and resumed with a fresh data source: the resumed run must end on the
+same model as the unbroken `run_training_process` run, which checks at once that both paths
+hand the processes the same clients, indices, slots and batch orders, and that the id map
+and round counter survive the checkpoint.
+
+Cost: one process per builder (~15 s each on this machine) plus a few small ones for the
+compositions; 2 rounds of 3 clients x 24 digits examples each.
+"""
+
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+import collections  # pylint: disable=g-import-not-at-top
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_federated as tff
+
+import data
+from data import client_data_inputs as cdi
+from tests import helpers
+import tff_algos
+from tff_algos import evaluation as central_evaluation
+from tff_algos import execution
+from tff_algos.aggregators import clustered_aggregation
+from tff_algos.client_work import local_training
+from tff_algos.client_work import model_delta
+
+IDS = ('alice', 'bob', 'carol', 'dave', 'erin', 'frank')
+PER_CLIENT = 24
+BATCH = 8
+P = 3            # clients per round
+ROUNDS = 2
+EPOCHS = 1
+
+
+def sgd():
+  return tff.learning.optimizers.build_sgdm(learning_rate=0.1)
+
+
+@pytest.fixture(scope='module', autouse=True)
+def runtime():
+  execution.initialize_runtime()
+
+
+@pytest.fixture(scope='module')
+def raw():
+  """The user's per-client examples (digits), keyed by string id."""
+  ds = data.load_digits()
+  return collections.OrderedDict(
+      (cid, collections.OrderedDict(
+          x=ds.x_train[i * PER_CLIENT:(i + 1) * PER_CLIENT],
+          y=ds.y_train[i * PER_CLIENT:(i + 1) * PER_CLIENT]))
+      for i, cid in enumerate(IDS))
+
+
+@pytest.fixture(scope='module')
+def client_data(raw):
+  return tff.simulation.datasets.TestClientData(raw).preprocess(lambda d: d.batch(BATCH))
+
+
+def user_keras_model():
+  init = tf.keras.initializers.GlorotUniform(seed=1)
+  return tf.keras.Sequential([
+      tf.keras.layers.InputLayer((8, 8, 1)),
+      tf.keras.layers.Conv2D(4, 3, activation='relu', kernel_initializer=init),
+      tf.keras.layers.Flatten(),
+      tf.keras.layers.Dense(10, kernel_initializer=init, name='classifier'),
+  ])
+
+
+def user_model_fn(input_spec):
+  def model_fn():
+    return tff.learning.models.from_keras_model(
+        user_keras_model(),
+        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=input_spec,
+        metrics=[tf.keras.metrics.SparseCategoricalAccuracy()])
+  return model_fn
+
+
+@pytest.fixture(scope='module')
+def model_fn(client_data):
+  return user_model_fn(client_data.element_type_structure)
+
+
+BUILDERS = collections.OrderedDict(
+    fedavg=lambda m: tff_algos.build_fedavg(m, sgd(), BATCH),
+    fedprox=lambda m: tff_algos.build_fedprox(m, sgd(), BATCH, 0.01),
+    fedsgd=lambda m: tff_algos.build_fedsgd(m, client_batch_size=BATCH),
+    fedlex_avgm=lambda m: tff_algos.build_fedlex(m, sgd(), BATCH, 'avgm'),
+    fedcross=lambda m: tff_algos.build_fedcross(m, sgd(), BATCH, num_models=P),
+    fedcda=lambda m: tff_algos.build_fedcda(m, sgd(), BATCH, len(IDS), P, warmup_rounds=1),
+    cadis=lambda m: tff_algos.build_cadis(m, sgd(), BATCH, len(IDS), clients_per_round=P),
+)
+
+
+# --------------------------------------------------------------------------- #
+# The adapter alone (no TFF computation)
+# --------------------------------------------------------------------------- #
+
+
+def test_index_map_arrays_and_slots(raw, client_data):
+  inputs = data.ClientDataInputs(client_data, epochs=2, seed=3)
+  assert inputs.client_ids == tuple(client_data.client_ids) and inputs.num_clients == 6
+  for cid in IDS:  # batched datasets concatenate back to the user's examples
+    x, y = inputs.client_arrays(inputs.index_of(cid))
+    np.testing.assert_array_equal(x, raw[cid]['x'])
+    np.testing.assert_array_equal(y, raw[cid]['y'])
+    assert y.dtype == np.int32
+  sampled = inputs.sample(round_num=5, clients_per_round=4)
+  assert sampled == inputs.sample(5, 4) and len(set(sampled)) == 4
+  expected = [inputs.client_ids[n] for n in data.sample_clients(6, 4, 5, 3)]
+  assert sampled == expected
+  clients = inputs.round_inputs(5, sampled)
+  for slot, (cid, [inp]) in enumerate(zip(sampled, clients)):
+    n = inputs.index_of(cid)
+    assert list(inp) == ['x', 'y', 'order', 'index', 'slot']
+    assert inp['slot'] == slot and inp['index'] == n   # slot = position in the sample
+    rng = np.random.default_rng([3, 5, n, 1])
+    np.testing.assert_array_equal(inp['order'], np.stack([rng.permutation(PER_CLIENT)
+                                                          for _ in range(2)]))
+  with pytest.raises(ValueError, match='distinct'):
+    inputs.round_inputs(1, ['bob', 'bob'])
+  with pytest.raises(ValueError, match='not in this ClientData'):
+    inputs.index_of('zoe')
+
+
+def test_unbatched_tuple_elements_and_saved_order(raw, tmp_path):
+  tuples = tff.simulation.datasets.TestClientData(raw).preprocess(
+      lambda d: d.map(lambda e: (e['x'], tf.cast(e['y'], tf.int64))))
+  order = list(reversed(IDS))
+  inputs = data.ClientDataInputs(tuples, client_ids=order)
+  assert inputs.index_of('frank') == 0
+  x, y = inputs.client_arrays(0)
+  np.testing.assert_array_equal(x, raw['frank']['x'])
+  assert y.dtype == np.int32 and np.array_equal(y, raw['frank']['y'])
+  path = str(tmp_path / 'ids.json')
+  inputs.save_client_ids(path)
+  assert data.load_client_ids(path) == order
+  with pytest.raises(ValueError, match='not in this ClientData'):
+    data.ClientDataInputs(tuples, client_ids=['zoe'] + order)
+  bad = tff.simulation.datasets.TestClientData(raw).preprocess(
+      lambda d: d.map(lambda e: collections.OrderedDict(pixels=e['x'], label=e['y'])))
+  with pytest.raises(TypeError, match=r'OrderedDict\(x=\.\.\., y=\.\.\.\) or \(x, y\)'):
+    data.ClientDataInputs(bad)
+  with pytest.raises(TypeError, match='ClientDataInputs'):
+    data.round_inputs(tuples, 0, 2, 1, 0)
+
+
+def test_iterator_bytes_hold_the_id_map(client_data):
+  source = data.federated_data_source(client_data, epochs=1, seed=4)
+  iterator = source.iterator()
+  first = iterator.select(P)
+  restored = cdi.ClientDataSourceIterator.from_bytes(iterator.to_bytes())
+  assert restored == iterator and restored.next_round == 2
+  second = restored.select(P)
+  fresh = source.iterator()
+  fresh.select(P)
+  expected = fresh.select(P)
+  for [a], [b] in zip(second, expected):
+    for key in a:
+      np.testing.assert_array_equal(a[key], b[key])
+  assert [c[0]['slot'] for c in first] == list(range(P))
+  saved = iterator.to_bytes()
+  cdi._SOURCES.clear()  # a new process that did not create the source yet
+  with pytest.raises(ValueError, match='create the same'):
+    cdi.ClientDataSourceIterator.from_bytes(saved)
+  data.federated_data_source(client_data, epochs=2, seed=4)  # same ids, other epochs
+  with pytest.raises(ValueError, match='another id map, epochs or seed'):
+    cdi.ClientDataSourceIterator.from_bytes(saved)
+
+
+# --------------------------------------------------------------------------- #
+# Every builder through run_training_process and train_model (kill + resume)
+# --------------------------------------------------------------------------- #
+
+
+# Contexts stay referenced until the interpreter exits: TFF's ServiceManager.__del__ sends
+# its worker SIGINT and waits for it without a timeout, which hung this file's teardown when
+# the fixture's context was collected; the session-end `execution.shutdown_workers()`
+# (conftest.py) kills the workers instead.
+_PROGRAM_CONTEXTS = []
+
+
+@pytest.fixture(scope='module')
+def program_context():
+  """What a TFF program installs: a `tff.program.NativeFederatedContext` (train_model
+  checks for one) over TFF's async local C++ context."""
+  context = tff.program.NativeFederatedContext(
+      tff.backends.native.create_async_local_cpp_execution_context())
+  _PROGRAM_CONTEXTS.append(context)
+  return context
+
+
+def _run_train_model(process, client_data, root_dir, total_rounds, context):
+  """One `train_model` invocation as a restarted program does it: a fresh data source."""
+  model_output = tff.program.MemoryReleaseManager()
+  train_metrics = tff.program.MemoryReleaseManager()
+  with tff.framework.get_context_stack().install(context):
+    helpers.run_async(tff.learning.programs.train_model(
+        train_process=process,
+        train_data_source=data.federated_data_source(client_data, epochs=EPOCHS, seed=0),
+        train_per_round_clients=P,
+        train_total_rounds=total_rounds,
+        program_state_manager=tff.program.FileProgramStateManager(root_dir),
+        model_output_manager=model_output,
+        train_metrics_manager=train_metrics,
+        evaluation_manager=None,
+        evaluation_periodicity=1))
+  return list(model_output.values().values()), train_metrics.values()
+
+
+@pytest.mark.parametrize('name', list(BUILDERS))
+def test_builder_through_tff_loops(name, model_fn, client_data, program_context, tmp_path):
+  process = BUILDERS[name](model_fn)
+  source_type = data.federated_data_source(client_data).federated_type
+  assert process.next.type_signature.parameter[1].is_assignable_from(source_type)
+  metrics = tff.program.MemoryReleaseManager()
+  state = tff.simulation.run_training_process(
+      process, data.client_selection_fn(client_data, P, epochs=EPOCHS, seed=0),
+      total_rounds=ROUNDS, metrics_managers=[metrics])
+  for round_num in range(1, ROUNDS + 1):
+    train = metrics.values()[round_num]['client_work']['train']
+    assert train['num_clients'] == P and train['num_examples'] == P * PER_CLIENT
+    assert np.isfinite(train['loss'])
+    # The model's own Keras metric, summed and finalised as TFF does, beside ours.
+    assert train['sparse_categorical_accuracy'] == pytest.approx(train['accuracy'], abs=1e-6)
+  if name == 'fedcross':  # every slot received its client: P distinct middleware models
+    assert metrics.values()[1]['aggregator']['eligible'].tolist() == [1.0] * P
+  if name == 'fedcda':
+    assert metrics.values()[ROUNDS]['aggregator']['warmup'] == 0
+  if name == 'cadis':  # participants are the sampled clients' indices in the id map
+    inputs = data.ClientDataInputs(client_data, seed=0)
+    sampled = sorted(inputs.index_of(c) for c in inputs.sample(1, P))
+    assert metrics.values()[1]['aggregator']['participants'].tolist() == sampled
+  expected = process.get_model_weights(state)
+  initial_state = process.initialize()
+  initial = process.get_model_weights(initial_state)
+  assert not np.allclose(initial.trainable[-1], expected.trainable[-1])
+  hparams = process.get_hparams(initial_state)  # TFF's hparams API reaches the client lr
+  if name == 'fedsgd':
+    assert not hparams['client_work']  # no client optimizer, as TFF's FedSGD
+  else:
+    assert hparams['client_work']['learning_rate'] == pytest.approx(0.1)
+    hparams['client_work']['learning_rate'] = 0.0
+    frozen = process.next(process.set_hparams(initial_state, hparams),
+                          data.client_selection_fn(client_data, P)(1)).state
+    for a, b in zip(process.get_model_weights(frozen).trainable, initial.trainable):
+      np.testing.assert_allclose(a, b, atol=1e-7)
+
+  root = str(tmp_path / 'program_state')
+  _run_train_model(process, client_data, root, 1, program_context)  # "killed" after round 1
+  cdi._SOURCES.clear()                                                # the process died
+  released, train_metrics = _run_train_model(process, client_data, root, 2, program_context)
+  assert list(train_metrics) == [2]                                 # resumed at round 2
+  final = released[-1]
+  for a, b in zip(tf.nest.flatten(final), tf.nest.flatten(expected)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_build_fed_eval_on_the_users_data(model_fn, client_data):
+  process = tff_algos.build_fedavg(model_fn, sgd(), BATCH)
+  state = process.initialize()
+  state = process.next(state, data.client_selection_fn(client_data, P)(1)).state
+  evaluation = tff.learning.algorithms.build_fed_eval(model_fn)
+  eval_state = evaluation.set_model_weights(evaluation.initialize(),
+                                            process.get_model_weights(state))
+  out = evaluation.next(eval_state, [client_data.create_tf_dataset_for_client(c)
+                                     for c in IDS])
+  metrics = out.metrics['client_work']['eval']['current_round_metrics']
+  assert metrics['num_examples'] == len(IDS) * PER_CLIENT
+  central = central_evaluation.build_central_evaluation(model_fn)
+  inputs = data.ClientDataInputs(client_data)
+  x = np.concatenate([inputs.client_arrays(n)[0] for n in range(len(IDS))])
+  y = np.concatenate([inputs.client_arrays(n)[1] for n in range(len(IDS))])
+  ours = central(process.get_model_weights(state), x, y)
+  assert metrics['sparse_categorical_accuracy'] == pytest.approx(ours['accuracy'], abs=1e-6)
+  assert metrics['loss'] == pytest.approx(ours['loss'], rel=1e-4)
+
+
+# --------------------------------------------------------------------------- #
+# Their aggregators and their models
+# --------------------------------------------------------------------------- #
+
+
+def test_unweighted_dp_factory_in_fedavg_equals_uniform_fedavg(model_fn, client_data):
+  dp = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+      noise_multiplier=0.0, clients_per_round=P, clip=1e6)
+  with pytest.raises(ValueError, match="client_weighting='uniform'"):
+    tff_algos.build_fedavg(model_fn, sgd(), BATCH, model_aggregator=dp,
+                           client_weighting='num_examples')
+  private = tff_algos.build_fedavg(model_fn, sgd(), BATCH, model_aggregator=dp)
+  uniform = tff_algos.build_fedavg(model_fn, sgd(), BATCH, client_weighting='uniform')
+  clients = data.client_selection_fn(client_data, P)(1)
+  a = private.get_model_weights(private.next(private.initialize(), clients).state)
+  b = uniform.get_model_weights(uniform.next(uniform.initialize(), clients).state)
+  for u, v in zip(a.trainable, b.trainable):
+    np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
+
+
+def test_methods_that_cannot_take_a_factory_say_why(model_fn):
+  mean = tff.aggregators.MeanFactory()
+  calls = [
+      ('FedCross', 'each upload replaces its own middleware model',
+       lambda: tff_algos.build_fedcross(model_fn, sgd(), BATCH, P, model_aggregator=mean)),
+      ('FedCDA', "enters its own client's cache",
+       lambda: tff_algos.build_fedcda(model_fn, sgd(), BATCH, 6, P, model_aggregator=mean)),
+      ('CADIS', 'from the clusters',
+       lambda: tff_algos.build_cadis(model_fn, sgd(), BATCH, 6, clients_per_round=P,
+                                     model_aggregator=mean)),
+  ]
+  for method, why, call in calls:
+    with pytest.raises(ValueError, match=f'{method} cannot take model_aggregator=MeanFactory'
+                       ) as info:
+      call()
+    assert why in str(info.value)
+
+
+def test_clustered_aggregator_with_num_clients_refuses_anonymous_uploads(model_fn):
+  with pytest.raises(ValueError, match='num_clients=6 asks for the Q and F'):
+    tff.learning.algorithms.build_weighted_fed_avg(
+        model_fn, sgd(), model_aggregator=clustered_aggregation.ClusteredAggregator(6, P))
+  # TFF's wrappers refuse the keyed value (int32 client_index) with their own message.
+  weights_type = model_delta.model_weights_type(model_fn)
+  with pytest.raises(TypeError, match='floating'):
+    tff.aggregators.clipping_factory(1.0, clustered_aggregation.ClusteredAggregator(6, P)
+                                     ).create(model_delta.keyed_update_type(
+                                         weights_type.trainable), tff.TensorType(np.float32))
+
+
+def test_tuple_input_spec_and_functional_model(raw, client_data, model_fn):
+  spec = client_data.element_type_structure
+  tuple_fn = user_model_fn((spec['x'], spec['y']))
+  tuples = tff.simulation.datasets.TestClientData(raw).preprocess(
+      lambda d: d.map(lambda e: (e['x'], e['y'])).batch(BATCH))
+  functional = tff.learning.models.functional_model_from_keras(
+      user_keras_model, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      input_spec=spec, metrics_constructor=lambda: collections.OrderedDict(
+          accuracy=tf.keras.metrics.SparseCategoricalAccuracy()))
+  reference = tff_algos.build_fedavg(model_fn, sgd(), BATCH)
+  with_tuple = tff_algos.build_fedavg(tuple_fn, sgd(), BATCH)
+  with_functional = tff_algos.build_fedavg(functional, sgd(), BATCH)
+  expected = reference.get_model_weights(reference.next(
+      reference.initialize(), data.client_selection_fn(client_data, P)(1)).state)
+  for process, clients in ((with_tuple, data.client_selection_fn(tuples, P)(1)),
+                           (with_functional, data.client_selection_fn(client_data, P)(1))):
+    state = process.set_model_weights(process.initialize(),
+                                      reference.get_model_weights(reference.initialize()))
+    got = process.get_model_weights(process.next(state, clients).state)
+    for u, v in zip(got.trainable, expected.trainable):
+      np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
+  with pytest.raises(TypeError, match='FunctionalModel itself'):
+    tff_algos.build_fedavg(lambda: functional, sgd(), BATCH)
+  # What from_keras_model accepts but one-tensor x / one-tensor y training cannot take
+  # (several inputs), refused with the forms that are supported:
+  for bad in ((spec['x'], spec['y'], spec['y']), ((spec['x'], spec['x']), spec['y']),
+              collections.OrderedDict(x=spec['x'], y=spec['y'], w=spec['y'])):
+    with pytest.raises(TypeError, match=r'\(x, y\) tuple of TensorSpecs'):
+      local_training.client_element_type(bad)
+
+
+def test_batchnorm_statistics_are_averaged(client_data):
+  """With the client learning rate at 0 (set through TFF's hparams API) only BatchNorm's
+  moving statistics move; BN on the raw input makes them a numpy computation: per client,
+  m <- 0.99 m + 0.01 mean(batch) over its batches in `order`, and the new global moving
+  mean is the example-weighted mean of the clients' m."""
+  spec = client_data.element_type_structure
+
+  def bn_model_fn():
+    keras_model = tf.keras.Sequential([
+        tf.keras.layers.InputLayer((8, 8, 1)),
+        tf.keras.layers.BatchNormalization(),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(10, name='classifier')])
+    return tff.learning.models.from_keras_model(
+        keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=spec)
+
+  with pytest.raises(ValueError, match='non-trainable weights'):
+    tff_algos.build_cadis(bn_model_fn, sgd(), BATCH, len(IDS), clients_per_round=P)
+  process = tff_algos.build_fedavg(bn_model_fn, sgd(), BATCH)
+  state = process.initialize()
+  hparams = process.get_hparams(state)
+  hparams['client_work']['learning_rate'] = 0.0
+  state = process.set_hparams(state, hparams)
+  clients = data.client_selection_fn(client_data, P, seed=5)(1)
+  new = process.get_model_weights(process.next(state, clients).state)
+  means, sizes = [], []
+  for [inp] in clients:
+    m = 0.0
+    for start in range(0, PER_CLIENT, BATCH):
+      m = 0.99 * m + 0.01 * inp['x'][inp['order'][0, start:start + BATCH]].mean()
+    means.append(m)
+    sizes.append(len(inp['y']))
+  moving_mean = new.non_trainable[0]
+  np.testing.assert_allclose(moving_mean, [np.average(means, weights=sizes)], rtol=1e-5)
+  assert not np.allclose(new.non_trainable[1], 1.0)  # the moving variance moved too
