@@ -84,7 +84,11 @@ def test_pytest_main_without_a_file_is_an_error():
 @pytest.mark.skipif(shutil.which('bazel') is None or 'TEST_SRCDIR' in os.environ,
                     reason='bazel not installed, or running under bazel test')
 def test_bazel_query_succeeds(tmp_path):
-  result = subprocess.run(['bazel', f'--output_user_root={tmp_path}', 'query', '//...'],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+  bazel = ['bazel', f'--output_user_root={tmp_path}']
+  try:
+    result = subprocess.run(bazel + ['query', '//...'], cwd=ROOT, capture_output=True,
+                            text=True, timeout=600)
+  finally:  # Bazel leaves its server running for hours otherwise
+    subprocess.run(bazel + ['shutdown'], cwd=ROOT, capture_output=True, timeout=120)
   assert result.returncode == 0, result.stderr[-2000:]
   assert '//:tff_algos' in result.stdout and '//:train' in result.stdout
