@@ -23,6 +23,7 @@ import data
 import tff_algos
 from tff_algos import execution
 from tff_algos import models
+from tff_algos.models import catalog
 
 CLIENT_SIZES = (6, 5)
 BATCH = 4
@@ -38,7 +39,11 @@ INPUT_SHAPES = {
     'resnet20': (8, 8, 3),
     'vgg16': (32, 32, 3),        # five 2x2 poolings
     'char_lstm': (SEQ_LEN,),
+    'leaf_char_lstm': (SEQ_LEN,),
+    'sent140_lstm': (SEQ_LEN,),
 }
+# Classes of the models whose output is not NUM_CLASSES: next-token models predict a token.
+OUTPUT_CLASSES = {'char_lstm': VOCAB, 'leaf_char_lstm': VOCAB, 'sent140_lstm': 2}
 
 
 @pytest.fixture(scope='module', autouse=True)
@@ -48,7 +53,13 @@ def runtime():
 
 def synthetic_client(name, n, rng):
   """(x, y) of n examples in the input format of model `name`."""
-  if name in models.SEQUENCE_MODELS:
+  if catalog.MODEL_INPUTS[name] == catalog.TOKENS_TO_LABEL:
+    # LEAF's form: a token window (padding id 0 at its end) and one label per example.
+    x = rng.integers(1, VOCAB, size=(n, SEQ_LEN)).astype(np.int32)
+    for row in x:
+      row[rng.integers(2, SEQ_LEN + 1):] = 0
+    return x, rng.integers(0, OUTPUT_CLASSES[name], size=n).astype(np.int32)
+  if catalog.MODEL_INPUTS[name] == catalog.TOKENS_PER_POSITION:
     # Next-token windows with trailing padding (id 0) of random length, as the Shakespeare
     # pipeline makes them.
     windows = rng.integers(1, VOCAB, size=(n, SEQ_LEN + 1)).astype(np.int32)
@@ -74,8 +85,10 @@ SLOW_MODELS = frozenset({'resnet20'})
     pytest.param(name, marks=pytest.mark.slow) if name in SLOW_MODELS else name
     for name in sorted(models.MODELS)])
 def test_zoo_model_trains_one_round(name):
-  num_classes = VOCAB if name in models.SEQUENCE_MODELS else NUM_CLASSES
-  model_fn = models.make_model_fn(name, INPUT_SHAPES[name], num_classes, seed=0)
+  num_classes = OUTPUT_CLASSES.get(name, NUM_CLASSES)
+  vocab = VOCAB if catalog.MODEL_INPUTS[name] != catalog.IMAGE else None
+  model_fn = models.make_model_fn(name, INPUT_SHAPES[name], num_classes, seed=0,
+                                  vocab_size=vocab)
   process = tff_algos.build_fedavg(
       model_fn, tff.learning.optimizers.build_sgdm(learning_rate=0.05), BATCH)
   rng = np.random.default_rng(0)
