@@ -36,11 +36,9 @@ _REPORT = flags.DEFINE_bool('report', False, 'Write the pages from the runs; tra
 
 
 def _finished(config) -> bool:
-  path = os.path.join(config.experiment_dir, 'summary.json')
-  if not os.path.exists(path):
-    return False
-  with open(path) as f:
-    return json.load(f).get('rounds') == config.rounds
+  """A run is finished exactly when its page says so (report.load_run)."""
+  return (os.path.exists(os.path.join(config.experiment_dir, 'config.json')) and
+          report.load_run(config.experiment_dir)['finished'])
 
 
 def _run(config) -> None:
