@@ -116,10 +116,10 @@ class NpFedCDA:
 # --------------------------------------------------------------------------- #
 
 
-def zero_state(n, k):
+def zero_state(n, k, dtype=tf.float32):
   cache = tff.learning.models.ModelWeights(
-      trainable=[tf.zeros([n, k, *s]) for s in SHAPES_TRAINABLE],
-      non_trainable=[tf.zeros([n, k, *s]) for s in SHAPES_NON_TRAINABLE])
+      trainable=[tf.zeros([n, k, *s], dtype) for s in SHAPES_TRAINABLE],
+      non_trainable=[tf.zeros([n, k, *s], dtype) for s in SHAPES_NON_TRAINABLE])
   return collections.OrderedDict(
       cache=cache, losses=tf.zeros([n, k]), sq_norms=tf.zeros([n, k], tf.float64),
       count=tf.zeros([n], tf.int32), selected=tf.zeros([n], tf.int32),
@@ -215,6 +215,76 @@ def test_cache_round_matches_numpy_brute_force(n, p, k, b, selection, dropout):
       if ref.cache[c]:
         assert (count[c] - 1 - selected[c]) % k == ref.age[c]
   assert int(state['round_num']) == 7
+
+
+@pytest.mark.parametrize('cache_dtype', ['float16', 'bfloat16'])
+def test_lower_precision_cache_is_the_reference_on_rounded_uploads(cache_dtype):
+  # The cache holds the uploads rounded to its dtype; selection, objective and the global
+  # model are then exactly the float64 reference's on those rounded models. The warmup mean
+  # is over the uploads as they arrive (float32).
+  n, p, k, b, warmup = 8, 4, 3, 2, 2
+  np_dtype = tf.as_dtype(cache_dtype).as_numpy_dtype
+  rounded = lambda vec: np.asarray(vec, np.float32).astype(np_dtype).astype(np.float64)
+  rng = np.random.default_rng(11)
+  state = zero_state(n, k, tf.as_dtype(cache_dtype))
+  ref = NpFedCDA(n, k, 1.0, warmup)
+  switched = 0
+  for t in range(8):
+    uploads = random_uploads(rng, n, p, 0.0)
+    batches = [list(np.asarray(x)) for x in crc.random_batches(
+        p, b, tf.constant([3, t], tf.int32), [True] * p)]
+    state, result, m = crc.cache_round(
+        state, accumulator(uploads, p), num_clients=n, clients_per_round=p, cache_size=k,
+        num_batches=b, warmup_rounds=warmup, smoothness=1.0, selection='batch_greedy', seed=3)
+    assert state['cache'].trainable[0].dtype == tf.as_dtype(cache_dtype)
+    want, want_m = ref.step([(c, rounded(w), loss, count) for c, w, loss, count in uploads],
+                            batches)
+    if t < warmup:
+      want = np.average([u[1] for u in uploads], 0, weights=[u[3] for u in uploads])
+    np.testing.assert_allclose(flat(result['model']), want, rtol=1e-5, atol=1e-5)
+    for key in ('objective_before', 'objective_after'):
+      np.testing.assert_allclose(float(m[key]), want_m[key], rtol=1e-4, atol=1e-4)
+    assert float(m['switched']) == want_m['switched']
+    switched += want_m['switched']
+    count, selected = state['count'].numpy(), state['selected'].numpy()
+    for c in range(n):
+      if ref.cache[c]:
+        assert (count[c] - 1 - selected[c]) % k == ref.age[c]
+        newest = state['cache'].trainable[0].numpy()[c, (count[c] - 1) % k]
+        np.testing.assert_array_equal(newest.astype(np.float64), ref.cache[c][0][0][:3])
+  assert switched > 0  # the selection did pick older models from the rounded cache
+
+
+@pytest.mark.parametrize('cache_dtype', ['float16', 'bfloat16'])
+def test_lower_precision_cache_halves_the_state_inside_tff(cache_dtype):
+  weights_type = tff.types.to_type(tff.learning.models.ModelWeights(
+      trainable=[tff.TensorType(np.float32, s) for s in SHAPES_TRAINABLE],
+      non_trainable=[tff.TensorType(np.float32, s) for s in SHAPES_NON_TRAINABLE]))
+  n, p, k = 6, 3, 2
+  proc = crc.build_cross_round_cache_process(weights_type, n, p, cache_size=k, num_batches=1,
+                                             warmup_rounds=0, cache_dtype=cache_dtype)
+  state = proc.initialize()
+  size = sum(np.asarray(t).nbytes for t in tf.nest.flatten(state))
+  assert size == crc.state_size_bytes(n, k, 8, cache_dtype)
+  assert crc.cache_size_bytes(n, k, 8, cache_dtype) * 2 == crc.cache_size_bytes(n, k, 8)
+  rng = np.random.default_rng(5)
+  uploads = random_uploads(rng, n, p, 0.0)
+  values = [collections.OrderedDict(
+      client_index=np.int32(c), slot=np.int32(s),
+      model=tff.learning.models.ModelWeights(trainable=unflatten(vec)[:2],
+                                             non_trainable=unflatten(vec)[2:]),
+      last_epoch_loss=np.float32(loss)) for s, (c, vec, loss, _) in enumerate(uploads)]
+  out = proc.next(state, values, [np.float32(u[3]) for u in uploads])
+  # no warmup: the global model is the uniform mean of the (rounded) cached uploads
+  np_dtype = tf.as_dtype(cache_dtype).as_numpy_dtype
+  want = np.mean([np.asarray(u[1], np.float32).astype(np_dtype).astype(np.float64)
+                  for u in uploads], 0)
+  np.testing.assert_allclose(flat(out.result['model']), want, rtol=1e-6, atol=1e-6)
+  assert np.asarray(out.state['cache'].trainable[0]).dtype == np_dtype
+  with pytest.raises(ValueError, match='cache_dtype'):
+    crc.validate_options(n, p, k, 1, 1, 1.0, 'exact', 'data_size', 'float64')
+  with pytest.raises(ValueError, match='float16'):  # the limit's message names the option
+    crc.build_cross_round_cache_process(weights_type, 10**7, 3, max_cache_gib=1.0)
 
 
 def test_uniform_warmup_weighting_is_the_plain_mean():

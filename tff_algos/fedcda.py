@@ -82,6 +82,7 @@ def build_fedcda(
     warmup_weighting: str = 'data_size',
     seed: int = 0,
     max_cache_gib: Optional[float] = 4.0,
+    cache_dtype: str = 'float32',
     model_aggregator=None,
 ) -> tff.learning.templates.LearningProcess:
   """FedCDA as a `tff.learning.templates.LearningProcess`.
@@ -103,7 +104,9 @@ def build_fedcda(
       paper's FedAvg; default) or 'uniform'.
     seed: seeds the random batch split and the 'random' selection, with the round number.
     max_cache_gib: refuse configurations whose aggregator state exceeds this (None: no
-      limit). The state is 4·N·K·D bytes of cache plus 4·(2NK + 2N + 1) of bookkeeping.
+      limit). The state is 4·N·K·D bytes of cache plus 4·(3NK + 2N + 1) of bookkeeping.
+    cache_dtype: 'float32' (default), or 'float16' / 'bfloat16': the cache in half the
+      memory; uploads are rounded as they enter it (`cross_round_cache` module doc).
     model_aggregator: must be None (accepted for TFF-style call sites; a factory is refused
       with the reason, see `tff_algos.aggregators.factories`).
 
@@ -126,7 +129,7 @@ def build_fedcda(
       weights_type, num_clients, clients_per_round, cache_size=cache_size,
       num_batches=num_batches, warmup_rounds=warmup_rounds, smoothness=smoothness,
       selection=selection, warmup_weighting=warmup_weighting, seed=seed,
-      max_cache_gib=max_cache_gib)
+      max_cache_gib=max_cache_gib, cache_dtype=cache_dtype)
   return tff.learning.templates.compose_learning_process(
       initial_weights,
       tff.learning.templates.build_broadcast_process(weights_type),

@@ -13,7 +13,8 @@ managers checkpoint the cache:
     selected  int32 [N]      ring slot of the selected model
     round_num int32
 
-**Memory** = 4·N·K·D bytes for the cache plus 4·(3·N·K + 2·N + 1) bytes of bookkeeping
+**Memory** = b·N·K·D bytes for the cache (b = 4 bytes per weight in float32, the default; 2
+with `cache_dtype='float16'` or `'bfloat16'`) plus 4·(3·N·K + 2·N + 1) bytes of bookkeeping
 (`state_size_bytes`). A round adds transient buffers of O(P·K·D) (the participants'
 candidates) and O(P·D) (the upload accumulator); no second copy of the cache is kept from
 one round to the next. Within the server step, writing the uploads into the cache
@@ -45,6 +46,15 @@ One `next(state, value@CLIENTS, weight@CLIENTS)`:
   The result is the uniform mean over every cached client of its selected model.
 * Ties go to the combination whose candidates are newest (lexicographic in age order).
 
+**Lower-precision cache** (`cache_dtype`, `CACHE_DTYPES`): the uploads are rounded to the
+cache's dtype as they enter it, and from then on the cached models *are* those rounded
+values: ‖w‖², the Gram matrix of eq. 8 and the new global model are all computed from them
+(in float64 / float32), so the objective stays exact for the models actually kept. The warmup
+mean is taken over the uploads themselves (float32), as they arrive. float16 keeps 11
+significant bits (relative error ≤ 2⁻¹¹ ≈ 4.9e-4 per weight; model weights lie far inside its
+range), bfloat16 8 bits (≤ 2⁻⁸ ≈ 3.9e-3) with float32's range. The measured effect on
+selection and accuracy: `benchmarks/RESULTS.md` ("FedCDA's cache in less memory").
+
 Measurements: `warmup` (1.0 in warmup), `cached_clients` (M), `uploads`, `switched` (uploaders
 that selected a model other than their newest), `objective_before` (J over all cached clients
 with every uploader at its newest model) and `objective_after` (with the selection made; equal
@@ -68,6 +78,8 @@ from tff_algos.client_work import model_upload
 
 SELECTIONS = ('batch_greedy', 'exact', 'newest', 'random')
 WARMUP_WEIGHTINGS = ('data_size', 'uniform')
+# The dtype the cached models are held in, and its bytes per weight.
+CACHE_DTYPES = {'float32': 4, 'float16': 2, 'bfloat16': 2}
 # The exhaustive search of one batch evaluates K^{batch size} combinations at once.
 MAX_COMBINATIONS = 1 << 20
 
@@ -82,15 +94,18 @@ def num_weights(weights_type) -> int:
   return int(sum(int(np.prod(t.shape)) for t in tff.structure.flatten(weights_type)))
 
 
-def cache_size_bytes(num_clients: int, cache_size: int, num_params: int) -> int:
-  """Bytes of the model cache: 4·N·K·D (float32)."""
-  return 4 * int(num_clients) * int(cache_size) * int(num_params)
+def cache_size_bytes(num_clients: int, cache_size: int, num_params: int,
+                     cache_dtype: str = 'float32') -> int:
+  """Bytes of the model cache: b·N·K·D, b = 4 (float32) or 2 (float16, bfloat16)."""
+  return (CACHE_DTYPES[cache_dtype] * int(num_clients) * int(cache_size)
+          * int(num_params))
 
 
-def state_size_bytes(num_clients: int, cache_size: int, num_params: int) -> int:
+def state_size_bytes(num_clients: int, cache_size: int, num_params: int,
+                     cache_dtype: str = 'float32') -> int:
   """Bytes of the whole aggregator state: the cache plus losses, counts, selections, round."""
   n, k = int(num_clients), int(cache_size)
-  return cache_size_bytes(n, k, num_params) + 4 * (3 * n * k + 2 * n + 1)
+  return cache_size_bytes(n, k, num_params, cache_dtype) + 4 * (3 * n * k + 2 * n + 1)
 
 
 def batch_sizes(num_uploads: int, num_batches: int) -> list[int]:
@@ -101,7 +116,8 @@ def batch_sizes(num_uploads: int, num_batches: int) -> list[int]:
 
 def validate_options(num_clients: int, clients_per_round: int, cache_size: int,
                      num_batches: int, warmup_rounds: int, smoothness: float,
-                     selection: str, warmup_weighting: str = 'data_size') -> None:
+                     selection: str, warmup_weighting: str = 'data_size',
+                     cache_dtype: str = 'float32') -> None:
   for name, value, low in (('num_clients', num_clients, 1),
                            ('clients_per_round', clients_per_round, 1),
                            ('cache_size', cache_size, 1), ('num_batches', num_batches, 1),
@@ -118,6 +134,8 @@ def validate_options(num_clients: int, clients_per_round: int, cache_size: int,
   if warmup_weighting not in WARMUP_WEIGHTINGS:
     raise ValueError(f'warmup_weighting must be one of {WARMUP_WEIGHTINGS}, '
                      f'got {warmup_weighting!r}')
+  if cache_dtype not in CACHE_DTYPES:
+    raise ValueError(f'cache_dtype must be one of {tuple(CACHE_DTYPES)}, got {cache_dtype!r}')
   largest = max(batch_sizes(clients_per_round, 1 if selection == 'exact' else num_batches))
   if selection in ('batch_greedy', 'exact') and cache_size ** largest > MAX_COMBINATIONS:
     raise ValueError(
@@ -138,10 +156,23 @@ def candidate_slots(count, cache_size: int):
 
 
 def weighted_cache_sum(cache, weights):
-  """Σ_{n,k} weights[n, k] · cache[n, k] for each [N, K, ...] tensor, without a gather."""
+  """Σ_{n,k} weights[n, k] · cache[n, k] for each [N, K, ...] tensor, without a gather.
+
+  A float32 cache is summed in place. A lower-precision one (where `weights` is one-hot per
+  row, as for every caller) gathers each row's weighted model and sums in float32, so only
+  N·D float32 values are materialised, never a float32 copy of the whole cache.
+  """
   weights = tf.convert_to_tensor(weights, tf.float32)
 
+  def low_precision(t):
+    rows = tf.range(tf.shape(weights)[0], dtype=tf.int32)
+    picked = tf.gather_nd(t, tf.stack([rows, tf.argmax(weights, 1, output_type=tf.int32)], 1))
+    row_weight = tf.reduce_sum(weights, axis=1)
+    return tf.tensordot(row_weight, tf.cast(picked, tf.float32), axes=1)
+
   def one(t):
+    if t.dtype != tf.float32:
+      return low_precision(t)
     flat = tf.reshape(t, [tf.shape(weights)[0] * tf.shape(weights)[1], -1])
     summed = tf.linalg.matvec(flat, tf.reshape(tf.cast(weights, t.dtype), [-1]),
                               transpose_a=True)
@@ -302,8 +333,11 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
   # 1. push uploads into the ring buffers.
   ring = tf.math.floormod(tf.gather(state['count'], writers), k)
   at = tf.stack([writers, ring], axis=1)
+  # Uploads are rounded to the cache's dtype here (a no-op for float32); everything below
+  # uses the cached values.
   cache = tf.nest.map_structure(
-      lambda c, u: tf.tensor_scatter_nd_update(c, at, tf.boolean_mask(u, valid)),
+      lambda c, u: tf.tensor_scatter_nd_update(c, at, tf.cast(tf.boolean_mask(u, valid),
+                                                              c.dtype)),
       state['cache'], acc['models'])
   losses = tf.tensor_scatter_nd_update(state['losses'], at,
                                        tf.boolean_mask(acc['loss'], valid))
@@ -394,11 +428,14 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
 # --------------------------------------------------------------------------- #
 
 
-def stacked_type(weights_type: tff.Type, *leading: int) -> tff.Type:
-  """`weights_type` (ModelWeights) with leading dimensions on every tensor."""
+def stacked_type(weights_type: tff.Type, *leading: int, dtype=None) -> tff.Type:
+  """`weights_type` (ModelWeights) with leading dimensions on every tensor (and, if given,
+  every floating tensor in `dtype`)."""
 
   def stack(t):
-    return tff.TensorType(t.dtype, [*leading, *t.shape])
+    floating = np.issubdtype(t.dtype, np.floating) or t.dtype == tf.bfloat16.as_numpy_dtype
+    return tff.TensorType(dtype if dtype is not None and floating else t.dtype,
+                          [*leading, *t.shape])
 
   return tff.StructWithPythonType(
       [('trainable', tff.StructWithPythonType([stack(t) for t in weights_type.trainable], list)),
@@ -420,6 +457,7 @@ def build_cross_round_cache_process(
     warmup_weighting: str = 'data_size',
     seed: int = 0,
     max_cache_gib: Optional[float] = 4.0,
+    cache_dtype: str = 'float32',
 ) -> tff.templates.AggregationProcess:
   """FedCDA's cross-round cache and selection as a weighted `tff.templates.AggregationProcess`.
 
@@ -437,22 +475,27 @@ def build_cross_round_cache_process(
     seed: seeds the random batch split and 'random' selection (with the round number).
     max_cache_gib: refuse a configuration whose state (`state_size_bytes`) exceeds this
       many GiB (None: no limit).
+    cache_dtype: the dtype the cached models are held in, one of `CACHE_DTYPES`: 'float32'
+      (default), or 'float16' / 'bfloat16' for half the cache's memory (see the module doc).
 
   Returns:
     An AggregationProcess: state as in the module doc; next(state, upload@CLIENTS,
     float32@CLIENTS) -> result = OrderedDict(model=ModelWeights, has_result=float32) @SERVER.
   """
   validate_options(num_clients, clients_per_round, cache_size, num_batches, warmup_rounds,
-                   smoothness, selection, warmup_weighting)
+                   smoothness, selection, warmup_weighting, cache_dtype)
   n, p, k = int(num_clients), int(clients_per_round), int(cache_size)
-  size = state_size_bytes(n, k, num_weights(weights_type))
+  size = state_size_bytes(n, k, num_weights(weights_type), cache_dtype)
   if max_cache_gib is not None and size > max_cache_gib * 2**30:
+    smaller = ('' if cache_dtype != 'float32' else
+               ', hold the cache in float16 (--fedcda_cache_dtype=float16, half the memory)')
     raise ValueError(
-        f'the FedCDA cache needs {size / 2**30:.2f} GiB (4·N·K·D bytes: N={n} clients, '
-        f'K={k}, D={num_weights(weights_type)} weights), above the {max_cache_gib} GiB '
-        'limit; lower the cache size (--fedcda_cache_size) or the number of clients, or raise '
-        'max_cache_gib (--fedcda_max_cache_gib)')
-  cache_type = stacked_type(weights_type, n, k)
+        f'the FedCDA cache needs {size / 2**30:.2f} GiB ({CACHE_DTYPES[cache_dtype]}·N·K·D '
+        f'bytes: N={n} clients, K={k}, D={num_weights(weights_type)} weights, '
+        f'{cache_dtype}), above the {max_cache_gib} GiB limit; lower the cache size '
+        f'(--fedcda_cache_size) or the number of clients{smaller}, or raise max_cache_gib '
+        '(--fedcda_max_cache_gib)')
+  cache_type = stacked_type(weights_type, n, k, dtype=tf.as_dtype(cache_dtype).as_numpy_dtype)
   slots_type = stacked_type(weights_type, p)
   smoothness = float(smoothness)
   batches_b = 1 if selection == 'exact' else int(num_batches)
