@@ -16,12 +16,14 @@ A batch size that does not divide the test set exercises the batching loop (seve
 a smaller last one). No eager Keras model is built: weights come from a TFF computation.
 """
 
+import collections
 import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import numpy as np  # pylint: disable=g-import-not-at-top
 import pytest
+import tensorflow as tf
 import tensorflow_federated as tff
 
 import data
@@ -208,3 +210,40 @@ def test_sequence_accuracy_skips_padding_labels_and_loss_matches_numpy(lstm_case
   assert result['num_examples'] == x.shape[0]
   assert lowest - 1e-6 <= result['accuracy'] <= highest + 1e-6
   assert result['loss'] == pytest.approx(expected_loss, rel=1e-5)
+
+
+def test_padded_sequence_loss_is_the_masked_numpy_cross_entropy():
+  rng = np.random.default_rng(3)
+  logits = rng.normal(size=(4, 7, VOCAB)).astype(np.float32) * 3
+  labels = rng.integers(0, VOCAB, size=(4, 7)).astype(np.int32)
+  labels[:, 4:] = 0  # padded tails
+  scored = labels != 0
+  loss = models.model_fns.PaddedSequenceCrossentropy()(labels, logits)
+  assert float(loss) == pytest.approx(cross_entropy(logits, labels)[scored].mean(), rel=1e-5)
+  assert float(models.model_fns.PaddedSequenceCrossentropy()(np.zeros((2, 3), np.int32),
+                                                            logits[:2, :3])) == 0.0
+
+
+def test_sequence_training_loss_skips_padding_as_evaluation_does(lstm_case):
+  # The loss TFF's training uses is `forward_pass(...).loss` of the model_fn's model.
+  _, weights, x, y = lstm_case
+  weights_type = model_delta.model_weights_type(LSTM_FN)
+
+  @tff.tensorflow.computation(weights_type, tff.TensorType(np.int32, x.shape),
+                              tff.TensorType(np.int32, y.shape))
+  def training_loss(model_weights, x, y):
+    model = LSTM_FN()
+
+    @tf.function  # orders the assignments before the forward pass
+    def run():
+      tf.nest.map_structure(lambda v, t: v.assign(t),
+                            tff.learning.models.ModelWeights.from_model(model), model_weights)
+      return model.forward_pass(collections.OrderedDict(x=x, y=y), training=False).loss
+
+    return run()
+
+  logits = (char_lstm_features(weights.trainable, x) @ weights.trainable[-2]
+            + weights.trainable[-1])
+  scored = y != 0
+  assert float(training_loss(weights, x, y)) == pytest.approx(
+      cross_entropy(logits, y)[scored].mean(), rel=1e-5)

@@ -9,7 +9,7 @@ from typing import Optional
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.models import zoo
+from tff_algos.models import catalog, zoo
 
 
 def input_spec_for(name: str, input_shape: Optional[zoo.Shape] = None
@@ -37,6 +37,38 @@ def input_spec_for(name: str, input_shape: Optional[zoo.Shape] = None
       y=tf.TensorSpec([None], tf.int32))
 
 
+class PaddedSequenceCrossentropy(tf.keras.losses.Loss):
+  """Cross-entropy of logits, averaged over the positions whose label is not padding id 0.
+
+  The loss of the sequence models with a target per position (`catalog.TOKENS_PER_POSITION`,
+  e.g. `char_lstm`). TFF's Keras wrapper calls the loss as `loss(y_true, y_pred)` without the
+  Embedding's mask, so a plain `SparseCategoricalCrossentropy` would also train the model to
+  predict padding and average over padded positions; this is the mean over the same labels
+  that central evaluation counts (`local_training.counted_labels`).
+  """
+
+  def __init__(self, name: str = 'padded_sequence_crossentropy'):
+    super().__init__(name=name)
+
+  def call(self, y_true, y_pred):  # per position; `__call__` does the masked mean
+    return tf.keras.losses.sparse_categorical_crossentropy(
+        tf.cast(y_true, tf.int32), y_pred, from_logits=True)
+
+  def __call__(self, y_true, y_pred, sample_weight=None):
+    del sample_weight  # TFF's Keras wrapper does not pass one
+    counted = tf.cast(tf.not_equal(tf.cast(y_true, tf.int32), 0), tf.float32)
+    per_position = tf.cast(self.call(y_true, y_pred), tf.float32)
+    return tf.math.divide_no_nan(tf.reduce_sum(per_position * counted),
+                                 tf.reduce_sum(counted))
+
+
+def model_loss(name: str) -> tf.keras.losses.Loss:
+  """The training loss of zoo model `name` (a fresh object per call)."""
+  if catalog.MODEL_INPUTS[name] == catalog.TOKENS_PER_POSITION:
+    return PaddedSequenceCrossentropy()
+  return tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
 def make_model_fn(name: str, input_shape: Optional[zoo.Shape] = None,
                   num_classes: Optional[int] = None, seed: Optional[int] = None,
                   vocab_size: Optional[int] = None
@@ -45,7 +77,9 @@ def make_model_fn(name: str, input_shape: Optional[zoo.Shape] = None,
 
   Every call builds a fresh Keras model (with `seed`, every call starts from the same initial
   weights) and wraps it with `tff.learning.models.from_keras_model`, using
-  `SparseCategoricalCrossentropy(from_logits=True)` and a `SparseCategoricalAccuracy` metric.
+  `SparseCategoricalCrossentropy(from_logits=True)` (for sequence models with a target per
+  position, `PaddedSequenceCrossentropy`, which skips padding) and a
+  `SparseCategoricalAccuracy` metric.
   The loss is created per call and the metric is passed as a constructor, so TFF gets fresh
   metric objects and rebuilds them from the constructor when finalizing (the form TFF 0.87
   recommends over metric instances).
@@ -72,7 +106,7 @@ def make_model_fn(name: str, input_shape: Optional[zoo.Shape] = None,
                                         vocab_size=vocab_size)
     return tff.learning.models.from_keras_model(
         keras_model,
-        loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        loss=model_loss(name),
         input_spec=collections.OrderedDict(spec),
         metrics=[tf.keras.metrics.SparseCategoricalAccuracy],
     )

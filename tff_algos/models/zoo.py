@@ -32,7 +32,9 @@ Models:
   ``shakespeare_models.create_recurrent_model``): Embedding(vocab, 8, mask_zero=True), two stacked
   LSTM(256, return_sequences=True), and a per-position Dense classifier over the vocabulary.
   int32 inputs [batch, seq_length] -> logits [batch, seq_length, vocab]. Character id 0 is
-  padding and is masked: Keras losses ignore padded positions.
+  padding: the Embedding masks it for the LSTMs, and since TFF's Keras wrapper does not pass
+  that mask to the loss, `model_fns.make_model_fn` trains it with a loss that skips label 0
+  (`PaddedSequenceCrossentropy`), as central evaluation does.
 * `leaf_char_lstm`: LEAF's Shakespeare model (LEAF ``models/shakespeare/stacked_lstm.py``):
   Embedding(vocab, 8), two stacked LSTM(256) and a Dense classifier over the vocabulary on the
   **last** step's output: int32 [batch, 80] -> logits [batch, vocab], one next character per
@@ -286,7 +288,8 @@ def char_lstm(vocab_size: int = 86, seq_length: int = 80, embedding_dim: int = 8
 
   The default vocab_size of 86 is the size of TFF's Shakespeare character set; a pipeline that
   adds pad/OOV/BOS/EOS ids (TFF research's) passes its own size (86 + 4 = 90). With
-  `mask_zero`, id 0 is padding and Keras losses skip padded positions.
+  `mask_zero`, id 0 is padding, masked for the LSTMs (the training loss skips it:
+  `model_fns.PaddedSequenceCrossentropy`).
   """
   if int(vocab_size) < 2:
     raise ValueError(f'vocab_size must be >= 2, got {vocab_size}')
