@@ -339,7 +339,8 @@ def test_lambda_zero_equals_plain_client_work_bit_for_bit(client_works, digits,
 
 def reference_kd_training(initial, inp, kd_weight, reduction):
   """Plain eager TF: CE + λ·KL with the student's representation from a second forward
-  pass and the teacher a separate frozen Keras model; SGD; returns initial − final."""
+  pass and the teacher a separate frozen Keras model; SGD; returns (initial − final,
+  Σ over steps of λ·KL × batch size, examples trained)."""
   student = zoo.build_keras_model('tiny_cnn', (8, 8, 1), 10, seed=0)
   teacher = zoo.build_keras_model('tiny_cnn', (8, 8, 1), 10, seed=0)
   for model in (student, teacher):
@@ -350,6 +351,7 @@ def reference_kd_training(initial, inp, kd_weight, reduction):
   ce = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
   x, y, order = inp['x'], inp['y'], inp['order']
   n = len(y)
+  extra_sum, trained = 0.0, 0
   for epoch in range(order.shape[0]):
     for start in range(0, n, BATCH):
       idx = order[epoch, start:start + BATCH]
@@ -359,11 +361,14 @@ def reference_kd_training(initial, inp, kd_weight, reduction):
         kl = distillation.kde_similarity_kl(t_rep(xb, training=False),
                                             s_rep(xb, training=True), reduction)
         loss = loss + kd_weight * kl
+      extra_sum += kd_weight * float(kl) * len(idx)
+      trained += len(idx)
       grads = tape.gradient(loss, student.trainable_variables)
       for v, g in zip(student.trainable_variables, grads):
         v.assign_sub(LR * g)
-  return [np.asarray(a) - v.numpy() for a, v in zip(initial.trainable,
-                                                     student.trainable_variables)]
+  delta = [np.asarray(a) - v.numpy() for a, v in zip(initial.trainable,
+                                                      student.trainable_variables)]
+  return delta, extra_sum, trained
 
 
 def test_kd_client_work_matches_plain_tf_reference(client_works, digits, initial_weights):
@@ -372,6 +377,7 @@ def test_kd_client_work_matches_plain_tf_reference(client_works, digits, initial
   w = [initial_weights] * len(inputs)
   out = kd.next(kd.initialize(), w, [[x] for x in inputs])
   out_plain = plain.next(plain.initialize(), w, [[x] for x in inputs])
+  extra_sum, trained = 0.0, 0
   for r, rp, inp in zip(out.result, out_plain.result, inputs):
     assert int(r.update['client_index']) == int(inp['index'])
     assert float(r.update_weight) == len(inp['y'])  # the empty client has weight 0
@@ -380,13 +386,19 @@ def test_kd_client_work_matches_plain_tf_reference(client_works, digits, initial
     if len(inp['y']) == 0:
       assert all(np.all(t == 0) for t in delta)
       continue
-    want = reference_kd_training(initial_weights, inp, 0.5, 'mean')
+    want, extra, count = reference_kd_training(initial_weights, inp, 0.5, 'mean')
+    extra_sum, trained = extra_sum + extra, trained + count
     for g, ww in zip(delta, want):
       np.testing.assert_allclose(g, ww, rtol=2e-4, atol=2e-6)
     if len(inp['y']) > 2 * BATCH:  # KD changed the update (batches of > 2 examples)
       assert max(np.abs(g - np.asarray(p)).max()
                  for g, p in zip(delta, rp.update)) > 1e-5
   assert out.measurements['train']['num_clients'] == len(inputs)
+  # The KD term's size beside the cross-entropy: its example-weighted mean over every step.
+  assert extra_sum > 0
+  assert float(out.measurements['train']['extra_loss']) == pytest.approx(
+      extra_sum / trained, rel=1e-3)
+  assert 'extra_loss' not in out_plain.measurements['train']
 
 
 # --------------------------------------------------------------------------- #

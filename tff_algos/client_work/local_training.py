@@ -82,6 +82,8 @@ class LocalTrainingOutput(NamedTuple):
   full_gradient: Any        # full-batch mean gradient at the initial weights (FedSGD) or ()
   model_metrics: Any        # the model's own unfinalized metrics over all steps
                             # (`report_local_unfinalized_metrics`, e.g. its Keras metrics)
+  extra_loss_sum: Any = ()  # float32, sum over all steps of the extra loss (e.g. CADIS's
+                            # λ·KD) x batch size, when the loop has one; else ()
 
 
 # Hooks a method adds to the shared loop, all optional:
@@ -169,6 +171,8 @@ def build_local_training(
     examples_trained = tf.constant(0.0)
     last_loss = tf.constant(0.0)
     last_count = tf.constant(0.0)
+    extra_sum = tf.constant(0.0)
+    extra = tf.constant(0.0)  # this step's extra loss (autograph: defined before the loop)
 
     for step in tf.range(num_steps):
       epoch = step // batches_per_epoch
@@ -180,8 +184,10 @@ def build_local_training(
         output = model.forward_pass(batch, training=not full_gradient)
         loss = output.loss
         if extra_loss is not None:
-          loss = loss + extra_loss(
-              collections.OrderedDict(batch, index=idx), output, context)
+          extra = tf.cast(
+              extra_loss(collections.OrderedDict(batch, index=idx), output, context),
+              tf.float32)
+          loss = loss + extra
       grads = tape.gradient(loss, trainable,
                             unconnected_gradients=tf.UnconnectedGradients.ZERO)
       if proximal_strength:
@@ -198,6 +204,8 @@ def build_local_training(
           v.assign(u)
       batch_loss = tf.cast(output.loss, tf.float32)
       loss_sum += batch_loss * count
+      if extra_loss is not None:
+        extra_sum += extra * count
       examples_trained += count
       hits, counted = accuracy_terms(output.predictions, batch['y'])
       correct += hits
@@ -224,7 +232,8 @@ def build_local_training(
         full_gradient=full,
         # forward_pass updated the model's metric variables at every step; read them
         # here, after the loop (a fresh model per client starts them at zero).
-        model_metrics=model.report_local_unfinalized_metrics())
+        model_metrics=model.report_local_unfinalized_metrics(),
+        extra_loss_sum=extra_sum if extra_loss is not None else ())
 
   return train
 
@@ -246,8 +255,11 @@ def training_metric_sums(out: LocalTrainingOutput, non_finite) -> collections.Or
   """
   keep = tf.equal(non_finite, 0.0)
   kept = lambda t: tf.where(keep, t, tf.zeros_like(t))  # noqa: E731
+  extra = {} if isinstance(out.extra_loss_sum, tuple) else dict(
+      extra_loss_sum=kept(out.extra_loss_sum))
   return collections.OrderedDict(
       loss_sum=kept(out.loss_sum),
+      **extra,
       examples_trained=kept(out.examples_trained),
       correct=kept(out.correct),
       seen=kept(out.seen),
@@ -258,9 +270,16 @@ def training_metric_sums(out: LocalTrainingOutput, non_finite) -> collections.Or
 
 
 def finalize_training_metrics(sums) -> collections.OrderedDict:
-  """Round metrics from the federated sum of `training_metric_sums` (a TF function body)."""
+  """Round metrics from the federated sum of `training_metric_sums` (a TF function body).
+
+  `loss` is the model's own loss (cross-entropy); with an extra loss in the loop (CADIS's
+  λ·KD), `extra_loss` is its mean over the same examples, so the two can be compared.
+  """
+  extra = {} if 'extra_loss_sum' not in sums else dict(
+      extra_loss=tf.math.divide_no_nan(sums['extra_loss_sum'], sums['examples_trained']))
   return collections.OrderedDict(
       loss=tf.math.divide_no_nan(sums['loss_sum'], sums['examples_trained']),
+      **extra,
       accuracy=tf.math.divide_no_nan(sums['correct'], sums['seen']),
       last_epoch_loss=tf.math.divide_no_nan(sums['last_epoch_loss_sum'], sums['num_examples']),
       num_examples=sums['num_examples'],
