@@ -109,13 +109,13 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.aggregators import cross_aggregation, server_state
+from tff_algos.aggregators import cross_aggregation, factories, server_state
 
 CLOSURES = ('two_hop', 'components')
 SIMILARITY_LAYERS = ('bias', 'kernel')
@@ -124,8 +124,6 @@ DEFAULT_THRESHOLD_MAX = 0.985
 DEFAULT_THRESHOLD_GROWTH = 1.0005
 DEFAULT_TRANSITIVE_HALF_WIDTH = 0.02
 KEYED_FIELDS = ('client_index', 'delta')
-DeltaAggregator = Union[tff.aggregators.WeightedAggregationFactory,
-                        tff.aggregators.UnweightedAggregationFactory]
 
 
 # --------------------------------------------------------------------------- #
@@ -508,7 +506,7 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
                transitive: bool = False,
                transitive_half_width: float = DEFAULT_TRANSITIVE_HALF_WIDTH,
                true_clusters: Optional[Sequence[int]] = None,
-               delta_aggregator: Optional[DeltaAggregator] = None):
+               delta_aggregator: Optional[factories.ModelAggregator] = None):
     """Args:
       num_clients: N, the size of the Q and F matrices (client indices lie in [0, N));
         must be None for anonymous mode (uploads without client_index; `create` refuses
@@ -564,11 +562,7 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
                          f'per client (num_clients={num_clients})')
       true_clusters = true_clusters.astype(np.int32)
     self._true_clusters = true_clusters
-    if delta_aggregator is not None and not isinstance(
-        delta_aggregator, (tff.aggregators.WeightedAggregationFactory,
-                           tff.aggregators.UnweightedAggregationFactory)):
-      raise TypeError('delta_aggregator must be a tff.aggregators.WeightedAggregationFactory '
-                      f'or UnweightedAggregationFactory, got {type(delta_aggregator).__name__}')
+    factories.check_model_aggregator(delta_aggregator, 'delta_aggregator')
     self._delta_aggregator = delta_aggregator
     self._similarity_layer = similarity_layer
     self._similarity_index = None if similarity_index is None else int(similarity_index)
