@@ -674,6 +674,92 @@ def test_anonymous_mode_clusters_each_round_alone():
     assert float(state['tau']) == pytest.approx(ref.tau, rel=1e-6)
 
 
+# A TFF factory on the deltas: p_i from the clustering, the deltas through the factory.
+
+def np_clip(delta, norm):
+  """The delta (a list of arrays) scaled to global L2 norm <= `norm`, as TFF clips."""
+  total = np.sqrt(sum(np.sum(np.square(np.asarray(t, np.float64))) for t in delta))
+  scale = min(1.0, norm / total) if total > 0 else 1.0
+  return [np.asarray(t, np.float64) * scale for t in delta]
+
+
+def factory_rounds(factory, rule, rounds=2):
+  """Runs `ClusteredAggregator(delta_aggregator=factory)` on synthetic keyed uploads and
+  checks every round against NpCadis: the same Q, F and p_i, and result = rule(p, K,
+  deltas) with p and deltas per upload in arrival order and K the number of uploads."""
+  factory = cla.ClusteredAggregator(8, 4, threshold=0.6, threshold_max=0.9,
+                                    delta_aggregator=factory)
+  proc = factory.create(model_delta.keyed_update_type(DELTA_TYPE), tff.TensorType(np.float32))
+  state = proc.initialize()
+  assert set(state) == {'q', 'f', 'tau', 'round_num', 'delta_aggregator'}
+  ref = NpCadis(8, 0.6, 0.9)
+  rng = np.random.default_rng(12)
+  true_clusters = np.array([0, 0, 0, 1, 1, 2, 2, 2])
+  centers = rng.normal(size=[3, 10])
+  for t in range(rounds):
+    ids = rng.choice(8, size=4, replace=False)
+    weights = rng.integers(1, 30, size=4).astype(np.float32)
+    if t == 1:
+      weights[2] = 0.0  # did not train: p = 0, but it still uploads (K counts it)
+    deltas = clustered_deltas(rng, true_clusters, ids, [0.05, 0.3, 0.05], centers=centers)
+    out = proc.next(state, [collections.OrderedDict(client_index=np.int32(i), delta=d)
+                            for i, d in zip(ids, deltas)], list(weights))
+    _, ref_meas = ref.round(list(ids), list(weights), deltas)
+    p = np.array([ref_meas['weights'].get(i, 0.0) for i in ids])
+    np.testing.assert_allclose(out.state['q'], ref.q, atol=2e-5)
+    np.testing.assert_array_equal(out.state['f'], ref.f)
+    order = np.argsort(ids)
+    np.testing.assert_allclose(out.measurements['aggregation_weights'], p[order],
+                               rtol=1e-5, atol=1e-7)
+    for got, want in zip(out.result, rule(p, len(ids), deltas)):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    state = out.state
+  return proc, out
+
+
+def np_eq1(p, k, deltas):
+  """Σ p_i Δ_i: eq. 1, what the default aggregation returns."""
+  return [sum(p_i * np.asarray(d[t], np.float64) for p_i, d in zip(p, deltas))
+          for t in range(len(deltas[0]))]
+
+
+def test_mean_factory_on_the_deltas_gives_the_default_rule():
+  proc, out = factory_rounds(tff.aggregators.MeanFactory(), np_eq1)
+  assert proc.is_weighted and out.state['round_num'] == 2
+  assert set(out.measurements['delta_aggregator']) == {'mean_value', 'mean_weight'}
+
+
+def test_clipping_factory_on_the_deltas_clips_each_delta_before_weighting():
+  norm = 2.5  # the synthetic deltas' norms are ~6: every one is clipped
+  factory = tff.aggregators.clipping_factory(norm, tff.aggregators.MeanFactory())
+  _, out = factory_rounds(factory, lambda p, k, deltas: [
+      sum(p_i * np_clip(d, norm)[t] for p_i, d in zip(p, deltas)) for t in range(2)])
+  assert out.measurements['delta_aggregator']['clipped_count'] == 4  # a real clip
+
+
+def test_unweighted_dp_factory_gets_k_times_p_times_delta():
+  norm = 5.0  # clips some of the scaled deltas K·p_i·Δ_i, not all
+  dp = tff.aggregators.DifferentiallyPrivateFactory.gaussian_fixed(
+      noise_multiplier=0.0, clients_per_round=4, clip=norm)
+  norms = []
+
+  def dp_rule(p, k, deltas):  # fixed denominator: the factory's clients_per_round
+    scaled = [[k * p_i * np.asarray(x, np.float64) for x in d] for p_i, d in zip(p, deltas)]
+    norms.extend(np.sqrt(sum(np.sum(x * x) for x in d)) for d in scaled)
+    return [sum(np_clip(d, norm)[t] for d in scaled) / 4 for t in range(2)]
+
+  factory_rounds(dp, dp_rule)
+  assert min(norms) < norm < max(norms)
+
+
+def test_delta_aggregator_is_refused_where_it_cannot_apply():
+  with pytest.raises(TypeError, match='delta_aggregator must be a tff.aggregators'):
+    cla.ClusteredAggregator(8, 4, delta_aggregator=cla.ClusteredAggregator)
+  with pytest.raises(ValueError, match='needs keyed uploads'):
+    cla.ClusteredAggregator(None, 4, delta_aggregator=tff.aggregators.MeanFactory()).create(
+        DELTA_TYPE, tff.TensorType(np.float32))
+
+
 # --------------------------------------------------------------------------- #
 # build_cadis
 # --------------------------------------------------------------------------- #

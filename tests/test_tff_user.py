@@ -315,15 +315,37 @@ def test_methods_that_cannot_take_a_factory_say_why(model_fn):
        lambda: tff_algos.build_fedcross(model_fn, sgd(), BATCH, P, model_aggregator=mean)),
       ('FedCDA', "enters its own client's cache",
        lambda: tff_algos.build_fedcda(model_fn, sgd(), BATCH, 6, P, model_aggregator=mean)),
-      ('CADIS', 'from the clusters',
-       lambda: tff_algos.build_cadis(model_fn, sgd(), BATCH, 6, clients_per_round=P,
-                                     model_aggregator=mean)),
   ]
   for method, why, call in calls:
     with pytest.raises(ValueError, match=f'{method} cannot take model_aggregator=MeanFactory'
                        ) as info:
       call()
     assert why in str(info.value)
+
+
+def test_cadis_with_a_wrapped_mean_factory_equals_default_cadis(model_fn, client_data):
+  """The factory aggregates the deltas with CADIS's p_i: clipping at a norm no delta
+  reaches around MeanFactory gives default CADIS's model (tests/test_cadis.py checks real
+  clipping and DP against NumPy)."""
+  wrapped = tff.aggregators.clipping_factory(1e6, tff.aggregators.MeanFactory())
+  with pytest.raises(TypeError, match='model_aggregator must be a tff.aggregators'):
+    tff_algos.build_cadis(model_fn, sgd(), BATCH, len(IDS), clients_per_round=P,
+                          model_aggregator=tff.aggregators.MeanFactory)
+  models, metrics = [], []
+  for factory in (None, wrapped):
+    process = tff_algos.build_cadis(model_fn, sgd(), BATCH, len(IDS), clients_per_round=P,
+                                    model_aggregator=factory)
+    manager = tff.program.MemoryReleaseManager()
+    state = tff.simulation.run_training_process(
+        process, data.client_selection_fn(client_data, P, epochs=EPOCHS, seed=0),
+        total_rounds=ROUNDS, metrics_managers=[manager])
+    models.append(process.get_model_weights(state))
+    metrics.append(manager.values()[ROUNDS]['aggregator'])
+  for a, b in zip(models[0].trainable, models[1].trainable):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(metrics[1]['aggregation_weights'],
+                             metrics[0]['aggregation_weights'], rtol=1e-5)
+  assert metrics[1]['delta_aggregator']['clipped_count'] == 0
 
 
 def test_clustered_aggregator_with_num_clients_refuses_anonymous_uploads(model_fn):

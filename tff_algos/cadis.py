@@ -10,7 +10,8 @@
    (`model_delta.build_model_delta_client_work(keyed=True, kd_weight=λ)`);
 3. aggregator: `tff_algos.aggregators.clustered_aggregation.ClusteredAggregator`, whose
    state holds Q, F [N, N], τ and a round counter, and whose result is Σ p_i Δ_i with
-   p_i ∝ (1/|C_i|)(n_i/n);
+   p_i ∝ (1/|C_i|)(n_i/n) (with `model_aggregator`, the weighted mean of the deltas is that
+   TFF factory's, fed p_i; see `build_cadis`);
 4. finalizer: TFF's apply-optimizer finalizer with server SGD at learning rate 1.0, so the
    new global model is Σ p_i w_i.
 
@@ -91,21 +92,29 @@ def build_cadis(
       partition's `true_clusters`), for the cluster-recovery metrics only.
     server_optimizer_fn: applied to Σ p_i Δ_i (default SGD with learning rate 1.0, which
       makes the new global model Σ p_i w_i).
-    model_aggregator: must be None (accepted for TFF-style call sites; a factory is refused
-      with the reason, see `tff_algos.aggregators.factories`).
+    model_aggregator: optional TFF aggregation factory for the weighted mean of the deltas
+      (e.g. `tff.aggregators.clipping_factory(..., MeanFactory())`, compression, DP). The
+      round then has two aggregations: the clients' similarity vectors first (the server
+      updates Q, F and the clusters and computes each participant's p_i), then, with p_i
+      broadcast back, the deltas through the factory: a weighted factory gets p_i as the
+      client weight (`MeanFactory()` equals the default up to float rounding); an
+      unweighted one gets K·p_i·Δ_i, K = the round's uploads, so its uniform mean is
+      Σ p_i Δ_i (its clipping then bounds K·p_i·Δ_i). A DP factory makes only this
+      second aggregation private: the similarity vectors still reach the server one by
+      one, and p_i depends on the other clients' uploads. The two dependent
+      aggregations cannot be split across worker services (`execution.check_mergeable`
+      refuses them). None (default): Σ p_i Δ_i on the server's accumulator in one
+      aggregation, as before. State gains `aggregator.delta_aggregator` (the factory's
+      state), metrics `aggregator/delta_aggregator` (its measurements).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
 
   Raises:
     ValueError: an argument is out of range or inconsistent (checked before building).
+    TypeError: model_aggregator is not a TFF aggregation factory.
   """
-  factories.refuse_model_aggregator(
-      'CADIS', model_aggregator,
-      'its weights p_i = (1/|C_i|)(n_i/n) come from the clusters, which the server computes '
-      'from this round\'s uploads after they arrive, so each client\'s delta must reach '
-      'the server individually (keyed by client index) before it can be weighted; a TFF '
-      'aggregation factory sums over clients with weights known at the clients')
+  factories.check_model_aggregator(model_aggregator)
   model_fn = model_fns.as_model_fn(model_fn)
   if isinstance(client_batch_size, bool) or not isinstance(
       client_batch_size, (int, np.integer)) or client_batch_size < 1:
@@ -123,7 +132,7 @@ def build_cadis(
       similarity_layer=similarity_layer,
       similarity_index=classifier_similarity_index(model_fn, similarity_layer),
       sample_weighted=sample_weighted, closure=closure, transitive=transitive,
-      true_clusters=true_clusters)
+      true_clusters=true_clusters, delta_aggregator=model_aggregator)
 
   initial_weights = model_delta.initial_model_weights_fn(model_fn)
   weights_type = initial_weights.type_signature.result

@@ -442,6 +442,8 @@ def check_mergeable(computation, what: str) -> None:
     _shared_compiler(mergeable_comp_compiler.compile_to_mergeable_comp_form)(computation)
   except Exception as e:  # pylint: disable=broad-except
     reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    # TFF appends the offending building blocks ("Examples are: [...]", pages long).
+    reason = reason.split(' Examples are:')[0].rstrip('.') or type(e).__name__
     raise NotMergeableError(
         f'{what} cannot be split across worker services (TFF mergeable form: {reason})'
     ) from None

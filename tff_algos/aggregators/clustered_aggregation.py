@@ -66,6 +66,28 @@ on which "i ~ j" agrees with "same true cluster" (1 when fewer than two are seen
 clients equals the true one; read "rounds until clusters match" together with
 `seen_clients`).
 
+A TFF factory on the deltas (`delta_aggregator=`, keyed mode; `build_cadis(model_aggregator=
+...)`). Steps 2-8 need only each client's similarity vector, and the result is a weighted mean
+of the deltas with weights p_i that sum to 1, so the round becomes two aggregations:
+
+  phase 1: OrderedDict(client_index, similarity vector) with weight n_i goes into the same
+           [C, b] accumulator (b = the similarity tensor's size, not the model's); the
+           server runs steps 2-6 and 8 and gets p_i per row;
+  phase 2: the rows' (client index, p_i) and K (the round's uploads) are broadcast; each
+           client picks its own p_i by its client_index, and the factory aggregates the
+           deltas: a `WeightedAggregationFactory` with weight p_i (so `MeanFactory()` gives
+           Σ p_i Δ_i / Σ p_i = Σ p_i Δ_i, the default up to float rounding, and e.g.
+           `clipping_factory(S, MeanFactory())` gives Σ p_i clip_S(Δ_i)); an
+           `UnweightedAggregationFactory` with value K·p_i·Δ_i, whose uniform mean over the K
+           uploads is Σ p_i Δ_i (its clipping bounds K·p_i·Δ_i; a fixed-denominator DP sum
+           divides by its own clients_per_round instead of K).
+
+State = OrderedDict(q, f, tau, round_num, delta_aggregator=<the factory's state>);
+measurements gain `delta_aggregator`. A DP factory protects phase 2 only: the similarity
+vectors still reach the server one by one, and p_i depends on the other clients' uploads.
+Phase 2 depends on phase 1's result, so the round has no mergeable form (it cannot be split
+across worker services); the default (no factory) keeps the single aggregation of step 1.
+
 Anonymous mode (no client identity). TFF's stock client work, e.g. inside
 `tff.learning.algorithms.build_weighted_fed_avg(model_aggregator=...)`, uploads the bare
 delta: TFF's federated language is anonymous, and nothing in that client work carries the
@@ -93,7 +115,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.aggregators import cross_aggregation, server_state
+from tff_algos.aggregators import cross_aggregation, factories, server_state
 
 CLOSURES = ('two_hop', 'components')
 SIMILARITY_LAYERS = ('bias', 'kernel')
@@ -374,25 +396,23 @@ class ClusteringOptions:
   threshold_growth: float = DEFAULT_THRESHOLD_GROWTH
 
 
-def clustered_aggregation_step(state, client_index, weights, deltas,
-                               options: ClusteringOptions = ClusteringOptions(),
-                               true_clusters=None):
-  """One server round (steps 2-8) on C uploaded rows: (new state, result, measurements).
+def clustering_step(state, client_index, weights, similarity,
+                    options: ClusteringOptions = ClusteringOptions(), true_clusters=None):
+  """Steps 2-6 and 8 on C uploaded rows: (new state, p [C], measurements).
 
   Args:
     state: OrderedDict(q [N, N], f [N, N], tau, round_num).
     client_index: int32 [C]; −1 marks an empty row.
     weights: float32 [C] n_i; rows with weight <= 0 (or index −1) are ignored.
-    deltas: a structure of [C, ...] tensors.
-    options: `ClusteringOptions`.
+    similarity: float32 [C, b], each row's similarity vector (`similarity_vectors`).
+    options: `ClusteringOptions` (its `similarity_index` is not used here).
     true_clusters: optional int [N] for the true-cluster measurements.
   """
   client_index = tf.convert_to_tensor(client_index, tf.int32)
   weights = tf.convert_to_tensor(weights, tf.float32)
   valid = tf.logical_and(client_index >= 0, weights > 0.0)
   tau = tf.cast(state['tau'], tf.float32)
-  sim = cross_aggregation.cosine_similarity_matrix(
-      similarity_vectors(deltas, options.similarity_index))
+  sim = cross_aggregation.cosine_similarity_matrix(similarity)
   q, f = update_similarity(state['q'], state['f'], client_index, sim, valid)
   if options.transitive:
     q, f = transitive_update(q, f, tau, options.transitive_half_width)
@@ -402,7 +422,6 @@ def clustered_aggregation_step(state, client_index, weights, deltas,
   sizes_all = cluster_sizes(relation)
   sizes = tf.where(valid, tf.gather(sizes_all, tf.where(valid, client_index, 0)), 0)
   p = aggregation_weights(sizes, weights, valid, options.sample_weighted)
-  result = weighted_sum(deltas, p)
   measurements = collections.OrderedDict(
       participants=tf.where(client_index >= 0, client_index, -1),
       cluster_sizes=sizes,
@@ -420,7 +439,21 @@ def clustered_aggregation_step(state, client_index, weights, deltas,
       tau=next_threshold(tau, state['round_num'], options.threshold_max,
                          options.threshold_growth),
       round_num=tf.cast(state['round_num'], tf.int32) + 1)
-  return new_state, result, measurements
+  return new_state, p, measurements
+
+
+def clustered_aggregation_step(state, client_index, weights, deltas,
+                               options: ClusteringOptions = ClusteringOptions(),
+                               true_clusters=None):
+  """One server round (steps 2-8) on C uploaded rows: (new state, result, measurements).
+
+  As `clustering_step`, with `deltas` (a structure of [C, ...] tensors) in place of the
+  similarity vectors (taken from them at `options.similarity_index`); result = Σ p_i Δ_i.
+  """
+  new_state, p, measurements = clustering_step(
+      state, client_index, weights, similarity_vectors(deltas, options.similarity_index),
+      options, true_clusters)
+  return new_state, weighted_sum(deltas, p), measurements
 
 
 # --------------------------------------------------------------------------- #
@@ -472,7 +505,8 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
                closure: str = 'two_hop',
                transitive: bool = False,
                transitive_half_width: float = DEFAULT_TRANSITIVE_HALF_WIDTH,
-               true_clusters: Optional[Sequence[int]] = None):
+               true_clusters: Optional[Sequence[int]] = None,
+               delta_aggregator: Optional[factories.ModelAggregator] = None):
     """Args:
       num_clients: N, the size of the Q and F matrices (client indices lie in [0, N));
         must be None for anonymous mode (uploads without client_index; `create` refuses
@@ -490,6 +524,9 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
       transitive: add transitive estimates for pairs never seen together (§3.6).
       transitive_half_width: the acceptance bound on √((1−a²)(1−b²)) (0.02).
       true_clusters: optional int [N] true cluster per client, for measurements only.
+      delta_aggregator: optional TFF aggregation factory (weighted or unweighted) that
+        aggregates the deltas with the weights p_i, keyed mode only (module doc, "A TFF
+        factory on the deltas"); None: Σ p_i Δ_i on the server's accumulator.
     """
     if num_clients is not None:
       num_clients = _check_int(num_clients, 'num_clients', 1)
@@ -525,6 +562,8 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
                          f'per client (num_clients={num_clients})')
       true_clusters = true_clusters.astype(np.int32)
     self._true_clusters = true_clusters
+    factories.check_model_aggregator(delta_aggregator, 'delta_aggregator')
+    self._delta_aggregator = delta_aggregator
     self._similarity_layer = similarity_layer
     self._similarity_index = None if similarity_index is None else int(similarity_index)
     self._options = dict(closure=closure, sample_weighted=bool(sample_weighted),
@@ -570,6 +609,11 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
     if not keyed and self._true_clusters is not None:
       raise ValueError('true_clusters needs client identities: the value type has no '
                        f'client_index ({value_type}); see the module doc, "Anonymous mode"')
+    if not keyed and self._delta_aggregator is not None:
+      raise ValueError(
+          f'delta_aggregator={type(self._delta_aggregator).__name__} needs keyed uploads: '
+          'each client gets its weight p_i back by its client_index, and the uploads carry '
+          f'none ({value_type}); use tff_algos.build_cadis(model_aggregator=...)')
     if not keyed and self._num_clients is not None:
       # Silently clustering each round alone when the caller asked for N clients' Q and F
       # would lose the cumulative similarity CADIS is built on; say so instead.
@@ -581,6 +625,10 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
           'num_clients=None for per-round clustering (module doc, "Anonymous mode")')
     options = ClusteringOptions(similarity_index=self._resolve_similarity_index(delta_specs),
                                 **self._options)
+    if self._delta_aggregator is not None:
+      return _build_delta_aggregator_process(
+          value_type, weight_type, delta_specs, self._num_clients, self._capacity,
+          self._threshold, options, self._true_clusters, self._delta_aggregator)
     return _build_process(value_type, weight_type, delta_specs, keyed, self._num_clients,
                           self._capacity, self._threshold, options, self._true_clusters)
 
@@ -591,12 +639,7 @@ def build_clustered_aggregator(num_clients: Optional[int], clients_per_round: in
   return ClusteredAggregator(num_clients, clients_per_round, **kwargs)
 
 
-def _build_process(value_type, weight_type, delta_specs, keyed: bool, num_clients,
-                   capacity: int, threshold: float, options: ClusteringOptions,
-                   true_clusters) -> tff.templates.AggregationProcess:
-  c = capacity
-  n = num_clients if keyed else c
-
+def _initial_state_fn(keyed: bool, n: int, threshold: float):
   def initial_state():
     state = collections.OrderedDict(
         tau=tf.constant(threshold, tf.float32), round_num=tf.constant(0, tf.int32))
@@ -604,6 +647,38 @@ def _build_process(value_type, weight_type, delta_specs, keyed: bool, num_client
       state = collections.OrderedDict(q=tf.zeros([n, n], tf.float32),
                                       f=tf.zeros([n, n], tf.float32), **state)
     return state
+  return initial_state
+
+
+def _canonical_rows(acc, keyed: bool, n: int, c: int):
+  """(client index [C] with −1 for empty rows, weight [C], delta rows) of the accumulator in
+  canonical order (keyed: by client index, empty rows last, so arrival order is irrelevant;
+  anonymous: arrival order, the index being the row), behind the round's checks."""
+  checks = [tf.debugging.assert_less_equal(
+      acc['count'], c, message=f'more clients uploaded this round than clients_per_round={c}')]
+  received = tf.range(c) < acc['count']
+  if keyed:
+    index = tf.where(received, acc['index'], -1)
+    checks.append(tf.debugging.assert_equal(
+        tf.reduce_all(tf.logical_or(tf.logical_not(received),
+                                    tf.logical_and(index >= 0, index < n))), True,
+        message=f'a client_index is outside [0, num_clients={n})'))
+    order = tf.argsort(tf.where(received, index, n), stable=True)
+  else:
+    order = tf.range(c)
+    index = tf.where(received, tf.range(c), -1)
+  with tf.control_dependencies(checks):
+    index = tf.gather(index, order)
+  weight = tf.gather(tf.where(received, acc['weight'], 0.0), order)
+  delta = tf.nest.map_structure(lambda t: tf.gather(t, order), acc['delta'])
+  return index, weight, delta
+
+
+def _build_process(value_type, weight_type, delta_specs, keyed: bool, num_clients,
+                   capacity: int, threshold: float, options: ClusteringOptions,
+                   true_clusters) -> tff.templates.AggregationProcess:
+  c = capacity
+  n = num_clients if keyed else c
 
   def zero_accumulator():
     return empty_accumulator(c, delta_specs)
@@ -617,27 +692,11 @@ def _build_process(value_type, weight_type, delta_specs, keyed: bool, num_client
     return merge_accumulators(a, b, c)
 
   def server_step(state, acc):
-    checks = [tf.debugging.assert_less_equal(
-        acc['count'], c,
-        message=f'more clients uploaded this round than clients_per_round={c}')]
-    received = tf.range(c) < acc['count']
+    index, weight, delta = _canonical_rows(acc, keyed, n, c)
     if keyed:
-      index = tf.where(received, acc['index'], -1)
-      checks.append(tf.debugging.assert_equal(
-          tf.reduce_all(tf.logical_or(tf.logical_not(received),
-                                      tf.logical_and(index >= 0, index < n))), True,
-          message=f'a client_index is outside [0, num_clients={n})'))
-      # Canonical row order (by client index, empty rows last): arrival order is irrelevant.
-      order = tf.argsort(tf.where(received, index, n), stable=True)
       q, f = state['q'], state['f']
     else:
-      order = tf.range(c)
-      index = tf.where(received, tf.range(c), -1)
       q = f = tf.zeros([n, n], tf.float32)
-    with tf.control_dependencies(checks):
-      index = tf.gather(index, order)
-    weight = tf.gather(tf.where(received, acc['weight'], 0.0), order)
-    delta = tf.nest.map_structure(lambda t: tf.gather(t, order), acc['delta'])
     step_state = collections.OrderedDict(q=q, f=f, tau=state['tau'],
                                          round_num=state['round_num'])
     new_state, result, measurements = clustered_aggregation_step(
@@ -648,6 +707,121 @@ def _build_process(value_type, weight_type, delta_specs, keyed: bool, num_client
     return new_state, result, measurements
 
   return server_state.build_server_state_aggregation(
-      value_type, weight_type, initial_state=initial_state,
+      value_type, weight_type, initial_state=_initial_state_fn(keyed, n, threshold),
       zero_accumulator=zero_accumulator, accumulate=accumulate, server_step=server_step,
       merge=merge)
+
+
+def _build_delta_aggregator_process(value_type, weight_type, delta_specs, num_clients,
+                                    capacity: int, threshold: float,
+                                    options: ClusteringOptions, true_clusters,
+                                    delta_aggregator) -> tff.templates.AggregationProcess:
+  """Keyed mode with a TFF factory on the deltas: two aggregations (module doc)."""
+  c, n = capacity, num_clients
+  delta_type = value_type.delta
+  weighted = isinstance(delta_aggregator, tff.aggregators.WeightedAggregationFactory)
+  if weighted:
+    inner = delta_aggregator.create(delta_type, tff.TensorType(np.float32))
+  else:
+    inner = delta_aggregator.create(delta_type)
+  similarity_spec = tf.TensorSpec(
+      [int(np.prod(tf.nest.flatten(delta_specs)[options.similarity_index].shape))], tf.float32)
+  clustering_state_fn = tff.tensorflow.computation(_initial_state_fn(True, n, threshold))
+  clustering_state_type = clustering_state_fn.type_signature.result
+
+  @tff.tensorflow.computation(value_type)
+  def similarity_upload(value):  # phase 1 uploads the similarity vector, not the delta
+    return collections.OrderedDict(
+        client_index=value['client_index'],
+        similarity=tf.reshape(similarity_vectors(
+            tf.nest.map_structure(lambda t: tf.expand_dims(t, 0), value['delta']),
+            options.similarity_index), [-1]))
+
+  upload_type = similarity_upload.type_signature.result
+
+  @tff.tensorflow.computation
+  def zero_fn():
+    return empty_accumulator(c, similarity_spec)
+
+  acc_type = zero_fn.type_signature.result
+
+  @tff.tensorflow.computation(acc_type, (upload_type, weight_type))
+  def accumulate_fn(acc, upload_and_weight):
+    upload, weight = upload_and_weight
+    return append_upload(acc, upload['client_index'], weight, upload['similarity'], c)
+
+  @tff.tensorflow.computation(acc_type, acc_type)
+  def merge_fn(a, b):
+    return merge_accumulators(a, b, c)
+
+  @tff.tensorflow.computation(acc_type)
+  def report_fn(acc):
+    return acc
+
+  @tff.tensorflow.computation(clustering_state_type, acc_type)
+  def clustering_fn(state, acc):
+    index, weight, similarity = _canonical_rows(acc, True, n, c)
+    new_state, p, measurements = clustering_step(state, index, weight, similarity, options,
+                                                 true_clusters)
+    # What each client needs to find its own weight: the rows' indices and p, and the
+    # number of uploads K (an unweighted factory's mean divides by it).
+    row_weights = collections.OrderedDict(
+        participants=measurements['participants'], weights=p,
+        num_uploads=tf.cast(tf.minimum(acc['count'], c), tf.float32))
+    return new_state, row_weights, measurements
+
+  @tff.tensorflow.computation(clustering_fn.type_signature.result[1],
+                              tff.TensorType(np.int32))
+  def client_weight_fn(row_weights, client_index):
+    mine = tf.equal(row_weights['participants'], client_index)
+    p_i = tf.reduce_sum(tf.where(mine, row_weights['weights'], 0.0))
+    # Unweighted factories average uniformly over the K uploads: hand them K·p_i·Δ_i.
+    return p_i if weighted else p_i * row_weights['num_uploads']
+
+  @tff.tensorflow.computation(delta_type, tff.TensorType(np.float32))
+  def scaled_delta(delta, scale):
+    return tf.nest.map_structure(lambda t: t * tf.cast(scale, t.dtype), delta)
+
+  clustering_fields = tff.structure.name_list(clustering_state_type)
+
+  @tff.federated_computation
+  def init_fn():
+    clustering = tff.federated_eval(clustering_state_fn, tff.SERVER)
+    return tff.federated_zip(collections.OrderedDict(
+        [(k, getattr(clustering, k)) for k in clustering_fields] +
+        [('delta_aggregator', inner.initialize())]))
+
+  state_type = init_fn.type_signature.result
+
+  @tff.federated_computation(state_type, tff.FederatedType(value_type, tff.CLIENTS),
+                             tff.FederatedType(weight_type, tff.CLIENTS))
+  def next_fn(state, value, weight):
+    # Phase 1: the similarity vectors (keyed by client index) reach the server, which
+    # updates Q, F and the clusters and computes every participant's p_i (eq. 1).
+    acc = tff.federated_aggregate(
+        tff.federated_zip((tff.federated_map(similarity_upload, value), weight)), zero_fn(),
+        accumulate_fn, merge_fn, report_fn)
+    clustering = tff.federated_zip(collections.OrderedDict(
+        [(k, getattr(state, k)) for k in clustering_fields]))
+    new_clustering, row_weights, measurements = tff.federated_map(clustering_fn,
+                                                                  (clustering, acc))
+    # Phase 2: each client picks its p_i out of the broadcast rows; the factory
+    # aggregates the deltas with it.
+    client_weight = tff.federated_map(
+        client_weight_fn, (tff.federated_broadcast(row_weights), value.client_index))
+    if weighted:
+      inner_output = inner.next(state.delta_aggregator, value.delta, client_weight)
+    else:
+      inner_output = inner.next(state.delta_aggregator,
+                                tff.federated_map(scaled_delta, (value.delta, client_weight)))
+    new_state = tff.federated_zip(collections.OrderedDict(
+        [(k, getattr(new_clustering, k)) for k in clustering_fields] +
+        [('delta_aggregator', inner_output.state)]))
+    measurement_fields = tff.structure.name_list(measurements.type_signature.member)
+    all_measurements = tff.federated_zip(collections.OrderedDict(
+        [(k, getattr(measurements, k)) for k in measurement_fields] +
+        [('delta_aggregator', inner_output.measurements)]))
+    return tff.templates.MeasuredProcessOutput(new_state, inner_output.result,
+                                               all_measurements)
+
+  return tff.templates.AggregationProcess(init_fn, next_fn)

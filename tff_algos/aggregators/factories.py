@@ -6,13 +6,18 @@ One place for the rules (README, "Aggregators"):
   delta is averaged, so any `tff.aggregators` factory applies, weighted or unweighted, as in
   TFF's `build_weighted_fed_avg` / `build_unweighted_fed_avg` (DP, clipping, zeroing,
   compression, robust wrappers).
-* FedCross, FedCDA and CADIS refuse one (`refuse_model_aggregator` says why): their server rule
-  needs each client's upload individually, by slot or by client index (CADIS: its weights
-  come from clusters computed on the server from the uploads themselves), and an
-  aggregation factory only ever delivers a sum over clients. For the same reason TFF's
-  wrappers (clipping, zeroing, DP) cannot wrap the keyed `ClusteredAggregator`: TFF refuses
-  its value type (`client_index` is int32). Anonymous `ClusteredAggregator(None, C)` is an
-  ordinary float-valued factory inside TFF's own builders.
+* CADIS: the factory aggregates the deltas with CADIS's eq. 1 weights p_i, which the
+  server computes from this round's uploads in a first aggregation and hands back to each
+  client (`ClusteredAggregator(delta_aggregator=...)`, whose module doc has the rule): a
+  weighted factory gets p_i as the client weight, an unweighted one (e.g. DP) gets K·p_i·Δ_i
+  (K = the round's uploads), so that its uniform mean is Σ p_i Δ_i. The keyed
+  `ClusteredAggregator` itself cannot be wrapped by TFF's wrappers (clipping, zeroing, DP):
+  TFF refuses its value type (`client_index` is int32). Anonymous
+  `ClusteredAggregator(None, C)` is an ordinary float-valued factory inside TFF's own
+  builders.
+* FedCross and FedCDA refuse one (`refuse_model_aggregator` says why): their server rule
+  needs each client's upload individually, by slot or by client index, and an aggregation
+  factory only ever delivers a sum over clients.
 """
 
 from __future__ import annotations
@@ -26,6 +31,15 @@ ModelAggregator = Union[tff.aggregators.WeightedAggregationFactory,
                         tff.aggregators.UnweightedAggregationFactory]
 
 
+def check_model_aggregator(model_aggregator, name: str = 'model_aggregator') -> None:
+  """TypeError unless `model_aggregator` is None or a TFF aggregation factory."""
+  if model_aggregator is not None and not isinstance(
+      model_aggregator, (tff.aggregators.WeightedAggregationFactory,
+                         tff.aggregators.UnweightedAggregationFactory)):
+    raise TypeError(f'{name} must be a tff.aggregators.WeightedAggregationFactory or '
+                    f'UnweightedAggregationFactory, got {type(model_aggregator).__name__}')
+
+
 def resolve_client_weighting(client_weighting: Optional[str],
                              model_aggregator: Optional[ModelAggregator]) -> str:
   """The client weighting a FedAvg-family builder uses with `model_aggregator`.
@@ -36,12 +50,8 @@ def resolve_client_weighting(client_weighting: Optional[str],
   'uniform'; 'num_examples' with it is refused, since an unweighted factory cannot apply
   weights.
   """
+  check_model_aggregator(model_aggregator)
   unweighted = isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory)
-  if model_aggregator is not None and not unweighted and not isinstance(
-      model_aggregator, tff.aggregators.WeightedAggregationFactory):
-    raise TypeError('model_aggregator must be a tff.aggregators.WeightedAggregationFactory '
-                    'or UnweightedAggregationFactory, got '
-                    f'{type(model_aggregator).__name__}')
   if client_weighting is None:
     return 'uniform' if unweighted else 'num_examples'
   if unweighted and client_weighting != 'uniform':
@@ -60,7 +70,6 @@ def create_model_aggregator(model_aggregator: Optional[ModelAggregator],
   if isinstance(factory, tff.aggregators.UnweightedAggregationFactory):
     factory = tff.aggregators.as_weighted_aggregator(factory)
   return factory.create(value_type, tff.TensorType(np.float32))
-
 
 
 def refuse_model_aggregator(method: str, model_aggregator, why: str) -> None:
