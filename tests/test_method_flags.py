@@ -434,3 +434,12 @@ GENERAL_FLAGS_TESTED_HERE = (
     'local_epochs', 'batch_size', 'client_lr', 'client_momentum', 'server_optimizer', 'server_lr',
     'server_momentum', 'proximal_strength', 'model', 'seed', 'eval_every', 'root_output_dir',
     'experiment_name', 'progress')
+
+
+def test_every_compare_suite_run_is_a_valid_configuration():
+  """benchmarks/suites.py's runs use only flags their method reads, with valid values."""
+  from benchmarks import suites  # pylint: disable=g-import-not-at-top
+  for suite in suites.SUITES.values():
+    tuned = suites.load_tuned(suite.name)
+    for run in suite.runs:
+      experiment.validate(experiment.ExperimentConfig(**suite.config_overrides(run, tuned)))
