@@ -17,6 +17,7 @@ its target by the cheapest path:
 import ast
 import dataclasses
 import importlib
+import inspect
 import os
 import re
 
@@ -171,10 +172,18 @@ def test_every_builder_keyword_has_a_test_of_its_effect():
 
 
 def _record_builder(monkeypatch, module_function: str) -> list:
+  """Replaces the builder by a recorder of its (args, kwargs), which must fit its signature."""
   module, function = module_function.split(':')
+  module = importlib.import_module(module)
+  signature = inspect.signature(getattr(module, function))
   calls = []
-  monkeypatch.setattr(importlib.import_module(module), function,
-                      lambda *args, **kwargs: calls.append((args, kwargs)) or 'built')
+
+  def record(*args, **kwargs):
+    signature.bind(*args, **kwargs)
+    calls.append((args, kwargs))
+    return 'built'
+
+  monkeypatch.setattr(module, function, record)
   return calls
 
 
