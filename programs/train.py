@@ -61,6 +61,7 @@ _WORKER_TIMEOUT = flags.DEFINE_float(
     'worker_timeout', 60.0, 'Seconds a worker service may stay unreachable before the run stops.')
 # Each method's own flags (--fedcross_*, --fedcda_*, --cadis_*, --fedlex_*), from the registry.
 _METHOD_FLAGS = methods.define_absl_flags()
+flags.adopt_module_key_flags(methods)  # so that --help lists them with this program's flags
 
 
 def config_from_flags() -> experiment.ExperimentConfig:
