@@ -29,16 +29,11 @@ from typing import Callable, Optional
 
 import numpy as np
 
-BASELINE_ALGORITHMS = ('fedavg', 'fedavgm', 'fedadam', 'fedprox', 'fedsgd')
-FEDLEX_ALGORITHMS = ('fedlex_avgm', 'fedlex_sgd', 'fedlex_opt', 'fedlex_prox')
-ALGORITHMS = BASELINE_ALGORITHMS + ('fedcross', 'fedcda', 'cadis') + FEDLEX_ALGORITHMS
-FEDCROSS_SELECTIONS = ('lowest_similarity', 'highest_similarity', 'in_order')
-FEDLEX_NORMALIZE = ('per_client', 'after_mean')
-FEDCDA_SELECTIONS = ('batch_greedy', 'exact', 'newest', 'random')
-FEDCDA_WARMUP_WEIGHTINGS = ('data_size', 'uniform')
-CADIS_REDUCTIONS = ('sum', 'mean')
-CADIS_SIMILARITY_LAYERS = ('bias', 'kernel')
-CADIS_CLOSURES = ('two_hop', 'components')
+from programs import methods
+
+ALGORITHMS = methods.ALGORITHMS
+BASELINE_ALGORITHMS = methods.BASELINE_ALGORITHMS
+FEDLEX_ALGORITHMS = methods.FEDLEX_ALGORITHMS
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 # The model each dataset trains by default (its benchmark's model); a --model must take the
 # same kind of input (tff_algos.models.catalog) as this one.
@@ -48,18 +43,9 @@ DEFAULT_MODELS = {
     'cifar10': 'resnet20', 'cifar100': 'resnet20', 'shakespeare_tff': 'char_lstm',
     'shakespeare_leaf': 'leaf_char_lstm', 'sent140_leaf': 'sent140_lstm',
 }
-# The server-side flags each algorithm reads (build_process); any other one set away from its
-# default is refused rather than recorded in config.json and ignored.
-_OPTIMIZER_FLAGS = ('server_optimizer', 'server_lr', 'server_momentum')
-SERVER_FLAGS_USED = {
-    'fedavg': _OPTIMIZER_FLAGS, 'fedsgd': _OPTIMIZER_FLAGS, 'cadis': _OPTIMIZER_FLAGS,
-    'fedlex_sgd': _OPTIMIZER_FLAGS,
-    'fedprox': _OPTIMIZER_FLAGS + ('proximal_strength',),
-    'fedlex_prox': _OPTIMIZER_FLAGS + ('proximal_strength',),
-    'fedavgm': ('server_lr', 'server_momentum'), 'fedlex_avgm': ('server_lr', 'server_momentum'),
-    'fedadam': ('server_lr',), 'fedlex_opt': ('server_lr',),
-    'fedcross': (), 'fedcda': (),
-}
+# The server-side flags each algorithm reads (methods.Method.reads); any other one set away
+# from its default is refused rather than recorded in config.json and ignored.
+SERVER_FLAGS_USED = {name: method.reads for name, method in methods.METHODS.items()}
 # Flags that do not change what a run computes: a resumed run may change them.
 RESUMABLE_CHANGES = ('rounds', 'eval_every', 'data_dir', 'root_output_dir', 'experiment_name',
                      'resume', 'progress', 'workers', 'local_workers', 'worker_timeout')
@@ -131,7 +117,9 @@ class StopRequests:
 
 
 @dataclasses.dataclass
-class ExperimentConfig:
+class _GeneralConfig:
+  """The flags every method shares (ExperimentConfig adds the methods' own)."""
+
   algorithm: str = 'fedavg'
   dataset: str = 'fashion_mnist'
   data_dir: Optional[str] = None
@@ -161,36 +149,6 @@ class ExperimentConfig:
   workers: str = ''            # 'host:port,...' of worker services (scripts/start_worker.py)
   local_workers: int = 0       # worker services to start on this machine
   worker_timeout: float = 60.0  # seconds a worker service may stay unreachable
-  # FedCross (ALGORITHMS.md section 1).
-  fedcross_alpha: float = 0.99
-  fedcross_selection: str = 'lowest_similarity'
-  fedcross_alpha_schedule: bool = False
-  fedcross_num_propellers: int = 1
-  fedcross_accel_rounds: int = 0
-  # FedCDA (ALGORITHMS.md section 2).
-  fedcda_cache_size: int = 3
-  fedcda_batches: int = 3
-  fedcda_warmup_rounds: int = 50
-  fedcda_smoothness: float = 1.0
-  fedcda_selection: str = 'batch_greedy'
-  fedcda_warmup_weighting: str = 'data_size'
-  fedcda_max_cache_gib: float = 4.0
-  # CADIS (ALGORITHMS.md section 3).
-  cadis_threshold: float = 0.975
-  cadis_threshold_max: float = 0.985
-  cadis_kd_weight: float = 1.0
-  cadis_kd_reduction: str = 'sum'
-  cadis_similarity_layer: str = 'bias'
-  cadis_sample_weighted: bool = True
-  cadis_closure: str = 'two_hop'
-  cadis_transitive: bool = False
-  # FedLEx (ALGORITHMS.md section 4).
-  fedlex_explorer_fraction: float = 0.2
-  fedlex_exploration_epochs: int = 5
-  fedlex_exploration_patience: int = 0   # 0 = no early stopping
-  fedlex_normalize: str = 'per_client'
-  fedlex_guidance_floor: float = 0.0
-  fedlex_refresh: bool = False
 
   @property
   def experiment_dir(self) -> str:
@@ -198,21 +156,23 @@ class ExperimentConfig:
     return os.path.join(self.root_output_dir, name)
 
 
+# Every flag of programs/train.py as a field; the methods' own flags (with their defaults) come
+# from the registry, programs/methods.py.
+ExperimentConfig = dataclasses.make_dataclass(
+    'ExperimentConfig', methods.config_fields(), bases=(_GeneralConfig,))
+ExperimentConfig.__module__ = __name__
+ExperimentConfig.__doc__ = 'The settings of one experiment: every flag of programs/train.py.'
+
+
 def _default(name: str):
   return ExperimentConfig.__dataclass_fields__[name].default
 
 
-def _algorithm_family(algorithm: str) -> str:
-  """The prefix of the method-specific flags `algorithm` reads ('' for the baselines)."""
-  if algorithm in FEDLEX_ALGORITHMS:
-    return 'fedlex_'
-  return f'{algorithm}_' if algorithm in ('fedcross', 'fedcda', 'cadis') else ''
-
-
 def _check_flags_used(c: ExperimentConfig) -> None:
   """Refuses flags set away from their default that `c.algorithm` would ignore."""
-  used = SERVER_FLAGS_USED[c.algorithm]
-  for name in ('server_optimizer', 'server_lr', 'server_momentum', 'proximal_strength'):
+  method = methods.METHODS[c.algorithm]
+  used = method.reads
+  for name in methods.SERVER_FLAGS:
     if getattr(c, name) != _default(name) and name not in used:
       uses = ', '.join(f'--{f}' for f in used) or 'no server-optimizer flag'
       raise ExperimentError(
@@ -221,11 +181,9 @@ def _check_flags_used(c: ExperimentConfig) -> None:
       and c.server_optimizer != 'sgdm'):
     raise ExperimentError('--server_momentum is used only with --server_optimizer=sgdm; '
                           'add that or drop --server_momentum')
-  family = _algorithm_family(c.algorithm)
-  for name in ExperimentConfig.__dataclass_fields__:
-    if (name.startswith(('fedcross_', 'fedcda_', 'cadis_', 'fedlex_'))
-        and not (family and name.startswith(family)) and getattr(c, name) != _default(name)):
-      raise ExperimentError(f'--{name} is not used by --algorithm={c.algorithm}; drop it')
+  for flag in methods.all_flags():
+    if flag not in method.flags and getattr(c, flag.name) != flag.default:
+      raise ExperimentError(f'--{flag.name} is not used by --algorithm={c.algorithm}; drop it')
 
 
 def validate(config: ExperimentConfig) -> None:
@@ -276,65 +234,9 @@ def validate(config: ExperimentConfig) -> None:
         f'--server_optimizer={c.server_optimizer!r} is unknown; choose one of {", ".join(SERVER_OPTIMIZERS)}')
   if c.proximal_strength < 0:
     raise ExperimentError(f'--proximal_strength must be >= 0, got {c.proximal_strength}')
-  if c.algorithm == 'fedcross':
-    if not 0.5 <= c.fedcross_alpha < 1:
-      raise ExperimentError(f'--fedcross_alpha must be in [0.5, 1), got {c.fedcross_alpha}')
-    if c.fedcross_selection not in FEDCROSS_SELECTIONS:
-      raise ExperimentError(f'--fedcross_selection={c.fedcross_selection!r} is unknown; choose '
-                            f'one of {", ".join(FEDCROSS_SELECTIONS)}')
-    if not 1 <= c.fedcross_num_propellers < max(c.clients_per_round, 2):
-      raise ExperimentError(
-          f'--fedcross_num_propellers must be in [1, clients_per_round - 1], got '
-          f'{c.fedcross_num_propellers}')
-    if c.fedcross_accel_rounds < 0:
-      raise ExperimentError(f'--fedcross_accel_rounds must be >= 0, got {c.fedcross_accel_rounds}')
-  if c.algorithm == 'fedcda':
-    for name in ('fedcda_cache_size', 'fedcda_batches'):
-      if getattr(c, name) < 1:
-        raise ExperimentError(f'--{name} must be at least 1, got {getattr(c, name)}')
-    if c.fedcda_warmup_rounds < 0:
-      raise ExperimentError(f'--fedcda_warmup_rounds must be >= 0, got {c.fedcda_warmup_rounds}')
-    if not c.fedcda_smoothness >= 0:
-      raise ExperimentError(f'--fedcda_smoothness must be >= 0, got {c.fedcda_smoothness}')
-    if c.fedcda_selection not in FEDCDA_SELECTIONS:
-      raise ExperimentError(f'--fedcda_selection={c.fedcda_selection!r} is unknown; choose one '
-                            f'of {", ".join(FEDCDA_SELECTIONS)}')
-    if c.fedcda_warmup_weighting not in FEDCDA_WARMUP_WEIGHTINGS:
-      raise ExperimentError(f'--fedcda_warmup_weighting={c.fedcda_warmup_weighting!r} is '
-                            f'unknown; choose one of {", ".join(FEDCDA_WARMUP_WEIGHTINGS)}')
-    if not c.fedcda_max_cache_gib > 0:
-      raise ExperimentError(f'--fedcda_max_cache_gib must be > 0, got {c.fedcda_max_cache_gib}')
-    size = max(1, -(-c.clients_per_round // (1 if c.fedcda_selection == 'exact' else c.fedcda_batches)))
-    if c.fedcda_selection in ('batch_greedy', 'exact') and c.fedcda_cache_size ** size > 1 << 20:
-      raise ExperimentError(
-          f'--fedcda_selection={c.fedcda_selection} would search {c.fedcda_cache_size}^{size} '
-          'combinations per batch; raise --fedcda_batches or lower --fedcda_cache_size')
-  if c.algorithm == 'cadis':
-    if not 0 <= c.cadis_threshold <= c.cadis_threshold_max <= 1:
-      raise ExperimentError(
-          f'CADIS needs 0 <= --cadis_threshold <= --cadis_threshold_max <= 1, got '
-          f'{c.cadis_threshold} and {c.cadis_threshold_max}')
-    if not (c.cadis_kd_weight >= 0 and math.isfinite(c.cadis_kd_weight)):
-      raise ExperimentError(f'--cadis_kd_weight must be >= 0, got {c.cadis_kd_weight}')
-    for flag, value, choices in (
-        ('cadis_kd_reduction', c.cadis_kd_reduction, CADIS_REDUCTIONS),
-        ('cadis_similarity_layer', c.cadis_similarity_layer, CADIS_SIMILARITY_LAYERS),
-        ('cadis_closure', c.cadis_closure, CADIS_CLOSURES)):
-      if value not in choices:
-        raise ExperimentError(f'--{flag}={value!r} is unknown; choose one of {", ".join(choices)}')
-  if c.algorithm in FEDLEX_ALGORITHMS:
-    if not 0 < c.fedlex_explorer_fraction <= 1:
-      raise ExperimentError(
-          f'--fedlex_explorer_fraction must be in (0, 1], got {c.fedlex_explorer_fraction}')
-    if c.fedlex_exploration_epochs < 1:
-      raise ExperimentError(
-          f'--fedlex_exploration_epochs must be at least 1, got {c.fedlex_exploration_epochs}')
-    if c.fedlex_exploration_patience < 0:
-      raise ExperimentError('--fedlex_exploration_patience must be >= 0 (0 = off)')
-    if c.fedlex_normalize not in FEDLEX_NORMALIZE:
-      raise ExperimentError(f'--fedlex_normalize must be one of {", ".join(FEDLEX_NORMALIZE)}')
-    if not 0 <= c.fedlex_guidance_floor <= 1:
-      raise ExperimentError(f'--fedlex_guidance_floor must be in [0, 1], got {c.fedlex_guidance_floor}')
+  error = methods.METHODS[c.algorithm].validate(c)
+  if error:
+    raise ExperimentError(error)
 
 
 def _validate_workers(c: ExperimentConfig) -> None:
@@ -399,7 +301,6 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
   cluster-recovery metrics)."""
   num_clients = num_clients or c.num_clients
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tff_algos import baselines  # pylint: disable=g-import-not-at-top
   client_opt = tff.learning.optimizers.build_sgdm(
       learning_rate=c.client_lr, momentum=c.client_momentum or None)
   server_opt = None
@@ -413,68 +314,15 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
     else:
       server_opt = tff.learning.optimizers.build_sgdm(
           learning_rate=lr, momentum=c.server_momentum if kind == 'sgdm' else None)
-  if c.algorithm == 'fedcross':
-    from tff_algos import fedcross  # pylint: disable=g-import-not-at-top
-    return fedcross.build_fedcross(
-        model_fn, client_opt, c.batch_size, c.clients_per_round, alpha=c.fedcross_alpha,
-        selection=c.fedcross_selection, alpha_schedule=c.fedcross_alpha_schedule,
-        num_propellers=c.fedcross_num_propellers, accel_rounds=c.fedcross_accel_rounds)
-  if c.algorithm == 'fedcda':
-    from tff_algos import fedcda  # pylint: disable=g-import-not-at-top
-    try:
-      return fedcda.build_fedcda(
-          model_fn, client_opt, c.batch_size, num_clients, c.clients_per_round,
-          cache_size=c.fedcda_cache_size, num_batches=c.fedcda_batches,
-          warmup_rounds=c.fedcda_warmup_rounds, smoothness=c.fedcda_smoothness,
-          selection=c.fedcda_selection, warmup_weighting=c.fedcda_warmup_weighting,
-          seed=c.seed, max_cache_gib=c.fedcda_max_cache_gib)
-    except ValueError as e:
-      raise ExperimentError(str(e)) from None
-  if c.algorithm == 'cadis':
-    from tff_algos import cadis  # pylint: disable=g-import-not-at-top
-    try:
-      return cadis.build_cadis(
-          model_fn, client_opt, c.batch_size, num_clients,
-          clients_per_round=c.clients_per_round, kd_weight=c.cadis_kd_weight,
-          kd_reduction=c.cadis_kd_reduction, threshold=c.cadis_threshold,
-          threshold_max=c.cadis_threshold_max, similarity_layer=c.cadis_similarity_layer,
-          sample_weighted=c.cadis_sample_weighted, closure=c.cadis_closure,
-          transitive=c.cadis_transitive, true_clusters=true_clusters,
-          server_optimizer_fn=server_opt)
-    except (ValueError, TypeError) as e:
-      raise ExperimentError(f'--algorithm=cadis: {e}') from None
-  if c.algorithm in FEDLEX_ALGORITHMS:
-    from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
-    base = c.algorithm.split('_', 1)[1]
-    kwargs = {}
-    if base == 'prox':
-      kwargs['proximal_strength'] = c.proximal_strength
-    if base == 'avgm':
-      kwargs.update(server_learning_rate=c.server_lr if c.server_lr >= 0 else 1.0,
-                    server_momentum=c.server_momentum)
-    if base == 'opt':
-      kwargs['server_learning_rate'] = c.server_lr if c.server_lr >= 0 else 1e-2
-    if base == 'sgd':
-      kwargs['server_optimizer_fn'] = server_opt
-      return fedlex.build_fedlex(model_fn, None, max(c.batch_size, 256), base, **kwargs)
-    if base == 'prox' and server_opt is not None:
-      kwargs['server_optimizer_fn'] = server_opt
-    return fedlex.build_fedlex(model_fn, client_opt, c.batch_size, base, **kwargs)
-  if c.algorithm == 'fedavg':
-    return baselines.build_fedavg(model_fn, client_opt, c.batch_size, server_opt)
-  if c.algorithm == 'fedavgm':
-    return baselines.build_fedavgm(model_fn, client_opt, c.batch_size,
-                                   server_learning_rate=c.server_lr if c.server_lr >= 0 else 1.0,
-                                   server_momentum=c.server_momentum)
-  if c.algorithm == 'fedadam':
-    return baselines.build_fedadam(model_fn, client_opt, c.batch_size,
-                                   server_learning_rate=c.server_lr if c.server_lr >= 0 else 1e-2)
-  if c.algorithm == 'fedprox':
-    return baselines.build_fedprox(model_fn, client_opt, c.batch_size, c.proximal_strength,
-                                   server_opt)
-  if c.algorithm == 'fedsgd':
-    return baselines.build_fedsgd(model_fn, server_opt, client_batch_size=max(c.batch_size, 256))
-  raise ExperimentError(f'--algorithm={c.algorithm!r} is unknown')
+  method = methods.METHODS[c.algorithm]
+  args, kwargs = method.arguments(c, methods.BuildInputs(
+      model_fn=model_fn, client_optimizer=client_opt, server_optimizer=server_opt,
+      num_clients=num_clients, true_clusters=true_clusters))
+  kwargs.update(method.builder_kwargs(c))
+  try:
+    return method.builder_function()(*args, **kwargs)
+  except method.errors as e:
+    raise ExperimentError(f'{method.error_prefix}{e}') from None
 
 
 class Evaluator:
@@ -659,6 +507,13 @@ def _dropped_clients(metrics: dict) -> int:
   """Clients whose non-finite update the round left out (client work's non_finite_clients)."""
   return int(round(sum(v for k, v in metrics.items()
                        if k.endswith('non_finite_clients') and isinstance(v, (int, float)))))
+
+
+def _round_costs(rows: list[dict], name: str) -> int:
+  """The sum over rounds of the client-work cost metric `name` (client_work/.../name)."""
+  return int(round(sum(float(value) for row in rows for key, value in row.items()
+                   if key.startswith('client_work/') and key.split('/')[-1] == name
+                   and value not in (None, ''))))
 
 
 # The computations of the last configuration run in this Python process, keyed by the flags
@@ -870,7 +725,10 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
       best_accuracy=max(accuracies) if accuracies else None,
       last10_mean_accuracy=float(np.mean(accuracies[-10:])) if accuracies else None,
       seconds_per_round=float(np.median(seconds)) if seconds else None,
-      client_epochs_training=len(rows) * c.clients_per_round * c.local_epochs,
+      # Counted by the clients (their client_epochs / examples_trained metrics), not
+      # rounds x clients x epochs: FedSGD takes no local epoch.
+      client_epochs_training=_round_costs(rows, 'client_epochs'),
+      examples_trained=_round_costs(rows, 'examples_trained'),
       exploration_client_epochs=float(program_state['exploration_client_epochs']),
       dropped_clients=int(sum(int(float(r.get('dropped_clients') or 0)) for r in rows)),
       aggregator_state_bytes=int(sum(np.asarray(t).nbytes
@@ -915,12 +773,15 @@ def _fedlex_exploration(c: ExperimentConfig, model_fn, num_clients: int):
   client_opt = tff.learning.optimizers.build_sgdm(
       learning_rate=c.client_lr, momentum=c.client_momentum or None)
   exploration = fedlex.build_fedlex_exploration(
-      model_fn, client_opt, c.batch_size, normalize=c.fedlex_normalize,
-      guidance_floor=c.fedlex_guidance_floor,
-      exploration_patience=c.fedlex_exploration_patience or None)
+      model_fn, client_opt, c.batch_size,
+      **methods.METHODS[c.algorithm].builder_kwargs(c, methods.EXPLORATION))
+  return exploration, fedlex_explorers(c, num_clients)
+
+
+def fedlex_explorers(c: ExperimentConfig, num_clients: int) -> np.ndarray:
+  """FedLEx's explorer clients: --fedlex_explorer_fraction of them, fixed by the seed."""
   count = max(1, int(round(c.fedlex_explorer_fraction * num_clients)))
-  explorers = np.sort(np.random.default_rng([c.seed, 7]).choice(num_clients, count, replace=False))
-  return exploration, explorers
+  return np.sort(np.random.default_rng([c.seed, 7]).choice(num_clients, count, replace=False))
 
 
 def _explore(c: ExperimentConfig, fed, process, exploration, explorers, state, round_num):

@@ -21,6 +21,7 @@ from absl import flags
 from absl import logging
 
 from programs import experiment
+from programs import methods
 
 _ALGORITHM = flags.DEFINE_string('algorithm', 'fedavg', f'One of {", ".join(experiment.ALGORITHMS)}.')
 _DATASET = flags.DEFINE_string('dataset', 'fashion_mnist', 'Dataset name (see README).')
@@ -58,50 +59,9 @@ _LOCAL_WORKERS = flags.DEFINE_integer(
     'local_workers', 0, 'Start this many TFF worker services here and split rounds across them.')
 _WORKER_TIMEOUT = flags.DEFINE_float(
     'worker_timeout', 60.0, 'Seconds a worker service may stay unreachable before the run stops.')
-# FedCross.
-_FC_ALPHA = flags.DEFINE_float('fedcross_alpha', 0.99, 'FedCross alpha in [0.5, 1).')
-_FC_SELECTION = flags.DEFINE_string(
-    'fedcross_selection', 'lowest_similarity',
-    'FedCross collaborator rule: lowest_similarity, highest_similarity, in_order.')
-_FC_SCHEDULE = flags.DEFINE_bool(
-    'fedcross_alpha_schedule', False, 'FedCross dynamic alpha: 0.5 -> alpha over accel rounds.')
-_FC_PROPELLERS = flags.DEFINE_integer(
-    'fedcross_num_propellers', 1, 'FedCross propeller models during the accel rounds.')
-_FC_ACCEL = flags.DEFINE_integer('fedcross_accel_rounds', 0, 'FedCross acceleration rounds.')
-# FedLEx.
-_CDA_CACHE = flags.DEFINE_integer('fedcda_cache_size', 3, 'FedCDA: models cached per client (K).')
-_CDA_BATCHES = flags.DEFINE_integer('fedcda_batches', 3, 'FedCDA: batches of the greedy selection (B).')
-_CDA_WARMUP = flags.DEFINE_integer('fedcda_warmup_rounds', 50, 'FedCDA: FedAvg rounds before selection.')
-_CDA_SMOOTHNESS = flags.DEFINE_float('fedcda_smoothness', 1.0, 'FedCDA: L in eq. 8.')
-_CDA_WARMUP_WEIGHTING = flags.DEFINE_string(
-    'fedcda_warmup_weighting', 'data_size',
-    'FedCDA: client weights of the warmup FedAvg: data_size (the paper) or uniform.')
-_CDA_SELECTION = flags.DEFINE_string(
-    'fedcda_selection', 'batch_greedy', 'FedCDA selection: batch_greedy, exact, newest or random.')
-_CDA_MAX_GIB = flags.DEFINE_float(
-    'fedcda_max_cache_gib', 4.0, 'FedCDA: refuse a cache (4*N*K*D bytes) above this many GiB.')
-
-_CADIS_TAU = flags.DEFINE_float('cadis_threshold', 0.975, 'CADIS: initial clustering threshold tau_0.')
-_CADIS_TAU_MAX = flags.DEFINE_float('cadis_threshold_max', 0.985, 'CADIS: largest threshold.')
-_CADIS_KD = flags.DEFINE_float('cadis_kd_weight', 1.0, 'CADIS: lambda of the KD term (0 = off).')
-_CADIS_REDUCTION = flags.DEFINE_string('cadis_kd_reduction', 'sum', 'CADIS KD: sum or mean.')
-_CADIS_LAYER = flags.DEFINE_string(
-    'cadis_similarity_layer', 'bias', 'CADIS: classifier bias or kernel delta for similarity.')
-_CADIS_SAMPLE_WEIGHTED = flags.DEFINE_bool(
-    'cadis_sample_weighted', True, 'CADIS: weights (1/|C|)(n_i/n); false: 1/|C| only.')
-_CADIS_CLOSURE = flags.DEFINE_string('cadis_closure', 'two_hop', 'CADIS: two_hop or components.')
-_CADIS_TRANSITIVE = flags.DEFINE_bool(
-    'cadis_transitive', False, 'CADIS: transitive learning of never co-sampled pairs.')
-
-_FL_FRACTION = flags.DEFINE_float('fedlex_explorer_fraction', 0.2, 'Fraction of clients exploring.')
-_FL_EPOCHS = flags.DEFINE_integer('fedlex_exploration_epochs', 5, 'Exploration epochs.')
-_FL_PATIENCE = flags.DEFINE_integer(
-    'fedlex_exploration_patience', 0, 'Early-stopping patience of explorers (0 = off).')
-_FL_NORMALIZE = flags.DEFINE_string(
-    'fedlex_normalize', 'per_client', 'Guidance normalisation: per_client or after_mean.')
-_FL_FLOOR = flags.DEFINE_float('fedlex_guidance_floor', 0.0, 'Lower bound of guidance entries.')
-_FL_REFRESH = flags.DEFINE_bool(
-    'fedlex_refresh', False, 'Explorers taking part in a round refresh the guidance.')
+# Each method's own flags (--fedcross_*, --fedcda_*, --cadis_*, --fedlex_*), from the registry.
+_METHOD_FLAGS = methods.define_absl_flags()
+flags.adopt_module_key_flags(methods)  # so that --help lists them with this program's flags
 
 
 def config_from_flags() -> experiment.ExperimentConfig:
@@ -119,21 +79,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       root_output_dir=_ROOT.value, experiment_name=_NAME.value, resume=_RESUME.value,
       progress=_PROGRESS.value, workers=_WORKERS.value, local_workers=_LOCAL_WORKERS.value,
       worker_timeout=_WORKER_TIMEOUT.value,
-      fedcross_alpha=_FC_ALPHA.value, fedcross_selection=_FC_SELECTION.value,
-      fedcross_alpha_schedule=_FC_SCHEDULE.value, fedcross_num_propellers=_FC_PROPELLERS.value,
-      fedcross_accel_rounds=_FC_ACCEL.value,
-      fedcda_cache_size=_CDA_CACHE.value, fedcda_batches=_CDA_BATCHES.value,
-      fedcda_warmup_rounds=_CDA_WARMUP.value, fedcda_smoothness=_CDA_SMOOTHNESS.value,
-      fedcda_selection=_CDA_SELECTION.value, fedcda_max_cache_gib=_CDA_MAX_GIB.value,
-      fedcda_warmup_weighting=_CDA_WARMUP_WEIGHTING.value,
-      cadis_threshold=_CADIS_TAU.value, cadis_threshold_max=_CADIS_TAU_MAX.value,
-      cadis_kd_weight=_CADIS_KD.value, cadis_kd_reduction=_CADIS_REDUCTION.value,
-      cadis_similarity_layer=_CADIS_LAYER.value,
-      cadis_sample_weighted=_CADIS_SAMPLE_WEIGHTED.value, cadis_closure=_CADIS_CLOSURE.value,
-      cadis_transitive=_CADIS_TRANSITIVE.value,
-      fedlex_explorer_fraction=_FL_FRACTION.value, fedlex_exploration_epochs=_FL_EPOCHS.value,
-      fedlex_exploration_patience=_FL_PATIENCE.value, fedlex_normalize=_FL_NORMALIZE.value,
-      fedlex_guidance_floor=_FL_FLOOR.value, fedlex_refresh=_FL_REFRESH.value)
+      **{name: holder.value for name, holder in _METHOD_FLAGS.items()})
 
 
 def main(argv):

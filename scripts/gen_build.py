@@ -36,7 +36,8 @@ def render():
   parts.append(f'py_library(\n    name = "tff_algos",\n    srcs = [\n{_list(_py_files("tff_algos"))}\n    ],\n)\n')
   parts.append(f'py_library(\n    name = "data",\n    srcs = [\n{_list(_py_files("data"))}\n    ],\n)\n')
   programs = _py_files('programs')
-  lib = [p for p in programs if os.path.basename(p) in ('__init__.py', 'experiment.py')]
+  lib = [p for p in programs
+         if os.path.basename(p) in ('__init__.py', 'experiment.py', 'methods.py')]
   parts.append(f'py_library(\n    name = "programs_lib",\n    srcs = [\n{_list(lib)}\n    ],\n'
                '    deps = [":data", ":tff_algos"],\n)\n')
   for path in programs:

@@ -161,6 +161,8 @@ def test_empty_client_gives_zero_update_and_weight(digits, client_work, initial_
   assert results[0].update_weight == 21
   assert train['num_examples'] == 21 and train['num_clients'] == 2
   assert train['non_finite_clients'] == 0
+  # Costs as counted by the clients: the empty one ran no epoch and saw no example.
+  assert (train['client_epochs'], train['examples_trained']) == (EPOCHS, 21 * EPOCHS)
   for key in ('loss', 'accuracy', 'last_epoch_loss'):
     assert np.isfinite(train[key]), key
 
@@ -177,6 +179,8 @@ def test_non_finite_update_is_zeroed_with_weight_zero(digits, client_work, initi
   assert results[0].update_weight == 21
   assert np.all([np.all(np.isfinite(u)) for u in results[0].update])
   assert train['non_finite_clients'] == 1
+  # The diverged client's work was done: it counts in the costs.
+  assert (train['client_epochs'], train['examples_trained']) == (2 * EPOCHS, 33 * EPOCHS)
 
 
 def test_exploding_learning_rate_is_non_finite(digits, initial_weights):
@@ -186,6 +190,16 @@ def test_exploding_learning_rate_is_non_finite(digits, initial_weights):
   for u in results[0].update:
     np.testing.assert_array_equal(u, np.zeros_like(u))
   assert train['non_finite_clients'] == 1
+
+
+def test_fedsgd_counts_no_local_epoch_and_one_pass_over_the_data(digits):
+  """FedSGD's clients take one full-batch gradient: 0 client-epochs, each example once
+  (the inputs carry EPOCHS permutations, which it does not train on)."""
+  process = baselines.build_fedsgd(MODEL_FN)
+  _, metrics = fedavg_weights(process, [make_input(digits, 0, 21, 0),
+                                        make_input(digits, 50, 30, 1)])
+  train = metrics['client_work']['train']
+  assert (train['client_epochs'], train['examples_trained']) == (0, 51)
 
 
 def fedavg_weights(process, inputs):

@@ -78,6 +78,8 @@ class LocalTrainingOutput(NamedTuple):
   correct: tf.Tensor        # float32, correct predictions over all steps
   seen: tf.Tensor           # float32, predictions scored for accuracy (examples or tokens)
   examples_trained: tf.Tensor  # float32, examples over all steps (n x epochs)
+  epochs_trained: tf.Tensor  # float32, local epochs of optimizer steps run (0 for FedSGD's
+                             # one gradient pass, 0 for a client without data)
   last_epoch_loss: tf.Tensor  # float32, mean training loss over the last epoch
   full_gradient: Any        # full-batch mean gradient at the initial weights (FedSGD) or ()
   model_metrics: Any        # the model's own unfinalized metrics over all steps
@@ -215,6 +217,9 @@ def build_local_training(
       last_count += in_last_epoch * count
 
     num_examples = tf.cast(n, tf.float32)
+    # Counted from what ran: a full-gradient client took no local step.
+    epochs_trained = (tf.constant(0.0) if full_gradient else
+                      tf.cast(epochs, tf.float32) * tf.cast(n > 0, tf.float32))
     if full_gradient:
       full = tuple(s / tf.maximum(num_examples, 1.0) for s in grad_sum)
     else:
@@ -228,6 +233,7 @@ def build_local_training(
         correct=correct,
         seen=seen,
         examples_trained=examples_trained,
+        epochs_trained=epochs_trained,
         last_epoch_loss=tf.math.divide_no_nan(last_loss, last_count),
         full_gradient=full,
         # forward_pass updated the model's metric variables at every step; read them
@@ -251,7 +257,8 @@ def training_metric_sums(out: LocalTrainingOutput, non_finite) -> collections.Or
   """Per-client sums that `finalize_training_metrics` turns into round metrics.
 
   A client whose update was not finite contributes only its count in
-  `non_finite_clients`, so one diverged client does not turn the round's loss into NaN.
+  `non_finite_clients`, so one diverged client does not turn the round's loss into NaN; its
+  work is still counted in the costs (`cost_client_epochs`, `cost_examples`).
   """
   keep = tf.equal(non_finite, 0.0)
   kept = lambda t: tf.where(keep, t, tf.zeros_like(t))  # noqa: E731
@@ -266,7 +273,9 @@ def training_metric_sums(out: LocalTrainingOutput, non_finite) -> collections.Or
       num_examples=kept(out.num_examples),
       last_epoch_loss_sum=kept(out.last_epoch_loss * out.num_examples),
       num_clients=tf.constant(1.0),
-      non_finite_clients=non_finite)
+      non_finite_clients=non_finite,
+      cost_client_epochs=out.epochs_trained,
+      cost_examples=out.examples_trained)
 
 
 def finalize_training_metrics(sums) -> collections.OrderedDict:
@@ -284,4 +293,8 @@ def finalize_training_metrics(sums) -> collections.OrderedDict:
       last_epoch_loss=tf.math.divide_no_nan(sums['last_epoch_loss_sum'], sums['num_examples']),
       num_examples=sums['num_examples'],
       num_clients=sums['num_clients'],
-      non_finite_clients=sums['non_finite_clients'])
+      non_finite_clients=sums['non_finite_clients'],
+      # Costs, counted by the clients: local epochs of optimizer steps and examples passed
+      # through the model (FedSGD: 0 epochs, one pass over its data).
+      client_epochs=sums['cost_client_epochs'],
+      examples_trained=sums['cost_examples'])

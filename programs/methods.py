@@ -1,0 +1,363 @@
+"""The methods of the training program, declared once: flags, validation, builder arguments.
+
+One `Method` per `--algorithm`: its own flags (name, default, help, validation rule and where
+the value goes: a keyword of its builder, of FedLEx's exploration builder, or the program's
+loop), the general server flags it reads, and how its builder is called. `programs/train.py`
+defines the absl flags from it, `programs/experiment.py` validates, refuses ignored flags and
+builds the process from it, the README's option table is generated from it (`python -m
+programs.methods` prints it; tests/test_method_flags.py checks README.md holds it) and the
+flag tests iterate over it. A new method is one module in tff_algos, one `Method` here and its
+tests.
+
+Importing this module imports neither TensorFlow nor TFF (flags are validated before TF
+starts): builders are named as 'module:function' and imported when a process is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+from typing import Any, Callable, Optional
+
+# Where a method flag's value goes.
+BUILDER = 'builder'          # a keyword argument of the method's builder
+EXPLORATION = 'exploration'  # a keyword of tff_algos.fedlex.build_fedlex_exploration
+PROGRAM = 'program'          # read by programs/experiment.py's loop (named in `help`)
+
+# The general flags that configure the server optimizer; each method says which it reads.
+OPTIMIZER_FLAGS = ('server_optimizer', 'server_lr', 'server_momentum')
+SERVER_FLAGS = OPTIMIZER_FLAGS + ('proximal_strength',)
+
+
+# Validation rules: value -> None, or the error text after '--name'. Their wording is the
+# program's (tests match it).
+def at_least(bound):
+  return lambda v: None if v >= bound else f' must be at least {bound}, got {v}'
+
+
+def non_negative(v):
+  return None if v >= 0 else f' must be >= 0, got {v}'
+
+
+def positive(v):
+  return None if v > 0 else f' must be > 0, got {v}'
+
+
+def in_interval(text: str, test: Callable[[Any], bool]):
+  """`text` is the interval as the message shows it, e.g. '[0.5, 1)'."""
+  return lambda v: None if test(v) else f' must be in {text}, got {v}'
+
+
+def one_of(choices):
+  return lambda v: (None if v in choices else
+                    f'={v!r} is unknown; choose one of {", ".join(choices)}')
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+  """A method's own flag (also an `ExperimentConfig` field of the same name)."""
+  name: str
+  default: Any               # its type is the flag's type (bool, int, float, str)
+  help: str
+  check: Optional[Callable[[Any], Optional[str]]] = None
+  target: str = BUILDER      # BUILDER, EXPLORATION or PROGRAM
+  kwarg: Optional[str] = None  # the keyword it becomes (BUILDER / EXPLORATION targets)
+  transform: Callable[[Any], Any] = lambda v: v  # flag value -> argument value
+
+  def error(self, value) -> Optional[str]:
+    """The one-line error for `value`, or None."""
+    if self.check is None:
+      return None
+    problem = self.check(value)
+    return None if problem is None else f'--{self.name}{problem}'
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildInputs:
+  """What the program hands a method's `arguments` besides its flags."""
+  model_fn: Callable
+  client_optimizer: Any
+  server_optimizer: Any      # from --server_optimizer/--server_lr/--server_momentum, or None
+  num_clients: int
+  true_clusters: Any         # the partition's ground-truth clusters or None
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """One `--algorithm`.
+
+  `arguments(config, inputs)` returns the builder's (args, kwargs) apart from the BUILDER
+  flags' keywords, which are added from `flags`. `reads` are the general server flags
+  (SERVER_FLAGS) the arguments use; any other one set away from its default is refused.
+  `check(config)` validates combinations of flags (None or a message). `errors`: exception
+  types the builder raises for impossible settings, reported as `error_prefix + str(e)`.
+  """
+  name: str
+  builder: str               # 'module:function'
+  arguments: Callable[[Any, BuildInputs], tuple]
+  flags: tuple = ()
+  reads: tuple = ()
+  check: Callable[[Any], Optional[str]] = lambda c: None
+  errors: tuple = ()
+  error_prefix: str = ''
+
+  def builder_function(self) -> Callable:
+    module, function = self.builder.split(':')
+    return getattr(importlib.import_module(module), function)
+
+  def builder_kwargs(self, config, target: str = BUILDER) -> dict:
+    """{keyword: value} of this method's flags that go to `target`."""
+    return {f.kwarg: f.transform(getattr(config, f.name)) for f in self.flags
+            if f.target == target}
+
+  def validate(self, config) -> Optional[str]:
+    for flag in self.flags:
+      error = flag.error(getattr(config, flag.name))
+      if error:
+        return error
+    return self.check(config)
+
+
+def _lr_or(default):
+  """--server_lr, or `default` when it is left at its 'algorithm default' value (< 0)."""
+  return lambda c: c.server_lr if c.server_lr >= 0 else default
+
+
+# ---- FedCross (ALGORITHMS.md section 1) ----
+FEDCROSS_SELECTIONS = ('lowest_similarity', 'highest_similarity', 'in_order')
+FEDCROSS_FLAGS = (
+    Flag('fedcross_alpha', 0.99, 'FedCross alpha in [0.5, 1).',
+         in_interval('[0.5, 1)', lambda v: 0.5 <= v < 1), kwarg='alpha'),
+    Flag('fedcross_selection', 'lowest_similarity',
+         'FedCross collaborator rule: lowest_similarity, highest_similarity, in_order.',
+         one_of(FEDCROSS_SELECTIONS), kwarg='selection'),
+    Flag('fedcross_alpha_schedule', False,
+         'FedCross dynamic alpha: 0.5 -> alpha over accel rounds.', kwarg='alpha_schedule'),
+    Flag('fedcross_num_propellers', 1,
+         'FedCross propeller models during the accel rounds (1 .. clients_per_round - 1).',
+         kwarg='num_propellers'),
+    Flag('fedcross_accel_rounds', 0, 'FedCross acceleration rounds.', non_negative,
+         kwarg='accel_rounds'),
+)
+
+
+def _fedcross_check(c) -> Optional[str]:
+  if not 1 <= c.fedcross_num_propellers < max(c.clients_per_round, 2):
+    return (f'--fedcross_num_propellers must be in [1, clients_per_round - 1], got '
+            f'{c.fedcross_num_propellers}')
+  return None
+
+
+# ---- FedCDA (ALGORITHMS.md section 2) ----
+FEDCDA_SELECTIONS = ('batch_greedy', 'exact', 'newest', 'random')
+FEDCDA_WARMUP_WEIGHTINGS = ('data_size', 'uniform')
+FEDCDA_FLAGS = (
+    Flag('fedcda_cache_size', 3, 'FedCDA: models cached per client (K).', at_least(1),
+         kwarg='cache_size'),
+    Flag('fedcda_batches', 3, 'FedCDA: batches of the greedy selection (B).', at_least(1),
+         kwarg='num_batches'),
+    Flag('fedcda_warmup_rounds', 50, 'FedCDA: FedAvg rounds before selection.', non_negative,
+         kwarg='warmup_rounds'),
+    Flag('fedcda_smoothness', 1.0, 'FedCDA: L in eq. 8.', non_negative, kwarg='smoothness'),
+    Flag('fedcda_selection', 'batch_greedy',
+         'FedCDA selection: batch_greedy, exact, newest or random.', one_of(FEDCDA_SELECTIONS),
+         kwarg='selection'),
+    Flag('fedcda_warmup_weighting', 'data_size',
+         'FedCDA: client weights of the warmup FedAvg: data_size (the paper) or uniform.',
+         one_of(FEDCDA_WARMUP_WEIGHTINGS), kwarg='warmup_weighting'),
+    Flag('fedcda_max_cache_gib', 4.0,
+         'FedCDA: refuse a cache (4*N*K*D bytes) above this many GiB.', positive,
+         kwarg='max_cache_gib'),
+)
+
+
+def _fedcda_check(c) -> Optional[str]:
+  per_batch = 1 if c.fedcda_selection == 'exact' else c.fedcda_batches
+  size = max(1, -(-c.clients_per_round // per_batch))
+  if c.fedcda_selection in ('batch_greedy', 'exact') and c.fedcda_cache_size ** size > 1 << 20:
+    return (f'--fedcda_selection={c.fedcda_selection} would search {c.fedcda_cache_size}^{size} '
+            'combinations per batch; raise --fedcda_batches or lower --fedcda_cache_size')
+  return None
+
+
+# ---- CADIS (ALGORITHMS.md section 3) ----
+CADIS_REDUCTIONS = ('sum', 'mean')
+CADIS_SIMILARITY_LAYERS = ('bias', 'kernel')
+CADIS_CLOSURES = ('two_hop', 'components')
+CADIS_FLAGS = (
+    Flag('cadis_threshold', 0.975, 'CADIS: initial clustering threshold tau_0.',
+         kwarg='threshold'),
+    Flag('cadis_threshold_max', 0.985, 'CADIS: largest threshold.', kwarg='threshold_max'),
+    Flag('cadis_kd_weight', 1.0, 'CADIS: lambda of the KD term (0 = off).',
+         lambda v: None if v >= 0 and math.isfinite(v) else f' must be >= 0, got {v}',
+         kwarg='kd_weight'),
+    Flag('cadis_kd_reduction', 'sum', 'CADIS KD: sum or mean.', one_of(CADIS_REDUCTIONS),
+         kwarg='kd_reduction'),
+    Flag('cadis_similarity_layer', 'bias',
+         'CADIS: classifier bias or kernel delta for similarity.',
+         one_of(CADIS_SIMILARITY_LAYERS), kwarg='similarity_layer'),
+    Flag('cadis_sample_weighted', True, 'CADIS: weights (1/|C|)(n_i/n); false: 1/|C| only.',
+         kwarg='sample_weighted'),
+    Flag('cadis_closure', 'two_hop', 'CADIS: two_hop or components.', one_of(CADIS_CLOSURES),
+         kwarg='closure'),
+    Flag('cadis_transitive', False, 'CADIS: transitive learning of never co-sampled pairs.',
+         kwarg='transitive'),
+)
+
+
+def _cadis_check(c) -> Optional[str]:
+  if not 0 <= c.cadis_threshold <= c.cadis_threshold_max <= 1:
+    return (f'CADIS needs 0 <= --cadis_threshold <= --cadis_threshold_max <= 1, got '
+            f'{c.cadis_threshold} and {c.cadis_threshold_max}')
+  return None
+
+
+# ---- FedLEx (ALGORITHMS.md section 4) ----
+FEDLEX_NORMALIZE = ('per_client', 'after_mean')
+FEDLEX_FLAGS = (
+    Flag('fedlex_explorer_fraction', 0.2,
+         'Fraction of clients exploring (the program picks them with the seed).',
+         in_interval('(0, 1]', lambda v: 0 < v <= 1), target=PROGRAM),
+    Flag('fedlex_exploration_epochs', 5, 'Exploration epochs (the program\'s exploration '
+         'inputs).', at_least(1), target=PROGRAM),
+    Flag('fedlex_exploration_patience', 0, 'Early-stopping patience of explorers (0 = off).',
+         lambda v: None if v >= 0 else ' must be >= 0 (0 = off)', target=EXPLORATION,
+         kwarg='exploration_patience', transform=lambda v: v or None),
+    Flag('fedlex_normalize', 'per_client', 'Guidance normalisation: per_client or after_mean.',
+         lambda v: None if v in FEDLEX_NORMALIZE else f' must be one of {", ".join(FEDLEX_NORMALIZE)}',
+         target=EXPLORATION, kwarg='normalize'),
+    Flag('fedlex_guidance_floor', 0.0, 'Lower bound of guidance entries.',
+         in_interval('[0, 1]', lambda v: 0 <= v <= 1), target=EXPLORATION,
+         kwarg='guidance_floor'),
+    Flag('fedlex_refresh', False,
+         'Explorers taking part in a round refresh the guidance (the program\'s loop).',
+         target=PROGRAM),
+)
+
+
+def _baseline(builder: str):
+  return f'tff_algos.baselines:{builder}'
+
+
+def _head(c, i) -> tuple:
+  """(model_fn, client optimizer, batch size): the common head of the builders' arguments."""
+  return (i.model_fn, i.client_optimizer, c.batch_size)
+
+
+def _fedsgd_batch(c) -> int:
+  # FedSGD takes one full-batch gradient per client; the batch size only bounds memory.
+  return max(c.batch_size, 256)
+
+
+def _fedlex(base: str, reads: tuple, kwargs: Callable) -> Method:
+  def arguments(c, i):
+    if base == 'sgd':
+      return (i.model_fn, None, _fedsgd_batch(c), base), kwargs(c, i)
+    return (i.model_fn, i.client_optimizer, c.batch_size, base), kwargs(c, i)
+  return Method(f'fedlex_{base}', 'tff_algos.fedlex:build_fedlex', arguments,
+                flags=FEDLEX_FLAGS, reads=reads)
+
+
+METHODS = {m.name: m for m in (
+    Method('fedavg', _baseline('build_fedavg'),
+           lambda c, i: (_head(c, i), dict(server_optimizer_fn=i.server_optimizer)),
+           reads=OPTIMIZER_FLAGS),
+    Method('fedavgm', _baseline('build_fedavgm'),
+           lambda c, i: (_head(c, i), dict(server_learning_rate=_lr_or(1.0)(c),
+                                               server_momentum=c.server_momentum)),
+           reads=('server_lr', 'server_momentum')),
+    Method('fedadam', _baseline('build_fedadam'),
+           lambda c, i: (_head(c, i), dict(server_learning_rate=_lr_or(1e-2)(c))),
+           reads=('server_lr',)),
+    Method('fedprox', _baseline('build_fedprox'),
+           lambda c, i: (_head(c, i), dict(proximal_strength=c.proximal_strength,
+                                               server_optimizer_fn=i.server_optimizer)),
+           reads=SERVER_FLAGS),
+    Method('fedsgd', _baseline('build_fedsgd'),
+           lambda c, i: ((i.model_fn,), dict(server_optimizer_fn=i.server_optimizer,
+                                             client_batch_size=_fedsgd_batch(c))),
+           reads=OPTIMIZER_FLAGS),
+    Method('fedcross', 'tff_algos.fedcross:build_fedcross',
+           lambda c, i: (_head(c, i) + (c.clients_per_round,), {}),
+           flags=FEDCROSS_FLAGS, check=_fedcross_check),
+    Method('fedcda', 'tff_algos.fedcda:build_fedcda',
+           lambda c, i: (_head(c, i) + (i.num_clients, c.clients_per_round),
+                         dict(seed=c.seed)),
+           flags=FEDCDA_FLAGS, check=_fedcda_check, errors=(ValueError,)),
+    Method('cadis', 'tff_algos.cadis:build_cadis',
+           lambda c, i: (_head(c, i) + (i.num_clients,),
+                         dict(clients_per_round=c.clients_per_round,
+                              true_clusters=i.true_clusters,
+                              server_optimizer_fn=i.server_optimizer)),
+           flags=CADIS_FLAGS, reads=OPTIMIZER_FLAGS, check=_cadis_check,
+           errors=(ValueError, TypeError), error_prefix='--algorithm=cadis: '),
+    _fedlex('avgm', ('server_lr', 'server_momentum'),
+            lambda c, i: dict(server_learning_rate=_lr_or(1.0)(c),
+                              server_momentum=c.server_momentum)),
+    _fedlex('sgd', OPTIMIZER_FLAGS,
+            lambda c, i: dict(server_optimizer_fn=i.server_optimizer)),
+    _fedlex('opt', ('server_lr',),
+            lambda c, i: dict(server_learning_rate=_lr_or(1e-2)(c))),
+    _fedlex('prox', SERVER_FLAGS,
+            lambda c, i: dict(proximal_strength=c.proximal_strength,
+                              server_optimizer_fn=i.server_optimizer)),
+)}
+ALGORITHMS = tuple(METHODS)
+BASELINE_ALGORITHMS = ('fedavg', 'fedavgm', 'fedadam', 'fedprox', 'fedsgd')
+FEDLEX_ALGORITHMS = tuple(name for name in METHODS if name.startswith('fedlex_'))
+
+
+def all_flags() -> tuple:
+  """Every method flag once, in declaration order."""
+  seen = {}
+  for method in METHODS.values():
+    for flag in method.flags:
+      seen.setdefault(flag.name, flag)
+  return tuple(seen.values())
+
+
+def config_fields() -> list:
+  """(name, type, dataclasses.field) of every method flag, for ExperimentConfig."""
+  return [(f.name, type(f.default), dataclasses.field(default=f.default)) for f in all_flags()]
+
+
+def define_absl_flags() -> dict:
+  """Defines every method flag with absl; returns {name: FlagHolder}."""
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
+            str: flags.DEFINE_string}
+  return {f.name: define[type(f.default)](f.name, f.default, f.help) for f in all_flags()}
+
+
+def _readme_default(flag: Flag) -> str:
+  if isinstance(flag.default, bool):
+    return str(flag.default).lower()
+  return str(flag.default)
+
+
+def readme_table() -> str:
+  """The README's table of method flags (README.md holds it between the option markers)."""
+  lines = ['| flag | default | method | sets | meaning |', '|---|---|---|---|---|']
+  for flag in all_flags():
+    users = [m for m in METHODS.values() if flag in m.flags]
+    method = ', '.join(m.name for m in users)
+    if flag.target == BUILDER:
+      sets = f'`{users[0].builder.split(":")[1]}({flag.kwarg}=)`'
+    elif flag.target == EXPLORATION:
+      sets = f'`build_fedlex_exploration({flag.kwarg}=)`'
+    else:
+      sets = 'the program\'s loop'
+    meaning = flag.help.replace('|', '\\|')
+    lines.append(f'| `--{flag.name}` | {_readme_default(flag)} | {method} | {sets} | {meaning} |')
+  return '\n'.join(lines) + '\n'
+
+
+README_BEGIN = '<!-- method flags: generated by `python -m programs.methods`; do not edit -->'
+README_END = '<!-- end of method flags -->'
+
+
+if __name__ == '__main__':
+  print(README_BEGIN)
+  print(readme_table(), end='')
+  print(README_END)

@@ -1,0 +1,454 @@
+"""Every documented flag of programs/train.py changes what it claims to change.
+
+The flag lists come from the README's tables, programs/train.py and the method registry
+(programs/methods.py), and are checked against each other. Each flag is then shown to reach
+its target by the cheapest path:
+- a method flag (BUILDER / EXPLORATION target): the program's config -> builder path with the
+  builder replaced by a recorder; a changed value must arrive in the flag's keyword. That the
+  keyword changes the computation is shown by the unit test named in KEYWORD_TESTS (checked
+  to exist and to be in the default suite);
+- a server, client or data flag: the recorded builder arguments, the optimizers'
+  hyperparameters, the partition or the model;
+- a flag of the loop (rounds, eval_every, progress, the output place, FedLEx's exploration
+  and refresh): one 3-round FedLEx run on digits;
+- the rest (resume, the worker flags): the default-suite test named in TESTED_ELSEWHERE.
+"""
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import os
+import re
+
+import numpy as np
+import pytest
+
+from programs import experiment
+from programs import methods
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = dict(dataset='digits', num_clients=10, clients_per_round=4, batch_size=16,
+            client_lr=0.1, progress=False)
+NUM_CLIENTS = 10
+
+# A valid value other than the default, per method flag: the registry may not grow a flag
+# without one (test_every_method_flag_has_a_changed_value).
+CHANGED = dict(
+    fedcross_alpha=0.7, fedcross_selection='in_order', fedcross_alpha_schedule=True,
+    fedcross_num_propellers=2, fedcross_accel_rounds=5,
+    fedcda_cache_size=2, fedcda_batches=2, fedcda_warmup_rounds=7, fedcda_smoothness=0.5,
+    fedcda_selection='newest', fedcda_warmup_weighting='uniform', fedcda_max_cache_gib=1.5,
+    cadis_threshold=0.9, cadis_threshold_max=0.99, cadis_kd_weight=0.5,
+    cadis_kd_reduction='mean', cadis_similarity_layer='kernel', cadis_sample_weighted=False,
+    cadis_closure='components', cadis_transitive=True,
+    fedlex_explorer_fraction=0.5, fedlex_exploration_epochs=2, fedlex_exploration_patience=3,
+    fedlex_normalize='after_mean', fedlex_guidance_floor=0.1, fedlex_refresh=True)
+
+# (method, builder keyword) -> the default-suite unit test showing that the keyword changes
+# the computation (against numpy or a reference), as 'file::test'.
+KEYWORD_TESTS = {
+    ('fedcross', 'alpha'): 'tests/test_fedcross.py::test_rules_and_cross_aggregate_match_numpy',
+    ('fedcross', 'selection'):
+        'tests/test_fedcross.py::test_rules_and_cross_aggregate_match_numpy',
+    ('fedcross', 'alpha_schedule'): 'tests/test_fedcross.py::test_alpha_schedule_and_propellers',
+    ('fedcross', 'num_propellers'): 'tests/test_fedcross.py::test_alpha_schedule_and_propellers',
+    ('fedcross', 'accel_rounds'): 'tests/test_fedcross.py::test_alpha_schedule_and_propellers',
+    ('fedcda', 'cache_size'): 'tests/test_fedcda.py::test_fifo_cache_keeps_the_newest_k_in_age_order',
+    ('fedcda', 'num_batches'): 'tests/test_fedcda.py::test_cache_round_matches_numpy_brute_force',
+    ('fedcda', 'warmup_rounds'): 'tests/test_fedcda.py::test_cache_round_matches_numpy_brute_force',
+    ('fedcda', 'smoothness'): 'tests/test_fedcda.py::test_cache_round_matches_numpy_brute_force',
+    ('fedcda', 'selection'): 'tests/test_fedcda.py::test_random_selection_picks_cached_models_only',
+    ('fedcda', 'warmup_weighting'):
+        'tests/test_fedcda.py::test_uniform_warmup_weighting_is_the_plain_mean',
+    ('fedcda', 'max_cache_gib'): 'tests/test_fedcda.py::test_builder_refuses_a_cache_above_the_limit',
+    ('cadis', 'threshold'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
+    ('cadis', 'threshold_max'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
+    ('cadis', 'kd_weight'): 'tests/test_cadis.py::test_lambda_zero_equals_plain_client_work_bit_for_bit',
+    ('cadis', 'kd_reduction'): 'tests/test_cadis.py::test_kd_client_work_matches_plain_tf_reference',
+    ('cadis', 'similarity_layer'): 'tests/test_cadis.py::test_build_cadis_refuses_bad_arguments',
+    ('cadis', 'sample_weighted'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
+    ('cadis', 'closure'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
+    ('cadis', 'transitive'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
+    ('fedlex', 'exploration_patience'): 'tests/test_fedlex.py::test_early_stopping_counts_epochs',
+    ('fedlex', 'normalize'): 'tests/test_fedlex.py::test_exploration_matches_numpy',
+    ('fedlex', 'guidance_floor'): 'tests/test_fedlex.py::test_exploration_matches_numpy',
+    # The general flags' keywords.
+    ('fedprox', 'proximal_strength'): 'tests/test_baselines.py::test_fedprox_matches_plain_tf_reference',
+    ('fedavgm', 'server_learning_rate'):
+        'tests/test_method_flags.py::test_server_hyperparameters_reach_the_process_state',
+    ('fedavgm', 'server_momentum'):
+        'tests/test_method_flags.py::test_server_hyperparameters_reach_the_process_state',
+    ('fedadam', 'server_learning_rate'):
+        'tests/test_method_flags.py::test_server_hyperparameters_reach_the_process_state',
+}
+
+# Flags whose effect a default-suite test elsewhere shows.
+TESTED_ELSEWHERE = {
+    'resume': 'tests/test_train_program.py::test_resume_after_kill_is_identical_to_unbroken_run',
+    'workers': 'tests/test_distributed.py::test_program_on_given_and_local_services_reproduces_local_weights',
+    'local_workers':
+        'tests/test_distributed.py::test_program_on_given_and_local_services_reproduces_local_weights',
+    'worker_timeout': 'tests/test_distributed.py::test_program_worker_flags_bad_input_is_one_line',
+}
+
+
+def _config(**changes):
+  return experiment.ExperimentConfig(**dict(BASE, **changes))
+
+
+def _readme_flags() -> set:
+  """Every --flag named in the first column of a README table."""
+  with open(os.path.join(ROOT, 'README.md')) as f:
+    rows = [line for line in f if line.startswith('| `--')]
+  return {name for row in rows for name in re.findall(r'`--([a-z0-9_]+)', row.split(' | ')[0])}
+
+
+def _program_flags() -> set:
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  import programs.train  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  by_module = flags.FLAGS.flags_by_module_dict()
+  return {f.name for module in ('programs.train', 'programs.methods')
+          for f in by_module.get(module, [])}
+
+
+def _test_exists_in_default_suite(node_id: str) -> bool:
+  path, name = node_id.split('::')
+  with open(os.path.join(ROOT, path)) as f:
+    source = f.read()
+  tree = ast.parse(source)
+  if any(isinstance(n, ast.Assign) and any(getattr(t, 'id', '') == 'pytestmark' for t in n.targets)
+         and 'slow' in ast.get_source_segment(source, n) for n in tree.body):
+    return False
+  for node in tree.body:
+    if isinstance(node, ast.FunctionDef) and node.name == name:
+      return not any('slow' in ast.get_source_segment(source, d) for d in node.decorator_list)
+  return False
+
+
+# --------------------------------------------------------------------------- #
+# The flag lists agree
+# --------------------------------------------------------------------------- #
+
+
+def test_readme_tables_program_and_config_name_the_same_flags():
+  fields = {f.name for f in dataclasses.fields(experiment.ExperimentConfig)}
+  assert _program_flags() == fields
+  assert _readme_flags() == fields
+
+
+def test_readme_method_flag_table_is_the_registrys():
+  with open(os.path.join(ROOT, 'README.md')) as f:
+    readme = f.read()
+  block = f'{methods.README_BEGIN}\n{methods.readme_table()}{methods.README_END}\n'
+  assert block in readme, 'regenerate it: python -m programs.methods'
+
+
+def test_every_method_flag_has_a_changed_value():
+  assert set(CHANGED) == {f.name for f in methods.all_flags()}
+  for flag in methods.all_flags():
+    assert CHANGED[flag.name] != flag.default and type(CHANGED[flag.name]) is type(flag.default)
+
+
+def test_every_flag_is_tested():
+  """Each README flag is exercised here or by a named default-suite test elsewhere."""
+  here = (set(CHANGED) | set(GENERAL_FLAGS_TESTED_HERE))
+  assert _readme_flags() <= here | set(TESTED_ELSEWHERE), _readme_flags() - here - set(TESTED_ELSEWHERE)
+  for node_id in list(TESTED_ELSEWHERE.values()) + list(KEYWORD_TESTS.values()):
+    assert _test_exists_in_default_suite(node_id), node_id
+
+
+def test_every_builder_keyword_has_a_test_of_its_effect():
+  keywords = set()
+  for method in methods.METHODS.values():
+    family = 'fedlex' if method.name in methods.FEDLEX_ALGORITHMS else method.name
+    keywords |= {(family, f.kwarg) for f in method.flags if f.kwarg}
+  assert keywords <= set(KEYWORD_TESTS), keywords - set(KEYWORD_TESTS)
+
+
+# --------------------------------------------------------------------------- #
+# Method flags reach their builder keyword
+# --------------------------------------------------------------------------- #
+
+
+def _record_builder(monkeypatch, module_function: str) -> list:
+  """Replaces the builder by a recorder of its (args, kwargs), which must fit its signature."""
+  module, function = module_function.split(':')
+  module = importlib.import_module(module)
+  signature = inspect.signature(getattr(module, function))
+  calls = []
+
+  def record(*args, **kwargs):
+    signature.bind(*args, **kwargs)
+    calls.append((args, kwargs))
+    return 'built'
+
+  monkeypatch.setattr(module, function, record)
+  return calls
+
+
+def _built_call(monkeypatch, config):
+  """(args, kwargs) the program passes to the method's builder for `config`."""
+  experiment.validate(config)
+  calls = _record_builder(monkeypatch, methods.METHODS[config.algorithm].builder)
+  assert experiment.build_process(config, lambda: None, NUM_CLIENTS) == 'built'
+  assert len(calls) == 1
+  return calls[0]
+
+
+METHOD_FLAG_CASES = [(m.name, f.name) for m in methods.METHODS.values() for f in m.flags
+                     if f.target == methods.BUILDER]
+EXPLORATION_FLAGS = [f.name for f in methods.FEDLEX_FLAGS if f.target == methods.EXPLORATION]
+
+
+@pytest.mark.parametrize('algorithm, name', METHOD_FLAG_CASES,
+                         ids=[f'{a}-{n}' for a, n in METHOD_FLAG_CASES])
+def test_method_flag_reaches_its_builder_keyword(monkeypatch, algorithm, name):
+  flag = next(f for f in methods.METHODS[algorithm].flags if f.name == name)
+  _, default_kwargs = _built_call(monkeypatch, _config(algorithm=algorithm))
+  _, kwargs = _built_call(monkeypatch, _config(algorithm=algorithm, **{name: CHANGED[name]}))
+  assert kwargs[flag.kwarg] == flag.transform(CHANGED[name]) != default_kwargs[flag.kwarg]
+  # ... and nothing else changed.
+  assert {k: v for k, v in kwargs.items() if k != flag.kwarg} == {
+      k: v for k, v in default_kwargs.items() if k != flag.kwarg}
+
+
+@pytest.mark.parametrize('algorithm', methods.FEDLEX_ALGORITHMS)
+@pytest.mark.parametrize('name', EXPLORATION_FLAGS)
+def test_fedlex_flag_reaches_the_exploration_builder(monkeypatch, algorithm, name):
+  flag = next(f for f in methods.FEDLEX_FLAGS if f.name == name)
+  calls = _record_builder(monkeypatch, 'tff_algos.fedlex:build_fedlex_exploration')
+  for config in (_config(algorithm=algorithm), _config(algorithm=algorithm, **{name: CHANGED[name]})):
+    experiment.validate(config)
+    experiment._fedlex_exploration(config, lambda: None, NUM_CLIENTS)  # pylint: disable=protected-access
+  (_, default_kwargs), (_, kwargs) = calls
+  assert kwargs[flag.kwarg] == flag.transform(CHANGED[name]) != default_kwargs[flag.kwarg]
+
+
+def test_explorer_fraction_sets_the_number_of_explorers():
+  for fraction, count in ((0.2, 2), (0.5, 5), (1.0, 10)):
+    explorers = experiment.fedlex_explorers(
+        _config(algorithm='fedlex_avgm', fedlex_explorer_fraction=fraction), NUM_CLIENTS)
+    assert len(np.unique(explorers)) == count and explorers.max() < NUM_CLIENTS
+
+
+@pytest.mark.parametrize('algorithm', methods.ALGORITHMS)
+def test_another_methods_flags_are_refused(algorithm):
+  for flag in methods.all_flags():
+    if flag in methods.METHODS[algorithm].flags:
+      continue
+    with pytest.raises(experiment.ExperimentError, match=f'--{flag.name} is not used'):
+      experiment.validate(_config(algorithm=algorithm, **{flag.name: CHANGED[flag.name]}))
+
+
+# --------------------------------------------------------------------------- #
+# Server, client and data flags
+# --------------------------------------------------------------------------- #
+
+
+def _hparams(optimizer) -> dict:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  state = optimizer.initialize((tf.TensorSpec([2], tf.float32),))
+  return {k: round(float(v), 6) for k, v in optimizer.get_hparams(state).items()}
+
+
+# (changes, what the builder receives): keyword -> value, or keyword -> {hparam: value} for an
+# optimizer.
+SERVER_CASES = {
+    'optimizer': (dict(server_optimizer='adam'),
+                  dict(server_optimizer_fn=dict(learning_rate=0.01, beta_1=0.9))),
+    'lr': (dict(server_lr=0.3), dict(server_optimizer_fn=dict(learning_rate=0.3))),
+    'sgdm': (dict(server_optimizer='sgdm', server_lr=0.5, server_momentum=0.7),
+             dict(server_optimizer_fn=dict(learning_rate=0.5, momentum=0.7))),
+    'proximal': (dict(proximal_strength=0.2), dict(proximal_strength=0.2)),
+    'avgm_lr': (dict(server_lr=0.3), dict(server_learning_rate=0.3)),
+    'avgm_momentum': (dict(server_momentum=0.5), dict(server_momentum=0.5)),
+}
+SERVER_FLAG_CASES = {
+    'fedavg': ('optimizer', 'lr', 'sgdm'), 'fedsgd': ('optimizer', 'lr', 'sgdm'),
+    'cadis': ('optimizer', 'lr', 'sgdm'), 'fedlex_sgd': ('optimizer', 'lr', 'sgdm'),
+    'fedprox': ('optimizer', 'lr', 'sgdm', 'proximal'),
+    'fedlex_prox': ('optimizer', 'lr', 'sgdm', 'proximal'),
+    'fedavgm': ('avgm_lr', 'avgm_momentum'), 'fedlex_avgm': ('avgm_lr', 'avgm_momentum'),
+    'fedadam': ('avgm_lr',), 'fedlex_opt': ('avgm_lr',), 'fedcross': (), 'fedcda': (),
+}
+SERVER_PAIRS = [(a, case) for a, cases in SERVER_FLAG_CASES.items() for case in cases]
+
+
+def test_server_flag_cases_cover_what_each_method_reads():
+  assert set(SERVER_FLAG_CASES) == set(methods.ALGORITHMS)
+  for algorithm, cases in SERVER_FLAG_CASES.items():
+    covered = {name for case in cases for name in SERVER_CASES[case][0]}
+    assert covered == set(methods.METHODS[algorithm].reads), algorithm
+
+
+@pytest.mark.parametrize('algorithm, case', SERVER_PAIRS, ids=[f'{a}-{c}' for a, c in SERVER_PAIRS])
+def test_server_flags_reach_the_builder(monkeypatch, algorithm, case):
+  changes, expected = SERVER_CASES[case]
+  _, default_kwargs = _built_call(monkeypatch, _config(algorithm=algorithm))
+  _, kwargs = _built_call(monkeypatch, _config(algorithm=algorithm, **changes))
+  for keyword, value in expected.items():
+    if isinstance(value, dict):
+      got = _hparams(kwargs[keyword])
+      assert {k: got.get(k) for k in value} == value, got
+      assert default_kwargs[keyword] is None or _hparams(default_kwargs[keyword]) != got
+    else:
+      assert kwargs[keyword] == value != default_kwargs[keyword]
+
+
+def test_server_hyperparameters_reach_the_process_state(monkeypatch):
+  """build_fedavgm / build_fedadam turn their keywords into the server optimizer of the FedAvg
+  they build (which test_baselines.py's *_matches_tff tests show is the one applied)."""
+  from tff_algos import baselines  # pylint: disable=g-import-not-at-top
+  calls = _record_builder(monkeypatch, 'tff_algos.baselines:build_fedavg')
+  baselines.build_fedavgm(None, None, 16, server_learning_rate=0.3, server_momentum=0.5)
+  baselines.build_fedadam(None, None, 16, server_learning_rate=0.07)
+  (avgm_args, _), (adam_args, _) = calls
+  assert _hparams(avgm_args[3]) == dict(learning_rate=0.3, momentum=0.5)
+  assert _hparams(adam_args[3])['learning_rate'] == 0.07
+
+
+def test_client_flags_reach_the_builder(monkeypatch):
+  """--client_lr, --client_momentum, --batch_size, --clients_per_round, --num_clients, --seed."""
+  args, _ = _built_call(monkeypatch, _config(client_lr=0.05, client_momentum=0.8, batch_size=7))
+  assert _hparams(args[1]) == dict(learning_rate=0.05, momentum=0.8) and args[2] == 7
+  args, _ = _built_call(monkeypatch, _config(algorithm='fedcross', clients_per_round=3))
+  assert args[3] == 3
+  args, kwargs = _built_call(monkeypatch, _config(algorithm='fedcda', seed=4))
+  assert (args[3], args[4], kwargs['seed']) == (NUM_CLIENTS, 4, 4)
+
+
+def _labels_per_client(fed):
+  return [np.unique(fed.client_arrays(i)[1]) for i in range(fed.num_clients)]
+
+
+def _sizes(fed):
+  return [len(fed.client_arrays(i)[1]) for i in range(fed.num_clients)]
+
+
+def test_partition_flags_change_the_partition():
+  load = lambda **changes: experiment.load_federated_data(_config(**changes))  # noqa: E731
+  default = load()
+  assert default.num_clients == NUM_CLIENTS and load(num_clients=6).num_clients == 6
+  assert _sizes(load(seed=1)) != _sizes(default)
+  assert _sizes(load(dirichlet_alpha=5.0)) != _sizes(default)
+  iid = load(partition='iid')
+  assert max(_sizes(iid)) - min(_sizes(iid)) <= 1
+  for k in (2, 3):
+    fed = load(partition='classes', classes_per_client=k)
+    assert {len(labels) for labels in _labels_per_client(fed)} == {k}
+  one, three = (load(partition='shards', shards_per_client=s) for s in (1, 3))
+  assert max(len(l) for l in _labels_per_client(one)) < max(len(l) for l in _labels_per_client(three))
+  even, skewed = (load(partition='quantity', quantity_alpha=a) for a in (100.0, 0.3))
+  assert np.std(_sizes(skewed)) > 2 * np.std(_sizes(even))
+
+
+def test_dataset_and_data_dir_are_read(tmp_path):
+  from tests.helpers import write_leaf_json  # pylint: disable=g-import-not-at-top
+  users = {f'u{i}': {'x': [[0.5] * 784] * 3, 'y': [i, i, i]} for i in range(3)}
+  for split in ('train', 'test'):
+    write_leaf_json(str(tmp_path / split / 'a.json'), users)
+  fed = experiment.load_federated_data(
+      _config(dataset='femnist_leaf', data_dir=str(tmp_path), num_clients=3))
+  assert fed.num_clients == 3 and sorted(np.concatenate(_labels_per_client(fed))) == [0, 1, 2]
+
+
+def test_model_flag_chooses_the_model(monkeypatch):
+  monkeypatch.setattr(experiment, '_LAST_BUILT', {})
+  monkeypatch.setattr(experiment, 'build_process', lambda *args: 'built')
+  monkeypatch.setattr(experiment, 'Evaluator', lambda *args: None)
+  fed = experiment.load_federated_data(_config())
+  sizes = {}
+  for model in ('', 'mlp_2nn'):
+    name, model_fn, _, _ = experiment._build_computations(_config(model=model), fed, NUM_CLIENTS)  # pylint: disable=protected-access
+    sizes[name] = sum(int(np.prod(v.shape)) for v in model_fn().trainable_variables)
+  assert set(sizes) == {'tiny_cnn', 'mlp_2nn'} and sizes['tiny_cnn'] != sizes['mlp_2nn']
+
+
+# --------------------------------------------------------------------------- #
+# The loop's flags: one short run
+# --------------------------------------------------------------------------- #
+
+LOOP_RUN = dict(algorithm='fedlex_avgm', num_clients=6, clients_per_round=3, rounds=3,
+                eval_every=2, local_epochs=2, fedlex_explorer_fraction=0.5,
+                fedlex_exploration_epochs=2, fedlex_refresh=True, progress=True,
+                experiment_name='loop')
+
+
+@pytest.fixture(scope='module')
+def loop_run(tmp_path_factory):
+  import csv  # pylint: disable=g-import-not-at-top
+  root = tmp_path_factory.mktemp('loop')
+  config = _config(root_output_dir=str(root), **LOOP_RUN)
+  import contextlib  # pylint: disable=g-import-not-at-top
+  # A real file: the TFF worker started by the run inherits stderr's file descriptor.
+  with open(root / 'stderr.txt', 'w+') as stderr, contextlib.redirect_stderr(stderr):
+    summary = experiment.run_experiment(config)
+    stderr.seek(0)
+    printed = stderr.read()
+  with open(root / 'loop' / 'metrics.csv') as f:
+    rows = list(csv.DictReader(f))
+  return config, summary, rows, printed, root
+
+
+def test_loop_flags(loop_run):
+  """--rounds, --eval_every, --root_output_dir/--experiment_name, --progress."""
+  config, summary, rows, stderr, root = loop_run
+  assert [int(r['round']) for r in rows] == [1, 2, 3] and summary['rounds'] == 3
+  assert [bool(r['test_accuracy']) for r in rows] == [False, True, True]
+  assert summary['experiment_dir'] == str(root / 'loop')
+  assert os.path.exists(root / 'loop' / 'summary.json')
+  assert '3/3' in stderr  # the progress bar
+
+
+def test_fedlex_exploration_and_refresh_flags(loop_run):
+  """--fedlex_explorer_fraction, --fedlex_exploration_epochs, --fedlex_refresh."""
+  import data  # pylint: disable=g-import-not-at-top
+  config, summary, rows, _, _ = loop_run
+  explorers = experiment.fedlex_explorers(config, config.num_clients)
+  assert len(explorers) == 3
+  expected, cumulative = 3 * 2, []   # explorers x exploration epochs, then each refresh
+  for round_num in (1, 2, 3):
+    sampled = data.sample_clients(config.num_clients, config.clients_per_round, round_num,
+                                  config.seed)
+    expected += 2 * len(np.intersect1d(sampled, explorers))
+    cumulative.append(expected)
+  assert cumulative[-1] > 6  # the refresh did run
+  assert [float(r['exploration_client_epochs']) for r in rows] == cumulative
+  assert summary['exploration_client_epochs'] == cumulative[-1]
+
+
+def test_client_flags_and_costs_in_the_run(loop_run):
+  """--num_clients, --clients_per_round and --seed choose each round's clients, which train
+  --local_epochs epochs each; the costs in summary.json are what they counted."""
+  import data  # pylint: disable=g-import-not-at-top
+  config, summary, rows, _, _ = loop_run
+  fed = experiment.load_federated_data(config)
+  for row in rows:
+    sampled = data.sample_clients(config.num_clients, config.clients_per_round,
+                                  int(row['round']), config.seed)
+    assert len(sampled) == 3
+    examples = sum(len(fed.client_arrays(int(i))[1]) for i in sampled)
+    assert float(row['client_work/train/num_examples']) == examples
+    assert float(row['client_work/train/examples_trained']) == 2 * examples
+    assert float(row['client_work/train/client_epochs']) == 3 * 2
+  assert summary['client_epochs_training'] == 3 * 3 * 2
+  assert summary['examples_trained'] == sum(
+      float(r['client_work/train/examples_trained']) for r in rows)
+
+
+GENERAL_FLAGS_TESTED_HERE = (
+    'algorithm', 'dataset', 'data_dir', 'partition', 'dirichlet_alpha', 'shards_per_client',
+    'classes_per_client', 'quantity_alpha', 'num_clients', 'clients_per_round', 'rounds',
+    'local_epochs', 'batch_size', 'client_lr', 'client_momentum', 'server_optimizer', 'server_lr',
+    'server_momentum', 'proximal_strength', 'model', 'seed', 'eval_every', 'root_output_dir',
+    'experiment_name', 'progress')
+
+
+def test_every_compare_suite_run_is_a_valid_configuration():
+  """benchmarks/suites.py's runs use only flags their method reads, with valid values."""
+  from benchmarks import suites  # pylint: disable=g-import-not-at-top
+  for suite in suites.SUITES.values():
+    tuned = suites.load_tuned(suite.name)
+    for run in suite.runs:
+      experiment.validate(experiment.ExperimentConfig(**suite.config_overrides(run, tuned)))
