@@ -751,9 +751,11 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
     from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
     d = sum(int(np.asarray(w).size) for w in tf.nest.flatten(process.get_model_weights(state)))
     summary['fedcda_state_formula_bytes'] = cross_round_cache.state_size_bytes(
-        num_clients, c.fedcda_cache_size, d)
+        num_clients, c.fedcda_cache_size, d, c.fedcda_cache_dtype)
+    b = cross_round_cache.CACHE_DTYPES[c.fedcda_cache_dtype]
     summary['fedcda_cache_formula'] = (
-        f'4*N*K*D = 4*{num_clients}*{c.fedcda_cache_size}*{d} bytes + 4*(3NK+2N+1) bookkeeping')
+        f'{b}*N*K*D = {b}*{num_clients}*{c.fedcda_cache_size}*{d} bytes ({c.fedcda_cache_dtype}) '
+        '+ 4*(3NK+2N+1) bookkeeping')
   if c.algorithm in FEDLEX_ALGORITHMS:
     from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
     summary['guidance'] = fedlex.guidance_statistics(fedlex.get_guidance(state))

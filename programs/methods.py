@@ -152,6 +152,7 @@ def _fedcross_check(c) -> Optional[str]:
 # ---- FedCDA (ALGORITHMS.md section 2) ----
 FEDCDA_SELECTIONS = ('batch_greedy', 'exact', 'newest', 'random')
 FEDCDA_WARMUP_WEIGHTINGS = ('data_size', 'uniform')
+FEDCDA_CACHE_DTYPES = ('float32', 'float16', 'bfloat16')  # cross_round_cache.CACHE_DTYPES
 FEDCDA_FLAGS = (
     Flag('fedcda_cache_size', 3, 'FedCDA: models cached per client (K).', at_least(1),
          kwarg='cache_size'),
@@ -167,8 +168,12 @@ FEDCDA_FLAGS = (
          'FedCDA: client weights of the warmup FedAvg: data_size (the paper) or uniform.',
          one_of(FEDCDA_WARMUP_WEIGHTINGS), kwarg='warmup_weighting'),
     Flag('fedcda_max_cache_gib', 4.0,
-         'FedCDA: refuse a cache (4*N*K*D bytes) above this many GiB.', positive,
+         'FedCDA: refuse a cache (b*N*K*D bytes) above this many GiB.', positive,
          kwarg='max_cache_gib'),
+    Flag('fedcda_cache_dtype', 'float32',
+         'FedCDA: dtype of the cached models: float32, or float16 / bfloat16 (b = 2 bytes per '
+         'weight: half the memory; uploads are rounded as they enter the cache).',
+         one_of(FEDCDA_CACHE_DTYPES), kwarg='cache_dtype'),
 )
 
 

@@ -283,6 +283,8 @@ def test_lower_precision_cache_halves_the_state_inside_tff(cache_dtype):
   assert np.asarray(out.state['cache'].trainable[0]).dtype == np_dtype
   with pytest.raises(ValueError, match='cache_dtype'):
     crc.validate_options(n, p, k, 1, 1, 1.0, 'exact', 'data_size', 'float64')
+  from programs import methods  # pylint: disable=g-import-not-at-top
+  assert methods.FEDCDA_CACHE_DTYPES == tuple(crc.CACHE_DTYPES)  # the program's choices
   with pytest.raises(ValueError, match='float16'):  # the limit's message names the option
     crc.build_cross_round_cache_process(weights_type, 10**7, 3, max_cache_gib=1.0)
 

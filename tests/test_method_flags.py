@@ -39,6 +39,7 @@ CHANGED = dict(
     fedcross_num_propellers=2, fedcross_accel_rounds=5,
     fedcda_cache_size=2, fedcda_batches=2, fedcda_warmup_rounds=7, fedcda_smoothness=0.5,
     fedcda_selection='newest', fedcda_warmup_weighting='uniform', fedcda_max_cache_gib=1.5,
+    fedcda_cache_dtype='float16',
     cadis_threshold=0.9, cadis_threshold_max=0.99, cadis_kd_weight=0.5,
     cadis_kd_reduction='mean', cadis_similarity_layer='kernel', cadis_sample_weighted=False,
     cadis_closure='components', cadis_transitive=True,
@@ -62,6 +63,8 @@ KEYWORD_TESTS = {
     ('fedcda', 'warmup_weighting'):
         'tests/test_fedcda.py::test_uniform_warmup_weighting_is_the_plain_mean',
     ('fedcda', 'max_cache_gib'): 'tests/test_fedcda.py::test_builder_refuses_a_cache_above_the_limit',
+    ('fedcda', 'cache_dtype'):
+        'tests/test_fedcda.py::test_lower_precision_cache_halves_the_state_inside_tff',
     ('cadis', 'threshold'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
     ('cadis', 'threshold_max'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
     ('cadis', 'kd_weight'): 'tests/test_cadis.py::test_lambda_zero_equals_plain_client_work_bit_for_bit',
