@@ -140,6 +140,10 @@ def _cadis() -> Suite:
               'CNN, E = 1, batch 32 and 150 rounds so that 15 runs fit in about 2 hours, with '
               'the client learning rate tuned (momentum 0.5). λ = 1, τ₀ = 0.975 → 0.985 as '
               'ALGORITHMS.md.'),
+      summary_columns=(('λ·KD / cross-entropy (mean over rounds)',
+                        ('cadis_kd_to_cross_entropy',), '.3f'),
+                       ('first round the clusters match', ('cadis_first_round_clusters_match',),
+                        '.0f')),
       notes=('Why CADIS trailed FedAvg at 50 rounds: `weights.md` (written by '
              '`python -m benchmarks.cadis_weights`). On MC every cluster owns equal data, so '
              'n_i already carries 1/|C_i|; eq. 1 applies it twice and a round\'s mean rests on '

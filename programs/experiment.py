@@ -747,6 +747,16 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
     summary['cadis_first_round_clusters_match'] = matched[0] if matched else None
     summary['cadis_final_num_clusters'] = (
         int(float(rows[-1]['aggregator/num_clusters'])) if rows else None)
+    # The KD term's size beside the cross-entropy it regularises (both example-weighted
+    # means over every local step, averaged over rounds); absent without KD.
+    kd = [float(r['client_work/train/extra_loss']) for r in rows
+          if r.get('client_work/train/extra_loss') not in (None, '')]
+    ce = [float(r['client_work/train/loss']) for r in rows
+          if r.get('client_work/train/extra_loss') not in (None, '')]
+    if kd:
+      summary['cadis_kd_loss_mean'] = float(np.mean(kd))
+      summary['cadis_cross_entropy_mean'] = float(np.mean(ce))
+      summary['cadis_kd_to_cross_entropy'] = float(np.mean(kd) / max(np.mean(ce), 1e-12))
   if c.algorithm == 'fedcda':
     from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
     d = sum(int(np.asarray(w).size) for w in tf.nest.flatten(process.get_model_weights(state)))
