@@ -25,7 +25,7 @@ from nbclient import NotebookClient
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCALE_ENV = 'TFF_ALGOS_NOTEBOOK_SCALE'
 SCALES = ('full', 'ci')
-NOTEBOOKS = ('1_quickstart.ipynb', '3_inside_the_methods.ipynb')
+NOTEBOOKS = ('1_quickstart.ipynb', '2_your_tff_pipeline.ipynb', '3_inside_the_methods.ipynb')
 FIGURE_TAG = 'figure'  # cells tagged so must show a plot (image/png) when executed
 METADATA_KEY = 'tff_algos'
 
