@@ -255,7 +255,24 @@ def _tuning_lines(suite: suites.Suite, tuned) -> list:
       chosen = 'yes' if tuned and tuned.get(algorithm) == values else ''
       lines.append(f'| {run} | ' + ', '.join(f'{k}={v:g}' for k, v in values.items()) +
                    f' | {score} | {chosen} |')
+  edges = grid_edges(suite, tuned)
+  if edges:
+    lines += [''] + [f'- {e}' for e in edges]
   return lines + ['']
+
+
+def grid_edges(suite: suites.Suite, tuned) -> list:
+  """A chosen value at the end of its grid: the optimum may lie beyond what was tried."""
+  out = []
+  for run, grid in suite.grid.items():
+    algorithm = suite.config_overrides(run)['algorithm']
+    chosen = (tuned or {}).get(algorithm) or {}
+    for key, values in grid.items():
+      if key in chosen and len(values) > 1 and chosen[key] in (min(values), max(values)):
+        side = 'largest' if chosen[key] == max(values) else 'smallest'
+        out.append(f'{algorithm}: {key}={chosen[key]:g} is the {side} value of its grid, so '
+                   f'a better one may lie beyond it (not tried).')
+  return out
 
 
 def _status(runs: dict) -> list:

@@ -103,3 +103,12 @@ def test_cadis_weight_diagnosis_regenerates_byte_for_byte():
   from benchmarks import cadis_weights  # pylint: disable=g-import-not-at-top
   with open(cadis_weights.OUT) as f:
     assert f.read() == cadis_weights.page()
+
+
+def test_a_chosen_value_on_the_grid_edge_is_said():
+  suite = suites.SUITES['fedcda']
+  top = {k: max(v) for k, v in suite.grid['fedcda_dir0.1'].items()}
+  inner = {k: sorted(v)[1] for k, v in suite.grid['fedavg_dir0.1'].items()}
+  edges = report.grid_edges(suite, {'fedcda': top, 'fedavg': inner})
+  assert len(edges) == 1 and edges[0].startswith('fedcda: client_lr=0.1 is the largest')
+  assert report.grid_edges(suite, None) == []
