@@ -77,8 +77,9 @@ def weights_arrays(weights):
 
 
 # ResNet-20's round costs ~3.5 min here (tracing and compiling its 20 BatchNorm layers), 10x
-# tiny_cnn's: slow-only. VGG-16 (~2 min) keeps BatchNorm in the default suite.
-SLOW_MODELS = frozenset({'resnet20'})
+# tiny_cnn's, VGG-16's ~2 min: slow-only. BatchNorm statistics through a process stay in the
+# default suite (tests/test_tff_user.py::test_batchnorm_statistics_are_averaged).
+SLOW_MODELS = frozenset({'resnet20', 'vgg16'})
 
 
 @pytest.mark.parametrize('name', [

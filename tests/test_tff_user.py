@@ -220,9 +220,20 @@ def _run_train_model(process, client_data, root_dir, total_rounds, context):
   return list(model_output.values().values()), train_metrics.values()
 
 
+_BUILT = {}
+
+
+def _built(name, model_fn):
+  """BUILDERS[name]'s process, built once for the module (building one traces and compiles
+  its computations: 10-60 s each here)."""
+  if name not in _BUILT:
+    _BUILT[name] = BUILDERS[name](model_fn)
+  return _BUILT[name]
+
+
 @pytest.mark.parametrize('name', list(BUILDERS))
 def test_builder_through_tff_loops(name, model_fn, client_data, program_context, tmp_path):
-  process = BUILDERS[name](model_fn)
+  process = _built(name, model_fn)
   source_type = data.federated_data_source(client_data).federated_type
   assert process.next.type_signature.parameter[1].is_assignable_from(source_type)
   metrics = tff.program.MemoryReleaseManager()
@@ -335,8 +346,8 @@ def test_cadis_with_a_wrapped_mean_factory_equals_default_cadis(model_fn, client
                           model_aggregator=tff.aggregators.MeanFactory)
   models, metrics = [], []
   for factory in (None, wrapped):
-    process = tff_algos.build_cadis(model_fn, sgd(), BATCH, len(IDS), clients_per_round=P,
-                                    model_aggregator=factory)
+    process = _built('cadis', model_fn) if factory is None else tff_algos.build_cadis(
+        model_fn, sgd(), BATCH, len(IDS), clients_per_round=P, model_aggregator=factory)
     manager = tff.program.MemoryReleaseManager()
     state = tff.simulation.run_training_process(
         process, data.client_selection_fn(client_data, P, epochs=EPOCHS, seed=0),
