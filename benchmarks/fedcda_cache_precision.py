@@ -47,11 +47,6 @@ flags.DEFINE_string('output', 'benchmarks/logs/fedcda_cache_precision.json', 'JS
 FLAGS = flags.FLAGS
 
 
-def _aggregator_state(state):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf.nest.map_structure(lambda t: t, state.aggregator)
-
-
 def _replayed_round(prev, new, slots_clients, dtype, options):
   """Replays the float32 round (prev → new aggregator state) with the cache in `dtype`.
 
@@ -127,7 +122,7 @@ def main(argv):
                                     FLAGS.local_epochs, FLAGS.seed)
     slots_clients = np.asarray(ids, np.int32)
     row = collections.OrderedDict(round=round_num + 1)
-    prev = _aggregator_state(states['float32'])
+    prev = states['float32'].aggregator
     for d in dtypes:
       with execution.collector_paused():  # one-element sequences, as the program passes
         out = processes[d].next(states[d], [[element] for element in inputs])
@@ -139,7 +134,7 @@ def main(argv):
         result = evaluate(processes[d].get_model_weights(states[d]), fed.x_test, fed.y_test)
         row[f'{d}/accuracy'] = float(result['accuracy'])
     if round_num >= FLAGS.warmup_rounds:
-      new = _aggregator_state(states['float32'])
+      new = states['float32'].aggregator
       for d in FLAGS.dtypes:
         replay, f32, objective = _replayed_round(prev, new, slots_clients, d, options)
         agreement[d].append(float(np.mean(replay == f32)))

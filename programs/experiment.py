@@ -749,10 +749,9 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
         int(float(rows[-1]['aggregator/num_clusters'])) if rows else None)
     # The KD term's size beside the cross-entropy it regularises (both example-weighted
     # means over every local step, averaged over rounds); absent without KD.
-    kd = [float(r['client_work/train/extra_loss']) for r in rows
-          if r.get('client_work/train/extra_loss') not in (None, '')]
-    ce = [float(r['client_work/train/loss']) for r in rows
-          if r.get('client_work/train/extra_loss') not in (None, '')]
+    with_kd = [r for r in rows if r.get('client_work/train/extra_loss') not in (None, '')]
+    kd = [float(r['client_work/train/extra_loss']) for r in with_kd]
+    ce = [float(r['client_work/train/loss']) for r in with_kd]
     if kd:
       summary['cadis_kd_loss_mean'] = float(np.mean(kd))
       summary['cadis_cross_entropy_mean'] = float(np.mean(ce))
