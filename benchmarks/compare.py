@@ -38,7 +38,7 @@ _REPORT = flags.DEFINE_bool('report', False, 'Write the pages from the runs; tra
 def _finished(config) -> bool:
   """A run is finished exactly when its page says so (report.load_run)."""
   return (os.path.exists(os.path.join(config.experiment_dir, 'config.json')) and
-          report.load_run(config.experiment_dir)['finished'])
+          report.load_run(config.experiment_dir, config.rounds)['finished'])
 
 
 def _run(config) -> None:
@@ -63,17 +63,17 @@ def tune(suite: suites.Suite) -> dict:
   """Runs the grid and returns {algorithm: best overrides} (best last-10 mean)."""
   tuned = {}
   for run, grid in suite.grid.items():
-    fields = suite.config_overrides(run)
+    algorithm = suite.config_overrides(run)['algorithm']
     best = None
     for values in report.grid_points(grid):
-      config = _config(suite, dict(fields, **values), suites.TUNING_SEED,
+      config = _config(suite, suite.tuning_overrides(run, values), suites.TUNING_SEED,
                        os.path.join(suites.suite_dir(suite.name), 'tuning'),
                        suites.tuning_name(run, values))
       _run(config)
       score = report.load_run(config.experiment_dir)['last10_mean_accuracy']
       if best is None or score > best[0]:
         best = (score, values)
-    tuned[fields['algorithm']] = best[1]
+    tuned[algorithm] = best[1]
   return tuned
 
 

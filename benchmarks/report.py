@@ -21,6 +21,7 @@ import json
 import os
 import re
 import sys
+from typing import Optional
 
 import numpy as np
 
@@ -41,8 +42,12 @@ def grid_points(grid: dict) -> list:
   return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
 
 
-def load_run(exp_dir: str) -> dict:
-  """One run's curve and headline numbers; `finished` says whether all rounds are in."""
+def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:
+  """One run's curve and headline numbers; `finished` says whether all rounds are in.
+
+  `rounds` is the length the run is meant to reach (default: its config's); a run made
+  shorter and since lengthened in its suite is not finished until it is extended.
+  """
   with open(os.path.join(exp_dir, 'config.json')) as f:
     config = json.load(f)
   rows = []
@@ -56,7 +61,7 @@ def load_run(exp_dir: str) -> dict:
   if os.path.exists(summary_path):
     with open(summary_path) as f:
       summary = json.load(f)
-  rounds = config['rounds']
+  rounds = rounds or config['rounds']
   done = int(rows[-1]['round']) if rows else 0
   acc = np.array([a for _, a in curve])
   tail = [a for r, a in curve if r > rounds - LAST]
@@ -164,7 +169,9 @@ def pm(mean: float, std: float) -> str:
 
 def collect(suite: suites.Suite) -> dict:
   """{run: {seed: loaded run}} for every run directory of the suite."""
-  return {run: {seed: load_run(path) for seed, path in seed_dirs(suite, run).items()}
+  tuned = suites.load_tuned(suite.name)
+  return {run: {seed: load_run(path, suite.config_overrides(run, tuned)['rounds'])
+                for seed, path in seed_dirs(suite, run).items()}
           for run in suite.runs}
 
 
@@ -238,7 +245,9 @@ def _tuning_lines(suite: suites.Suite, tuned) -> list:
   if not suite.grid:
     return []
   lines = ['## Learning-rate tuning', '',
-           f'One seed ({suites.TUNING_SEED}, apart from the reported seeds), the full schedule; '
+           f'One seed ({suites.TUNING_SEED}, apart from the reported seeds), '
+           + (f'the first {suite.tuning_rounds} rounds of the schedule' if suite.tuning_rounds
+              else 'the full schedule') + '; '
            'the best last-10 mean is frozen in `tuned.json` for every run of that algorithm.',
            '', '| run | values | last-10 mean (%) | chosen |', '|---|---|---|---|']
   for run, grid in suite.grid.items():
@@ -247,7 +256,7 @@ def _tuning_lines(suite: suites.Suite, tuned) -> list:
       path = os.path.join(suites.suite_dir(suite.name), 'tuning',
                           suites.tuning_name(run, values))
       if os.path.exists(os.path.join(path, 'config.json')):
-        r = load_run(path)
+        r = load_run(path, suite.tuning_overrides(run, values)['rounds'])
         score = (pct(r['last10_mean_accuracy']) if r['finished'] else
                  f'stopped at round {r["rounds_done"]}/{r["rounds"]}')
       else:

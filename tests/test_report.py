@@ -110,5 +110,39 @@ def test_a_chosen_value_on_the_grid_edge_is_said():
   top = {k: max(v) for k, v in suite.grid['fedcda_dir0.1'].items()}
   inner = {k: sorted(v)[1] for k, v in suite.grid['fedavg_dir0.1'].items()}
   edges = report.grid_edges(suite, {'fedcda': top, 'fedavg': inner})
-  assert len(edges) == 1 and edges[0].startswith('fedcda: client_lr=0.1 is the largest')
+  assert len(edges) == 1 and edges[0].startswith(
+      f'fedcda: client_lr={top["client_lr"]:g} is the largest')
   assert report.grid_edges(suite, None) == []
+
+
+def test_a_run_shorter_than_its_suite_is_not_finished(tmp_path, monkeypatch):
+  """A suite lengthened after its runs were made (--rounds raised): the runs show as stopped
+  at their old length, and the tuning runs stay finished at their own length."""
+  suite = suites.Suite(
+      name='toy', title='toy', common=dict(rounds=40), scaled='nothing',
+      runs=dict(base=dict(algorithm='fedavg')), comparisons=(),
+      grid=dict(base=dict(client_lr=[0.1, 0.3])), tuning_rounds=20)
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  _write_run(tmp_path / 'toy' / 'runs' / 'base_s0', 20, np.full(20, 0.5))
+  for lr in (0.1, 0.3):
+    _write_run(tmp_path / 'toy' / 'tuning' / suites.tuning_name('base', dict(client_lr=lr)), 20,
+               np.full(20, lr))
+  run = report.collect(suite)['base'][0]
+  assert not run['finished'] and (run['rounds_done'], run['rounds']) == (20, 40)
+  assert report.load_run(str(tmp_path / 'toy' / 'runs' / 'base_s0'))['finished']
+  page, _, _ = report.suite_page(suite)
+  assert 'stopped after round 20 of 40' in page
+  assert 'the first 20 rounds of the schedule' in page and 'stopped at round' not in page
+
+
+@pytest.mark.parametrize('name', sorted(suites.SUITES))
+def test_tuning_runs_are_the_first_rounds_of_the_reported_runs(name):
+  """A tuning run differs from its reported run only in the grid's values and its length."""
+  suite = suites.SUITES[name]
+  for run, grid in suite.grid.items():
+    full = suite.config_overrides(run)
+    for values in report.grid_points(grid):
+      short = suite.tuning_overrides(run, values)
+      differing = {k for k in set(full) | set(short) if full.get(k) != short.get(k)}
+      assert differing <= set(values) | {'rounds'}
+      assert short['rounds'] <= full['rounds']
