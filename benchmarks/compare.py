@@ -37,8 +37,10 @@ _REPORT = flags.DEFINE_bool('report', False, 'Write the pages from the runs; tra
 
 def _finished(config) -> bool:
   """A run is finished exactly when its page says so (report.load_run)."""
-  return (os.path.exists(os.path.join(config.experiment_dir, 'config.json')) and
-          report.load_run(config.experiment_dir, config.rounds)['finished'])
+  if not os.path.exists(os.path.join(config.experiment_dir, 'config.json')):
+    return False
+  r = report.load_run(config.experiment_dir, config.rounds)
+  return r['finished'] or r['diverged'] is not None
 
 
 def _run(config) -> None:
@@ -61,6 +63,7 @@ def _config(suite, fields, seed, directory, name):
 
 def tune(suite: suites.Suite) -> dict:
   """Runs the grid and returns {algorithm: best overrides} (best last-10 mean)."""
+  from programs import experiment  # pylint: disable=g-import-not-at-top
   tuned = {}
   for run, grid in suite.grid.items():
     algorithm = suite.config_overrides(run)['algorithm']
@@ -69,10 +72,19 @@ def tune(suite: suites.Suite) -> dict:
       config = _config(suite, suite.tuning_overrides(run, values), suites.TUNING_SEED,
                        os.path.join(suites.suite_dir(suite.name), 'tuning'),
                        suites.tuning_name(run, values))
-      _run(config)
-      score = report.load_run(config.experiment_dir)['last10_mean_accuracy']
-      if best is None or score > best[0]:
-        best = (score, values)
+      try:
+        _run(config)
+      except experiment.ExperimentError as e:
+        # A grid point that diverges is a result of the grid (shown on the page), not a
+        # failure of the suite.
+        if not str(e).startswith('training diverged'):
+          raise
+        report.mark_diverged(config.experiment_dir, str(e))
+      r = report.load_run(config.experiment_dir)
+      if r['diverged'] is None and (best is None or r['last10_mean_accuracy'] > best[0]):
+        best = (r['last10_mean_accuracy'], values)
+    if best is None:
+      raise experiment.ExperimentError(f'every point of {run}\'s grid diverged; lower the grid')
     tuned[algorithm] = best[1]
   return tuned
 

@@ -42,6 +42,16 @@ def grid_points(grid: dict) -> list:
   return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
 
 
+DIVERGED = 'diverged.txt'   # in a tuning run that diverged: the error, one line
+
+
+def mark_diverged(exp_dir: str, message: str) -> None:
+  """Records that a tuning run diverged (so the grid moves on and the page says so)."""
+  with open(os.path.join(exp_dir, DIVERGED + '.tmp'), 'w') as f:
+    f.write(message.split(';')[0] + '\n')
+  os.replace(os.path.join(exp_dir, DIVERGED + '.tmp'), os.path.join(exp_dir, DIVERGED))
+
+
 def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:
   """One run's curve and headline numbers; `finished` says whether all rounds are in.
 
@@ -61,12 +71,16 @@ def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:
   if os.path.exists(summary_path):
     with open(summary_path) as f:
       summary = json.load(f)
+  diverged = None
+  if os.path.exists(os.path.join(exp_dir, DIVERGED)):
+    with open(os.path.join(exp_dir, DIVERGED)) as f:
+      diverged = f.read().strip()
   rounds = rounds or config['rounds']
   done = int(rows[-1]['round']) if rows else 0
   acc = np.array([a for _, a in curve])
   tail = [a for r, a in curve if r > rounds - LAST]
   return dict(
-      config=config, rounds=rounds, rounds_done=done,
+      config=config, rounds=rounds, rounds_done=done, diverged=diverged,
       finished=summary.get('rounds') == rounds and done == rounds,
       curve_rounds=[r for r, _ in curve], curve_accuracy=[a for _, a in curve],
       last10_mean_accuracy=float(np.mean(tail)) if tail else float('nan'),
@@ -257,7 +271,8 @@ def _tuning_lines(suite: suites.Suite, tuned) -> list:
                           suites.tuning_name(run, values))
       if os.path.exists(os.path.join(path, 'config.json')):
         r = load_run(path, suite.tuning_overrides(run, values)['rounds'])
-        score = (pct(r['last10_mean_accuracy']) if r['finished'] else
+        score = (r['diverged'] if r['diverged'] else
+                 pct(r['last10_mean_accuracy']) if r['finished'] else
                  f'stopped at round {r["rounds_done"]}/{r["rounds"]}')
       else:
         score = 'not run yet'

@@ -146,3 +146,32 @@ def test_tuning_runs_are_the_first_rounds_of_the_reported_runs(name):
       differing = {k for k in set(full) | set(short) if full.get(k) != short.get(k)}
       assert differing <= set(values) | {'rounds'}
       assert short['rounds'] <= full['rounds']
+
+
+def test_a_diverging_grid_point_is_shown_and_skipped(tmp_path, monkeypatch):
+  """compare.tune: a grid point whose training diverges is recorded, not chosen, and does not
+  stop the grid; the page names it."""
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  suite = suites.Suite(
+      name='toy', title='toy', common=dict(rounds=20), scaled='nothing',
+      runs=dict(base=dict(algorithm='fedavg')), comparisons=(),
+      grid=dict(base=dict(client_lr=[0.1, 0.3, 1.0])))
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  level = {0.1: 0.5, 0.3: 0.6}
+
+  def fake_run(config):
+    if compare._finished(config):  # pylint: disable=protected-access
+      return
+    if config.client_lr == 1.0:
+      _write_run(config.experiment_dir, 20, np.full(4, 0.3))
+      raise experiment.ExperimentError(
+          'training diverged at round 5 (train loss nan); start a new run with a lower '
+          '--client_lr (now 1.0) or server learning rate')
+    _write_run(config.experiment_dir, 20, np.full(20, level[config.client_lr]))
+
+  monkeypatch.setattr(compare, '_run', fake_run)
+  assert compare.tune(suite) == {'fedavg': dict(client_lr=0.3)}
+  assert compare.tune(suite) == {'fedavg': dict(client_lr=0.3)}   # rerun: nothing new to do
+  page, _, _ = report.suite_page(suite)
+  assert '| base | client_lr=1 | training diverged at round 5 (train loss nan) |  |' in page
