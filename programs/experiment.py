@@ -585,9 +585,9 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
   num_clients = min(c.num_clients, fed.num_clients)
   model_name, model_fn, process, evaluator = _build_computations(c, fed, num_clients)
   _check_distributable(c, [process.next])
-  if c.algorithm == 'fedcda' and c.fedcda_warmup_rounds >= c.rounds:
-    log(f'note: --fedcda_warmup_rounds={c.fedcda_warmup_rounds} >= --rounds={c.rounds}: this '
-        'run is its warmup FedAvg throughout')
+  note = methods.METHODS[c.algorithm].note(c)
+  if note:
+    log(note)
 
   loop = asyncio.new_event_loop()
   manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=2)
@@ -740,34 +740,8 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
       experiment_dir=exp_dir,
       accuracy_plot=os.path.join(exp_dir, 'accuracy.png'),
   )
-  if c.algorithm == 'cadis':
-    matched = [int(r['round']) for r in rows
-               if float(r.get('aggregator/clusters_match') or 0) == 1.0
-               and int(float(r.get('aggregator/seen_clients') or 0)) == num_clients]
-    summary['cadis_first_round_clusters_match'] = matched[0] if matched else None
-    summary['cadis_final_num_clusters'] = (
-        int(float(rows[-1]['aggregator/num_clusters'])) if rows else None)
-    # The KD term's size beside the cross-entropy it regularises (both example-weighted
-    # means over every local step, averaged over rounds); absent without KD.
-    with_kd = [r for r in rows if r.get('client_work/train/extra_loss') not in (None, '')]
-    kd = [float(r['client_work/train/extra_loss']) for r in with_kd]
-    ce = [float(r['client_work/train/loss']) for r in with_kd]
-    if kd:
-      summary['cadis_kd_loss_mean'] = float(np.mean(kd))
-      summary['cadis_cross_entropy_mean'] = float(np.mean(ce))
-      summary['cadis_kd_to_cross_entropy'] = float(np.mean(kd) / max(np.mean(ce), 1e-12))
-  if c.algorithm == 'fedcda':
-    from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
-    d = sum(int(np.asarray(w).size) for w in tf.nest.flatten(process.get_model_weights(state)))
-    summary['fedcda_state_formula_bytes'] = cross_round_cache.state_size_bytes(
-        num_clients, c.fedcda_cache_size, d, c.fedcda_cache_dtype)
-    b = cross_round_cache.CACHE_DTYPES[c.fedcda_cache_dtype]
-    summary['fedcda_cache_formula'] = (
-        f'{b}*N*K*D = {b}*{num_clients}*{c.fedcda_cache_size}*{d} bytes ({c.fedcda_cache_dtype}) '
-        '+ 4*(3NK+2N+1) bookkeeping')
-  if c.algorithm in FEDLEX_ALGORITHMS:
-    from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
-    summary['guidance'] = fedlex.guidance_statistics(fedlex.get_guidance(state))
+  summary.update(methods.METHODS[c.algorithm].summary(
+      methods.RunRecord(c, rows, state, process, num_clients)))
   final_weights = process.get_model_weights(state)
   np.savez(os.path.join(exp_dir, 'final_weights.npz'),
            *[np.asarray(w) for w in list(final_weights.trainable) + list(final_weights.non_trainable)])

@@ -84,6 +84,16 @@ class BuildInputs:
 
 
 @dataclasses.dataclass(frozen=True)
+class RunRecord:
+  """What a method's `summary` reads of a finished run."""
+  config: Any
+  rows: list                 # metrics.csv rows (dicts of strings), one per round
+  state: Any                 # the final server state
+  process: Any               # the learning process
+  num_clients: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Method:
   """One `--algorithm`.
 
@@ -92,6 +102,9 @@ class Method:
   (SERVER_FLAGS) the arguments use; any other one set away from its default is refused.
   `check(config)` validates combinations of flags (None or a message). `errors`: exception
   types the builder raises for impossible settings, reported as `error_prefix + str(e)`.
+  `note(config)`: a line the program prints before training (a valid but noteworthy
+  setting), or None. `summary(run)`: the method's own entries of summary.json from the
+  finished run (a `RunRecord`).
   """
   name: str
   builder: str               # 'module:function'
@@ -101,6 +114,8 @@ class Method:
   check: Callable[[Any], Optional[str]] = lambda c: None
   errors: tuple = ()
   error_prefix: str = ''
+  note: Callable[[Any], Optional[str]] = lambda c: None
+  summary: Callable[[Any], dict] = lambda run: {}
 
   def builder_function(self) -> Callable:
     module, function = self.builder.split(':')
@@ -186,6 +201,30 @@ def _fedcda_check(c) -> Optional[str]:
   return None
 
 
+def _fedcda_note(c) -> Optional[str]:
+  if c.fedcda_warmup_rounds >= c.rounds:
+    return (f'note: --fedcda_warmup_rounds={c.fedcda_warmup_rounds} >= --rounds={c.rounds}: '
+            'this run is its warmup FedAvg throughout')
+  return None
+
+
+def _fedcda_summary(run: RunRecord) -> dict:
+  """The cache's size: the formula's bytes beside the measured aggregator state."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
+  c = run.config
+  d = sum(int(np.asarray(w).size)
+          for w in tf.nest.flatten(run.process.get_model_weights(run.state)))
+  b = cross_round_cache.CACHE_DTYPES[c.fedcda_cache_dtype]
+  return dict(
+      fedcda_state_formula_bytes=cross_round_cache.state_size_bytes(
+          run.num_clients, c.fedcda_cache_size, d, c.fedcda_cache_dtype),
+      fedcda_cache_formula=(
+          f'{b}*N*K*D = {b}*{run.num_clients}*{c.fedcda_cache_size}*{d} bytes '
+          f'({c.fedcda_cache_dtype}) + 4*(3NK+2N+1) bookkeeping'))
+
+
 # ---- CADIS (ALGORITHMS.md section 3) ----
 CADIS_REDUCTIONS = ('sum', 'mean')
 CADIS_SIMILARITY_LAYERS = ('bias', 'kernel')
@@ -209,6 +248,28 @@ CADIS_FLAGS = (
     Flag('cadis_transitive', False, 'CADIS: transitive learning of never co-sampled pairs.',
          kwarg='transitive'),
 )
+
+
+def _cadis_summary(run: RunRecord) -> dict:
+  """When the clusters first matched the partition's, and the KD term beside cross-entropy."""
+  rows = run.rows
+  matched = [int(r['round']) for r in rows
+             if float(r.get('aggregator/clusters_match') or 0) == 1.0
+             and int(float(r.get('aggregator/seen_clients') or 0)) == run.num_clients]
+  out = dict(cadis_first_round_clusters_match=matched[0] if matched else None,
+             cadis_final_num_clusters=(int(float(rows[-1]['aggregator/num_clusters']))
+                                       if rows else None))
+  # The KD term's size beside the cross-entropy it regularises (both example-weighted means
+  # over every local step, averaged over rounds); absent without KD.
+  with_kd = [r for r in rows if r.get('client_work/train/extra_loss') not in (None, '')]
+  kd = [float(r['client_work/train/extra_loss']) for r in with_kd]
+  ce = [float(r['client_work/train/loss']) for r in with_kd]
+  if kd:
+    import numpy as np  # pylint: disable=g-import-not-at-top
+    kd_mean, ce_mean = float(np.mean(kd)), float(np.mean(ce))
+    out.update(cadis_kd_loss_mean=kd_mean, cadis_cross_entropy_mean=ce_mean,
+               cadis_kd_to_cross_entropy=kd_mean / max(ce_mean, 1e-12))
+  return out
 
 
 def _cadis_check(c) -> Optional[str]:
@@ -241,6 +302,11 @@ FEDLEX_FLAGS = (
 )
 
 
+def _fedlex_summary(run: RunRecord) -> dict:
+  from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+  return dict(guidance=fedlex.guidance_statistics(fedlex.get_guidance(run.state)))
+
+
 def _baseline(builder: str):
   return f'tff_algos.baselines:{builder}'
 
@@ -261,7 +327,7 @@ def _fedlex(base: str, reads: tuple, kwargs: Callable) -> Method:
       return (i.model_fn, None, _fedsgd_batch(c), base), kwargs(c, i)
     return (i.model_fn, i.client_optimizer, c.batch_size, base), kwargs(c, i)
   return Method(f'fedlex_{base}', 'tff_algos.fedlex:build_fedlex', arguments,
-                flags=FEDLEX_FLAGS, reads=reads)
+                flags=FEDLEX_FLAGS, reads=reads, summary=_fedlex_summary)
 
 
 METHODS = {m.name: m for m in (
@@ -289,14 +355,16 @@ METHODS = {m.name: m for m in (
     Method('fedcda', 'tff_algos.fedcda:build_fedcda',
            lambda c, i: (_head(c, i) + (i.num_clients, c.clients_per_round),
                          dict(seed=c.seed)),
-           flags=FEDCDA_FLAGS, check=_fedcda_check, errors=(ValueError,)),
+           flags=FEDCDA_FLAGS, check=_fedcda_check, errors=(ValueError,),
+           note=_fedcda_note, summary=_fedcda_summary),
     Method('cadis', 'tff_algos.cadis:build_cadis',
            lambda c, i: (_head(c, i) + (i.num_clients,),
                          dict(clients_per_round=c.clients_per_round,
                               true_clusters=i.true_clusters,
                               server_optimizer_fn=i.server_optimizer)),
            flags=CADIS_FLAGS, reads=OPTIMIZER_FLAGS, check=_cadis_check,
-           errors=(ValueError, TypeError), error_prefix='--algorithm=cadis: '),
+           errors=(ValueError, TypeError), error_prefix='--algorithm=cadis: ',
+           summary=_cadis_summary),
     _fedlex('avgm', ('server_lr', 'server_momentum'),
             lambda c, i: dict(server_learning_rate=_lr_or(1.0)(c),
                               server_momentum=c.server_momentum)),

@@ -449,9 +449,22 @@ GENERAL_FLAGS_TESTED_HERE = (
 
 
 def test_every_compare_suite_run_is_a_valid_configuration():
-  """benchmarks/suites.py's runs use only flags their method reads, with valid values."""
-  from benchmarks import suites  # pylint: disable=g-import-not-at-top
+  """benchmarks/suites.py's runs and tuning runs use only flags their method reads, with
+  valid values."""
+  from benchmarks import report, suites  # pylint: disable=g-import-not-at-top
   for suite in suites.SUITES.values():
     tuned = suites.load_tuned(suite.name)
     for run in suite.runs:
       experiment.validate(experiment.ExperimentConfig(**suite.config_overrides(run, tuned)))
+    for run, grid in suite.grid.items():
+      for values in report.grid_points(grid):
+        experiment.validate(experiment.ExperimentConfig(**suite.tuning_overrides(run, values)))
+
+
+def test_fedcda_says_when_a_run_is_warmup_throughout():
+  note = methods.METHODS['fedcda'].note
+  config = experiment.ExperimentConfig(algorithm='fedcda', rounds=10, fedcda_warmup_rounds=10)
+  assert 'is its warmup FedAvg throughout' in note(config)
+  assert note(dataclasses.replace(config, fedcda_warmup_rounds=9)) is None
+  assert all(m.note(dataclasses.replace(config, algorithm=m.name)) is None
+             for m in methods.METHODS.values() if m.name != 'fedcda')

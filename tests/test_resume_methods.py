@@ -67,6 +67,13 @@ def test_stopped_and_resumed_run_equals_the_unbroken_run(algorithm, tmp_path):
   assert len({r[STATE_METRICS[algorithm]] for r in rows_a}) > 1 or algorithm == 'fedcda'
   if algorithm == 'fedcda':
     assert any(float(r['aggregator/warmup']) == 0.0 for r in rows_a)
+    # The cache's formula (summary.json) is the state the run actually held.
+    assert summary['fedcda_state_formula_bytes'] == summary['aggregator_state_bytes']
+    assert summary['fedcda_cache_formula'].startswith('4*N*K*D = 4*8*2*')
+  if algorithm == 'cadis':
+    assert summary['cadis_final_num_clusters'] >= 1
+  if algorithm.startswith('fedlex'):
+    assert 0 < summary['guidance']['guidance_mean'] <= 1
   if algorithm == 'cadis':  # the KD term's size is reported beside the cross-entropy
     assert summary['cadis_kd_loss_mean'] > 0
     assert summary['cadis_kd_to_cross_entropy'] == pytest.approx(
