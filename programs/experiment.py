@@ -469,6 +469,15 @@ def _prepare_output(c: ExperimentConfig, log: Callable[[str], None]) -> int:
   if c.rounds < last:
     raise ExperimentError(f'cannot resume {exp_dir} with --rounds={c.rounds}: it already '
                           f'finished round {last}; pass --rounds={last} or more')
+  # The checkpoint and metrics.csv must tell the same story: a record replaced by an older
+  # copy (e.g. a checkout) would lose the rounds in between from every page built on it.
+  logged = {int(r['round']) for r in _csv_rows(os.path.join(exp_dir, 'metrics.csv'))}
+  missing = sorted(set(range(1, last + 1)) - logged)
+  if missing:
+    raise ExperimentError(
+        f'cannot resume {exp_dir}: it is checkpointed after round {last} but its metrics.csv '
+        f'lacks {len(missing)} of those rounds (from round {missing[0]}): the record was '
+        'replaced or truncated; restore metrics.csv or choose another --experiment_name')
   return last
 
 

@@ -141,6 +141,23 @@ def test_bad_input_gives_one_line_and_changes_no_run_file(piped_run, bad_inputs,
   assert (_snapshot(tmp_path), _snapshot(run_root)) == before
 
 
+def test_resume_refuses_a_record_older_than_its_checkpoint(piped_run, tmp_path):
+  """metrics.csv replaced by an older copy (here: round 1 only) under a round-2 checkpoint:
+  resuming would drop round 2 from every page, so the program refuses in one line."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  run = tmp_path / 'p'
+  shutil.copytree(piped_run[1], run)
+  lines = (run / 'metrics.csv').read_text().splitlines(keepends=True)
+  (run / 'metrics.csv').write_text(''.join(lines[:2]))
+  before = _snapshot(tmp_path)
+  result = _run(BASE + ['--rounds=3', '--resume', f'--root_output_dir={tmp_path}',
+                        '--experiment_name=p'])
+  assert result.returncode == 2, result.stderr
+  errors = [l for l in result.stderr.strip().splitlines() if l.strip()]
+  assert len(errors) == 1 and 'lacks 1 of those rounds (from round 2)' in errors[0], errors
+  assert _snapshot(tmp_path) == before
+
+
 def test_flag_errors_come_before_tensorflow_starts():
   code = ('import atexit, runpy, sys; '
           'atexit.register(lambda: print("TF" if "tensorflow" in sys.modules else "no TF")); '
