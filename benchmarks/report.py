@@ -113,7 +113,8 @@ def mean_std(values) -> tuple:
   v = np.asarray(values, np.float64)
   if v.size == 0:
     return float('nan'), float('nan')
-  return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else 0.0
+  # One value has no spread: NaN, shown as "(one seed)", never as ± 0.
+  return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else float('nan')
 
 
 def plateau_delta(curves: list) -> tuple:
@@ -124,6 +125,9 @@ def plateau_delta(curves: list) -> tuple:
   if w < 1:
     return 0, float('nan')
   return w, float(mean[-w:].mean() - mean[-2 * w:-w].mean())
+
+
+MIN_SEEDS_FOR_VERDICT = 2   # a spread needs two paired seeds; one seed gets no verdict
 
 
 def verdict(paper_margin: float, margin: float, spread: float, paper_sign: float = 0) -> str:
@@ -165,7 +169,7 @@ def _summary_column(done: list, path: tuple, spec: str) -> str:
   if not values:
     return 'n/a'
   mean, std = mean_std(values)
-  return f'{mean:{spec}} ± {std:{spec}}'
+  return f'{mean:{spec}} (one seed)' if len(values) == 1 else f'{mean:{spec}} ± {std:{spec}}'
 
 
 def num(x, spec: str = '.2f') -> str:
@@ -173,7 +177,17 @@ def num(x, spec: str = '.2f') -> str:
 
 
 def pm(mean: float, std: float) -> str:
-  return 'n/a' if not np.isfinite(mean) else f'{100 * mean:.2f} ± {100 * std:.2f}'
+  if not np.isfinite(mean):
+    return 'n/a'
+  return f'{100 * mean:.2f} (one seed)' if np.isnan(std) else f'{100 * mean:.2f} ± {100 * std:.2f}'
+
+
+def margin_text(comparison: dict) -> str:
+  """Our margin in points: mean ± std over paired seeds ('(one seed)' with one)."""
+  margin, std = comparison['margin'], comparison['margin_std']
+  if not np.isfinite(margin):
+    return 'n/a'
+  return f'{margin:+.2f} (one seed)' if np.isnan(std) else f'{margin:+.2f} ± {std:.2f}'
 
 
 # --------------------------------------------------------------------------- #
@@ -209,8 +223,9 @@ def compare_runs(suite: suites.Suite, runs: dict, paper: dict) -> list:
         paper_method=figures.get('method'), paper_margin=paper_margin,
         baseline_mean=b_mean, baseline_std=b_std, method_mean=m_mean, method_std=m_std,
         margin=100 * margin if paired else np.nan, margin_std=100 * spread,
-        verdict=verdict(paper_margin, 100 * margin, spread_points, figures.get('sign', 0))
-        if paired else 'not run'))
+        verdict=(verdict(paper_margin, 100 * margin, spread_points, figures.get('sign', 0))
+                 if len(paired) >= MIN_SEEDS_FOR_VERDICT else
+                 'one seed' if paired else 'not run')))
   return rows
 
 
@@ -349,7 +364,9 @@ def suite_page(suite: suites.Suite) -> tuple:
             f'Last-{LAST}-round mean test accuracy (%), mean ± std over seeds; margin = method '
             '− FedAvg, per seed, then mean ± std. Verdict: `reproduced` = the paper\'s sign, '
             'at least half its margin and larger than the seeds\' spread; `smaller`, '
-            '`within noise`, `opposite` otherwise (`benchmarks/report.py: verdict`).', '',
+            '`within noise`, `opposite` otherwise (`benchmarks/report.py: verdict`); '
+            '`one seed` while a single seed of both runs has finished (no spread to judge '
+            'by).', '',
             '| setting | paper data | paper FedAvg | paper method | paper margin | seeds | '
             'our FedAvg | our method | our margin | verdict |',
             '|---|---|---|---|---|---|---|---|---|---|']
@@ -358,8 +375,7 @@ def suite_page(suite: suites.Suite) -> tuple:
         f'| {c["label"]} ({c["method"]}) | {c["paper_dataset"]} | {num(c["paper_baseline"])} | '
         f'{num(c["paper_method"])} | {num(c["paper_margin"], "+.2f")} | {len(c["seeds"])} | '
         f'{pm(c["baseline_mean"], c["baseline_std"])} | {pm(c["method_mean"], c["method_std"])} '
-        f'| ' + ('n/a' if not np.isfinite(c['margin']) else
-                 f'{c["margin"]:+.2f} ± {c["margin_std"]:.2f}') + f' | **{c["verdict"]}** |')
+        f'| {margin_text(c)} | **{c["verdict"]}** |')
   lines += ['', '## Every run', '',
             f'Plateau: the mean curve\'s last W rounds (W = min(50, rounds/4)) against the W '
             f'before; plateaued when it moved less than {PLATEAU_POINTS} points.', '',
@@ -435,9 +451,7 @@ def reproduction_page() -> str:
       lines.append(
           f'| {c["label"]} | {num(c["paper_margin"], "+.2f")} ({c["paper_dataset"]}) | '
           f'{pm(c["baseline_mean"], c["baseline_std"])} | '
-          f'{pm(c["method_mean"], c["method_std"])} | ' +
-          ('n/a' if not np.isfinite(c['margin']) else
-           f'{c["margin"]:+.2f} ± {c["margin_std"]:.2f}') + f' | **{c["verdict"]}** |')
+          f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | **{c["verdict"]}** |')
     lines.append('')
   return '\n'.join(lines)
 

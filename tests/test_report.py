@@ -175,3 +175,22 @@ def test_a_diverging_grid_point_is_shown_and_skipped(tmp_path, monkeypatch):
   assert compare.tune(suite) == {'fedavg': dict(client_lr=0.3)}   # rerun: nothing new to do
   page, _, _ = report.suite_page(suite)
   assert '| base | client_lr=1 | training diverged at round 5 (train loss nan) |  |' in page
+
+
+def test_one_seed_gets_no_spread_and_no_verdict(tmp_path, monkeypatch):
+  """With one paired seed there is no spread: the page says "(one seed)", never "± 0.00",
+  and gives no verdict however large the margin."""
+  suite = suites.Suite(
+      name='toy', title='toy', common=dict(rounds=20), scaled='nothing',
+      runs=dict(base=dict(algorithm='fedavg'), new=dict(algorithm='fedcda')),
+      comparisons=(suites.Comparison('new', 'base', 'toy setting', 'toy'),))
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  _write_run(tmp_path / 'toy' / 'runs' / 'base_s0', 20, np.full(20, 0.5))
+  _write_run(tmp_path / 'toy' / 'runs' / 'new_s0', 20, np.full(20, 0.9))
+  paper = {'toy setting': dict(dataset='D', baseline=50.0, method=60.0)}
+  (row,) = report.compare_runs(suite, report.collect(suite), paper)
+  assert row['verdict'] == 'one seed' and row['margin'] == pytest.approx(40.0)
+  assert report.margin_text(row) == '+40.00 (one seed)'
+  assert report.pm(row['baseline_mean'], row['baseline_std']) == '50.00 (one seed)'
+  page, _, _ = report.suite_page(suite)
+  assert '± 0.00' not in page and '**one seed**' in page
