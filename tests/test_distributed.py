@@ -132,9 +132,12 @@ def _assert_same(expected, actual):
 
 
 # The default suite splits FedCross (federated_select dispatch and keyed federated_aggregate,
-# the hardest form to merge); the other methods cost 4-7 minutes each here (three executions,
-# each compiling the mergeable form), so they run with RUN_SLOW=1 (`-m slow`). FedAvg's split
-# also runs through the program in the default suite (test_program_on_given_and_local_...).
+# the hardest form to merge). Each other method costs about a minute on an idle machine (4-7
+# at load 20-40): its build, the mergeable compilation, the local run and the first
+# distributed call (a one-time Python-side cost: a second call or an added service takes
+# seconds). With the default suite above its 30-minute target they run with RUN_SLOW=1
+# (`-m slow`). FedAvg's split also runs through the program in the default suite
+# (test_program_on_given_and_local_...).
 _SLOW = pytest.mark.slow
 
 
