@@ -166,28 +166,29 @@ def _summary_column(done: list, path: tuple, spec: str) -> str:
       v = v.get(key) if isinstance(v, dict) else None
     if v is not None:
       values.append(float(v))
-  if not values:
-    return 'n/a'
-  mean, std = mean_std(values)
-  return f'{mean:{spec}} (one seed)' if len(values) == 1 else f'{mean:{spec}} ± {std:{spec}}'
+  return mean_and_spread(*mean_std(values), spec)
 
 
 def num(x, spec: str = '.2f') -> str:
   return 'n/a' if x is None or not np.isfinite(x) else format(x, spec)
 
 
-def pm(mean: float, std: float) -> str:
+def mean_and_spread(mean: float, std: float, spec: str = '.2f', mean_spec: str = '') -> str:
+  """'mean ± std', or 'mean (one seed)' when there is no spread (mean_std's NaN std)."""
   if not np.isfinite(mean):
     return 'n/a'
-  return f'{100 * mean:.2f} (one seed)' if np.isnan(std) else f'{100 * mean:.2f} ± {100 * std:.2f}'
+  text = format(mean, mean_spec or spec)
+  return f'{text} (one seed)' if np.isnan(std) else f'{text} ± {std:{spec}}'
+
+
+def pm(mean: float, std: float) -> str:
+  """An accuracy (a fraction) as percent."""
+  return mean_and_spread(100 * mean, 100 * std)
 
 
 def margin_text(comparison: dict) -> str:
-  """Our margin in points: mean ± std over paired seeds ('(one seed)' with one)."""
-  margin, std = comparison['margin'], comparison['margin_std']
-  if not np.isfinite(margin):
-    return 'n/a'
-  return f'{margin:+.2f} (one seed)' if np.isnan(std) else f'{margin:+.2f} ± {std:.2f}'
+  """Our margin in points: mean ± std over paired seeds."""
+  return mean_and_spread(comparison['margin'], comparison['margin_std'], mean_spec='+.2f')
 
 
 # --------------------------------------------------------------------------- #
