@@ -749,9 +749,9 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
       experiment_dir=exp_dir,
       accuracy_plot=os.path.join(exp_dir, 'accuracy.png'),
   )
-  summary.update(methods.METHODS[c.algorithm].summary(
-      methods.RunRecord(c, rows, state, process, num_clients)))
   final_weights = process.get_model_weights(state)
+  summary.update(methods.METHODS[c.algorithm].summary(
+      methods.RunRecord(c, rows, state, final_weights, num_clients)))
   np.savez(os.path.join(exp_dir, 'final_weights.npz'),
            *[np.asarray(w) for w in list(final_weights.trainable) + list(final_weights.non_trainable)])
   _write_json(os.path.join(exp_dir, 'summary.json'), summary)

@@ -89,7 +89,7 @@ class RunRecord:
   config: Any
   rows: list                 # metrics.csv rows (dicts of strings), one per round
   state: Any                 # the final server state
-  process: Any               # the learning process
+  model_weights: Any         # the process's get_model_weights(state)
   num_clients: int
 
 
@@ -214,8 +214,7 @@ def _fedcda_summary(run: RunRecord) -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
   c = run.config
-  d = sum(int(np.asarray(w).size)
-          for w in tf.nest.flatten(run.process.get_model_weights(run.state)))
+  d = sum(int(np.asarray(w).size) for w in tf.nest.flatten(run.model_weights))
   b = cross_round_cache.CACHE_DTYPES[c.fedcda_cache_dtype]
   return dict(
       fedcda_state_formula_bytes=cross_round_cache.state_size_bytes(
