@@ -19,8 +19,8 @@ else
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade "setuptools>=68" wheel
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$ROOT/requirements.txt"
   # TFF's own jaxlib pin cannot be satisfied: install it alone, its requirements came above.
-  # google-vizier (TFF's tuning integration) pins grpcio-tools, whose py3.11 wheels need protobuf 4,
-  # which tensorflow-datasets' tensorflow-metadata refuses; its runtime needs only what is above.
+  # google-vizier (TFF's tuning integration) pins attrs==23.1.0 and wants grpcio-tools; TFF imports
+  # it, and its runtime needs only what is above.
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps tensorflow-federated==0.87.0 google-vizier==0.1.11
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT"
   "$VENV/bin/python" - <<'PY'

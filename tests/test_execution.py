@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import pytest
 
@@ -96,3 +97,26 @@ def test_freeze_long_lived_objects_hides_them_from_the_collector():
     assert len(gc.get_objects()) < frozen / 2
   finally:
     gc.unfreeze()
+
+
+def test_protobuf_is_compiled_here():
+  # Under protobuf's pure-Python implementation TFF's compilation is 15-25x slower
+  # (benchmarks/RESULTS.md, "protobuf"): the pinned environment must not fall back to it.
+  assert execution.protobuf_implementation() in ('upb', 'cpp')
+
+
+def test_initialize_runtime_warns_under_pure_python_protobuf(monkeypatch):
+  import tensorflow_federated as tff
+  calls = []
+  monkeypatch.setattr(execution, '_installed', None)
+  monkeypatch.setattr(execution, 'protobuf_implementation', lambda: 'python')
+  monkeypatch.setattr(tff.backends.native, 'set_sync_local_cpp_execution_context',
+                      lambda **kwargs: calls.append(kwargs))
+  with pytest.warns(RuntimeWarning, match=r'protobuf>=4\.21'):
+    execution.initialize_runtime(default_num_clients=7)
+  assert calls and calls[0]['default_num_clients'] == 7
+  monkeypatch.setattr(execution, '_installed', None)
+  monkeypatch.setattr(execution, 'protobuf_implementation', lambda: 'upb')
+  with warnings.catch_warnings():
+    warnings.simplefilter('error')
+    execution.initialize_runtime(default_num_clients=8)

@@ -12,6 +12,11 @@ full passes over that heap (0.5 s each, measured) in the middle of `process.next
 `freeze_long_lived_objects()` once the first round (and first evaluation) has run, and wrap
 each TFF call in `collector_paused()`: the round then costs what the runtime costs
 (benchmarks/RESULTS.md, "garbage collector").
+
+TFF compiles every computation by rewriting protocol buffers in Python, so it needs
+protobuf's compiled (upb) implementation: under the pure-Python one (protobuf 3.20 on
+Python 3.11 has no other) building a process and its first round cost 15-25x more
+(benchmarks/RESULTS.md, "protobuf"). `initialize_runtime` warns when that is the case.
 """
 
 from __future__ import annotations
@@ -31,11 +36,22 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from typing import Optional, Sequence
 
 _WORKER_NAME = 'worker_binary'
 _installed = None  # the settings of the context in force
 DEFAULT_WORKER_TIMEOUT_SECONDS = 60.0
+SLOW_PROTOBUF_WARNING = (
+    "protobuf runs its pure-Python implementation, which makes TFF's compilation 15-25x "
+    "slower: install protobuf>=4.21 (upb), e.g. `pip install 'protobuf==4.25.5' "
+    "'tensorflow-metadata==1.15.0'` as requirements.txt pins")
+
+
+def protobuf_implementation() -> str:
+  """'upb' or 'cpp' (compiled) or 'python' (pure Python: TFF's compilation crawls)."""
+  from google.protobuf.internal import api_implementation  # pylint: disable=g-import-not-at-top
+  return api_implementation.Type()
 
 
 def _set_parent_death_signal():  # runs in the child between fork and exec
@@ -160,6 +176,8 @@ def initialize_runtime(
   from tensorflow_federated.python.core.impl.executor_stacks import executor_factory  # pylint: disable=g-import-not-at-top
 
   executor_factory.subprocess = _SubprocessProxy()
+  if protobuf_implementation() == 'python':
+    warnings.warn(SLOW_PROTOBUF_WARNING, RuntimeWarning, stacklevel=2)
   if workers or local_workers:
     context = distributed_context(
         workers, local_workers, worker_timeout_seconds=worker_timeout_seconds,
