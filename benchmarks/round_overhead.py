@@ -49,6 +49,9 @@ import numpy as np
 # flags, Keras' Flatten fails to build fedavg_cnn ("Attempt to convert a value (None)").
 import tensorflow as tf
 
+from benchmarks.method_builds import build_method  # pylint: disable=g-import-not-at-top
+from benchmarks.method_builds import load_data  # pylint: disable=g-import-not-at-top
+
 _MODEL = flags.DEFINE_string('model', 'fedavg_cnn', 'tff_algos.models zoo model.')
 _DATASET = flags.DEFINE_enum('dataset', 'fashion_mnist', ['fashion_mnist', 'digits'],
                              'Data (fashion_mnist falls back to digits if it is missing).')
@@ -78,28 +81,6 @@ _MAX_CALLS = flags.DEFINE_integer(
 METHODS = ('fedcross', 'fedcda', 'cadis', 'cadis_nokd', 'fedlex_avgm', 'fedlex_sgd',
            'fedlex_opt', 'fedlex_prox')
 VARIANTS = ('plain_tf', 'ours', 'tff') + METHODS
-
-
-def build_method(name, model_fn, num_clients, batch, lr, seed):
-  """A method's process as the training program builds it, on this benchmark's setting."""
-  from programs import experiment  # pylint: disable=g-import-not-at-top
-  algorithm = 'cadis' if name == 'cadis_nokd' else name
-  config = experiment.ExperimentConfig(
-      algorithm=algorithm, num_clients=num_clients, clients_per_round=num_clients,
-      batch_size=batch, client_lr=lr, client_momentum=0.0, seed=seed,
-      fedcda_warmup_rounds=0, fedcda_max_cache_gib=64.0,
-      cadis_kd_weight=0.0 if name == 'cadis_nokd' else 1.0)
-  return experiment.build_process(config, model_fn, num_clients)
-
-
-def load_data(name):
-  import data  # pylint: disable=g-import-not-at-top
-  if name == 'fashion_mnist':
-    try:
-      return data.load_fashion_mnist()
-    except data.DatasetNotFoundError as e:
-      print(f'Fashion-MNIST unavailable ({e}); using digits', flush=True)
-  return data.load_digits()
 
 
 def main(argv):
