@@ -15,8 +15,9 @@ each TFF call in `collector_paused()`: the round then costs what the runtime cos
 
 TFF compiles every computation by rewriting protocol buffers in Python, so it needs
 protobuf's compiled (upb) implementation: under the pure-Python one (protobuf 3.20 on
-Python 3.11 has no other) building a process and its first round cost 15-25x more
-(benchmarks/RESULTS.md, "protobuf"). `initialize_runtime` warns when that is the case.
+Python 3.11 has no other) building a process costs 3x more, its first round 4-5x and the
+fixed part of every later round 8-9x (benchmarks/RESULTS.md, "protobuf").
+`initialize_runtime` warns when that is the case.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ _WORKER_NAME = 'worker_binary'
 _installed = None  # the settings of the context in force
 DEFAULT_WORKER_TIMEOUT_SECONDS = 60.0
 SLOW_PROTOBUF_WARNING = (
-    "protobuf runs its pure-Python implementation, which makes TFF's compilation 15-25x "
+    "protobuf runs its pure-Python implementation, which makes TFF's builds and rounds 3-9x "
     "slower: install protobuf>=4.21 (upb), e.g. `pip install 'protobuf==4.25.5' "
     "'tensorflow-metadata==1.15.0'` as requirements.txt pins")
 
