@@ -230,6 +230,96 @@ def compare_runs(suite: suites.Suite, runs: dict, paper: dict) -> list:
   return rows
 
 
+def checkpoint_rounds(rounds: int) -> list:
+  """The rounds at which `margins_over_rounds` reads the curves: a round step of 10, 20, 25,
+  50 or 100 (the smallest giving at most 10 rows, dividing `rounds` when one does), and
+  always the last round."""
+  steps = [s for s in (10, 20, 25, 50, 100) if rounds / s <= 10] or [rounds]
+  step = next((s for s in steps if rounds % s == 0), steps[0])
+  marks = list(range(step, rounds + 1, step))
+  return marks if marks and marks[-1] == rounds else marks + [rounds]
+
+
+def last10_at(run: dict, end: int) -> float:
+  """A run's mean test accuracy over rounds end - 9 .. end (NaN when none is in)."""
+  tail = [a for r, a in zip(run['curve_rounds'], run['curve_accuracy']) if end - LAST < r <= end]
+  return float(np.mean(tail)) if tail else float('nan')
+
+
+def margins_over_rounds(suite: suites.Suite, runs: dict, comparisons: list) -> dict:
+  """How each comparison's margin develops: at every checkpoint round, the baseline's and
+  the method's last-10 mean (over the comparison's paired finished seeds) and the paired
+  margin (points, mean and std over seeds). A method that only converges faster shows a
+  margin that shrinks towards the end; the headline table shows only the end."""
+  out = {}
+  for c in comparisons:
+    seeds = c['seeds']
+    if not seeds:
+      continue
+    rows = []
+    for end in checkpoint_rounds(runs[c['method']][seeds[0]]['rounds']):
+      base = [last10_at(runs[c['baseline']][s], end) for s in seeds]
+      method = [last10_at(runs[c['method']][s], end) for s in seeds]
+      margin, spread = mean_std([100 * (m - b) for m, b in zip(method, base)])
+      rows.append(dict(round=end, baseline=100 * float(np.mean(base)),
+                       method=100 * float(np.mean(method)), margin=margin, margin_std=spread))
+    out[c['label']] = rows
+  return out
+
+
+def _margin_lines(comparisons: list, margins: dict) -> list:
+  """The 'margin over rounds' section: one table, a column per comparison, then
+  `margin_notes`."""
+  shown = [c for c in comparisons if c['label'] in margins]
+  if not shown:
+    return []
+  baselines = list(dict.fromkeys(c['baseline'] for c in shown))
+  lines = ['## The margin over rounds', '',
+           f'Last-{LAST}-round mean test accuracy (%) ending at each round, mean over the '
+           'paired finished seeds; margin = method − its baseline per seed, mean ± std. The '
+           'headline table reads the last row.', '',
+           '| round | ' + ' | '.join(f'{b} (%)' for b in baselines) + ' | ' +
+           ' | '.join(f'{c["label"]}: margin' for c in shown) + ' |',
+           '|---|' + '---|' * (len(baselines) + len(shown))]
+  by_round = {}
+  for c in shown:
+    for row in margins[c['label']]:
+      by_round.setdefault(row['round'], {})[c['label']] = row
+  for end, cells in by_round.items():
+    level = {}
+    for c in shown:
+      if c['label'] in cells:
+        level.setdefault(c['baseline'], cells[c['label']]['baseline'])
+    lines.append(f'| {end} | ' + ' | '.join(num(level.get(b, np.nan)) for b in baselines) +
+                 ' | ' + ' | '.join(
+                     mean_and_spread(cells[c['label']]['margin'], cells[c['label']]['margin_std'],
+                                     mean_spec='+.2f') if c['label'] in cells else 'n/a'
+                     for c in shown) + ' |')
+  return lines + [''] + margin_notes(shown, margins) + ['']
+
+
+def margin_notes(comparisons: list, margins: dict) -> list:
+  """Per comparison: where its margin peaked, and, when the paper's figure is on our data
+  set, our margin where our FedAvg first reaches the paper's FedAvg accuracy (a paper whose
+  baseline is weaker than ours compares methods earlier in training than our last rounds)."""
+  lines = []
+  for c in comparisons:
+    rows = margins.get(c['label'])
+    if not rows:
+      continue
+    peak = max(rows, key=lambda r: r['margin'])
+    text = (f'- {c["label"]}: largest margin {peak["margin"]:+.2f} at round {peak["round"]} '
+            f'(baseline there {peak["baseline"]:.2f}%), {rows[-1]["margin"]:+.2f} at the end')
+    if c['paper_dataset'] == suites.OUR_DATASET and c['paper_baseline'] is not None:
+      reached = next((r for r in rows if r['baseline'] >= c['paper_baseline']), None)
+      text += (f'; the paper\'s FedAvg ({c["paper_baseline"]:.2f}%) is first reached by ours '
+               f'at round {reached["round"]}, where our margin is {reached["margin"]:+.2f} '
+               f'(paper: {c["paper_margin"]:+.2f})' if reached else
+               f'; ours never reaches the paper\'s FedAvg ({c["paper_baseline"]:.2f}%)')
+    lines.append(text + '.')
+  return lines
+
+
 def _plot(suite: suites.Suite, runs: dict, path: str) -> None:
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
@@ -377,7 +467,9 @@ def suite_page(suite: suites.Suite) -> tuple:
         f'{num(c["paper_method"])} | {num(c["paper_margin"], "+.2f")} | {len(c["seeds"])} | '
         f'{pm(c["baseline_mean"], c["baseline_std"])} | {pm(c["method_mean"], c["method_std"])} '
         f'| {margin_text(c)} | **{c["verdict"]}** |')
-  lines += ['', '## Every run', '',
+  lines += [''] + _margin_lines(summary['comparisons'],
+                                margins_over_rounds(suite, runs, summary['comparisons']))
+  lines += ['## Every run', '',
             f'Plateau: the mean curve\'s last W rounds (W = min(50, rounds/4)) against the W '
             f'before; plateaued when it moved less than {PLATEAU_POINTS} points.', '',
             '| run | seeds finished | last-10 mean (%) | best (%) | final (%) | plateau: W, '
@@ -453,6 +545,9 @@ def reproduction_page() -> str:
           f'| {c["label"]} | {num(c["paper_margin"], "+.2f")} ({c["paper_dataset"]}) | '
           f'{pm(c["baseline_mean"], c["baseline_std"])} | '
           f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | **{c["verdict"]}** |')
+    notes = margin_notes(summary['comparisons'], margins_over_rounds(
+        suite, summary['runs'], summary['comparisons']))
+    lines += [''] + notes if notes else []
     lines.append('')
   return '\n'.join(lines)
 

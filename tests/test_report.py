@@ -194,3 +194,54 @@ def test_one_seed_gets_no_spread_and_no_verdict(tmp_path, monkeypatch):
   assert report.pm(row['baseline_mean'], row['baseline_std']) == '50.00 (one seed)'
   page, _, _ = report.suite_page(suite)
   assert '± 0.00' not in page and '**one seed**' in page
+
+
+@pytest.mark.parametrize('rounds, want', [
+    (200, list(range(20, 201, 20))), (300, list(range(50, 301, 50))),
+    (150, list(range(25, 151, 25))), (100, list(range(10, 101, 10))), (7, [7])])
+def test_checkpoint_rounds(rounds, want):
+  assert report.checkpoint_rounds(rounds) == want
+
+
+def test_margins_over_rounds_match_numpy(tmp_path, monkeypatch):
+  """The margin at each checkpoint is numpy's paired last-10 difference over the seeds, and
+  the notes find the peak and the first checkpoint where our FedAvg reaches the paper's."""
+  suite = suites.Suite(
+      name='toy', title='toy', common=dict(rounds=40), scaled='nothing',
+      runs=dict(base=dict(algorithm='fedavg'), new=dict(algorithm='fedcda')),
+      comparisons=(suites.Comparison('new', 'base', 'toy setting', 'toy'),))
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  rng = np.random.default_rng(3)
+  curves = {}
+  for run in ('base', 'new'):
+    for seed in (0, 1, 2):
+      curves[run, seed] = rng.uniform(0.3, 0.9, 40)
+      _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{seed}', 40, curves[run, seed])
+  runs = report.collect(suite)
+  paper = {'toy setting': dict(dataset=suites.OUR_DATASET, baseline=55.0, method=60.0)}
+  comparisons = report.compare_runs(suite, runs, paper)
+  rows = report.margins_over_rounds(suite, runs, comparisons)['toy']
+  assert [r['round'] for r in rows] == [10, 20, 30, 40]
+  for row in rows:
+    end = row['round']
+    diffs = [100 * (curves['new', s][end - 10:end].mean() - curves['base', s][end - 10:end].mean())
+             for s in (0, 1, 2)]
+    assert row['margin'] == pytest.approx(np.mean(diffs))
+    assert row['margin_std'] == pytest.approx(np.std(diffs, ddof=1))
+    assert row['baseline'] == pytest.approx(
+        100 * np.mean([curves['base', s][end - 10:end].mean() for s in (0, 1, 2)]))
+  assert rows[-1]['margin'] == pytest.approx(comparisons[0]['margin'])  # the headline's row
+  (note,) = report.margin_notes(comparisons, {'toy': rows})
+  peak = max(rows, key=lambda r: r['margin'])
+  assert f'largest margin {peak["margin"]:+.2f} at round {peak["round"]}' in note
+  reached = next((r for r in rows if r['baseline'] >= 55.0), None)
+  if reached:
+    assert f'first reached by ours at round {reached["round"]}' in note
+  else:
+    assert 'never reaches' in note
+  # A paper figure on another data set is not compared level for level.
+  comparisons[0]['paper_dataset'] = 'CIFAR-10'
+  (note,) = report.margin_notes(comparisons, {'toy': rows})
+  assert 'first reached' not in note and 'never reaches' not in note
+  page, _, _ = report.suite_page(suite)
+  assert '## The margin over rounds' in page and '| 40 |' in page
