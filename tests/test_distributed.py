@@ -11,7 +11,9 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-import functools  # pylint: disable=g-import-not-at-top
+import asyncio  # pylint: disable=g-import-not-at-top
+import collections
+import functools
 import json
 import signal
 import subprocess
@@ -27,6 +29,7 @@ import tensorflow_federated as tff
 import data
 from programs import experiment
 from tests import helpers
+import tff_algos
 from tff_algos import execution
 from tff_algos import fedlex
 from tff_algos import models
@@ -311,3 +314,50 @@ def test_program_worker_flags_bad_input_is_one_line(tmp_path, flags, fragment):
   assert result.returncode == 2, result.stderr
   lines = [l for l in result.stderr.strip().splitlines() if l.strip()]
   assert len(lines) == 1 and lines[0].startswith('error: ') and fragment in lines[0], lines
+
+
+def _digits_client_data():
+  """A user's ClientData: 8 clients of 40 digits, batched."""
+  digits = data.load_digits()
+  return tff.simulation.datasets.TestClientData(collections.OrderedDict(
+      (f'user{n}', collections.OrderedDict(x=digits.x_train[40 * n:40 * (n + 1)],
+                                           y=digits.y_train[40 * n:40 * (n + 1)]))
+      for n in range(NUM_CLIENTS))).preprocess(lambda d: d.batch(16))
+
+
+def test_train_model_runs_on_the_services_through_program_context(contexts, tmp_path):
+  """A TFF program (`tff.learning.programs.train_model`, checkpointed) on 2 worker services
+  through `execution.program_context`, with the round split over them: local mode's weights.
+  FedCross: its model goes down through federated_select."""
+  client_data = _digits_client_data()
+  process = tff_algos.build_fedcross(
+      MODEL_FN, tff.learning.optimizers.build_sgdm(learning_rate=0.1), 16,
+      num_models=CLIENTS_PER_ROUND)
+
+  def train_model(context, root):
+    released = tff.program.MemoryReleaseManager()
+    with tff.framework.get_context_stack().install(context):
+      asyncio.run(tff.learning.programs.train_model(
+          train_process=process,
+          train_data_source=data.federated_data_source(client_data, seed=0),
+          train_per_round_clients=CLIENTS_PER_ROUND, train_total_rounds=ROUNDS,
+          program_state_manager=tff.program.FileProgramStateManager(root),
+          model_output_manager=released,
+          train_metrics_manager=tff.program.MemoryReleaseManager(),
+          evaluation_manager=None, evaluation_periodicity=1))
+    final = list(released.values().values())[-1]
+    return [np.asarray(w) for w in tf.nest.flatten(process.get_model_weights(final))]
+
+  class Counted:
+    """The 2-service context, counting the program's calls that reach it."""
+    calls = 0
+
+    def invoke(self, comp, arg):
+      Counted.calls += 1
+      return contexts[2].invoke(comp, arg)
+
+  local = train_model(execution.program_context(), str(tmp_path / 'local'))
+  distributed = _in_context(contexts[2], train_model, execution.program_context(Counted()),
+                            str(tmp_path / 'distributed'))
+  assert Counted.calls >= ROUNDS + 1   # initialize and every round ran on the services
+  _assert_same(local, distributed)

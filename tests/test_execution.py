@@ -109,12 +109,16 @@ def test_initialize_runtime_warns_under_pure_python_protobuf(monkeypatch):
   import tensorflow_federated as tff
   calls = []
   monkeypatch.setattr(execution, '_installed', None)
+  monkeypatch.setattr(execution, '_installed_context', execution._installed_context)  # pylint: disable=protected-access
   monkeypatch.setattr(execution, 'protobuf_implementation', lambda: 'python')
-  monkeypatch.setattr(tff.backends.native, 'set_sync_local_cpp_execution_context',
-                      lambda **kwargs: calls.append(kwargs))
+  monkeypatch.setattr(tff.backends.native, 'create_sync_local_cpp_execution_context',
+                      lambda **kwargs: calls.append(kwargs) or 'context')
+  installed = []
+  monkeypatch.setattr(tff.framework.get_context_stack(), 'set_default_context',
+                      installed.append)
   with pytest.warns(RuntimeWarning, match=r'protobuf>=4\.21'):
     execution.initialize_runtime(default_num_clients=7)
-  assert calls and calls[0]['default_num_clients'] == 7
+  assert calls and calls[0]['default_num_clients'] == 7 and installed == ['context']
   monkeypatch.setattr(execution, '_installed', None)
   monkeypatch.setattr(execution, 'protobuf_implementation', lambda: 'upb')
   with warnings.catch_warnings():

@@ -185,21 +185,28 @@ def test_iterator_bytes_hold_the_id_map(client_data):
 # --------------------------------------------------------------------------- #
 
 
-# Contexts stay referenced until the interpreter exits: TFF's ServiceManager.__del__ sends
-# its worker SIGINT and waits for it without a timeout, which hung this file's teardown when
-# the fixture's context was collected; the session-end `execution.shutdown_workers()`
-# (conftest.py) kills the workers instead.
-_PROGRAM_CONTEXTS = []
-
-
 @pytest.fixture(scope='module')
 def program_context():
   """What a TFF program installs: a `tff.program.NativeFederatedContext` (train_model
-  checks for one) over TFF's async local C++ context."""
-  context = tff.program.NativeFederatedContext(
-      tff.backends.native.create_async_local_cpp_execution_context())
-  _PROGRAM_CONTEXTS.append(context)
-  return context
+  checks for one), here over the runtime `initialize_runtime` installed."""
+  return execution.program_context()
+
+
+def test_program_context_starts_no_second_worker(model_fn, client_data, tmp_path):
+  """TFF's own async local context would start a second C++ worker; ours runs the program
+  on the worker already running, and gives what the synchronous context gives."""
+  process = tff_algos.build_fedavg(model_fn, sgd(), BATCH)
+  expected = process.get_model_weights(tff.simulation.run_training_process(
+      process, data.client_selection_fn(client_data, P, epochs=EPOCHS, seed=0),
+      total_rounds=1))
+  workers = execution.worker_pids()
+  assert len(workers) == 1
+  released, _ = _run_train_model(process, client_data, str(tmp_path / 'state'), 1,
+                                 execution.program_context())
+  assert execution.worker_pids() == workers
+  for a, b in zip(tf.nest.flatten(process.get_model_weights(released[-1])),
+                  tf.nest.flatten(expected)):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 def _run_train_model(process, client_data, root_dir, total_rounds, context):

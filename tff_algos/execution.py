@@ -50,6 +50,7 @@ from typing import Optional, Sequence
 
 _WORKER_NAME = 'worker_binary'
 _installed = None  # the settings of the context in force
+_installed_context = None  # that context (synchronous: local C++ or mergeable)
 DEFAULT_WORKER_TIMEOUT_SECONDS = 60.0
 SLOW_PROTOBUF_WARNING = (
     "protobuf runs its pure-Python implementation, which makes TFF's builds and rounds 3-9x "
@@ -287,14 +288,52 @@ def initialize_runtime(
         workers, local_workers, worker_timeout_seconds=worker_timeout_seconds,
         max_concurrent_computation_calls=max_concurrent_computation_calls,
         default_num_clients=default_num_clients)
-    tff.framework.get_context_stack().set_default_context(context)
   else:
-    tff.backends.native.set_sync_local_cpp_execution_context(
+    context = tff.backends.native.create_sync_local_cpp_execution_context(
         default_num_clients=default_num_clients,
         max_concurrent_computation_calls=max_concurrent_computation_calls)
+  tff.framework.get_context_stack().set_default_context(context)
   if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
     signal.signal(signal.SIGTERM, _on_sigterm)
-  _installed = settings
+  global _installed_context
+  _installed, _installed_context = settings, context
+
+
+class _AsyncOverSync:
+  """A synchronous execution context seen as an asynchronous one (what TFF programs await).
+
+  Each `invoke` runs the synchronous context's own `invoke` in a thread, so the program's
+  calls reach the same worker(s) with the same settings (value serialisation, timeouts,
+  the split over worker services) while its event loop stays free.
+  """
+
+  def __init__(self, context):
+    self._context = context
+
+  async def invoke(self, comp, arg):
+    return await asyncio.to_thread(self._context.invoke, comp, arg)
+
+
+def program_context(context=None):
+  """A `tff.program.NativeFederatedContext` for TFF programs, on the runtime in force.
+
+  `tff.learning.programs.train_model` (and any `tff.program` code) needs a federated
+  context over an asynchronous execution context; TFF's own
+  `create_async_local_cpp_execution_context()` would start a second C++ worker beside the
+  one `initialize_runtime` started, and cannot reach worker services. This one runs on
+  `context` (default: the context `initialize_runtime` installed, which it calls with its
+  defaults if nothing is installed yet): one local worker, or the worker services of
+  `--workers` / `--local_workers`, whose round-splitting it keeps.
+
+      with tff.framework.get_context_stack().install(execution.program_context()):
+        await tff.learning.programs.train_model(...)
+  """
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  if context is None:
+    if _installed_context is None:
+      initialize_runtime()
+    context = _installed_context
+  return tff.program.NativeFederatedContext(_AsyncOverSync(context))
 
 
 # --- Several worker services -------------------------------------------------------------
