@@ -52,14 +52,19 @@ def _write_run(path, rounds, accuracy, seconds=1.0, summary_rounds=None):
     json.dump(dict(rounds=summary_rounds or rounds, client_epochs_training=rounds), f)
 
 
+def _paired_toy_suite(rounds, tmp_path, monkeypatch):
+  """A suite of two runs, 'new' compared against 'base', whose runs live under tmp_path."""
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  return suites.Suite(
+      name='toy', title='toy', common=dict(rounds=rounds), scaled='nothing',
+      runs=dict(base=dict(algorithm='fedavg'), new=dict(algorithm='fedcda')),
+      comparisons=(suites.Comparison('new', 'base', 'toy setting', 'toy'),))
+
+
 def test_comparison_numbers_match_numpy(tmp_path, monkeypatch):
   """Three paired seeds of a synthetic suite: means, stds and the paired margin are numpy's,
   a stopped run is listed but left out, and an extra seed is shown, not dropped."""
-  suite = suites.Suite(
-      name='toy', title='toy', common=dict(rounds=30), scaled='nothing',
-      runs=dict(base=dict(algorithm='fedavg'), new=dict(algorithm='fedcda')),
-      comparisons=(suites.Comparison('new', 'base', 'toy setting', 'toy'),))
-  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  suite = _paired_toy_suite(30, tmp_path, monkeypatch)
   rng = np.random.default_rng(1)
   tails = {}
   for run, level in (('base', 0.6), ('new', 0.7)):
@@ -180,11 +185,7 @@ def test_a_diverging_grid_point_is_shown_and_skipped(tmp_path, monkeypatch):
 def test_one_seed_gets_no_spread_and_no_verdict(tmp_path, monkeypatch):
   """With one paired seed there is no spread: the page says "(one seed)", never "± 0.00",
   and gives no verdict however large the margin."""
-  suite = suites.Suite(
-      name='toy', title='toy', common=dict(rounds=20), scaled='nothing',
-      runs=dict(base=dict(algorithm='fedavg'), new=dict(algorithm='fedcda')),
-      comparisons=(suites.Comparison('new', 'base', 'toy setting', 'toy'),))
-  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  suite = _paired_toy_suite(20, tmp_path, monkeypatch)
   _write_run(tmp_path / 'toy' / 'runs' / 'base_s0', 20, np.full(20, 0.5))
   _write_run(tmp_path / 'toy' / 'runs' / 'new_s0', 20, np.full(20, 0.9))
   paper = {'toy setting': dict(dataset='D', baseline=50.0, method=60.0)}
@@ -206,11 +207,7 @@ def test_checkpoint_rounds(rounds, want):
 def test_margins_over_rounds_match_numpy(tmp_path, monkeypatch):
   """The margin at each checkpoint is numpy's paired last-10 difference over the seeds, and
   the notes find the peak and the first checkpoint where our FedAvg reaches the paper's."""
-  suite = suites.Suite(
-      name='toy', title='toy', common=dict(rounds=40), scaled='nothing',
-      runs=dict(base=dict(algorithm='fedavg'), new=dict(algorithm='fedcda')),
-      comparisons=(suites.Comparison('new', 'base', 'toy setting', 'toy'),))
-  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  suite = _paired_toy_suite(40, tmp_path, monkeypatch)
   rng = np.random.default_rng(3)
   curves = {}
   for run in ('base', 'new'):
