@@ -3,9 +3,10 @@ r"""Runs a paper comparison (benchmarks/suites.py) over fixed seeds and writes i
   python -m benchmarks.compare --suite=fedcda --tune      # learning-rate grid, one seed
   python -m benchmarks.compare --suite=fedcda             # every run x seeds 0, 1, 2
   python -m benchmarks.compare --suite=fedcda --report    # the page only, from the runs
+  python -m benchmarks.compare --suite=fedcda --probes    # runs that test a diagnosis
 
 Every run is an ordinary experiment directory (`benchmarks/<suite>/runs/<run>_s<seed>`,
-tuning runs under `tuning/`). A finished run is skipped and a stopped one resumes exactly,
+tuning runs under `tuning/`, probe runs under `probes/<probe>/`). A finished run is skipped and a stopped one resumes exactly,
 so the same command continues a suite after a kill or at the next session. After running,
 `benchmarks/report.py` rewrites `results.md`, `results.json` and `curves.png` of the suite and
 `benchmarks/REPRODUCTION.md` from the committed run directories.
@@ -33,6 +34,9 @@ _ONLY = flags.DEFINE_list('only', [], 'Run only these run names (all seeds).')
 _TUNE = flags.DEFINE_bool('tune', False, 'Run the suite\'s learning-rate grid and freeze the '
                           'best value per algorithm in tuned.json.')
 _REPORT = flags.DEFINE_bool('report', False, 'Write the pages from the runs; train nothing.')
+_PROBES = flags.DEFINE_bool('probes', False, 'Run the suite\'s probes (runs at changed '
+                            'settings that test a diagnosis, benchmarks/suites.py: Probe) '
+                            'instead of its reported runs.')
 
 
 def _finished(config) -> bool:
@@ -89,6 +93,15 @@ def tune(suite: suites.Suite) -> dict:
   return tuned
 
 
+def run_probes(suite: suites.Suite, tuned) -> None:
+  """Every probe's runs: the suite's run (tuned) with the probe's changes, per probe seed."""
+  for probe in suite.probes:
+    for run in probe.runs:
+      for seed in probe.seeds:
+        _run(_config(suite, suite.probe_overrides(probe, run, tuned), seed,
+                     suites.probe_dir(suite.name, probe.name), suites.run_name(run, seed)))
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
@@ -124,7 +137,12 @@ def main(argv):
         print(f'error: suite {suite.name} tunes its learning rates first: run '
               f'python -m benchmarks.compare --suite={suite.name} --tune', file=sys.stderr)
         return 2
-      for run in suite.runs:
+      if _PROBES.value:
+        if not suite.probes:
+          print(f'error: suite {suite.name} has no probes', file=sys.stderr)
+          return 2
+        run_probes(suite, tuned)
+      for run in ([] if _PROBES.value else suite.runs):
         if _ONLY.value and run not in _ONLY.value:
           continue
         for seed in seeds:
@@ -134,9 +152,9 @@ def main(argv):
   except experiment.ExperimentError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  report.write_suite_page(suite)
-  report.write_reproduction_page()
-  print(f'wrote {os.path.relpath(os.path.join(suites.suite_dir(suite.name), "results.md"))}')
+  report.write_all()
+  print(f'wrote {os.path.relpath(os.path.join(suites.suite_dir(suite.name), "results.md"))} '
+        '(and every other page)')
   return 0
 
 

@@ -1,6 +1,7 @@
 """Writes every reproduction page from committed run directories and benchmarks/suites.py.
 
-  python -m benchmarks.report            # all suites' results.md/json/curves.png, REPRODUCTION.md
+  python -m benchmarks.report   # every suite's results.md/json/curves.png, REPRODUCTION.md and
+                                # README.md's reproduction status (between its markers)
 
 Nothing on a page is typed by hand: settings come from the suite declaration, numbers from
 each run's metrics.csv and summary.json, paper figures from paper_numbers.json, verdicts from
@@ -204,9 +205,26 @@ def collect(suite: suites.Suite) -> dict:
           for run in suite.runs}
 
 
+def collect_probe(suite: suites.Suite, probe: suites.Probe) -> dict:
+  """{run: {seed: loaded run}} of a probe (its runs' directories that exist)."""
+  tuned = suites.load_tuned(suite.name)
+  out = {}
+  for run in probe.runs:
+    rounds = suite.probe_overrides(probe, run, tuned)['rounds']
+    for seed in probe.seeds:
+      path = os.path.join(suites.probe_dir(suite.name, probe.name), suites.run_name(run, seed))
+      if os.path.exists(os.path.join(path, 'config.json')):
+        out.setdefault(run, {})[seed] = load_run(path, rounds)
+  return out
+
+
 def compare_runs(suite: suites.Suite, runs: dict, paper: dict) -> list:
+  """A row per comparison of the suite whose two runs are in `runs` (all of them for the
+  suite's own runs; a probe's runs hold some)."""
   rows = []
   for comp in suite.comparisons:
+    if comp.method not in runs or comp.baseline not in runs:
+      continue
     method = {s: r for s, r in runs[comp.method].items() if r['finished']}
     base = {s: r for s, r in runs[comp.baseline].items() if r['finished']}
     paired = sorted(set(method) & set(base))
@@ -318,6 +336,53 @@ def margin_notes(comparisons: list, margins: dict) -> list:
                f'; ours never reaches the paper\'s FedAvg ({c["paper_baseline"]:.2f}%)')
     lines.append(text + '.')
   return lines
+
+
+def _probe_lines(suite: suites.Suite, paper: dict) -> list:
+  """The 'Probes' section: per probe, what it tests, what it changes, its comparisons."""
+  if not suite.probes:
+    return []
+  lines = ['## Probes', '',
+           'Runs at changed settings that test a diagnosis; not part of the verdicts. Command: '
+           f'`python -m benchmarks.compare --suite={suite.name} --probes`.', '']
+  for probe in suite.probes:
+    runs = collect_probe(suite, probe)
+    lines += [f'### {probe.name}: {probe.question}', '',
+              'Changed from the reported runs: ' + ', '.join(
+                  f'`{k}={v}`' for k, v in sorted(probe.overrides.items())) +
+              f'; runs {", ".join(probe.runs)}; seeds {", ".join(map(str, probe.seeds))}.', '']
+    comparisons = compare_runs(suite, runs, paper)
+    if comparisons:
+      lines += ['| comparison | seeds finished | baseline (%) | method (%) | margin |',
+                '|---|---|---|---|---|']
+      for c in comparisons:
+        lines.append(f'| {c["label"]} | {len(c["seeds"])} | '
+                     f'{pm(c["baseline_mean"], c["baseline_std"])} | '
+                     f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} |')
+      lines += [''] + margin_notes(comparisons, margins_over_rounds(suite, runs, comparisons))
+    for run in probe.runs:
+      for seed in probe.seeds:
+        r = runs.get(run, {}).get(seed)
+        if r is None:
+          lines.append(f'- `{run}` seed {seed}: not run yet.')
+        elif not r['finished']:
+          lines.append(f'- `{run}` seed {seed}: stopped after round {r["rounds_done"]} of '
+                       f'{r["rounds"]} (continues with the same command).')
+    lines.append('')
+  return lines
+
+
+def probe_summaries(suite: suites.Suite, paper: dict) -> list:
+  """One line per probe comparison with a finished pair (for REPRODUCTION.md)."""
+  out = []
+  for probe in suite.probes:
+    for c in compare_runs(suite, collect_probe(suite, probe), paper):
+      if c['seeds']:
+        out.append(f'- Probe {probe.name} ({probe.question}): {c["label"]} at '
+                   + ', '.join(f'`{k}={v}`' for k, v in sorted(probe.overrides.items())) +
+                   f': FedAvg {pm(c["baseline_mean"], c["baseline_std"])}, method '
+                   f'{pm(c["method_mean"], c["method_std"])}, margin {margin_text(c)}.')
+  return out
 
 
 def _plot(suite: suites.Suite, runs: dict, path: str) -> None:
@@ -469,6 +534,7 @@ def suite_page(suite: suites.Suite) -> tuple:
         f'| {margin_text(c)} | **{c["verdict"]}** |')
   lines += [''] + _margin_lines(summary['comparisons'],
                                 margins_over_rounds(suite, runs, summary['comparisons']))
+  lines += _probe_lines(suite, summary['paper'])
   lines += ['## Every run', '',
             f'Plateau: the mean curve\'s last W rounds (W = min(50, rounds/4)) against the W '
             f'before; plateaued when it moved less than {PLATEAU_POINTS} points.', '',
@@ -546,16 +612,71 @@ def reproduction_page() -> str:
           f'{pm(c["baseline_mean"], c["baseline_std"])} | '
           f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | **{c["verdict"]}** |')
     notes = margin_notes(summary['comparisons'], margins_over_rounds(
-        suite, summary['runs'], summary['comparisons']))
+        suite, summary['runs'], summary['comparisons'])) + probe_summaries(
+            suite, summary['paper'])
     lines += [''] + notes if notes else []
     lines.append('')
   return '\n'.join(lines)
 
 
-def main() -> int:
+README = os.path.join(os.path.dirname(suites.HERE), 'README.md')
+STATUS_BEGIN = '<!-- reproduction status: written by `python -m benchmarks.report` -->'
+STATUS_END = '<!-- end of reproduction status -->'
+
+
+def status_lines() -> list:
+  """The README's one line per method: each comparison's verdict and margin against the
+  paper's, how many runs have finished, and which finished runs have not plateaued."""
+  lines = []
+  for suite in suites.SUITES.values():
+    summary = suite_summary(suite)
+    runs = summary['runs']
+    expected = len(suite.runs) * len(suites.SEEDS)
+    finished = sum(r['finished'] for seeds in runs.values() for r in seeds.values())
+    if not finished:
+      lines.append(f'- {suite.title.split()[0]}: no run finished yet (of {expected}, '
+                   f'[{suite.name}/results.md](benchmarks/{suite.name}/results.md)).')
+      continue
+    verdicts = '; '.join(
+        f'{c["label"]} **{c["verdict"]}** ({margin_text(c)} against the paper\'s '
+        f'{num(c["paper_margin"], "+.2f")})' for c in summary['comparisons'])
+    moving = []
+    for run, seeds in runs.items():
+      done = [r for r in seeds.values() if r['finished']]
+      if done:
+        _, moved = plateau_delta([r['curve_accuracy'] for r in done])
+        if abs(moved) >= PLATEAU_POINTS:
+          moving.append(f'{run} {moved:+.1f}')
+    lines.append(
+        f'- {suite.title.split()[0]}: {verdicts}. {finished} of {expected} runs finished'
+        + (f'; not plateaued (points over the last window): {", ".join(moving)}'
+           if moving else '') +
+        f' ([{suite.name}/results.md](benchmarks/{suite.name}/results.md)).')
+  return lines
+
+
+def readme_with_status(text: str) -> str:
+  """`text` (README.md) with the block between the status markers rewritten."""
+  begin, end = text.index(STATUS_BEGIN), text.index(STATUS_END)
+  # Indented under the README's list item that introduces it.
+  return (text[:begin + len(STATUS_BEGIN)] + '\n' +
+          ''.join(f'  {line}\n' for line in status_lines()) + '  ' + text[end:])
+
+
+def write_all() -> None:
+  """Every suite's page, REPRODUCTION.md and README.md's status block."""
   for suite in suites.SUITES.values():
     write_suite_page(suite)
   write_reproduction_page()
+  with open(README) as f:
+    text = f.read()
+  with open(README + '.tmp', 'w') as f:
+    f.write(readme_with_status(text))
+  os.replace(README + '.tmp', README)
+
+
+def main() -> int:
+  write_all()
   print('wrote', ', '.join(f'{s}/results.md' for s in suites.SUITES), 'and REPRODUCTION.md',
         file=sys.stderr)
   return 0

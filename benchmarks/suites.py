@@ -31,6 +31,21 @@ class Comparison:
 
 
 @dataclasses.dataclass(frozen=True)
+class Probe:
+  """Runs of a suite at changed settings, made to test a diagnosis, not for the verdicts.
+
+  Each run of `runs` is the suite's run (with its tuned learning rate) with `overrides`
+  applied on top, over `seeds`; its directory is `probes/<name>/<run>_s<seed>`. The page
+  shows every comparison of the suite whose two runs are both in `runs`.
+  """
+  name: str
+  question: str       # what it tests (shown on the page)
+  overrides: dict     # ExperimentConfig fields changed for every run of the probe
+  runs: tuple         # run names of the suite
+  seeds: tuple = (0,)
+
+
+@dataclasses.dataclass(frozen=True)
 class Suite:
   name: str
   title: str
@@ -49,6 +64,7 @@ class Suite:
   # Extra per-run columns from summary.json: (header, key path, format).
   summary_columns: tuple = ()
   notes: str = ''                  # pointers to diagnoses (shown on the page)
+  probes: tuple = ()               # Probe runs that test a diagnosis (`compare --probes`)
 
   def needs_tuning(self) -> bool:
     return bool(self.grid)
@@ -59,6 +75,10 @@ class Suite:
     if tuned and fields['algorithm'] in tuned:
       fields.update(tuned[fields['algorithm']])
     return fields
+
+  def probe_overrides(self, probe: Probe, run: str, tuned: Optional[dict] = None) -> dict:
+    """The fields of one probe run: the run's own (tuned), then the probe's changes."""
+    return dict(self.config_overrides(run, tuned), **probe.overrides)
 
   def tuning_overrides(self, run: str, values: dict) -> dict:
     """The fields of one tuning run: the run's own, the grid point, and the tuning length."""
@@ -104,7 +124,19 @@ def _fedcda() -> Suite:
              'rounds"). The paper\'s FedAvg, at its untuned learning rate, ends far below our '
              'tuned one; the lines under that table give our margin at the round where our '
              'FedAvg first reaches the paper\'s FedAvg accuracy, the fairer point at which to '
-             'hold our margin against the paper\'s.'))
+             'hold our margin against the paper\'s.'),
+      probes=(
+          Probe('paper_step_size',
+                'at the paper\'s step size per round (its lr 1e-3 over E = 20 epochs, no '
+                'momentum, is lr 0.01 over our E = 2), does the margin come near the '
+                'paper\'s?',
+                dict(client_lr=0.01, client_momentum=0.0), ('fedavg_dir0.1', 'fedcda_dir0.1')),
+          Probe('paper_local_settings',
+                'at the paper\'s own local training (E = 20, lr 1e-3, momentum 1e-4 taken as '
+                'none), for '
+                'the first 100 of its 200 rounds, does the margin come near the paper\'s?',
+                dict(local_epochs=20, client_lr=0.001, client_momentum=0.0, rounds=100),
+                ('fedavg_dir0.1', 'fedcda_dir0.1'))))
 
 
 def _fedcross() -> Suite:
@@ -134,7 +166,11 @@ def _fedcross() -> Suite:
               'acceleration methods over the first 50 rounds (dynamic α from 0.5, 2 propeller '
               'models; the paper gives neither the number of propellers nor the schedule\'s '
               'shape, and its Fig. 9 uses 50-100 acceleration rounds). '
-              'E and the rounds are scaled so that 18 runs fit in about 2.5 hours.'))
+              'E and the rounds are scaled so that 18 runs fit in about 2.5 hours.'),
+      probes=(Probe('paper_local_epochs',
+                    'with the paper\'s E = 5 local epochs (more client drift than our E = 1), '
+                    'does FedCross pull ahead of FedAvg?',
+                    dict(local_epochs=5), ('fedavg_beta0.1', 'fedcross_beta0.1')),))
 
 
 def _cadis() -> Suite:
@@ -215,6 +251,10 @@ SUITES = {s.name: s for s in (_fedcda(), _fedcross(), _cadis(), _fedlex())}
 
 def suite_dir(suite: str) -> str:
   return os.path.join(HERE, suite)
+
+
+def probe_dir(suite: str, probe: str) -> str:
+  return os.path.join(suite_dir(suite), 'probes', probe)
 
 
 def run_name(run: str, seed: int) -> str:

@@ -242,3 +242,95 @@ def test_margins_over_rounds_match_numpy(tmp_path, monkeypatch):
   assert 'first reached' not in note and 'never reaches' not in note
   page, _, _ = report.suite_page(suite)
   assert '## The margin over rounds' in page and '| 40 |' in page
+
+
+def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path, monkeypatch):
+  """compare.run_probes: each probe run is the suite's tuned run with the probe's changes,
+  under probes/<name>/; the page's probe table holds numpy's paired margin."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  probe = suites.Probe('more_epochs', 'does it hold at E = 5?', dict(local_epochs=5, rounds=30),
+                       ('base', 'new'), seeds=(0, 1))
+  suite = dataclasses.replace(_paired_toy_suite(20, tmp_path, monkeypatch), probes=(probe,))
+  rng = np.random.default_rng(5)
+  made, tails = [], {}
+
+  def fake_run(config):
+    made.append(config)
+    acc = np.clip((0.5 if config.algorithm == 'fedavg' else 0.6) + rng.normal(0, 0.03, 30), 0, 1)
+    _write_run(config.experiment_dir, 30, acc)
+    tails[config.algorithm, config.seed] = acc[-10:].mean()
+
+  monkeypatch.setattr(compare, '_run', fake_run)
+  compare.run_probes(suite, {'fedcda': dict(client_lr=0.3)})
+  assert [(c.algorithm, c.seed) for c in made] == [('fedavg', 0), ('fedavg', 1),
+                                                  ('fedcda', 0), ('fedcda', 1)]
+  assert all(c.local_epochs == 5 and c.rounds == 30 for c in made)
+  assert [c.client_lr for c in made if c.algorithm == 'fedcda'] == [0.3, 0.3]   # tuned
+  assert made[0].experiment_dir.endswith(os.path.join('toy', 'probes', 'more_epochs', 'base_s0'))
+  (row,) = report.compare_runs(suite, report.collect_probe(suite, probe), {})
+  diffs = [100 * (tails['fedcda', s] - tails['fedavg', s]) for s in (0, 1)]
+  assert row['margin'] == pytest.approx(np.mean(diffs))
+  assert row['margin_std'] == pytest.approx(np.std(diffs, ddof=1))
+  page, _, _ = report.suite_page(suite)
+  assert '### more_epochs: does it hold at E = 5?' in page
+  assert '| toy | 2 | ' in page and report.margin_text(row) in page
+  (line,) = report.probe_summaries(suite, {})
+  assert line.startswith('- Probe more_epochs') and report.margin_text(row) in line
+
+
+def test_readme_reproduction_status_is_current():
+  """README.md's one line per method is what `python -m benchmarks.report` writes from the
+  committed runs: a changed digit there, or a new finished run, fails here."""
+  with open(report.README) as f:
+    text = f.read()
+  assert report.readme_with_status(text) == text, 'run python -m benchmarks.report'
+  assert len(report.status_lines()) == len(suites.SUITES)
+
+
+@pytest.mark.parametrize('argv, want', [
+    ([], [('fedavg', 0), ('fedavg', 1), ('fedavg', 2), ('fedcda', 0), ('fedcda', 1),
+          ('fedcda', 2)]),
+    (['--seeds=1,2'], [('fedavg', 1), ('fedavg', 2), ('fedcda', 1), ('fedcda', 2)]),
+    (['--only=new', '--seeds=0'], [('fedcda', 0)]),
+    (['--probes'], [('fedavg', 0), ('fedcda', 0)]),
+    (['--report'], []),
+    (['--tune'], [('fedavg', 100), ('fedavg', 100)]),
+])
+def test_compare_flags_choose_what_runs(tmp_path, monkeypatch, argv, want):
+  """benchmarks.compare's flags, through its main: which runs (algorithm, seed) are made."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import shutil  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  probe = suites.Probe('p', 'q?', dict(local_epochs=5), ('base', 'new'))
+  toy = dataclasses.replace(_paired_toy_suite(20, tmp_path, monkeypatch), name='fedcda',
+                            probes=(probe,), grid=dict(base=dict(client_lr=[0.1, 0.3])))
+  monkeypatch.setitem(suites.SUITES, 'fedcda', toy)
+  for name in list(suites.SUITES):
+    if name != 'fedcda':
+      monkeypatch.delitem(suites.SUITES, name)
+  (tmp_path / 'fedcda').mkdir()
+  if '--tune' not in argv:   # the reported runs need the suite's tuned rates
+    (tmp_path / 'fedcda' / 'tuned.json').write_text('{"fedavg": {"client_lr": 0.3}}')
+  readme = tmp_path / 'README.md'
+  shutil.copy(report.README, readme)
+  monkeypatch.setattr(report, 'README', str(readme))
+  monkeypatch.setattr(report, 'REPRODUCTION', str(tmp_path / 'REPRODUCTION.md'))
+  made = []
+
+  def fake_run(config):
+    made.append((config.algorithm, config.seed))
+    _write_run(config.experiment_dir, config.rounds, np.full(config.rounds, 0.5))
+
+  monkeypatch.setattr(compare, '_run', fake_run)
+  try:
+    flags.FLAGS(['compare', '--suite=fedcda'] + argv)
+    assert compare.main([]) == 0
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert made == want
+  assert (tmp_path / 'fedcda' / 'results.md').exists()
+  if '--tune' in argv:
+    assert json.loads((tmp_path / 'fedcda' / 'tuned.json').read_text()) == {
+        'fedavg': {'client_lr': 0.1}}   # equal scores: the first grid point stays
