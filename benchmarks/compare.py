@@ -36,7 +36,8 @@ _TUNE = flags.DEFINE_bool('tune', False, 'Run the suite\'s learning-rate grid an
 _REPORT = flags.DEFINE_bool('report', False, 'Write the pages from the runs; train nothing.')
 _PROBES = flags.DEFINE_bool('probes', False, 'Run the suite\'s probes (runs at changed '
                             'settings that test a diagnosis, benchmarks/suites.py: Probe) '
-                            'instead of its reported runs.')
+                            'instead of its reported runs, over each probe\'s own seeds '
+                            '(--only applies, --seeds does not).')
 
 
 def _finished(config) -> bool:
@@ -93,10 +94,13 @@ def tune(suite: suites.Suite) -> dict:
   return tuned
 
 
-def run_probes(suite: suites.Suite, tuned) -> None:
-  """Every probe's runs: the suite's run (tuned) with the probe's changes, per probe seed."""
+def run_probes(suite: suites.Suite, tuned, only=()) -> None:
+  """Every probe's runs (those named in `only`, if given): the suite's run (tuned) with the
+  probe's changes, over the probe's own seeds."""
   for probe in suite.probes:
     for run in probe.runs:
+      if only and run not in only:
+        continue
       for seed in probe.seeds:
         _run(_config(suite, suite.probe_overrides(probe, run, tuned), seed,
                      suites.probe_dir(suite.name, probe.name), suites.run_name(run, seed)))
@@ -118,6 +122,9 @@ def main(argv):
   if unknown:
     print(f'error: --only names unknown runs {unknown}; the suite has {sorted(suite.runs)}',
           file=sys.stderr)
+    return 2
+  if _TUNE.value + _PROBES.value + _REPORT.value > 1:
+    print('error: choose one of --tune, --probes, --report', file=sys.stderr)
     return 2
   from programs import experiment  # pylint: disable=g-import-not-at-top
   try:
@@ -141,7 +148,7 @@ def main(argv):
         if not suite.probes:
           print(f'error: suite {suite.name} has no probes', file=sys.stderr)
           return 2
-        run_probes(suite, tuned)
+        run_probes(suite, tuned, _ONLY.value)
       for run in ([] if _PROBES.value else suite.runs):
         if _ONLY.value and run not in _ONLY.value:
           continue

@@ -197,10 +197,24 @@ def margin_text(comparison: dict) -> str:
 # --------------------------------------------------------------------------- #
 
 
+def settings_differences(run: dict, fields: dict) -> list:
+  """'key=recorded (declared: value)' for every declared field (but the length, which
+  `finished` judges) that the run's config.json records otherwise: a run made before its
+  declaration or tuned rate changed is not shown as a run of the new settings."""
+  return [f'{k}={run["config"].get(k)} (declared: {v})' for k, v in sorted(fields.items())
+          if k != 'rounds' and run['config'].get(k) != v]
+
+
+def _declared_run(path: str, fields: dict) -> dict:
+  run = load_run(path, fields['rounds'])
+  run['stale'] = settings_differences(run, fields)
+  return run
+
+
 def collect(suite: suites.Suite) -> dict:
   """{run: {seed: loaded run}} for every run directory of the suite."""
   tuned = suites.load_tuned(suite.name)
-  return {run: {seed: load_run(path, suite.config_overrides(run, tuned)['rounds'])
+  return {run: {seed: _declared_run(path, suite.config_overrides(run, tuned))
                 for seed, path in seed_dirs(suite, run).items()}
           for run in suite.runs}
 
@@ -210,23 +224,28 @@ def collect_probe(suite: suites.Suite, probe: suites.Probe) -> dict:
   tuned = suites.load_tuned(suite.name)
   out = {}
   for run in probe.runs:
-    rounds = suite.probe_overrides(probe, run, tuned)['rounds']
+    fields = suite.probe_overrides(probe, run, tuned)
     for seed in probe.seeds:
       path = os.path.join(suites.probe_dir(suite.name, probe.name), suites.run_name(run, seed))
       if os.path.exists(os.path.join(path, 'config.json')):
-        out.setdefault(run, {})[seed] = load_run(path, rounds)
+        out.setdefault(run, {})[seed] = _declared_run(path, fields)
   return out
 
 
-def compare_runs(suite: suites.Suite, runs: dict, paper: dict) -> list:
-  """A row per comparison of the suite whose two runs are in `runs` (all of them for the
-  suite's own runs; a probe's runs hold some)."""
+def usable(run: dict) -> bool:
+  """Finished, and made at the settings declared now."""
+  return run['finished'] and not run.get('stale')
+
+
+def compare_runs(suite: suites.Suite, runs: dict, paper: dict, partial: bool = False) -> list:
+  """A row per comparison of the suite; with `partial` (a probe's runs, which hold some of
+  the suite's), only the comparisons whose two runs are in `runs`."""
   rows = []
   for comp in suite.comparisons:
-    if comp.method not in runs or comp.baseline not in runs:
+    if partial and (comp.method not in runs or comp.baseline not in runs):
       continue
-    method = {s: r for s, r in runs[comp.method].items() if r['finished']}
-    base = {s: r for s, r in runs[comp.baseline].items() if r['finished']}
+    method = {s: r for s, r in runs[comp.method].items() if usable(r)}
+    base = {s: r for s, r in runs[comp.baseline].items() if usable(r)}
     paired = sorted(set(method) & set(base))
     diffs = [method[s]['last10_mean_accuracy'] - base[s]['last10_mean_accuracy']
              for s in paired]
@@ -264,18 +283,20 @@ def last10_at(run: dict, end: int) -> float:
   return float(np.mean(tail)) if tail else float('nan')
 
 
-def margins_over_rounds(suite: suites.Suite, runs: dict, comparisons: list) -> dict:
-  """How each comparison's margin develops: at every checkpoint round, the baseline's and
-  the method's last-10 mean (over the comparison's paired finished seeds) and the paired
-  margin (points, mean and std over seeds). A method that only converges faster shows a
-  margin that shrinks towards the end; the headline table shows only the end."""
+def margins_over_rounds(runs: dict, comparisons: list, every_round: bool = False) -> dict:
+  """How each comparison's margin develops: at every checkpoint round (`every_round`: at
+  every round from the 10th), the baseline's and the method's last-10 mean over the
+  comparison's paired finished seeds and the paired margin (points, mean and std over
+  seeds). A method that only converges faster shows a margin that shrinks towards the end;
+  the headline table shows only the end."""
   out = {}
   for c in comparisons:
     seeds = c['seeds']
     if not seeds:
       continue
+    rounds = runs[c['method']][seeds[0]]['rounds']
     rows = []
-    for end in checkpoint_rounds(runs[c['method']][seeds[0]]['rounds']):
+    for end in range(min(LAST, rounds), rounds + 1) if every_round else checkpoint_rounds(rounds):
       base = [last10_at(runs[c['baseline']][s], end) for s in seeds]
       method = [last10_at(runs[c['method']][s], end) for s in seeds]
       margin, spread = mean_std([100 * (m - b) for m, b in zip(method, base)])
@@ -285,17 +306,20 @@ def margins_over_rounds(suite: suites.Suite, runs: dict, comparisons: list) -> d
   return out
 
 
-def _margin_lines(comparisons: list, margins: dict) -> list:
-  """The 'margin over rounds' section: one table, a column per comparison, then
-  `margin_notes`."""
+def _margin_lines(runs: dict, comparisons: list) -> list:
+  """The 'margin over rounds' section: one table (a baseline column per baseline run, over
+  all its finished seeds as in the headline table; a margin column per comparison, over its
+  paired seeds), then `margin_notes`."""
+  margins = margins_over_rounds(runs, comparisons)
   shown = [c for c in comparisons if c['label'] in margins]
   if not shown:
     return []
   baselines = list(dict.fromkeys(c['baseline'] for c in shown))
+  finished = {b: [r for r in runs[b].values() if usable(r)] for b in baselines}
   lines = ['## The margin over rounds', '',
-           f'Last-{LAST}-round mean test accuracy (%) ending at each round, mean over the '
-           'paired finished seeds; margin = method − its baseline per seed, mean ± std. The '
-           'headline table reads the last row.', '',
+           f'Last-{LAST}-round mean test accuracy (%) of each baseline ending at each round '
+           '(mean over its finished seeds), and each comparison\'s margin there (method − '
+           'baseline per paired seed, mean ± std). The last row is the headline table\'s.', '',
            '| round | ' + ' | '.join(f'{b} (%)' for b in baselines) + ' | ' +
            ' | '.join(f'{c["label"]}: margin' for c in shown) + ' |',
            '|---|' + '---|' * (len(baselines) + len(shown))]
@@ -303,26 +327,26 @@ def _margin_lines(comparisons: list, margins: dict) -> list:
   for c in shown:
     for row in margins[c['label']]:
       by_round.setdefault(row['round'], {})[c['label']] = row
-  for end, cells in by_round.items():
-    level = {}
-    for c in shown:
-      if c['label'] in cells:
-        level.setdefault(c['baseline'], cells[c['label']]['baseline'])
-    lines.append(f'| {end} | ' + ' | '.join(num(level.get(b, np.nan)) for b in baselines) +
-                 ' | ' + ' | '.join(
-                     mean_and_spread(cells[c['label']]['margin'], cells[c['label']]['margin_std'],
-                                     mean_spec='+.2f') if c['label'] in cells else 'n/a'
-                     for c in shown) + ' |')
-  return lines + [''] + margin_notes(shown, margins) + ['']
+  for end in sorted(by_round):
+    cells = by_round[end]
+    lines.append(
+        f'| {end} | ' + ' | '.join(
+            num(100 * float(np.mean([last10_at(r, end) for r in finished[b]])))
+            for b in baselines) + ' | ' + ' | '.join(
+                mean_and_spread(cells[c['label']]['margin'], cells[c['label']]['margin_std'],
+                                mean_spec='+.2f') if c['label'] in cells else 'n/a'
+                for c in shown) + ' |')
+  return lines + [''] + margin_notes(runs, shown) + ['']
 
 
-def margin_notes(comparisons: list, margins: dict) -> list:
-  """Per comparison: where its margin peaked, and, when the paper's figure is on our data
-  set, our margin where our FedAvg first reaches the paper's FedAvg accuracy (a paper whose
-  baseline is weaker than ours compares methods earlier in training than our last rounds)."""
+def margin_notes(runs: dict, comparisons: list) -> list:
+  """Per comparison, read at every round (not only the table's checkpoints): where the
+  margin peaked, and, when the paper's figure is on our data set, the first round at which
+  our baseline's last-10 mean reaches the paper's baseline accuracy and our margin there."""
+  margins = margins_over_rounds(runs, comparisons, every_round=True)
   lines = []
   for c in comparisons:
-    rows = margins.get(c['label'])
+    rows = [r for r in margins.get(c['label'], []) if np.isfinite(r['margin'])]
     if not rows:
       continue
     peak = max(rows, key=lambda r: r['margin'])
@@ -330,10 +354,10 @@ def margin_notes(comparisons: list, margins: dict) -> list:
             f'(baseline there {peak["baseline"]:.2f}%), {rows[-1]["margin"]:+.2f} at the end')
     if c['paper_dataset'] == suites.OUR_DATASET and c['paper_baseline'] is not None:
       reached = next((r for r in rows if r['baseline'] >= c['paper_baseline']), None)
-      text += (f'; the paper\'s FedAvg ({c["paper_baseline"]:.2f}%) is first reached by ours '
-               f'at round {reached["round"]}, where our margin is {reached["margin"]:+.2f} '
+      text += (f'; our baseline first reaches the paper\'s ({c["paper_baseline"]:.2f}%) at '
+               f'round {reached["round"]}, where our margin is {reached["margin"]:+.2f} '
                f'(paper: {c["paper_margin"]:+.2f})' if reached else
-               f'; ours never reaches the paper\'s FedAvg ({c["paper_baseline"]:.2f}%)')
+               f'; ours never reaches the paper\'s baseline ({c["paper_baseline"]:.2f}%)')
     lines.append(text + '.')
   return lines
 
@@ -351,7 +375,7 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
               'Changed from the reported runs: ' + ', '.join(
                   f'`{k}={v}`' for k, v in sorted(probe.overrides.items())) +
               f'; runs {", ".join(probe.runs)}; seeds {", ".join(map(str, probe.seeds))}.', '']
-    comparisons = compare_runs(suite, runs, paper)
+    comparisons = compare_runs(suite, runs, paper, partial=True)
     if comparisons:
       lines += ['| comparison | seeds finished | baseline (%) | method (%) | margin |',
                 '|---|---|---|---|---|']
@@ -359,12 +383,15 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
         lines.append(f'| {c["label"]} | {len(c["seeds"])} | '
                      f'{pm(c["baseline_mean"], c["baseline_std"])} | '
                      f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} |')
-      lines += [''] + margin_notes(comparisons, margins_over_rounds(suite, runs, comparisons))
+      lines += [''] + margin_notes(runs, comparisons)
     for run in probe.runs:
       for seed in probe.seeds:
         r = runs.get(run, {}).get(seed)
         if r is None:
           lines.append(f'- `{run}` seed {seed}: not run yet.')
+        elif r['stale']:
+          lines.append(f'- `{run}` seed {seed}: made at other settings, left out: '
+                       + ', '.join(r['stale']) + '.')
         elif not r['finished']:
           lines.append(f'- `{run}` seed {seed}: stopped after round {r["rounds_done"]} of '
                        f'{r["rounds"]} (continues with the same command).')
@@ -376,12 +403,13 @@ def probe_summaries(suite: suites.Suite, paper: dict) -> list:
   """One line per probe comparison with a finished pair (for REPRODUCTION.md)."""
   out = []
   for probe in suite.probes:
-    for c in compare_runs(suite, collect_probe(suite, probe), paper):
+    for c in compare_runs(suite, collect_probe(suite, probe), paper, partial=True):
       if c['seeds']:
         out.append(f'- Probe {probe.name} ({probe.question}): {c["label"]} at '
                    + ', '.join(f'`{k}={v}`' for k, v in sorted(probe.overrides.items())) +
-                   f': FedAvg {pm(c["baseline_mean"], c["baseline_std"])}, method '
-                   f'{pm(c["method_mean"], c["method_std"])}, margin {margin_text(c)}.')
+                   f': {c["baseline"]} {pm(c["baseline_mean"], c["baseline_std"])}, '
+                   f'{c["method"]} {pm(c["method_mean"], c["method_std"])}, margin '
+                   f'{margin_text(c)}.')
   return out
 
 
@@ -391,7 +419,7 @@ def _plot(suite: suites.Suite, runs: dict, path: str) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, ax = plt.subplots(figsize=(8, 4.8))
   for run, seeds in runs.items():
-    finished = [r for r in seeds.values() if r['finished']]
+    finished = [r for r in seeds.values() if usable(r)]
     if not finished:
       continue
     length = min(len(r['curve_accuracy']) for r in finished)
@@ -474,7 +502,10 @@ def _status(runs: dict) -> list:
   lines = []
   for run, seeds in runs.items():
     for seed, r in seeds.items():
-      if not r['finished']:
+      if r.get('stale'):
+        lines.append(f'- `{run}` seed {seed}: made at other settings than declared now, left '
+                     'out (rerun it in a fresh directory): ' + ', '.join(r['stale']) + '.')
+      elif not r['finished']:
         lines.append(f'- `{run}` seed {seed}: stopped after round {r["rounds_done"]} of '
                      f'{r["rounds"]} (continues with the same command).')
     missing = [s for s in suites.SEEDS if s not in seeds]
@@ -532,8 +563,7 @@ def suite_page(suite: suites.Suite) -> tuple:
         f'{num(c["paper_method"])} | {num(c["paper_margin"], "+.2f")} | {len(c["seeds"])} | '
         f'{pm(c["baseline_mean"], c["baseline_std"])} | {pm(c["method_mean"], c["method_std"])} '
         f'| {margin_text(c)} | **{c["verdict"]}** |')
-  lines += [''] + _margin_lines(summary['comparisons'],
-                                margins_over_rounds(suite, runs, summary['comparisons']))
+  lines += [''] + _margin_lines(runs, summary['comparisons'])
   lines += _probe_lines(suite, summary['paper'])
   lines += ['## Every run', '',
             f'Plateau: the mean curve\'s last W rounds (W = min(50, rounds/4)) against the W '
@@ -543,7 +573,7 @@ def suite_page(suite: suites.Suite) -> tuple:
             ''.join(f' {h} |' for h, _, _ in suite.summary_columns),
             '|---|---|---|---|---|---|---|---|---|' + '---|' * len(suite.summary_columns)]
   for run, seeds in runs.items():
-    done = [r for r in seeds.values() if r['finished']]
+    done = [r for r in seeds.values() if usable(r)]
     if not done:
       lines.append(f'| {run} | 0 |' + ' |' * (7 + len(suite.summary_columns)))
       continue
@@ -611,9 +641,8 @@ def reproduction_page() -> str:
           f'| {c["label"]} | {num(c["paper_margin"], "+.2f")} ({c["paper_dataset"]}) | '
           f'{pm(c["baseline_mean"], c["baseline_std"])} | '
           f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | **{c["verdict"]}** |')
-    notes = margin_notes(summary['comparisons'], margins_over_rounds(
-        suite, summary['runs'], summary['comparisons'])) + probe_summaries(
-            suite, summary['paper'])
+    notes = margin_notes(summary['runs'], summary['comparisons']) + probe_summaries(
+        suite, summary['paper'])
     lines += [''] + notes if notes else []
     lines.append('')
   return '\n'.join(lines)
@@ -632,7 +661,8 @@ def status_lines() -> list:
     summary = suite_summary(suite)
     runs = summary['runs']
     expected = len(suite.runs) * len(suites.SEEDS)
-    finished = sum(r['finished'] for seeds in runs.values() for r in seeds.values())
+    finished = sum(usable(r) for seeds in runs.values() for seed, r in seeds.items()
+                   if seed in suites.SEEDS)
     if not finished:
       lines.append(f'- {suite.title.split()[0]}: no run finished yet (of {expected}, '
                    f'[{suite.name}/results.md](benchmarks/{suite.name}/results.md)).')
@@ -642,14 +672,15 @@ def status_lines() -> list:
         f'{num(c["paper_margin"], "+.2f")})' for c in summary['comparisons'])
     moving = []
     for run, seeds in runs.items():
-      done = [r for r in seeds.values() if r['finished']]
+      done = [r for r in seeds.values() if usable(r)]
       if done:
         _, moved = plateau_delta([r['curve_accuracy'] for r in done])
         if abs(moved) >= PLATEAU_POINTS:
           moving.append(f'{run} {moved:+.1f}')
     lines.append(
         f'- {suite.title.split()[0]}: {verdicts}. {finished} of {expected} runs finished'
-        + (f'; not plateaued (points over the last window): {", ".join(moving)}'
+        + (f'; not plateaued, so the verdicts are provisional (points moved over the last '
+           f'window): {", ".join(moving)}'
            if moving else '') +
         f' ([{suite.name}/results.md](benchmarks/{suite.name}/results.md)).')
   return lines

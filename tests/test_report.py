@@ -39,10 +39,19 @@ def test_plateau_delta_is_the_move_between_the_last_two_windows():
   assert (w, moved) == (10, 0.0)
 
 
-def _write_run(path, rounds, accuracy, seconds=1.0, summary_rounds=None):
+# The toy suites' runs and their algorithms (what each run's config.json records).
+TOY_ALGORITHMS = {'base': 'fedavg', 'new': 'fedcda'}
+
+
+def _write_run(path, rounds, accuracy, seconds=1.0, summary_rounds=None, config=None):
+  """A run directory as the program writes it; config.json records `config`, by default
+  the toy run's algorithm (from the directory's name) and `rounds`."""
   os.makedirs(path)
+  if config is None:
+    run = os.path.basename(str(path)).rsplit('_', 1)[0]
+    config = dict(algorithm=TOY_ALGORITHMS[run]) if run in TOY_ALGORITHMS else {}
   with open(os.path.join(path, 'config.json'), 'w') as f:
-    json.dump(dict(rounds=rounds), f)
+    json.dump(dict(config, rounds=rounds), f)
   with open(os.path.join(path, 'metrics.csv'), 'w', newline='') as f:
     writer = csv.writer(f)
     writer.writerow(['round', 'seconds', 'test_accuracy'])
@@ -205,43 +214,84 @@ def test_checkpoint_rounds(rounds, want):
 
 
 def test_margins_over_rounds_match_numpy(tmp_path, monkeypatch):
-  """The margin at each checkpoint is numpy's paired last-10 difference over the seeds, and
-  the notes find the peak and the first checkpoint where our FedAvg reaches the paper's."""
+  """The table's margins are numpy's paired last-10 differences at its checkpoints; the
+  notes read every round: the peak and the first round at which our baseline reaches the
+  paper's fall between checkpoints here and must be found exactly."""
   suite = _paired_toy_suite(40, tmp_path, monkeypatch)
   rng = np.random.default_rng(3)
   curves = {}
-  for run in ('base', 'new'):
-    for seed in (0, 1, 2):
-      curves[run, seed] = rng.uniform(0.3, 0.9, 40)
+  for seed in (0, 1, 2):
+    # The baseline climbs from 0.40 to 0.79; the method is 0.05 ahead, 0.20 ahead in round 23.
+    base = np.linspace(0.40, 0.79, 40) + rng.normal(0, 0.002, 40)
+    method = base + 0.05
+    method[22] += 0.15
+    curves['base', seed], curves['new', seed] = base, method
+    for run in ('base', 'new'):
       _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{seed}', 40, curves[run, seed])
   runs = report.collect(suite)
   paper = {'toy setting': dict(dataset=suites.OUR_DATASET, baseline=55.0, method=60.0)}
   comparisons = report.compare_runs(suite, runs, paper)
-  rows = report.margins_over_rounds(suite, runs, comparisons)['toy']
+
+  def last10(run, end):
+    return [curves[run, s][end - 10:end].mean() for s in (0, 1, 2)]
+
+  rows = report.margins_over_rounds(runs, comparisons)['toy']
   assert [r['round'] for r in rows] == [10, 20, 30, 40]
   for row in rows:
-    end = row['round']
-    diffs = [100 * (curves['new', s][end - 10:end].mean() - curves['base', s][end - 10:end].mean())
-             for s in (0, 1, 2)]
-    assert row['margin'] == pytest.approx(np.mean(diffs))
-    assert row['margin_std'] == pytest.approx(np.std(diffs, ddof=1))
-    assert row['baseline'] == pytest.approx(
-        100 * np.mean([curves['base', s][end - 10:end].mean() for s in (0, 1, 2)]))
+    diffs = 100 * (np.array(last10('new', row['round'])) - last10('base', row['round']))
+    assert row['margin'] == pytest.approx(diffs.mean())
+    assert row['margin_std'] == pytest.approx(diffs.std(ddof=1))
+    assert row['baseline'] == pytest.approx(100 * np.mean(last10('base', row['round'])))
   assert rows[-1]['margin'] == pytest.approx(comparisons[0]['margin'])  # the headline's row
-  (note,) = report.margin_notes(comparisons, {'toy': rows})
-  peak = max(rows, key=lambda r: r['margin'])
-  assert f'largest margin {peak["margin"]:+.2f} at round {peak["round"]}' in note
-  reached = next((r for r in rows if r['baseline'] >= 55.0), None)
-  if reached:
-    assert f'first reached by ours at round {reached["round"]}' in note
-  else:
-    assert 'never reaches' in note
+  every = {e: 100 * np.mean(np.array(last10('new', e)) - last10('base', e)) for e in range(10, 41)}
+  peak = max(every, key=every.get)
+  reached = next(e for e in range(10, 41) if 100 * np.mean(last10('base', e)) >= 55.0)
+  assert peak not in (10, 20, 30, 40) and reached not in (10, 20, 30, 40)
+  (note,) = report.margin_notes(runs, comparisons)
+  assert f'largest margin {every[peak]:+.2f} at round {peak} ' in note
+  assert f'reaches the paper\'s (55.00%) at round {reached}, where our margin is ' \
+         f'{every[reached]:+.2f} (paper: +5.00)' in note
   # A paper figure on another data set is not compared level for level.
   comparisons[0]['paper_dataset'] = 'CIFAR-10'
-  (note,) = report.margin_notes(comparisons, {'toy': rows})
-  assert 'first reached' not in note and 'never reaches' not in note
+  (note,) = report.margin_notes(runs, comparisons)
+  assert 'reaches' not in note
+  comparisons[0]['paper_dataset'] = suites.OUR_DATASET
+  comparisons[0]['paper_baseline'] = 95.0
+  (note,) = report.margin_notes(runs, comparisons)
+  assert "ours never reaches the paper's baseline (95.00%)" in note
   page, _, _ = report.suite_page(suite)
-  assert '## The margin over rounds' in page and '| 40 |' in page
+  row40 = rows[-1]
+  assert (f'| 40 | {row40["baseline"]:.2f} | {row40["margin"]:+.2f} ± '
+          f'{row40["margin_std"]:.2f} |') in page
+
+
+def test_a_run_made_at_other_settings_is_left_out_and_named(tmp_path, monkeypatch):
+  """A run whose config.json records another value of a declared field (e.g. made before its
+  tuned rate changed) is not shown as a run of the new settings."""
+  suite = _paired_toy_suite(20, tmp_path, monkeypatch)
+  for run, level in (('base', 0.5), ('new', 0.6)):
+    for seed in (0, 1):
+      _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{seed}', 20, np.full(20, level))
+      path = tmp_path / 'toy' / 'runs' / f'{run}_s{seed}' / 'config.json'
+      path.write_text(json.dumps(dict(rounds=20, algorithm='fedavg' if run == 'base' else
+                                      'fedcda')))
+  path = tmp_path / 'toy' / 'runs' / 'new_s1' / 'config.json'
+  path.write_text(json.dumps(dict(rounds=20, algorithm='fedprox')))
+  runs = report.collect(suite)
+  assert runs['new'][1]['stale'] == ['algorithm=fedprox (declared: fedcda)']
+  (row,) = report.compare_runs(suite, runs, {})
+  assert row['seeds'] == [0]
+  page, _, _ = report.suite_page(suite)
+  assert '`new` seed 1: made at other settings than declared now' in page
+
+
+def test_a_suite_naming_an_unknown_run_is_refused():
+  with pytest.raises(ValueError, match="names 'nwe'"):
+    suites.Suite(name='toy', title='toy', common={}, scaled='', runs=dict(base={}, new={}),
+                 comparisons=(suites.Comparison('nwe', 'base', 'p', 'l'),))
+  with pytest.raises(ValueError, match="probe 'p' names"):
+    suites.Suite(name='toy', title='toy', common={}, scaled='', runs=dict(base={}),
+                 comparisons=(), probes=(suites.Probe('p', 'q', {}, ('base', 'other')),))
 
 
 def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path, monkeypatch):
@@ -258,7 +308,7 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path,
   def fake_run(config):
     made.append(config)
     acc = np.clip((0.5 if config.algorithm == 'fedavg' else 0.6) + rng.normal(0, 0.03, 30), 0, 1)
-    _write_run(config.experiment_dir, 30, acc)
+    _write_run(config.experiment_dir, 30, acc, config=dataclasses.asdict(config))
     tails[config.algorithm, config.seed] = acc[-10:].mean()
 
   monkeypatch.setattr(compare, '_run', fake_run)
@@ -321,7 +371,8 @@ def test_compare_flags_choose_what_runs(tmp_path, monkeypatch, argv, want):
 
   def fake_run(config):
     made.append((config.algorithm, config.seed))
-    _write_run(config.experiment_dir, config.rounds, np.full(config.rounds, 0.5))
+    _write_run(config.experiment_dir, config.rounds, np.full(config.rounds, 0.5),
+               config=dataclasses.asdict(config))
 
   monkeypatch.setattr(compare, '_run', fake_run)
   try:
@@ -334,3 +385,14 @@ def test_compare_flags_choose_what_runs(tmp_path, monkeypatch, argv, want):
   if '--tune' in argv:
     assert json.loads((tmp_path / 'fedcda' / 'tuned.json').read_text()) == {
         'fedavg': {'client_lr': 0.1}}   # equal scores: the first grid point stays
+
+
+def test_compare_refuses_two_modes_at_once(capsys):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  try:
+    flags.FLAGS(['compare', '--suite=fedcda', '--tune', '--probes'])
+    assert compare.main([]) == 2
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert 'choose one of --tune, --probes, --report' in capsys.readouterr().err

@@ -327,6 +327,10 @@ def program_context(context=None):
 
       with tff.framework.get_context_stack().install(execution.program_context()):
         await tff.learning.programs.train_model(...)
+
+  The context is the one in force when this is called: after `initialize_runtime` with
+  other settings, call it again. Cancelling the program does not interrupt a call already
+  running in the worker (it finishes in its thread); stopping the process does.
   """
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   if context is None:
