@@ -237,11 +237,15 @@ def _cadis() -> Suite:
 def _fedlex() -> Suite:
   bases = (('fedavgm', 'fedlex_avgm'), ('fedsgd', 'fedlex_sgd'), ('fedadam', 'fedlex_opt'),
            ('fedprox', 'fedlex_prox'))
-  base_lr, guided_lr = [0.01, 0.03, 0.1], [0.3, 1.0, 3.0, 10.0]
+  # G scales every gradient entry: a 2-round check of this suite measured a mean G of
+  # 0.0015 and a median of 9e-5 (97% of entries below 0.01, the largest 0.5), so the guided
+  # variants' rates reach two to three decades above their bases'.
+  base_lr, guided_lr = [0.01, 0.03, 0.1], [0.3, 1.0, 3.0, 10.0, 30.0, 100.0]
   grid = {}
   for base, guided in bases:
     if base == 'fedsgd':   # no local step: the server learning rate is the step size
-      grid[base], grid[guided] = dict(server_lr=[0.1, 0.3, 1.0]), dict(server_lr=[1.0, 10.0, 100.0])
+      grid[base], grid[guided] = (dict(server_lr=[0.1, 0.3, 1.0]),
+                                  dict(server_lr=[10.0, 100.0, 1000.0]))
     elif base == 'fedadam':
       grid[base] = dict(client_lr=base_lr, server_lr=[0.001, 0.01])
       grid[guided] = dict(client_lr=guided_lr, server_lr=[0.001, 0.01])
@@ -257,7 +261,7 @@ def _fedlex() -> Suite:
       comparisons=tuple(Comparison(guided, base, guided, f'{guided} vs {base}')
                         for base, guided in bases),
       grid=grid,
-      tuning_rounds=50,   # 34 grid points: their first half keeps the tuning near 1.5 hours
+      tuning_rounds=50,   # 42 grid points: their first half keeps the tuning near 1.5 hours
       scaled=('The paper\'s pathological layout (2 classes per client, 20 clients, 5 per '
               'round, plain SGD) on Fashion-MNIST; its tables, rounds, batch size and learning '
               'rates were lost in the text, so every method (each base and each guided '
