@@ -362,6 +362,41 @@ def margin_notes(runs: dict, comparisons: list) -> list:
   return lines
 
 
+def paper_context_rows(suite: suites.Suite) -> list:
+  """(model, dataset, setting, paper FedAvg, paper method, margin) for each of the suite's
+  `paper_context` keys, read from paper_extraction.json (the method is the suite's first
+  comparison's algorithm, as the paper names it)."""
+  if not suite.paper_context:
+    return []
+  results = suites.load_paper_results(suite.name)
+  method = suite.title.split()[0]
+  rows = []
+  for key in suite.paper_context:
+    found = {r['method']: r['accuracy'] for r in results
+             if (r.get('model'), r.get('dataset'), r.get('setting')) == tuple(key)}
+    if 'FedAvg' not in found or method not in found:
+      raise ValueError(f'{suite.name}: paper_extraction.json has no FedAvg and {method} '
+                       f'results for {key}')
+    rows.append((*key, found['FedAvg'], found[method], found[method] - found['FedAvg']))
+  return rows
+
+
+def _paper_context_lines(suite: suites.Suite) -> list:
+  rows = paper_context_rows(suite)
+  if not rows:
+    return []
+  lines = ['## The paper\'s margins by data set', '',
+           'The paper\'s own results (accuracy %, from `benchmarks/paper_extraction.json`) '
+           'for the settings named in the suite, to hold ours against the paper\'s trend '
+           'across data sets.', '',
+           f'| model | data set | setting | paper FedAvg | paper {suite.title.split()[0]} | '
+           'paper margin |', '|---|---|---|---|---|---|']
+  for model, dataset, setting, base, method, margin in rows:
+    lines.append(f'| {model} | {dataset} | {setting} | {base:.2f} | {method:.2f} | '
+                 f'{margin:+.2f} |')
+  return lines + ['']
+
+
 def _probe_lines(suite: suites.Suite, paper: dict) -> list:
   """The 'Probes' section: per probe, what it tests, what it changes, its comparisons."""
   if not suite.probes:
@@ -564,6 +599,7 @@ def suite_page(suite: suites.Suite) -> tuple:
         f'{pm(c["baseline_mean"], c["baseline_std"])} | {pm(c["method_mean"], c["method_std"])} '
         f'| {margin_text(c)} | **{c["verdict"]}** |')
   lines += [''] + _margin_lines(runs, summary['comparisons'])
+  lines += _paper_context_lines(suite)
   lines += _probe_lines(suite, summary['paper'])
   lines += ['## Every run', '',
             f'Plateau: the mean curve\'s last W rounds (W = min(50, rounds/4)) against the W '

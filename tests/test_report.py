@@ -396,3 +396,18 @@ def test_compare_refuses_two_modes_at_once(capsys):
   finally:
     flags.FLAGS.unparse_flags()
   assert 'choose one of --tune, --probes, --report' in capsys.readouterr().err
+
+
+def test_paper_context_rows_come_from_the_extraction(monkeypatch):
+  """The 'paper's margins by data set' table: the extraction's FedAvg and method rows for
+  each named setting, their difference; a setting the extraction lacks is refused."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  results = [dict(model='CNN', dataset='D1', setting='s', method='FedAvg', accuracy=40.0),
+             dict(model='CNN', dataset='D1', setting='s', method='FedCross', accuracy=47.5),
+             dict(model='CNN', dataset='D1', setting='s', method='FedProx', accuracy=41.0),
+             dict(model='CNN', dataset='D2', setting='s', method='FedAvg', accuracy=80.0)]
+  monkeypatch.setattr(suites, 'load_paper_results', lambda name: results)
+  suite = dataclasses.replace(suites.SUITES['fedcross'], paper_context=(('CNN', 'D1', 's'),))
+  assert report.paper_context_rows(suite) == [('CNN', 'D1', 's', 40.0, 47.5, 7.5)]
+  with pytest.raises(ValueError, match='no FedAvg and FedCross results'):
+    report.paper_context_rows(dataclasses.replace(suite, paper_context=(('CNN', 'D2', 's'),)))
