@@ -24,7 +24,10 @@ TFF variant also runs, interleaved, rounds whose clients train for 0 epochs (sam
 same uploads, same server step): that round's time over the full round is an upper bound
 of the server step's share (it also holds the dispatch and the upload). CADIS with KD and
 FedLEx-SGD (one full-batch gradient per client) do other local work than the plain-TF
-loop: their ratio is to plain TF's SGD epoch, stated as such.
+loop: their ratio is to plain TF's SGD epoch, stated as such. With --resident, each TFF
+variant also runs through `tff_algos.ResidentProcess` (its server state kept in the worker
+between rounds instead of crossing to it and back), and both copies must end on the same
+weights.
 
   .venv/bin/python benchmarks/round_overhead.py --examples_per_client=200 --rounds=3
 """
@@ -51,6 +54,7 @@ import tensorflow as tf
 
 from benchmarks.method_builds import build_method  # pylint: disable=g-import-not-at-top
 from benchmarks.method_builds import load_data  # pylint: disable=g-import-not-at-top
+from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
 
 _MODEL = flags.DEFINE_string('model', 'fedavg_cnn', 'tff_algos.models zoo model.')
 _DATASET = flags.DEFINE_enum('dataset', 'fashion_mnist', ['fashion_mnist', 'digits'],
@@ -75,6 +79,10 @@ _SERVER_SHARE = flags.DEFINE_bool(
 _MANAGE_GC = flags.DEFINE_bool(
     'manage_gc', True, 'As programs/train.py does: freeze the long-lived heap after the '
     'warm-up round and pause the garbage collector during each timed call (all variants).')
+_RESIDENT = flags.DEFINE_bool(
+    'resident', False, 'Also run each TFF variant with its server state resident in the '
+    'worker (tff_algos.ResidentProcess; variant <name>@resident), interleaved with the '
+    'same process through process.next, and check both end on the same weights.')
 _MAX_CALLS = flags.DEFINE_integer(
     'max_concurrent_computation_calls', -1, 'Passed to the TFF runtime (-1 = no limit).')
 
@@ -206,11 +214,17 @@ def main(argv):
     raise app.UsageError('--variants needs plain_tf and at least one other variant')
   # 0-epoch rounds of the TFF variants whose clients take our inputs (not TFF's tf.data).
   empty_variants = tuple(v for v in variants if v in processes) if _SERVER_SHARE.value else ()
+  residents = {}
+  if _RESIDENT.value:
+    residents = {v: resident_state.ResidentProcess(processes[v], num_clients)
+                 for v in variants if v in processes and v != 'ours_w'}
+    variants += tuple(f'{v}@resident' for v in residents)
   times = {v: [] for v in variants + tuple(f'{v}@0' for v in empty_variants)}
   state = dict(plain=plain_weights, tff=state_tff)
   state.update({name: p.initialize() for name, p in processes.items() if name != 'ours'})
   state['ours'] = state_ours
   state.update({f'{name}@0': processes[name].initialize() for name in empty_variants})
+  state.update({f'{name}@resident': r.initialize() for name, r in residents.items()})
 
   def run_variant(variant):
     if variant == 'plain_tf':
@@ -218,6 +232,9 @@ def main(argv):
       _ = [w.numpy() for w in state['plain']]  # wait for the values
     elif variant == 'tff':
       state['tff'] = stock.next(state['tff'], datasets).state
+    elif variant.endswith('@resident'):
+      state[variant] = residents[variant.split('@')[0]].next(
+          state[variant], [[inp] for inp in inputs]).state
     else:
       name, empty = variant.split('@')[0], variant.endswith('@0')
       context = contexts.get(name)
@@ -282,6 +299,11 @@ def main(argv):
     line += f', max |ours - tff| {diff_tff:.2e}'
   if 'ours' in variants:
     print(line)
+  for name, resident in residents.items():
+    diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
+        tf.nest.flatten(resident.get_model_weights(state[f'{name}@resident'])),
+        tf.nest.flatten(processes[name].get_model_weights(state[name]))))
+    print(f'final weights max |{name}@resident - {name}| {diff:.2e}')
   print(f'total wall time {time.perf_counter() - t_start:.0f} s')
 
 

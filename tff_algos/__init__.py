@@ -20,9 +20,10 @@ _EXPORTS = {
     'tff_algos.fedcda': ('build_fedcda',),
     'tff_algos.fedcross': ('build_fedcross',),
     'tff_algos.fedlex': ('build_fedlex', 'build_fedlex_exploration'),
+    'tff_algos.resident_state': ('ResidentProcess',),
 }
 _SUBMODULES = ('aggregators', 'baselines', 'cadis', 'client_work', 'evaluation', 'fedcda',
-               'fedcross', 'fedlex', 'models')
+               'fedcross', 'fedlex', 'models', 'resident_state')
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 __all__ = __all__ + ['execution']
 
@@ -34,3 +35,4 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
   from tff_algos.fedcda import build_fedcda  # noqa: F401
   from tff_algos.fedcross import build_fedcross  # noqa: F401
   from tff_algos.fedlex import build_fedlex, build_fedlex_exploration  # noqa: F401
+  from tff_algos.resident_state import ResidentProcess  # noqa: F401

@@ -299,6 +299,11 @@ def initialize_runtime(
   _installed, _installed_context = settings, context
 
 
+def installed_context():
+  """The execution context `initialize_runtime` installed (None before it ran)."""
+  return _installed_context
+
+
 class _AsyncOverSync:
   """A synchronous execution context seen as an asynchronous one (what TFF programs await).
 

@@ -1,0 +1,120 @@
+"""tff_algos.ResidentProcess: the server state stays in TFF's worker between rounds, and every
+method's rounds give what `process.next` gives (weights, whole state, metrics)."""
+
+import os
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+import functools  # pylint: disable=g-import-not-at-top
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import data
+from programs import experiment
+from tff_algos import execution
+from tff_algos import fedlex
+from tff_algos import models
+from tff_algos import resident_state
+
+MODEL_FN = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
+NUM_CLIENTS, P, ROUNDS = 8, 4, 3
+
+
+@pytest.fixture(scope='module', autouse=True)
+def runtime():
+  execution.initialize_runtime()
+
+
+def _config(algorithm):
+  return experiment.ExperimentConfig(
+      algorithm=algorithm, dataset='digits', num_clients=NUM_CLIENTS, clients_per_round=P,
+      batch_size=16, client_lr=0.1, local_epochs=1, fedcda_warmup_rounds=1, fedcda_batches=2,
+      fedlex_exploration_epochs=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _fed():
+  return experiment.load_federated_data(_config('fedavg'))
+
+
+@functools.lru_cache(maxsize=None)
+def _process(algorithm):
+  return experiment.build_process(_config(algorithm), MODEL_FN, NUM_CLIENTS)
+
+
+def _inputs(round_num):
+  _, inputs = data.round_inputs(_fed(), round_num, P, 1, 0)
+  return [[x] for x in inputs]
+
+
+def _initial_state(algorithm, process):
+  """The program's initial state (FedLEx: after its exploration, computed in Python)."""
+  state = process.initialize()
+  if algorithm in experiment.FEDLEX_ALGORITHMS:
+    exploration, explorers = experiment._fedlex_exploration(  # pylint: disable=protected-access
+        _config(algorithm), MODEL_FN, NUM_CLIENTS)
+    _, inputs = data.round_inputs(_fed(), 0, len(explorers), 1, 1, client_ids=explorers)
+    state, _ = fedlex.explore_and_initialize(process, exploration, [[x] for x in inputs], state)
+  return state
+
+
+def _assert_close(expected, actual):
+  expected, actual = tf.nest.flatten(expected), tf.nest.flatten(actual)
+  assert len(expected) == len(actual)
+  for e, a in zip(expected, actual):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize('algorithm', ['fedavg', 'fedcross', 'fedcda', 'cadis', 'fedlex_avgm'])
+def test_rounds_match_process_next(algorithm):
+  process = _process(algorithm)
+  state = _initial_state(algorithm, process)
+  resident = resident_state.ResidentProcess(process, P)
+  # FedLEx's exploration sets the state in Python: it is adopted; the others start in the
+  # worker.
+  held = (resident.adopt(state) if algorithm in experiment.FEDLEX_ALGORITHMS
+          else resident.initialize())
+  for round_num in range(1, ROUNDS + 1):
+    output = process.next(state, _inputs(round_num))
+    state = output.state
+    held, metrics = resident.next(held, _inputs(round_num))
+    assert isinstance(held, resident_state.ResidentValue)
+    _assert_close(output.metrics, metrics)
+    assert list(metrics) == list(output.metrics)
+  _assert_close(process.get_model_weights(state), resident.get_model_weights(held))
+  assert isinstance(resident.get_model_weights(held), type(process.get_model_weights(state)))
+  _assert_close(state, resident.materialize(held))
+
+
+def test_a_state_materialized_and_adopted_continues_exactly():
+  """What a checkpoint does: the state leaves the worker, comes back, and the rounds go on
+  as if it had stayed (also into a new ResidentProcess, as after a restart)."""
+  process = _process('fedcda')
+  resident = resident_state.ResidentProcess(process, P)
+  held = resident.initialize()
+  for round_num in (1, 2):
+    held, _ = resident.next(held, _inputs(round_num))
+  saved = resident.materialize(held)
+  unbroken, _ = resident.next(held, _inputs(3))
+  again = resident_state.ResidentProcess(process, P)
+  resumed, _ = again.next(again.adopt(saved), _inputs(3))
+  _assert_close(resident.materialize(unbroken), again.materialize(resumed))
+  # A plain Python state is adopted on the fly.
+  direct, _ = resident.next(saved, _inputs(3))
+  _assert_close(resident.materialize(unbroken), resident.materialize(direct))
+
+
+def test_misuse_is_refused_with_the_reason():
+  process = _process('fedavg')
+  resident = resident_state.ResidentProcess(process, P)
+  with pytest.raises(ValueError, match=f'rounds of {P} clients; got {P - 1}'):
+    resident.next(resident.initialize(), _inputs(1)[:-1])
+  other = resident_state.ResidentProcess(process, P)
+  with pytest.raises(ValueError, match='held by another ResidentProcess'):
+    other.next(resident.initialize(), _inputs(1))
+  with pytest.raises(TypeError, match='needs TFF\'s local runtime'):
+    resident_state.ResidentProcess(process, P, context=object())
+  with pytest.raises(ValueError, match='clients_per_round must be >= 1'):
+    resident_state.ResidentProcess(process, 0)

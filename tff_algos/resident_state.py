@@ -1,0 +1,177 @@
+"""A LearningProcess whose server state stays inside TFF's worker between rounds.
+
+`process.next(state, data)` on TFF's synchronous context sends the whole server state to the
+C++ worker and brings the new one back every round: for FedCDA's cache (4·N·K·D bytes) or
+FedCross's K middleware models that transfer, and its serialisation, is most of a round
+(benchmarks/RESULTS.md, "resident state"). `ResidentProcess` runs the same computations on
+the same worker through TFF's executor interface (`create_value`, `create_call`,
+`create_selection`), keeps the state there as a value reference, and brings back only what
+the caller asks for: the round's metrics, the model weights (for evaluation) or, when a
+checkpoint needs it, the whole state. Results are those of `process.next` (tested for every
+method).
+
+    resident = ResidentProcess(process, clients_per_round=10)
+    state = resident.initialize()                    # a ResidentValue, in the worker
+    for round_num in ...:
+      state, metrics = resident.next(state, client_data)
+      weights = resident.get_model_weights(state)    # a tff.learning.models.ModelWeights
+    python_state = resident.materialize(state)       # e.g. to checkpoint it
+    state = resident.adopt(python_state)             # e.g. after loading a checkpoint
+
+It needs TFF's local runtime (the context `execution.initialize_runtime()` installs without
+workers): on several worker services each round's state is split and merged by TFF's
+mergeable context, which holds no value between calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional
+
+import tensorflow_federated as tff
+# TFF's executor-level pieces, as its AsyncExecutionContext uses them (TFF 0.87).
+from tensorflow_federated.python.common_libs import structure
+from tensorflow_federated.python.core.impl.execution_contexts import async_execution_context
+from tensorflow_federated.python.core.impl.execution_contexts import sync_execution_context
+from tensorflow_federated.python.core.impl.types import type_conversions
+
+from tff_algos import execution
+
+
+class ResidentValue:
+  """A server state held in the worker by one `ResidentProcess` (opaque to callers)."""
+
+  def __init__(self, value, owner: 'ResidentProcess'):
+    self._value = value
+    self._owner = owner
+
+
+class ResidentOutput(NamedTuple):
+  state: ResidentValue
+  metrics: Any
+
+
+class ResidentProcess:
+  """Runs `process` with its server state resident in TFF's local worker.
+
+  Args:
+    process: a `tff.learning.templates.LearningProcess` (any of this package's methods,
+      or TFF's own).
+    clients_per_round: the number of clients of every `next` call (the worker's executor
+      is created for that cardinality once).
+    context: TFF's local synchronous execution context (default: the one
+      `execution.initialize_runtime()` installed).
+  """
+
+  def __init__(self, process: tff.learning.templates.LearningProcess, clients_per_round: int,
+               context: Optional[sync_execution_context.SyncExecutionContext] = None):
+    if context is None:
+      execution.initialize_runtime()
+      context = execution.installed_context()
+    if not isinstance(context, sync_execution_context.SyncExecutionContext):
+      raise TypeError(
+          'ResidentProcess needs TFF\'s local runtime (execution.initialize_runtime() without '
+          f'workers); got {type(context).__name__}: on worker services each round is split '
+          'and merged by TFF\'s mergeable context, which holds no value between calls')
+    if clients_per_round < 1:
+      raise ValueError(f'clients_per_round must be >= 1, got {clients_per_round}')
+    self._process = process
+    self._clients_per_round = int(clients_per_round)
+    async_context = context._async_context  # pylint: disable=protected-access
+    self._runner = context._async_runner  # pylint: disable=protected-access
+    self._compile = async_context._compiler_pipeline.compile  # pylint: disable=protected-access
+    self._transform_args = async_context._transform_args  # pylint: disable=protected-access
+    self._transform_result = async_context._transform_result  # pylint: disable=protected-access
+    self._executor = async_context.executor_factory.create_executor(
+        {tff.CLIENTS: self._clients_per_round})
+    self._state_type = process.initialize.type_signature.result   # <...>@SERVER
+    get_weights = process.get_model_weights
+
+    # get_model_weights takes the unplaced state; the resident state is placed at SERVER.
+    @tff.federated_computation(self._state_type)
+    def weights_at_server(state):
+      return tff.federated_map(get_weights, state)
+
+    self._computations = dict(initialize=process.initialize, next=process.next,
+                              get_model_weights=weights_at_server)
+    self._embedded = {}
+
+  # -- helpers ------------------------------------------------------------------------------
+
+  def _run(self, coroutine):
+    return self._runner.run_coro_and_return_result(coroutine)
+
+  async def _function(self, name: str):
+    """The computation `name`, compiled and embedded in the worker once."""
+    if name not in self._embedded:
+      compiled = self._compile(self._computations[name])
+      self._embedded[name] = await self._executor.create_value(compiled,
+                                                               compiled.type_signature)
+    return self._embedded[name]
+
+  def _python(self, value, type_spec):
+    value = type_conversions.type_to_py_container(value, type_spec)
+    return self._transform_result(value) if self._transform_result is not None else value
+
+  async def _ingest(self, value, type_spec):
+    if self._transform_args is not None:
+      value = self._transform_args(value)
+    return await async_execution_context._ingest(self._executor, value, type_spec)  # pylint: disable=protected-access
+
+  async def _resident(self, state):
+    """The worker's reference to `state` (a ResidentValue of this process, or a value)."""
+    if isinstance(state, ResidentValue):
+      if state._owner is not self:  # pylint: disable=protected-access
+        raise ValueError('this state is held by another ResidentProcess (another executor); '
+                         'materialize it there and adopt it here')
+      return state._value  # pylint: disable=protected-access
+    return await self._ingest(state, self._state_type)
+
+  # -- the LearningProcess's calls ----------------------------------------------------------
+
+  def initialize(self) -> ResidentValue:
+    async def run():
+      return await self._executor.create_call(await self._function('initialize'))
+    return ResidentValue(self._run(run()), self)
+
+  def next(self, state, client_data) -> ResidentOutput:
+    """One round: `process.next(state, client_data)`, the new state left in the worker."""
+    if len(client_data) != self._clients_per_round:
+      raise ValueError(f'this ResidentProcess runs rounds of {self._clients_per_round} '
+                       f'clients; got {len(client_data)}')
+    signature = self._process.next.type_signature
+
+    async def run():
+      function = await self._function('next')
+      state_value = await self._resident(state)
+      data_value = await self._ingest(client_data, signature.parameter[1])
+      names = [name for name, _ in structure.iter_elements(signature.parameter)]
+      argument = await self._executor.create_struct(
+          structure.Struct([(names[0], state_value), (names[1], data_value)]))
+      output = await self._executor.create_call(function, argument)
+      new_state = await self._executor.create_selection(output, 0)
+      metrics = await (await self._executor.create_selection(output, 1)).compute()
+      return new_state, self._python(metrics, signature.result[1])
+
+    new_state, metrics = self._run(run())
+    return ResidentOutput(ResidentValue(new_state, self), metrics)
+
+  def get_model_weights(self, state):
+    """`process.get_model_weights(state)`: only the model weights leave the worker."""
+    async def run():
+      weights = await self._executor.create_call(await self._function('get_model_weights'),
+                                                 await self._resident(state))
+      return await weights.compute()
+    return self._python(self._run(run()),
+                        self._computations['get_model_weights'].type_signature.result.member)
+
+  def materialize(self, state):
+    """The whole state as `process.next` would have returned it (e.g. to checkpoint it)."""
+    async def run():
+      return await (await self._resident(state)).compute()
+    return self._python(self._run(run()), self._state_type.member)
+
+  def adopt(self, state) -> ResidentValue:
+    """A state held in Python (e.g. loaded from a checkpoint) placed in the worker."""
+    async def run():
+      return await self._resident(state)
+    return ResidentValue(self._run(run()), self)
