@@ -48,7 +48,8 @@ DEFAULT_MODELS = {
 SERVER_FLAGS_USED = {name: method.reads for name, method in methods.METHODS.items()}
 # Flags that do not change what a run computes: a resumed run may change them.
 RESUMABLE_CHANGES = ('rounds', 'eval_every', 'data_dir', 'root_output_dir', 'experiment_name',
-                     'resume', 'progress', 'workers', 'local_workers', 'worker_timeout')
+                     'resume', 'progress', 'workers', 'local_workers', 'worker_timeout',
+                     'resident_state')
 
 
 class ExperimentError(Exception):
@@ -149,6 +150,10 @@ class _GeneralConfig:
   workers: str = ''            # 'host:port,...' of worker services (scripts/start_worker.py)
   local_workers: int = 0       # worker services to start on this machine
   worker_timeout: float = 60.0  # seconds a worker service may stay unreachable
+  # Keep the server state in TFF's local worker between rounds (tff_algos.ResidentProcess):
+  # the same results without sending the state to the worker every round (local runtime
+  # only; on worker services every round goes through process.next).
+  resident_state: bool = True
 
   @property
   def experiment_dir(self) -> str:
@@ -530,7 +535,7 @@ def _round_costs(rows: list[dict], name: str) -> int:
 # reuses TFF's traced and compiled computations instead of paying for them again.
 _LAST_BUILT: dict = {}
 _NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'root_output_dir', 'experiment_name', 'resume',
-                     'progress')
+                     'progress', 'resident_state')
 
 
 def _build_computations(c: ExperimentConfig, fed, num_clients: int):
@@ -632,6 +637,13 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
       program_state['exploration_client_epochs'] = explore_metrics['exploration_client_epochs']
       log(f'FedLEx exploration: {len(explorers)} explorers, '
           f'{explore_metrics["exploration_client_epochs"]:.0f} client-epochs')
+  # The server state stays in TFF's worker between rounds (`held`); `state` is its copy in
+  # Python, brought back for each checkpoint.
+  resident = held = None
+  if c.resident_state and not (c.workers or c.local_workers):
+    from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
+    resident = resident_state.ResidentProcess(process, c.clients_per_round)
+    held = resident.adopt(state)
   rows = [r for r in _csv_rows(csv_path) if int(r['round']) <= start_round]
   best = float(program_state['best_accuracy'])
   writer = tf.summary.create_file_writer(os.path.join(exp_dir, 'tensorboard'))
@@ -660,16 +672,22 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
       _, inputs = data.round_inputs(fed, round_num, c.clients_per_round, c.local_epochs, c.seed,
                                     client_ids=sampled)
       with execution.collector_paused():
-        output = process.next(state, [[element] for element in inputs])
-        state = output.state
+        if resident is not None:
+          held, round_metrics = resident.next(held, [[element] for element in inputs])
+        else:
+          state, round_metrics = process.next(state, [[element] for element in inputs])
         if exploration is not None and c.fedlex_refresh:
+          if resident is not None:
+            state = resident.materialize(held)
           state, refresh_metrics = _explore(c, fed, process, exploration,
                                             np.intersect1d(sampled, explorers), state, round_num)
+          if resident is not None:
+            held = resident.adopt(state)
           program_state['exploration_client_epochs'] = (
               float(program_state['exploration_client_epochs']) +
               refresh_metrics['exploration_client_epochs'])
       seconds = time.time() - t0
-      metrics = _flatten_metrics(output.metrics)
+      metrics = _flatten_metrics(round_metrics)
       train_loss = metrics.get('client_work/train/loss', float('nan'))
       dropped = _dropped_clients(metrics)
       if dropped >= c.clients_per_round or not math.isfinite(train_loss):
@@ -695,7 +713,8 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
       evaluated = round_num % c.eval_every == 0 or round_num == c.rounds
       if evaluated:
         with execution.collector_paused():
-          accuracy, test_loss = evaluator(process.get_model_weights(state))
+          accuracy, test_loss = evaluator(resident.get_model_weights(held) if resident
+                                          else process.get_model_weights(state))
         best = max(best, accuracy)
         row['test_accuracy'] = accuracy
         row['test_loss'] = test_loss
@@ -705,6 +724,9 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
         for key, value in row.items():
           if key != 'round' and isinstance(value, (int, float)) and math.isfinite(value):
             tf.summary.scalar(key, value)
+      if resident is not None:
+        with execution.collector_paused():
+          state = resident.materialize(held)
       program_state = collections.OrderedDict(
           state=state, round=round_num, best_accuracy=best,
           exploration_client_epochs=float(program_state['exploration_client_epochs']))

@@ -59,6 +59,10 @@ _LOCAL_WORKERS = flags.DEFINE_integer(
     'local_workers', 0, 'Start this many TFF worker services here and split rounds across them.')
 _WORKER_TIMEOUT = flags.DEFINE_float(
     'worker_timeout', 60.0, 'Seconds a worker service may stay unreachable before the run stops.')
+_RESIDENT_STATE = flags.DEFINE_bool(
+    'resident_state', True, 'Keep the server state in TFF\'s local worker between rounds '
+    '(same results; the state crosses to the worker only for checkpoints). Local runtime '
+    'only: with --workers/--local_workers every round goes through process.next.')
 # Each method's own flags (--fedcross_*, --fedcda_*, --cadis_*, --fedlex_*), from the registry.
 _METHOD_FLAGS = methods.define_absl_flags()
 flags.adopt_module_key_flags(methods)  # so that --help lists them with this program's flags
@@ -78,7 +82,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       model=_MODEL.value, seed=_SEED.value, eval_every=_EVAL_EVERY.value,
       root_output_dir=_ROOT.value, experiment_name=_NAME.value, resume=_RESUME.value,
       progress=_PROGRESS.value, workers=_WORKERS.value, local_workers=_LOCAL_WORKERS.value,
-      worker_timeout=_WORKER_TIMEOUT.value,
+      worker_timeout=_WORKER_TIMEOUT.value, resident_state=_RESIDENT_STATE.value,
       **{name: holder.value for name, holder in _METHOD_FLAGS.items()})
 
 

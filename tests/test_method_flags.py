@@ -93,6 +93,7 @@ TESTED_ELSEWHERE = {
     'local_workers':
         'tests/test_distributed.py::test_program_on_given_and_local_services_reproduces_local_weights',
     'worker_timeout': 'tests/test_distributed.py::test_program_worker_flags_bad_input_is_one_line',
+    'resident_state': 'tests/test_resident_state.py::test_program_resident_state_flag',
 }
 
 

@@ -118,3 +118,32 @@ def test_misuse_is_refused_with_the_reason():
     resident_state.ResidentProcess(process, P, context=object())
   with pytest.raises(ValueError, match='clients_per_round must be >= 1'):
     resident_state.ResidentProcess(process, 0)
+
+
+def test_program_resident_state_flag(tmp_path, monkeypatch):
+  """--resident_state (default) runs the program's rounds through ResidentProcess,
+  --noresident_state through process.next; both give the same metrics and weights."""
+  made = []
+
+  class Recorded(resident_state.ResidentProcess):
+    def __init__(self, *args, **kwargs):
+      made.append(self)
+      super().__init__(*args, **kwargs)
+
+  monkeypatch.setattr(resident_state, 'ResidentProcess', Recorded)
+  runs = {}
+  for flag in (True, False):
+    config = experiment.ExperimentConfig(
+        algorithm='fedcda', dataset='digits', num_clients=NUM_CLIENTS, clients_per_round=P,
+        batch_size=16, client_lr=0.1, fedcda_warmup_rounds=1, fedcda_batches=2, rounds=3,
+        progress=False, resident_state=flag, root_output_dir=str(tmp_path),
+        experiment_name=f'resident_{flag}')
+    made.clear()
+    runs[flag] = experiment.run_experiment(config)
+    assert len(made) == (1 if flag else 0)
+    runs[flag]['weights'] = np.load(os.path.join(config.experiment_dir, 'final_weights.npz'))
+    with open(os.path.join(config.experiment_dir, 'metrics.csv')) as f:
+      runs[flag]['csv'] = [line.split(',')[2:] for line in f]  # all but round and seconds
+  assert runs[True]['csv'] == runs[False]['csv']
+  for name in runs[True]['weights'].files:
+    np.testing.assert_array_equal(runs[True]['weights'][name], runs[False]['weights'][name])
