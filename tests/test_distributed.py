@@ -11,8 +11,7 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-import asyncio  # pylint: disable=g-import-not-at-top
-import collections
+import collections  # pylint: disable=g-import-not-at-top
 import functools
 import json
 import signal
@@ -337,7 +336,7 @@ def test_train_model_runs_on_the_services_through_program_context(contexts, tmp_
   def train_model(context, root):
     released = tff.program.MemoryReleaseManager()
     with tff.framework.get_context_stack().install(context):
-      asyncio.run(tff.learning.programs.train_model(
+      helpers.run_async(tff.learning.programs.train_model(
           train_process=process,
           train_data_source=data.federated_data_source(client_data, seed=0),
           train_per_round_clients=CLIENTS_PER_ROUND, train_total_rounds=ROUNDS,
