@@ -364,12 +364,12 @@ def margin_notes(runs: dict, comparisons: list) -> list:
 
 def paper_context_rows(suite: suites.Suite) -> list:
   """(model, dataset, setting, paper FedAvg, paper method, margin) for each of the suite's
-  `paper_context` keys, read from paper_extraction.json (the method is the suite's first
-  comparison's algorithm, as the paper names it)."""
+  `paper_context` keys, read from paper_extraction.json (the method as the paper names it,
+  `Suite.method`)."""
   if not suite.paper_context:
     return []
   results = suites.load_paper_results(suite.name)
-  method = suite.title.split()[0]
+  method = suite.method
   rows = []
   for key in suite.paper_context:
     found = {r['method']: r['accuracy'] for r in results
@@ -389,7 +389,7 @@ def _paper_context_lines(suite: suites.Suite) -> list:
            'The paper\'s own results (accuracy %, from `benchmarks/paper_extraction.json`) '
            'for the settings named in the suite, to hold ours against the paper\'s trend '
            'across data sets.', '',
-           f'| model | data set | setting | paper FedAvg | paper {suite.title.split()[0]} | '
+           f'| model | data set | setting | paper FedAvg | paper {suite.method} | '
            'paper margin |', '|---|---|---|---|---|---|']
   for model, dataset, setting, base, method, margin in rows:
     lines.append(f'| {model} | {dataset} | {setting} | {base:.2f} | {method:.2f} | '
@@ -424,12 +424,8 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
         r = runs.get(run, {}).get(seed)
         if r is None:
           lines.append(f'- `{run}` seed {seed}: not run yet.')
-        elif r['stale']:
-          lines.append(f'- `{run}` seed {seed}: made at other settings, left out: '
-                       + ', '.join(r['stale']) + '.')
-        elif not r['finished']:
-          lines.append(f'- `{run}` seed {seed}: stopped after round {r["rounds_done"]} of '
-                       f'{r["rounds"]} (continues with the same command).')
+        elif not usable(r):
+          lines.append(_not_usable_line(run, seed, r))
     lines.append('')
   return lines
 
@@ -533,16 +529,21 @@ def grid_edges(suite: suites.Suite, tuned) -> list:
   return out
 
 
+def _not_usable_line(run: str, seed: int, r: dict) -> str:
+  """Why a run is left out of the numbers: made at other settings, or not finished."""
+  if r.get('stale'):
+    return (f'- `{run}` seed {seed}: made at other settings than declared now, left out '
+            '(rerun it in a fresh directory): ' + ', '.join(r['stale']) + '.')
+  return (f'- `{run}` seed {seed}: stopped after round {r["rounds_done"]} of {r["rounds"]} '
+          '(continues with the same command).')
+
+
 def _status(runs: dict) -> list:
   lines = []
   for run, seeds in runs.items():
     for seed, r in seeds.items():
-      if r.get('stale'):
-        lines.append(f'- `{run}` seed {seed}: made at other settings than declared now, left '
-                     'out (rerun it in a fresh directory): ' + ', '.join(r['stale']) + '.')
-      elif not r['finished']:
-        lines.append(f'- `{run}` seed {seed}: stopped after round {r["rounds_done"]} of '
-                     f'{r["rounds"]} (continues with the same command).')
+      if not usable(r):
+        lines.append(_not_usable_line(run, seed, r))
     missing = [s for s in suites.SEEDS if s not in seeds]
     if missing:
       lines.append(f'- `{run}`: seeds {", ".join(map(str, missing))} not run yet.')
@@ -700,7 +701,7 @@ def status_lines() -> list:
     finished = sum(usable(r) for seeds in runs.values() for seed, r in seeds.items()
                    if seed in suites.SEEDS)
     if not finished:
-      lines.append(f'- {suite.title.split()[0]}: no run finished yet (of {expected}, '
+      lines.append(f'- {suite.method}: no run finished yet (of {expected}, '
                    f'[{suite.name}/results.md](benchmarks/{suite.name}/results.md)).')
       continue
     verdicts = '; '.join(
@@ -714,7 +715,7 @@ def status_lines() -> list:
         if abs(moved) >= PLATEAU_POINTS:
           moving.append(f'{run} {moved:+.1f}')
     lines.append(
-        f'- {suite.title.split()[0]}: {verdicts}. {finished} of {expected} runs finished'
+        f'- {suite.method}: {verdicts}. {finished} of {expected} runs finished'
         + (f'; not plateaued, so the verdicts are provisional (points moved over the last '
            f'window): {", ".join(moving)}'
            if moving else '') +

@@ -86,6 +86,11 @@ class Suite:
       if run not in self.runs:
         raise ValueError(f'suite {self.name}: grid of {run!r}, not one of its runs')
 
+  @property
+  def method(self) -> str:
+    """The paper's method, as the paper names it (the title's first word)."""
+    return self.title.split()[0]
+
   def needs_tuning(self) -> bool:
     return bool(self.grid)
 

@@ -637,13 +637,14 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
       program_state['exploration_client_epochs'] = explore_metrics['exploration_client_epochs']
       log(f'FedLEx exploration: {len(explorers)} explorers, '
           f'{explore_metrics["exploration_client_epochs"]:.0f} client-epochs')
-  # The server state stays in TFF's worker between rounds (`held`); `state` is its copy in
-  # Python, brought back for each checkpoint.
-  resident = held = None
-  if c.resident_state and not (c.workers or c.local_workers):
-    from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
-    resident = resident_state.ResidentProcess(process, c.clients_per_round)
-    held = resident.adopt(state)
+  # With --resident_state (local runtime) the server state stays in TFF's worker between
+  # rounds (`held`); `state` is its copy in Python, brought back for each checkpoint. On
+  # worker services both are the same Python value.
+  from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
+  runner = (resident_state.ResidentProcess(process, c.clients_per_round)
+            if c.resident_state and not (c.workers or c.local_workers)
+            else resident_state.DirectProcess(process))
+  held = runner.adopt(state)
   rows = [r for r in _csv_rows(csv_path) if int(r['round']) <= start_round]
   best = float(program_state['best_accuracy'])
   writer = tf.summary.create_file_writer(os.path.join(exp_dir, 'tensorboard'))
@@ -672,17 +673,12 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
       _, inputs = data.round_inputs(fed, round_num, c.clients_per_round, c.local_epochs, c.seed,
                                     client_ids=sampled)
       with execution.collector_paused():
-        if resident is not None:
-          held, round_metrics = resident.next(held, [[element] for element in inputs])
-        else:
-          state, round_metrics = process.next(state, [[element] for element in inputs])
+        held, round_metrics = runner.next(held, [[element] for element in inputs])
         if exploration is not None and c.fedlex_refresh:
-          if resident is not None:
-            state = resident.materialize(held)
           state, refresh_metrics = _explore(c, fed, process, exploration,
-                                            np.intersect1d(sampled, explorers), state, round_num)
-          if resident is not None:
-            held = resident.adopt(state)
+                                            np.intersect1d(sampled, explorers),
+                                            runner.materialize(held), round_num)
+          held = runner.adopt(state)
           program_state['exploration_client_epochs'] = (
               float(program_state['exploration_client_epochs']) +
               refresh_metrics['exploration_client_epochs'])
@@ -713,8 +709,7 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
       evaluated = round_num % c.eval_every == 0 or round_num == c.rounds
       if evaluated:
         with execution.collector_paused():
-          accuracy, test_loss = evaluator(resident.get_model_weights(held) if resident
-                                          else process.get_model_weights(state))
+          accuracy, test_loss = evaluator(runner.get_model_weights(held))
         best = max(best, accuracy)
         row['test_accuracy'] = accuracy
         row['test_loss'] = test_loss
@@ -724,9 +719,8 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
         for key, value in row.items():
           if key != 'round' and isinstance(value, (int, float)) and math.isfinite(value):
             tf.summary.scalar(key, value)
-      if resident is not None:
-        with execution.collector_paused():
-          state = resident.materialize(held)
+      with execution.collector_paused():
+        state = runner.materialize(held)
       program_state = collections.OrderedDict(
           state=state, round=round_num, best_accuracy=best,
           exploration_client_epochs=float(program_state['exploration_client_epochs']))

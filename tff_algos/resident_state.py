@@ -175,3 +175,29 @@ class ResidentProcess:
     async def run():
       return await self._resident(state)
     return ResidentValue(self._run(run()), self)
+
+
+class DirectProcess:
+  """`ResidentProcess`'s interface over plain `process.next` (the state held in Python), so
+  that a loop written for one runs either way (e.g. on worker services, where no value is
+  kept between calls)."""
+
+  def __init__(self, process: tff.learning.templates.LearningProcess):
+    self._process = process
+
+  def initialize(self):
+    return self._process.initialize()
+
+  def next(self, state, client_data) -> ResidentOutput:
+    output = self._process.next(state, client_data)
+    return ResidentOutput(output.state, output.metrics)
+
+  def get_model_weights(self, state):
+    return self._process.get_model_weights(state)
+
+  def materialize(self, state):
+    return state
+
+  def adopt(self, state):
+    return state
+
