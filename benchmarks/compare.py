@@ -38,6 +38,7 @@ _PROBES = flags.DEFINE_bool('probes', False, 'Run the suite\'s probes (runs at c
                             'settings that test a diagnosis, benchmarks/suites.py: Probe) '
                             'instead of its reported runs, over each probe\'s own seeds '
                             '(--only applies, --seeds does not).')
+_PROBE = flags.DEFINE_list('probe', [], 'Run only these probes of the suite (implies --probes).')
 
 
 def _finished(config) -> bool:
@@ -94,10 +95,12 @@ def tune(suite: suites.Suite) -> dict:
   return tuned
 
 
-def run_probes(suite: suites.Suite, tuned, only=()) -> None:
-  """Every probe's runs (those named in `only`, if given): the suite's run (tuned) with the
-  probe's changes, over the probe's own seeds."""
+def run_probes(suite: suites.Suite, tuned, only=(), probes=()) -> None:
+  """Every probe's runs (only the probes named in `probes` and the runs named in `only`, if
+  given): the suite's run (tuned) with the probe's changes, over the probe's own seeds."""
   for probe in suite.probes:
+    if probes and probe.name not in probes:
+      continue
     for run in probe.runs:
       if only and run not in only:
         continue
@@ -123,7 +126,13 @@ def main(argv):
     print(f'error: --only names unknown runs {unknown}; the suite has {sorted(suite.runs)}',
           file=sys.stderr)
     return 2
-  if _TUNE.value + _PROBES.value + _REPORT.value > 1:
+  probes_mode = _PROBES.value or bool(_PROBE.value)
+  unknown = sorted(set(_PROBE.value) - {p.name for p in suite.probes})
+  if unknown:
+    print(f'error: --probe names unknown probes {unknown}; the suite has '
+          f'{sorted(p.name for p in suite.probes)}', file=sys.stderr)
+    return 2
+  if _TUNE.value + probes_mode + _REPORT.value > 1:
     print('error: choose one of --tune, --probes, --report', file=sys.stderr)
     return 2
   from programs import experiment  # pylint: disable=g-import-not-at-top
@@ -144,12 +153,12 @@ def main(argv):
         print(f'error: suite {suite.name} tunes its learning rates first: run '
               f'python -m benchmarks.compare --suite={suite.name} --tune', file=sys.stderr)
         return 2
-      if _PROBES.value:
+      if probes_mode:
         if not suite.probes:
           print(f'error: suite {suite.name} has no probes', file=sys.stderr)
           return 2
-        run_probes(suite, tuned, _ONLY.value)
-      for run in ([] if _PROBES.value else suite.runs):
+        run_probes(suite, tuned, _ONLY.value, _PROBE.value)
+      for run in ([] if probes_mode else suite.runs):
         if _ONLY.value and run not in _ONLY.value:
           continue
         for seed in seeds:

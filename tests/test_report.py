@@ -343,7 +343,10 @@ def test_readme_reproduction_status_is_current():
           ('fedcda', 2)]),
     (['--seeds=1,2'], [('fedavg', 1), ('fedavg', 2), ('fedcda', 1), ('fedcda', 2)]),
     (['--only=new', '--seeds=0'], [('fedcda', 0)]),
-    (['--probes'], [('fedavg', 0), ('fedcda', 0)]),
+    (['--probes'], [('fedavg', 0), ('fedcda', 0), ('fedavg', 5)]),
+    (['--probe=p2'], [('fedavg', 5)]),
+    (['--probes', '--probe=p'], [('fedavg', 0), ('fedcda', 0)]),
+    (['--probe=p', '--only=new'], [('fedcda', 0)]),
     (['--report'], []),
     (['--tune'], [('fedavg', 100), ('fedavg', 100)]),
 ])
@@ -353,9 +356,10 @@ def test_compare_flags_choose_what_runs(tmp_path, monkeypatch, argv, want):
   import shutil  # pylint: disable=g-import-not-at-top
   from absl import flags  # pylint: disable=g-import-not-at-top
   from benchmarks import compare  # pylint: disable=g-import-not-at-top
-  probe = suites.Probe('p', 'q?', dict(local_epochs=5), ('base', 'new'))
+  probes = (suites.Probe('p', 'q?', dict(local_epochs=5), ('base', 'new')),
+            suites.Probe('p2', 'q2?', dict(local_epochs=2), ('base',), seeds=(5,)))
   toy = dataclasses.replace(_paired_toy_suite(20, tmp_path, monkeypatch), name='fedcda',
-                            probes=(probe,), grid=dict(base=dict(client_lr=[0.1, 0.3])))
+                            probes=probes, grid=dict(base=dict(client_lr=[0.1, 0.3])))
   monkeypatch.setitem(suites.SUITES, 'fedcda', toy)
   for name in list(suites.SUITES):
     if name != 'fedcda':
@@ -396,6 +400,12 @@ def test_compare_refuses_two_modes_at_once(capsys):
   finally:
     flags.FLAGS.unparse_flags()
   assert 'choose one of --tune, --probes, --report' in capsys.readouterr().err
+  try:
+    flags.FLAGS(['compare', '--suite=fedcda', '--probe=no_such_probe'])
+    assert compare.main([]) == 2
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert "--probe names unknown probes ['no_such_probe']" in capsys.readouterr().err
 
 
 def test_paper_context_rows_come_from_the_extraction(monkeypatch):
