@@ -18,4 +18,7 @@ for suite in ${SUITES:-fedcda fedcross cadis fedlex}; do
   if "$PY" -c "import sys; from benchmarks import suites; sys.exit(0 if suites.SUITES['$suite'].probes else 1)"; then
     "$PY" -m benchmarks.compare --suite="$suite" --probes
   fi
+  if [ "$suite" = cadis ]; then   # CADIS's weights, clusters and KD term, from its runs
+    "$PY" -m benchmarks.cadis_diagnosis
+  fi
 done

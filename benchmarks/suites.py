@@ -240,8 +240,9 @@ def _cadis() -> Suite:
                         ('cadis_kd_to_cross_entropy',), '.3f'),
                        ('first round the clusters match', ('cadis_first_round_clusters_match',),
                         '.0f')),
-      notes=('Why CADIS trailed FedAvg at 50 rounds: `weights.md` (written by '
-             '`python -m benchmarks.cadis_weights`). On MC every cluster owns equal data, so '
+      notes=('Why CADIS trailed FedAvg at 50 rounds: [diagnosis.md](diagnosis.md) (written by '
+             '`python -m benchmarks.cadis_diagnosis`, which also reads these runs\' weights, '
+             'clusters, τ and KD term round by round). On MC every cluster owns equal data, so '
              'n_i already carries 1/|C_i|; eq. 1 applies it twice and a round\'s mean rests on '
              'about 4 of 10 clients (FedAvg: 5.8; the reference code\'s 1/|C_i|: 8.1), and '
              'rounds dominated by one client are followed by accuracy drops. '

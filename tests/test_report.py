@@ -113,10 +113,10 @@ def test_committed_reproduction_page_regenerates_byte_for_byte():
     assert f.read() == report.reproduction_page()
 
 
-def test_cadis_weight_diagnosis_regenerates_byte_for_byte():
-  from benchmarks import cadis_weights  # pylint: disable=g-import-not-at-top
-  with open(cadis_weights.OUT) as f:
-    assert f.read() == cadis_weights.page()
+def test_cadis_diagnosis_regenerates_byte_for_byte():
+  from benchmarks import cadis_diagnosis  # pylint: disable=g-import-not-at-top
+  with open(cadis_diagnosis.OUT) as f:
+    assert f.read() == cadis_diagnosis.page()
 
 
 def test_a_chosen_value_on_the_grid_edge_is_said():
@@ -421,3 +421,31 @@ def test_paper_context_rows_come_from_the_extraction(monkeypatch):
   assert report.paper_context_rows(suite) == [('CNN', 'D1', 's', 40.0, 47.5, 7.5)]
   with pytest.raises(ValueError, match='no FedAvg and FedCross results'):
     report.paper_context_rows(dataclasses.replace(suite, paper_context=(('CNN', 'D2', 's'),)))
+
+
+def test_cadis_diagnosis_statistics_on_random_rows():
+  """cadis_diagnosis's per-run statistics against direct numpy on random recorded rounds."""
+  from benchmarks import cadis_diagnosis  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(3)
+  n = 80
+  weights = rng.dirichlet(np.full(10, 0.3), size=n) * rng.uniform(0.5, 2.0, size=(n, 1))
+  acc, kd, ce = rng.uniform(0.2, 0.9, n), rng.uniform(0, 0.1, n), rng.uniform(0.1, 2.0, n)
+  kd[::7] = np.nan   # rounds without the KD term (recorded empty)
+  rows = [{'aggregator/aggregation_weights': json.dumps(list(w)), 'test_accuracy': str(a),
+           'client_work/train/extra_loss': '' if np.isnan(k) else str(k),
+           'client_work/train/loss': str(c)} for w, a, k, c in zip(weights, acc, kd, ce)]
+  p = weights / weights.sum(axis=1, keepdims=True)
+  top, change = p.max(axis=1), acc[1:] - acc[:-1]
+  heavy = top[1:] > 0.3
+  got = cadis_diagnosis.weight_effects(rows)
+  np.testing.assert_allclose(got['effective'], np.mean(1 / (p ** 2).sum(axis=1)))
+  np.testing.assert_allclose(got['heavy_share'], np.mean(top > 0.3))
+  np.testing.assert_allclose(got['corr'], np.corrcoef(top[1:], change)[0, 1])
+  np.testing.assert_allclose(got['change_heavy'], change[heavy].mean())
+  np.testing.assert_allclose(got['change_light'], change[~heavy].mean())
+  assert 0 < heavy.mean() < 1   # both branches exercised
+  np.testing.assert_allclose(cadis_diagnosis.swing(rows), np.abs(np.diff(acc[-51:])).mean())
+  keep = ~np.isnan(kd)
+  np.testing.assert_allclose(cadis_diagnosis.kd_to_cross_entropy(rows),
+                             kd[keep].mean() / ce[keep].mean())
+  np.testing.assert_allclose(cadis_diagnosis.effective_participants([1, 1, 1, 1]), 4.0)

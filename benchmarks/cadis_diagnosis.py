@@ -1,0 +1,246 @@
+"""Why CADIS does or does not beat FedAvg on cluster-MC: its weights, clusters and KD term.
+
+  python -m benchmarks.cadis_diagnosis        # writes benchmarks/cadis/diagnosis.md
+
+On the cluster-skewed MC layout every cluster owns the same data (its two classes), split
+among its clients, so a client's example count n_i is already about 1/|C_i| of its cluster's
+data: FedAvg's n_i-weighting gives every cluster the same expected total weight. CADIS's eq. 1
+multiplies by 1/|C_i| again, so a client of a 10-client cluster outweighs one of a 30-client
+cluster about 9x, and a round's mean rests on very few clients. This script measures that
+over the program's own client sampling (`data.sample_clients`, the same rounds as the runs),
+with the true clusters (the best case for CADIS's clustering), for three weightings:
+FedAvg (n_i), CADIS eq. 1 (n_i/|C_i|) and the reference code's rule (1/|C_i|); then reads
+the suite's committed runs (every seed): the weights each round used, how soon the learned
+clusters match the partition's, τ, the KD term beside the cross-entropy, and how much the
+test accuracy swings from round to round, for CADIS's variants and the baselines alike.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sys
+
+import numpy as np
+
+from benchmarks import report
+from benchmarks import suites
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, 'cadis', 'diagnosis.md')
+EARLIER_RUNS = os.path.join(HERE, 'cadis', 'earlier_runs')
+ROUNDS = 200
+NUM_CLIENTS, PER_ROUND = 100, 10
+HEAVY = 0.3      # a round "rests on one client" when a normalised weight exceeds this
+SWING_WINDOW = 50  # rounds at the end over which the round-to-round swing is measured
+
+
+def weight_rules(sizes, clusters):
+  cluster_size = np.bincount(clusters)
+  return {
+      'FedAvg: n_i': lambda ids: sizes[ids].astype(np.float64),
+      'CADIS eq. 1: n_i/|C_i|': lambda ids: sizes[ids] / cluster_size[clusters[ids]],
+      'reference code: 1/|C_i|': lambda ids: 1.0 / cluster_size[clusters[ids]],
+  }
+
+
+def effective_participants(weights) -> float:
+  """1/Σp² of the normalised weights: how many equal weights they amount to."""
+  p = np.asarray(weights, np.float64)
+  p = p / p.sum()
+  return float(1.0 / np.sum(p * p))
+
+
+def concentration(rule, rounds=ROUNDS, seed=0):
+  """(mean effective participants, share of rounds whose largest weight > HEAVY)."""
+  import data  # pylint: disable=g-import-not-at-top
+  eff, top = [], []
+  for r in range(1, rounds + 1):
+    w = rule(data.sample_clients(NUM_CLIENTS, PER_ROUND, r, seed))
+    eff.append(effective_participants(w))
+    top.append(w.max() / w.sum() > HEAVY)
+  return float(np.mean(eff)), float(np.mean(top))
+
+
+def _rows(exp_dir: str) -> list:
+  with open(os.path.join(exp_dir, 'metrics.csv'), newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def _column(rows, key) -> np.ndarray:
+  return np.array([float(r[key]) if r.get(key) not in (None, '') else np.nan for r in rows])
+
+
+def weight_effects(rows) -> dict:
+  """A run's recorded aggregation weights against the test accuracy that followed."""
+  w = [np.asarray(json.loads(r['aggregator/aggregation_weights']), np.float64) for r in rows]
+  top = np.array([x.max() / x.sum() for x in w])
+  change = np.diff(_column(rows, 'test_accuracy'))  # after round t+1 minus after round t
+  heavy = top[1:] > HEAVY
+  return dict(
+      effective=float(np.mean([effective_participants(x) for x in w])),
+      heavy_share=float(np.mean(top > HEAVY)),
+      corr=float(np.corrcoef(top[1:], change)[0, 1]),
+      change_heavy=float(change[heavy].mean()) if heavy.any() else float('nan'),
+      change_light=float(change[~heavy].mean()) if (~heavy).any() else float('nan'))
+
+
+def swing(rows) -> float:
+  """Mean |accuracy change| from one round to the next over the last SWING_WINDOW rounds."""
+  acc = _column(rows, 'test_accuracy')[-SWING_WINDOW - 1:]
+  return float(np.mean(np.abs(np.diff(acc))))
+
+
+def kd_to_cross_entropy(rows) -> float:
+  """The KD term's mean beside the cross-entropy's (as the program's summary.json)."""
+  kd, ce = _column(rows, 'client_work/train/extra_loss'), _column(rows, 'client_work/train/loss')
+  keep = np.isfinite(kd)
+  return float(kd[keep].mean() / ce[keep].mean()) if keep.any() else float('nan')
+
+
+def suite_runs() -> dict:
+  """{run: {seed: metrics rows}} of the suite's usable runs (finished, at today's settings)."""
+  suite = suites.SUITES['cadis']
+  loaded = report.collect(suite)
+  return {run: {seed: _rows(report.seed_dirs(suite, run)[seed])
+                for seed, r in seeds.items() if report.usable(r)}
+          for run, seeds in loaded.items()}
+
+
+def _cell(values, spec='.2f', scale=1.0, signed=False) -> str:
+  values = [scale * v for v in values if v is not None and np.isfinite(v)]
+  if not values:
+    return 'n/a'
+  return report.mean_and_spread(*report.mean_std(values), spec, '+' + spec if signed else '')
+
+
+def _expected_lines() -> list:
+  import data  # pylint: disable=g-import-not-at-top
+  labels = data.load_fashion_mnist().y_train
+  lines = ['## The weights a round would use, with the true clusters', '',
+           f'Over rounds 1-{ROUNDS} of seed 0\'s sampling. Effective participants = 1/Σp² of '
+           'the round\'s normalised weights (10 = equal weights).', '',
+           '| client-size spread (`size_sigma`) | client sizes min / median / max | rule | '
+           f'effective participants | rounds with a weight > {HEAVY} |', '|---|---|---|---|---|']
+  for sigma in (1.0, 0.5, 0.0):
+    part = data.ClusterSkewPartitioner(NUM_CLIENTS, 'mc', seed=0, size_sigma=sigma).partition(
+        labels)
+    sizes, clusters = np.asarray(part.sizes()), np.asarray(part.true_clusters)
+    spread = f'{sizes.min()} / {int(np.median(sizes))} / {sizes.max()}'
+    for name, rule in weight_rules(sizes, clusters).items():
+      eff, heavy = concentration(rule)
+      default = ' (the program\'s partition)' if sigma == 1.0 else ''
+      lines.append(f'| {sigma}{default} | {spread} | {name} | {eff:.2f} | {100 * heavy:.0f}% |')
+  return lines + ['']
+
+
+def _suite_lines(runs: dict) -> list:
+  """Per run, mean ± std over its seeds; then CADIS's clusters, τ and KD over rounds."""
+  lines = ['## The reported runs', '',
+           'Every finished seed of `benchmarks/cadis/runs` (mean ± std over seeds). Swing: the '
+           f'mean |change| of test accuracy from one round to the next over the last '
+           f'{SWING_WINDOW} rounds, in points. The weights are those each round used, with '
+           'the clusters learned so far; FedAvg\'s and FedProx\'s are not recorded.', '',
+           '| run | seeds | last-10 mean (%) | swing (points) | effective participants | '
+           f'rounds with a weight > {HEAVY} (%) | corr(largest weight, next accuracy change) | '
+           f'accuracy change after a round with a weight > {HEAVY} (points) | … otherwise '
+           '| first round the clusters match | KD / cross-entropy |',
+           '|---|---|---|---|---|---|---|---|---|---|---|']
+  for run, seeds in runs.items():
+    rows = list(seeds.values())
+    if not rows:
+      lines.append(f'| {run} | none finished | | | | | | | | | |')
+      continue
+    last10 = [np.mean(_column(r, 'test_accuracy')[-report.LAST:]) for r in rows]
+    cadis = all('aggregator/aggregation_weights' in r[0] for r in rows)
+    effects = [weight_effects(r) for r in rows] if cadis else []
+    matched = [next((int(x['round']) for x in r
+                     if float(x.get('aggregator/clusters_match') or 0) == 1.0
+                     and int(float(x.get('aggregator/seen_clients') or 0)) == NUM_CLIENTS),
+                    np.nan) for r in rows] if cadis else []
+    cells = [_cell(last10, scale=100), _cell([swing(r) for r in rows], scale=100)]
+    cells += [_cell([e[k] for e in effects], spec, scale, signed)
+              for k, spec, scale, signed in (
+                  ('effective', '.2f', 1, False), ('heavy_share', '.0f', 100, False),
+                  ('corr', '.2f', 1, True), ('change_heavy', '.2f', 100, True),
+                  ('change_light', '.2f', 100, True))]
+    never = sum(np.isnan(m) for m in matched)
+    cells.append(_cell(matched, '.0f') + (f' ({never} seeds never)' if never else '')
+                 if cadis else 'n/a')
+    cells.append(_cell([kd_to_cross_entropy(r) for r in rows], '.3f') if cadis else 'n/a')
+    lines.append(f'| {run} | {", ".join(map(str, seeds))} | ' + ' | '.join(cells) + ' |')
+  lines.append('')
+  baseline = [r for r in runs.get('fedavg', {}).values()]
+  for run, seeds in runs.items():
+    rows = list(seeds.values())
+    if not rows or 'aggregator/tau' not in rows[0][0]:
+      continue
+    total = min(len(r) for r in rows)
+    marks = [m for m in report.checkpoint_rounds(total)]
+    lines += [f'`{run}` over rounds (mean over its {len(rows)} seeds; effective participants '
+              'and KD / cross-entropy averaged over the rounds since the previous row):', '',
+              '| round | τ | clusters learned (an unseen client is one) | pairs clustered right | seeds whose clusters '
+              'match | effective participants | KD / cross-entropy | test accuracy (%) | '
+              'FedAvg\'s (%) |', '|---|---|---|---|---|---|---|---|---|']
+    start = 0
+    for mark in marks:
+      window = [r[start:mark] for r in rows]
+      at = [r[mark - 1] for r in rows]
+      eff = np.mean([effective_participants(json.loads(x['aggregator/aggregation_weights']))
+                     for w in window for x in w])
+      kd = np.nanmean([kd_to_cross_entropy(w) for w in window])
+      fedavg = (f'{100 * np.mean([float(r[mark - 1]["test_accuracy"]) for r in baseline]):.2f}'
+                if baseline and all(len(r) >= mark for r in baseline) else 'n/a')
+      lines.append(
+          f'| {mark} | {np.mean([float(x["aggregator/tau"]) for x in at]):.3f} | '
+          f'{np.mean([float(x["aggregator/num_clusters"]) for x in at]):.1f} | '
+          f'{100 * np.mean([float(x["aggregator/cluster_pair_accuracy"]) for x in at]):.1f}% | '
+          f'{sum(float(x["aggregator/clusters_match"]) == 1.0 for x in at)} of {len(at)} | '
+          f'{eff:.2f} | {report.num(kd, ".3f")} | '
+          f'{100 * np.mean([float(x["test_accuracy"]) for x in at]):.2f} | {fedavg} |')
+      start = mark
+    lines.append('')
+  return lines
+
+
+def _earlier_lines() -> list:
+  """The single-seed 50-round runs with older code that first showed the concentration."""
+  out = []
+  for name in ('cadis', 'cadis_no_kd', 'cadis_transitive'):
+    path = os.path.join(EARLIER_RUNS, name)
+    if os.path.exists(os.path.join(path, 'metrics.csv')):
+      out.append((name, weight_effects(_rows(path))))
+  if not out:
+    return []
+  lines = ['## The earlier runs', '',
+           'The single-seed 50-round runs with older code (`benchmarks/cadis/earlier_runs/*`) '
+           'that first showed it:', '',
+           '| run | effective participants | rounds with a weight > 0.3 | corr(largest weight, '
+           'next accuracy change) | mean accuracy change after a round with a weight > 0.3 '
+           '| … otherwise |', '|---|---|---|---|---|---|']
+  for name, r in out:
+    lines.append(f'| {name} | {r["effective"]:.2f} | {100 * r["heavy_share"]:.0f}% | '
+                 f'{r["corr"]:+.2f} | {100 * r["change_heavy"]:+.2f} points | '
+                 f'{100 * r["change_light"]:+.2f} points |')
+  return lines + ['']
+
+
+def page() -> str:
+  lines = ['# CADIS on cluster-MC (100 clients, 10 per round): weights, clusters and KD', '',
+           '<!-- written by `python -m benchmarks.cadis_diagnosis`; do not edit by hand -->', '',
+           ' '.join(__doc__.split('\n\n')[2].split()), '']
+  lines += _expected_lines() + _suite_lines(suite_runs()) + _earlier_lines()
+  return '\n'.join(lines).rstrip('\n') + '\n'
+
+
+def main() -> int:
+  text = page()
+  with open(OUT, 'w') as f:
+    f.write(text)
+  print(f'wrote {os.path.relpath(OUT)}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
