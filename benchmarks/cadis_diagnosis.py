@@ -236,8 +236,7 @@ def page() -> str:
 
 def main() -> int:
   text = page()
-  with open(OUT, 'w') as f:
-    f.write(text)
+  report.write_text(OUT, text)
   print(f'wrote {os.path.relpath(OUT)}')
   return 0
 

@@ -6,8 +6,10 @@ r"""Runs a paper comparison (benchmarks/suites.py) over fixed seeds and writes i
   python -m benchmarks.compare --suite=fedcda --probes    # runs that test a diagnosis
 
 Every run is an ordinary experiment directory (`benchmarks/<suite>/runs/<run>_s<seed>`,
-tuning runs under `tuning/`, probe runs under `probes/<probe>/`). A finished run is skipped and a stopped one resumes exactly,
-so the same command continues a suite after a kill or at the next session. After running,
+tuning runs under `tuning/`, probe runs under `probes/<probe>/`). A finished run is skipped
+and a stopped one resumes exactly, so the same command continues a suite after a kill or at
+the next session. Two copies of one command share its runs: a run the other holds is
+skipped, then waited for at the end (`bash benchmarks/reproduce.sh` with JOBS=2). After running,
 `benchmarks/report.py` rewrites `results.md`, `results.json` and `curves.png` of the suite and
 `benchmarks/REPRODUCTION.md` from the committed run directories.
 """
@@ -67,46 +69,74 @@ def _config(suite, fields, seed, directory, name):
                                      experiment_name=name)
 
 
+def run_all(configs, tuning: bool = False) -> None:
+  """Makes every run of `configs` (finished ones are skipped, stopped ones resumed).
+
+  A run another process holds (experiment.RunDirectoryBusy) is left to it and waited for at
+  the end, then continued if that process stopped early: two `compare` commands on one suite
+  share its runs, each taking the next free one. In tuning, a grid point that diverges is a
+  result of the grid (shown on the page), not a failure of the suite.
+  """
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+
+  def make(config):
+    try:
+      _run(config)
+    except experiment.RunDirectoryBusy:
+      raise
+    except experiment.ExperimentError as e:
+      if not (tuning and str(e).startswith('training diverged')):
+        raise
+      report.mark_diverged(config.experiment_dir, str(e))
+
+  held_elsewhere = []
+  for config in configs:
+    try:
+      make(config)
+    except experiment.RunDirectoryBusy:
+      print(f'== {os.path.relpath(config.experiment_dir)}: another process is running it',
+            file=sys.stderr, flush=True)
+      held_elsewhere.append(config)
+  for config in held_elsewhere:
+    while True:
+      with experiment.exclusive_run_directory(config.experiment_dir, wait=True):
+        pass
+      try:
+        make(config)
+        break
+      except experiment.RunDirectoryBusy:   # a third process took it first: wait again
+        continue
+
+
 def tune(suite: suites.Suite) -> dict:
   """Runs the grid and returns {algorithm: best overrides} (best last-10 mean)."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
+  points = [(run, values, _config(suite, suite.tuning_overrides(run, values), suites.TUNING_SEED,
+                                  os.path.join(suites.suite_dir(suite.name), 'tuning'),
+                                  suites.tuning_name(run, values)))
+            for run, grid in suite.grid.items() for values in report.grid_points(grid)]
+  run_all([config for _, _, config in points], tuning=True)
   tuned = {}
-  for run, grid in suite.grid.items():
-    algorithm = suite.config_overrides(run)['algorithm']
+  for run in suite.grid:
     best = None
-    for values in report.grid_points(grid):
-      config = _config(suite, suite.tuning_overrides(run, values), suites.TUNING_SEED,
-                       os.path.join(suites.suite_dir(suite.name), 'tuning'),
-                       suites.tuning_name(run, values))
-      try:
-        _run(config)
-      except experiment.ExperimentError as e:
-        # A grid point that diverges is a result of the grid (shown on the page), not a
-        # failure of the suite.
-        if not str(e).startswith('training diverged'):
-          raise
-        report.mark_diverged(config.experiment_dir, str(e))
+    for _, values, config in (p for p in points if p[0] == run):
       r = report.load_run(config.experiment_dir)
       if r['diverged'] is None and (best is None or r['last10_mean_accuracy'] > best[0]):
         best = (r['last10_mean_accuracy'], values)
     if best is None:
       raise experiment.ExperimentError(f'every point of {run}\'s grid diverged; lower the grid')
-    tuned[algorithm] = best[1]
+    tuned[suite.config_overrides(run)['algorithm']] = best[1]
   return tuned
 
 
 def run_probes(suite: suites.Suite, tuned, only=(), probes=()) -> None:
   """Every probe's runs (only the probes named in `probes` and the runs named in `only`, if
   given): the suite's run (tuned) with the probe's changes, over the probe's own seeds."""
-  for probe in suite.probes:
-    if probes and probe.name not in probes:
-      continue
-    for run in probe.runs:
-      if only and run not in only:
-        continue
-      for seed in probe.seeds:
-        _run(_config(suite, suite.probe_overrides(probe, run, tuned), seed,
-                     suites.probe_dir(suite.name, probe.name), suites.run_name(run, seed)))
+  run_all([_config(suite, suite.probe_overrides(probe, run, tuned), seed,
+                   suites.probe_dir(suite.name, probe.name), suites.run_name(run, seed))
+           for probe in suite.probes if not probes or probe.name in probes
+           for run in probe.runs if not only or run in only
+           for seed in probe.seeds])
 
 
 def main(argv):
@@ -142,11 +172,8 @@ def main(argv):
         print(f'error: suite {suite.name} has no tuning grid', file=sys.stderr)
         return 2
       tuned = tune(suite)
-      path = suites.tuned_path(suite.name)
-      with open(path + '.tmp', 'w') as f:
-        json.dump(tuned, f, indent=1, sort_keys=True)
-        f.write('\n')
-      os.replace(path + '.tmp', path)
+      report.write_text(suites.tuned_path(suite.name),
+                        json.dumps(tuned, indent=1, sort_keys=True) + '\n')
     elif not _REPORT.value:
       tuned = suites.load_tuned(suite.name)
       if suite.needs_tuning() and tuned is None:
@@ -158,13 +185,12 @@ def main(argv):
           print(f'error: suite {suite.name} has no probes', file=sys.stderr)
           return 2
         run_probes(suite, tuned, _ONLY.value, _PROBE.value)
-      for run in ([] if probes_mode else suite.runs):
-        if _ONLY.value and run not in _ONLY.value:
-          continue
-        for seed in seeds:
-          _run(_config(suite, suite.config_overrides(run, tuned), seed,
-                       os.path.join(suites.suite_dir(suite.name), 'runs'),
-                       suites.run_name(run, seed)))
+      else:
+        run_all([_config(suite, suite.config_overrides(run, tuned), seed,
+                         os.path.join(suites.suite_dir(suite.name), 'runs'),
+                         suites.run_name(run, seed))
+                 for run in suite.runs if not _ONLY.value or run in _ONLY.value
+                 for seed in seeds])
   except experiment.ExperimentError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

@@ -15,6 +15,7 @@ deviation of the per-seed differences.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import glob
 import itertools
@@ -46,11 +47,28 @@ def grid_points(grid: dict) -> list:
 DIVERGED = 'diverged.txt'   # in a tuning run that diverged: the error, one line
 
 
+@contextlib.contextmanager
+def _replacing(path: str):
+  """A temporary path (this process's own) that replaces `path` when the block ends: a
+  reader, or another `compare` writing the same page, never sees half a file."""
+  tmp = f'{path}.{os.getpid()}.tmp'
+  try:
+    yield tmp
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+
+
+def write_text(path: str, text: str) -> None:
+  with _replacing(path) as tmp:
+    with open(tmp, 'w') as f:
+      f.write(text)
+
+
 def mark_diverged(exp_dir: str, message: str) -> None:
   """Records that a tuning run diverged (so the grid moves on and the page says so)."""
-  with open(os.path.join(exp_dir, DIVERGED + '.tmp'), 'w') as f:
-    f.write(message.split(';')[0] + '\n')
-  os.replace(os.path.join(exp_dir, DIVERGED + '.tmp'), os.path.join(exp_dir, DIVERGED))
+  write_text(os.path.join(exp_dir, DIVERGED), message.split(';')[0] + '\n')
 
 
 def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:
@@ -468,7 +486,8 @@ def _plot(suite: suites.Suite, runs: dict, path: str) -> None:
   else:
     ax.text(0.5, 0.5, 'no finished run yet', ha='center', transform=ax.transAxes)
   fig.tight_layout()
-  fig.savefig(path, dpi=110, metadata={'Software': None})
+  with _replacing(path) as tmp:
+    fig.savefig(tmp, format='png', dpi=110, metadata={'Software': None})
   plt.close(fig)
 
 
@@ -561,10 +580,8 @@ def write_suite_page(suite: suites.Suite) -> None:
   out = suites.suite_dir(suite.name)
   page, comparisons, runs = suite_page(suite)
   os.makedirs(out, exist_ok=True)
-  with open(os.path.join(out, 'results.md'), 'w') as f:
-    f.write(page)
-  with open(os.path.join(out, 'results.json'), 'w') as f:
-    f.write(comparisons)
+  write_text(os.path.join(out, 'results.md'), page)
+  write_text(os.path.join(out, 'results.json'), comparisons)
   _plot(suite, runs, os.path.join(out, 'curves.png'))
 
 
@@ -656,8 +673,7 @@ def _json_ready(value):
 
 
 def write_reproduction_page() -> None:
-  with open(REPRODUCTION, 'w') as f:
-    f.write(reproduction_page())
+  write_text(REPRODUCTION, reproduction_page())
 
 
 def reproduction_page() -> str:
@@ -738,9 +754,7 @@ def write_all() -> None:
   write_reproduction_page()
   with open(README) as f:
     text = f.read()
-  with open(README + '.tmp', 'w') as f:
-    f.write(readme_with_status(text))
-  os.replace(README + '.tmp', README)
+  write_text(README, readme_with_status(text))
 
 
 def main() -> int:

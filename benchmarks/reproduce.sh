@@ -5,18 +5,36 @@
 # A finished run is skipped and a stopped one resumes exactly, so after a kill or at a new
 # session the same command continues:
 #   nohup bash benchmarks/reproduce.sh > reproduce.log 2>&1 &
+# SUITES="cadis fedlex" limits it to those suites. JOBS=2 runs two `compare` commands side by
+# side at each step: they share the step's runs (a run one of them holds, the other skips and
+# waits for at the end), which puts to work the time a single run leaves the cores idle
+# while its Python side prepares, evaluates and checkpoints a round.
 # About 10 hours on 2 idle cores. Pages are rewritten after every suite; commit them with
 # the run directories (benchmarks/<suite>/runs, tuning, probes, tuned.json).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=.venv/bin/python
+
+compare() {   # JOBS copies of `python -m benchmarks.compare "$@"`; fails if any fails
+  local pids=() pid
+  for _ in $(seq "${JOBS:-1}"); do
+    "$PY" -m benchmarks.compare "$@" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid"; done
+}
+
+has() {   # has SUITE grid|probes: the suite declares a tuning grid / probes
+  "$PY" -c "import sys; from benchmarks import suites; sys.exit(0 if suites.SUITES['$1'].$2 else 1)"
+}
+
 for suite in ${SUITES:-fedcda fedcross cadis fedlex}; do
-  if "$PY" -c "import sys; from benchmarks import suites; sys.exit(0 if suites.SUITES['$suite'].grid else 1)"; then
-    "$PY" -m benchmarks.compare --suite="$suite" --tune
+  if has "$suite" grid; then
+    compare --suite="$suite" --tune
   fi
-  "$PY" -m benchmarks.compare --suite="$suite"
-  if "$PY" -c "import sys; from benchmarks import suites; sys.exit(0 if suites.SUITES['$suite'].probes else 1)"; then
-    "$PY" -m benchmarks.compare --suite="$suite" --probes
+  compare --suite="$suite"
+  if has "$suite" probes; then
+    compare --suite="$suite" --probes
   fi
   if [ "$suite" = cadis ]; then   # CADIS's weights, clusters and KD term, from its runs
     "$PY" -m benchmarks.cadis_diagnosis

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import csv
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -54,6 +56,10 @@ RESUMABLE_CHANGES = ('rounds', 'eval_every', 'data_dir', 'root_output_dir', 'exp
 
 class ExperimentError(Exception):
   """A problem the user can fix; its message is one line naming the fix."""
+
+
+class RunDirectoryBusy(ExperimentError):
+  """Another live process is running the same experiment directory."""
 
 
 class Interrupted(Exception):
@@ -429,6 +435,37 @@ def _remove_unfinished_checkpoints(ckpt_dir: str) -> None:
         shutil.rmtree(os.path.join(ckpt_dir, entry), ignore_errors=True)
 
 
+def _make_output_dir(exp_dir: str) -> None:
+  try:
+    os.makedirs(exp_dir, exist_ok=True)
+  except OSError as e:
+    raise ExperimentError(f'cannot create the experiment directory {exp_dir}: {e.strerror}; '
+                          'choose a writable --root_output_dir') from None
+  if not os.access(exp_dir, os.W_OK | os.X_OK):
+    raise ExperimentError(f'{exp_dir} is not writable; choose a writable --root_output_dir')
+
+
+@contextlib.contextmanager
+def exclusive_run_directory(exp_dir: str, wait: bool = False):
+  """Holds `exp_dir` for this process alone (RunDirectoryBusy if another holds it).
+
+  Two processes on one run would interleave their checkpoints and metrics.csv. The lock is
+  an flock on the directory itself: nothing is written, and it is released when the
+  process ends however it ends. With `wait`, blocks until the other process lets go.
+  """
+  fd = os.open(exp_dir, os.O_RDONLY)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+      raise RunDirectoryBusy(
+          f'{exp_dir} is being run by another process; wait for it to end (--resume then '
+          'continues it if it stopped early) or choose another --experiment_name') from None
+    yield
+  finally:
+    os.close(fd)
+
+
 def _prepare_output(c: ExperimentConfig, log: Callable[[str], None]) -> int:
   """Checks the experiment directory before anything is loaded or written.
 
@@ -437,13 +474,6 @@ def _prepare_output(c: ExperimentConfig, log: Callable[[str], None]) -> int:
   (everything but RESUMABLE_CHANGES) or fewer --rounds than it already finished.
   """
   exp_dir = c.experiment_dir
-  try:
-    os.makedirs(exp_dir, exist_ok=True)
-  except OSError as e:
-    raise ExperimentError(f'cannot create the experiment directory {exp_dir}: {e.strerror}; '
-                          'choose a writable --root_output_dir') from None
-  if not os.access(exp_dir, os.W_OK | os.X_OK):
-    raise ExperimentError(f'{exp_dir} is not writable; choose a writable --root_output_dir')
   last = max(_checkpointed_rounds(os.path.join(exp_dir, 'checkpoints')), default=0)
   if not c.resume:
     if last:
@@ -571,10 +601,19 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
 
   Nothing in the experiment directory is written before the flags, the data, the model and,
   on --resume, the saved run have been checked. With `stop` (a StopRequests), a signal ends
-  the run at the next round boundary by raising `Interrupted`.
+  the run at the next round boundary by raising `Interrupted`. A directory another live
+  process is running is refused (RunDirectoryBusy).
   """
   log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
   validate(c)
+  _make_output_dir(c.experiment_dir)
+  with exclusive_run_directory(c.experiment_dir):
+    return _run_experiment(c, log, stop)
+
+
+def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
+                    stop: Optional[StopRequests]) -> dict:
+  """run_experiment, with the experiment directory made and held."""
   start_round = _prepare_output(c, log)
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   try:

@@ -449,3 +449,38 @@ def test_cadis_diagnosis_statistics_on_random_rows():
   np.testing.assert_allclose(cadis_diagnosis.kd_to_cross_entropy(rows),
                              kd[keep].mean() / ce[keep].mean())
   np.testing.assert_allclose(cadis_diagnosis.effective_participants([1, 1, 1, 1]), 4.0)
+
+
+def test_compare_leaves_a_run_another_process_holds_for_last_and_then_makes_it(tmp_path,
+                                                                              monkeypatch):
+  """Two `compare` commands share a suite's runs: a run another process holds is skipped,
+  the free ones are made, then the held one is waited for and made (resumed) after."""
+  import threading  # pylint: disable=g-import-not-at-top
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  made = []
+
+  def fake_run(config):   # what run_experiment does first: hold the directory, or refuse
+    with experiment.exclusive_run_directory(config.experiment_dir):
+      made.append(config.experiment_name)
+
+  monkeypatch.setattr(compare, '_run', fake_run)
+  configs = []
+  for name in ('held', 'free'):
+    (tmp_path / name).mkdir()
+    configs.append(experiment.ExperimentConfig(root_output_dir=str(tmp_path),
+                                               experiment_name=name))
+  holding, release = threading.Event(), threading.Event()
+
+  def other_process():
+    with experiment.exclusive_run_directory(str(tmp_path / 'held')):
+      holding.set()
+      release.wait(30)
+
+  other = threading.Thread(target=other_process)
+  other.start()
+  holding.wait(30)
+  threading.Timer(0.5, release.set).start()
+  compare.run_all(configs)
+  other.join()
+  assert made == ['free', 'held']

@@ -9,6 +9,8 @@ import time
 import numpy as np
 import pytest
 
+from programs import experiment
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = ['--dataset=digits', '--num_clients=10', '--clients_per_round=4', '--local_epochs=1',
         '--batch_size=16', '--client_lr=0.1', '--progress=false']
@@ -139,6 +141,32 @@ def test_bad_input_gives_one_line_and_changes_no_run_file(piped_run, bad_inputs,
   assert lines[0].startswith('error: ') and fragment in lines[0], lines[0]
   assert 'min_size' not in lines[0]
   assert (_snapshot(tmp_path), _snapshot(run_root)) == before
+
+
+def test_a_run_another_process_is_running_is_refused_in_one_line(piped_run):
+  """Two processes on one run directory would interleave its checkpoints and metrics.csv:
+  while one holds it, a second is refused in one line and nothing of the run changes."""
+  run_dir = piped_run[1]
+  holder = subprocess.Popen(
+      [sys.executable, '-c', 'import sys, time; from programs import experiment\n'
+       f'with experiment.exclusive_run_directory({str(run_dir)!r}):\n'
+       '  print("held", flush=True); time.sleep(120)'],
+      cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == 'held'
+    before = _snapshot(run_dir)
+    result = _run(BASE + ['--rounds=3', '--resume', f'--root_output_dir={run_dir.parent}',
+                          '--experiment_name=p'])
+    assert result.returncode == 2, result.stderr
+    lines = [l for l in result.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1 and 'is being run by another process' in lines[0], lines
+    assert _snapshot(run_dir) == before
+  finally:
+    holder.kill()
+    holder.wait()
+  # The holder's death releases the directory.
+  with experiment.exclusive_run_directory(str(run_dir)):
+    pass
 
 
 def test_resume_refuses_a_record_older_than_its_checkpoint(piped_run, tmp_path):
