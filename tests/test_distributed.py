@@ -13,7 +13,6 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import collections  # pylint: disable=g-import-not-at-top
 import functools
-import gc
 import json
 import signal
 import subprocess
@@ -66,10 +65,6 @@ def _stop(process):
 def services():
   started = [_start_service() for _ in range(3)]
   yield [address for address, _ in started]
-  # Values the tests left in reference cycles hold references on these services; freed at
-  # interpreter exit, after the services stopped, their disposal RPCs failed with a
-  # 'Connection refused' traceback after pytest's summary line. Free them while they run.
-  gc.collect()
   for _, process in started:
     _stop(process)
 

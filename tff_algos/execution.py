@@ -112,8 +112,18 @@ def worker_pids() -> list[int]:
 
 
 def shutdown_workers() -> None:
-  """Stops the workers this process started; safe to call more than once."""
+  """At the end of the program: stops the workers this process started, after closing every
+  TFF RemoteExecutor (no TFF call works after it). Safe to call more than once."""
+  # TFF disposes of a value still referenced on a worker at interpreter exit, which may come
+  # after this hook (atexit runs hooks in reverse order of registration, and weakref's may be
+  # older): each disposal batch then meets a stopped worker and prints a gRPC traceback.
+  # A closed executor skips its values' disposals (and frees the worker's memory now).
+  # Frozen objects (freeze_long_lived_objects) are invisible to get_objects: unfreeze first.
+  gc.unfreeze()
+  remote_executor = sys.modules.get('tensorflow_federated.python.core.impl.executors.remote_executor')
   for obj in gc.get_objects():
+    if remote_executor is not None and isinstance(obj, remote_executor.RemoteExecutor):
+      obj.close()   # TFF catches the RPC error of a worker already gone
     # TFF's local ServiceManager would try to stop its worker again at interpreter
     # teardown, when `subprocess` is already gone, and print a traceback.
     if type(obj).__name__ == 'ServiceManager' and hasattr(obj, '_process'):
