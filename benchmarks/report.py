@@ -511,8 +511,9 @@ def _tuning_lines(suite: suites.Suite, tuned) -> list:
            f'One seed ({suites.TUNING_SEED}, apart from the reported seeds), '
            + (f'the first {suite.tuning_rounds} rounds of the schedule' if suite.tuning_rounds
               else 'the full schedule') + '; '
-           'the best last-10 mean is frozen in `tuned.json` for every run of that algorithm.',
-           '', '| run | values | last-10 mean (%) | chosen |', '|---|---|---|---|']
+           'the best last-10 mean is frozen in `tuned.json` for every run of that algorithm'
+           + ''.join(f'; {a} runs take {b}\'s' for a, b in sorted(suite.tuned_as.items()))
+           + '.', '', '| run | values | last-10 mean (%) | chosen |', '|---|---|---|---|']
   for run, grid in suite.grid.items():
     algorithm = suite.config_overrides(run)['algorithm']
     for values in grid_points(grid):

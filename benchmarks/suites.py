@@ -59,6 +59,9 @@ class Suite:
   # was added when FedAvg's best was 0.03, and 0.3 when both chose 0.1; CADIS's FedAvg grid
   # gained 0.1, then 0.3, the same way).
   grid: dict = dataclasses.field(default_factory=dict)
+  # Algorithms without a grid of their own that take another's tuned values (FedProx is
+  # FedAvg plus a proximal term: FedAvg's rate keeps the comparison about that term).
+  tuned_as: dict = dataclasses.field(default_factory=dict)
   # Tuning runs stop after this many rounds (None: the full schedule). Client sampling and
   # batch orders are seeded per round, so a tuning run is the first rounds of a full run.
   tuning_rounds: Optional[int] = None
@@ -86,6 +89,11 @@ class Suite:
     for run in self.grid:
       if run not in self.runs:
         raise ValueError(f'suite {self.name}: grid of {run!r}, not one of its runs')
+    tuned = {self.runs[run]['algorithm'] for run in self.grid}
+    for algorithm, source in self.tuned_as.items():
+      if source not in tuned:
+        raise ValueError(f'suite {self.name}: {algorithm} takes the tuned values of {source}, '
+                         f'which has no grid (tuned: {sorted(tuned)})')
 
   @property
   def method(self) -> str:
@@ -98,8 +106,9 @@ class Suite:
   def config_overrides(self, run: str, tuned: Optional[dict] = None) -> dict:
     """Every ExperimentConfig field of one run (before seed and output directory)."""
     fields = dict(self.common, **self.runs[run])
-    if tuned and fields['algorithm'] in tuned:
-      fields.update(tuned[fields['algorithm']])
+    source = self.tuned_as.get(fields['algorithm'], fields['algorithm'])
+    if tuned and source in tuned:
+      fields.update(tuned[source])
     return fields
 
   def probe_overrides(self, probe: Probe, run: str, tuned: Optional[dict] = None) -> dict:
@@ -232,6 +241,7 @@ def _cadis() -> Suite:
       # FedAvg's best was the edge twice (0.03, then 0.1): widened to 0.3. CADIS's is inside.
       grid=dict(fedavg=dict(client_lr=[0.003, 0.01, 0.03, 0.1, 0.3]),
                 cadis=dict(client_lr=[0.003, 0.01, 0.03, 0.1])),
+      tuned_as=dict(fedprox='fedavg'),
       scaled=('The paper (MNIST, CIFAR-10/100; its hyperparameters were lost in the text, the '
               'reference code uses lr 1e-3, batch 8, E = 5, up to ~1,000 rounds) at its MC '
               'layout and participation (10 of 100 clients); here Fashion-MNIST with the simple '

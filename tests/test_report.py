@@ -1,6 +1,7 @@
 """benchmarks/report.py: verdicts, statistics, and the committed pages regenerate byte for byte."""
 
 import csv
+import dataclasses
 import json
 import os
 
@@ -484,3 +485,13 @@ def test_compare_leaves_a_run_another_process_holds_for_last_and_then_makes_it(t
   compare.run_all(configs)
   other.join()
   assert made == ['free', 'held']
+
+
+def test_tuned_as_gives_an_algorithm_another_ones_tuned_values():
+  suite = suites.SUITES['cadis']
+  tuned = {'fedavg': {'client_lr': 0.7}, 'cadis': {'client_lr': 0.2}}
+  assert suite.config_overrides('fedprox', tuned)['client_lr'] == 0.7   # FedAvg's
+  assert suite.config_overrides('cadis_no_kd', tuned)['client_lr'] == 0.2
+  assert suite.config_overrides('fedprox')['client_lr'] == suite.common['client_lr']
+  with pytest.raises(ValueError, match='fedprox takes the tuned values of fedcda'):
+    dataclasses.replace(suite, tuned_as=dict(fedprox='fedcda'))
