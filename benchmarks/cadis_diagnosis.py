@@ -26,6 +26,7 @@ import numpy as np
 
 from benchmarks import report
 from benchmarks import suites
+from programs import methods
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, 'cadis', 'diagnosis.md')
@@ -81,9 +82,16 @@ def weight_effects(rows) -> dict:
   return dict(
       effective=float(np.mean([effective_participants(x) for x in w])),
       heavy_share=float(np.mean(top > HEAVY)),
-      corr=float(np.corrcoef(top[1:], change)[0, 1]),
+      corr=_correlation(top[1:], change),
       change_heavy=float(change[heavy].mean()) if heavy.any() else float('nan'),
       change_light=float(change[~heavy].mean()) if (~heavy).any() else float('nan'))
+
+
+def _correlation(x, y) -> float:
+  """Pearson's r; NaN (shown n/a) when either side is constant."""
+  if np.std(x) == 0 or np.std(y) == 0:
+    return float('nan')
+  return float(np.corrcoef(x, y)[0, 1])
 
 
 def swing(rows) -> float:
@@ -145,7 +153,7 @@ def _suite_lines(runs: dict) -> list:
            '| run | seeds | last-10 mean (%) | swing (points) | effective participants | '
            f'rounds with a weight > {HEAVY} (%) | corr(largest weight, next accuracy change) | '
            f'accuracy change after a round with a weight > {HEAVY} (points) | … otherwise '
-           '| first round the clusters match | KD / cross-entropy |',
+           '| first round the clusters match | λ·KD / cross-entropy |',
            '|---|---|---|---|---|---|---|---|---|---|---|']
   for run, seeds in runs.items():
     rows = list(seeds.values())
@@ -156,9 +164,8 @@ def _suite_lines(runs: dict) -> list:
     cadis = all('aggregator/aggregation_weights' in r[0] for r in rows)
     effects = [weight_effects(r) for r in rows] if cadis else []
     matched = [next((int(x['round']) for x in r
-                     if float(x.get('aggregator/clusters_match') or 0) == 1.0
-                     and int(float(x.get('aggregator/seen_clients') or 0)) == NUM_CLIENTS),
-                    np.nan) for r in rows] if cadis else []
+                     if methods.cadis_clusters_match(x, NUM_CLIENTS)), np.nan)
+               for r in rows] if cadis else []
     cells = [_cell(last10, scale=100), _cell([swing(r) for r in rows], scale=100)]
     cells += [_cell([e[k] for e in effects], spec, scale, signed)
               for k, spec, scale, signed in (
@@ -178,11 +185,12 @@ def _suite_lines(runs: dict) -> list:
       continue
     total = min(len(r) for r in rows)
     marks = [m for m in report.checkpoint_rounds(total)]
-    lines += [f'`{run}` over rounds (mean over its {len(rows)} seeds; effective participants '
-              'and KD / cross-entropy averaged over the rounds since the previous row):', '',
-              '| round | τ | clusters learned (an unseen client is one) | pairs clustered right | seeds whose clusters '
-              'match | effective participants | KD / cross-entropy | test accuracy (%) | '
-              'FedAvg\'s (%) |', '|---|---|---|---|---|---|---|---|---|']
+    lines += [f'`{run}` over rounds (mean over its {len(rows)} seeds; τ, clusters and pairs at '
+              'the row\'s round, the clusters among the clients seen so far; the other columns '
+              'averaged over the rounds since the previous row):', '',
+              '| round | τ | clusters learned | pairs clustered right | seeds whose clusters '
+              'match the partition\'s | effective participants | λ·KD / cross-entropy | test '
+              'accuracy (%) | FedAvg\'s (%) |', '|---|---|---|---|---|---|---|---|---|']
     start = 0
     for mark in marks:
       window = [r[start:mark] for r in rows]
@@ -190,15 +198,15 @@ def _suite_lines(runs: dict) -> list:
       eff = np.mean([effective_participants(json.loads(x['aggregator/aggregation_weights']))
                      for w in window for x in w])
       kd = np.nanmean([kd_to_cross_entropy(w) for w in window])
-      fedavg = (f'{100 * np.mean([float(r[mark - 1]["test_accuracy"]) for r in baseline]):.2f}'
+      fedavg = (f'{100 * np.mean([_column(r[start:mark], "test_accuracy") for r in baseline]):.2f}'
                 if baseline and all(len(r) >= mark for r in baseline) else 'n/a')
       lines.append(
           f'| {mark} | {np.mean([float(x["aggregator/tau"]) for x in at]):.3f} | '
           f'{np.mean([float(x["aggregator/num_clusters"]) for x in at]):.1f} | '
           f'{100 * np.mean([float(x["aggregator/cluster_pair_accuracy"]) for x in at]):.1f}% | '
-          f'{sum(float(x["aggregator/clusters_match"]) == 1.0 for x in at)} of {len(at)} | '
+          f'{sum(methods.cadis_clusters_match(x, NUM_CLIENTS) for x in at)} of {len(at)} | '
           f'{eff:.2f} | {report.num(kd, ".3f")} | '
-          f'{100 * np.mean([float(x["test_accuracy"]) for x in at]):.2f} | {fedavg} |')
+          f'{100 * np.mean([_column(w, "test_accuracy") for w in window]):.2f} | {fedavg} |')
       start = mark
     lines.append('')
   return lines
@@ -216,9 +224,9 @@ def _earlier_lines() -> list:
   lines = ['## The earlier runs', '',
            'The single-seed 50-round runs with older code (`benchmarks/cadis/earlier_runs/*`) '
            'that first showed it:', '',
-           '| run | effective participants | rounds with a weight > 0.3 | corr(largest weight, '
-           'next accuracy change) | mean accuracy change after a round with a weight > 0.3 '
-           '| … otherwise |', '|---|---|---|---|---|---|']
+           f'| run | effective participants | rounds with a weight > {HEAVY} | corr(largest '
+           f'weight, next accuracy change) | mean accuracy change after a round with a weight '
+           f'> {HEAVY} | … otherwise |', '|---|---|---|---|---|---|']
   for name, r in out:
     lines.append(f'| {name} | {r["effective"]:.2f} | {100 * r["heavy_share"]:.0f}% | '
                  f'{r["corr"]:+.2f} | {100 * r["change_heavy"]:+.2f} points | '

@@ -94,10 +94,12 @@ def run_all(configs, tuning: bool = False) -> None:
     try:
       make(config)
     except experiment.RunDirectoryBusy:
-      print(f'== {os.path.relpath(config.experiment_dir)}: another process is running it',
+      print('   another process is running it: left to it, waited for at the end',
             file=sys.stderr, flush=True)
       held_elsewhere.append(config)
   for config in held_elsewhere:
+    print(f'== {os.path.relpath(config.experiment_dir)}: waiting for the other process',
+          file=sys.stderr, flush=True)
     while True:
       with experiment.exclusive_run_directory(config.experiment_dir, wait=True):
         pass
@@ -163,7 +165,13 @@ def main(argv):
           f'{sorted(p.name for p in suite.probes)}', file=sys.stderr)
     return 2
   if _TUNE.value + probes_mode + _REPORT.value > 1:
-    print('error: choose one of --tune, --probes, --report', file=sys.stderr)
+    print('error: choose one of --tune, --probes (or --probe), --report', file=sys.stderr)
+    return 2
+  if probes_mode and _ONLY.value and not any(
+      set(p.runs) & set(_ONLY.value) for p in suite.probes
+      if not _PROBE.value or p.name in _PROBE.value):
+    print(f'error: no probe run is named in --only={",".join(_ONLY.value)}; the probes\' runs '
+          f'are {sorted({r for p in suite.probes for r in p.runs})}', file=sys.stderr)
     return 2
   from programs import experiment  # pylint: disable=g-import-not-at-top
   try:

@@ -16,12 +16,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=.venv/bin/python
 
 compare() {   # JOBS copies of `python -m benchmarks.compare "$@"`; fails if any fails
-  local pids=() pid
+  local pids=() pid status=0
   for _ in $(seq "${JOBS:-1}"); do
     "$PY" -m benchmarks.compare "$@" &
     pids+=($!)
   done
-  for pid in "${pids[@]}"; do wait "$pid"; done
+  for pid in "${pids[@]}"; do wait "$pid" || status=$?; done   # every copy ends first
+  return "$status"
 }
 
 has() {   # has SUITE grid|probes: the suite declares a tuning grid / probes

@@ -451,9 +451,16 @@ def exclusive_run_directory(exp_dir: str, wait: bool = False):
 
   Two processes on one run would interleave their checkpoints and metrics.csv. The lock is
   an flock on the directory itself: nothing is written, and it is released when the
-  process ends however it ends. With `wait`, blocks until the other process lets go.
+  process ends however it ends. With `wait`, blocks until the other process lets go. An
+  flock keeps apart the processes of one machine (on a network file system, not those of
+  two machines sharing the directory). A second lock on the same directory by the same
+  process is refused too (flock belongs to the open file).
   """
-  fd = os.open(exp_dir, os.O_RDONLY)
+  try:
+    fd = os.open(exp_dir, os.O_RDONLY)
+  except OSError as e:
+    raise ExperimentError(f'cannot open the experiment directory {exp_dir}: {e.strerror}; '
+                          'choose a writable --root_output_dir') from None
   try:
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
@@ -461,6 +468,9 @@ def exclusive_run_directory(exp_dir: str, wait: bool = False):
       raise RunDirectoryBusy(
           f'{exp_dir} is being run by another process; wait for it to end (--resume then '
           'continues it if it stopped early) or choose another --experiment_name') from None
+    except OSError as e:   # e.g. ENOLCK: a file system without locks
+      raise ExperimentError(f'cannot lock the experiment directory {exp_dir}: {e.strerror}; '
+                            'choose a --root_output_dir on a local disk') from None
     yield
   finally:
     os.close(fd)

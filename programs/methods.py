@@ -249,12 +249,17 @@ CADIS_FLAGS = (
 )
 
 
+def cadis_clusters_match(row: dict, num_clients: int) -> bool:
+  """Whether a metrics.csv row's learned clusters are the partition's: every client seen
+  (`clusters_match` alone compares only the clients seen so far)."""
+  return (float(row.get('aggregator/clusters_match') or 0) == 1.0
+          and int(float(row.get('aggregator/seen_clients') or 0)) == num_clients)
+
+
 def _cadis_summary(run: RunRecord) -> dict:
   """When the clusters first matched the partition's, and the KD term beside cross-entropy."""
   rows = run.rows
-  matched = [int(r['round']) for r in rows
-             if float(r.get('aggregator/clusters_match') or 0) == 1.0
-             and int(float(r.get('aggregator/seen_clients') or 0)) == run.num_clients]
+  matched = [int(r['round']) for r in rows if cadis_clusters_match(r, run.num_clients)]
   out = dict(cadis_first_round_clusters_match=matched[0] if matched else None,
              cadis_final_num_clusters=(int(float(rows[-1]['aggregator/num_clusters']))
                                        if rows else None))

@@ -400,13 +400,19 @@ def test_compare_refuses_two_modes_at_once(capsys):
     assert compare.main([]) == 2
   finally:
     flags.FLAGS.unparse_flags()
-  assert 'choose one of --tune, --probes, --report' in capsys.readouterr().err
+  assert 'choose one of --tune, --probes (or --probe), --report' in capsys.readouterr().err
   try:
     flags.FLAGS(['compare', '--suite=fedcda', '--probe=no_such_probe'])
     assert compare.main([]) == 2
   finally:
     flags.FLAGS.unparse_flags()
   assert "--probe names unknown probes ['no_such_probe']" in capsys.readouterr().err
+  try:
+    flags.FLAGS(['compare', '--suite=fedcda', '--probes', '--only=fedavg_shards2'])
+    assert compare.main([]) == 2
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert 'no probe run is named in --only=fedavg_shards2' in capsys.readouterr().err
 
 
 def test_paper_context_rows_come_from_the_extraction(monkeypatch):
@@ -495,3 +501,33 @@ def test_tuned_as_gives_an_algorithm_another_ones_tuned_values():
   assert suite.config_overrides('fedprox')['client_lr'] == suite.common['client_lr']
   with pytest.raises(ValueError, match='fedprox takes the tuned values of fedcda'):
     dataclasses.replace(suite, tuned_as=dict(fedprox='fedcda'))
+
+
+def test_cadis_diagnosis_tables_on_toy_runs():
+  """The per-run and over-rounds tables: the clusters match only once every client has been
+  seen (`clusters_match` alone covers the clients seen so far), seeds that never match are
+  counted, and accuracies are window means."""
+  from benchmarks import cadis_diagnosis  # pylint: disable=g-import-not-at-top
+
+  def rows(acc, match, seen, kd):
+    return [{'round': str(r + 1), 'test_accuracy': str(a), 'aggregator/clusters_match': str(m),
+             'aggregator/seen_clients': str(s), 'aggregator/tau': '0.98',
+             'aggregator/num_clusters': '5', 'aggregator/cluster_pair_accuracy': '1.0',
+             'aggregator/aggregation_weights': json.dumps([1.0, 1.0, 2.0]),
+             'client_work/train/extra_loss': str(kd), 'client_work/train/loss': '1.0'}
+            for r, (a, m, s) in enumerate(zip(acc, match, seen))]
+
+  n = cadis_diagnosis.NUM_CLIENTS
+  runs = {'fedavg': {0: [{'test_accuracy': str(a)} for a in (0.2, 0.4, 0.6, 0.8)]},
+          'cadis': {0: rows((0.1, 0.3, 0.5, 0.7), (1, 1, 1, 1), (50, 60, n, n), 0.5),
+                    1: rows((0.3, 0.5, 0.7, 0.9), (1, 0, 0, 0), (n, n, n, n), 0.1)}}
+  text = '\n'.join(cadis_diagnosis._suite_lines(runs))  # pylint: disable=protected-access
+  row = next(l for l in text.splitlines() if l.startswith('| cadis | 0, 1 |'))
+  # seed 0 matches from round 3 (round 1-2: matching among the clients seen, not all);
+  # seed 1 matches at round 1 with every client seen
+  assert '| 2 ± 1 |' in row, row
+  assert '| 0.300 ± 0.283 |' in row, row            # λ·KD / cross-entropy: 0.5 and 0.1
+  assert '| 2.67 ± 0.00 |' in row, row    # effective participants: 1/Σp² of (1, 1, 2)/4
+  last = text.splitlines()[-1]
+  assert last.startswith('| 4 |') and '| 1 of 2 |' in last, last
+  assert '| 50.00 | 50.00 |' in last, last        # window means: cadis (0.1..0.9) and FedAvg

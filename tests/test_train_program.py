@@ -1,6 +1,7 @@
 """End-to-end checks of programs/train.py: flags, resume, divergence, pipes."""
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -153,6 +154,7 @@ def test_a_run_another_process_is_running_is_refused_in_one_line(piped_run):
        '  print("held", flush=True); time.sleep(120)'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE, text=True)
   try:
+    assert select.select([holder.stdout], [], [], 120)[0], 'the holder did not start'
     assert holder.stdout.readline().strip() == 'held'
     before = _snapshot(run_dir)
     result = _run(BASE + ['--rounds=3', '--resume', f'--root_output_dir={run_dir.parent}',

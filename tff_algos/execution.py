@@ -112,18 +112,13 @@ def worker_pids() -> list[int]:
 
 
 def shutdown_workers() -> None:
-  """At the end of the program: stops the workers this process started, after closing every
-  TFF RemoteExecutor (no TFF call works after it). Safe to call more than once."""
-  # TFF disposes of a value still referenced on a worker at interpreter exit, which may come
-  # after this hook (atexit runs hooks in reverse order of registration, and weakref's may be
-  # older): each disposal batch then meets a stopped worker and prints a gRPC traceback.
-  # A closed executor skips its values' disposals (and frees the worker's memory now).
-  # Frozen objects (freeze_long_lived_objects) are invisible to get_objects: unfreeze first.
-  gc.unfreeze()
-  remote_executor = sys.modules.get('tensorflow_federated.python.core.impl.executors.remote_executor')
+  """At the end of the program: closes every TFF RemoteExecutor, then stops the workers this
+  process started. TFF calls after it need `initialize_runtime` again (a new context and
+  workers). Safe to call more than once."""
+  global _installed, _installed_context
+  _close_remote_executors()
+  _installed = _installed_context = None
   for obj in gc.get_objects():
-    if remote_executor is not None and isinstance(obj, remote_executor.RemoteExecutor):
-      obj.close()   # TFF catches the RPC error of a worker already gone
     # TFF's local ServiceManager would try to stop its worker again at interpreter
     # teardown, when `subprocess` is already gone, and print a traceback.
     if type(obj).__name__ == 'ServiceManager' and hasattr(obj, '_process'):
@@ -143,6 +138,35 @@ def shutdown_workers() -> None:
       os.waitpid(pid, 0)
     except (OSError, ChildProcessError):
       pass
+
+
+def _close_remote_executors(timeout_seconds: float = 5.0) -> None:
+  """Closes every TFF RemoteExecutor alive, within `timeout_seconds` in all.
+
+  TFF disposes of a value still referenced on a worker at interpreter exit, which may come
+  after shutdown_workers (atexit runs hooks in reverse order of registration, and weakref's
+  may be older): each disposal batch then meets a stopped worker and prints a gRPC
+  traceback. A closed executor skips its values' disposals (and frees the worker's memory
+  now). A worker service that no longer answers must not hold up the exit: the closing runs
+  in a daemon thread that is given up after the timeout.
+  """
+  remote_executor = sys.modules.get(
+      'tensorflow_federated.python.core.impl.executors.remote_executor')
+  if remote_executor is None:
+    return
+  gc.unfreeze()   # frozen objects (freeze_long_lived_objects) are invisible to get_objects
+  executors = [o for o in gc.get_objects() if isinstance(o, remote_executor.RemoteExecutor)]
+
+  def close_all():
+    for executor in executors:
+      try:
+        executor.close()
+      except Exception:  # pylint: disable=broad-except
+        pass   # a worker already gone: nothing left to free there
+
+  closer = threading.Thread(target=close_all, daemon=True)
+  closer.start()
+  closer.join(timeout_seconds)
 
 
 def _on_sigterm(signum, frame):
