@@ -197,7 +197,8 @@ def _suite_lines(runs: dict) -> list:
       at = [r[mark - 1] for r in rows]
       eff = np.mean([effective_participants(json.loads(x['aggregator/aggregation_weights']))
                      for w in window for x in w])
-      kd = np.nanmean([kd_to_cross_entropy(w) for w in window])
+      kd = [x for x in (kd_to_cross_entropy(w) for w in window) if np.isfinite(x)]
+      kd = float(np.mean(kd)) if kd else float('nan')   # without KD: n/a
       fedavg = (f'{100 * np.mean([_column(r[start:mark], "test_accuracy") for r in baseline]):.2f}'
                 if baseline and all(len(r) >= mark for r in baseline) else 'n/a')
       lines.append(
