@@ -392,27 +392,20 @@ def test_compare_flags_choose_what_runs(tmp_path, monkeypatch, argv, want):
         'fedavg': {'client_lr': 0.1}}   # equal scores: the first grid point stays
 
 
-def test_compare_refuses_two_modes_at_once(capsys):
+@pytest.mark.parametrize('argv, message', [
+    (['--tune', '--probes'], 'choose one of --tune, --probes (or --probe), --report'),
+    (['--probe=no_such_probe'], "--probe names unknown probes ['no_such_probe']"),
+    (['--probes', '--only=fedavg_shards2'], 'no probe run is named in --only=fedavg_shards2'),
+])
+def test_compare_refuses_bad_flag_combinations(capsys, argv, message):
   from absl import flags  # pylint: disable=g-import-not-at-top
   from benchmarks import compare  # pylint: disable=g-import-not-at-top
   try:
-    flags.FLAGS(['compare', '--suite=fedcda', '--tune', '--probes'])
+    flags.FLAGS(['compare', '--suite=fedcda'] + argv)
     assert compare.main([]) == 2
   finally:
     flags.FLAGS.unparse_flags()
-  assert 'choose one of --tune, --probes (or --probe), --report' in capsys.readouterr().err
-  try:
-    flags.FLAGS(['compare', '--suite=fedcda', '--probe=no_such_probe'])
-    assert compare.main([]) == 2
-  finally:
-    flags.FLAGS.unparse_flags()
-  assert "--probe names unknown probes ['no_such_probe']" in capsys.readouterr().err
-  try:
-    flags.FLAGS(['compare', '--suite=fedcda', '--probes', '--only=fedavg_shards2'])
-    assert compare.main([]) == 2
-  finally:
-    flags.FLAGS.unparse_flags()
-  assert 'no probe run is named in --only=fedavg_shards2' in capsys.readouterr().err
+  assert message in capsys.readouterr().err
 
 
 def test_paper_context_rows_come_from_the_extraction(monkeypatch):

@@ -144,6 +144,17 @@ def test_bad_input_gives_one_line_and_changes_no_run_file(piped_run, bad_inputs,
   assert (_snapshot(tmp_path), _snapshot(run_root)) == before
 
 
+def _assert_refused_in_one_line(args, fragment, unchanged):
+  """The program exits 2 with one `error:` line holding `fragment`, and nothing under the
+  directory `unchanged` changes."""
+  before = _snapshot(unchanged)
+  result = _run(args)
+  assert result.returncode == 2, result.stderr
+  lines = [l for l in result.stderr.strip().splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith('error: ') and fragment in lines[0], lines
+  assert _snapshot(unchanged) == before
+
+
 def test_a_run_another_process_is_running_is_refused_in_one_line(piped_run):
   """Two processes on one run directory would interleave its checkpoints and metrics.csv:
   while one holds it, a second is refused in one line and nothing of the run changes."""
@@ -156,13 +167,9 @@ def test_a_run_another_process_is_running_is_refused_in_one_line(piped_run):
   try:
     assert select.select([holder.stdout], [], [], 120)[0], 'the holder did not start'
     assert holder.stdout.readline().strip() == 'held'
-    before = _snapshot(run_dir)
-    result = _run(BASE + ['--rounds=3', '--resume', f'--root_output_dir={run_dir.parent}',
-                          '--experiment_name=p'])
-    assert result.returncode == 2, result.stderr
-    lines = [l for l in result.stderr.strip().splitlines() if l.strip()]
-    assert len(lines) == 1 and 'is being run by another process' in lines[0], lines
-    assert _snapshot(run_dir) == before
+    _assert_refused_in_one_line(
+        BASE + ['--rounds=3', '--resume', f'--root_output_dir={run_dir.parent}',
+                '--experiment_name=p'], 'is being run by another process', run_dir)
   finally:
     holder.kill()
     holder.wait()
@@ -179,13 +186,9 @@ def test_resume_refuses_a_record_older_than_its_checkpoint(piped_run, tmp_path):
   shutil.copytree(piped_run[1], run)
   lines = (run / 'metrics.csv').read_text().splitlines(keepends=True)
   (run / 'metrics.csv').write_text(''.join(lines[:2]))
-  before = _snapshot(tmp_path)
-  result = _run(BASE + ['--rounds=3', '--resume', f'--root_output_dir={tmp_path}',
-                        '--experiment_name=p'])
-  assert result.returncode == 2, result.stderr
-  errors = [l for l in result.stderr.strip().splitlines() if l.strip()]
-  assert len(errors) == 1 and 'lacks 1 of those rounds (from round 2)' in errors[0], errors
-  assert _snapshot(tmp_path) == before
+  _assert_refused_in_one_line(
+      BASE + ['--rounds=3', '--resume', f'--root_output_dir={tmp_path}', '--experiment_name=p'],
+      'lacks 1 of those rounds (from round 2)', tmp_path)
 
 
 def test_flag_errors_come_before_tensorflow_starts():
