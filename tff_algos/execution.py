@@ -155,7 +155,10 @@ def _close_remote_executors(timeout_seconds: float = 5.0) -> None:
   if remote_executor is None:
     return
   gc.unfreeze()   # frozen objects (freeze_long_lived_objects) are invisible to get_objects
-  executors = [o for o in gc.get_objects() if isinstance(o, remote_executor.RemoteExecutor)]
+  # type(), not isinstance(): isinstance reads `__class__`, which on lazy proxies (tfds's
+  # builders) imports the module behind them and logs a warning for each.
+  executors = [o for o in gc.get_objects()
+               if issubclass(type(o), remote_executor.RemoteExecutor)]
 
   def close_all():
     for executor in executors:
