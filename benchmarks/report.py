@@ -113,6 +113,32 @@ def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:
       summary=summary)
 
 
+def metrics_rows(exp_dir: str) -> list:
+  """A run's metrics.csv, one dict per round (the diagnosis scripts read its columns)."""
+  with open(os.path.join(exp_dir, 'metrics.csv'), newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def metrics_column(rows, key) -> np.ndarray:
+  """One column of `metrics_rows` as floats (NaN where a round has no value)."""
+  return np.array([float(r[key]) if r.get(key) not in (None, '') else np.nan for r in rows])
+
+
+def suite_metrics(suite: suites.Suite) -> dict:
+  """{run: {seed: metrics rows}} of the suite's usable runs (finished, at today's settings)."""
+  return {run: {seed: metrics_rows(seed_dirs(suite, run)[seed])
+                for seed, r in seeds.items() if usable(r)}
+          for run, seeds in collect(suite).items()}
+
+
+def probe_metrics(suite: suites.Suite, probe: suites.Probe) -> dict:
+  """{run: {seed: metrics rows}} of a probe's usable runs."""
+  return {run: {seed: metrics_rows(os.path.join(suites.probe_dir(suite.name, probe.name),
+                                                suites.run_name(run, seed)))
+                for seed, r in seeds.items() if usable(r)}
+          for run, seeds in collect_probe(suite, probe).items()}
+
+
 def seed_dirs(suite: suites.Suite, run: str) -> dict:
   """{seed: directory} of every seed ever run for `run` (none is dropped from a page)."""
   out = {}
@@ -198,6 +224,14 @@ def mean_and_spread(mean: float, std: float, spec: str = '.2f', mean_spec: str =
     return 'n/a'
   text = format(mean, mean_spec or spec)
   return f'{text} (one seed)' if np.isnan(std) else f'{text} ± {std:{spec}}'
+
+
+def over_seeds(values, spec: str = '.2f', scale: float = 1.0, signed: bool = False) -> str:
+  """`mean ± std` of the finite `values` (times `scale`), 'n/a' when there are none."""
+  values = [scale * v for v in values if v is not None and np.isfinite(v)]
+  if not values:
+    return 'n/a'
+  return mean_and_spread(*mean_std(values), spec, '+' + spec if signed else '')
 
 
 def pm(mean: float, std: float) -> str:

@@ -37,7 +37,7 @@ for suite in ${SUITES:-fedcda fedcross cadis fedlex}; do
   if has "$suite" probes; then
     compare --suite="$suite" --probes
   fi
-  if [ "$suite" = cadis ]; then   # CADIS's weights, clusters and KD term, from its runs
-    "$PY" -m benchmarks.cadis_diagnosis
+  if [ -f "benchmarks/${suite}_diagnosis.py" ]; then   # what its runs measured, on its own page
+    "$PY" -m "benchmarks.${suite}_diagnosis"
   fi
 done

@@ -120,6 +120,12 @@ def test_cadis_diagnosis_regenerates_byte_for_byte():
     assert f.read() == cadis_diagnosis.page()
 
 
+def test_fedcross_diagnosis_regenerates_byte_for_byte():
+  from benchmarks import fedcross_diagnosis  # pylint: disable=g-import-not-at-top
+  with open(fedcross_diagnosis.OUT) as f:
+    assert f.read() == fedcross_diagnosis.page(), 'run python -m benchmarks.fedcross_diagnosis'
+
+
 def test_a_chosen_value_on_the_grid_edge_is_said():
   suite = suites.SUITES['fedcda']
   top = {k: max(v) for k, v in suite.grid['fedcda_dir0.1'].items()}
@@ -524,3 +530,56 @@ def test_cadis_diagnosis_tables_on_toy_runs():
   last = text.splitlines()[-1]
   assert last.startswith('| 4 |') and '| 1 of 2 |' in last, last
   assert '| 50.00 | 50.00 |' in last, last        # window means: cadis (0.1..0.9) and FedAvg
+
+
+def test_fedcross_diagnosis_spread_on_random_rounds():
+  """One round's spread and choices against direct numpy on random similarity matrices."""
+  from benchmarks import fedcross_diagnosis  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  for _ in range(5):
+    k = int(rng.integers(3, 11))
+    a = rng.normal(size=(k, 40)) + 5.0   # rows pointing the same way, as the models do
+    a /= np.linalg.norm(a, axis=1, keepdims=True)
+    sim = a @ a.T
+    chosen = rng.integers(-1, k, size=k)   # -1: a slot without a collaborator
+    got = fedcross_diagnosis.round_spread({'aggregator/similarity': json.dumps(sim.tolist()),
+                                           'aggregator/collaborators': json.dumps(
+                                               chosen.tolist())})
+    pairs = [1 - sim[i, j] for i in range(k) for j in range(i + 1, k)]
+    picked = [c for c in chosen if c >= 0]
+    np.testing.assert_allclose(got['median_distance'], np.median(pairs), rtol=1e-12)
+    np.testing.assert_allclose(got['max_distance'], max(pairs), rtol=1e-12)
+    assert got['distinct'] == len(set(picked))
+    np.testing.assert_allclose(got['top_share'],
+                               max(picked.count(c) for c in set(picked)) / len(picked))
+
+
+def test_fedcross_diagnosis_tables_on_toy_runs():
+  """Margins pair each seed with FedAvg's same seed; the peak is the largest last-10 margin of
+  the seeds' mean curves and names the round its window ends at; spreads skip the first 50
+  rounds (acceleration)."""
+  from benchmarks import fedcross_diagnosis  # pylint: disable=g-import-not-at-top
+  n = 60
+  sim_early, sim_late = np.full((3, 3), 0.999), np.full((3, 3), 0.9998)   # 1 − cos: 10, 2 e-4
+
+  def rows(acc, collaborators=(1, 2, 1)):
+    return [{'test_accuracy': str(a), 'aggregator/alpha': '0.99',
+             'aggregator/similarity': json.dumps((sim_early if r < 50 else sim_late).tolist()),
+             'aggregator/collaborators': json.dumps(list(collaborators))}
+            for r, a in enumerate(acc)]
+
+  base = np.full(n, 0.5)
+  bump = base.copy()
+  bump[20:30] += 0.1   # the margin's peak: the window of rounds 21-30
+  cross = {0: rows(bump + 0.02), 1: rows(base - 0.02)}
+  avg = {0: rows(base), 1: rows(base)}
+  text = '\n'.join(fedcross_diagnosis._summary_lines([('toy', cross, avg)]))  # pylint: disable=protected-access
+  row = next(l for l in text.splitlines() if l.startswith('| toy |'))
+  cells = [c.strip() for c in row.strip('|').split('|')]
+  assert cells[1] == '0, 1'
+  assert cells[2] == '2.0 ± 0.0', row               # rounds 51-60 only
+  assert cells[4] == '2.0 ± 0.0' and cells[5] == '0.67 ± 0.00', row
+  assert cells[8] == '+0.00 ± 2.83', row            # +2 and -2 points
+  assert cells[9] == '+5.00 (round 30)', row       # seed 0: +12, seed 1: -2
+  over = '\n'.join(fedcross_diagnosis._rounds_lines([('toy', cross, avg)]))  # pylint: disable=protected-access
+  assert '| 1-10 | 0.990 | 10.0 | 2.0 | 50.00 | 50.00 | +0.00 ± 2.83 |' in over, over
