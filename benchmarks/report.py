@@ -721,7 +721,11 @@ def reproduction_page() -> str:
            'mean test accuracy (%), mean ± std over seeds.', '']
   for suite in suites.SUITES.values():
     summary = suite_summary(suite)
-    lines += [f'## {suite.title}', '', f'Page: [{suite.name}/results.md]({suite.name}/results.md)',
+    diagnosis = os.path.join(suites.suite_dir(suite.name), 'diagnosis.md')
+    lines += [f'## {suite.title}', '',
+              f'Page: [{suite.name}/results.md]({suite.name}/results.md)' + (
+                  f'; diagnosis: [{suite.name}/diagnosis.md]({suite.name}/diagnosis.md)'
+                  if os.path.exists(diagnosis) else ''),
               '', '| setting | paper margin | our FedAvg | our method | our margin | verdict |',
               '|---|---|---|---|---|---|']
     for c in summary['comparisons']:
@@ -732,8 +736,16 @@ def reproduction_page() -> str:
     notes = margin_notes(summary['runs'], summary['comparisons']) + probe_summaries(
         suite, summary['paper'])
     lines += [''] + notes if notes else []
+    if suite.notes:
+      lines += ['', _relinked(suite.notes, suite.name)]
     lines.append('')
   return '\n'.join(lines)
+
+
+def _relinked(text: str, folder: str) -> str:
+  """`text`'s relative markdown links (written for a page in `folder`) made relative to the
+  folder above it."""
+  return re.sub(r'\]\((?![a-z]+:|/|#)([^)]+)\)', lambda m: f']({folder}/{m.group(1)})', text)
 
 
 README = os.path.join(os.path.dirname(suites.HERE), 'README.md')

@@ -583,3 +583,17 @@ def test_fedcross_diagnosis_tables_on_toy_runs():
   assert cells[9] == '+5.00 (round 30)', row       # seed 0: +12, seed 1: -2
   over = '\n'.join(fedcross_diagnosis._rounds_lines([('toy', cross, avg)]))  # pylint: disable=protected-access
   assert '| 1-10 | 0.990 | 10.0 | 2.0 | 50.00 | 50.00 | +0.00 ± 2.83 |' in over, over
+
+
+def test_suite_notes_links_are_relinked_for_the_reproduction_page():
+  text = ('see [d](diagnosis.md), [r](runs/a/metrics.csv), [w](https://x.org/a), [s](#top), '
+          '[a](/abs.md)')
+  assert report._relinked(text, 'cadis') == (  # pylint: disable=protected-access
+      'see [d](cadis/diagnosis.md), [r](cadis/runs/a/metrics.csv), [w](https://x.org/a), '
+      '[s](#top), [a](/abs.md)')
+  page = report.reproduction_page()
+  for name, suite in suites.SUITES.items():
+    if suite.notes:
+      assert report._relinked(suite.notes, name) in page  # pylint: disable=protected-access
+    if os.path.exists(os.path.join(suites.suite_dir(name), 'diagnosis.md')):
+      assert f'diagnosis: [{name}/diagnosis.md]({name}/diagnosis.md)' in page
