@@ -573,7 +573,8 @@ def test_fedcross_diagnosis_tables_on_toy_runs():
   bump[20:30] += 0.1   # the margin's peak: the window of rounds 21-30
   cross = {0: rows(bump + 0.02), 1: rows(base - 0.02)}
   avg = {0: rows(base), 1: rows(base)}
-  text = '\n'.join(fedcross_diagnosis._summary_lines([('toy', cross, avg)]))  # pylint: disable=protected-access
+  # pylint: disable=protected-access
+  text = '\n'.join(fedcross_diagnosis._summary_lines([('toy', cross, avg)]))
   row = next(l for l in text.splitlines() if l.startswith('| toy |'))
   cells = [c.strip() for c in row.strip('|').split('|')]
   assert cells[1] == '0, 1'
@@ -581,7 +582,7 @@ def test_fedcross_diagnosis_tables_on_toy_runs():
   assert cells[4] == '2.0 ± 0.0' and cells[5] == '0.67 ± 0.00', row
   assert cells[8] == '+0.00 ± 2.83', row            # +2 and -2 points
   assert cells[9] == '+5.00 (round 30)', row       # seed 0: +12, seed 1: -2
-  over = '\n'.join(fedcross_diagnosis._rounds_lines([('toy', cross, avg)]))  # pylint: disable=protected-access
+  over = '\n'.join(fedcross_diagnosis._rounds_lines([('toy', cross, avg)]))
   assert '| 1-10 | 0.990 | 10.0 | 2.0 | 50.00 | 50.00 | +0.00 ± 2.83 |' in over, over
 
 
