@@ -24,8 +24,6 @@ import sys
 import numpy as np
 
 from benchmarks import report
-from benchmarks.report import metrics_column as _column
-from benchmarks.report import over_seeds as _cell
 from benchmarks import suites
 from programs import methods
 
@@ -69,7 +67,8 @@ def weight_effects(rows) -> dict:
   """A run's recorded aggregation weights against the test accuracy that followed."""
   w = [np.asarray(json.loads(r['aggregator/aggregation_weights']), np.float64) for r in rows]
   top = np.array([x.max() / x.sum() for x in w])
-  change = np.diff(_column(rows, 'test_accuracy'))  # after round t+1 minus after round t
+  # after round t+1 minus after round t
+  change = np.diff(report.metrics_column(rows, 'test_accuracy'))
   heavy = top[1:] > HEAVY
   return dict(
       effective=float(np.mean([effective_participants(x) for x in w])),
@@ -88,13 +87,14 @@ def _correlation(x, y) -> float:
 
 def swing(rows) -> float:
   """Mean |accuracy change| from one round to the next over the last SWING_WINDOW rounds."""
-  acc = _column(rows, 'test_accuracy')[-SWING_WINDOW - 1:]
+  acc = report.metrics_column(rows, 'test_accuracy')[-SWING_WINDOW - 1:]
   return float(np.mean(np.abs(np.diff(acc))))
 
 
 def kd_to_cross_entropy(rows) -> float:
   """The KD term's mean beside the cross-entropy's (as the program's summary.json)."""
-  kd, ce = _column(rows, 'client_work/train/extra_loss'), _column(rows, 'client_work/train/loss')
+  kd = report.metrics_column(rows, 'client_work/train/extra_loss')
+  ce = report.metrics_column(rows, 'client_work/train/loss')
   keep = np.isfinite(kd)
   return float(kd[keep].mean() / ce[keep].mean()) if keep.any() else float('nan')
 
@@ -136,22 +136,24 @@ def _suite_lines(runs: dict) -> list:
     if not rows:
       lines.append(f'| {run} | none finished | | | | | | | | | |')
       continue
-    last10 = [np.mean(_column(r, 'test_accuracy')[-report.LAST:]) for r in rows]
+    last10 = [np.mean(report.metrics_column(r, 'test_accuracy')[-report.LAST:]) for r in rows]
     cadis = all('aggregator/aggregation_weights' in r[0] for r in rows)
     effects = [weight_effects(r) for r in rows] if cadis else []
     matched = [next((int(x['round']) for x in r
                      if methods.cadis_clusters_match(x, NUM_CLIENTS)), np.nan)
                for r in rows] if cadis else []
-    cells = [_cell(last10, scale=100), _cell([swing(r) for r in rows], scale=100)]
-    cells += [_cell([e[k] for e in effects], spec, scale, signed)
+    cells = [report.over_seeds(last10, scale=100),
+             report.over_seeds([swing(r) for r in rows], scale=100)]
+    cells += [report.over_seeds([e[k] for e in effects], spec, scale, signed)
               for k, spec, scale, signed in (
                   ('effective', '.2f', 1, False), ('heavy_share', '.0f', 100, False),
                   ('corr', '.2f', 1, True), ('change_heavy', '.2f', 100, True),
                   ('change_light', '.2f', 100, True))]
     never = sum(np.isnan(m) for m in matched)
-    cells.append(_cell(matched, '.0f') + (f' ({never} seeds never)' if never else '')
+    cells.append(report.over_seeds(matched, '.0f') + (f' ({never} seeds never)' if never else '')
                  if cadis else 'n/a')
-    cells.append(_cell([kd_to_cross_entropy(r) for r in rows], '.3f') if cadis else 'n/a')
+    cells.append(report.over_seeds([kd_to_cross_entropy(r) for r in rows], '.3f')
+                 if cadis else 'n/a')
     lines.append(f'| {run} | {", ".join(map(str, seeds))} | ' + ' | '.join(cells) + ' |')
   lines.append('')
   baseline = [r for r in runs.get('fedavg', {}).values()]
@@ -175,7 +177,8 @@ def _suite_lines(runs: dict) -> list:
                      for w in window for x in w])
       kd = [x for x in (kd_to_cross_entropy(w) for w in window) if np.isfinite(x)]
       kd = float(np.mean(kd)) if kd else float('nan')   # without KD: n/a
-      fedavg = (f'{100 * np.mean([_column(r[start:mark], "test_accuracy") for r in baseline]):.2f}'
+      base_acc = [report.metrics_column(r[start:mark], 'test_accuracy') for r in baseline]
+      fedavg = (f'{100 * np.mean(base_acc):.2f}'
                 if baseline and all(len(r) >= mark for r in baseline) else 'n/a')
       lines.append(
           f'| {mark} | {np.mean([float(x["aggregator/tau"]) for x in at]):.3f} | '
@@ -183,7 +186,8 @@ def _suite_lines(runs: dict) -> list:
           f'{100 * np.mean([float(x["aggregator/cluster_pair_accuracy"]) for x in at]):.1f}% | '
           f'{sum(methods.cadis_clusters_match(x, NUM_CLIENTS) for x in at)} of {len(at)} | '
           f'{eff:.2f} | {report.num(kd, ".3f")} | '
-          f'{100 * np.mean([_column(w, "test_accuracy") for w in window]):.2f} | {fedavg} |')
+          f'{100 * np.mean([report.metrics_column(w, "test_accuracy") for w in window]):.2f} | '
+          f'{fedavg} |')
       start = mark
     lines.append('')
   return lines

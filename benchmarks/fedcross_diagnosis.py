@@ -26,7 +26,7 @@ from benchmarks import suites
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, 'fedcross', 'diagnosis.md')
-AFTER_ACCELERATION = 50   # rounds of dynamic α and propellers (the suite's accel_rounds)
+WINDOW = 50   # rounds per row of the over-rounds tables (as the plateau criterion's window)
 
 
 def round_spread(row) -> dict:
@@ -40,94 +40,128 @@ def round_spread(row) -> dict:
   return dict(median_distance=float(np.median(distance)),
               max_distance=float(np.max(distance)),
               distinct=float(len(np.unique(chosen))),
-              top_share=float(counts.max() / max(chosen.size, 1)))
+              top_share=float(counts.max() / chosen.size) if chosen.size else float('nan'))
 
 
-def spread_over(rows, start: int = 0, end: int = None) -> dict:
-  """`round_spread` averaged over rows[start:end]."""
-  window = [round_spread(r) for r in rows[start:end]]
-  return {k: float(np.mean([w[k] for w in window])) for k in window[0]}
+def spread_over(rows) -> dict:
+  """`round_spread` averaged over `rows` (NaNs when there are none)."""
+  window = [round_spread(r) for r in rows]
+  keys = ('median_distance', 'max_distance', 'distinct', 'top_share')
+  return {k: float(np.mean([w[k] for w in window])) if window else float('nan') for k in keys}
+
+
+def margin_curve(cross_rows, avg_rows) -> np.ndarray:
+  """FedCross − FedAvg per round, NaN where either was not evaluated."""
+  n = min(len(cross_rows), len(avg_rows))
+  return (report.metrics_column(cross_rows[:n], 'test_accuracy') -
+          report.metrics_column(avg_rows[:n], 'test_accuracy'))
+
+
+def last10(acc: np.ndarray) -> float:
+  tail = acc[-report.LAST:]
+  return float(np.nanmean(tail)) if np.isfinite(tail).any() else float('nan')
+
+
+def peak_margin(curves) -> str:
+  """The largest last-10 margin of the seeds' mean margin curve, and its window's last round."""
+  n = min(len(c) for c in curves)
+  if n < report.LAST:
+    return 'n/a'
+  mean = np.mean([c[:n] for c in curves], axis=0)   # NaN where a round was not evaluated
+  windows = [(np.nanmean(mean[end - report.LAST:end]), end)
+             for end in range(report.LAST, n + 1) if np.isfinite(mean[end - report.LAST:end]).any()]
+  if not windows:
+    return 'n/a'
+  value, end = max(windows, key=lambda w: w[0])   # the first of equal windows
+  return f'{100 * value:+.2f} (round {end})'
+
+
+def _window_mean(rows, key) -> float:
+  values = report.metrics_column(rows, key)
+  return float(np.nanmean(values)) if np.isfinite(values).any() else float('nan')
 
 
 def _sources() -> list:
-  """(label, {seed: FedCross rows}, {seed: FedAvg rows}) per setting with finished runs."""
+  """(label, {seed: FedCross rows}, {seed: FedAvg rows}, accel rounds) per FedCross
+  comparison of the suite, then per probe that holds one."""
   suite = suites.SUITES['fedcross']
+  pairs = [(c.method, c.baseline, c.label) for c in suite.comparisons
+           if suite.config_overrides(c.method)['algorithm'] == 'fedcross']
   out = []
   runs = report.suite_metrics(suite)
-  for beta in ('0.1', '0.5'):
-    out.append((f'β = {beta}, E = 1 (the reported runs)', runs.get(f'fedcross_beta{beta}', {}),
-                runs.get(f'fedavg_beta{beta}', {})))
+  for method, baseline, label in pairs:
+    accel = suite.config_overrides(method).get('fedcross_accel_rounds', 0)
+    out.append((f'{label}, E = {suite.common["local_epochs"]} (the reported runs)',
+                runs.get(method, {}), runs.get(baseline, {}), accel))
   for probe in suite.probes:
     runs = report.probe_metrics(suite, probe)
-    for beta in ('0.1', '0.5'):
-      if f'fedcross_beta{beta}' in probe.runs:
-        changed = ', '.join(f'{k} = {v}' for k, v in sorted(probe.overrides.items())
-                            if k != 'rounds')
-        out.append((f'β = {beta}, probe {probe.name} ({changed})',
-                    runs.get(f'fedcross_beta{beta}', {}), runs.get(f'fedavg_beta{beta}', {})))
+    changed = ', '.join(f'{k} = {v}' for k, v in sorted(probe.overrides.items()) if k != 'rounds')
+    for method, baseline, label in pairs:
+      if method in probe.runs and baseline in probe.runs:
+        accel = suite.probe_overrides(probe, method).get('fedcross_accel_rounds', 0)
+        out.append((f'{label}, probe {probe.name} ({changed})', runs.get(method, {}),
+                    runs.get(baseline, {}), accel))
   return out
 
 
-def _summary_lines(sources) -> list:
+def _summary_lines(sources, num_models: int) -> list:
   lines = ['## Per setting', '',
-           f'Mean ± std over the finished seeds; spread and choices averaged over the rounds '
-           f'after the first {AFTER_ACCELERATION} (dynamic α and propellers end there). '
-           'Distance in units of 1e-4. Margin: FedCross − FedAvg of the same seed, last-10 '
-           'mean; peak: the largest margin of the seeds\' mean curves, as last-10 means, and '
-           'the round that window ends at.', '',
+           'Mean ± std over the seeds where both runs finished; spread and choices averaged over '
+           'the rounds after the acceleration (dynamic α and propellers). Distance in units of '
+           '1e-4. Margin: FedCross − FedAvg of the same seed, last-10 mean; peak: the largest '
+           'margin of the seeds\' mean curves, as last-10 means, and the round that window '
+           'ends at.', '',
            '| setting | seeds | median 1 − cos (1e-4) | largest 1 − cos (1e-4) | distinct '
-           'collaborators (of 10) | share picking the most chosen | FedAvg (%) | FedCross (%) '
-           '| margin (points) | peak margin (points, round) |',
+           f'collaborators (of {num_models}) | share picking the most chosen | FedAvg (%) | '
+           'FedCross (%) | margin (points) | peak margin (points, round) |',
            '|---|---|---|---|---|---|---|---|---|---|']
-  for label, cross, avg in sources:
+  for label, cross, avg, accel in sources:
     seeds = sorted(s for s in cross if s in avg)
     if not seeds:
-      lines.append(f'| {label} | none finished | | | | | | | | |')
+      lines.append(f'| {label} | no paired seed finished | | | | | | | | |')
       continue
-    spreads = [spread_over(cross[s], AFTER_ACCELERATION) for s in seeds]
+    spreads = [spread_over(cross[s][accel:]) for s in seeds]
     acc_c = [report.metrics_column(cross[s], 'test_accuracy') for s in seeds]
     acc_a = [report.metrics_column(avg[s], 'test_accuracy') for s in seeds]
-    last = lambda a: float(np.mean(a[-report.LAST:]))
-    n = min(min(len(a) for a in acc_c), min(len(a) for a in acc_a))
-    window = np.ones(report.LAST) / report.LAST
-    curve = np.mean([np.convolve(c[:n] - a[:n], window, 'valid') for c, a in zip(acc_c, acc_a)],
-                    axis=0)
-    peak = int(np.argmax(curve))
     cells = [report.over_seeds([s['median_distance'] for s in spreads], '.1f', 1e4),
              report.over_seeds([s['max_distance'] for s in spreads], '.1f', 1e4),
              report.over_seeds([s['distinct'] for s in spreads], '.1f'),
              report.over_seeds([s['top_share'] for s in spreads], '.2f'),
-             report.over_seeds([last(a) for a in acc_a], scale=100),
-             report.over_seeds([last(c) for c in acc_c], scale=100),
-             report.over_seeds([last(c) - last(a) for c, a in zip(acc_c, acc_a)], scale=100,
-                               signed=True),
-             f'{100 * curve[peak]:+.2f} (round {peak + report.LAST})']
+             report.over_seeds([last10(a) for a in acc_a], scale=100),
+             report.over_seeds([last10(c) for c in acc_c], scale=100),
+             report.over_seeds([last10(c) - last10(a) for c, a in zip(acc_c, acc_a)],
+                               scale=100, signed=True),
+             peak_margin([margin_curve(cross[s], avg[s]) for s in seeds])]
     lines.append(f'| {label} | {", ".join(map(str, seeds))} | ' + ' | '.join(cells) + ' |')
   return lines + ['']
 
 
 def _rounds_lines(sources) -> list:
   lines = ['## Over rounds', '',
-           'Each row averages the rounds since the previous row, then the seeds.', '']
-  for label, cross, avg in sources:
+           f'Each row averages {WINDOW} rounds (the acceleration\'s rounds, when it has them, '
+           'a row of their own), then the seeds. In the acceleration the models are fused with '
+           'propeller models in a cyclic order, not with the least similar collaborator.', '']
+  for label, cross, avg, accel in sources:
     seeds = sorted(s for s in cross if s in avg)
     if not seeds:
       continue
     total = min(min(len(cross[s]) for s in seeds), min(len(avg[s]) for s in seeds))
+    marks = sorted({m for m in range(accel + WINDOW, total + 1, WINDOW)} | {total} |
+                   ({accel} if 0 < accel < total else set()))
     lines += [f'{label}, seeds {", ".join(map(str, seeds))}:', '',
               '| rounds | α | median 1 − cos (1e-4) | distinct collaborators | FedAvg (%) | '
               'FedCross (%) | margin (points) |', '|---|---|---|---|---|---|---|']
     start = 0
-    for mark in report.checkpoint_rounds(total):
-      spread = [spread_over(cross[s], start, mark) for s in seeds]
-      alpha = np.mean([report.metrics_column(cross[s][start:mark], 'aggregator/alpha')
-                       for s in seeds])
-      c = [np.mean(report.metrics_column(cross[s][start:mark], 'test_accuracy')) for s in seeds]
-      a = [np.mean(report.metrics_column(avg[s][start:mark], 'test_accuracy')) for s in seeds]
-      lines.append(f'| {start + 1}-{mark} | {alpha:.3f} | '
+    for mark in marks:
+      spread = [spread_over(cross[s][start:mark]) for s in seeds]
+      alpha = np.mean([_window_mean(cross[s][start:mark], 'aggregator/alpha') for s in seeds])
+      c = [_window_mean(cross[s][start:mark], 'test_accuracy') for s in seeds]
+      a = [_window_mean(avg[s][start:mark], 'test_accuracy') for s in seeds]
+      name = f'{start + 1}-{mark}' + (', acceleration' if mark <= accel else '')
+      lines.append(f'| {name} | {alpha:.3f} | '
                    f'{1e4 * np.mean([s["median_distance"] for s in spread]):.1f} | '
-                   f'{np.mean([s["distinct"] for s in spread]):.1f} | {100 * np.mean(a):.2f} | '
-                   f'{100 * np.mean(c):.2f} | '
+                   f'{np.mean([s["distinct"] for s in spread]):.1f} | '
+                   f'{report.num(100 * np.mean(a))} | {report.num(100 * np.mean(c))} | '
                    f'{report.over_seeds([x - y for x, y in zip(c, a)], scale=100, signed=True)} |')
       start = mark
     lines.append('')
@@ -140,7 +174,8 @@ def page() -> str:
            'its models are', '',
            '<!-- written by `python -m benchmarks.fedcross_diagnosis`; do not edit by hand -->',
            '', ' '.join(__doc__.split('\n\n')[2].split()), '']
-  lines += _summary_lines(sources) + _rounds_lines(sources)
+  num_models = suites.SUITES['fedcross'].common['clients_per_round']
+  lines += _summary_lines(sources, num_models) + _rounds_lines(sources)
   return '\n'.join(lines).rstrip('\n') + '\n'
 
 

@@ -721,7 +721,8 @@ def reproduction_page() -> str:
            'mean test accuracy (%), mean ± std over seeds.', '']
   for suite in suites.SUITES.values():
     summary = suite_summary(suite)
-    diagnosis = os.path.join(suites.suite_dir(suite.name), 'diagnosis.md')
+    # By its script, not its page: the script may run after this page is written.
+    diagnosis = os.path.join(suites.HERE, f'{suite.name}_diagnosis.py')
     lines += [f'## {suite.title}', '',
               f'Page: [{suite.name}/results.md]({suite.name}/results.md)' + (
                   f'; diagnosis: [{suite.name}/diagnosis.md]({suite.name}/diagnosis.md)'

@@ -151,3 +151,36 @@ def test_values_held_at_exit_end_without_a_traceback():
   assert result.returncode == 0 and 'held 45' in result.stdout, result.stderr
   assert 'Traceback' not in result.stderr and 'Exception ignored' not in result.stderr, (
       result.stderr[-2000:])
+
+
+def test_closing_remote_executors_does_not_wake_lazy_proxies(monkeypatch):
+  """Exit finds TFF's RemoteExecutors among all objects by their type: isinstance would read
+  every object's `__class__`, which on lazy proxies (tfds's builders) imports what they
+  stand for and logs a warning each."""
+  import types  # pylint: disable=g-import-not-at-top
+
+  class RemoteExecutor:
+    closed = 0
+
+    def close(self):
+      RemoteExecutor.closed += 1
+
+  class Subclass(RemoteExecutor):
+    pass
+
+  class LazyProxy:
+    woken = 0
+
+    @property
+    def __class__(self):   # what a lazy-import proxy does on `__class__`
+      LazyProxy.woken += 1
+      return RemoteExecutor
+
+  fake = types.ModuleType('remote_executor')
+  fake.RemoteExecutor = RemoteExecutor
+  monkeypatch.setitem(
+      sys.modules, 'tensorflow_federated.python.core.impl.executors.remote_executor', fake)
+  held = [RemoteExecutor(), Subclass(), LazyProxy()]
+  execution._close_remote_executors()  # pylint: disable=protected-access
+  assert RemoteExecutor.closed == 2 and LazyProxy.woken == 0
+  del held

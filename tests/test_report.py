@@ -4,6 +4,7 @@ import csv
 import dataclasses
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -542,6 +543,7 @@ def test_fedcross_diagnosis_spread_on_random_rounds():
     a /= np.linalg.norm(a, axis=1, keepdims=True)
     sim = a @ a.T
     chosen = rng.integers(-1, k, size=k)   # -1: a slot without a collaborator
+    chosen[0] = k - 1
     got = fedcross_diagnosis.round_spread({'aggregator/similarity': json.dumps(sim.tolist()),
                                            'aggregator/collaborators': json.dumps(
                                                chosen.tolist())})
@@ -574,7 +576,7 @@ def test_fedcross_diagnosis_tables_on_toy_runs():
   cross = {0: rows(bump + 0.02), 1: rows(base - 0.02)}
   avg = {0: rows(base), 1: rows(base)}
   # pylint: disable=protected-access
-  text = '\n'.join(fedcross_diagnosis._summary_lines([('toy', cross, avg)]))
+  text = '\n'.join(fedcross_diagnosis._summary_lines([('toy', cross, avg, 50)], 3))
   row = next(l for l in text.splitlines() if l.startswith('| toy |'))
   cells = [c.strip() for c in row.strip('|').split('|')]
   assert cells[1] == '0, 1'
@@ -582,8 +584,20 @@ def test_fedcross_diagnosis_tables_on_toy_runs():
   assert cells[4] == '2.0 ± 0.0' and cells[5] == '0.67 ± 0.00', row
   assert cells[8] == '+0.00 ± 2.83', row            # +2 and -2 points
   assert cells[9] == '+5.00 (round 30)', row       # seed 0: +12, seed 1: -2
-  over = '\n'.join(fedcross_diagnosis._rounds_lines([('toy', cross, avg)]))
-  assert '| 1-10 | 0.990 | 10.0 | 2.0 | 50.00 | 50.00 | +0.00 ± 2.83 |' in over, over
+  over = '\n'.join(fedcross_diagnosis._rounds_lines([('toy', cross, avg, 50)]))
+  # seed 0: 0.52 with ten rounds 0.1 higher, seed 1: 0.48
+  assert '| 1-50, acceleration | 0.990 | 10.0 | 2.0 | 50.00 | 51.00 | +1.00 ± 4.24 |' in over, over
+  assert '| 51-60 | 0.990 | 2.0 | 2.0 | 50.00 | 50.00 | +0.00 ± 2.83 |' in over, over
+  # Short runs, and runs evaluated every other round, give n/a, never an error.
+  short = {0: rows(base[:5])}
+  text = '\n'.join(fedcross_diagnosis._summary_lines([('short', short, short, 50)], 3))
+  assert text.splitlines()[-1].endswith('| +0.00 (one seed) | n/a |'), text
+  assert text.splitlines()[-1].split('|')[3].strip() == 'n/a'   # no round after the acceleration
+  sparse = {0: rows(np.where(np.arange(n) % 2, bump, np.nan))}
+  text = '\n'.join(fedcross_diagnosis._summary_lines([('sparse', sparse, avg, 50)], 3))
+  assert '| +10.00 (round 30) |' in text, text      # rounds 21-30's evaluated rounds
+  over = '\n'.join(fedcross_diagnosis._rounds_lines([('sparse', sparse, avg, 50)]))
+  assert 'nan' not in text + over
 
 
 def test_suite_notes_links_are_relinked_for_the_reproduction_page():
@@ -594,7 +608,8 @@ def test_suite_notes_links_are_relinked_for_the_reproduction_page():
       '[s](#top), [a](/abs.md)')
   page = report.reproduction_page()
   for name, suite in suites.SUITES.items():
-    if suite.notes:
-      assert report._relinked(suite.notes, name) in page  # pylint: disable=protected-access
-    if os.path.exists(os.path.join(suites.suite_dir(name), 'diagnosis.md')):
+    if os.path.exists(os.path.join(suites.HERE, f'{name}_diagnosis.py')):
       assert f'diagnosis: [{name}/diagnosis.md]({name}/diagnosis.md)' in page
+  # Every relative link of the page leads to a committed file.
+  for target in re.findall(r'\]\((?![a-z]+:|/|#)([^)]+)\)', page):
+    assert os.path.exists(os.path.join(suites.HERE, target)), target
