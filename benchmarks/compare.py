@@ -60,11 +60,18 @@ def _run(config) -> None:
   experiment.run_experiment(config)
 
 
+# Suite runs checkpoint every this many rounds (and after their last, and when stopped): the
+# per-round checkpoint of a large state is a sizeable share of a round
+# (benchmarks/RESULTS.md, "checkpoint"); a crash repeats at most this many rounds, exactly.
+CHECKPOINT_EVERY = 10
+
+
 def _config(suite, fields, seed, directory, name):
   from programs import experiment  # pylint: disable=g-import-not-at-top
   # Relative to the repository root (where `python -m benchmarks.compare` runs), so the
   # committed config.json and summary.json hold no machine-specific paths.
   return experiment.ExperimentConfig(**fields, seed=seed, progress=False,
+                                     checkpoint_every=CHECKPOINT_EVERY,
                                      root_output_dir=os.path.relpath(directory),
                                      experiment_name=name)
 

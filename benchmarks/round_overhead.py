@@ -27,18 +27,21 @@ FedLEx-SGD (one full-batch gradient per client) do other local work than the pla
 loop: their ratio is to plain TF's SGD epoch, stated as such. With --resident, each TFF
 variant also runs through `tff_algos.ResidentProcess` (its server state kept in the worker
 between rounds instead of crossing to it and back), and both copies must end on the same
-weights.
+weights; then the checkpoint the training program makes of the resident state (bringing it
+back and writing it, as `--checkpoint_every` does every N rounds) is timed.
 
   .venv/bin/python benchmarks/round_overhead.py --examples_per_client=200 --rounds=3
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -299,21 +302,33 @@ def main(argv):
     line += f', max |ours - tff| {diff_tff:.2e}'
   if 'ours' in variants:
     print(line)
+  loop = asyncio.new_event_loop()
   for name, resident in residents.items():
     diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
         tf.nest.flatten(resident.get_model_weights(state[f'{name}@resident'])),
         tf.nest.flatten(processes[name].get_model_weights(state[name]))))
-    # The training program also brings the state back once a round, for its checkpoint.
-    back = []
-    for _ in range(3):
-      t0 = time.perf_counter()
-      resident.materialize(state[f'{name}@resident'])
-      back.append(time.perf_counter() - t0)
-    back = statistics.median(back)
-    print(f'final weights max |{name}@resident - {name}| {diff:.2e}; materialize '
-          f'{back:.3f} s, so a checkpointed round ~ {med[name + "@resident"] + back:.3f} s '
-          f'({(med[name + "@resident"] + back) / med["plain_tf"]:.2f}x plain_tf, against '
-          f'{med[name] / med["plain_tf"]:.2f}x through process.next)')
+    # The training program brings the state back for each checkpoint and writes it
+    # (TFF's FileProgramStateManager, as programs/experiment.py): once a round with
+    # --checkpoint_every=1, once every N rounds with N.
+    back, write = [], []
+    with tempfile.TemporaryDirectory() as ckpt_dir:
+      manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=2)
+      for version in range(1, 4):
+        t0 = time.perf_counter()
+        python_state = resident.materialize(state[f'{name}@resident'])
+        t1 = time.perf_counter()
+        loop.run_until_complete(manager.save(
+            collections.OrderedDict(state=python_state, round=version), version))
+        back.append(t1 - t0)
+        write.append(time.perf_counter() - t1)
+    back, write = statistics.median(back), statistics.median(write)
+    every_round = med[name + '@resident'] + back + write
+    print(f'final weights max |{name}@resident - {name}| {diff:.2e}; checkpoint: materialize '
+          f'{back:.3f} s + write {write:.3f} s, so a round checkpointed every round ~ '
+          f'{every_round:.3f} s ({every_round / med["plain_tf"]:.2f}x plain_tf, against '
+          f'{med[name] / med["plain_tf"]:.2f}x through process.next); every 10 rounds saves '
+          f'{100 * 0.9 * (back + write) / every_round:.0f}% of it')
+  loop.close()
   print(f'total wall time {time.perf_counter() - t_start:.0f} s')
 
 

@@ -51,7 +51,7 @@ SERVER_FLAGS_USED = {name: method.reads for name, method in methods.METHODS.item
 # Flags that do not change what a run computes: a resumed run may change them.
 RESUMABLE_CHANGES = ('rounds', 'eval_every', 'data_dir', 'root_output_dir', 'experiment_name',
                      'resume', 'progress', 'workers', 'local_workers', 'worker_timeout',
-                     'resident_state')
+                     'resident_state', 'checkpoint_every')
 
 
 class ExperimentError(Exception):
@@ -149,6 +149,9 @@ class _GeneralConfig:
   model: str = ''              # '' = the dataset's default model
   seed: int = 0
   eval_every: int = 1
+  # Checkpoint every this many rounds (and after the last one, and on SIGTERM/SIGINT): a
+  # large state's checkpoint is a fifth of a FedCDA round; a crash repeats the rounds since.
+  checkpoint_every: int = 1
   root_output_dir: str = 'runs'
   experiment_name: str = ''
   resume: bool = False
@@ -225,7 +228,7 @@ def validate(config: ExperimentConfig) -> None:
   _check_flags_used(c)
   positive_ints = dict(num_clients=c.num_clients, clients_per_round=c.clients_per_round,
                        rounds=c.rounds, local_epochs=c.local_epochs, batch_size=c.batch_size,
-                       eval_every=c.eval_every)
+                       eval_every=c.eval_every, checkpoint_every=c.checkpoint_every)
   for name, value in positive_ints.items():
     if value < 1:
       raise ExperimentError(f'--{name} must be at least 1, got {value}')
@@ -575,7 +578,7 @@ def _round_costs(rows: list[dict], name: str) -> int:
 # reuses TFF's traced and compiled computations instead of paying for them again.
 _LAST_BUILT: dict = {}
 _NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'root_output_dir', 'experiment_name', 'resume',
-                     'progress', 'resident_state')
+                     'progress', 'resident_state', 'checkpoint_every')
 
 
 def _build_computations(c: ExperimentConfig, fed, num_clients: int):
@@ -703,12 +706,25 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
     from tqdm import tqdm  # pylint: disable=g-import-not-at-top
     progress = tqdm(total=c.rounds, initial=start_round, unit='round', file=sys.stderr,
                     dynamic_ncols=True)
-  last_round = start_round
+  last_round = checkpointed = start_round
+
+  def checkpoint():
+    """Saves the state after `last_round` (what a resume continues from)."""
+    nonlocal state, program_state, checkpointed
+    with execution.collector_paused():
+      state = runner.materialize(held)
+    program_state = collections.OrderedDict(
+        state=state, round=last_round, best_accuracy=best,
+        exploration_client_epochs=float(program_state['exploration_client_epochs']))
+    loop.run_until_complete(manager.save(program_state, last_round))
+    checkpointed = last_round
 
   def check_stop():
     if stop is not None and stop.signum is not None:
       if progress is not None:
         progress.close()  # the message below goes on its own line
+      if checkpointed < last_round:   # rounds since the last --checkpoint_every
+        checkpoint()
       writer.flush()
       raise Interrupted(stop.signum, last_round, exp_dir)
 
@@ -738,8 +754,9 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       if dropped >= c.clients_per_round or not math.isfinite(train_loss):
         why = (f'all {dropped} sampled clients\' updates were non-finite'
                if dropped >= c.clients_per_round else f'train loss {train_loss}')
-        again = ('start a new run (another --experiment_name: rounds before this one are '
-                 f'checkpointed in {ckpt_dir})' if round_num > 1 else 'start again')
+        again = ('start a new run (another --experiment_name: rounds up to '
+                 f'{checkpointed} are checkpointed in {ckpt_dir})' if checkpointed
+                 else 'start again')
         raise ExperimentError(
             f'training diverged at round {round_num} ({why}); {again} with a lower '
             f'--client_lr (now {c.client_lr}) or server learning rate')
@@ -768,13 +785,9 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
         for key, value in row.items():
           if key != 'round' and isinstance(value, (int, float)) and math.isfinite(value):
             tf.summary.scalar(key, value)
-      with execution.collector_paused():
-        state = runner.materialize(held)
-      program_state = collections.OrderedDict(
-          state=state, round=round_num, best_accuracy=best,
-          exploration_client_epochs=float(program_state['exploration_client_epochs']))
-      loop.run_until_complete(manager.save(program_state, round_num))
       last_round = round_num
+      if round_num % c.checkpoint_every == 0 or round_num == c.rounds:
+        checkpoint()
       if not frozen or (evaluated and not frozen_after_eval):
         # Everything alive now (TFF's compiled computations, ~1M objects) lives as long as
         # the run: keep the garbage collector from re-traversing it every round.

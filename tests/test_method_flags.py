@@ -94,6 +94,8 @@ TESTED_ELSEWHERE = {
         'tests/test_distributed.py::test_program_on_given_and_local_services_reproduces_local_weights',
     'worker_timeout': 'tests/test_distributed.py::test_program_worker_flags_bad_input_is_one_line',
     'resident_state': 'tests/test_resident_state.py::test_program_resident_state_flag',
+    'checkpoint_every': 'tests/test_resume_methods.py::'
+                        'test_checkpoint_every_n_rounds_and_a_crash_between_repeats_the_same_rounds',
 }
 
 

@@ -78,3 +78,37 @@ def test_stopped_and_resumed_run_equals_the_unbroken_run(algorithm, tmp_path):
     assert summary['cadis_kd_loss_mean'] > 0
     assert summary['cadis_kd_to_cross_entropy'] == pytest.approx(
         summary['cadis_kd_loss_mean'] / summary['cadis_cross_entropy_mean'])
+
+
+def test_checkpoint_every_n_rounds_and_a_crash_between_repeats_the_same_rounds(tmp_path):
+  """--checkpoint_every=3 saves rounds 3 and 6 and the last (7) (TFF's manager keeps the
+  first and the latest); a crash after round 5 (its checkpoint never written) resumes from round 3 and logs rounds 4-5 again exactly as the
+  unbroken run did."""
+  config = dataclasses.replace(BASE, algorithm='fedavg', root_output_dir=str(tmp_path),
+                               rounds=7, checkpoint_every=3)
+  log = lambda msg: None  # noqa: E731
+  unbroken = dataclasses.replace(config, experiment_name='unbroken')
+  experiment.run_experiment(unbroken, log)
+  ckpt = lambda c: os.path.join(c.experiment_dir, 'checkpoints')  # noqa: E731
+  assert experiment._checkpointed_rounds(ckpt(unbroken)) == [3, 7]  # pylint: disable=protected-access
+  every_round = dataclasses.replace(config, experiment_name='every', checkpoint_every=1)
+  experiment.run_experiment(every_round, log)
+  assert experiment._checkpointed_rounds(ckpt(every_round)) == [1, 7]  # pylint: disable=protected-access
+
+  broken = dataclasses.replace(config, experiment_name='broken', rounds=5)
+  experiment.run_experiment(broken, log)   # checkpoints after rounds 3 and 5 (its last)
+  assert experiment._checkpointed_rounds(ckpt(broken)) == [3, 5]  # pylint: disable=protected-access
+  import shutil  # pylint: disable=g-import-not-at-top
+  shutil.rmtree(os.path.join(ckpt(broken), 'program_state_5'))   # the crash
+  messages = []
+  experiment.run_experiment(dataclasses.replace(broken, rounds=7, resume=True), messages.append)
+  assert any('after round 3' in m for m in messages), messages
+  rows_a = _csv(os.path.join(unbroken.experiment_dir, 'metrics.csv'))
+  rows_b = _csv(os.path.join(broken.experiment_dir, 'metrics.csv'))
+  assert [r['round'] for r in rows_b] == [str(r) for r in range(1, 8)]
+  for ra, rb in zip(rows_a, rows_b):
+    assert ra['test_accuracy'] == rb['test_accuracy'] and ra['test_loss'] == rb['test_loss']
+  a = np.load(os.path.join(unbroken.experiment_dir, 'final_weights.npz'))
+  b = np.load(os.path.join(broken.experiment_dir, 'final_weights.npz'))
+  for key in a.files:
+    np.testing.assert_array_equal(a[key], b[key], err_msg=key)

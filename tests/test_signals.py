@@ -171,3 +171,36 @@ def test_program_exit_codes_message_and_no_worker_left(tmp_path):
     final = [l for l in lines if l.startswith(f'interrupted by {signal.Signals(sig).name}: round ')]
     assert len(final) == 1 and 'rerun with --resume' in final[0], err
     assert workers[sig] and not any(_alive(p) for p in workers[sig]), workers
+
+
+def test_a_stop_between_checkpoints_checkpoints_the_last_finished_round(tmp_path):
+  """With --checkpoint_every larger than the run, a SIGTERM still leaves the last finished
+  round checkpointed (nothing to repeat on --resume)."""
+  config = experiment.ExperimentConfig(
+      dataset='digits', num_clients=6, clients_per_round=2, batch_size=64, client_lr=0.1,
+      rounds=50, checkpoint_every=1000, progress=False, root_output_dir=str(tmp_path),
+      experiment_name='sig')
+  csv_path = os.path.join(config.experiment_dir, 'metrics.csv')
+  ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
+  run_ended = threading.Event()
+
+  def fire_after_round_two():
+    while not run_ended.is_set():
+      if os.path.exists(csv_path) and len(_csv_rounds(csv_path)) >= 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+      time.sleep(0.001)
+
+  with experiment.StopRequests() as stop:
+    thread = threading.Thread(target=fire_after_round_two)
+    thread.start()
+    try:
+      with pytest.raises(experiment.Interrupted) as info:
+        experiment.run_experiment(config, log=lambda msg: None, stop=stop)
+    finally:
+      run_ended.set()
+      thread.join()
+  last = info.value.last_round
+  assert 2 <= last < config.rounds
+  assert experiment._checkpointed_rounds(ckpt_dir) == [last]  # pylint: disable=protected-access
+  assert _csv_rounds(csv_path) == list(range(1, last + 1))

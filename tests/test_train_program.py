@@ -85,6 +85,7 @@ BAD_INPUTS = [
     ('--algorithm=nope', '--algorithm'),
     ('--clients_per_round=50', '--clients_per_round=50 exceeds'),
     ('--partition=dirichlet --dirichlet_alpha=0', '--dirichlet_alpha must be > 0'),
+    ('--checkpoint_every=0', '--checkpoint_every must be at least 1'),
     ('--dataset=mnist --data_dir=/nonexistent', 'tfds build'),
     ('--partition=classes --classes_per_client=11', 'impossible partition'),
     ('--num_clients=200', 'use fewer clients'),  # names no min_size: that is not a flag
