@@ -459,21 +459,34 @@ def exclusive_run_directory(exp_dir: str, wait: bool = False):
   two machines sharing the directory). A second lock on the same directory by the same
   process is refused too (flock belongs to the open file).
   """
-  try:
-    fd = os.open(exp_dir, os.O_RDONLY)
-  except OSError as e:
-    raise ExperimentError(f'cannot open the experiment directory {exp_dir}: {e.strerror}; '
-                          'choose a writable --root_output_dir') from None
-  try:
+  while True:
+    try:
+      fd = os.open(exp_dir, os.O_RDONLY)
+    except OSError as e:
+      raise ExperimentError(f'cannot open the experiment directory {exp_dir}: {e.strerror}; '
+                            'choose a writable --root_output_dir') from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
     except BlockingIOError:
+      os.close(fd)
       raise RunDirectoryBusy(
           f'{exp_dir} is being run by another process; wait for it to end (--resume then '
           'continues it if it stopped early) or choose another --experiment_name') from None
     except OSError as e:   # e.g. ENOLCK: a file system without locks
+      os.close(fd)
       raise ExperimentError(f'cannot lock the experiment directory {exp_dir}: {e.strerror}; '
                             'choose a --root_output_dir on a local disk') from None
+    # The directory may have been replaced (removed and made again) while this process
+    # opened or waited for it: the lock would then hold a directory no longer at the path.
+    try:
+      current = os.stat(exp_dir)
+    except OSError:
+      current = None
+    held = os.fstat(fd)
+    if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+      break
+    os.close(fd)
+  try:
     yield
   finally:
     os.close(fd)

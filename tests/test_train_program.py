@@ -295,3 +295,35 @@ def test_outputs_and_pipe_termination(piped_run):
   for key in ('final_accuracy', 'best_accuracy', 'rounds', 'seconds_per_round'):
     assert summary[key] is not None
   assert summary['rounds'] == 2 and summary['dropped_clients'] == 0
+
+
+def test_a_run_directory_replaced_while_waiting_is_locked_anew(tmp_path):
+  """A process waiting for a run directory that is removed and made again meanwhile ends up
+  holding the new directory, not the removed one (which would leave the new one free for a
+  third process)."""
+  import fcntl  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  run = tmp_path / 'run'
+  run.mkdir()
+  holding, waiter_has_it, done = threading.Event(), threading.Event(), threading.Event()
+
+  def waiter():
+    with experiment.exclusive_run_directory(str(run), wait=True):
+      waiter_has_it.set()
+      done.wait(30)
+
+  with experiment.exclusive_run_directory(str(run)):
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    time.sleep(0.3)   # the waiter is blocked on the old directory's lock
+    run.rename(tmp_path / 'removed')
+    run.mkdir()
+  assert waiter_has_it.wait(30)
+  fd = os.open(run, os.O_RDONLY)
+  try:
+    with pytest.raises(BlockingIOError):   # the new directory is the one held
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  finally:
+    os.close(fd)
+    done.set()
+    thread.join()
