@@ -92,9 +92,9 @@ def run_all(configs, tuning: bool = False) -> None:
     except experiment.RunDirectoryBusy:
       raise
     except experiment.ExperimentError as e:
+      # The program has recorded it (experiment.DIVERGED) before letting the run go.
       if not (tuning and str(e).startswith('training diverged')):
         raise
-      report.mark_diverged(config.experiment_dir, str(e))
 
   held_elsewhere = []
   for config in configs:

@@ -28,6 +28,7 @@ from typing import Optional
 import numpy as np
 
 from benchmarks import suites
+from programs import experiment
 
 LAST = 10                 # rounds in the headline mean
 PLATEAU_POINTS = 0.5      # a curve has plateaued when its last window moved less than this
@@ -44,7 +45,6 @@ def grid_points(grid: dict) -> list:
   return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
 
 
-DIVERGED = 'diverged.txt'   # in a tuning run that diverged: the error, one line
 
 
 @contextlib.contextmanager
@@ -64,11 +64,6 @@ def write_text(path: str, text: str) -> None:
   with _replacing(path) as tmp:
     with open(tmp, 'w') as f:
       f.write(text)
-
-
-def mark_diverged(exp_dir: str, message: str) -> None:
-  """Records that a tuning run diverged (so the grid moves on and the page says so)."""
-  write_text(os.path.join(exp_dir, DIVERGED), message.split(';')[0] + '\n')
 
 
 def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:
@@ -91,8 +86,8 @@ def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:
     with open(summary_path) as f:
       summary = json.load(f)
   diverged = None
-  if os.path.exists(os.path.join(exp_dir, DIVERGED)):
-    with open(os.path.join(exp_dir, DIVERGED)) as f:
+  if os.path.exists(os.path.join(exp_dir, experiment.DIVERGED)):
+    with open(os.path.join(exp_dir, experiment.DIVERGED)) as f:
       diverged = f.read().strip()
   rounds = rounds or config['rounds']
   done = int(rows[-1]['round']) if rows else 0

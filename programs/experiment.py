@@ -54,6 +54,11 @@ RESUMABLE_CHANGES = ('rounds', 'eval_every', 'data_dir', 'root_output_dir', 'exp
                      'resident_state', 'checkpoint_every')
 
 
+# Written into a run whose training diverged (while the run is still held, so a process
+# waiting for it reads it): the error's first clause, one line.
+DIVERGED = 'diverged.txt'
+
+
 class ExperimentError(Exception):
   """A problem the user can fix; its message is one line naming the fix."""
 
@@ -511,6 +516,12 @@ def _prepare_output(c: ExperimentConfig, log: Callable[[str], None]) -> int:
     log(f'note: nothing to resume in {exp_dir} (no finished round checkpointed): starting '
         'a fresh run')
     return 0
+  if os.path.exists(os.path.join(exp_dir, DIVERGED)):
+    with open(os.path.join(exp_dir, DIVERGED)) as f:
+      what = f.read().strip()
+    raise ExperimentError(f'cannot resume {exp_dir}: its {what} and would again (runs are '
+                          'deterministic); start a new run (another --experiment_name) with a '
+                          'lower --client_lr or server learning rate')
   config_path = os.path.join(exp_dir, 'config.json')
   try:
     with open(config_path) as f:
@@ -687,6 +698,8 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
     log(f'resuming {exp_dir} after round {start_round}')
   # The run is known valid from here on: only now is its record (re)written.
   _write_json(os.path.join(exp_dir, 'config.json'), dataclasses.asdict(c))
+  if not start_round and os.path.exists(os.path.join(exp_dir, DIVERGED)):
+    os.remove(os.path.join(exp_dir, DIVERGED))   # an earlier start diverged in round 1
   partition_path = os.path.join(exp_dir, 'partition.npz')
   if fed.partition is not None and not (start_round and os.path.exists(partition_path)):
     fed.partition.save(partition_path)
@@ -770,9 +783,14 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
         again = ('start a new run (another --experiment_name: rounds up to '
                  f'{checkpointed} are checkpointed in {ckpt_dir})' if checkpointed
                  else 'start again')
+        diverged = f'training diverged at round {round_num} ({why})'
+        tmp = os.path.join(exp_dir, DIVERGED + '.tmp')
+        with open(tmp, 'w') as f:
+          f.write(diverged + '\n')
+        os.replace(tmp, os.path.join(exp_dir, DIVERGED))
         raise ExperimentError(
-            f'training diverged at round {round_num} ({why}); {again} with a lower '
-            f'--client_lr (now {c.client_lr}) or server learning rate')
+            f'{diverged}; {again} with a lower --client_lr (now {c.client_lr}) or server '
+            'learning rate')
       if dropped:
         message = (f'warning: round {round_num}: {dropped} of {c.clients_per_round} clients '
                    'had non-finite updates and were left out; consider a lower --client_lr')

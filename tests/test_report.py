@@ -185,8 +185,10 @@ def test_a_diverging_grid_point_is_shown_and_skipped(tmp_path, monkeypatch):
   def fake_run(config):
     if compare._finished(config):  # pylint: disable=protected-access
       return
-    if config.client_lr == 1.0:
+    if config.client_lr == 1.0:   # as the program does: the marker, then the error
       _write_run(config.experiment_dir, 20, np.full(4, 0.3))
+      with open(os.path.join(config.experiment_dir, experiment.DIVERGED), 'w') as f:
+        f.write('training diverged at round 5 (train loss nan)\n')
       raise experiment.ExperimentError(
           'training diverged at round 5 (train loss nan); start a new run with a lower '
           '--client_lr (now 1.0) or server learning rate')

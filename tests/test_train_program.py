@@ -239,6 +239,27 @@ def test_diverging_training_stops_with_message(tmp_path):
   assert 'non-finite' in lines[0] and '--client_lr (now 1000000000.0)' in lines[0]
   assert 'train loss 0.0' not in lines[0] and 'checkpoint' not in lines[0]
   assert 'Traceback' not in result.stderr
+  # The run's directory says so (written while the run was still held: a process waiting
+  # for it, e.g. a second benchmarks.compare, reads it instead of running it again).
+  run = next(p for p in tmp_path.iterdir() if p.is_dir())
+  assert (run / 'diverged.txt').read_text() == lines[0][len('error: '):].split(';')[0] + '\n'
+
+
+def test_a_diverged_run_is_not_resumed_and_a_fresh_start_clears_its_mark(tmp_path):
+  """Divergence after a checkpoint: --resume is refused in one line (it would diverge
+  again); a run that diverged in round 1 (nothing checkpointed) starts afresh and loses the
+  mark."""
+  args = BASE + [f'--root_output_dir={tmp_path}', '--experiment_name=d']
+  assert _run(args + ['--rounds=2']).returncode == 0
+  (tmp_path / 'd' / 'diverged.txt').write_text('training diverged at round 3 (train loss nan)\n')
+  _assert_refused_in_one_line(args + ['--rounds=4', '--resume'],
+                              'its training diverged at round 3 (train loss nan) and would '
+                              'again', tmp_path)
+  (tmp_path / 'e').mkdir()
+  (tmp_path / 'e' / 'diverged.txt').write_text('training diverged at round 1 (x)\n')
+  done = _run(BASE + [f'--root_output_dir={tmp_path}', '--experiment_name=e', '--rounds=1'])
+  assert done.returncode == 0, done.stderr
+  assert not (tmp_path / 'e' / 'diverged.txt').exists()
 
 
 def test_resume_after_kill_is_identical_to_unbroken_run(tmp_path):
