@@ -71,7 +71,8 @@ def _assert_close(expected, actual):
 def test_rounds_match_process_next(algorithm):
   process = _process(algorithm)
   state = _initial_state(algorithm, process)
-  resident = resident_state.ResidentProcess(process, P)
+  # refresh_every=2: round 2's state makes its round trip through Python (module doc).
+  resident = resident_state.ResidentProcess(process, P, refresh_every=2)
   # FedLEx's exploration sets the state in Python: it is adopted; the others start in the
   # worker.
   held = (resident.adopt(state) if algorithm in experiment.FEDLEX_ALGORITHMS
@@ -106,6 +107,24 @@ def test_a_state_materialized_and_adopted_continues_exactly():
   _assert_close(resident.materialize(unbroken), resident.materialize(direct))
 
 
+@pytest.mark.parametrize('refresh_every, placed_from_python', [
+    (2, [False, True, False, True]), (3, [False, False, True, False]),
+    (0, [False, False, False, False])])
+def test_the_state_is_refreshed_through_python_every_n_rounds(refresh_every,
+                                                                placed_from_python):
+  """Every `refresh_every` rounds the new state is brought back and placed anew (so the
+  worker can free the earlier rounds); materialize then needs no transfer."""
+  process = _process('fedavg')
+  resident = resident_state.ResidentProcess(process, P, refresh_every=refresh_every)
+  held, seen = resident.initialize(), []
+  for round_num in range(1, 5):
+    held, _ = resident.next(held, _inputs(round_num))
+    seen.append(held._python is not None)  # pylint: disable=protected-access
+    if seen[-1]:
+      assert resident.materialize(held) is held._python  # pylint: disable=protected-access
+  assert seen == placed_from_python
+
+
 def test_misuse_is_refused_with_the_reason():
   process = _process('fedavg')
   resident = resident_state.ResidentProcess(process, P)
@@ -118,6 +137,11 @@ def test_misuse_is_refused_with_the_reason():
     resident_state.ResidentProcess(process, P, context=object())
   with pytest.raises(ValueError, match='clients_per_round must be >= 1'):
     resident_state.ResidentProcess(process, 0)
+  with pytest.raises(ValueError, match='refresh_every must be >= 0'):
+    resident_state.ResidentProcess(process, P, refresh_every=-1)
+  placed = resident.adopt(process.initialize())
+  with pytest.raises(ValueError, match='held by another ResidentProcess'):
+    other.materialize(placed)
 
 
 def test_program_resident_state_flag(tmp_path, monkeypatch):

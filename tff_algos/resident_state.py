@@ -10,6 +10,13 @@ the caller asks for: the round's metrics, the model weights (for evaluation) or,
 checkpoint needs it, the whole state. Results are those of `process.next` (tested for every
 method).
 
+A value TFF's C++ worker computes keeps the values it was computed from alive (measured on
+FedCDA's 133 MB state: the worker grew by about 190 MB a round, one round's state and data,
+until the machine ran out of memory). So every `refresh_every` rounds the state makes one
+round trip through Python (brought back, then placed anew), which lets the worker free the
+rounds before: the worker's memory stays bounded for one transfer per `refresh_every`
+rounds (benchmarks/RESULTS.md, "resident state's memory").
+
     resident = ResidentProcess(process, clients_per_round=10)
     state = resident.initialize()                    # a ResidentValue, in the worker
     for round_num in ...:
@@ -40,9 +47,10 @@ from tff_algos import execution
 class ResidentValue:
   """A server state held in the worker by one `ResidentProcess` (opaque to callers)."""
 
-  def __init__(self, value, owner: 'ResidentProcess'):
+  def __init__(self, value, owner: 'ResidentProcess', python=None):
     self._value = value
     self._owner = owner
+    self._python = python   # the Python state it was placed from, if it was (`adopt`)
 
 
 class ResidentOutput(NamedTuple):
@@ -60,10 +68,13 @@ class ResidentProcess:
       is created for that cardinality once).
     context: TFF's local synchronous execution context (default: the one
       `execution.initialize_runtime()` installed).
+    refresh_every: every this many rounds of this process, `next` brings the new state back
+      to Python and places it in the worker anew (see the module doc; 0 = never).
   """
 
   def __init__(self, process: tff.learning.templates.LearningProcess, clients_per_round: int,
-               context: Optional[sync_execution_context.SyncExecutionContext] = None):
+               context: Optional[sync_execution_context.SyncExecutionContext] = None,
+               refresh_every: int = 10):
     if context is None:
       execution.initialize_runtime()
       context = execution.installed_context()
@@ -74,6 +85,10 @@ class ResidentProcess:
           'and merged by TFF\'s mergeable context, which holds no value between calls')
     if clients_per_round < 1:
       raise ValueError(f'clients_per_round must be >= 1, got {clients_per_round}')
+    if refresh_every < 0:
+      raise ValueError(f'refresh_every must be >= 0, got {refresh_every}')
+    self._refresh_every = int(refresh_every)
+    self._rounds = 0
     self._process = process
     self._clients_per_round = int(clients_per_round)
     async_context = context._async_context  # pylint: disable=protected-access
@@ -117,12 +132,15 @@ class ResidentProcess:
       value = self._transform_args(value)
     return await async_execution_context._ingest(self._executor, value, type_spec)  # pylint: disable=protected-access
 
+  def _resident_check(self, state: ResidentValue) -> None:
+    if state._owner is not self:  # pylint: disable=protected-access
+      raise ValueError('this state is held by another ResidentProcess (another executor); '
+                       'materialize it there and adopt it here')
+
   async def _resident(self, state):
     """The worker's reference to `state` (a ResidentValue of this process, or a value)."""
     if isinstance(state, ResidentValue):
-      if state._owner is not self:  # pylint: disable=protected-access
-        raise ValueError('this state is held by another ResidentProcess (another executor); '
-                         'materialize it there and adopt it here')
+      self._resident_check(state)
       return state._value  # pylint: disable=protected-access
     return await self._ingest(state, self._state_type)
 
@@ -153,7 +171,11 @@ class ResidentProcess:
       return new_state, self._python(metrics, signature.result[1])
 
     new_state, metrics = self._run(run())
-    return ResidentOutput(ResidentValue(new_state, self), metrics)
+    held = ResidentValue(new_state, self)
+    self._rounds += 1
+    if self._refresh_every and self._rounds % self._refresh_every == 0:
+      held = self.adopt(self.materialize(held))   # frees the earlier rounds in the worker
+    return ResidentOutput(held, metrics)
 
   def get_model_weights(self, state):
     """`process.get_model_weights(state)`: only the model weights leave the worker."""
@@ -166,15 +188,21 @@ class ResidentProcess:
 
   def materialize(self, state):
     """The whole state as `process.next` would have returned it (e.g. to checkpoint it)."""
+    if isinstance(state, ResidentValue) and state._python is not None:  # pylint: disable=protected-access
+      self._resident_check(state)
+      return state._python  # pylint: disable=protected-access  (placed from it: no transfer)
     async def run():
       return await (await self._resident(state)).compute()
     return self._python(self._run(run()), self._state_type.member)
 
   def adopt(self, state) -> ResidentValue:
     """A state held in Python (e.g. loaded from a checkpoint) placed in the worker."""
+    if isinstance(state, ResidentValue):
+      self._resident_check(state)
+      return state
     async def run():
       return await self._resident(state)
-    return ResidentValue(self._run(run()), self)
+    return ResidentValue(self._run(run()), self, python=state)
 
 
 class DirectProcess:
