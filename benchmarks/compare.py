@@ -51,13 +51,18 @@ def _finished(config) -> bool:
   return r['finished'] or r['diverged'] is not None
 
 
+# main's experiment.StopRequests: SIGTERM/SIGINT stop the current run at its next round
+# boundary, checkpointed (experiment.Interrupted ends the command), as in programs/train.py.
+_STOP = None
+
+
 def _run(config) -> None:
   from programs import experiment  # pylint: disable=g-import-not-at-top
   if _finished(config):
     return
   config.resume = os.path.isdir(os.path.join(config.experiment_dir, 'checkpoints'))
   print(f'== {os.path.relpath(config.experiment_dir)}', file=sys.stderr, flush=True)
-  experiment.run_experiment(config)
+  experiment.run_experiment(config, stop=_STOP)
 
 
 # Suite runs checkpoint every this many rounds (and after their last, and when stopped): the
@@ -181,6 +186,15 @@ def main(argv):
           f'are {sorted({r for p in suite.probes for r in p.runs})}', file=sys.stderr)
     return 2
   from programs import experiment  # pylint: disable=g-import-not-at-top
+  global _STOP
+  with experiment.StopRequests() as _STOP:
+    code = _main(suite, seeds, probes_mode)
+  _STOP = None
+  return code
+
+
+def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
+  from programs import experiment  # pylint: disable=g-import-not-at-top
   try:
     if _TUNE.value:
       if not suite.needs_tuning():
@@ -209,6 +223,10 @@ def main(argv):
   except experiment.ExperimentError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
+  except experiment.Interrupted as e:
+    print(str(e), file=sys.stderr)
+    report.write_all()   # the pages as far as the runs got
+    return e.exit_code
   report.write_all()
   print(f'wrote {os.path.relpath(os.path.join(suites.suite_dir(suite.name), "results.md"))} '
         '(and every other page)')

@@ -615,3 +615,27 @@ def test_suite_notes_links_are_relinked_for_the_reproduction_page():
   # Every relative link of the page leads to a committed file.
   for target in re.findall(r'\]\((?![a-z]+:|/|#)([^)]+)\)', page):
     assert os.path.exists(os.path.join(suites.HERE, target)), target
+
+
+def test_compare_stops_at_a_signal_like_the_program(tmp_path, monkeypatch):
+  """benchmarks.compare hands its StopRequests to each run (SIGTERM/SIGINT stop the run at
+  its next round boundary, checkpointed) and a stopped run ends the command: no later run
+  starts."""
+  import signal  # pylint: disable=g-import-not-at-top
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  stop = experiment.StopRequests()
+  monkeypatch.setattr(compare, '_STOP', stop)
+  started = []
+
+  def fake_run_experiment(config, stop=None):
+    started.append(config.experiment_name)
+    assert stop is compare._STOP  # pylint: disable=protected-access
+    raise experiment.Interrupted(signal.SIGTERM, 3, config.experiment_dir)
+
+  monkeypatch.setattr(experiment, 'run_experiment', fake_run_experiment)
+  configs = [experiment.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name=n)
+             for n in ('a', 'b')]
+  with pytest.raises(experiment.Interrupted):
+    compare.run_all(configs)
+  assert started == ['a']
