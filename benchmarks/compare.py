@@ -60,7 +60,12 @@ def _run(config) -> None:
   from programs import experiment  # pylint: disable=g-import-not-at-top
   if _finished(config):
     return
-  config.resume = os.path.isdir(os.path.join(config.experiment_dir, 'checkpoints'))
+  ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
+  if _STOP is not None and _STOP.signum is not None:   # e.g. while waiting for this run
+    raise experiment.Interrupted(_STOP.signum,
+                                 max(experiment.checkpointed_rounds(ckpt_dir), default=0),
+                                 config.experiment_dir)
+  config.resume = os.path.isdir(ckpt_dir)
   print(f'== {os.path.relpath(config.experiment_dir)}', file=sys.stderr, flush=True)
   experiment.run_experiment(config, stop=_STOP)
 

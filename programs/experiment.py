@@ -428,7 +428,7 @@ _VERSION_DIR = re.compile(r'^program_state_(\d+)$')
 _TEMP_VERSION_DIR = re.compile(r'^program_state_\d+_temp\d+$')  # TFF's file_utils naming
 
 
-def _checkpointed_rounds(ckpt_dir: str) -> list[int]:
+def checkpointed_rounds(ckpt_dir: str) -> list[int]:
   """Versions FileProgramStateManager has finished writing (renamed from their temp dir)."""
   if not os.path.isdir(ckpt_dir):
     return []
@@ -505,7 +505,7 @@ def _prepare_output(c: ExperimentConfig, log: Callable[[str], None]) -> int:
   (everything but RESUMABLE_CHANGES) or fewer --rounds than it already finished.
   """
   exp_dir = c.experiment_dir
-  last = max(_checkpointed_rounds(os.path.join(exp_dir, 'checkpoints')), default=0)
+  last = max(checkpointed_rounds(os.path.join(exp_dir, 'checkpoints')), default=0)
   if not c.resume:
     if last:
       raise ExperimentError(

@@ -639,3 +639,23 @@ def test_compare_stops_at_a_signal_like_the_program(tmp_path, monkeypatch):
   with pytest.raises(experiment.Interrupted):
     compare.run_all(configs)
   assert started == ['a']
+
+
+def test_compare_stopped_while_waiting_for_a_run_does_not_start_it(tmp_path, monkeypatch):
+  """A signal that arrives while compare waits for another process's run ends the command
+  before that run is started, naming its last checkpointed round."""
+  import signal  # pylint: disable=g-import-not-at-top
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  stop = experiment.StopRequests()
+  stop.signum = signal.SIGTERM   # recorded while waiting
+  monkeypatch.setattr(compare, '_STOP', stop)
+  monkeypatch.setattr(experiment, 'run_experiment',
+                      lambda *a, **k: pytest.fail('a run was started after the signal'))
+  config = experiment.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name='r')
+  os.makedirs(os.path.join(config.experiment_dir, 'checkpoints', 'program_state_7'))
+  with open(os.path.join(config.experiment_dir, 'config.json'), 'w') as f:
+    json.dump(dict(rounds=30), f)
+  with pytest.raises(experiment.Interrupted) as info:
+    compare._run(config)  # pylint: disable=protected-access
+  assert info.value.last_round == 7 and info.value.signum == signal.SIGTERM

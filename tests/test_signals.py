@@ -35,7 +35,7 @@ def _fire(sig, when, ckpt_dir, first_new_round, started, run_ended):
   if isinstance(when, tuple):
     time.sleep(max(0.0, started + when[1] - time.time()))
   else:
-    while (max(experiment._checkpointed_rounds(ckpt_dir), default=0) < first_new_round  # pylint: disable=protected-access
+    while (max(experiment.checkpointed_rounds(ckpt_dir), default=0) < first_new_round
            and not run_ended.is_set()):
       time.sleep(0.0005)
     time.sleep(when)
@@ -76,7 +76,7 @@ def test_every_signal_stops_the_run_at_a_round_boundary(tmp_path):
     outcomes.append((signal.Signals(sig).name, when, last, stopped.last_round))
     assert stopped.signum == sig and stopped.exit_code == 128 + sig, outcomes
     # Stopped at a boundary: the checkpoint and metrics.csv both end at the last round.
-    assert stopped.last_round == max(experiment._checkpointed_rounds(ckpt_dir), default=0)  # pylint: disable=protected-access
+    assert stopped.last_round == max(experiment.checkpointed_rounds(ckpt_dir), default=0)
     assert last <= stopped.last_round < config.rounds, outcomes
     if not isinstance(when, tuple):
       assert stopped.last_round >= last + 1, outcomes
@@ -202,5 +202,5 @@ def test_a_stop_between_checkpoints_checkpoints_the_last_finished_round(tmp_path
       thread.join()
   last = info.value.last_round
   assert 2 <= last < config.rounds
-  assert experiment._checkpointed_rounds(ckpt_dir) == [last]  # pylint: disable=protected-access
+  assert experiment.checkpointed_rounds(ckpt_dir) == [last]
   assert _csv_rounds(csv_path) == list(range(1, last + 1))
