@@ -43,6 +43,22 @@ def _fire(sig, when, ckpt_dir, first_new_round, started, run_ended):
     os.kill(os.getpid(), sig)
 
 
+def _interrupted(config, fire, *args):
+  """Runs `config` while `fire(*args, run_ended)` signals this process from a thread;
+  returns the Interrupted the run ended with."""
+  run_ended = threading.Event()
+  with experiment.StopRequests() as stop:
+    thread = threading.Thread(target=fire, args=args + (run_ended,))
+    thread.start()
+    try:
+      with pytest.raises(experiment.Interrupted) as info:
+        experiment.run_experiment(config, log=lambda msg: None, stop=stop)
+    finally:
+      run_ended.set()
+      thread.join()
+  return info.value
+
+
 def _csv_rounds(path):
   with open(path) as f:
     return [int(r['round']) for r in csv.DictReader(f)]
@@ -61,18 +77,7 @@ def test_every_signal_stops_the_run_at_a_round_boundary(tmp_path):
     config.resume = last > 0
     # A lost signal would let the run finish these rounds: no Interrupted below.
     config.rounds = last + 30
-    started, run_ended = time.time(), threading.Event()
-    with experiment.StopRequests() as stop:
-      thread = threading.Thread(target=_fire,
-                                args=(sig, when, ckpt_dir, last + 1, started, run_ended))
-      thread.start()
-      try:
-        with pytest.raises(experiment.Interrupted) as info:
-          experiment.run_experiment(config, log=lambda msg: None, stop=stop)
-      finally:
-        run_ended.set()
-        thread.join()
-    stopped = info.value
+    stopped = _interrupted(config, _fire, sig, when, ckpt_dir, last + 1, time.time())
     outcomes.append((signal.Signals(sig).name, when, last, stopped.last_round))
     assert stopped.signum == sig and stopped.exit_code == 128 + sig, outcomes
     # Stopped at a boundary: the checkpoint and metrics.csv both end at the last round.
@@ -182,25 +187,15 @@ def test_a_stop_between_checkpoints_checkpoints_the_last_finished_round(tmp_path
       experiment_name='sig')
   csv_path = os.path.join(config.experiment_dir, 'metrics.csv')
   ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
-  run_ended = threading.Event()
 
-  def fire_after_round_two():
+  def fire_after_round_two(run_ended):
     while not run_ended.is_set():
       if os.path.exists(csv_path) and len(_csv_rounds(csv_path)) >= 2:
         os.kill(os.getpid(), signal.SIGTERM)
         return
       time.sleep(0.001)
 
-  with experiment.StopRequests() as stop:
-    thread = threading.Thread(target=fire_after_round_two)
-    thread.start()
-    try:
-      with pytest.raises(experiment.Interrupted) as info:
-        experiment.run_experiment(config, log=lambda msg: None, stop=stop)
-    finally:
-      run_ended.set()
-      thread.join()
-  last = info.value.last_round
+  last = _interrupted(config, fire_after_round_two).last_round
   assert 2 <= last < config.rounds
   assert experiment.checkpointed_rounds(ckpt_dir) == [last]
   assert _csv_rounds(csv_path) == list(range(1, last + 1))
