@@ -4,10 +4,10 @@ A value TFF 0.87's C++ worker computes keeps the values it was computed from ali
 state kept in the worker (`tff_algos.ResidentProcess`) carries every earlier round with it
 unless it makes a round trip through Python now and then (`refresh_every`). This runs
 FedCDA at the reproduction's Dir 0.1 setting (20 clients, 4 per round, its 133 MB cache)
-through ResidentProcess for each `--refresh_every`, each in its own process (a fresh
-worker), evaluating and checkpoint-materializing every round as the training program does,
-and prints the worker's resident memory (RSS) after each round. Memory, not time: other
-work on the machine does not change it.
+through ResidentProcess for each `--refresh_every` (or through `process.next`: "direct"),
+each in its own process (a fresh worker), evaluating and checkpoint-materializing every
+round as the training program does, and prints the worker's resident memory (RSS) after
+each round. Memory, not time: other work on the machine does not change it.
 
   .venv/bin/python -m benchmarks.worker_memory --rounds=30 --refresh_every=0,10
 """
@@ -26,8 +26,9 @@ from absl import flags
 
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Rounds per variant.')
 _REFRESH = flags.DEFINE_list('refresh_every', ['0', '10'],
-                             'ResidentProcess refresh periods to compare (0 = never).')
-_VARIANT = flags.DEFINE_integer('variant', -1, 'Internal: run one variant, print JSON.')
+                             'ResidentProcess refresh periods to compare (0 = never; '
+                             '"direct" = no resident state: process.next every round).')
+_VARIANT = flags.DEFINE_string('variant', '', 'Internal: run one variant, print JSON.')
 
 
 def _worker_rss_gb(execution) -> float:
@@ -38,7 +39,7 @@ def _worker_rss_gb(execution) -> float:
   return total / 1e6
 
 
-def _one_variant(refresh_every: int, rounds: int) -> list:
+def _one_variant(variant: str, rounds: int) -> list:
   import data  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
@@ -49,10 +50,12 @@ def _one_variant(refresh_every: int, rounds: int) -> list:
       dirichlet_alpha=0.1, num_clients=20, clients_per_round=4, batch_size=50,
       local_epochs=1, fedcda_warmup_rounds=2, progress=False)
   fed = experiment.load_federated_data(c)
-  _, _, process, evaluator = experiment._build_computations(c, fed, c.num_clients)  # pylint: disable=protected-access
-  runner = resident_state.ResidentProcess(process, c.clients_per_round,
-                                          refresh_every=refresh_every)
-  held = runner.initialize()
+  # pylint: disable-next=protected-access
+  _, _, process, evaluator = experiment._build_computations(c, fed, c.num_clients)
+  runner = (resident_state.DirectProcess(process) if variant == 'direct' else
+            resident_state.ResidentProcess(process, c.clients_per_round,
+                                           refresh_every=int(variant)))
+  held = runner.adopt(process.initialize())
   rss = []
   for r in range(1, rounds + 1):
     sampled = data.sample_clients(c.num_clients, c.clients_per_round, r, c.seed)
@@ -68,15 +71,15 @@ def _one_variant(refresh_every: int, rounds: int) -> list:
 
 def main(argv):
   del argv
-  if _VARIANT.value >= 0:
+  if _VARIANT.value:
     print(json.dumps(_one_variant(_VARIANT.value, _ROUNDS.value)))
     return
   results = {}
   for text in _REFRESH.value:
     out = subprocess.run([sys.executable, '-m', 'benchmarks.worker_memory',
-                          f'--variant={int(text)}', f'--rounds={_ROUNDS.value}'],
+                          f'--variant={text}', f'--rounds={_ROUNDS.value}'],
                          capture_output=True, text=True, check=True)
-    results[int(text)] = json.loads(out.stdout.strip().splitlines()[-1])
+    results[text] = json.loads(out.stdout.strip().splitlines()[-1])
   marks = sorted({1, 5} | set(range(10, _ROUNDS.value + 1, 10)) | {_ROUNDS.value})
   print('| refresh_every | ' + ' | '.join(f'round {m}' for m in marks) +
         ' | growth over the last half (GB/round) |')
@@ -84,7 +87,8 @@ def main(argv):
   for refresh, rss in results.items():
     half = len(rss) // 2
     slope = (rss[-1] - rss[half - 1]) / (len(rss) - half) if half else float('nan')
-    print(f'| {refresh or "never"} | ' + ' | '.join(f'{rss[m - 1]:.2f} GB' for m in marks) +
+    cells = ' | '.join(f'{rss[m - 1]:.2f} GB' for m in marks)
+    print(f'| {"never" if refresh == "0" else refresh} | {cells}' +
           f' | {slope:+.3f} |')
 
 
