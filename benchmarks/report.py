@@ -197,15 +197,17 @@ def pct(x: float) -> str:
   return 'n/a' if not np.isfinite(x) else f'{100 * x:.2f}'
 
 
+def _summary_value(run: dict, path: tuple) -> Optional[float]:
+  """A run's summary.json value at `path` (None when it has none)."""
+  v = run['summary']
+  for key in path:
+    v = v.get(key) if isinstance(v, dict) else None
+  return None if v is None else float(v)
+
+
 def _summary_column(done: list, path: tuple, spec: str) -> str:
   """Mean ± std over seeds of a summary.json value (e.g. FedLEx guidance statistics)."""
-  values = []
-  for r in done:
-    v = r['summary']
-    for key in path:
-      v = v.get(key) if isinstance(v, dict) else None
-    if v is not None:
-      values.append(float(v))
+  values = [v for v in (_summary_value(r, path) for r in done) if v is not None]
   return mean_and_spread(*mean_std(values), spec)
 
 
@@ -542,7 +544,9 @@ def _tuning_lines(suite: suites.Suite, tuned) -> list:
               else 'the full schedule') + '; '
            'the best last-10 mean is frozen in `tuned.json` for every run of that algorithm'
            + ''.join(f'; {a} runs take {b}\'s' for a, b in sorted(suite.tuned_as.items()))
-           + '.', '', '| run | values | last-10 mean (%) | chosen |', '|---|---|---|---|']
+           + '.', '', '| run | values | last-10 mean (%) | '
+           + ''.join(f'{label} | ' for label, _, _ in suite.summary_columns) + 'chosen |',
+           '|---|---|---|' + '---|' * len(suite.summary_columns) + '---|']
   for run, grid in suite.grid.items():
     algorithm = suite.config_overrides(run)['algorithm']
     for values in grid_points(grid):
@@ -553,11 +557,13 @@ def _tuning_lines(suite: suites.Suite, tuned) -> list:
         score = (r['diverged'] if r['diverged'] else
                  pct(r['last10_mean_accuracy']) if r['finished'] else
                  f'stopped at round {r["rounds_done"]}/{r["rounds"]}')
+        extra = [num(_summary_value(r, path), spec) if r['finished'] else ''
+                 for _, path, spec in suite.summary_columns]
       else:
-        score = 'not run yet'
+        score, extra = 'not run yet', [''] * len(suite.summary_columns)
       chosen = 'yes' if tuned and tuned.get(algorithm) == values else ''
       lines.append(f'| {run} | ' + ', '.join(f'{k}={v:g}' for k, v in values.items()) +
-                   f' | {score} | {chosen} |')
+                   f' | {score} | ' + ''.join(f'{e} | ' for e in extra) + f'{chosen} |')
   edges = grid_edges(suite, tuned)
   if edges:
     lines += [''] + [f'- {e}' for e in edges]

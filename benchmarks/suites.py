@@ -343,8 +343,8 @@ def _fedlex() -> Suite:
               'best rate was the top of the bases\' grid (now up to 0.3), FedLEx-AvgM\'s the '
               'bottom of the guided one (now down to 0.03) and FedSGD\'s the bottom of its '
               'server rates (now down to 0.01).'),
-      summary_columns=(('guidance mean', ('guidance', 'guidance_mean'), '.4f'),
-                       ('guidance median', ('guidance', 'guidance_median'), '.4f'),
+      summary_columns=(('guidance mean', ('guidance', 'guidance_mean'), '.2g'),
+                       ('guidance median', ('guidance', 'guidance_median'), '.2g'),
                        ('share of G < 0.01', ('guidance', 'guidance_below_0_01'), '.2f'),
                        ('exploration client-epochs', ('exploration_client_epochs',), '.0f')))
 

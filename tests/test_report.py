@@ -659,3 +659,26 @@ def test_compare_stopped_while_waiting_for_a_run_does_not_start_it(tmp_path, mon
   with pytest.raises(experiment.Interrupted) as info:
     compare._run(config)  # pylint: disable=protected-access
   assert info.value.last_round == 7 and info.value.signum == signal.SIGTERM
+
+
+def test_the_tuning_table_shows_the_suites_summary_columns(tmp_path, monkeypatch):
+  """Each grid point's own summary values (e.g. FedLEx's guidance statistics, which change
+  with the learning rate) are shown beside its accuracy."""
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  suite = suites.Suite(
+      name='toy', title='toy', common=dict(rounds=20), scaled='nothing',
+      runs=dict(base=dict(algorithm='fedavg')), comparisons=(),
+      grid=dict(base=dict(client_lr=[0.1, 0.3, 1.0])),
+      summary_columns=(('G median', ('guidance', 'guidance_median'), '.2g'),))
+  for lr, median in ((0.1, 3.5e-14), (0.3, None)):
+    path = tmp_path / 'toy' / 'tuning' / suites.tuning_name('base', dict(client_lr=lr))
+    _write_run(path, 20, np.full(20, 0.5), config=dict(algorithm='fedavg'))
+    if median is not None:
+      summary = json.loads((path / 'summary.json').read_text())
+      summary['guidance'] = dict(guidance_median=median)
+      (path / 'summary.json').write_text(json.dumps(summary))
+  lines = report._tuning_lines(suite, None)  # pylint: disable=protected-access
+  assert '| run | values | last-10 mean (%) | G median | chosen |' in lines
+  assert '| base | client_lr=0.1 | 50.00 | 3.5e-14 |  |' in lines
+  assert '| base | client_lr=0.3 | 50.00 | n/a |  |' in lines
+  assert '| base | client_lr=1 | not run yet |  |  |' in lines
