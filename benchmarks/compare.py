@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import time
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
@@ -56,16 +58,22 @@ def _finished(config) -> bool:
 _STOP = None
 
 
+def _raise_if_stopped(config) -> None:
+  """experiment.Interrupted if a stop signal has been recorded (before `config` starts)."""
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  if _STOP is not None and _STOP.signum is not None:
+    ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
+    raise experiment.Interrupted(_STOP.signum,
+                                 max(experiment.checkpointed_rounds(ckpt_dir), default=0),
+                                 config.experiment_dir)
+
+
 def _run(config) -> None:
   from programs import experiment  # pylint: disable=g-import-not-at-top
   if _finished(config):
     return
-  ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
-  if _STOP is not None and _STOP.signum is not None:   # e.g. while waiting for this run
-    raise experiment.Interrupted(_STOP.signum,
-                                 max(experiment.checkpointed_rounds(ckpt_dir), default=0),
-                                 config.experiment_dir)
-  config.resume = os.path.isdir(ckpt_dir)
+  _raise_if_stopped(config)   # e.g. a signal while it waited for this run
+  config.resume = os.path.isdir(os.path.join(config.experiment_dir, 'checkpoints'))
   print(f'== {os.path.relpath(config.experiment_dir)}', file=sys.stderr, flush=True)
   experiment.run_experiment(config, stop=_STOP)
 
@@ -118,8 +126,13 @@ def run_all(configs, tuning: bool = False) -> None:
     print(f'== {os.path.relpath(config.experiment_dir)}: waiting for the other process',
           file=sys.stderr, flush=True)
     while True:
-      with experiment.exclusive_run_directory(config.experiment_dir, wait=True):
-        pass
+      try:   # polled, not a blocking flock: a recorded signal would not interrupt that
+        with experiment.exclusive_run_directory(config.experiment_dir):
+          pass
+      except experiment.RunDirectoryBusy:
+        _raise_if_stopped(config)
+        time.sleep(1.0)
+        continue
       try:
         make(config)
         break
@@ -229,7 +242,9 @@ def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
     print(f'error: {e}', file=sys.stderr)
     return 2
   except experiment.Interrupted as e:
-    print(str(e), file=sys.stderr)
+    print(f'stopped by {signal.Signals(e.signum).name} at {os.path.relpath(e.experiment_dir)} '
+          f'(checkpointed after round {e.last_round}); the same command continues',
+          file=sys.stderr)
     report.write_all()   # the pages as far as the runs got
     return e.exit_code
   report.write_all()

@@ -589,6 +589,9 @@ def _not_usable_line(run: str, seed: int, r: dict) -> str:
   if r.get('stale'):
     return (f'- `{run}` seed {seed}: made at other settings than declared now, left out '
             '(rerun it in a fresh directory): ' + ', '.join(r['stale']) + '.')
+  if r.get('diverged'):   # deterministic: running it again would diverge again
+    return (f'- `{run}` seed {seed}: {r["diverged"]}; left out of the numbers (a lower rate '
+            'would be another run).')
   return (f'- `{run}` seed {seed}: stopped after round {r["rounds_done"]} of {r["rounds"]} '
           '(continues with the same command).')
 

@@ -54,6 +54,10 @@ RESUMABLE_CHANGES = ('rounds', 'eval_every', 'data_dir', 'root_output_dir', 'exp
                      'resident_state', 'checkpoint_every')
 
 
+# Every this many rounds the state kept in TFF's worker makes a round trip through Python,
+# which lets the worker free what it kept from the rounds before (README, "Known TFF facts").
+RESIDENT_REFRESH_ROUNDS = 10
+
 # Written into a run whose training diverged (while the run is still held, so a process
 # waiting for it reads it): the error's first clause, one line.
 DIVERGED = 'diverged.txt'
@@ -556,8 +560,9 @@ def _prepare_output(c: ExperimentConfig, log: Callable[[str], None]) -> int:
 def _truncate_tensorboard(directory: str, last_round: int) -> None:
   """Drops the scalars of rounds after `last_round` from the event files in `directory`.
 
-  A run killed after logging round r but before checkpointing it repeats round r when
-  resumed; without this TensorBoard would show that round twice.
+  A run killed after logging rounds it had not checkpointed (up to --checkpoint_every - 1
+  of them) repeats those rounds when resumed; without this TensorBoard would show them
+  twice.
   """
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(directory):
@@ -719,9 +724,12 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   # rounds (`held`); `state` is its copy in Python, brought back for each checkpoint. On
   # worker services both are the same Python value.
   from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
-  runner = (resident_state.ResidentProcess(process, c.clients_per_round)
+  # Its round trip through Python (resident_state's module doc) is made here, on round
+  # numbers, so that it falls on checkpoint rounds whatever round a run resumed at.
+  runner = (resident_state.ResidentProcess(process, c.clients_per_round, refresh_every=0)
             if c.resident_state and not (c.workers or c.local_workers)
             else resident_state.DirectProcess(process))
+  refreshes = not (exploration is not None and c.fedlex_refresh)   # (that adopts every round)
   held = runner.adopt(state)
   rows = [r for r in _csv_rows(csv_path) if int(r['round']) <= start_round]
   best = float(program_state['best_accuracy'])
@@ -819,6 +827,11 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       last_round = round_num
       if round_num % c.checkpoint_every == 0 or round_num == c.rounds:
         checkpoint()
+      if refreshes and round_num % RESIDENT_REFRESH_ROUNDS == 0:
+        if checkpointed != round_num:
+          with execution.collector_paused():
+            state = runner.materialize(held)
+        held = runner.adopt(state)   # lets TFF's worker free the rounds before
       if not frozen or (evaluated and not frozen_after_eval):
         # Everything alive now (TFF's compiled computations, ~1M objects) lives as long as
         # the run: keep the garbage collector from re-traversing it every round.

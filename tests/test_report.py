@@ -682,3 +682,42 @@ def test_the_tuning_table_shows_the_suites_summary_columns(tmp_path, monkeypatch
   assert '| base | client_lr=0.1 | 50.00 | 3.5e-14 |  |' in lines
   assert '| base | client_lr=0.3 | 50.00 | n/a |  |' in lines
   assert '| base | client_lr=1 | not run yet |  |  |' in lines
+
+
+def test_compare_waiting_for_another_process_stops_at_a_signal(tmp_path, monkeypatch):
+  """While another process holds a run for hours, a recorded signal ends the waiting compare
+  within about a second (the wait polls; a blocking flock would ignore the signal)."""
+  import signal  # pylint: disable=g-import-not-at-top
+  import threading  # pylint: disable=g-import-not-at-top
+  import time  # pylint: disable=g-import-not-at-top
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  stop = experiment.StopRequests()
+  monkeypatch.setattr(compare, '_STOP', stop)
+
+  def fake_run(config):
+    with experiment.exclusive_run_directory(config.experiment_dir):
+      pass
+
+  monkeypatch.setattr(compare, '_run', fake_run)
+  (tmp_path / 'held').mkdir()
+  config = experiment.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name='held')
+  holding, release = threading.Event(), threading.Event()
+
+  def other_process():
+    with experiment.exclusive_run_directory(config.experiment_dir):
+      holding.set()
+      release.wait(60)
+
+  other = threading.Thread(target=other_process)
+  other.start()
+  holding.wait(30)
+  threading.Timer(0.5, lambda: setattr(stop, 'signum', signal.SIGTERM)).start()
+  started = time.time()
+  try:
+    with pytest.raises(experiment.Interrupted):
+      compare.run_all([config])
+    assert time.time() - started < 5
+  finally:
+    release.set()
+    other.join()

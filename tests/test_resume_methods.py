@@ -112,3 +112,38 @@ def test_checkpoint_every_n_rounds_and_a_crash_between_repeats_the_same_rounds(t
   b = np.load(os.path.join(broken.experiment_dir, 'final_weights.npz'))
   for key in a.files:
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_the_resident_state_round_trip_on_round_numbers_keeps_runs_exact(tmp_path,
+                                                                          monkeypatch):
+  """The program's round trip of the resident state (every RESIDENT_REFRESH_ROUNDS rounds,
+  here 3) happens on round numbers, also after a resume at another round, and changes
+  nothing: a run stopped at round 4 and resumed to 7 equals the unbroken run exactly."""
+  from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(experiment, 'RESIDENT_REFRESH_ROUNDS', 3)
+  adopted = []
+  adopt = resident_state.ResidentProcess.adopt
+
+  def counting_adopt(self, state):
+    adopted.append(state)
+    return adopt(self, state)
+
+  monkeypatch.setattr(resident_state.ResidentProcess, 'adopt', counting_adopt)
+  config = dataclasses.replace(BASE, algorithm='fedcda', root_output_dir=str(tmp_path),
+                               rounds=7, **METHODS['fedcda'])
+  log = lambda msg: None  # noqa: E731
+  experiment.run_experiment(dataclasses.replace(config, experiment_name='unbroken'), log)
+  assert len(adopted) == 3   # the initial state, then after rounds 3 and 6
+  experiment.run_experiment(dataclasses.replace(config, experiment_name='broken', rounds=4),
+                            log)
+  experiment.run_experiment(dataclasses.replace(config, experiment_name='broken', resume=True),
+                            log)
+  a = np.load(os.path.join(tmp_path, 'unbroken', 'final_weights.npz'))
+  b = np.load(os.path.join(tmp_path, 'broken', 'final_weights.npz'))
+  for key in a.files:
+    np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+  rows_a = _csv(os.path.join(tmp_path, 'unbroken', 'metrics.csv'))
+  rows_b = _csv(os.path.join(tmp_path, 'broken', 'metrics.csv'))
+  for ra, rb in zip(rows_a, rows_b):
+    assert (ra['test_accuracy'], ra['aggregator/switched']) == (
+        rb['test_accuracy'], rb['aggregator/switched'])

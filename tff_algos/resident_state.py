@@ -11,11 +11,13 @@ checkpoint needs it, the whole state. Results are those of `process.next` (teste
 method).
 
 A value TFF's C++ worker computes keeps the values it was computed from alive (measured on
-FedCDA's 133 MB state: the worker grew by about 190 MB a round, one round's state and data,
-until the machine ran out of memory). So every `refresh_every` rounds the state makes one
-round trip through Python (brought back, then placed anew), which lets the worker free the
-rounds before: the worker's memory stays bounded for one transfer per `refresh_every`
-rounds (benchmarks/RESULTS.md, "resident state's memory").
+FedCDA's 133 MB state: the worker grew by 0.175 GB a round, about one round's state and
+data, until the machine ran out of memory). So every `refresh_every` rounds the state makes
+one round trip through Python (brought back, then placed anew), which lets the worker free
+the rounds before, for one transfer each way per `refresh_every` rounds: at 10 the worker
+levels off (5.0 GB at round 60, +0.02 GB a round and slowing; benchmarks/RESULTS.md, "The
+resident state's memory"). The training program makes that round trip itself, on round
+numbers (`programs.experiment.RESIDENT_REFRESH_ROUNDS`).
 
     resident = ResidentProcess(process, clients_per_round=10)
     state = resident.initialize()                    # a ResidentValue, in the worker
@@ -50,7 +52,9 @@ class ResidentValue:
   def __init__(self, value, owner: 'ResidentProcess', python=None):
     self._value = value
     self._owner = owner
-    self._python = python   # the Python state it was placed from, if it was (`adopt`)
+    # The Python state it was placed from (`adopt`), shared with the caller, who must not
+    # change its arrays in place: `materialize` returns it instead of fetching the value.
+    self._python = python
 
 
 class ResidentOutput(NamedTuple):
