@@ -159,7 +159,8 @@ class _GeneralConfig:
   seed: int = 0
   eval_every: int = 1
   # Checkpoint every this many rounds (and after the last one, and on SIGTERM/SIGINT): a
-  # large state's checkpoint is a fifth of a FedCDA round; a crash repeats the rounds since.
+  # large state's checkpoint every round costs FedCDA 36% of its round time (RESULTS.md);
+  # a crash repeats the rounds since the last checkpoint.
   checkpoint_every: int = 1
   root_output_dir: str = 'runs'
   experiment_name: str = ''
