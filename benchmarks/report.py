@@ -641,13 +641,14 @@ def suite_page(suite: suites.Suite) -> tuple:
   lines += _tuning_lines(suite, tuned)
   lines += ['## Against the paper', '',
             f'Last-{LAST}-round mean test accuracy (%), mean ± std over seeds; margin = method '
-            '− FedAvg, per seed, then mean ± std. Verdict: `reproduced` = the paper\'s sign, '
+            '− its baseline (FedAvg, or the base a FedLEx variant guides), per seed, then '
+            'mean ± std. Verdict: `reproduced` = the paper\'s sign, '
             'at least half its margin and larger than the seeds\' spread; `smaller`, '
             '`within noise`, `opposite` otherwise (`benchmarks/report.py: verdict`); '
             '`one seed` while a single seed of both runs has finished (no spread to judge '
             'by).', '',
-            '| setting | paper data | paper FedAvg | paper method | paper margin | seeds | '
-            'our FedAvg | our method | our margin | verdict |',
+            '| setting | paper data | paper baseline | paper method | paper margin | seeds | '
+            'our baseline | our method | our margin | verdict |',
             '|---|---|---|---|---|---|---|---|---|---|']
   for c in summary['comparisons']:
     lines.append(
@@ -731,7 +732,7 @@ def reproduction_page() -> str:
               f'Page: [{suite.name}/results.md]({suite.name}/results.md)' + (
                   f'; diagnosis: [{suite.name}/diagnosis.md]({suite.name}/diagnosis.md)'
                   if os.path.exists(diagnosis) else ''),
-              '', '| setting | paper margin | our FedAvg | our method | our margin | verdict |',
+              '', '| setting | paper margin | our baseline | our method | our margin | verdict |',
               '|---|---|---|---|---|---|']
     for c in summary['comparisons']:
       lines.append(
