@@ -383,6 +383,18 @@ def _flatten_metrics(metrics, prefix='') -> dict:
   return flat
 
 
+def settings_changed(saved: dict, c: ExperimentConfig) -> str:
+  """'' when a run recorded as `saved` (its config.json) is a run of `c` up to
+  RESUMABLE_CHANGES, else 'it was run with --x=old (now --x=new)'."""
+  mine = dataclasses.asdict(c)
+  differing = [name for name in mine if name not in RESUMABLE_CHANGES
+               and saved.get(name, _default(name)) != mine[name]]
+  if not differing:
+    return ''
+  return ('it was run with ' + ', '.join(f'--{n}={saved.get(n, _default(n))}' for n in differing)
+          + ' (now ' + ', '.join(f'--{n}={mine[n]}' for n in differing) + ')')
+
+
 def _csv_rows(path) -> list[dict]:
   if not os.path.exists(path):
     return []
@@ -534,15 +546,10 @@ def _prepare_output(c: ExperimentConfig, log: Callable[[str], None]) -> int:
   except (OSError, ValueError) as e:
     raise ExperimentError(f'cannot resume {exp_dir}: its config.json is unreadable ({e}); '
                           'choose another --experiment_name') from None
-  mine = dataclasses.asdict(c)
-  differing = [name for name in mine if name not in RESUMABLE_CHANGES
-               and saved.get(name, _default(name)) != mine[name]]
+  differing = settings_changed(saved, c)
   if differing:
-    raise ExperimentError(
-        f'cannot resume {exp_dir}: it was run with ' +
-        ', '.join(f'--{n}={saved.get(n, _default(n))}' for n in differing) +
-        ' (now ' + ', '.join(f'--{n}={mine[n]}' for n in differing) + '); pass the same '
-        'values or choose another --experiment_name')
+    raise ExperimentError(f'cannot resume {exp_dir}: {differing}; pass the same values or '
+                          'choose another --experiment_name')
   if c.rounds < last:
     raise ExperimentError(f'cannot resume {exp_dir} with --rounds={c.rounds}: it already '
                           f'finished round {last}; pass --rounds={last} or more')
@@ -887,8 +894,9 @@ def _fedlex_exploration(c: ExperimentConfig, model_fn, num_clients: int):
   """FedLEx's exploration computation and its (seeded, fixed) explorer clients."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+  # Explorers train unguided: their rate is the base's, not a guided variant's raised one.
   client_opt = tff.learning.optimizers.build_sgdm(
-      learning_rate=c.client_lr, momentum=c.client_momentum or None)
+      learning_rate=c.fedlex_exploration_lr or c.client_lr, momentum=c.client_momentum or None)
   exploration = fedlex.build_fedlex_exploration(
       model_fn, client_opt, c.batch_size,
       **methods.METHODS[c.algorithm].builder_kwargs(c, methods.EXPLORATION))

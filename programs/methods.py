@@ -291,6 +291,11 @@ FEDLEX_FLAGS = (
          in_interval('(0, 1]', lambda v: 0 < v <= 1), target=PROGRAM),
     Flag('fedlex_exploration_epochs', 5, 'Exploration epochs (the program\'s exploration '
          'inputs).', at_least(1), target=PROGRAM),
+    Flag('fedlex_exploration_lr', 0.0, 'Learning rate of the explorers\' (unguided) local '
+         'SGD; 0 = --client_lr. A guided variant whose --client_lr is raised to make up for '
+         'G\'s small entries should explore at its base\'s rate: explorers at a high rate '
+         'make G collapse (the program\'s exploration optimizer).', non_negative,
+         target=PROGRAM),
     Flag('fedlex_exploration_patience', 0, 'Early-stopping patience of explorers (0 = off).',
          lambda v: None if v >= 0 else ' must be >= 0 (0 = off)', target=EXPLORATION,
          kwarg='exploration_patience', transform=lambda v: v or None),

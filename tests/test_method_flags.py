@@ -43,8 +43,8 @@ CHANGED = dict(
     cadis_threshold=0.9, cadis_threshold_max=0.99, cadis_kd_weight=0.5,
     cadis_kd_reduction='mean', cadis_similarity_layer='kernel', cadis_sample_weighted=False,
     cadis_closure='components', cadis_transitive=True,
-    fedlex_explorer_fraction=0.5, fedlex_exploration_epochs=2, fedlex_exploration_patience=3,
-    fedlex_normalize='after_mean', fedlex_guidance_floor=0.1, fedlex_refresh=True)
+    fedlex_explorer_fraction=0.5, fedlex_exploration_epochs=2, fedlex_exploration_lr=0.05,
+    fedlex_exploration_patience=3, fedlex_normalize='after_mean', fedlex_guidance_floor=0.1, fedlex_refresh=True)
 
 # (method, builder keyword) -> the default-suite unit test showing that the keyword changes
 # the computation (against numpy or a reference), as 'file::test'.
@@ -229,6 +229,18 @@ def test_fedlex_flag_reaches_the_exploration_builder(monkeypatch, algorithm, nam
     experiment._fedlex_exploration(config, lambda: None, NUM_CLIENTS)  # pylint: disable=protected-access
   (_, default_kwargs), (_, kwargs) = calls
   assert kwargs[flag.kwarg] == flag.transform(CHANGED[name]) != default_kwargs[flag.kwarg]
+
+
+@pytest.mark.parametrize('algorithm', methods.FEDLEX_ALGORITHMS)
+def test_exploration_lr_is_the_explorers_rate(monkeypatch, algorithm):
+  """--fedlex_exploration_lr sets the explorers' SGD rate; 0 (the default) = --client_lr."""
+  calls = _record_builder(monkeypatch, 'tff_algos.fedlex:build_fedlex_exploration')
+  for changes in ({}, dict(fedlex_exploration_lr=CHANGED['fedlex_exploration_lr'])):
+    config = _config(algorithm=algorithm, **changes)
+    experiment.validate(config)
+    experiment._fedlex_exploration(config, lambda: None, NUM_CLIENTS)  # pylint: disable=protected-access
+  rates = [args[1].initialize(())['learning_rate'] for args, _ in calls]
+  assert rates == [BASE['client_lr'], CHANGED['fedlex_exploration_lr']]
 
 
 def test_explorer_fraction_sets_the_number_of_explorers():
