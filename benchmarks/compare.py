@@ -46,11 +46,20 @@ _PROBE = flags.DEFINE_list('probe', [], 'Run only these probes of the suite (imp
 
 
 def _finished(config) -> bool:
-  """A run is finished exactly when its page says so (report.load_run)."""
+  """A run is finished exactly when its page says so (report.load_run); a finished run of
+  other settings (the declaration changed since) is an error, never taken for this one."""
+  from programs import experiment  # pylint: disable=g-import-not-at-top
   if not os.path.exists(os.path.join(config.experiment_dir, 'config.json')):
     return False
   r = report.load_run(config.experiment_dir, config.rounds)
-  return r['finished'] or r['diverged'] is not None
+  if not (r['finished'] or r['diverged'] is not None):
+    return False
+  changed = experiment.settings_changed(r['config'], config)
+  if changed:
+    raise experiment.ExperimentError(
+        f'{os.path.relpath(config.experiment_dir)} holds a finished run of other settings '
+        f'({changed}): move it away (e.g. under the suite\'s earlier_runs/) and run again')
+  return True
 
 
 # main's experiment.StopRequests: SIGTERM/SIGINT stop the current run at its next round

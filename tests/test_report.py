@@ -185,20 +185,30 @@ def test_a_diverging_grid_point_is_shown_and_skipped(tmp_path, monkeypatch):
   def fake_run(config):
     if compare._finished(config):  # pylint: disable=protected-access
       return
+    recorded = dataclasses.asdict(config)
     if config.client_lr == 1.0:   # as the program does: the marker, then the error
-      _write_run(config.experiment_dir, 20, np.full(4, 0.3))
+      _write_run(config.experiment_dir, 20, np.full(4, 0.3), config=recorded)
       with open(os.path.join(config.experiment_dir, experiment.DIVERGED), 'w') as f:
         f.write('training diverged at round 5 (train loss nan)\n')
       raise experiment.ExperimentError(
           'training diverged at round 5 (train loss nan); start a new run with a lower '
           '--client_lr (now 1.0) or server learning rate')
-    _write_run(config.experiment_dir, 20, np.full(20, level[config.client_lr]))
+    _write_run(config.experiment_dir, 20, np.full(20, level[config.client_lr]),
+               config=recorded)
 
   monkeypatch.setattr(compare, '_run', fake_run)
   assert compare.tune(suite) == {'fedavg': dict(client_lr=0.3)}
   assert compare.tune(suite) == {'fedavg': dict(client_lr=0.3)}   # rerun: nothing new to do
   page, _, _ = report.suite_page(suite)
   assert '| base | client_lr=1 | training diverged at round 5 (train loss nan) |  |' in page
+  # The declaration changes after the grid ran: its finished points are other settings' now,
+  # an error naming the directory and the setting, not taken for the new grid's points.
+  suite.common['client_momentum'] = 0.9
+  with pytest.raises(experiment.ExperimentError,
+                     match=r'base_client_lr0\.1 holds a finished run of other settings \(it '
+                           r'was run with --client_momentum=0\.5 \(now --client_momentum=0\.9\)'
+                           r'\): move it away'):
+    compare.tune(suite)
 
 
 def test_one_seed_gets_no_spread_and_no_verdict(tmp_path, monkeypatch):
