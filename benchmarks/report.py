@@ -693,9 +693,13 @@ def suite_page(suite: suites.Suite) -> tuple:
   if status:
     lines += ['', '## Not finished yet', ''] + status
   lines += ['', 'Curves: `curves.png` (mean over finished seeds, band = ± one std).', '']
-  if os.path.isdir(os.path.join(suites.suite_dir(suite.name), 'earlier_runs')):
+  earlier = os.path.join(suites.suite_dir(suite.name), 'earlier_runs')
+  if os.path.exists(os.path.join(earlier, 'results.md')):
     lines += ['Earlier single-seed runs with older code (superseded, kept): '
               '[earlier_runs/results.md](earlier_runs/results.md).', '']
+  elif os.path.isdir(earlier):   # measured on the suite's diagnosis page
+    lines += ['Earlier runs at superseded settings (kept): `earlier_runs/`, every one listed '
+              'and measured in [diagnosis.md](diagnosis.md).', '']
   comparisons = json.dumps(_json_ready(summary['comparisons']), indent=1, sort_keys=True)
   return '\n'.join(lines), comparisons + '\n', runs
 
