@@ -127,6 +127,12 @@ def test_fedcross_diagnosis_regenerates_byte_for_byte():
     assert f.read() == fedcross_diagnosis.page(), 'run python -m benchmarks.fedcross_diagnosis'
 
 
+def test_fedlex_diagnosis_regenerates_byte_for_byte():
+  from benchmarks import fedlex_diagnosis  # pylint: disable=g-import-not-at-top
+  with open(fedlex_diagnosis.OUT) as f:
+    assert f.read() == fedlex_diagnosis.page(), 'run python -m benchmarks.fedlex_diagnosis'
+
+
 def test_a_chosen_value_on_the_grid_edge_is_said():
   suite = suites.SUITES['fedcda']
   top = {k: max(v) for k, v in suite.grid['fedcda_dir0.1'].items()}
@@ -610,6 +616,77 @@ def test_fedcross_diagnosis_tables_on_toy_runs():
   assert '| +10.00 (round 30) |' in text, text      # rounds 21-30's evaluated rounds
   over = '\n'.join(fedcross_diagnosis._rounds_lines([('sparse', sparse, avg, 50)]))
   assert 'nan' not in text + over
+
+
+def _fedlex_guidance(rng) -> dict:
+  keys = ('guidance_mean', 'guidance_median', 'guidance_below_0_01', 'guidance_zero_fraction',
+          'guidance_max')
+  return {k: float(v) for k, v in zip(keys, rng.uniform(1e-4, 0.9, 5))}
+
+
+def test_fedlex_diagnosis_groups_g_by_explorer_rate_and_scales_steps(tmp_path, monkeypatch):
+  """G rows group runs by the explorers' rate (--fedlex_exploration_lr, else --client_lr) and
+  seed and say whether they agree; the reported runs' G × rate and window margins are numpy's."""
+  from benchmarks import fedlex_diagnosis as fd  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  rng = np.random.default_rng(11)
+  g_a, g_b = _fedlex_guidance(rng), _fedlex_guidance(rng)
+
+  def write(path, config, accuracy, guidance=None):
+    _write_run(path, len(accuracy), accuracy, config=config)
+    metrics = os.path.join(path, 'metrics.csv')
+    with open(metrics) as f:   # a round not evaluated has no accuracy, as the program writes
+      text = f.read().replace(',nan\n', ',\n')
+    with open(metrics, 'w') as f:
+      f.write(text)
+    with open(os.path.join(path, 'summary.json'), 'w') as f:
+      json.dump(dict(rounds=len(accuracy), client_epochs_training=1,
+                     **({'guidance': guidance} if guidance else {})), f)
+
+  earlier = tmp_path / 'fedlex' / 'earlier_runs' / 'tuning'
+  flat = np.full(50, 0.5)
+  write(earlier / 'fedlex_avgm_client_lr3', dict(algorithm='fedlex_avgm', client_lr=3.0,
+                                                 seed=100), flat, g_a)
+  write(earlier / 'fedlex_prox_client_lr3', dict(algorithm='fedlex_prox', client_lr=3.0,
+                                                 seed=100), flat, g_a)
+  write(tmp_path / 'fedlex' / 'tuning' / 'fedlex_avgm_client_lr3',
+        dict(algorithm='fedlex_avgm', client_lr=3.0, fedlex_exploration_lr=0.1, seed=100), flat,
+        g_b)
+  write(tmp_path / 'fedlex' / 'tuning' / 'fedlex_avgm_client_lr10',
+        dict(algorithm='fedlex_avgm', client_lr=10.0, fedlex_exploration_lr=0.1, seed=100), flat,
+        g_a)   # another G at the same explorers' rate: the row says so
+  text = '\n'.join(fd._g_by_rate_lines(fd.recorded_runs()))  # pylint: disable=protected-access
+  assert '| 3 | 100 | 2 (superseded tuning) | yes | ' in text, text
+  assert '| 0.1 | 100 | 2 (tuning) | no | ' in text, text
+
+  # Reported runs: two seeds of one comparison, curves with every other round evaluated.
+  suite = fd.SUITE
+  rounds = suite.common['rounds']
+  curves, guid = {}, {}
+  for seed in (0, 1):
+    for run, extra in (('fedavgm', dict(client_lr=0.1)),
+                       ('fedlex_avgm', dict(client_lr=30.0))):
+      acc = rng.uniform(0.3, 0.8, rounds)
+      acc[1::2] = np.nan
+      curves[run, seed] = acc
+      guid[run, seed] = _fedlex_guidance(rng) if run == 'fedlex_avgm' else None
+      write(tmp_path / 'fedlex' / 'runs' / f'{run}_s{seed}',
+            dict(suite.config_overrides(run), seed=seed, **extra), acc, guid[run, seed])
+  text = '\n'.join(fd._runs_lines())  # pylint: disable=protected-access
+  row = next(l for l in text.splitlines() if l.startswith('| fedlex_avgm vs fedavgm | 0, 1 |'))
+  cells = [c.strip() for c in row.strip('|').split('|')]
+  products = [30.0 * guid['fedlex_avgm', s]['guidance_mean'] for s in (0, 1)]
+  assert cells[7] == f'{np.mean(products):.2g} ± {np.std(products, ddof=1):.2g}', row
+  assert cells[5:7] == ['0.1', '30'], row
+  width = rounds // 4
+  margins = [[np.nanmean(curves['fedlex_avgm', s][a:a + width]) -
+              np.nanmean(curves['fedavgm', s][a:a + width]) for a in range(0, rounds, width)]
+             for s in (0, 1)]
+  window_row = next(l for l in text.splitlines() if l.startswith('| fedlex_avgm vs fedavgm | ')
+                    and '±' in l and l.count('|') == 6)
+  first = 100 * np.array([m[0] for m in margins])
+  assert window_row.split('|')[2].strip() == (
+      f'{first.mean():+.2f} ± {first.std(ddof=1):.2f}'), window_row
 
 
 def test_suite_notes_links_are_relinked_for_the_reproduction_page():
