@@ -216,19 +216,16 @@ def _earlier_lines() -> list:
 
 
 def page() -> str:
-  lines = ['# CADIS on cluster-MC (100 clients, 10 per round): weights, clusters and KD', '',
-           '<!-- written by `python -m benchmarks.cadis_diagnosis`; do not edit by hand -->', '',
-           ' '.join(__doc__.split('\n\n')[2].split()), '']
+  lines = report.diagnosis_header(
+      'CADIS on cluster-MC (100 clients, 10 per round): weights, clusters and KD',
+      sys.modules[__name__])
   lines += _expected_lines() + _suite_lines(
       report.suite_metrics(suites.SUITES['cadis'])) + _earlier_lines()
   return '\n'.join(lines).rstrip('\n') + '\n'
 
 
 def main() -> int:
-  text = page()
-  report.write_text(OUT, text)
-  print(f'wrote {os.path.relpath(OUT)}')
-  return 0
+  return report.write_diagnosis(OUT, page)
 
 
 if __name__ == '__main__':

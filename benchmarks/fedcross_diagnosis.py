@@ -170,19 +170,15 @@ def _rounds_lines(sources) -> list:
 
 def page() -> str:
   sources = _sources()
-  lines = ['# FedCross on Fashion-MNIST Dirichlet (100 clients, 10 per round): how far apart '
-           'its models are', '',
-           '<!-- written by `python -m benchmarks.fedcross_diagnosis`; do not edit by hand -->',
-           '', ' '.join(__doc__.split('\n\n')[2].split()), '']
+  lines = report.diagnosis_header('FedCross on Fashion-MNIST Dirichlet (100 clients, 10 per '
+                                  'round): how far apart its models are', sys.modules[__name__])
   num_models = suites.SUITES['fedcross'].common['clients_per_round']
   lines += _summary_lines(sources, num_models) + _rounds_lines(sources)
   return '\n'.join(lines).rstrip('\n') + '\n'
 
 
 def main() -> int:
-  report.write_text(OUT, page())
-  print(f'wrote {os.path.relpath(OUT)}')
-  return 0
+  return report.write_diagnosis(OUT, page)
 
 
 if __name__ == '__main__':

@@ -208,18 +208,15 @@ def _superseded_lines(runs) -> list:
 
 def page() -> str:
   runs = recorded_runs()
-  lines = [f'# {SUITE.title}: what the guidance G is', '',
-           '<!-- written by `python -m benchmarks.fedlex_diagnosis`; do not edit by hand -->',
-           '', ' '.join(__doc__.split('\n\n')[2].split()), '']
+  lines = report.diagnosis_header(f'{SUITE.title}: what the guidance G is',
+                                  sys.modules[__name__])
   lines += (_g_by_rate_lines(runs) + _tuning_lines(runs) + _runs_lines() +
             _superseded_lines(runs))
   return '\n'.join(lines).rstrip('\n') + '\n'
 
 
 def main() -> int:
-  report.write_text(OUT, page())
-  print(f'wrote {os.path.relpath(OUT)}')
-  return 0
+  return report.write_diagnosis(OUT, page)
 
 
 if __name__ == '__main__':

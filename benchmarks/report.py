@@ -23,7 +23,7 @@ import json
 import os
 import re
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -106,6 +106,22 @@ def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:
       exploration_client_epochs=summary.get('exploration_client_epochs', 0.0),
       aggregator_state_bytes=summary.get('aggregator_state_bytes', 0),
       summary=summary)
+
+
+def diagnosis_header(title: str, module) -> list:
+  """A diagnosis page's first lines: its title, who writes it, and what it measures (the
+  third paragraph of the writing module's docstring)."""
+  return [f'# {title}', '',
+          # (the spec's name, not __name__, which is '__main__' under `python -m`)
+          f'<!-- written by `python -m {module.__spec__.name}`; do not edit by hand -->', '',
+          ' '.join(module.__doc__.split('\n\n')[2].split()), '']
+
+
+def write_diagnosis(out: str, page: Callable[[], str]) -> int:
+  """A diagnosis script's main: writes its page to `out` and says so."""
+  write_text(out, page())
+  print(f'wrote {os.path.relpath(out)}')
+  return 0
 
 
 def metrics_rows(exp_dir: str) -> list:
