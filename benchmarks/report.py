@@ -732,6 +732,32 @@ def _json_ready(value):
   return value
 
 
+# Where a suite's runs of each kind live (under its directory), as compute_hours counts them.
+RUN_KINDS = (('reported runs', 'runs/*'), ('tuning', 'tuning/*'), ('probes', 'probes/*/*'),
+             ('superseded runs', 'earlier_runs/**'))
+
+
+def compute_hours(suite_name: str) -> dict:
+  """{kind: hours} the suite's recorded rounds took (metrics.csv's `seconds`, summed over
+  every run directory of that kind, finished or not)."""
+  base = suites.suite_dir(suite_name)
+  out = {}
+  for kind, pattern in RUN_KINDS:
+    seconds = 0.0
+    for path in glob.glob(os.path.join(base, pattern, 'metrics.csv'), recursive=True):
+      seconds += float(np.nansum(metrics_column(metrics_rows(os.path.dirname(path)),
+                                                'seconds')))
+    out[kind] = seconds / 3600
+  return out
+
+
+def _compute_line(suite_name: str) -> str:
+  hours = compute_hours(suite_name)
+  spent = [f'{kind} {h:.1f} h' for kind, h in hours.items() if h > 0]
+  return ('Compute recorded (the rounds\' seconds summed; most runs ran two at a time on the '
+          '2 cores, so the wall-clock time was about half): ' + ', '.join(spent or ['none yet']) + '.')
+
+
 def write_reproduction_page() -> None:
   write_text(REPRODUCTION, reproduction_page())
 
@@ -764,7 +790,7 @@ def reproduction_page() -> str:
     lines += [''] + notes if notes else []
     if suite.notes:
       lines += ['', _relinked(suite.notes, suite.name)]
-    lines.append('')
+    lines += ['', _compute_line(suite.name), '']
   return '\n'.join(lines)
 
 

@@ -689,6 +689,23 @@ def test_fedlex_diagnosis_groups_g_by_explorer_rate_and_scales_steps(tmp_path, m
       f'{first.mean():+.2f} ± {first.std(ddof=1):.2f}'), window_row
 
 
+def test_compute_hours_sum_every_kind_of_run(tmp_path, monkeypatch):
+  """Each kind's hours are its directories' round seconds summed (unfinished runs too)."""
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  rng = np.random.default_rng(3)
+  want = {}
+  for kind, path in (('reported runs', 'runs/base_s0'), ('reported runs', 'runs/new_s1'),
+                     ('tuning', 'tuning/base_client_lr0.1'), ('probes', 'probes/p/base_s0'),
+                     ('superseded runs', 'earlier_runs/tuning/base_client_lr1')):
+    rounds, seconds = int(rng.integers(3, 30)), float(rng.uniform(0.5, 9))
+    _write_run(tmp_path / 'toy' / path, rounds + 5, np.full(rounds, 0.5), seconds=seconds)
+    want[kind] = want.get(kind, 0.0) + rounds * seconds / 3600
+  got = report.compute_hours('toy')
+  assert set(got) == set(want)
+  for kind in want:
+    np.testing.assert_allclose(got[kind], want[kind], rtol=1e-12)
+
+
 def test_suite_notes_links_are_relinked_for_the_reproduction_page():
   text = ('see [d](diagnosis.md), [r](runs/a/metrics.csv), [w](https://x.org/a), [s](#top), '
           '[a](/abs.md)')
