@@ -37,7 +37,7 @@ def at_least(bound):
 
 
 def non_negative(v):
-  return None if v >= 0 else f' must be >= 0, got {v}'
+  return None if v >= 0 and math.isfinite(v) else f' must be >= 0 and finite, got {v}'
 
 
 def positive(v):

@@ -241,6 +241,22 @@ def test_exploration_lr_is_the_explorers_rate(monkeypatch, algorithm):
     experiment._fedlex_exploration(config, lambda: None, NUM_CLIENTS)  # pylint: disable=protected-access
   rates = [args[1].initialize(())['learning_rate'] for args, _ in calls]
   assert rates == [BASE['client_lr'], CHANGED['fedlex_exploration_lr']]
+  for bad in (-0.1, float('inf'), float('nan')):
+    with pytest.raises(experiment.ExperimentError,
+                       match=f'^--fedlex_exploration_lr must be >= 0 and finite, got {bad}$'):
+      experiment.validate(_config(algorithm=algorithm, fedlex_exploration_lr=bad))
+
+
+def test_a_run_recorded_before_exploration_lr_existed_is_the_same_run():
+  """A config.json without the key is --fedlex_exploration_lr=0 (explore at --client_lr): it
+  resumes and counts as the declared run; another explorers' rate does not."""
+  config = _config(algorithm='fedlex_avgm')
+  recorded = {k: v for k, v in dataclasses.asdict(config).items()
+              if k != 'fedlex_exploration_lr'}
+  assert experiment.settings_changed(recorded, config) == ''
+  config.fedlex_exploration_lr = 0.05
+  assert experiment.settings_changed(recorded, config) == (
+      'it was run with --fedlex_exploration_lr=0.0 (now --fedlex_exploration_lr=0.05)')
 
 
 def test_explorer_fraction_sets_the_number_of_explorers():
