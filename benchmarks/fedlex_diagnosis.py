@@ -4,9 +4,10 @@
 
 FedLEx explores once, before training: a fifth of the clients train unguided from w_0, and
 G is their squared deviations, min-max normalised per tensor and averaged (ALGORITHMS.md,
-section 4). Every guided step is then multiplied by G elementwise, so a guided variant can
-only beat its base if G keeps the useful coordinates near 1 and the step rate makes up for
-the rest. This script reads every FedLEx run that recorded G (the reported runs, the tuning
+section 4). Every guided step is then multiplied by G elementwise: with the step rate tuned
+per method, G's overall size is made up for by the rate and what can help is its shape, how it
+weighs one coordinate against another (under FedAdam's server Adam, which rescales every
+coordinate, even less of its size survives). This script reads every FedLEx run that recorded G (the reported runs, the tuning
 grid and the superseded first tuning points under `earlier_runs/tuning`): G's statistics by
 the explorers' rate, the guided variants' best tuning points under each exploration rule, the
 reported runs' steps and margins over rounds, and every superseded point.
@@ -22,6 +23,7 @@ import numpy as np
 
 from benchmarks import report
 from benchmarks import suites
+from programs import experiment
 
 SUITE = suites.SUITES['fedlex']
 OUT = os.path.join(suites.suite_dir('fedlex'), 'diagnosis.md')
@@ -31,13 +33,34 @@ GUIDANCE_KEYS = ('guidance_mean', 'guidance_median', 'guidance_below_0_01',
 
 def explorer_rate(config: dict) -> float:
   """The rate the explorers trained at: --fedlex_exploration_lr, or (0) --client_lr."""
-  return config.get('fedlex_exploration_lr') or config.get('client_lr', 0.01)
+  return config.get('fedlex_exploration_lr') or config.get('client_lr',
+                                                            experiment._default('client_lr'))  # pylint: disable=protected-access
 
 
 def step_rate(config: dict) -> float:
   """The rate that scales a method's (guided) step: FedSGD's server rate, else the client's."""
   return config['server_lr'] if config['algorithm'] in ('fedsgd', 'fedlex_sgd') else (
       config['client_lr'])
+
+
+# Settings besides the rate and seed that shape G (the explorers' data, steps and the matrix).
+EXPLORER_SETTINGS = ('batch_size', 'client_momentum', 'fedlex_exploration_epochs',
+                     'fedlex_explorer_fraction', 'fedlex_exploration_patience', 'fedlex_normalize',
+                     'fedlex_guidance_floor', 'num_clients', 'partition', 'classes_per_client')
+
+
+def explorer_settings(config: dict) -> tuple:
+  return tuple((k, config.get(k, experiment._default(k))) for k in EXPLORER_SETTINGS)  # pylint: disable=protected-access
+
+
+def same_training(recorded: dict, other: dict) -> bool:
+  """Whether two runs' config.json describe the same training (up to the settings a resume
+  may change), the explorers' rate compared as the rate they trained at."""
+  fields = experiment.ExperimentConfig.__dataclass_fields__
+  config = experiment.ExperimentConfig(**{k: v for k, v in other.items() if k in fields})
+  config.fedlex_exploration_lr = explorer_rate(other)
+  return not experiment.settings_changed(
+      dict(recorded, fedlex_exploration_lr=explorer_rate(recorded)), config)
 
 
 def guidance(run: dict) -> dict:
@@ -71,22 +94,26 @@ def _g_by_rate_lines(runs) -> list:
   for source, name, r in runs:
     g = guidance(r)
     if g:
-      groups.setdefault((explorer_rate(r['config']), r['config']['seed']), []).append(
-          (source, name, g))
+      groups.setdefault((explorer_rate(r['config']), r['config']['seed'],
+                         explorer_settings(r['config'])), []).append((source, name, g))
+  others = sorted({key[2] for key in groups})
+  shared = ('the same in every row: ' + ', '.join(f'{k}={v}' for k, v in others[0])
+            if len(others) == 1 else 'in the last column where they differ')
   lines = ['## What sets G: the explorers\' rate', '',
            'G as each run recorded it, grouped by the rate its explorers trained at and the seed '
-           '(which picks the explorers). The explorers\' other settings are the suite\'s '
-           f'({SUITE.common["batch_size"]} per batch, 5 epochs, no momentum) in every row. '
+           f'(which picks the explorers). The explorers\' other settings are {shared}. '
            '"Same in all" checks that every run of a row recorded the same G (it is computed '
            'before training, whatever the variant).', '',
            '| explorers\' rate | seed | runs | same in all | G mean | G median | share < 0.01 | '
-           'share = 0 | G max |', '|---|---|---|---|---|---|---|---|---|']
-  for (rate, seed), members in sorted(groups.items()):
+           'share = 0 | G max |' + (' other settings |' if len(others) > 1 else ''),
+           '|---|---|---|---|---|---|---|---|---|' + ('---|' if len(others) > 1 else '')]
+  for (rate, seed, other), members in sorted(groups.items()):
     same = all(all(np.isclose(m[2][k], members[0][2][k], rtol=1e-6, atol=0)
                    for k in GUIDANCE_KEYS) for m in members)
     sources = sorted({m[0] for m in members})
     lines.append(f'| {rate:g} | {seed} | {len(members)} ({", ".join(sources)}) | '
-                 f'{"yes" if same else "no"} | ' + ' | '.join(_g_cells(members[0][2])) + ' |')
+                 f'{"yes" if same else "no"} | ' + ' | '.join(_g_cells(members[0][2])) + ' |' +
+                 (' ' + ', '.join(f'{k}={v}' for k, v in other) + ' |' if len(others) > 1 else ''))
   return lines + ['']
 
 
@@ -97,14 +124,22 @@ def _best(runs, algorithm: str) -> dict | None:
   return max(done, key=lambda r: r['last10_mean_accuracy']) if done else None
 
 
-def _point(r: dict | None) -> list:
-  """Best point, explorers' rate, last-10, G median (the grid's keys are the run's)."""
+def _point(r: dict | None, runs, algorithm: str) -> list:
+  """Best point (marked when on its grid's edge), explorers' rate, last-10, G median, and how
+  many of the grid's points finished or diverged."""
+  grid = SUITE.grid[algorithm]
+  total = len(report.grid_points(grid))
+  ended = sum(r2['config']['algorithm'] == algorithm and bool(r2['finished'] or r2['diverged'])
+              for r2 in runs)
   if r is None:
-    return ['none finished', '', '', '']
+    return ['none finished', '', '', '', f'{ended} of {total}']
   g = guidance(r)
-  values = ', '.join(f'{k}={r["config"][k]:g}' for k in SUITE.grid[r['config']['algorithm']])
+  values = ', '.join(f'{k}={r["config"][k]:g}' +
+                     (' (grid edge)' if len(v) > 1 and r['config'][k] in (min(v), max(v)) else '')
+                     for k, v in grid.items())
   return [values, f'{explorer_rate(r["config"]):g}' if g else 'n/a',
-          report.pct(r['last10_mean_accuracy']), f'{g["guidance_median"]:.2g}' if g else 'n/a']
+          report.pct(r['last10_mean_accuracy']), f'{g["guidance_median"]:.2g}' if g else 'n/a',
+          f'{ended} of {total}']
 
 
 def _tuning_lines(runs) -> list:
@@ -112,18 +147,34 @@ def _tuning_lines(runs) -> list:
   earlier = [r for source, _, r in runs if source == 'superseded tuning']
   lines = ['## The guided variants\' best tuning points under each exploration rule', '',
            f'Tuning at seed {suites.TUNING_SEED}, {SUITE.tuning_rounds} rounds. First rule '
-           '(superseded): the explorers trained at the guided variant\'s own client rate, so '
-           'every point of the guided grid also changed G. Now: the explorers train at '
-           f'{suites.EXPLORATION_LR:g} for every point, and the grid changes the step only.', '',
-           '| variant | rule | best point | explorers\' rate | last-10 (%) | G median |',
-           '|---|---|---|---|---|---|']
+           '(superseded): the explorers trained at the point\'s client rate, so every client '
+           'rate of a guided grid also changed G (FedLEx-SGD, which has no client step, '
+           'explored at the default client rate, 0.01, at every point). Now: the explorers '
+           f'train at {suites.EXPLORATION_LR:g} at every point of every guided grid, one G per '
+           'seed, and the grid changes the steps only. Finished: grid points finished or '
+           'diverged of the grid\'s.', '',
+           '| variant | rule | best point | explorers\' rate | last-10 (%) | G median | '
+           'finished |', '|---|---|---|---|---|---|---|']
   for base, guided in ((c.baseline, c.method) for c in SUITE.comparisons):
     for label, pool, algorithm in ((f'{base} (base)', tuning, base),
                                    (guided, earlier, guided), (guided, tuning, guided)):
       rule = ('no G' if pool is tuning and algorithm == base else
-              'explorers at the point\'s own rate (superseded)' if pool is earlier else
+              'first rule (superseded)' if pool is earlier else
               f'explorers at {suites.EXPLORATION_LR:g}')
-      lines.append(f'| {label} | {rule} | ' + ' | '.join(_point(_best(pool, algorithm))) + ' |')
+      lines.append(f'| {label} | {rule} | ' +
+                   ' | '.join(_point(_best(pool, algorithm), pool, algorithm)) + ' |')
+  tuned = suites.load_tuned(SUITE.name) or {}
+  rates = {b: tuned[b]['client_lr'] for b in (c.baseline for c in SUITE.comparisons)
+           if 'client_lr' in tuned.get(b, {})}
+  if rates:
+    differ = {b: r for b, r in rates.items() if r != suites.EXPLORATION_LR}
+    lines += ['', 'The bases\' tuned client rates: ' +
+              ', '.join(f'{b} {r:g}' for b, r in rates.items()) + '; the explorers\' rate, '
+              f'{suites.EXPLORATION_LR:g}, ' + (
+                  'is theirs.' if not differ else
+                  'differs from ' + ', '.join(differ) + '\'s (fixed before their tuning '
+                  'ended; the explorers train unguided, so any base rate is a fair choice, '
+                  'but it is not the tuned one).')]
   return lines + ['']
 
 
@@ -144,7 +195,9 @@ def _runs_lines() -> list:
            'Mean ± std over the seeds where both runs finished. The step rate is the rate that '
            'multiplies a method\'s step (the client rate; FedSGD\'s server rate); G mean × '
            'rate is the guided variant\'s average step rate per coordinate, G median × rate '
-           'its typical one. Margin: guided − base of the same seed, in points.', '']
+           'its typical one; not given for FedLEx-Opt, whose server Adam divides each '
+           'coordinate\'s update by its running size and so undoes most of G\'s scale. '
+           'Margin: guided − base of the same seed, in points.', '']
   header = ['| comparison | seeds | G mean | G median | share < 0.01 | base rate | guided rate | '
             'G mean × rate | G median × rate | base (%) | guided (%) | margin |',
             '|---|---|---|---|---|---|---|---|---|---|---|---|']
@@ -158,13 +211,15 @@ def _runs_lines() -> list:
       continue
     g = [guidance(guided[s]) for s in seeds]
     b_rate, g_rate = step_rate(base[seeds[0]]['config']), step_rate(guided[seeds[0]]['config'])
+    adam = guided[seeds[0]]['config']['algorithm'] == 'fedlex_opt'
     rows.append(
         f'| {c.label} | {", ".join(map(str, seeds))} | '
         f'{report.over_seeds([x["guidance_mean"] for x in g], ".2g")} | '
         f'{report.over_seeds([x["guidance_median"] for x in g], ".2g")} | '
         f'{report.over_seeds([x["guidance_below_0_01"] for x in g], ".3f")} | {b_rate:g} | '
-        f'{g_rate:g} | {report.over_seeds([x["guidance_mean"] * g_rate for x in g], ".2g")} | '
-        f'{report.over_seeds([x["guidance_median"] * g_rate for x in g], ".2g")} | '
+        f'{g_rate:g} | ' + ('n/a (server Adam) | n/a (server Adam) | ' if adam else
+                            f'{report.over_seeds([x["guidance_mean"] * g_rate for x in g], ".2g")} | '
+                            f'{report.over_seeds([x["guidance_median"] * g_rate for x in g], ".2g")} | ') +
         f'{report.over_seeds([base[s]["last10_mean_accuracy"] for s in seeds], scale=100)} | '
         f'{report.over_seeds([guided[s]["last10_mean_accuracy"] for s in seeds], scale=100)} '
         f'| {report.over_seeds([guided[s]["last10_mean_accuracy"] - base[s]["last10_mean_accuracy"] for s in seeds], scale=100, signed=True)} |')
@@ -191,18 +246,26 @@ def _runs_lines() -> list:
 
 def _superseded_lines(runs) -> list:
   earlier = [(name, r) for source, name, r in runs if source == 'superseded tuning']
+  now = {name: r for source, name, r in runs if source == 'tuning'}
   lines = ['## Every superseded tuning point (`earlier_runs/tuning`)', '',
-           'Made before the explorers\' rate was fixed: the explorers trained at the point\'s own '
-           'client rate (FedLEx-SGD\'s at the default 0.01). Kept, not reported; the runs '
-           'stopped when the rule changed are listed as such.', '',
-           '| point | explorers\' rate | status | last-10 (%) | G median |', '|---|---|---|---|---|']
+           'Made under the first rule: the explorers trained at the point\'s client rate '
+           '(FedLEx-SGD\'s at the default 0.01). Kept, not reported; runs stopped unfinished '
+           'are listed as such. A point whose explorers already trained at '
+           f'{suites.EXPLORATION_LR:g} has the same settings as the new rule\'s point of that '
+           'name, so (runs being deterministic) the two must agree: the last column shows the '
+           'new one.', '',
+           '| point | explorers\' rate | status | last-10 (%) | G median | the new rule\'s '
+           'point, same settings (%) |', '|---|---|---|---|---|---|']
   for name, r in earlier:
     status = (r['diverged'] if r['diverged'] else 'finished' if r['finished'] else
-              f'stopped after round {r["rounds_done"]} of {r["rounds"]}')
+              f'stopped unfinished after round {r["rounds_done"]} of {r["rounds"]}')
     g = guidance(r)
+    twin = now.get(name)
+    same = twin is not None and twin['finished'] and same_training(r['config'], twin['config'])
     lines.append(f'| {name} | {explorer_rate(r["config"]):g} | {status} | '
                  f'{report.pct(r["last10_mean_accuracy"]) if r["finished"] else ""} | '
-                 f'{format(g["guidance_median"], ".2g") if g else ""} |')
+                 f'{format(g["guidance_median"], ".2g") if g else ""} | '
+                 f'{report.pct(twin["last10_mean_accuracy"]) if same else ""} |')
   return lines + ['']
 
 

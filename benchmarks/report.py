@@ -710,12 +710,16 @@ def suite_page(suite: suites.Suite) -> tuple:
     lines += ['', '## Not finished yet', ''] + status
   lines += ['', 'Curves: `curves.png` (mean over finished seeds, band = ± one std).', '']
   earlier = os.path.join(suites.suite_dir(suite.name), 'earlier_runs')
+  kept = []
   if os.path.exists(os.path.join(earlier, 'results.md')):
-    lines += ['Earlier single-seed runs with older code (superseded, kept): '
-              '[earlier_runs/results.md](earlier_runs/results.md).', '']
-  elif os.path.isdir(earlier):   # measured on the suite's diagnosis page
-    lines += ['Earlier runs at superseded settings (kept): `earlier_runs/`, every one listed '
-              'and measured in [diagnosis.md](diagnosis.md).', '']
+    kept.append('single-seed runs with older code, '
+                '[earlier_runs/results.md](earlier_runs/results.md)')
+  if (os.path.isdir(os.path.join(earlier, 'tuning')) and
+      os.path.exists(os.path.join(suites.HERE, f'{suite.name}_diagnosis.py'))):
+    kept.append('tuning points at superseded settings (`earlier_runs/tuning/`), every one '
+                'listed in [diagnosis.md](diagnosis.md)')
+  if kept:
+    lines += ['Earlier runs (superseded, kept): ' + '; '.join(kept) + '.', '']
   comparisons = json.dumps(_json_ready(summary['comparisons']), indent=1, sort_keys=True)
   return '\n'.join(lines), comparisons + '\n', runs
 
@@ -754,8 +758,9 @@ def compute_hours(suite_name: str) -> dict:
 def _compute_line(suite_name: str) -> str:
   hours = compute_hours(suite_name)
   spent = [f'{kind} {h:.1f} h' for kind, h in hours.items() if h > 0]
-  return ('Compute recorded (the rounds\' seconds summed; most runs ran two at a time on the '
-          '2 cores, so the wall-clock time was about half): ' + ', '.join(spent or ['none yet']) + '.')
+  return ('Compute recorded (the rounds\' training seconds summed, without evaluation, '
+          'checkpoints or FedLEx\'s exploration; most runs ran two at a time on the 2 cores, '
+          'so the wall-clock time was about half): ' + ', '.join(spent or ['none yet']) + '.')
 
 
 def write_reproduction_page() -> None:

@@ -658,6 +658,27 @@ def test_fedlex_diagnosis_groups_g_by_explorer_rate_and_scales_steps(tmp_path, m
   text = '\n'.join(fd._g_by_rate_lines(fd.recorded_runs()))  # pylint: disable=protected-access
   assert '| 3 | 100 | 2 (superseded tuning) | yes | ' in text, text
   assert '| 0.1 | 100 | 2 (tuning) | no | ' in text, text
+  # A superseded point whose explorers trained at 0.1 is the new rule's point of its name:
+  # its row shows the new one's accuracy; one explored at another rate shows none.
+  twin = dict(algorithm='fedlex_prox', client_lr=0.1, seed=100)
+  write(earlier / 'fedlex_prox_client_lr0.1', twin, np.full(50, 0.4), g_a)
+  write(tmp_path / 'fedlex' / 'tuning' / 'fedlex_prox_client_lr0.1',
+        dict(twin, fedlex_exploration_lr=0.1), np.full(50, 0.4), g_a)
+  write(tmp_path / 'fedlex' / 'tuning' / 'fedlex_prox_client_lr3',
+        dict(algorithm='fedlex_prox', client_lr=3.0, fedlex_exploration_lr=0.1, seed=100), flat,
+        g_b)
+  text = '\n'.join(fd._superseded_lines(fd.recorded_runs()))  # pylint: disable=protected-access
+  row = {l.split('|')[1].strip(): l for l in text.splitlines() if l.startswith('| fedlex_')}
+  assert row['fedlex_prox_client_lr0.1'].startswith('| fedlex_prox_client_lr0.1 | 0.1 | finished '
+                                                    '| 40.00 | ')
+  assert row['fedlex_prox_client_lr0.1'].endswith('| 40.00 |'), text    # the twin's accuracy
+  assert row['fedlex_prox_client_lr3'].startswith('| fedlex_prox_client_lr3 | 3 | finished | '
+                                                  '50.00 |')
+  assert row['fedlex_prox_client_lr3'].endswith(' |  |'), text
+  # The rate a method's step is scaled by: FedSGD's server rate, else the client's.
+  assert fd.step_rate(dict(algorithm='fedlex_sgd', server_lr=3.0, client_lr=0.01)) == 3.0
+  assert fd.step_rate(dict(algorithm='fedsgd', server_lr=0.1, client_lr=0.01)) == 0.1
+  assert fd.step_rate(dict(algorithm='fedlex_prox', server_lr=1.0, client_lr=30.0)) == 30.0
 
   # Reported runs: two seeds of one comparison, curves with every other round evaluated.
   suite = fd.SUITE
