@@ -675,6 +675,18 @@ def test_fedlex_diagnosis_groups_g_by_explorer_rate_and_scales_steps(tmp_path, m
   assert row['fedlex_prox_client_lr3'].startswith('| fedlex_prox_client_lr3 | 3 | finished | '
                                                   '50.00 |')
   assert row['fedlex_prox_client_lr3'].endswith(' |  |'), text
+  # At the same mean step: the guided variant's best point (fedlex_prox at 3, 50%, its G
+  # g_b's) beside the base's point nearest 3·Ḡ on a log scale, and the base's best.
+  rates = (0.01, 0.1, 0.3, 1.0, 3.0)
+  for rate, level in zip(rates, (0.2, 0.3, 0.7, 0.6, 0.1)):
+    write(tmp_path / 'fedlex' / 'tuning' / f'fedprox_client_lr{rate:g}',
+          dict(algorithm='fedprox', client_lr=rate, seed=100), np.full(50, level))
+  target = 3.0 * g_b['guidance_mean']
+  nearest = min(rates, key=lambda r: abs(np.log(r / target)))
+  text = '\n'.join(fd._equal_step_lines(fd.recorded_runs()))  # pylint: disable=protected-access
+  level = dict(zip(rates, ('20.00', '30.00', '70.00', '60.00', '10.00')))[nearest]
+  assert (f'| fedlex_prox vs fedprox | 3, 50.00 | {target:.2g} | '
+          f'{3.0 * g_b["guidance_max"]:.2g} | {level} at {nearest:g} | 0.3, 70.00 |') in text, text
   # The rate a method's step is scaled by: FedSGD's server rate, else the client's.
   assert fd.step_rate(dict(algorithm='fedlex_sgd', server_lr=3.0, client_lr=0.01)) == 3.0
   assert fd.step_rate(dict(algorithm='fedsgd', server_lr=0.1, client_lr=0.01)) == 0.1
