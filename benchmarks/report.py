@@ -285,7 +285,8 @@ def collect(suite: suites.Suite) -> dict:
 
 
 def collect_probe(suite: suites.Suite, probe: suites.Probe) -> dict:
-  """{run: {seed: loaded run}} of a probe (its runs' directories that exist)."""
+  """{run: {seed: loaded run}} of a probe (its runs' directories that exist), and the
+  suite's reported runs (the probe's seeds) of each baseline the probe leaves unchanged."""
   tuned = suites.load_tuned(suite.name)
   out = {}
   for run in probe.runs:
@@ -294,7 +295,18 @@ def collect_probe(suite: suites.Suite, probe: suites.Probe) -> dict:
       path = os.path.join(suites.probe_dir(suite.name, probe.name), suites.run_name(run, seed))
       if os.path.exists(os.path.join(path, 'config.json')):
         out.setdefault(run, {})[seed] = _declared_run(path, fields)
+  unchanged = probe_reported_baselines(suite, probe)
+  if unchanged:
+    reported = collect(suite)
+    for run in unchanged:
+      out[run] = {s: r for s, r in reported[run].items() if s in probe.seeds}
   return out
+
+
+def probe_reported_baselines(suite: suites.Suite, probe: suites.Probe) -> list:
+  """Baselines of the probe's comparisons that it does not run: the reported runs stand."""
+  return sorted({c.baseline for c in suite.comparisons
+                 if c.method in probe.runs and c.baseline not in probe.runs})
 
 
 def usable(run: dict) -> bool:
@@ -474,7 +486,10 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
     lines += [f'### {probe.name}: {probe.question}', '',
               'Changed from the reported runs: ' + ', '.join(
                   f'`{k}={v}`' for k, v in sorted(probe.overrides.items())) +
-              f'; runs {", ".join(probe.runs)}; seeds {", ".join(map(str, probe.seeds))}.', '']
+              f'; runs {", ".join(probe.runs)}; seeds {", ".join(map(str, probe.seeds))}' + (
+                  '; compared with the reported runs of '
+                  + ', '.join(probe_reported_baselines(suite, probe)) + ' (unchanged)'
+                  if probe_reported_baselines(suite, probe) else '') + '.', '']
     comparisons = compare_runs(suite, runs, paper, partial=True)
     if comparisons:
       lines += ['| comparison | seeds finished | baseline (%) | method (%) | margin |',

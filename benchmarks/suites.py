@@ -36,7 +36,9 @@ class Probe:
 
   Each run of `runs` is the suite's run (with its tuned learning rate) with `overrides`
   applied on top, over `seeds`; its directory is `probes/<name>/<run>_s<seed>`. The page
-  shows every comparison of the suite whose two runs are both in `runs`.
+  shows every comparison of the suite whose method is in `runs`: against the probe's run of
+  its baseline when `runs` holds one, else against the suite's reported runs of it (the
+  probe leaves that baseline as it is, e.g. a FedLEx setting a base does not read).
   """
   name: str
   question: str       # what it tests (shown on the page)
@@ -363,6 +365,13 @@ def _fedlex() -> Suite:
               'server rates (now down to 0.01); after 40 points, FedAdam\'s and FedLEx-Opt\'s '
               'best server rate was the top of theirs (now up to 0.1) and FedLEx-SGD\'s the '
               'bottom of its (now down to 1).'),
+      probes=(Probe('guidance_floor',
+                    'with G floored at 0.01 (lifting the 96% of its entries that lie below), '
+                    'at each guided variant\'s tuned rate, does the guided variant catch up '
+                    'with its base?',
+                    # its own length: the suite's rounds may grow until the curves plateau
+                    dict(fedlex_guidance_floor=0.01, rounds=100),
+                    tuple(guided for _, guided in bases), seeds=(0, 1, 2)),),
       summary_columns=(('guidance mean', ('guidance', 'guidance_mean'), '.2g'),
                        ('guidance median', ('guidance', 'guidance_median'), '.2g'),
                        ('share of G < 0.01', ('guidance', 'guidance_below_0_01'), '.2f'),

@@ -480,8 +480,8 @@ GENERAL_FLAGS_TESTED_HERE = (
 
 
 def test_every_compare_suite_run_is_a_valid_configuration():
-  """benchmarks/suites.py's runs and tuning runs use only flags their method reads, with
-  valid values."""
+  """benchmarks/suites.py's runs, tuning runs and probe runs use only flags their method
+  reads, with valid values."""
   from benchmarks import report, suites  # pylint: disable=g-import-not-at-top
   for suite in suites.SUITES.values():
     tuned = suites.load_tuned(suite.name)
@@ -490,6 +490,10 @@ def test_every_compare_suite_run_is_a_valid_configuration():
     for run, grid in suite.grid.items():
       for values in report.grid_points(grid):
         experiment.validate(experiment.ExperimentConfig(**suite.tuning_overrides(run, values)))
+    for probe in suite.probes:
+      for run in probe.runs:
+        experiment.validate(experiment.ExperimentConfig(**suite.probe_overrides(probe, run,
+                                                                                tuned)))
 
 
 def test_fedcda_says_when_a_run_is_warmup_throughout():

@@ -333,8 +333,9 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path,
 
   def fake_run(config):
     made.append(config)
-    acc = np.clip((0.5 if config.algorithm == 'fedavg' else 0.6) + rng.normal(0, 0.03, 30), 0, 1)
-    _write_run(config.experiment_dir, 30, acc, config=dataclasses.asdict(config))
+    acc = np.clip((0.5 if config.algorithm == 'fedavg' else 0.6) +
+                  rng.normal(0, 0.03, config.rounds), 0, 1)
+    _write_run(config.experiment_dir, config.rounds, acc, config=dataclasses.asdict(config))
     tails[config.algorithm, config.seed] = acc[-10:].mean()
 
   monkeypatch.setattr(compare, '_run', fake_run)
@@ -353,6 +354,27 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path,
   assert '| toy | 2 | ' in page and report.margin_text(row) in page
   (line,) = report.probe_summaries(suite, {})
   assert line.startswith('- Probe more_epochs') and report.margin_text(row) in line
+
+  # A probe that changes only the method (a setting its baseline does not read) runs only it
+  # and is compared with the suite's reported runs of the baseline, on the probe's seeds.
+  only_new = suites.Probe('new_only', 'the method alone?', dict(rounds=20), ('new',),
+                          seeds=(0, 1))
+  suite = dataclasses.replace(suite, probes=(only_new,))
+  for seed in (0, 1, 2):   # the reported base runs (seed 2 is not the probe's)
+    acc = np.clip(0.4 + rng.normal(0, 0.03, 20), 0, 1)
+    _write_run(tmp_path / 'toy' / 'runs' / f'base_s{seed}', 20, acc,
+               config=dict(suite.config_overrides('base'), seed=seed))
+    tails['reported', seed] = acc[-10:].mean()
+  made.clear()
+  compare.run_probes(suite, {'fedcda': dict(client_lr=0.3)})
+  assert [(c.algorithm, c.seed) for c in made] == [('fedcda', 0), ('fedcda', 1)]
+  runs = report.collect_probe(suite, only_new)
+  assert sorted(runs['base']) == [0, 1]
+  (row,) = report.compare_runs(suite, runs, {})
+  diffs = [100 * (tails['fedcda', s] - tails['reported', s]) for s in (0, 1)]
+  assert row['margin'] == pytest.approx(np.mean(diffs))
+  page, _, _ = report.suite_page(suite)
+  assert 'seeds 0, 1; compared with the reported runs of base (unchanged).' in page
 
 
 def test_readme_reproduction_status_is_current():
