@@ -32,9 +32,8 @@ GUIDANCE_KEYS = ('guidance_mean', 'guidance_median', 'guidance_below_0_01',
 
 
 def explorer_rate(config: dict) -> float:
-  """The rate the explorers trained at: --fedlex_exploration_lr, or (0) --client_lr."""
-  return config.get('fedlex_exploration_lr') or config.get('client_lr',
-                                                            experiment._default('client_lr'))  # pylint: disable=protected-access
+  """The rate a recorded run's explorers trained at (config.json as recorded)."""
+  return experiment.fedlex_explorer_lr(experiment.recorded_config(config))
 
 
 def step_rate(config: dict) -> float:
@@ -50,15 +49,15 @@ EXPLORER_SETTINGS = ('batch_size', 'client_momentum', 'fedlex_exploration_epochs
 
 
 def explorer_settings(config: dict) -> tuple:
-  return tuple((k, config.get(k, experiment._default(k))) for k in EXPLORER_SETTINGS)  # pylint: disable=protected-access
+  recorded = experiment.recorded_config(config)
+  return tuple((k, getattr(recorded, k)) for k in EXPLORER_SETTINGS)
 
 
 def same_training(recorded: dict, other: dict) -> bool:
   """Whether two runs' config.json describe the same training (up to the settings a resume
   may change), the explorers' rate compared as the rate they trained at."""
-  fields = experiment.ExperimentConfig.__dataclass_fields__
-  config = experiment.ExperimentConfig(**{k: v for k, v in other.items() if k in fields})
-  config.fedlex_exploration_lr = explorer_rate(other)
+  config = experiment.recorded_config(other)
+  config.fedlex_exploration_lr = experiment.fedlex_explorer_lr(config)
   return not experiment.settings_changed(
       dict(recorded, fedlex_exploration_lr=explorer_rate(recorded)), config)
 

@@ -483,13 +483,13 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
            f'`python -m benchmarks.compare --suite={suite.name} --probes`.', '']
   for probe in suite.probes:
     runs = collect_probe(suite, probe)
+    unchanged = probe_reported_baselines(suite, probe)
     lines += [f'### {probe.name}: {probe.question}', '',
               'Changed from the reported runs: ' + ', '.join(
                   f'`{k}={v}`' for k, v in sorted(probe.overrides.items())) +
               f'; runs {", ".join(probe.runs)}; seeds {", ".join(map(str, probe.seeds))}' + (
-                  '; compared with the reported runs of '
-                  + ', '.join(probe_reported_baselines(suite, probe)) + ' (unchanged)'
-                  if probe_reported_baselines(suite, probe) else '') + '.', '']
+                  f'; compared with the reported runs of {", ".join(unchanged)} (unchanged)'
+                  if unchanged else '') + '.', '']
     comparisons = compare_runs(suite, runs, paper, partial=True)
     if comparisons:
       lines += ['| comparison | seeds finished | baseline (%) | method (%) | margin |',

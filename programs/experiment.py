@@ -383,6 +383,18 @@ def _flatten_metrics(metrics, prefix='') -> dict:
   return flat
 
 
+def recorded_config(saved: dict) -> ExperimentConfig:
+  """The configuration a run's config.json records: fields it lacks (added since) at their
+  defaults, keys no longer known dropped."""
+  fields = ExperimentConfig.__dataclass_fields__
+  return ExperimentConfig(**{k: v for k, v in saved.items() if k in fields})
+
+
+def fedlex_explorer_lr(c: ExperimentConfig) -> float:
+  """The rate FedLEx's explorers train at: --fedlex_exploration_lr, or (0) --client_lr."""
+  return c.fedlex_exploration_lr or c.client_lr
+
+
 def settings_changed(saved: dict, c: ExperimentConfig) -> str:
   """'' when a run recorded as `saved` (its config.json) is a run of `c` up to
   RESUMABLE_CHANGES, else 'it was run with --x=old (now --x=new)'."""
@@ -896,7 +908,7 @@ def _fedlex_exploration(c: ExperimentConfig, model_fn, num_clients: int):
   from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
   # Explorers train unguided: their rate is the base's, not a guided variant's raised one.
   client_opt = tff.learning.optimizers.build_sgdm(
-      learning_rate=c.fedlex_exploration_lr or c.client_lr, momentum=c.client_momentum or None)
+      learning_rate=fedlex_explorer_lr(c), momentum=c.client_momentum or None)
   exploration = fedlex.build_fedlex_exploration(
       model_fn, client_opt, c.batch_size,
       **methods.METHODS[c.algorithm].builder_kwargs(c, methods.EXPLORATION))

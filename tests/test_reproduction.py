@@ -8,7 +8,6 @@ start with FedAvg rounds (its warmup), so its check runs past them into FedCDA's
 """
 
 import csv
-import dataclasses
 import json
 import os
 
@@ -38,8 +37,7 @@ def test_first_rounds_of_a_committed_run_are_reproduced(tmp_path, name):
     committed = points[0]   # a finished point: its first rounds did not diverge
   with open(os.path.join(committed, 'config.json')) as f:
     fields = json.load(f)
-  known = {f.name for f in dataclasses.fields(experiment.ExperimentConfig)}
-  config = experiment.ExperimentConfig(**{k: v for k, v in fields.items() if k in known})
+  config = experiment.recorded_config(fields)
   rounds = ROUNDS + (config.fedcda_warmup_rounds if config.algorithm == 'fedcda' else 0)
   config.rounds, config.resume, config.progress = rounds, False, False
   config.root_output_dir, config.experiment_name = str(tmp_path), 'again'
