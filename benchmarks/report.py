@@ -252,6 +252,15 @@ def pm(mean: float, std: float) -> str:
   return mean_and_spread(100 * mean, 100 * std)
 
 
+def paper_margin_text(comparison: dict) -> str:
+  """The paper's margin in points; where its figures were lost but the sign of its claim is
+  known, that claim ('a gain (sign only)'); 'n/a' when neither is known."""
+  if np.isfinite(comparison['paper_margin']):
+    return f'{comparison["paper_margin"]:+.2f}'
+  sign = comparison.get('paper_sign', 0)
+  return 'a gain (sign only)' if sign > 0 else 'a loss (sign only)' if sign < 0 else 'n/a'
+
+
 def margin_text(comparison: dict) -> str:
   """Our margin in points: mean ± std over paired seeds."""
   return mean_and_spread(comparison['margin'], comparison['margin_std'], mean_spec='+.2f')
@@ -336,6 +345,7 @@ def compare_runs(suite: suites.Suite, runs: dict, paper: dict, partial: bool = F
         label=comp.label, method=comp.method, baseline=comp.baseline, seeds=paired,
         paper_dataset=figures.get('dataset', ''), paper_baseline=figures.get('baseline'),
         paper_method=figures.get('method'), paper_margin=paper_margin,
+        paper_sign=figures.get('sign', 0),
         baseline_mean=b_mean, baseline_std=b_std, method_mean=m_mean, method_std=m_std,
         margin=100 * margin if paired else np.nan, margin_std=100 * spread,
         verdict=(verdict(paper_margin, 100 * margin, spread_points, figures.get('sign', 0))
@@ -684,7 +694,7 @@ def suite_page(suite: suites.Suite) -> tuple:
   for c in summary['comparisons']:
     lines.append(
         f'| {c["label"]} ({c["method"]}) | {c["paper_dataset"]} | {num(c["paper_baseline"])} | '
-        f'{num(c["paper_method"])} | {num(c["paper_margin"], "+.2f")} | {len(c["seeds"])} | '
+        f'{num(c["paper_method"])} | {paper_margin_text(c)} | {len(c["seeds"])} | '
         f'{pm(c["baseline_mean"], c["baseline_std"])} | {pm(c["method_mean"], c["method_std"])} '
         f'| {margin_text(c)} | **{c["verdict"]}** |')
   lines += [''] + _margin_lines(runs, summary['comparisons'])
@@ -802,7 +812,7 @@ def reproduction_page() -> str:
               '|---|---|---|---|---|---|']
     for c in summary['comparisons']:
       lines.append(
-          f'| {c["label"]} | {num(c["paper_margin"], "+.2f")} ({c["paper_dataset"]}) | '
+          f'| {c["label"]} | {paper_margin_text(c)} ({c["paper_dataset"]}) | '
           f'{pm(c["baseline_mean"], c["baseline_std"])} | '
           f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | **{c["verdict"]}** |')
     notes = margin_notes(summary['runs'], summary['comparisons']) + probe_summaries(
@@ -840,8 +850,8 @@ def status_lines() -> list:
                    f'[{suite.name}/results.md](benchmarks/{suite.name}/results.md)).')
       continue
     verdicts = '; '.join(
-        f'{c["label"]} **{c["verdict"]}** ({margin_text(c)} against the paper\'s '
-        f'{num(c["paper_margin"], "+.2f")})' for c in summary['comparisons'])
+        f'{c["label"]} **{c["verdict"]}** (ours {margin_text(c)}; paper '
+        f'{paper_margin_text(c)})' for c in summary['comparisons'])
     moving = []
     for run, seeds in runs.items():
       done = [r for r in seeds.values() if usable(r)]

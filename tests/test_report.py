@@ -29,6 +29,14 @@ def test_verdict(paper, ours, spread, want, sign):
   assert report.verdict(paper, ours, spread, sign) == want
 
 
+@pytest.mark.parametrize('margin, sign, want', [
+    (6.82, 0, '+6.82'), (-1.5, 1, '-1.50'),      # a figure wins over the sign
+    (float('nan'), 1, 'a gain (sign only)'), (float('nan'), -1, 'a loss (sign only)'),
+    (float('nan'), 0, 'n/a')])
+def test_paper_margin_text_states_a_sign_only_claim(margin, sign, want):
+  assert report.paper_margin_text(dict(paper_margin=margin, paper_sign=sign)) == want
+
+
 def test_plateau_delta_is_the_move_between_the_last_two_windows():
   rng = np.random.default_rng(0)
   curves = [np.clip(np.linspace(0.2, 0.8, 200) + rng.normal(0, 0.01, 200), 0, 1)
