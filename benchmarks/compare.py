@@ -4,6 +4,7 @@ r"""Runs a paper comparison (benchmarks/suites.py) over fixed seeds and writes i
   python -m benchmarks.compare --suite=fedcda             # every run x seeds 0, 1, 2
   python -m benchmarks.compare --suite=fedcda --report    # the page only, from the runs
   python -m benchmarks.compare --suite=fedcda --probes    # runs that test a diagnosis
+  python -m benchmarks.compare --suite=fedcda --plan      # what it would run, and how long
 
 Every run is an ordinary experiment directory (`benchmarks/<suite>/runs/<run>_s<seed>`,
 tuning runs under `tuning/`, probe runs under `probes/<probe>/`). A finished run is skipped
@@ -16,6 +17,7 @@ skipped, then waited for at the end (`bash benchmarks/reproduce.sh` with JOBS=2)
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -27,6 +29,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
+import numpy as np
 
 from benchmarks import report
 from benchmarks import suites
@@ -43,6 +46,9 @@ _PROBES = flags.DEFINE_bool('probes', False, 'Run the suite\'s probes (runs at c
                             'instead of its reported runs, over each probe\'s own seeds '
                             '(--only applies, --seeds does not).')
 _PROBE = flags.DEFINE_list('probe', [], 'Run only these probes of the suite (implies --probes).')
+_PLAN = flags.DEFINE_bool('plan', False, 'List the runs the command would make (with the other '
+                          'flags), the rounds each has left and their training time estimated '
+                          'from the suite\'s recorded rounds; train nothing.')
 
 
 def _finished(config) -> bool:
@@ -149,13 +155,96 @@ def run_all(configs, tuning: bool = False) -> None:
         continue
 
 
+def tuning_points(suite: suites.Suite) -> list:
+  """[(run, grid values, config)] of the suite's learning-rate grid, in grid order."""
+  return [(run, values, _config(suite, suite.tuning_overrides(run, values), suites.TUNING_SEED,
+                                os.path.join(suites.suite_dir(suite.name), 'tuning'),
+                                suites.tuning_name(run, values)))
+          for run, grid in suite.grid.items() for values in report.grid_points(grid)]
+
+
+def run_configs(suite: suites.Suite, tuned, only=(), seeds=suites.SEEDS) -> list:
+  """The suite's reported runs (those named in `only`, if given) over `seeds`."""
+  return [_config(suite, suite.config_overrides(run, tuned), seed,
+                  os.path.join(suites.suite_dir(suite.name), 'runs'), suites.run_name(run, seed))
+          for run in suite.runs if not only or run in only for seed in seeds]
+
+
+def probe_configs(suite: suites.Suite, tuned, only=(), probes=()) -> list:
+  """Every probe's runs (only the probes named in `probes` and the runs named in `only`, if
+  given): the suite's run (tuned) with the probe's changes, over the probe's own seeds."""
+  return [_config(suite, suite.probe_overrides(probe, run, tuned), seed,
+                  suites.probe_dir(suite.name, probe.name), suites.run_name(run, seed))
+          for probe in suite.probes if not probes or probe.name in probes
+          for run in probe.runs if not only or run in only
+          for seed in probe.seeds]
+
+
+# What sets a round's cost: runs agreeing on these share their recorded seconds per round.
+COST_FIELDS = ('algorithm', 'dataset', 'model', 'num_clients', 'clients_per_round',
+               'local_epochs', 'batch_size', 'partition')
+
+
+def recorded_seconds_per_round(suite_name: str) -> dict:
+  """{COST_FIELDS values: median training seconds of a round} over every run the suite has
+  recorded (reported, tuning, probes, superseded; finished or not)."""
+  seconds = {}
+  for pattern in ('runs/*', 'tuning/*', 'probes/*/*', 'earlier_runs/**'):
+    for path in glob.glob(os.path.join(suites.suite_dir(suite_name), pattern, 'config.json'),
+                          recursive=True):
+      with open(path) as f:
+        config = json.load(f)
+      rows = report.metrics_rows(os.path.dirname(path)) if os.path.exists(
+          os.path.join(os.path.dirname(path), 'metrics.csv')) else []
+      # the first round also traces and compiles: left out, as in summary.json
+      values = report.metrics_column(rows[1:], 'seconds')
+      key = tuple(config.get(f) for f in COST_FIELDS)
+      seconds.setdefault(key, []).extend(v for v in values if np.isfinite(v))
+  return {key: float(np.median(v)) for key, v in seconds.items() if v}
+
+
+def _duration(seconds: float) -> str:
+  return f'{seconds / 60:.0f} min' if seconds < 3600 else f'{seconds / 3600:.1f} h'
+
+
+def plan(suite: suites.Suite, configs) -> list:
+  """The lines `--plan` prints: each run still to make, the rounds it has left (a stopped run
+  resumes from its last checkpoint, a run without one starts over) and their training time
+  at the suite's recorded seconds per round for runs of the same cost; then the total."""
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  per_round = recorded_seconds_per_round(suite.name)
+  lines, total_rounds, total_seconds, untimed, done = [], 0, 0.0, 0, 0
+  for config in configs:
+    if _finished(config):
+      done += 1
+      continue
+    start = max(experiment.checkpointed_rounds(
+        os.path.join(config.experiment_dir, 'checkpoints')), default=0)
+    left = config.rounds - start
+    seconds = per_round.get(tuple(getattr(config, f) for f in COST_FIELDS))
+    total_rounds += left
+    if seconds is None:
+      untimed += 1
+      estimate = 'no round of this cost recorded yet'
+    else:
+      total_seconds += left * seconds
+      estimate = f'~{_duration(left * seconds)} at {seconds:.2f} s/round'
+    where = f'resumes after round {start}' if start else 'starts at round 1'
+    lines.append(f'  {os.path.relpath(config.experiment_dir)}: {left} rounds left ({where}); '
+                 f'{estimate}')
+  lines.append(
+      f'{len(configs) - done} of {len(configs)} runs to make, {total_rounds} rounds: '
+      f'~{_duration(total_seconds)} of training time as recorded'
+      + (f', plus {untimed} runs of a cost not recorded yet' if untimed else '')
+      + ' (recorded mostly two runs side by side, so JOBS=2 takes about half of it in wall '
+      'clock; evaluation and checkpoints add to it)')
+  return lines
+
+
 def tune(suite: suites.Suite) -> dict:
   """Runs the grid and returns {algorithm: best overrides} (best last-10 mean)."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
-  points = [(run, values, _config(suite, suite.tuning_overrides(run, values), suites.TUNING_SEED,
-                                  os.path.join(suites.suite_dir(suite.name), 'tuning'),
-                                  suites.tuning_name(run, values)))
-            for run, grid in suite.grid.items() for values in report.grid_points(grid)]
+  points = tuning_points(suite)
   run_all([config for _, _, config in points], tuning=True)
   tuned = {}
   for run in suite.grid:
@@ -171,13 +260,8 @@ def tune(suite: suites.Suite) -> dict:
 
 
 def run_probes(suite: suites.Suite, tuned, only=(), probes=()) -> None:
-  """Every probe's runs (only the probes named in `probes` and the runs named in `only`, if
-  given): the suite's run (tuned) with the probe's changes, over the probe's own seeds."""
-  run_all([_config(suite, suite.probe_overrides(probe, run, tuned), seed,
-                   suites.probe_dir(suite.name, probe.name), suites.run_name(run, seed))
-           for probe in suite.probes if not probes or probe.name in probes
-           for run in probe.runs if not only or run in only
-           for seed in probe.seeds])
+  """Makes `probe_configs(suite, tuned, only, probes)`."""
+  run_all(probe_configs(suite, tuned, only, probes))
 
 
 def main(argv):
@@ -220,9 +304,30 @@ def main(argv):
   return code
 
 
+def _print_plan(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
+  """--plan: what the same command without it would make, and for how long."""
+  if _REPORT.value:
+    print('error: --plan lists runs to make; --report makes none', file=sys.stderr)
+    return 2
+  if _TUNE.value:
+    configs = [config for _, _, config in tuning_points(suite)]
+  else:
+    tuned = suites.load_tuned(suite.name)
+    if suite.needs_tuning() and tuned is None:
+      print(f'error: suite {suite.name} tunes its learning rates first: plan that with '
+            f'python -m benchmarks.compare --suite={suite.name} --tune --plan', file=sys.stderr)
+      return 2
+    configs = (probe_configs(suite, tuned, _ONLY.value, _PROBE.value) if probes_mode
+               else run_configs(suite, tuned, _ONLY.value, seeds))
+  print('\n'.join(plan(suite, configs)))
+  return 0
+
+
 def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
   from programs import experiment  # pylint: disable=g-import-not-at-top
   try:
+    if _PLAN.value:
+      return _print_plan(suite, seeds, probes_mode)
     if _TUNE.value:
       if not suite.needs_tuning():
         print(f'error: suite {suite.name} has no tuning grid', file=sys.stderr)
@@ -242,11 +347,7 @@ def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
           return 2
         run_probes(suite, tuned, _ONLY.value, _PROBE.value)
       else:
-        run_all([_config(suite, suite.config_overrides(run, tuned), seed,
-                         os.path.join(suites.suite_dir(suite.name), 'runs'),
-                         suites.run_name(run, seed))
-                 for run in suite.runs if not _ONLY.value or run in _ONLY.value
-                 for seed in seeds])
+        run_all(run_configs(suite, tuned, _ONLY.value, seeds))
   except experiment.ExperimentError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2

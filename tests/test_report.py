@@ -447,10 +447,54 @@ def test_compare_flags_choose_what_runs(tmp_path, monkeypatch, argv, want):
         'fedavg': {'client_lr': 0.1}}   # equal scores: the first grid point stays
 
 
+def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monkeypatch, capsys):
+  """--plan trains nothing: it lists each run the same command would make, with its rounds
+  left (a stopped run from its last checkpoint) at the recorded seconds per round of runs of
+  the same cost, and the total."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  toy = dataclasses.replace(_paired_toy_suite(20, tmp_path, monkeypatch), name='fedcda')
+  monkeypatch.setitem(suites.SUITES, 'fedcda', toy)
+  dirs = {os.path.basename(c.experiment_dir): c for c in compare.run_configs(toy, None)}
+  _write_run(dirs['base_s0'].experiment_dir, 20, np.full(20, 0.5), seconds=60.0,
+             config=dataclasses.asdict(dirs['base_s0']))
+  # new_s0 stopped after round 8, checkpointed after round 5: it resumes there
+  _write_run(dirs['new_s0'].experiment_dir, 20, np.full(8, 0.6), seconds=36.0, summary_rounds=8,
+             config=dataclasses.asdict(dirs['new_s0']))
+  os.makedirs(os.path.join(dirs['new_s0'].experiment_dir, 'checkpoints', 'program_state_5'))
+  monkeypatch.setattr(compare, '_run', lambda config: pytest.fail('--plan made a run'))
+
+  def plan_lines(argv):
+    try:
+      flags.FLAGS(['compare', '--suite=fedcda', '--plan'] + argv)
+      assert compare.main([]) == 0
+    finally:
+      flags.FLAGS.unparse_flags()
+    return capsys.readouterr().out.splitlines()
+
+  rel = lambda name: os.path.relpath(dirs[name].experiment_dir)
+  lines = plan_lines(['--seeds=0,1'])
+  assert lines[:3] == [
+      f'  {rel("base_s1")}: 20 rounds left (starts at round 1); ~20 min at 60.00 s/round',
+      f'  {rel("new_s0")}: 15 rounds left (resumes after round 5); ~9 min at 36.00 s/round',
+      f'  {rel("new_s1")}: 20 rounds left (starts at round 1); ~12 min at 36.00 s/round']
+  assert lines[3].startswith('3 of 4 runs to make, 55 rounds: ~41 min of training time')
+  assert len(lines) == 4
+  lines = plan_lines(['--only=new', '--seeds=2'])
+  assert lines[0].endswith('20 rounds left (starts at round 1); ~12 min at 36.00 s/round')
+  monkeypatch.setattr(compare, 'recorded_seconds_per_round', lambda name: {})
+  lines = plan_lines(['--only=base'])
+  assert lines[0].endswith('no round of this cost recorded yet')
+  assert '2 of 3 runs to make, 40 rounds: ~0 min of training time as recorded, plus 2 runs ' \
+         'of a cost not recorded yet' in lines[-1]
+
+
 @pytest.mark.parametrize('argv, message', [
     (['--tune', '--probes'], 'choose one of --tune, --probes (or --probe), --report'),
     (['--probe=no_such_probe'], "--probe names unknown probes ['no_such_probe']"),
     (['--probes', '--only=fedavg_shards2'], 'no probe run is named in --only=fedavg_shards2'),
+    (['--plan', '--report'], '--plan lists runs to make; --report makes none'),
 ])
 def test_compare_refuses_bad_flag_combinations(capsys, argv, message):
   from absl import flags  # pylint: disable=g-import-not-at-top
