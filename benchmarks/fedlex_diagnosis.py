@@ -10,7 +10,8 @@ weighs one coordinate against another (under FedAdam's server Adam, which rescal
 coordinate, even less of its size survives). This script reads every FedLEx run that recorded G (the reported runs, the tuning
 grid and the superseded first tuning points under `earlier_runs/tuning`): G's statistics by
 the explorers' rate, the guided variants' best tuning points under each exploration rule, the
-reported runs' steps and margins over rounds, and every superseded point.
+reported runs' steps and margins over rounds, the probe that floors G, and every superseded
+point.
 """
 
 from __future__ import annotations
@@ -285,6 +286,50 @@ def _runs_lines() -> list:
   return lines
 
 
+def _floor_probe_lines() -> list:
+  """The probe that floors G (suite probe `guidance_floor`): each guided variant with G
+  floored against the same variant unfloored and against its base, seed by seed."""
+  probe = next((p for p in SUITE.probes if p.overrides.get('fedlex_guidance_floor')), None)
+  if probe is None:
+    return []
+  floor = probe.overrides['fedlex_guidance_floor']
+  floored, reported = report.collect_probe(SUITE, probe), report.collect(SUITE)
+  base_of = {c.method: c.baseline for c in SUITE.comparisons}
+  lines = [f'## G floored at {floor:g}: probe `{probe.name}`', '',
+           f'{probe.question[0].upper()}{probe.question[1:]} The same guided variants at the '
+           f'same rates, G floored at {floor:g} ({", ".join(f"`{k}={v}`" for k, v in sorted(probe.overrides.items()))}), '
+           'set beside the reported unfloored runs and the bases of the same seeds (mean ± std '
+           'over the seeds where all three finished; differences are per seed, in points). '
+           'The floor lifts the smallest entries only: the largest steps stay r·G_max.', '',
+           '| variant | seeds | floored G mean | floored G mean × rate | base (%) | guided (%) | '
+           'floored (%) | floored − guided | floored − base |',
+           '|---|---|---|---|---|---|---|---|---|']
+  for run in probe.runs:
+    f = {s: r for s, r in floored.get(run, {}).items() if report.usable(r)}
+    g = {s: r for s, r in reported[run].items() if report.usable(r)}
+    b = {s: r for s, r in reported[base_of[run]].items() if report.usable(r)}
+    seeds = sorted(set(f) & set(g) & set(b))
+    if not seeds:
+      lines.append(f'| {run} | no seed finished in all three |' + ' |' * 7)
+      continue
+    acc = lambda runs_: [runs_[s]['last10_mean_accuracy'] for s in seeds]
+    rate = step_rate(f[seeds[0]]['config'])
+    g_mean = [guidance(f[s])['guidance_mean'] for s in seeds]
+    adam = f[seeds[0]]['config']['algorithm'] == 'fedlex_opt'
+    lines.append(
+        f'| {run} | {", ".join(map(str, seeds))} | {report.over_seeds(g_mean, ".2g")} | '
+        + ('n/a (server Adam)' if adam else report.over_seeds([x * rate for x in g_mean], '.2g'))
+        + f' | {report.over_seeds(acc(b), scale=100)} | {report.over_seeds(acc(g), scale=100)} | '
+        f'{report.over_seeds(acc(f), scale=100)} | '
+        f'{report.over_seeds(np.subtract(acc(f), acc(g)), scale=100, signed=True)} | '
+        f'{report.over_seeds(np.subtract(acc(f), acc(b)), scale=100, signed=True)} |')
+  diverged = sorted(f'{run} seed {s}' for run, seeds_ in floored.items() if run in base_of
+                    for s, r in seeds_.items() if r['diverged'] is not None)
+  if diverged:
+    lines += ['', 'Diverged with G floored: ' + ', '.join(diverged) + '.']
+  return lines + ['']
+
+
 def _superseded_lines(runs) -> list:
   earlier = [(name, r) for source, name, r in runs if source == 'superseded tuning']
   now = {name: r for source, name, r in runs if source == 'tuning'}
@@ -315,7 +360,7 @@ def page() -> str:
   lines = report.diagnosis_header(f'{SUITE.title}: what the guidance G is',
                                   sys.modules[__name__])
   lines += (_g_by_rate_lines(runs) + _tuning_lines(runs) + _equal_step_lines(runs) +
-            _runs_lines() +
+            _runs_lines() + _floor_probe_lines() +
             _superseded_lines(runs))
   return '\n'.join(lines).rstrip('\n') + '\n'
 
