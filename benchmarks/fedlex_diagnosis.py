@@ -283,7 +283,30 @@ def _runs_lines() -> list:
                for i in range(len(names))]
       lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
     lines.append('')
+  stuck = stuck_at_chance(runs)
+  if stuck:
+    lines += ['Stuck at chance (finished, losses finite, test accuracy never above '
+              f'{100 * STUCK:.0f}%): ' + ', '.join(stuck) + '. Kept in every mean above.', '']
   return lines
+
+
+CHANCE = 0.1   # ten classes
+STUCK = 1.1 * CHANCE   # a run whose best test accuracy never passes this learned nothing
+
+
+def stuck_at_chance(runs: dict) -> list:
+  """'name seed S (round-1 client train loss L)' for every finished run of `runs` ({run:
+  {seed: loaded run}}) whose test accuracy never rose above STUCK: trained, not diverged (its
+  losses stayed finite), yet it never left chance, e.g. after a first step so large that the
+  network's units died."""
+  out = []
+  for run, seeds in runs.items():
+    for seed, r in sorted(seeds.items()):
+      if report.usable(r) and r['best_accuracy'] <= STUCK:
+        rows = report.metrics_rows(r['dir'])
+        loss = report.metrics_column(rows[:1], 'client_work/train/loss')
+        out.append(f'{run} seed {seed} (round-1 client train loss {loss[0]:.2g})')
+  return out
 
 
 def _floor_probe_lines() -> list:
@@ -327,6 +350,10 @@ def _floor_probe_lines() -> list:
                     for s, r in seeds_.items() if r['diverged'] is not None)
   if diverged:
     lines += ['', 'Diverged with G floored: ' + ', '.join(diverged) + '.']
+  stuck = stuck_at_chance({run: seeds_ for run, seeds_ in floored.items() if run in base_of})
+  if stuck:
+    lines += ['', f'Stuck at chance with G floored (test accuracy never above '
+              f'{100 * STUCK:.0f}%): ' + ', '.join(stuck) + '.']
   return lines + ['']
 
 

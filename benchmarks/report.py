@@ -94,7 +94,7 @@ def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:
   acc = np.array([a for _, a in curve])
   tail = [a for r, a in curve if r > rounds - LAST]
   return dict(
-      config=config, rounds=rounds, rounds_done=done, diverged=diverged,
+      dir=exp_dir, config=config, rounds=rounds, rounds_done=done, diverged=diverged,
       finished=summary.get('rounds') == rounds and done == rounds,
       curve_rounds=[r for r, _ in curve], curve_accuracy=[a for _, a in curve],
       last10_mean_accuracy=float(np.mean(tail)) if tail else float('nan'),

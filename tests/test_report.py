@@ -796,6 +796,57 @@ def test_fedlex_diagnosis_groups_g_by_explorer_rate_and_scales_steps(tmp_path, m
       f'{first.mean():+.2f} ± {first.std(ddof=1):.2f}'), window_row
 
 
+def test_fedlex_diagnosis_floor_probe_and_runs_stuck_at_chance(tmp_path, monkeypatch):
+  """The guidance_floor probe's row pairs floored, unfloored guided and base runs by seed
+  (differences numpy's); a finished run that never left chance is named with its round-1
+  client training loss, in the reported runs' section and the probe's."""
+  from benchmarks import fedlex_diagnosis as fd  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  suite = fd.SUITE
+  (probe,) = [p for p in suite.probes if p.name == 'guidance_floor']
+  rounds = probe.overrides['rounds']
+  rng = np.random.default_rng(5)
+  last10 = {}
+
+  def write(path, config, level, first_loss=0.5):
+    acc = np.full(rounds, level)
+    _write_run(path, rounds, acc, config=config)
+    metrics = os.path.join(path, 'metrics.csv')
+    with open(metrics) as f:
+      rows = list(csv.reader(f))
+    with open(metrics, 'w', newline='') as f:   # with the program's client loss column
+      csv.writer(f).writerows([rows[0] + ['client_work/train/loss']] +
+                              [row + [first_loss if i == 1 else 0.5]
+                               for i, row in enumerate(rows) if i])
+    with open(os.path.join(path, 'summary.json'), 'w') as f:
+      json.dump(dict(rounds=rounds, client_epochs_training=1,
+                     guidance=_fedlex_guidance(rng)), f)
+
+  for seed in (0, 1, 2):
+    for kind, run in (('base', 'fedprox'), ('guided', 'fedlex_prox')):
+      last10[kind, seed] = rng.uniform(0.4, 0.8)
+      write(tmp_path / 'fedlex' / 'runs' / f'{run}_s{seed}',
+            dict(suite.config_overrides(run), seed=seed,
+                 client_lr=0.1 if kind == 'base' else 10.0), last10[kind, seed])
+    # seed 1's floored run learned nothing: a first step that killed the network
+    last10['floored', seed] = 0.1 if seed == 1 else rng.uniform(0.4, 0.8)
+    write(tmp_path / 'fedlex' / 'probes' / probe.name / f'fedlex_prox_s{seed}',
+          dict(suite.probe_overrides(probe, 'fedlex_prox'), seed=seed, client_lr=10.0),
+          last10['floored', seed],
+          first_loss=4.6e25 if seed == 1 else 0.5)
+  text = '\n'.join(fd._floor_probe_lines())  # pylint: disable=protected-access
+  row = next(l for l in text.splitlines() if l.startswith('| fedlex_prox |'))
+  cells = [c.strip() for c in row.strip('|').split('|')]
+  assert cells[1] == '0, 1, 2'
+  for column, other in ((7, 'guided'), (8, 'base')):
+    d = 100 * np.array([last10['floored', s] - last10[other, s] for s in (0, 1, 2)])
+    assert cells[column] == f'{d.mean():+.2f} ± {d.std(ddof=1):.2f}', row
+  assert 'fedlex_avgm | no seed finished in all three' in text
+  assert 'Stuck at chance with G floored (test accuracy never above 11%): fedlex_prox seed 1 ' \
+         '(round-1 client train loss 4.6e+25).' in text, text
+  assert fd.stuck_at_chance(report.collect(suite)) == []   # the reported runs all learned
+
+
 def test_compute_hours_sum_every_kind_of_run(tmp_path, monkeypatch):
   """Each kind's hours are its directories' round seconds summed (unfinished runs too)."""
   monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
