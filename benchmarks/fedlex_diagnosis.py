@@ -7,11 +7,11 @@ G is their squared deviations, min-max normalised per tensor and averaged (ALGOR
 section 4). Every guided step is then multiplied by G elementwise: with the step rate tuned
 per method, G's overall size is made up for by the rate and what can help is its shape, how it
 weighs one coordinate against another (under FedAdam's server Adam, which rescales every
-coordinate, even less of its size survives). This script reads every FedLEx run that recorded G (the reported runs, the tuning
-grid and the superseded first tuning points under `earlier_runs/tuning`): G's statistics by
-the explorers' rate, the guided variants' best tuning points under each exploration rule, the
-reported runs' steps and margins over rounds, the probe that floors G, and every superseded
-point.
+coordinate, even less of its size survives). This script reads every FedLEx run that
+recorded G (the reported runs, the tuning grid and the superseded first tuning points under
+`earlier_runs/tuning`): G's statistics by the explorers' rate, the guided variants' best
+tuning points under each exploration rule, the reported runs' steps and margins over rounds,
+the probe that floors G, and every superseded point.
 """
 
 from __future__ import annotations
@@ -254,17 +254,19 @@ def _runs_lines() -> list:
     g = [guidance(guided[s]) for s in seeds]
     b_rate, g_rate = step_rate(base[seeds[0]]['config']), step_rate(guided[seeds[0]]['config'])
     adam = guided[seeds[0]]['config']['algorithm'] == 'fedlex_opt'
+    b_acc = [base[s]['last10_mean_accuracy'] for s in seeds]
+    g_acc = [guided[s]['last10_mean_accuracy'] for s in seeds]
+    steps = ('n/a (server Adam) | n/a (server Adam) | ' if adam else
+             f'{report.over_seeds([x["guidance_mean"] * g_rate for x in g], ".2g")} | '
+             f'{report.over_seeds([x["guidance_median"] * g_rate for x in g], ".2g")} | ')
     rows.append(
         f'| {c.label} | {", ".join(map(str, seeds))} | '
         f'{report.over_seeds([x["guidance_mean"] for x in g], ".2g")} | '
         f'{report.over_seeds([x["guidance_median"] for x in g], ".2g")} | '
         f'{report.over_seeds([x["guidance_below_0_01"] for x in g], ".3f")} | {b_rate:g} | '
-        f'{g_rate:g} | ' + ('n/a (server Adam) | n/a (server Adam) | ' if adam else
-                            f'{report.over_seeds([x["guidance_mean"] * g_rate for x in g], ".2g")} | '
-                            f'{report.over_seeds([x["guidance_median"] * g_rate for x in g], ".2g")} | ') +
-        f'{report.over_seeds([base[s]["last10_mean_accuracy"] for s in seeds], scale=100)} | '
-        f'{report.over_seeds([guided[s]["last10_mean_accuracy"] for s in seeds], scale=100)} '
-        f'| {report.over_seeds([guided[s]["last10_mean_accuracy"] - base[s]["last10_mean_accuracy"] for s in seeds], scale=100, signed=True)} |')
+        f'{g_rate:g} | ' + steps + f'{report.over_seeds(b_acc, scale=100)} | '
+        f'{report.over_seeds(g_acc, scale=100)} '
+        f'| {report.over_seeds(np.subtract(g_acc, b_acc), scale=100, signed=True)} |')
     total = SUITE.common['rounds']
     per_seed = [np.subtract(window_means(guided[s]['curve_rounds'], guided[s]['curve_accuracy'],
                                          width, total),
@@ -318,9 +320,10 @@ def _floor_probe_lines() -> list:
   floor = probe.overrides['fedlex_guidance_floor']
   floored, reported = report.collect_probe(SUITE, probe), report.collect(SUITE)
   base_of = {c.method: c.baseline for c in SUITE.comparisons}
+  changes = ', '.join(f'`{k}={v}`' for k, v in sorted(probe.overrides.items()))
   lines = [f'## G floored at {floor:g}: probe `{probe.name}`', '',
            f'{probe.question[0].upper()}{probe.question[1:]} The same guided variants at the '
-           f'same rates, G floored at {floor:g} ({", ".join(f"`{k}={v}`" for k, v in sorted(probe.overrides.items()))}), '
+           f'same rates, G floored at {floor:g} ({changes}), '
            'set beside the reported unfloored runs and the bases of the same seeds (mean ± std '
            'over the seeds where all three finished; differences are per seed, in points). '
            'The floor lifts the smallest entries only: the largest steps stay r·G_max.', '',
