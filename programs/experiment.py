@@ -58,6 +58,21 @@ RESUMABLE_CHANGES = ('rounds', 'eval_every', 'data_dir', 'root_output_dir', 'exp
 # which lets the worker free what it kept from the rounds before (README, "Known TFF facts").
 RESIDENT_REFRESH_ROUNDS = 10
 
+# A round's mean client training loss above this (cross-entropy starts near ln 10 = 2.3) means
+# local training blew up without overflowing: the run goes on, often stuck at chance since
+# (a FedLEx-Opt suite run lost its seed so: benchmarks/fedlex/diagnosis.md), so say so once.
+BLOWN_UP_LOSS = 1e4
+
+
+def blown_up_warning(round_num: int, train_loss: float, client_lr: float) -> str | None:
+  """The warning for a finite round loss above BLOWN_UP_LOSS, else None."""
+  if not (math.isfinite(train_loss) and train_loss > BLOWN_UP_LOSS):
+    return None
+  return (f'warning: round {round_num}: the clients\' training loss is {train_loss:.2g}: local '
+          'training blew up, and the model may not recover (test accuracy at chance); consider '
+          f'a lower --client_lr (now {client_lr:g}) or server learning rate')
+
+
 # Written into a run whose training diverged (while the run is still held, so a process
 # waiting for it reads it): the error's first clause, one line.
 DIVERGED = 'diverged.txt'
@@ -783,6 +798,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       raise Interrupted(stop.signum, last_round, exp_dir)
 
   frozen = frozen_after_eval = False
+  blew_up = None   # blown_up_warning's message, given once a run
   accuracy = float(rows[-1]['test_accuracy']) if rows and rows[-1].get('test_accuracy') else float('nan')
   try:
     for round_num in range(start_round + 1, c.rounds + 1):
@@ -819,9 +835,13 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
         raise ExperimentError(
             f'{diverged}; {again} with a lower --client_lr (now {c.client_lr}) or server '
             'learning rate')
-      if dropped:
-        message = (f'warning: round {round_num}: {dropped} of {c.clients_per_round} clients '
-                   'had non-finite updates and were left out; consider a lower --client_lr')
+      warnings = [f'warning: round {round_num}: {dropped} of {c.clients_per_round} clients '
+                  'had non-finite updates and were left out; consider a lower --client_lr'
+                  ] if dropped else []
+      if not blew_up:
+        blew_up = blown_up_warning(round_num, train_loss, c.client_lr)
+        warnings += [blew_up] if blew_up else []
+      for message in warnings:
         if progress is not None:
           progress.write(message, file=sys.stderr)
         else:

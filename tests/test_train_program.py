@@ -231,6 +231,27 @@ def test_dropped_clients_are_counted_and_announced(tmp_path):
   assert json.loads((tmp_path / 'd' / 'summary.json').read_text())['dropped_clients'] == 1
 
 
+def test_a_blown_up_round_is_announced_once_and_the_run_goes_on(tmp_path):
+  """--client_lr=1e3 blows local training up in round 1 without overflowing (loss ~1e15,
+  finite): the run finishes, and stderr says so once, naming the rate to lower."""
+  result = _run(BASE + ['--client_lr=1e3', '--rounds=2', f'--root_output_dir={tmp_path}',
+                        '--experiment_name=b'])
+  assert result.returncode == 0, result.stderr
+  assert result.stderr.count('local training blew up') == 1, result.stderr
+  assert ("warning: round 1: the clients' training loss is" in result.stderr and
+          '--client_lr (now 1000)' in result.stderr), result.stderr
+
+
+@pytest.mark.parametrize('loss, warned', [(2.3, False), (1e4, False), (float('nan'), False),
+                                          (float('inf'), False), (1.5e4, True)])
+def test_blown_up_warning_takes_finite_losses_above_the_threshold(loss, warned):
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  message = experiment.blown_up_warning(3, loss, 0.5)
+  assert (message is not None) == warned
+  if warned:
+    assert message.startswith("warning: round 3: the clients' training loss is 1.5e+04: ")
+
+
 def test_diverging_training_stops_with_message(tmp_path):
   result = _run(BASE + ['--client_lr=1e9', '--rounds=3', f'--root_output_dir={tmp_path}'])
   assert result.returncode == 2
