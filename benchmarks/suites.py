@@ -381,8 +381,9 @@ def _fedlex() -> Suite:
              '0.64), was too large for seed 0\'s (0.72). In tuning, each SGD-type guided '
              'variant beat its base run at the same mean step r·Ḡ, but none reached the base '
              'at its own tuned rate. The paper\'s tuned rates were lost with its tables; ours '
-             'are tuned per method on one seed (100). The margins are steady over the last '
-             'three windows while every curve still rises (not plateaued at 100 rounds).'),
+             'are tuned per method on one seed (100). FedLEx-SGD\'s and FedLEx-Prox\'s '
+             'margins hold within about a point over the last three windows while every curve '
+             'still rises: not plateaued at 100 rounds, so the runs are to be lengthened.'),
       probes=(Probe('guidance_floor',
                     'with G floored at 0.01 (lifting the 96% of its entries that lie below), '
                     'at each guided variant\'s tuned rate, does the guided variant catch up '
