@@ -372,3 +372,7 @@ def test_guidance_statistics_match_numpy():
   assert stats['guidance_below_0_01'] == pytest.approx(np.mean(flat < 0.01))
   assert stats['guidance_zero_fraction'] == pytest.approx(5 / 24)
   assert (stats['guidance_min'], stats['guidance_max']) == (flat.min(), flat.max())
+  # A float32 G floored at 0.01 holds float32(0.01) (below the float64 0.01): none is below.
+  floored = [np.maximum(np.float32(rng.uniform(0, 0.05, size=20)), np.float32(0.01))]
+  assert (floored[0] == np.float32(0.01)).any()
+  assert fedlex.guidance_statistics(floored)['guidance_below_0_01'] == 0.0

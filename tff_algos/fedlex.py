@@ -325,8 +325,11 @@ def guidance_statistics(guidance) -> collections.OrderedDict:
       guidance_mean=float(flat.mean()), guidance_min=float(flat.min()),
       guidance_max=float(flat.max()), guidance_median=float(np.median(flat)),
       guidance_zero_fraction=float(np.mean(flat == 0.0)),
-      # G multiplies every gradient: the share far below 1 says how much it slows training
-      guidance_below_0_01=float(np.mean(flat < 0.01)))
+      # G multiplies every gradient: the share far below 1 says how much it slows training.
+      # Compared in each tensor's dtype: a G floored at 0.01 holds float32(0.01), not below.
+      guidance_below_0_01=float(np.mean(np.concatenate(
+          [(np.asarray(g) < np.asarray(0.01, np.asarray(g).dtype)).ravel()
+           for g in guidance]))))
 
 
 def explore_and_initialize(process: tff.learning.templates.LearningProcess,
