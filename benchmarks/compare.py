@@ -17,6 +17,7 @@ skipped, then waited for at the end (`bash benchmarks/reproduce.sh` with JOBS=2)
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -188,12 +189,13 @@ COST_FIELDS = ('algorithm', 'dataset', 'model', 'num_clients', 'clients_per_roun
 def recorded_seconds_per_round(suite_name: str) -> dict:
   """{COST_FIELDS values: median training seconds of a round} over every run the suite has
   recorded (reported, tuning, probes, superseded; finished or not)."""
+  from programs import experiment  # pylint: disable=g-import-not-at-top
   seconds = {}
   for pattern in ('runs/*', 'tuning/*', 'probes/*/*', 'earlier_runs/**'):
     for path in glob.glob(os.path.join(suites.suite_dir(suite_name), pattern, 'config.json'),
                           recursive=True):
-      with open(path) as f:
-        config = json.load(f)
+      with open(path) as f:   # fields added since it was recorded: at their defaults
+        config = dataclasses.asdict(experiment.recorded_config(json.load(f)))
       rows = report.metrics_rows(os.path.dirname(path)) if os.path.exists(
           os.path.join(os.path.dirname(path), 'metrics.csv')) else []
       # the first round also traces and compiles: left out, as in summary.json
@@ -210,16 +212,32 @@ def _duration(seconds: float) -> str:
 def plan(suite: suites.Suite, configs) -> list:
   """The lines `--plan` prints: each run still to make, the rounds it has left (a stopped run
   resumes from its last checkpoint, a run without one starts over) and their training time
-  at the suite's recorded seconds per round for runs of the same cost; then the total."""
+  at the suite's recorded seconds per round for runs of the same cost; a run the command
+  would stop at (recorded with other settings) as blocked, with the reason; then the total."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   per_round = recorded_seconds_per_round(suite.name)
-  lines, total_rounds, total_seconds, untimed, done = [], 0, 0.0, 0, 0
+  lines, total_rounds, total_seconds, untimed, done, blocked = [], 0, 0.0, 0, 0, 0
   for config in configs:
-    if _finished(config):
-      done += 1
+    where = os.path.relpath(config.experiment_dir)
+    try:
+      if _finished(config):
+        done += 1
+        continue
+    except experiment.ExperimentError as e:
+      blocked += 1
+      lines.append(f'  {where}: blocked: {e}')
       continue
     start = max(experiment.checkpointed_rounds(
         os.path.join(config.experiment_dir, 'checkpoints')), default=0)
+    if start:   # what --resume would refuse (experiment._prepare_output)
+      with open(os.path.join(config.experiment_dir, 'config.json')) as f:
+        changed = experiment.settings_changed(json.load(f), config)
+      if changed or config.rounds < start:
+        blocked += 1
+        lines.append(f'  {where}: blocked: its checkpoint cannot be resumed ('
+                     + (changed or f'checkpointed after round {start}, beyond --rounds='
+                                   f'{config.rounds}') + '): move it away and run again')
+        continue
     left = config.rounds - start
     seconds = per_round.get(tuple(getattr(config, f) for f in COST_FIELDS))
     total_rounds += left
@@ -229,15 +247,15 @@ def plan(suite: suites.Suite, configs) -> list:
     else:
       total_seconds += left * seconds
       estimate = f'~{_duration(left * seconds)} at {seconds:.2f} s/round'
-    where = f'resumes after round {start}' if start else 'starts at round 1'
-    lines.append(f'  {os.path.relpath(config.experiment_dir)}: {left} rounds left ({where}); '
-                 f'{estimate}')
+    start_text = f'resumes after round {start}' if start else 'starts at round 1'
+    lines.append(f'  {where}: {left} rounds left ({start_text}); {estimate}')
   lines.append(
-      f'{len(configs) - done} of {len(configs)} runs to make, {total_rounds} rounds: '
+      f'{len(configs) - done - blocked} of {len(configs)} runs to make, {total_rounds} rounds: '
       f'~{_duration(total_seconds)} of training time as recorded'
       + (f', plus {untimed} runs of a cost not recorded yet' if untimed else '')
+      + (f'; {blocked} blocked (listed above)' if blocked else '')
       + ' (recorded mostly two runs side by side, so JOBS=2 takes about half of it in wall '
-      'clock; evaluation and checkpoints add to it)')
+      'clock; evaluation, checkpoints and FedLEx\'s exploration add to it)')
   return lines
 
 
@@ -308,6 +326,12 @@ def _print_plan(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
   """--plan: what the same command without it would make, and for how long."""
   if _REPORT.value:
     print('error: --plan lists runs to make; --report makes none', file=sys.stderr)
+    return 2
+  if _TUNE.value and not suite.needs_tuning():
+    print(f'error: suite {suite.name} has no tuning grid', file=sys.stderr)
+    return 2
+  if probes_mode and not suite.probes:
+    print(f'error: suite {suite.name} has no probes', file=sys.stderr)
     return 2
   if _TUNE.value:
     configs = [config for _, _, config in tuning_points(suite)]

@@ -385,7 +385,7 @@ def _fedlex() -> Suite:
              'margins hold within about a point over the last three windows while every curve '
              'still rises: not plateaued at 100 rounds, so the runs are to be lengthened.'),
       probes=(Probe('guidance_floor',
-                    'with G floored at 0.01 (lifting the 96% of its entries that lie below), '
+                    'with G floored at 0.01 (lifting the 91 to 95% of its entries below it), '
                     'at each guided variant\'s tuned rate, does the guided variant catch up '
                     'with its base?',
                     # its own length: the suite's rounds may grow until the curves plateau

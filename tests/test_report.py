@@ -488,6 +488,26 @@ def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monk
   assert lines[0].endswith('no round of this cost recorded yet')
   assert '2 of 3 runs to make, 40 rounds: ~0 min of training time as recorded, plus 2 runs ' \
          'of a cost not recorded yet' in lines[-1]
+  # What the command itself would stop at is listed as blocked, with the reason: a stopped run
+  # recorded with other settings (its checkpoint cannot resume), a finished one likewise.
+  other = dict(dataclasses.asdict(dirs['base_s2']), batch_size=dirs['base_s2'].batch_size + 1)
+  _write_run(dirs['base_s2'].experiment_dir, 20, np.full(4, 0.5), summary_rounds=4,
+             config=other)
+  os.makedirs(os.path.join(dirs['base_s2'].experiment_dir, 'checkpoints', 'program_state_4'))
+  _write_run(dirs['new_s2'].experiment_dir, 20, np.full(20, 0.5),
+             config=dict(dataclasses.asdict(dirs['new_s2']), batch_size=7))
+  lines = plan_lines(['--seeds=2'])
+  assert lines[0].startswith(f'  {rel("base_s2")}: blocked: its checkpoint cannot be resumed '
+                             '(it was run with --batch_size='), lines
+  assert lines[1].startswith(f'  {rel("new_s2")}: blocked: ') and (
+      'holds a finished run of other settings' in lines[1]), lines
+  assert lines[2].startswith('0 of 2 runs to make, 0 rounds: ') and '; 2 blocked' in lines[2]
+  for argv in (['--tune'], ['--probes']):   # the suite has neither: the usual error
+    try:
+      flags.FLAGS(['compare', '--suite=fedcda', '--plan'] + argv)
+      assert compare.main([]) == 2
+    finally:
+      flags.FLAGS.unparse_flags()
 
 
 @pytest.mark.parametrize('argv, message', [
@@ -808,9 +828,10 @@ def test_fedlex_diagnosis_floor_probe_and_runs_stuck_at_chance(tmp_path, monkeyp
   rng = np.random.default_rng(5)
   last10 = {}
 
-  def write(path, config, level, first_loss=0.5):
-    acc = np.full(rounds, level)
-    _write_run(path, rounds, acc, config=config)
+  def write(path, config, level, first_loss=0.5, length=rounds):
+    acc = np.full(length, level)
+    acc[rounds:] += 0.2   # rounds past the probe's length: not in its comparison
+    _write_run(path, length, acc, config=config)
     metrics = os.path.join(path, 'metrics.csv')
     with open(metrics) as f:
       rows = list(csv.reader(f))
@@ -819,15 +840,21 @@ def test_fedlex_diagnosis_floor_probe_and_runs_stuck_at_chance(tmp_path, monkeyp
                               [row + [first_loss if i == 1 else 0.5]
                                for i, row in enumerate(rows) if i])
     with open(os.path.join(path, 'summary.json'), 'w') as f:
-      json.dump(dict(rounds=rounds, client_epochs_training=1,
+      json.dump(dict(rounds=length, client_epochs_training=1,
                      guidance=_fedlex_guidance(rng)), f)
 
+  # The reported runs were lengthened past the probe's 100 rounds; seed 1's guided run is
+  # missing, so only seeds 0 and 2 pair.
+  monkeypatch.setitem(suite.common, 'rounds', 2 * rounds)
   for seed in (0, 1, 2):
     for kind, run in (('base', 'fedprox'), ('guided', 'fedlex_prox')):
+      if (kind, seed) == ('guided', 1):
+        continue
       last10[kind, seed] = rng.uniform(0.4, 0.8)
       write(tmp_path / 'fedlex' / 'runs' / f'{run}_s{seed}',
             dict(suite.config_overrides(run), seed=seed,
-                 client_lr=0.1 if kind == 'base' else 10.0), last10[kind, seed])
+                 client_lr=0.1 if kind == 'base' else 10.0), last10[kind, seed],
+            length=2 * rounds)
     # seed 1's floored run learned nothing: a first step that killed the network
     last10['floored', seed] = 0.1 if seed == 1 else rng.uniform(0.4, 0.8)
     write(tmp_path / 'fedlex' / 'probes' / probe.name / f'fedlex_prox_s{seed}',
@@ -837,11 +864,12 @@ def test_fedlex_diagnosis_floor_probe_and_runs_stuck_at_chance(tmp_path, monkeyp
   text = '\n'.join(fd._floor_probe_lines())  # pylint: disable=protected-access
   row = next(l for l in text.splitlines() if l.startswith('| fedlex_prox |'))
   cells = [c.strip() for c in row.strip('|').split('|')]
-  assert cells[1] == '0, 1, 2'
+  assert cells[1] == '0, 2'
   for column, other in ((7, 'guided'), (8, 'base')):
-    d = 100 * np.array([last10['floored', s] - last10[other, s] for s in (0, 1, 2)])
+    d = 100 * np.array([last10['floored', s] - last10[other, s] for s in (0, 2)])
     assert cells[column] == f'{d.mean():+.2f} ± {d.std(ddof=1):.2f}', row
   assert 'fedlex_avgm | no seed finished in all three' in text
+  assert 'at the probe\'s length (100 rounds;' in text
   assert 'Stuck at chance with G floored (test accuracy never above 11%): fedlex_prox seed 1 ' \
          '(round-1 client train loss 4.6e+25).' in text, text
   assert fd.stuck_at_chance(report.collect(suite)) == []   # the reported runs all learned

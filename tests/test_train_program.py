@@ -232,14 +232,18 @@ def test_dropped_clients_are_counted_and_announced(tmp_path):
 
 
 def test_a_blown_up_round_is_announced_once_and_the_run_goes_on(tmp_path):
-  """--client_lr=1e3 blows local training up in round 1 without overflowing (loss ~1e15,
+  """--client_lr=1e6 blows local training up without overflowing (losses ~1e25 then ~1e5,
   finite): the run finishes, and stderr says so once, naming the rate to lower."""
-  result = _run(BASE + ['--client_lr=1e3', '--rounds=2', f'--root_output_dir={tmp_path}',
+  import csv  # pylint: disable=g-import-not-at-top
+  result = _run(BASE + ['--client_lr=1e6', '--rounds=2', f'--root_output_dir={tmp_path}',
                         '--experiment_name=b'])
   assert result.returncode == 0, result.stderr
-  assert result.stderr.count('local training blew up') == 1, result.stderr
+  with open(tmp_path / 'b' / 'metrics.csv') as f:
+    losses = [float(r['client_work/train/loss']) for r in csv.DictReader(f)]
+  assert len(losses) == 2 and min(losses) > 1e4, losses   # both rounds above the threshold
+  assert result.stderr.count('local training blew up') == 1, result.stderr   # said once
   assert ("warning: round 1: the clients' training loss is" in result.stderr and
-          '--client_lr (now 1000)' in result.stderr), result.stderr
+          '--client_lr (now 1e+06)' in result.stderr), result.stderr
 
 
 @pytest.mark.parametrize('loss, warned', [(2.3, False), (1e4, False), (float('nan'), False),
