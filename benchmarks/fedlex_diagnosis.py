@@ -311,19 +311,6 @@ def stuck_at_chance(runs: dict) -> list:
   return out
 
 
-def reached(run: dict, rounds: int) -> bool:
-  """A reported run made at today's settings that got to `rounds` (a probe's length, which
-  stays put when the suite's runs are lengthened)."""
-  return not run.get('stale') and run['rounds_done'] >= rounds and run['diverged'] is None
-
-
-def last10_at(run: dict, rounds: int) -> float:
-  """The mean test accuracy over rounds `rounds`-9 to `rounds` (the last-10 of a run that
-  length)."""
-  return float(np.mean([a for r, a in zip(run['curve_rounds'], run['curve_accuracy'])
-                        if rounds - report.LAST < r <= rounds]))
-
-
 def _floor_probe_lines() -> list:
   """The probe that floors G (suite probe `guidance_floor`): each guided variant with G
   floored against the same variant unfloored and against its base, seed by seed."""
@@ -347,13 +334,14 @@ def _floor_probe_lines() -> list:
            '|---|---|---|---|---|---|---|---|---|']
   for run in probe.runs:
     f = {s: r for s, r in floored.get(run, {}).items() if report.usable(r)}
-    g = {s: r for s, r in reported[run].items() if reached(r, length)}
-    b = {s: r for s, r in reported[base_of[run]].items() if reached(r, length)}
+    g = {s: r for s, r in reported[run].items() if report.usable(report.at_length(r, length))}
+    b = {s: r for s, r in floored[base_of[run]].items() if report.usable(r)}
     seeds = sorted(set(f) & set(g) & set(b))
     if not seeds:
       lines.append(f'| {run} | no seed finished in all three |' + ' |' * 7)
       continue
-    acc = lambda runs_: [last10_at(runs_[s], length) for s in seeds]
+    acc = lambda runs_: [report.at_length(runs_[s], length)['last10_mean_accuracy']
+                         for s in seeds]
     rate = step_rate(f[seeds[0]]['config'])
     g_mean = [guidance(f[s])['guidance_mean'] for s in seeds]
     adam = f[seeds[0]]['config']['algorithm'] == 'fedlex_opt'

@@ -307,9 +307,28 @@ def collect_probe(suite: suites.Suite, probe: suites.Probe) -> dict:
   unchanged = probe_reported_baselines(suite, probe)
   if unchanged:
     reported = collect(suite)
+    length = suite.probe_overrides(probe, unchanged[0], tuned)['rounds']
     for run in unchanged:
-      out[run] = {s: r for s, r in reported[run].items() if s in probe.seeds}
+      out[run] = {s: at_length(r, length) for s, r in reported[run].items()
+                  if s in probe.seeds}
   return out
+
+
+def at_length(run: dict, rounds: int) -> dict:
+  """A loaded run read as a run of `rounds` rounds: a reported run lengthened past a probe's
+  pinned length is compared over its first `rounds` (the run of that length, since client
+  sampling, batches and rates are functions of seed and round, not of the total). It is
+  finished once it got there."""
+  if run['rounds'] == rounds:
+    return run
+  kept = [(r, a) for r, a in zip(run['curve_rounds'], run['curve_accuracy']) if r <= rounds]
+  acc = np.array([a for _, a in kept])
+  tail = [a for r, a in kept if r > rounds - LAST]
+  return dict(run, rounds=rounds, finished=run['rounds_done'] >= rounds and run['diverged'] is None,
+              curve_rounds=[r for r, _ in kept], curve_accuracy=[a for _, a in kept],
+              last10_mean_accuracy=float(np.mean(tail)) if tail else float('nan'),
+              final_accuracy=float(acc[-1]) if acc.size else float('nan'),
+              best_accuracy=float(acc.max()) if acc.size else float('nan'))
 
 
 def probe_reported_baselines(suite: suites.Suite, probe: suites.Probe) -> list:

@@ -875,6 +875,23 @@ def test_fedlex_diagnosis_floor_probe_and_runs_stuck_at_chance(tmp_path, monkeyp
   assert fd.stuck_at_chance(report.collect(suite)) == []   # the reported runs all learned
 
 
+def test_at_length_reads_a_longer_run_over_its_first_rounds(tmp_path):
+  """report.at_length: a 30-round run read at 20 rounds is its first 20 (last-10 = rounds
+  11-20, numpy's), finished; read at 40 it is not finished; at its own length it is itself."""
+  rng = np.random.default_rng(2)
+  acc = rng.uniform(0.2, 0.9, 30)
+  _write_run(tmp_path / 'r', 30, acc, config=dict(algorithm='fedavg'))
+  run = report.load_run(str(tmp_path / 'r'))
+  short = report.at_length(run, 20)
+  assert short['finished'] and short['rounds'] == 20 and short['curve_rounds'] == list(
+      range(1, 21))
+  assert short['last10_mean_accuracy'] == pytest.approx(acc[10:20].mean())
+  assert short['best_accuracy'] == pytest.approx(acc[:20].max())
+  assert short['final_accuracy'] == pytest.approx(acc[19])
+  assert not report.at_length(run, 40)['finished']
+  assert report.at_length(run, 30) is run
+
+
 def test_compute_hours_sum_every_kind_of_run(tmp_path, monkeypatch):
   """Each kind's hours are its directories' round seconds summed (unfinished runs too)."""
   monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
