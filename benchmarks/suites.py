@@ -383,7 +383,16 @@ def _fedlex() -> Suite:
              'at its own tuned rate. The paper\'s tuned rates were lost with its tables; ours '
              'are tuned per method on one seed (100). FedLEx-SGD\'s and FedLEx-Prox\'s '
              'margins hold within about a point over the last three windows while every curve '
-             'still rises: not plateaued at 100 rounds, so the runs are to be lengthened.'),
+             'still rises: not plateaued at 100 rounds, so the runs are to be lengthened. '
+             'Probe `guidance_floor` (G floored at 0.01, the same rates, three seeds; '
+             'diagnosis.md, "G floored") tests whether G\'s near-zero entries are what costs: '
+             'floored, FedLEx-SGD gains 2.0 ± 0.8 points over its unfloored runs and comes '
+             'level with FedSGD (-1.25 ± 1.19); FedLEx-AvgM is unchanged; FedLEx-Opt\'s seed 0 '
+             'no longer collapses, but it trails FedAdam on every seed (-5.7 ± 3.1); '
+             'FedLEx-Prox comes within 2 points of FedProx on seeds 1 and 2, while its seed 0 '
+             'now blows up in round 1 and stays at chance. Lifting the small entries thus '
+             'brings some variants up to their bases, none past them: no shape of G that '
+             'helps was found here.'),
       probes=(Probe('guidance_floor',
                     'with G floored at 0.01 (lifting the 91 to 95% of its entries below it), '
                     'at each guided variant\'s tuned rate, does the guided variant catch up '
