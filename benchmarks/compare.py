@@ -17,7 +17,6 @@ skipped, then waited for at the end (`bash benchmarks/reproduce.sh` with JOBS=2)
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import json
 import os
@@ -191,16 +190,16 @@ def recorded_seconds_per_round(suite_name: str) -> dict:
   recorded (reported, tuning, probes, superseded; finished or not)."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   seconds = {}
-  for pattern in ('runs/*', 'tuning/*', 'probes/*/*', 'earlier_runs/**'):
+  for _, pattern in report.RUN_KINDS:
     for path in glob.glob(os.path.join(suites.suite_dir(suite_name), pattern, 'config.json'),
                           recursive=True):
       with open(path) as f:   # fields added since it was recorded: at their defaults
-        config = dataclasses.asdict(experiment.recorded_config(json.load(f)))
+        config = experiment.recorded_config(json.load(f))
       rows = report.metrics_rows(os.path.dirname(path)) if os.path.exists(
           os.path.join(os.path.dirname(path), 'metrics.csv')) else []
       # the first round also traces and compiles: left out, as in summary.json
       values = report.metrics_column(rows[1:], 'seconds')
-      key = tuple(config.get(f) for f in COST_FIELDS)
+      key = tuple(getattr(config, f) for f in COST_FIELDS)
       seconds.setdefault(key, []).extend(v for v in values if np.isfinite(v))
   return {key: float(np.median(v)) for key, v in seconds.items() if v}
 
