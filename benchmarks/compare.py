@@ -17,6 +17,7 @@ skipped, then waited for at the end (`bash benchmarks/reproduce.sh` with JOBS=2)
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -226,17 +227,12 @@ def plan(suite: suites.Suite, configs) -> list:
       blocked += 1
       lines.append(f'  {where}: blocked: {e}')
       continue
-    start = max(experiment.checkpointed_rounds(
-        os.path.join(config.experiment_dir, 'checkpoints')), default=0)
-    if start:   # what --resume would refuse (experiment._prepare_output)
-      with open(os.path.join(config.experiment_dir, 'config.json')) as f:
-        changed = experiment.settings_changed(json.load(f), config)
-      if changed or config.rounds < start:
-        blocked += 1
-        lines.append(f'  {where}: blocked: its checkpoint cannot be resumed ('
-                     + (changed or f'checkpointed after round {start}, beyond --rounds='
-                                   f'{config.rounds}') + '): move it away and run again')
-        continue
+    try:   # the command's own resume checks (other settings, fewer rounds, a lost record)
+      start = experiment.resume_point(dataclasses.replace(config, resume=True))
+    except experiment.ExperimentError as e:
+      blocked += 1
+      lines.append(f'  {where}: blocked: {e}')
+      continue
     left = config.rounds - start
     seconds = per_round.get(tuple(getattr(config, f) for f in COST_FIELDS))
     total_rounds += left

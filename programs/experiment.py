@@ -541,8 +541,8 @@ def exclusive_run_directory(exp_dir: str, wait: bool = False):
     os.close(fd)
 
 
-def _prepare_output(c: ExperimentConfig, log: Callable[[str], None]) -> int:
-  """Checks the experiment directory before anything is loaded or written.
+def resume_point(c: ExperimentConfig, log: Callable[[str], None] = lambda _: None) -> int:
+  """Checks the experiment directory before anything is loaded or written (it reads only).
 
   Returns the round to resume after (0 = a fresh run). Refuses to start over an existing
   run without --resume, and to resume a run recorded with different run-defining flags
@@ -691,7 +691,7 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
 def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
                     stop: Optional[StopRequests]) -> dict:
   """run_experiment, with the experiment directory made and held."""
-  start_round = _prepare_output(c, log)
+  start_round = resume_point(c, log)
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   try:
     execution.initialize_runtime(workers=execution.parse_worker_addresses(c.workers),

@@ -497,11 +497,19 @@ def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monk
   _write_run(dirs['new_s2'].experiment_dir, 20, np.full(20, 0.5),
              config=dict(dataclasses.asdict(dirs['new_s2']), batch_size=7))
   lines = plan_lines(['--seeds=2'])
-  assert lines[0].startswith(f'  {rel("base_s2")}: blocked: its checkpoint cannot be resumed '
-                             '(it was run with --batch_size='), lines
+  assert lines[0].startswith(f'  {rel("base_s2")}: blocked: cannot resume '
+                             f'{dirs["base_s2"].experiment_dir}: it was run with --batch_size='
+                             ), lines
   assert lines[1].startswith(f'  {rel("new_s2")}: blocked: ') and (
       'holds a finished run of other settings' in lines[1]), lines
   assert lines[2].startswith('0 of 2 runs to make, 0 rounds: ') and '; 2 blocked' in lines[2]
+  # ... and a stopped run whose record lost rounds its checkpoint holds (the run's own check)
+  _write_run(dirs['base_s1'].experiment_dir, 20, np.full(3, 0.5), summary_rounds=3,
+             config=dataclasses.asdict(dirs['base_s1']))
+  os.makedirs(os.path.join(dirs['base_s1'].experiment_dir, 'checkpoints', 'program_state_5'))
+  lines = plan_lines(['--seeds=1', '--only=base'])
+  assert lines[0].startswith(f'  {rel("base_s1")}: blocked: cannot resume ') and (
+      'its metrics.csv lacks 2 of those rounds (from round 4)' in lines[0]), lines
   for argv in (['--tune'], ['--probes']):   # the suite has neither: the usual error
     try:
       flags.FLAGS(['compare', '--suite=fedcda', '--plan'] + argv)
