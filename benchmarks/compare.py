@@ -187,8 +187,10 @@ COST_FIELDS = ('algorithm', 'dataset', 'model', 'num_clients', 'clients_per_roun
 
 
 def recorded_seconds_per_round(suite_name: str) -> dict:
-  """{COST_FIELDS values: median training seconds of a round} over every run the suite has
-  recorded (reported, tuning, probes, superseded; finished or not)."""
+  """{COST_FIELDS values: (median seconds of a round, whole)} over every run the suite has
+  recorded (reported, tuning, probes, superseded; finished or not). whole: the rounds as the
+  program ran them, evaluation included (metrics.csv's round_seconds, recorded since
+  2026-11-25); else only their training (its `seconds`), for costs recorded before."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   seconds = {}
   for _, pattern in report.RUN_KINDS:
@@ -198,11 +200,12 @@ def recorded_seconds_per_round(suite_name: str) -> dict:
         config = experiment.recorded_config(json.load(f))
       rows = report.metrics_rows(os.path.dirname(path)) if os.path.exists(
           os.path.join(os.path.dirname(path), 'metrics.csv')) else []
-      # the first round also traces and compiles: left out, as in summary.json
-      values = report.metrics_column(rows[1:], 'seconds')
       key = tuple(getattr(config, f) for f in COST_FIELDS)
-      seconds.setdefault(key, []).extend(v for v in values if np.isfinite(v))
-  return {key: float(np.median(v)) for key, v in seconds.items() if v}
+      # the first round also traces and compiles: left out, as in summary.json
+      for values, column in zip(seconds.setdefault(key, ([], [])), ('round_seconds', 'seconds')):
+        values.extend(v for v in report.metrics_column(rows[1:], column) if np.isfinite(v))
+  return {key: (float(np.median(whole)), True) if whole else (float(np.median(training)), False)
+          for key, (whole, training) in seconds.items() if whole or training}
 
 
 def _duration(seconds: float) -> str:
@@ -211,12 +214,14 @@ def _duration(seconds: float) -> str:
 
 def plan(suite: suites.Suite, configs) -> list:
   """The lines `--plan` prints: each run still to make, the rounds it has left (a stopped run
-  resumes from its last checkpoint, a run without one starts over) and their training time
-  at the suite's recorded seconds per round for runs of the same cost; a run the command
+  resumes from its last checkpoint, a run without one starts over) and their time at the
+  suite's recorded seconds per round (whole rounds where recorded, else their training) for
+  runs of the same cost; a run the command
   would stop at (recorded with other settings) as blocked, with the reason; then the total."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   per_round = recorded_seconds_per_round(suite.name)
   lines, total_rounds, total_seconds, untimed, done, blocked = [], 0, 0.0, 0, 0, 0
+  training_only = 0
   for config in configs:
     where = os.path.relpath(config.experiment_dir)
     try:
@@ -234,23 +239,29 @@ def plan(suite: suites.Suite, configs) -> list:
       lines.append(f'  {where}: blocked: {e}')
       continue
     left = config.rounds - start
-    seconds = per_round.get(tuple(getattr(config, f) for f in COST_FIELDS))
+    seconds, whole = per_round.get(tuple(getattr(config, f) for f in COST_FIELDS), (None, None))
     total_rounds += left
     if seconds is None:
       untimed += 1
       estimate = 'no round of this cost recorded yet'
     else:
       total_seconds += left * seconds
-      estimate = f'~{_duration(left * seconds)} at {seconds:.2f} s/round'
+      training_only += not whole
+      estimate = (f'~{_duration(left * seconds)} at {seconds:.2f} s/round'
+                  + ('' if whole else ' (training only)'))
     start_text = f'resumes after round {start}' if start else 'starts at round 1'
     lines.append(f'  {where}: {left} rounds left ({start_text}); {estimate}')
   lines.append(
       f'{len(configs) - done - blocked} of {len(configs)} runs to make, {total_rounds} rounds: '
-      f'~{_duration(total_seconds)} of training time as recorded'
+      f'~{_duration(total_seconds)} as recorded'
       + (f', plus {untimed} runs of a cost not recorded yet' if untimed else '')
       + (f'; {blocked} blocked (listed above)' if blocked else '')
       + ' (recorded mostly two runs side by side, so JOBS=2 takes about half of it in wall '
-      'clock; evaluation, checkpoints and FedLEx\'s exploration add to it)')
+      'clock; checkpoints add to it'
+      + (f'; {training_only} runs are sized by their training time only, recorded before '
+         'whole rounds were: evaluating every round adds to it, up to 3 times the training '
+         'in the FedCross suite (3.0 s whole rounds, 0.76 s training)' if training_only else '')
+      + ')')
   return lines
 
 

@@ -803,8 +803,9 @@ def _compute_line(suite_name: str) -> str:
   hours = compute_hours(suite_name)
   spent = [f'{kind} {h:.1f} h' for kind, h in hours.items() if h > 0]
   return ('Compute recorded (the rounds\' training seconds summed, without evaluation, '
-          'checkpoints or FedLEx\'s exploration; most runs ran two at a time on the 2 cores, '
-          'so the wall-clock time was about half): ' + ', '.join(spent or ['none yet']) + '.')
+          'checkpoints or FedLEx\'s exploration, which can take 3 times as long again: a '
+          'FedCross round took 3.0 s whole, 0.76 s training; most runs ran two at a time on the '
+          '2 cores): ' + ', '.join(spent or ['none yet']) + '.')
 
 
 def write_reproduction_page() -> None:

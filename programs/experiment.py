@@ -846,8 +846,10 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
           progress.write(message, file=sys.stderr)
         else:
           log(message)
+      # seconds: the round's training (and FedLEx's exploration); round_seconds, filled in
+      # after the evaluation: the whole round as the program runs it (what --plan sizes by).
       row = collections.OrderedDict(round=round_num, seconds=round(seconds, 4),
-                                    dropped_clients=dropped)
+                                    round_seconds=None, dropped_clients=dropped)
       row.update(metrics)
       if exploration is not None:
         row['exploration_client_epochs'] = float(program_state['exploration_client_epochs'])
@@ -858,6 +860,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
         best = max(best, accuracy)
         row['test_accuracy'] = accuracy
         row['test_loss'] = test_loss
+      row['round_seconds'] = round(time.time() - t0, 4)
       rows.append(row)
       _write_csv(csv_path, rows)
       with writer.as_default(step=round_num):

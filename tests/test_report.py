@@ -53,9 +53,11 @@ def test_plateau_delta_is_the_move_between_the_last_two_windows():
 TOY_ALGORITHMS = {'base': 'fedavg', 'new': 'fedcda'}
 
 
-def _write_run(path, rounds, accuracy, seconds=1.0, summary_rounds=None, config=None):
+def _write_run(path, rounds, accuracy, seconds=1.0, summary_rounds=None, config=None,
+               round_seconds=None):
   """A run directory as the program writes it; config.json records `config`, by default
-  the toy run's algorithm (from the directory's name) and `rounds`."""
+  the toy run's algorithm (from the directory's name) and `rounds`; metrics.csv has a
+  round_seconds column when it is given (runs recorded before 2026-11-25 have none)."""
   os.makedirs(path)
   if config is None:
     run = os.path.basename(str(path)).rsplit('_', 1)[0]
@@ -64,9 +66,10 @@ def _write_run(path, rounds, accuracy, seconds=1.0, summary_rounds=None, config=
     json.dump(dict(config, rounds=rounds), f)
   with open(os.path.join(path, 'metrics.csv'), 'w', newline='') as f:
     writer = csv.writer(f)
-    writer.writerow(['round', 'seconds', 'test_accuracy'])
+    writer.writerow(['round', 'seconds', 'test_accuracy']
+                    + ([] if round_seconds is None else ['round_seconds']))
     for r, a in enumerate(accuracy, 1):
-      writer.writerow([r, seconds, a])
+      writer.writerow([r, seconds, a] + ([] if round_seconds is None else [round_seconds]))
   with open(os.path.join(path, 'summary.json'), 'w') as f:
     json.dump(dict(rounds=summary_rounds or rounds, client_epochs_training=rounds), f)
 
@@ -457,8 +460,9 @@ def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monk
   toy = dataclasses.replace(_paired_toy_suite(20, tmp_path, monkeypatch), name='fedcda')
   monkeypatch.setitem(suites.SUITES, 'fedcda', toy)
   dirs = {os.path.basename(c.experiment_dir): c for c in compare.run_configs(toy, None)}
-  _write_run(dirs['base_s0'].experiment_dir, 20, np.full(20, 0.5), seconds=60.0,
-             config=dataclasses.asdict(dirs['base_s0']))
+  # base's cost is recorded with whole rounds (round_seconds), new's with training only
+  _write_run(dirs['base_s0'].experiment_dir, 20, np.full(20, 0.5), seconds=40.0,
+             round_seconds=60.0, config=dataclasses.asdict(dirs['base_s0']))
   # new_s0 stopped after round 8, checkpointed after round 5: it resumes there
   _write_run(dirs['new_s0'].experiment_dir, 20, np.full(8, 0.6), seconds=36.0, summary_rounds=8,
              config=dataclasses.asdict(dirs['new_s0']))
@@ -477,17 +481,21 @@ def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monk
   lines = plan_lines(['--seeds=0,1'])
   assert lines[:3] == [
       f'  {rel("base_s1")}: 20 rounds left (starts at round 1); ~20 min at 60.00 s/round',
-      f'  {rel("new_s0")}: 15 rounds left (resumes after round 5); ~9 min at 36.00 s/round',
-      f'  {rel("new_s1")}: 20 rounds left (starts at round 1); ~12 min at 36.00 s/round']
-  assert lines[3].startswith('3 of 4 runs to make, 55 rounds: ~41 min of training time')
+      f'  {rel("new_s0")}: 15 rounds left (resumes after round 5); ~9 min at 36.00 s/round '
+      '(training only)',
+      f'  {rel("new_s1")}: 20 rounds left (starts at round 1); ~12 min at 36.00 s/round '
+      '(training only)']
+  assert lines[3].startswith('3 of 4 runs to make, 55 rounds: ~41 min as recorded')
+  assert '; 2 runs are sized by their training time only' in lines[3]
   assert len(lines) == 4
   lines = plan_lines(['--only=new', '--seeds=2'])
-  assert lines[0].endswith('20 rounds left (starts at round 1); ~12 min at 36.00 s/round')
+  assert lines[0].endswith('20 rounds left (starts at round 1); ~12 min at 36.00 s/round '
+                           '(training only)')
   monkeypatch.setattr(compare, 'recorded_seconds_per_round', lambda name: {})
   lines = plan_lines(['--only=base'])
   assert lines[0].endswith('no round of this cost recorded yet')
-  assert '2 of 3 runs to make, 40 rounds: ~0 min of training time as recorded, plus 2 runs ' \
-         'of a cost not recorded yet' in lines[-1]
+  assert '2 of 3 runs to make, 40 rounds: ~0 min as recorded, plus 2 runs ' \
+         'of a cost not recorded yet' in lines[-1] and 'training time only' not in lines[-1]
   # What the command itself would stop at is listed as blocked, with the reason: a stopped run
   # recorded with other settings (its checkpoint cannot resume), a finished one likewise.
   other = dict(dataclasses.asdict(dirs['base_s2']), batch_size=dirs['base_s2'].batch_size + 1)

@@ -167,7 +167,7 @@ def test_program_resident_state_flag(tmp_path, monkeypatch):
     assert len(made) == (1 if flag else 0)
     runs[flag]['weights'] = np.load(os.path.join(config.experiment_dir, 'final_weights.npz'))
     with open(os.path.join(config.experiment_dir, 'metrics.csv')) as f:
-      runs[flag]['csv'] = [line.split(',')[2:] for line in f]  # all but round and seconds
+      runs[flag]['csv'] = [line.split(',')[3:] for line in f]  # but round and timings
   assert runs[True]['csv'] == runs[False]['csv']
   for name in runs[True]['weights'].files:
     np.testing.assert_array_equal(runs[True]['weights'][name], runs[False]['weights'][name])

@@ -320,8 +320,8 @@ def test_resume_after_kill_is_identical_to_unbroken_run(tmp_path):
   rows_a = (tmp_path / 'a' / 'metrics.csv').read_text().splitlines()
   rows_b = (tmp_path / 'b' / 'metrics.csv').read_text().splitlines()
   assert len(rows_b) == 5
-  # Same losses and accuracies round by round (column 'seconds' differs).
-  strip = lambda row: row.split(',')[2:]  # noqa: E731
+  # Same losses and accuracies round by round (the timings, seconds and round_seconds, differ).
+  strip = lambda row: row.split(',')[3:]  # noqa: E731
   assert [strip(r) for r in rows_a[1:]] == [strip(r) for r in rows_b[1:]]
 
 
@@ -341,6 +341,12 @@ def test_outputs_and_pipe_termination(piped_run):
   for key in ('final_accuracy', 'best_accuracy', 'rounds', 'seconds_per_round'):
     assert summary[key] is not None
   assert summary['rounds'] == 2 and summary['dropped_clients'] == 0
+  # The whole round (training, then the evaluation) is timed beside its training alone.
+  import csv  # pylint: disable=g-import-not-at-top
+  with open(out / 'metrics.csv') as f:
+    rows = list(csv.DictReader(f))
+  assert list(rows[0])[:3] == ['round', 'seconds', 'round_seconds']
+  assert all(float(r['round_seconds']) > float(r['seconds']) > 0 for r in rows), rows
 
 
 def test_a_run_directory_replaced_while_waiting_is_locked_anew(tmp_path):
