@@ -165,20 +165,22 @@ def tuning_points(suite: suites.Suite) -> list:
 
 
 def run_configs(suite: suites.Suite, tuned, only=(), seeds=suites.SEEDS) -> list:
-  """The suite's reported runs (those named in `only`, if given) over `seeds`."""
+  """The suite's reported runs (those named in `only`, if given) over `seeds`, seed by seed
+  (every run's first seed, then the next): a suite cut short holds whole comparisons."""
   return [_config(suite, suite.config_overrides(run, tuned), seed,
                   os.path.join(suites.suite_dir(suite.name), 'runs'), suites.run_name(run, seed))
-          for run in suite.runs if not only or run in only for seed in seeds]
+          for seed in seeds for run in suite.runs if not only or run in only]
 
 
 def probe_configs(suite: suites.Suite, tuned, only=(), probes=()) -> list:
   """Every probe's runs (only the probes named in `probes` and the runs named in `only`, if
-  given): the suite's run (tuned) with the probe's changes, over the probe's own seeds."""
+  given): the suite's run (tuned) with the probe's changes, over the probe's own seeds, seed
+  by seed as in `run_configs`."""
   return [_config(suite, suite.probe_overrides(probe, run, tuned), seed,
                   suites.probe_dir(suite.name, probe.name), suites.run_name(run, seed))
           for probe in suite.probes if not probes or probe.name in probes
-          for run in probe.runs if not only or run in only
-          for seed in probe.seeds]
+          for seed in probe.seeds
+          for run in probe.runs if not only or run in only]
 
 
 # What sets a round's cost: runs agreeing on these share their recorded seconds per round.
