@@ -644,6 +644,65 @@ def grid_edges(suite: suites.Suite, tuned) -> list:
   return out
 
 
+# Where a suite keeps the shorter runs it made again from round 1 at a longer length (their
+# checkpoints gone, e.g. on a new machine): earlier_runs/rounds<N>/<run>_s<seed>.
+REMADE = 'earlier_runs/rounds*/*'
+# The per-round values two makings of a run are compared on.
+REMADE_COLUMNS = ('client_work/train/loss', 'test_accuracy', 'test_loss')
+
+
+def remade_runs(suite: suites.Suite) -> list:
+  """[{run, seed, length, first_difference, largest_gap, earlier, again}] for every
+  superseded shorter run whose run was made again (in runs/, at least as many rounds done):
+  the first round where any of REMADE_COLUMNS differs (None: none does), the largest
+  single-round test-accuracy gap, and both makings' last-10 means over the shorter length."""
+  out = []
+  for path in sorted(glob.glob(os.path.join(suites.suite_dir(suite.name), REMADE))):
+    name = os.path.basename(path)
+    again_dir = os.path.join(suites.suite_dir(suite.name), 'runs', name)
+    if not os.path.exists(os.path.join(again_dir, 'metrics.csv')):
+      continue
+    earlier, again = load_run(path), load_run(again_dir)
+    length = earlier['rounds_done']
+    if not earlier['finished'] or again['rounds_done'] < length:
+      continue
+    first = None
+    for a, b in zip(metrics_rows(path), metrics_rows(again_dir)[:length]):
+      if any(a.get(k) != b.get(k) for k in REMADE_COLUMNS):
+        first = int(a['round'])
+        break
+    gaps = np.abs(np.subtract(earlier['curve_accuracy'], again['curve_accuracy'][:length]))
+    run, seed = name.rsplit('_s', 1)
+    out.append(dict(run=run, seed=int(seed), length=length, first_difference=first,
+                    largest_gap=float(gaps.max()), earlier=earlier['last10_mean_accuracy'],
+                    again=last10_at(again, length)))
+  return out
+
+
+def _remade_lines(suite: suites.Suite) -> list:
+  remade = remade_runs(suite)
+  if not remade:
+    return []
+  lengths = sorted({r['length'] for r in remade})
+  lines = ['## Runs made again at a longer length', '',
+           'When the suite\'s rounds grew and a run\'s checkpoints were gone, it was made again '
+           'from round 1; the shorter run is kept in '
+           + ', '.join(f'`earlier_runs/rounds{n}/`' for n in lengths) + '. Both makings have '
+           'the same code path, configuration and seed. A run is deterministic on one machine '
+           '(a resumed run continues exactly); on another machine and install the last bits '
+           'of a round can differ, and single rounds then drift apart. First difference: the '
+           'first round whose training loss, test accuracy or test loss differs at all.', '',
+           '| run | seed | rounds compared | first difference | largest gap in one round\'s '
+           'accuracy (points) | last-10 mean, earlier (%) | last-10 mean, again (%) | '
+           'difference (points) |', '|---|---|---|---|---|---|---|---|']
+  for r in remade:
+    first = 'none' if r['first_difference'] is None else f'round {r["first_difference"]}'
+    lines.append(f'| {r["run"]} | {r["seed"]} | {r["length"]} | {first} | '
+                 f'{100 * r["largest_gap"]:.2f} | {pct(r["earlier"])} | {pct(r["again"])} | '
+                 f'{100 * (r["again"] - r["earlier"]):+.2f} |')
+  return lines + ['']
+
+
 def _not_usable_line(run: str, seed: int, r: dict) -> str:
   """Why a run is left out of the numbers: made at other settings, or not finished."""
   if r.get('stale'):
@@ -753,11 +812,15 @@ def suite_page(suite: suites.Suite) -> tuple:
   if status:
     lines += ['', '## Not finished yet', ''] + status
   lines += ['', 'Curves: `curves.png` (mean over finished seeds, band = ± one std).', '']
+  lines += _remade_lines(suite)
   earlier = os.path.join(suites.suite_dir(suite.name), 'earlier_runs')
   kept = []
   if os.path.exists(os.path.join(earlier, 'results.md')):
     kept.append('single-seed runs with older code, '
                 '[earlier_runs/results.md](earlier_runs/results.md)')
+  if remade_runs(suite):
+    kept.append('the shorter runs made again at a longer length (`earlier_runs/rounds*/`), '
+                'compared with their new making above')
   if (os.path.isdir(os.path.join(earlier, 'tuning')) and
       os.path.exists(os.path.join(suites.HERE, f'{suite.name}_diagnosis.py'))):
     kept.append('tuning points at superseded settings (`earlier_runs/tuning/`), every one '

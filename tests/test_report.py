@@ -1045,3 +1045,33 @@ def test_compare_waiting_for_another_process_stops_at_a_signal(tmp_path, monkeyp
   finally:
     release.set()
     other.join()
+
+
+def test_remade_runs_compare_each_shorter_run_with_its_new_making(tmp_path, monkeypatch):
+  """A shorter run kept in earlier_runs/rounds<N>/ beside its new, longer making: the first
+  round that differs, the largest one-round gap and both last-10 means over N, as numpy's;
+  an identical making has no first difference; a making not yet N rounds long is left out."""
+  suite = _paired_toy_suite(40, tmp_path, monkeypatch)
+  rng = np.random.default_rng(11)
+  earlier = rng.uniform(0.3, 0.9, 20)
+  again = np.concatenate([earlier[:12], rng.uniform(0.3, 0.9, 28)])   # differs from round 13
+  base = tmp_path / 'toy'
+  _write_run(base / 'earlier_runs' / 'rounds20' / 'new_s0', 20, earlier)
+  _write_run(base / 'runs' / 'new_s0', 40, again)
+  _write_run(base / 'earlier_runs' / 'rounds20' / 'base_s0', 20, earlier)
+  _write_run(base / 'runs' / 'base_s0', 40, np.concatenate([earlier, again[20:]]))
+  _write_run(base / 'earlier_runs' / 'rounds20' / 'base_s1', 20, earlier)
+  _write_run(base / 'runs' / 'base_s1', 40, earlier[:15], summary_rounds=15)   # still running
+  got = {(r['run'], r['seed']): r for r in report.remade_runs(suite)}
+  assert sorted(got) == [('base', 0), ('new', 0)]
+  new = got['new', 0]
+  assert new['length'] == 20 and new['first_difference'] == 13
+  np.testing.assert_allclose(new['largest_gap'], np.abs(earlier - again[:20]).max(), rtol=1e-6)
+  np.testing.assert_allclose(new['earlier'], earlier[10:].mean(), rtol=1e-6)
+  np.testing.assert_allclose(new['again'], again[10:20].mean(), rtol=1e-6)
+  assert got['base', 0]['first_difference'] is None and got['base', 0]['largest_gap'] == 0
+  text = '\n'.join(report._remade_lines(suite))   # pylint: disable=protected-access
+  assert '`earlier_runs/rounds20/`' in text
+  assert (f'| new | 0 | 20 | round 13 | {100 * np.abs(earlier - again[:20]).max():.2f} | '
+          f'{100 * earlier[10:].mean():.2f} | {100 * again[10:20].mean():.2f} | ') in text
+  assert '| base | 0 | 20 | none | 0.00 |' in text
