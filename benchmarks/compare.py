@@ -24,6 +24,7 @@ import os
 import signal
 import sys
 import time
+from typing import Optional
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
@@ -84,13 +85,53 @@ def _raise_if_stopped(config) -> None:
                                  config.experiment_dir)
 
 
+def shorter_run_target(config) -> Optional[str]:
+  """Where `_keep_shorter_run` would move the run directory of `config` (None: it stays): a
+  finished reported run (under the suite's runs/) shorter than `config.rounds` with no
+  checkpoint to continue from, which is therefore made again from round 1."""
+  exp_dir = config.experiment_dir
+  if (os.path.basename(os.path.dirname(os.path.normpath(exp_dir))) != 'runs'
+      or not os.path.exists(os.path.join(exp_dir, 'config.json'))
+      or os.path.isdir(os.path.join(exp_dir, 'checkpoints'))):
+    return None
+  r = report.load_run(exp_dir)   # at its own length
+  if not r['finished'] or r['rounds'] >= config.rounds:
+    return None
+  return os.path.join(os.path.dirname(os.path.dirname(os.path.normpath(exp_dir))),
+                      'earlier_runs', f'rounds{r["rounds"]}', os.path.basename(exp_dir))
+
+
+def _keep_shorter_run(config) -> None:
+  """Moves a shorter finished run about to be made again (`shorter_run_target`) to the
+  suite's earlier_runs/rounds<N>/, where its page compares the two makings
+  (report.remade_runs), instead of letting the new making overwrite its record."""
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  if shorter_run_target(config) is None:
+    return
+  # Held while it moves: another compare process may be about to make the same run.
+  with experiment.exclusive_run_directory(config.experiment_dir):
+    target = shorter_run_target(config)
+    if target is None:
+      return
+    if os.path.exists(target):
+      raise experiment.ExperimentError(
+          f'{os.path.relpath(config.experiment_dir)} is to be made again at {config.rounds} '
+          f'rounds, but {os.path.relpath(target)} already keeps a run of that name: move one '
+          'of them away and run again')
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.rename(config.experiment_dir, target)
+  print(f'   its shorter run is kept in {os.path.relpath(target)}; making it again from round 1',
+        file=sys.stderr, flush=True)
+
+
 def _run(config) -> None:
   from programs import experiment  # pylint: disable=g-import-not-at-top
   if _finished(config):
     return
   _raise_if_stopped(config)   # e.g. a signal while it waited for this run
-  config.resume = os.path.isdir(os.path.join(config.experiment_dir, 'checkpoints'))
   print(f'== {os.path.relpath(config.experiment_dir)}', file=sys.stderr, flush=True)
+  _keep_shorter_run(config)
+  config.resume = os.path.isdir(os.path.join(config.experiment_dir, 'checkpoints'))
   experiment.run_experiment(config, stop=_STOP)
 
 
@@ -251,7 +292,9 @@ def plan(suite: suites.Suite, configs) -> list:
       training_only += not whole
       estimate = (f'~{_duration(left * seconds)} at {seconds:.2f} s/round'
                   + ('' if whole else ' (training only)'))
-    start_text = f'resumes after round {start}' if start else 'starts at round 1'
+    target = shorter_run_target(config)
+    start_text = (f'resumes after round {start}' if start else 'starts at round 1'
+                  + (f'; its shorter run moves to {os.path.relpath(target)}' if target else ''))
     lines.append(f'  {where}: {left} rounds left ({start_text}); {estimate}')
   lines.append(
       f'{len(configs) - done - blocked} of {len(configs)} runs to make, {total_rounds} rounds: '

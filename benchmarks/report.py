@@ -653,7 +653,8 @@ REMADE_COLUMNS = ('client_work/train/loss', 'test_accuracy', 'test_loss')
 
 def remade_runs(suite: suites.Suite) -> list:
   """[{run, seed, length, first_difference, largest_gap, earlier, again}] for every
-  superseded shorter run whose run was made again (in runs/, at least as many rounds done):
+  superseded shorter run whose run was made again longer (in runs/, at least as many rounds
+  done):
   the first round where any of REMADE_COLUMNS differs (None: none does), the largest
   single-round test-accuracy gap, and both makings' last-10 means over the shorter length."""
   out = []
@@ -664,8 +665,8 @@ def remade_runs(suite: suites.Suite) -> list:
       continue
     earlier, again = load_run(path), load_run(again_dir)
     length = earlier['rounds_done']
-    if not earlier['finished'] or again['rounds_done'] < length:
-      continue
+    if not earlier['finished'] or again['rounds'] <= length or again['rounds_done'] < length:
+      continue   # not made again longer, or not yet as far as the shorter run went
     first = None
     for a, b in zip(metrics_rows(path), metrics_rows(again_dir)[:length]):
       if any(a.get(k) != b.get(k) for k in REMADE_COLUMNS):

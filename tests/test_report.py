@@ -1075,3 +1075,48 @@ def test_remade_runs_compare_each_shorter_run_with_its_new_making(tmp_path, monk
   assert (f'| new | 0 | 20 | round 13 | {100 * np.abs(earlier - again[:20]).max():.2f} | '
           f'{100 * earlier[10:].mean():.2f} | {100 * again[10:20].mean():.2f} | ') in text
   assert '| base | 0 | 20 | none | 0.00 |' in text
+
+
+def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsys):
+  """A finished run shorter than the suite's rounds, with no checkpoint, is made again from
+  round 1: compare first moves it to earlier_runs/rounds<N>/ (its page then compares the two),
+  --plan says so; a stopped run with a checkpoint resumes in place; a name already kept
+  there is an error naming both, and nothing moves."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  suite = _paired_toy_suite(40, tmp_path, monkeypatch)
+  configs = {os.path.basename(c.experiment_dir): c for c in compare.run_configs(suite, None)}
+  shorter = np.linspace(0.3, 0.6, 20)
+  for name in ('new_s0', 'new_s1', 'base_s0'):
+    _write_run(configs[name].experiment_dir, 20, shorter,
+               config=dict(dataclasses.asdict(configs[name]), rounds=20))
+  os.makedirs(os.path.join(configs['base_s0'].experiment_dir, 'checkpoints', 'program_state_20'))
+  kept = tmp_path / 'toy' / 'earlier_runs' / 'rounds20'
+  _write_run(kept / 'new_s1', 20, shorter)   # new_s1's name is taken there already
+
+  plan = compare.plan(suite, [configs['new_s0'], configs['base_s0']])
+  assert (f'40 rounds left (starts at round 1; its shorter run moves to '
+          f'{os.path.relpath(kept)}/new_s0); ') in plan[0], plan
+  assert 'resumes after round 20)' in plan[1], plan
+  made = []
+
+  def fake_run_experiment(config, stop=None):
+    del stop
+    made.append((os.path.basename(config.experiment_dir), config.resume))
+    if not config.resume:
+      _write_run(config.experiment_dir, config.rounds, np.full(config.rounds, 0.7),
+                 config=dataclasses.asdict(config))
+
+  monkeypatch.setattr(experiment, 'run_experiment', fake_run_experiment)
+  compare._run(configs['new_s0'])   # pylint: disable=protected-access
+  compare._run(configs['base_s0'])   # pylint: disable=protected-access
+  assert made == [('new_s0', False), ('base_s0', True)]
+  assert 'its shorter run is kept in' in capsys.readouterr().err
+  np.testing.assert_allclose(report.load_run(str(kept / 'new_s0'))['curve_accuracy'], shorter)
+  assert report.load_run(configs['new_s0'].experiment_dir)['rounds_done'] == 40
+  assert not (kept / 'base_s0').exists()
+  assert [(r['run'], r['seed']) for r in report.remade_runs(suite)] == [('new', 0)]
+  with pytest.raises(experiment.ExperimentError, match='already keeps a run of that name'):
+    compare._run(configs['new_s1'])   # pylint: disable=protected-access
+  assert report.load_run(configs['new_s1'].experiment_dir)['rounds_done'] == 20
