@@ -49,8 +49,9 @@ _PROBES = flags.DEFINE_bool('probes', False, 'Run the suite\'s probes (runs at c
                             '(--only applies, --seeds does not).')
 _PROBE = flags.DEFINE_list('probe', [], 'Run only these probes of the suite (implies --probes).')
 _PLAN = flags.DEFINE_bool('plan', False, 'List the runs the command would make (with the other '
-                          'flags), the rounds each has left and their training time estimated '
-                          'from the suite\'s recorded rounds; train nothing.')
+                          'flags), the rounds each has left and their time estimated from the '
+                          'suite\'s recorded rounds (whole rounds where recorded); train '
+                          'nothing.')
 
 
 def _finished(config) -> bool:
@@ -88,17 +89,30 @@ def _raise_if_stopped(config) -> None:
 def shorter_run_target(config) -> Optional[str]:
   """Where `_keep_shorter_run` would move the run directory of `config` (None: it stays): a
   finished reported run (under the suite's runs/) shorter than `config.rounds` with no
-  checkpoint to continue from, which is therefore made again from round 1."""
-  exp_dir = config.experiment_dir
-  if (os.path.basename(os.path.dirname(os.path.normpath(exp_dir))) != 'runs'
+  checkpoint to continue from, which is therefore made again from round 1. ExperimentError
+  when it cannot be kept there: recorded with other settings, or its name kept already."""
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  exp_dir = os.path.abspath(config.experiment_dir)
+  if (os.path.basename(os.path.dirname(exp_dir)) != 'runs'
       or not os.path.exists(os.path.join(exp_dir, 'config.json'))
-      or os.path.isdir(os.path.join(exp_dir, 'checkpoints'))):
+      or experiment.checkpointed_rounds(os.path.join(exp_dir, 'checkpoints'))):
     return None
   r = report.load_run(exp_dir)   # at its own length
   if not r['finished'] or r['rounds'] >= config.rounds:
     return None
-  return os.path.join(os.path.dirname(os.path.dirname(os.path.normpath(exp_dir))),
-                      'earlier_runs', f'rounds{r["rounds"]}', os.path.basename(exp_dir))
+  where = os.path.relpath(exp_dir)
+  changed = experiment.settings_changed(r['config'], config)
+  if changed:
+    raise experiment.ExperimentError(
+        f'{where} holds a shorter run of other settings ({changed}): move it away (e.g. under '
+        'the suite\'s earlier_runs/) and run again')
+  target = os.path.join(os.path.dirname(os.path.dirname(exp_dir)), 'earlier_runs',
+                        f'rounds{r["rounds"]}', os.path.basename(exp_dir))
+  if os.path.exists(target):
+    raise experiment.ExperimentError(
+        f'{where} is to be made again at {config.rounds} rounds, but {os.path.relpath(target)} '
+        'already keeps a run of that name: move one of them away and run again')
+  return target
 
 
 def _keep_shorter_run(config) -> None:
@@ -108,20 +122,27 @@ def _keep_shorter_run(config) -> None:
   from programs import experiment  # pylint: disable=g-import-not-at-top
   if shorter_run_target(config) is None:
     return
-  # Held while it moves: another compare process may be about to make the same run.
-  with experiment.exclusive_run_directory(config.experiment_dir):
-    target = shorter_run_target(config)
-    if target is None:
-      return
-    if os.path.exists(target):
-      raise experiment.ExperimentError(
-          f'{os.path.relpath(config.experiment_dir)} is to be made again at {config.rounds} '
-          f'rounds, but {os.path.relpath(target)} already keeps a run of that name: move one '
-          'of them away and run again')
-    os.makedirs(os.path.dirname(target), exist_ok=True)
-    os.rename(config.experiment_dir, target)
+  try:   # held while it moves: another compare process may be about to make the same run
+    with experiment.exclusive_run_directory(config.experiment_dir):
+      target = shorter_run_target(config)
+      if target is None:
+        return
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      os.rename(config.experiment_dir, target)
+  except experiment.RunDirectoryBusy:
+    raise
+  except experiment.ExperimentError:
+    if _moved_away(config):
+      return   # the other process moved it first: the run is made anew
+    raise
   print(f'   its shorter run is kept in {os.path.relpath(target)}; making it again from round 1',
         file=sys.stderr, flush=True)
+
+
+def _moved_away(config) -> bool:
+  """The run's directory is gone, moved by another compare process (`_keep_shorter_run`)
+  between two looks at it: free, since the program makes it anew."""
+  return not os.path.isdir(config.experiment_dir)
 
 
 def _run(config) -> None:
@@ -190,6 +211,9 @@ def run_all(configs, tuning: bool = False) -> None:
         _raise_if_stopped(config)
         time.sleep(1.0)
         continue
+      except experiment.ExperimentError:
+        if not _moved_away(config):
+          raise
       try:
         make(config)
         break
@@ -292,9 +316,18 @@ def plan(suite: suites.Suite, configs) -> list:
       training_only += not whole
       estimate = (f'~{_duration(left * seconds)} at {seconds:.2f} s/round'
                   + ('' if whole else ' (training only)'))
-    target = shorter_run_target(config)
-    start_text = (f'resumes after round {start}' if start else 'starts at round 1'
-                  + (f'; its shorter run moves to {os.path.relpath(target)}' if target else ''))
+    try:
+      target = shorter_run_target(config)
+    except experiment.ExperimentError as e:
+      blocked += 1
+      lines.append(f'  {where}: blocked: {e}')
+      continue
+    if start:
+      start_text = f'resumes after round {start}'
+    elif target:
+      start_text = f'starts at round 1; its shorter run moves to {os.path.relpath(target)}'
+    else:
+      start_text = 'starts at round 1'
     lines.append(f'  {where}: {left} rounds left ({start_text}); {estimate}')
   lines.append(
       f'{len(configs) - done - blocked} of {len(configs)} runs to make, {total_rounds} rounds: '
@@ -304,8 +337,8 @@ def plan(suite: suites.Suite, configs) -> list:
       + ' (recorded mostly two runs side by side, so JOBS=2 takes about half of it in wall '
       'clock; checkpoints add to it'
       + (f'; {training_only} runs are sized by their training time only, recorded before '
-         'whole rounds were: evaluating every round adds to it, up to 3 times the training '
-         'in the FedCross suite (3.0 s whole rounds, 0.76 s training)' if training_only else '')
+         f'whole rounds were: evaluating every round adds to it ({report.WHOLE_ROUND})'
+         if training_only else '')
       + ')')
   return lines
 

@@ -653,10 +653,10 @@ REMADE_COLUMNS = ('client_work/train/loss', 'test_accuracy', 'test_loss')
 
 def remade_runs(suite: suites.Suite) -> list:
   """[{run, seed, length, first_difference, largest_gap, earlier, again}] for every
-  superseded shorter run whose run was made again longer (in runs/, at least as many rounds
-  done):
-  the first round where any of REMADE_COLUMNS differs (None: none does), the largest
-  single-round test-accuracy gap, and both makings' last-10 means over the shorter length."""
+  superseded shorter run whose run was made again longer at its settings (in runs/, at least
+  as many rounds done), matched round by round: the first round where any of REMADE_COLUMNS
+  the two record differs (None: none does), the largest single-round test-accuracy gap,
+  and both makings' last-10 means over the shorter length."""
   out = []
   for path in sorted(glob.glob(os.path.join(suites.suite_dir(suite.name), REMADE))):
     name = os.path.basename(path)
@@ -665,18 +665,25 @@ def remade_runs(suite: suites.Suite) -> list:
       continue
     earlier, again = load_run(path), load_run(again_dir)
     length = earlier['rounds_done']
-    if not earlier['finished'] or again['rounds'] <= length or again['rounds_done'] < length:
-      continue   # not made again longer, or not yet as far as the shorter run went
+    if (not earlier['finished'] or again['rounds'] <= length or again['rounds_done'] < length
+        or experiment.settings_changed(earlier['config'],
+                                       experiment.recorded_config(again['config']))):
+      continue   # not made again longer at its settings, or not yet as far as it went
+    again_rows = {int(r['round']): r for r in metrics_rows(again_dir)}
     first = None
-    for a, b in zip(metrics_rows(path), metrics_rows(again_dir)[:length]):
-      if any(a.get(k) != b.get(k) for k in REMADE_COLUMNS):
+    for a in metrics_rows(path):
+      b = again_rows.get(int(a['round']), {})
+      if any(a.get(k) != b.get(k) for k in REMADE_COLUMNS if k in a):
         first = int(a['round'])
         break
-    gaps = np.abs(np.subtract(earlier['curve_accuracy'], again['curve_accuracy'][:length]))
+    again_at = dict(zip(again['curve_rounds'], again['curve_accuracy']))
+    gaps = [abs(acc - again_at[r]) for r, acc in zip(earlier['curve_rounds'],
+                                                     earlier['curve_accuracy']) if r in again_at]
     run, seed = name.rsplit('_s', 1)
     out.append(dict(run=run, seed=int(seed), length=length, first_difference=first,
-                    largest_gap=float(gaps.max()), earlier=earlier['last10_mean_accuracy'],
-                    again=last10_at(again, length)))
+                    largest_gap=float(max(gaps, default=np.nan)),
+                    earlier=earlier['last10_mean_accuracy'],
+                    again=at_length(again, length)['last10_mean_accuracy']))
   return out
 
 
@@ -849,6 +856,11 @@ RUN_KINDS = (('reported runs', 'runs/*'), ('tuning', 'tuning/*'), ('probes', 'pr
              ('superseded runs', 'earlier_runs/**'))
 
 
+# What a whole round costs beside its training (metrics.csv's round_seconds and seconds),
+# measured with two runs side by side on 2026-11-25.
+WHOLE_ROUND = 'a FedCross suite round took 3.0 s whole, 0.76 s of it training'
+
+
 def compute_hours(suite_name: str) -> dict:
   """{kind: hours} the suite's recorded rounds took (metrics.csv's `seconds`, summed over
   every run directory of that kind, finished or not)."""
@@ -866,10 +878,10 @@ def compute_hours(suite_name: str) -> dict:
 def _compute_line(suite_name: str) -> str:
   hours = compute_hours(suite_name)
   spent = [f'{kind} {h:.1f} h' for kind, h in hours.items() if h > 0]
-  return ('Compute recorded (the rounds\' training seconds summed, without evaluation, '
-          'checkpoints or FedLEx\'s exploration, which can take 3 times as long again: a '
-          'FedCross round took 3.0 s whole, 0.76 s training; most runs ran two at a time on the '
-          '2 cores): ' + ', '.join(spent or ['none yet']) + '.')
+  return ('Compute recorded (the rounds\' training seconds summed; not counted: each round\'s '
+          f'evaluation and checkpoint, which can take 3 times as long again ({WHOLE_ROUND}), '
+          'and FedLEx\'s exploration before round 1; most runs ran two at a time on the 2 '
+          'cores): ' + ', '.join(spent or ['none yet']) + '.')
 
 
 def write_reproduction_page() -> None:

@@ -1062,6 +1062,8 @@ def test_remade_runs_compare_each_shorter_run_with_its_new_making(tmp_path, monk
   _write_run(base / 'runs' / 'base_s0', 40, np.concatenate([earlier, again[20:]]))
   _write_run(base / 'earlier_runs' / 'rounds20' / 'base_s1', 20, earlier)
   _write_run(base / 'runs' / 'base_s1', 40, earlier[:15], summary_rounds=15)   # still running
+  _write_run(base / 'earlier_runs' / 'rounds20' / 'new_s2', 20, earlier)   # other settings:
+  _write_run(base / 'runs' / 'new_s2', 40, again, config=dict(algorithm='fedcda', batch_size=7))
   got = {(r['run'], r['seed']): r for r in report.remade_runs(suite)}
   assert sorted(got) == [('base', 0), ('new', 0)]
   new = got['new', 0]
@@ -1094,11 +1096,17 @@ def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsy
   os.makedirs(os.path.join(configs['base_s0'].experiment_dir, 'checkpoints', 'program_state_20'))
   kept = tmp_path / 'toy' / 'earlier_runs' / 'rounds20'
   _write_run(kept / 'new_s1', 20, shorter)   # new_s1's name is taken there already
+  _write_run(configs['base_s1'].experiment_dir, 20, shorter,   # a shorter run, other settings
+             config=dict(dataclasses.asdict(configs['base_s1']), rounds=20, batch_size=7))
 
-  plan = compare.plan(suite, [configs['new_s0'], configs['base_s0']])
+  plan = compare.plan(suite, [configs[n] for n in ('new_s0', 'base_s0', 'new_s1', 'base_s1')])
   assert (f'40 rounds left (starts at round 1; its shorter run moves to '
           f'{os.path.relpath(kept)}/new_s0); ') in plan[0], plan
   assert 'resumes after round 20)' in plan[1], plan
+  assert 'blocked: ' in plan[2] and 'already keeps a run of that name' in plan[2], plan
+  assert 'blocked: ' in plan[3] and 'holds a shorter run of other settings (it was run with ' \
+      '--batch_size=7' in plan[3], plan
+  assert plan[4].startswith('2 of 4 runs to make') and '; 2 blocked' in plan[4], plan
   made = []
 
   def fake_run_experiment(config, stop=None):
@@ -1120,3 +1128,46 @@ def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsy
   with pytest.raises(experiment.ExperimentError, match='already keeps a run of that name'):
     compare._run(configs['new_s1'])   # pylint: disable=protected-access
   assert report.load_run(configs['new_s1'].experiment_dir)['rounds_done'] == 20
+  with pytest.raises(experiment.ExperimentError, match='holds a shorter run of other settings'):
+    compare._run(configs['base_s1'])   # pylint: disable=protected-access
+  assert report.load_run(configs['base_s1'].experiment_dir)['rounds_done'] == 20
+  assert made == [('new_s0', False), ('base_s0', True)]   # neither of those two was made
+
+  # Two compare processes on one run: the other moved it between this one's look and its
+  # lock. The directory is gone, so this one makes the run anew instead of failing.
+  new_s2 = configs['new_s2']
+  _write_run(new_s2.experiment_dir, 20, shorter,
+             config=dict(dataclasses.asdict(new_s2), rounds=20))
+  lock = experiment.exclusive_run_directory
+
+  def moved_first(exp_dir, wait=False):
+    if os.path.isdir(exp_dir):
+      os.rename(exp_dir, str(kept / 'new_s2'))   # what the other process did
+    return lock(exp_dir, wait)
+
+  monkeypatch.setattr(experiment, 'exclusive_run_directory', moved_first)
+  compare._run(new_s2)   # pylint: disable=protected-access
+  assert made[-1] == ('new_s2', False)
+  assert report.load_run(new_s2.experiment_dir)['rounds_done'] == 40
+
+
+def test_compare_waiting_for_a_run_the_other_process_moved_makes_it(tmp_path, monkeypatch):
+  """run_all leaves a run another compare process holds for last and waits for it; if that
+  process moved the run's directory away (a shorter run kept, `_keep_shorter_run`) the
+  missing directory is free, not an error."""
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  suite = _paired_toy_suite(40, tmp_path, monkeypatch)
+  config = compare.run_configs(suite, None, only=('new',), seeds=(0,))[0]
+  os.makedirs(config.experiment_dir)
+  calls = []
+
+  def fake_run(c):
+    calls.append(c.experiment_dir)
+    if len(calls) == 1:   # held by the other process, which then moves the directory away
+      os.rename(c.experiment_dir, str(tmp_path / 'moved'))
+      raise experiment.RunDirectoryBusy('held')
+
+  monkeypatch.setattr(compare, '_run', fake_run)
+  compare.run_all([config])
+  assert calls == [config.experiment_dir] * 2
