@@ -135,10 +135,16 @@ def metrics_column(rows, key) -> np.ndarray:
   return np.array([float(r[key]) if r.get(key) not in (None, '') else np.nan for r in rows])
 
 
+def run_rows(run: dict) -> list:
+  """A loaded run's metrics rows over the length it is read at (a run lengthened past the
+  length a page reports is read over its first rounds)."""
+  return [r for r in metrics_rows(run['dir']) if int(r['round']) <= run['rounds']]
+
+
 def suite_metrics(suite: suites.Suite) -> dict:
-  """{run: {seed: metrics rows}} of the suite's usable runs (finished, at today's settings)."""
-  return {run: {seed: metrics_rows(seed_dirs(suite, run)[seed])
-                for seed, r in seeds.items() if usable(r)}
+  """{run: {seed: metrics rows}} of the suite's usable runs (finished, at today's settings)
+  at the length its pages report (`reported_rounds`)."""
+  return {run: {seed: run_rows(r) for seed, r in seeds.items() if usable(r)}
           for run, seeds in collect(suite).items()}
 
 
@@ -152,8 +158,14 @@ def probe_metrics(suite: suites.Suite, probe: suites.Probe) -> dict:
 
 def seed_dirs(suite: suites.Suite, run: str) -> dict:
   """{seed: directory} of every seed ever run for `run` (none is dropped from a page)."""
+  return _seed_paths(os.path.join(suites.suite_dir(suite.name), 'runs'), run)
+
+
+def _seed_paths(folder: str, run: str) -> dict:
+  """{seed: directory} of `run`'s seeds in `folder` (directories <run>_s<seed> that hold a
+  config.json)."""
   out = {}
-  for path in glob.glob(os.path.join(suites.suite_dir(suite.name), 'runs', f'{run}_s*')):
+  for path in glob.glob(os.path.join(folder, f'{glob.escape(run)}_s*')):
     m = re.fullmatch(re.escape(run) + r'_s(\d+)', os.path.basename(path))
     if m and os.path.exists(os.path.join(path, 'config.json')):
       out[int(m.group(1))] = path
@@ -286,11 +298,64 @@ def _declared_run(path: str, fields: dict) -> dict:
 
 
 def collect(suite: suites.Suite) -> dict:
-  """{run: {seed: loaded run}} for every run directory of the suite."""
+  """{run: {seed: loaded run}} of the suite at the length its pages report
+  (`reported_rounds`: the declared one, or while the suite is being lengthened the longest
+  length at which every run has every seed)."""
+  return collect_at(suite, reported_rounds(suite))
+
+
+def declared_rounds(suite: suites.Suite) -> int:
+  return suite.common['rounds']
+
+
+def collect_at(suite: suites.Suite, rounds: Optional[int] = None) -> dict:
+  """{run: {seed: loaded run}} of every seed ever run, read at `rounds` rounds (default: the
+  declared length). A seed made at that length and since made again longer (a lengthened
+  suite makes its runs again from round 1, seed by seed) is read from that making, kept in
+  earlier_runs/rounds<rounds>/ with its own summary; any other from runs/, a longer run
+  there read over its first `rounds` (at_length)."""
+  rounds = rounds or declared_rounds(suite)
   tuned = suites.load_tuned(suite.name)
-  return {run: {seed: _declared_run(path, suite.config_overrides(run, tuned))
-                for seed, path in seed_dirs(suite, run).items()}
-          for run in suite.runs}
+  kept = os.path.join(suites.suite_dir(suite.name), 'earlier_runs', f'rounds{rounds}')
+  out = {}
+  for run in suite.runs:
+    fields = dict(suite.config_overrides(run, tuned), rounds=rounds)
+    seeds = {seed: _declared_run(path, fields) for seed, path in _seed_paths(kept, run).items()}
+    for seed, path in seed_dirs(suite, run).items():
+      if seed not in seeds or not done(seeds[seed]):
+        r = load_run(path)
+        seeds[seed] = dict(at_length(r, rounds), stale=settings_differences(r, fields))
+    out[run] = dict(sorted(seeds.items()))
+  return out
+
+
+def done(run: dict) -> bool:
+  """Usable, or diverged (deterministic: made again, it would diverge again)."""
+  return usable(run) or bool(run['diverged'] and not run.get('stale'))
+
+
+def reported_rounds(suite: suites.Suite) -> int:
+  """The length the suite's pages report: the declared rounds once every run is done there
+  for every seed of suites.SEEDS; while a lengthened suite is being made again seed by seed,
+  the longest shorter length at which they all are (its runs made again read over their
+  first rounds, the rest from earlier_runs/rounds<N>/ or not yet made again); the declared
+  rounds when no length has them all."""
+  declared = declared_rounds(suite)
+  lengths = {declared}
+  for path in glob.glob(os.path.join(suites.suite_dir(suite.name), 'earlier_runs',
+                                     'rounds*')):
+    m = re.fullmatch(r'rounds(\d+)', os.path.basename(path))
+    if m:
+      lengths.add(int(m.group(1)))
+  for run in suite.runs:
+    for path in seed_dirs(suite, run).values():
+      with open(os.path.join(path, 'config.json')) as f:
+        lengths.add(json.load(f)['rounds'])
+  for n in sorted((n for n in lengths if n <= declared), reverse=True):
+    if all(s in seeds and done(seeds[s])
+           for seeds in collect_at(suite, n).values() for s in suites.SEEDS):
+      return n
+  return declared
 
 
 def collect_probe(suite: suites.Suite, probe: suites.Probe) -> dict:
@@ -318,13 +383,15 @@ def at_length(run: dict, rounds: int) -> dict:
   """A loaded run read as a run of `rounds` rounds: a reported run lengthened past a probe's
   pinned length is compared over its first `rounds` (the run of that length, since client
   sampling, batches and rates are functions of seed and round, not of the total). It is
-  finished once it got there."""
+  finished once it got there (a divergence later on, which records no round, is past it)."""
   if run['rounds'] == rounds:
     return run
   kept = [(r, a) for r, a in zip(run['curve_rounds'], run['curve_accuracy']) if r <= rounds]
   acc = np.array([a for _, a in kept])
   tail = [a for r, a in kept if r > rounds - LAST]
-  return dict(run, rounds=rounds, finished=run['rounds_done'] >= rounds and run['diverged'] is None,
+  reached = run['rounds_done'] >= rounds
+  return dict(run, rounds=rounds, rounds_done=min(run['rounds_done'], rounds), finished=reached,
+              diverged=None if reached else run['diverged'],
               curve_rounds=[r for r, _ in kept], curve_accuracy=[a for _, a in kept],
               last10_mean_accuracy=float(np.mean(tail)) if tail else float('nan'),
               final_accuracy=float(acc[-1]) if acc.size else float('nan'),
@@ -736,9 +803,81 @@ def _status(runs: dict) -> list:
 
 
 def suite_summary(suite: suites.Suite) -> dict:
-  runs = collect(suite)
+  """The suite's runs and comparisons at the length its pages report (`rounds`), and while
+  it is being lengthened (`rounds` below `declared`) the same at the declared length so far
+  (`longer_runs`, `longer_comparisons`)."""
   paper = suites.load_paper_numbers().get(suite.name, {})
-  return dict(runs=runs, comparisons=compare_runs(suite, runs, paper), paper=paper)
+  rounds, declared = reported_rounds(suite), declared_rounds(suite)
+  runs = collect_at(suite, rounds)
+  out = dict(runs=runs, comparisons=compare_runs(suite, runs, paper), paper=paper,
+             rounds=rounds, declared=declared)
+  if rounds < declared:
+    longer = collect_at(suite, declared)
+    out.update(longer_runs=longer, longer_comparisons=compare_runs(suite, longer, paper))
+  return out
+
+
+def finished_count(runs: dict) -> tuple:
+  """(usable runs of suites.SEEDS, runs expected) of {run: {seed: loaded run}}."""
+  return (sum(usable(r) for seeds in runs.values() for seed, r in seeds.items()
+              if seed in suites.SEEDS), len(runs) * len(suites.SEEDS))
+
+
+def lengthening_text(summary: dict) -> str:
+  """'' or, while the suite is being lengthened, a sentence saying at which length its
+  figures are and how far the longer making has got."""
+  if summary['rounds'] == summary['declared']:
+    return ''
+  finished, expected = finished_count(summary['longer_runs'])
+  return (f'These figures are at {summary["rounds"]} rounds, the longest length at which '
+          f'every run has every seed: the suite is being lengthened to {summary["declared"]} '
+          f'rounds, made again from round 1 seed by seed ({finished} of {expected} runs '
+          'finished there so far).')
+
+
+def _lengthening_lines(suite: suites.Suite, summary: dict) -> list:
+  """The section of a suite being lengthened: its comparisons at the declared length over
+  the seeds finished there so far, and what is left to run."""
+  if summary['rounds'] == summary['declared']:
+    return []
+  declared = summary['declared']
+  finished, expected = finished_count(summary['longer_runs'])
+  lines = [f'## At {declared} rounds so far', '',
+           f'The suite is being lengthened to {declared} rounds, its runs made again from round '
+           f'1 seed by seed; the figures above stay at {summary["rounds"]} rounds until every '
+           f'run has every seed at {declared} ({finished} of {expected} runs finished there so '
+           'far).']
+  if any(c['seeds'] for c in summary['longer_comparisons']):
+    lines[-1] += (f' The comparisons at {declared} rounds over the seeds finished there (a '
+                  'verdict needs two seeds; the same command continues):')
+    lines += ['', '| setting | seeds | our baseline | our method | our margin | verdict |',
+              '|---|---|---|---|---|---|']
+    for c in summary['longer_comparisons']:
+      lines.append(f'| {c["label"]} ({c["method"]}) | {len(c["seeds"])} | '
+                   f'{pm(c["baseline_mean"], c["baseline_std"])} | '
+                   f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | '
+                   f'**{c["verdict"]}** |')
+  under_way, waiting, other = [], [], []
+  for run, seeds in summary['longer_runs'].items():
+    for seed in sorted(set(seeds) | set(suites.SEEDS)):
+      r = seeds.get(seed)
+      if r is None:
+        waiting.append(f'`{run}` seed {seed}')
+      elif usable(r):
+        continue
+      elif r.get('stale') or r['diverged']:
+        other.append(_not_usable_line(run, seed, r))
+      elif r['config']['rounds'] == declared:
+        under_way.append(f'`{run}` seed {seed} (round {r["rounds_done"]})')
+      else:
+        waiting.append(f'`{run}` seed {seed}')
+  lines.append('')
+  if under_way:
+    lines += [f'Under way at {declared} rounds (stopped ones continue from their last '
+              'checkpoint): ' + ', '.join(under_way) + '.', '']
+  if waiting:
+    lines += [f'Not made at {declared} rounds yet: ' + ', '.join(waiting) + '.', '']
+  return lines + other + ([''] if other else [])
 
 
 def write_suite_page(suite: suites.Suite) -> None:
@@ -783,7 +922,11 @@ def suite_page(suite: suites.Suite) -> tuple:
         f'{num(c["paper_method"])} | {paper_margin_text(c)} | {len(c["seeds"])} | '
         f'{pm(c["baseline_mean"], c["baseline_std"])} | {pm(c["method_mean"], c["method_std"])} '
         f'| {margin_text(c)} | **{c["verdict"]}** |')
+  if lengthening_text(summary):
+    lines += ['', lengthening_text(summary) + ' See "At '
+              f'{summary["declared"]} rounds so far" below.']
   lines += [''] + _margin_lines(runs, summary['comparisons'])
+  lines += _lengthening_lines(suite, summary)
   lines += _paper_context_lines(suite)
   lines += _probe_lines(suite, summary['paper'])
   lines += ['## Every run', '',
@@ -913,6 +1056,8 @@ def reproduction_page() -> str:
           f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | **{c["verdict"]}** |')
     notes = margin_notes(summary['runs'], summary['comparisons']) + probe_summaries(
         suite, summary['paper'])
+    if lengthening_text(summary):
+      notes.insert(0, '- ' + lengthening_text(summary))
     lines += [''] + notes if notes else []
     if suite.notes:
       lines += ['', _relinked(suite.notes, suite.name)]
@@ -938,9 +1083,7 @@ def status_lines() -> list:
   for suite in suites.SUITES.values():
     summary = suite_summary(suite)
     runs = summary['runs']
-    expected = len(suite.runs) * len(suites.SEEDS)
-    finished = sum(usable(r) for seeds in runs.values() for seed, r in seeds.items()
-                   if seed in suites.SEEDS)
+    finished, expected = finished_count(runs)
     if not finished:
       lines.append(f'- {suite.method}: no run finished yet (of {expected}, '
                    f'[{suite.name}/results.md](benchmarks/{suite.name}/results.md)).')
@@ -955,8 +1098,13 @@ def status_lines() -> list:
         _, moved = plateau_delta([r['curve_accuracy'] for r in done])
         if abs(moved) >= PLATEAU_POINTS:
           moving.append(f'{run} {moved:+.1f}')
+    longer = ''
+    if summary['rounds'] < summary['declared']:
+      done_longer, _ = finished_count(summary['longer_runs'])
+      longer = (f' at {summary["rounds"]} rounds (being lengthened to {summary["declared"]}: '
+                f'{done_longer} of {expected} runs finished there)')
     lines.append(
-        f'- {suite.method}: {verdicts}. {finished} of {expected} runs finished'
+        f'- {suite.method}: {verdicts}. {finished} of {expected} runs finished{longer}'
         + (f'; not plateaued, so the verdicts are provisional (points moved over the last '
            f'window): {", ".join(moving)}'
            if moving else '') +

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -1171,3 +1172,78 @@ def test_compare_waiting_for_a_run_the_other_process_moved_makes_it(tmp_path, mo
   monkeypatch.setattr(compare, '_run', fake_run)
   compare.run_all([config])
   assert calls == [config.experiment_dir] * 2
+
+
+def test_a_suite_being_lengthened_reports_its_last_complete_length(tmp_path, monkeypatch):
+  """A suite lengthened from 20 to 40 rounds and made again seed by seed: until every run has
+  every seed at 40, its numbers are at 20 (the seeds made again read from their 20-round
+  makings in earlier_runs/rounds20/, the rest from runs/), and a section shows the seeds
+  finished at 40 so far and what is under way or not made yet; once all are, 40 it is."""
+  suite = _paired_toy_suite(40, tmp_path, monkeypatch)
+  rng = np.random.default_rng(12)
+  base = tmp_path / 'toy'
+  short = {(run, s): rng.uniform(0.3, 0.9, 20) for run in ('base', 'new') for s in (0, 1, 2)}
+  long = {(run, s): np.concatenate([short[run, s], rng.uniform(0.3, 0.9, 20)])
+          for run in ('base', 'new') for s in (0, 1, 2)}
+  for (run, s), acc in short.items():
+    if s == 2:      # not made again yet: still the 20-round run in runs/
+      _write_run(base / 'runs' / f'{run}_s{s}', 20, acc)
+    else:
+      _write_run(base / 'earlier_runs' / 'rounds20' / f'{run}_s{s}', 20, acc)
+  for run in ('base', 'new'):
+    _write_run(base / 'runs' / f'{run}_s0', 40, long[run, 0])
+  _write_run(base / 'runs' / 'base_s1', 40, long['base', 1][:15], summary_rounds=15)   # going
+  assert report.reported_rounds(suite) == 20
+  runs = report.collect(suite)
+  for (run, s), acc in short.items():
+    assert runs[run][s]['finished']
+    np.testing.assert_allclose(runs[run][s]['last10_mean_accuracy'], acc[10:].mean(), rtol=1e-6)
+  assert runs['base'][0]['dir'].endswith(os.path.join('earlier_runs', 'rounds20', 'base_s0'))
+  assert [len(rows) for rows in report.suite_metrics(suite)['base'].values()] == [20] * 3
+  summary = report.suite_summary(suite)
+  (row,) = summary['comparisons']
+  diffs = [short['new', s][10:].mean() - short['base', s][10:].mean() for s in (0, 1, 2)]
+  np.testing.assert_allclose(row['margin'], 100 * np.mean(diffs), rtol=1e-6)
+  np.testing.assert_allclose(row['margin_std'], 100 * np.std(diffs, ddof=1), rtol=1e-6)
+  (longer,) = summary['longer_comparisons']
+  assert longer['seeds'] == [0] and longer['verdict'] == 'one seed'
+  np.testing.assert_allclose(
+      longer['margin'], 100 * (long['new', 0][30:].mean() - long['base', 0][30:].mean()),
+      rtol=1e-6)
+  page, _, _ = report.suite_page(suite)
+  assert 'These figures are at 20 rounds' in page and '## At 40 rounds so far' in page
+  assert '(2 of 6 runs finished there so far)' in page
+  assert ('Under way at 40 rounds (stopped ones continue from their last checkpoint): '
+          '`base` seed 1 (round 15).') in page
+  assert 'Not made at 40 rounds yet: `base` seed 2, `new` seed 1, `new` seed 2.' in page
+  assert '| toy (new) | 1 |' in page and '## Not finished yet' not in page
+  monkeypatch.setattr(suites, 'SUITES', {'toy': suite})
+  (status,) = report.status_lines()
+  assert ('6 of 6 runs finished at 20 rounds (being lengthened to 40: 2 of 6 runs finished '
+          'there)') in status
+  # every seed made at 40 (one diverged: deterministic, so done): the suite reports 40
+  shutil.rmtree(base / 'runs' / 'base_s1')
+  _write_run(base / 'runs' / 'base_s1', 40, long['base', 1])
+  _write_run(base / 'runs' / 'new_s1', 40, long['new', 1])
+  for run in ('base', 'new'):
+    shutil.rmtree(base / 'runs' / f'{run}_s2')
+  _write_run(base / 'runs' / 'base_s2', 40, long['base', 2])
+  _write_run(base / 'runs' / 'new_s2', 40, long['new', 2][:33], summary_rounds=33)
+  (base / 'runs' / 'new_s2' / 'diverged.txt').write_text('training diverged at round 34\n')
+  assert report.reported_rounds(suite) == 40
+  page, _, _ = report.suite_page(suite)
+  assert 'These figures are at' not in page and 'rounds so far' not in page
+  assert 'training diverged at round 34' in page
+
+
+def test_at_length_a_divergence_past_the_length_does_not_count(tmp_path):
+  """A 30-round run that diverged in round 26 (25 rounds recorded) read at 20 rounds is
+  finished and not diverged there; at 30 it is the diverged run."""
+  acc = np.random.default_rng(3).uniform(0.2, 0.9, 25)
+  _write_run(tmp_path / 'r', 30, acc, config=dict(algorithm='fedavg'), summary_rounds=25)
+  (tmp_path / 'r' / 'diverged.txt').write_text('training diverged at round 26 (NaN)\n')
+  run = report.load_run(str(tmp_path / 'r'))
+  assert run['diverged'] and not run['finished']
+  short = report.at_length(run, 20)
+  assert short['finished'] and short['diverged'] is None and short['rounds_done'] == 20
+  assert report.usable(short)
