@@ -54,20 +54,27 @@ _PLAN = flags.DEFINE_bool('plan', False, 'List the runs the command would make (
                           'nothing.')
 
 
-def _finished(config) -> bool:
-  """A run is finished exactly when its page says so (report.load_run); a finished run of
-  other settings (the declaration changed since) is an error, never taken for this one."""
+def _refuse_other_settings(r: dict, config, what: str) -> None:
+  """ExperimentError if the loaded run `r` was recorded with other settings than `config`:
+  `what` it is (e.g. 'a finished run') is never taken for, nor replaced by, this one."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
-  if not os.path.exists(os.path.join(config.experiment_dir, 'config.json')):
-    return False
-  r = report.load_run(config.experiment_dir, config.rounds)
-  if not (r['finished'] or r['diverged'] is not None):
-    return False
   changed = experiment.settings_changed(r['config'], config)
   if changed:
     raise experiment.ExperimentError(
-        f'{os.path.relpath(config.experiment_dir)} holds a finished run of other settings '
-        f'({changed}): move it away (e.g. under the suite\'s earlier_runs/) and run again')
+        f'{os.path.relpath(config.experiment_dir)} holds {what} of other settings, {changed}: '
+        'move it away (e.g. under the suite\'s earlier_runs/) and run again')
+
+
+def _finished(config) -> bool:
+  """A run is finished exactly when its page says so (report.load_run); a finished run of
+  other settings (the declaration changed since) is an error, never taken for this one."""
+  try:
+    r = report.load_run(config.experiment_dir, config.rounds)
+  except FileNotFoundError:   # not made yet, or moved away by the other compare process
+    return False
+  if not (r['finished'] or r['diverged'] is not None):
+    return False
+  _refuse_other_settings(r, config, 'a finished run')
   return True
 
 
@@ -93,21 +100,24 @@ def shorter_run_target(config) -> Optional[str]:
   when it cannot be kept there: recorded with other settings, or its name kept already."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   exp_dir = os.path.abspath(config.experiment_dir)
-  if (os.path.basename(os.path.dirname(exp_dir)) != 'runs'
-      or not os.path.exists(os.path.join(exp_dir, 'config.json'))
+  suite_dir = os.path.dirname(os.path.dirname(exp_dir))
+  reported = os.path.abspath(os.path.join(suites.suite_dir(os.path.basename(suite_dir)), 'runs'))
+  if (os.path.dirname(exp_dir) != reported   # (a probe named 'runs' is not)
       or experiment.checkpointed_rounds(os.path.join(exp_dir, 'checkpoints'))):
     return None
-  r = report.load_run(exp_dir)   # at its own length
-  if not r['finished'] or r['rounds'] >= config.rounds:
+  try:
+    r = report.load_run(exp_dir)   # at its own length
+  except FileNotFoundError:   # not made yet, or moved away by the other compare process
+    return None
+  if not r['finished'] or r['rounds'] == config.rounds:
     return None
   where = os.path.relpath(exp_dir)
-  changed = experiment.settings_changed(r['config'], config)
-  if changed:
+  if r['rounds'] > config.rounds:   # remade shorter, it would overwrite the longer record
     raise experiment.ExperimentError(
-        f'{where} holds a shorter run of other settings ({changed}): move it away (e.g. under '
-        'the suite\'s earlier_runs/) and run again')
-  target = os.path.join(os.path.dirname(os.path.dirname(exp_dir)), 'earlier_runs',
-                        f'rounds{r["rounds"]}', os.path.basename(exp_dir))
+        f'{where} holds a finished run of {r["rounds"]} rounds and the suite declares '
+        f'{config.rounds}: move it away (e.g. under the suite\'s earlier_runs/) and run again')
+  _refuse_other_settings(r, config, f'a shorter finished run ({r["rounds"]} rounds)')
+  target = os.path.join(report.kept_dir(suite_dir, r['rounds']), os.path.basename(exp_dir))
   if os.path.exists(target):
     raise experiment.ExperimentError(
         f'{where} is to be made again at {config.rounds} rounds, but {os.path.relpath(target)} '
@@ -120,9 +130,10 @@ def _keep_shorter_run(config) -> None:
   suite's earlier_runs/rounds<N>/, where its page compares the two makings
   (report.remade_runs), instead of letting the new making overwrite its record."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
-  if shorter_run_target(config) is None:
+  if not os.path.isdir(config.experiment_dir):
     return
-  try:   # held while it moves: another compare process may be about to make the same run
+  # Every look under the run's lock: the other compare process may be moving the same run.
+  try:
     with experiment.exclusive_run_directory(config.experiment_dir):
       target = shorter_run_target(config)
       if target is None:
@@ -275,6 +286,10 @@ def recorded_seconds_per_round(suite_name: str) -> dict:
           for key, (whole, training) in seconds.items() if whole or training}
 
 
+def _runs(n: int) -> str:
+  return f'{n} run' + ('' if n == 1 else 's')
+
+
 def _duration(seconds: float) -> str:
   return f'{seconds / 60:.0f} min' if seconds < 3600 else f'{seconds / 3600:.1f} h'
 
@@ -291,16 +306,12 @@ def plan(suite: suites.Suite, configs) -> list:
   training_only = 0
   for config in configs:
     where = os.path.relpath(config.experiment_dir)
-    try:
+    try:   # the command's own checks: other settings, fewer rounds, a lost record, a move
       if _finished(config):
         done += 1
         continue
-    except experiment.ExperimentError as e:
-      blocked += 1
-      lines.append(f'  {where}: blocked: {e}')
-      continue
-    try:   # the command's own resume checks (other settings, fewer rounds, a lost record)
       start = experiment.resume_point(dataclasses.replace(config, resume=True))
+      target = shorter_run_target(config)
     except experiment.ExperimentError as e:
       blocked += 1
       lines.append(f'  {where}: blocked: {e}')
@@ -316,12 +327,6 @@ def plan(suite: suites.Suite, configs) -> list:
       training_only += not whole
       estimate = (f'~{_duration(left * seconds)} at {seconds:.2f} s/round'
                   + ('' if whole else ' (training only)'))
-    try:
-      target = shorter_run_target(config)
-    except experiment.ExperimentError as e:
-      blocked += 1
-      lines.append(f'  {where}: blocked: {e}')
-      continue
     if start:
       start_text = f'resumes after round {start}'
     elif target:
@@ -332,11 +337,11 @@ def plan(suite: suites.Suite, configs) -> list:
   lines.append(
       f'{len(configs) - done - blocked} of {len(configs)} runs to make, {total_rounds} rounds: '
       f'~{_duration(total_seconds)} as recorded'
-      + (f', plus {untimed} runs of a cost not recorded yet' if untimed else '')
+      + (f', plus {_runs(untimed)} of a cost not recorded yet' if untimed else '')
       + (f'; {blocked} blocked (listed above)' if blocked else '')
       + ' (recorded mostly two runs side by side, so JOBS=2 takes about half of it in wall '
       'clock; checkpoints add to it'
-      + (f'; {training_only} runs are sized by their training time only, recorded before '
+      + (f'; {_runs(training_only)} sized by their training time only, recorded before '
          f'whole rounds were: evaluating every round adds to it ({report.WHOLE_ROUND})'
          if training_only else '')
       + ')')

@@ -316,7 +316,7 @@ def collect_at(suite: suites.Suite, rounds: Optional[int] = None) -> dict:
   there read over its first `rounds` (at_length)."""
   rounds = rounds or declared_rounds(suite)
   tuned = suites.load_tuned(suite.name)
-  kept = os.path.join(suites.suite_dir(suite.name), 'earlier_runs', f'rounds{rounds}')
+  kept = kept_dir(suites.suite_dir(suite.name), rounds)
   out = {}
   for run in suite.runs:
     fields = dict(suite.config_overrides(run, tuned), rounds=rounds)
@@ -341,12 +341,7 @@ def reported_rounds(suite: suites.Suite) -> int:
   first rounds, the rest from earlier_runs/rounds<N>/ or not yet made again); the declared
   rounds when no length has them all."""
   declared = declared_rounds(suite)
-  lengths = {declared}
-  for path in glob.glob(os.path.join(suites.suite_dir(suite.name), 'earlier_runs',
-                                     'rounds*')):
-    m = re.fullmatch(r'rounds(\d+)', os.path.basename(path))
-    if m:
-      lengths.add(int(m.group(1)))
+  lengths = {declared, *kept_lengths(suites.suite_dir(suite.name))}
   for run in suite.runs:
     for path in seed_dirs(suite, run).values():
       with open(os.path.join(path, 'config.json')) as f:
@@ -711,11 +706,24 @@ def grid_edges(suite: suites.Suite, tuned) -> list:
   return out
 
 
-# Where a suite keeps the shorter runs it made again from round 1 at a longer length (their
-# checkpoints gone, e.g. on a new machine): earlier_runs/rounds<N>/<run>_s<seed>.
-REMADE = 'earlier_runs/rounds*/*'
 # The per-round values two makings of a run are compared on.
 REMADE_COLUMNS = ('client_work/train/loss', 'test_accuracy', 'test_loss')
+
+
+def kept_dir(suite_dir: str, rounds: int) -> str:
+  """Where a suite keeps its reported runs of `rounds` rounds that it made again from round 1
+  at a longer length (their checkpoints gone, e.g. on a new machine):
+  earlier_runs/rounds<N>/, holding <run>_s<seed> directories."""
+  return os.path.join(suite_dir, 'earlier_runs', f'rounds{rounds}')
+
+
+def kept_lengths(suite_dir: str) -> list:
+  """The lengths N of the suite's earlier_runs/rounds<N>/ (`kept_dir`), shortest first."""
+  return sorted(int(m.group(1)) for m in (
+      re.fullmatch(r'rounds(\d+)', name)
+      for name in (os.listdir(os.path.join(suite_dir, 'earlier_runs'))
+                   if os.path.isdir(os.path.join(suite_dir, 'earlier_runs')) else []))
+                if m and os.path.isdir(kept_dir(suite_dir, int(m.group(1)))))
 
 
 def remade_runs(suite: suites.Suite) -> list:
@@ -725,9 +733,13 @@ def remade_runs(suite: suites.Suite) -> list:
   the two record differs (None: none does), the largest single-round test-accuracy gap,
   and both makings' last-10 means over the shorter length."""
   out = []
-  for path in sorted(glob.glob(os.path.join(suites.suite_dir(suite.name), REMADE))):
+  base = suites.suite_dir(suite.name)
+  for path in [os.path.join(kept_dir(base, n), name) for n in kept_lengths(base)
+               for name in sorted(os.listdir(kept_dir(base, n)))]:
     name = os.path.basename(path)
-    again_dir = os.path.join(suites.suite_dir(suite.name), 'runs', name)
+    again_dir = os.path.join(base, 'runs', name)
+    if not os.path.exists(os.path.join(path, 'config.json')):
+      continue
     if not os.path.exists(os.path.join(again_dir, 'metrics.csv')):
       continue
     earlier, again = load_run(path), load_run(again_dir)
@@ -750,12 +762,13 @@ def remade_runs(suite: suites.Suite) -> list:
     out.append(dict(run=run, seed=int(seed), length=length, first_difference=first,
                     largest_gap=float(max(gaps, default=np.nan)),
                     earlier=earlier['last10_mean_accuracy'],
-                    again=at_length(again, length)['last10_mean_accuracy']))
+                    again=last10_at(again, length)))
   return out
 
 
-def _remade_lines(suite: suites.Suite) -> list:
-  remade = remade_runs(suite)
+def _remade_lines(remade: list) -> list:
+  """The section comparing each run made again longer (`remade_runs`) with its shorter
+  making."""
   if not remade:
     return []
   lengths = sorted({r['length'] for r in remade})
@@ -763,9 +776,9 @@ def _remade_lines(suite: suites.Suite) -> list:
            'When the suite\'s rounds grew and a run\'s checkpoints were gone, it was made again '
            'from round 1; the shorter run is kept in '
            + ', '.join(f'`earlier_runs/rounds{n}/`' for n in lengths) + '. Both makings have '
-           'the same code path, configuration and seed. A run is deterministic on one machine '
-           '(a resumed run continues exactly); on another machine and install the last bits '
-           'of a round can differ, and single rounds then drift apart. First difference: the '
+           'the same configuration and seed. A run is deterministic on one machine and code '
+           '(a resumed run continues exactly); with other code, or on another machine and '
+           'install, the last bits of a round can differ, and single rounds then drift apart. First difference: the '
            'first round whose training loss, test accuracy or test loss differs at all.', '',
            '| run | seed | rounds compared | first difference | largest gap in one round\'s '
            'accuracy (points) | last-10 mean, earlier (%) | last-10 mean, again (%) | '
@@ -963,13 +976,14 @@ def suite_page(suite: suites.Suite) -> tuple:
   if status:
     lines += ['', '## Not finished yet', ''] + status
   lines += ['', 'Curves: `curves.png` (mean over finished seeds, band = ± one std).', '']
-  lines += _remade_lines(suite)
+  remade = remade_runs(suite)
+  lines += _remade_lines(remade)
   earlier = os.path.join(suites.suite_dir(suite.name), 'earlier_runs')
   kept = []
   if os.path.exists(os.path.join(earlier, 'results.md')):
     kept.append('single-seed runs with older code, '
                 '[earlier_runs/results.md](earlier_runs/results.md)')
-  if remade_runs(suite):
+  if remade:
     kept.append('the shorter runs made again at a longer length (`earlier_runs/rounds*/`), '
                 'compared with their new making above')
   if (os.path.isdir(os.path.join(earlier, 'tuning')) and
@@ -1018,13 +1032,33 @@ def compute_hours(suite_name: str) -> dict:
   return out
 
 
+def whole_round_ratio(suite_name: str) -> float:
+  """Whole rounds' seconds (metrics.csv's round_seconds: training, evaluation and the rest of
+  the round but its checkpoint) over their training seconds, summed over every round but
+  the first of the suite's runs that record both (since 2026-11-25); NaN when none does."""
+  whole = training = 0.0
+  for _, pattern in RUN_KINDS:
+    for path in glob.glob(os.path.join(suites.suite_dir(suite_name), pattern, 'metrics.csv'),
+                          recursive=True):
+      rows = metrics_rows(os.path.dirname(path))[1:]
+      both = np.isfinite(metrics_column(rows, 'round_seconds')) & np.isfinite(
+          metrics_column(rows, 'seconds'))
+      whole += float(metrics_column(rows, 'round_seconds')[both].sum())
+      training += float(metrics_column(rows, 'seconds')[both].sum())
+  return whole / training if training else float('nan')
+
+
 def _compute_line(suite_name: str) -> str:
   hours = compute_hours(suite_name)
   spent = [f'{kind} {h:.1f} h' for kind, h in hours.items() if h > 0]
+  ratio = whole_round_ratio(suite_name)
+  measured = (f'the suite\'s runs that record whole rounds took {ratio:.1f} times their '
+              'training' if np.isfinite(ratio) else
+              f'not recorded for this suite\'s runs yet; e.g. {WHOLE_ROUND}')
   return ('Compute recorded (the rounds\' training seconds summed; not counted: each round\'s '
-          f'evaluation and checkpoint, which can take 3 times as long again ({WHOLE_ROUND}), '
-          'and FedLEx\'s exploration before round 1; most runs ran two at a time on the 2 '
-          'cores): ' + ', '.join(spent or ['none yet']) + '.')
+          f'evaluation and checkpoint ({measured}), and FedLEx\'s exploration before round 1; '
+          'most runs ran two at a time on the 2 cores): ' + ', '.join(spent or ['none yet'])
+          + '.')
 
 
 def write_reproduction_page() -> None:

@@ -73,6 +73,9 @@ def blown_up_warning(round_num: int, train_loss: float, client_lr: float) -> str
           f'a lower --client_lr (now {client_lr:g}) or server learning rate')
 
 
+# metrics.csv's timing columns: the only ones that differ between two makings of a run.
+TIMING_COLUMNS = ('seconds', 'round_seconds')
+
 # Written into a run whose training diverged (while the run is still held, so a process
 # waiting for it reads it): the error's first clause, one line.
 DIVERGED = 'diverged.txt'

@@ -223,9 +223,9 @@ def test_a_diverging_grid_point_is_shown_and_skipped(tmp_path, monkeypatch):
   # an error naming the directory and the setting, not taken for the new grid's points.
   suite.common['client_momentum'] = 0.9
   with pytest.raises(experiment.ExperimentError,
-                     match=r'base_client_lr0\.1 holds a finished run of other settings \(it '
+                     match=r'base_client_lr0\.1 holds a finished run of other settings, it '
                            r'was run with --client_momentum=0\.5 \(now --client_momentum=0\.9\)'
-                           r'\): move it away'):
+                           r': move it away'):
     compare.tune(suite)
 
 
@@ -488,7 +488,7 @@ def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monk
       f'  {rel("new_s1")}: 20 rounds left (starts at round 1); ~12 min at 36.00 s/round '
       '(training only)']
   assert lines[3].startswith('3 of 4 runs to make, 55 rounds: ~41 min as recorded')
-  assert '; 2 runs are sized by their training time only' in lines[3]
+  assert '; 2 runs sized by their training time only' in lines[3]
   assert len(lines) == 4
   lines = plan_lines(['--only=new', '--seeds=2'])
   assert lines[0].endswith('20 rounds left (starts at round 1); ~12 min at 36.00 s/round '
@@ -1073,7 +1073,7 @@ def test_remade_runs_compare_each_shorter_run_with_its_new_making(tmp_path, monk
   np.testing.assert_allclose(new['earlier'], earlier[10:].mean(), rtol=1e-6)
   np.testing.assert_allclose(new['again'], again[10:20].mean(), rtol=1e-6)
   assert got['base', 0]['first_difference'] is None and got['base', 0]['largest_gap'] == 0
-  text = '\n'.join(report._remade_lines(suite))   # pylint: disable=protected-access
+  text = '\n'.join(report._remade_lines(report.remade_runs(suite)))  # pylint: disable=protected-access
   assert '`earlier_runs/rounds20/`' in text
   assert (f'| new | 0 | 20 | round 13 | {100 * np.abs(earlier - again[:20]).max():.2f} | '
           f'{100 * earlier[10:].mean():.2f} | {100 * again[10:20].mean():.2f} | ') in text
@@ -1105,9 +1105,10 @@ def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsy
           f'{os.path.relpath(kept)}/new_s0); ') in plan[0], plan
   assert 'resumes after round 20)' in plan[1], plan
   assert 'blocked: ' in plan[2] and 'already keeps a run of that name' in plan[2], plan
-  assert 'blocked: ' in plan[3] and 'holds a shorter run of other settings (it was run with ' \
-      '--batch_size=7' in plan[3], plan
-  assert plan[4].startswith('2 of 4 runs to make') and '; 2 blocked' in plan[4], plan
+  assert 'blocked: ' in plan[3] and 'holds a shorter finished run (20 rounds) of other ' \
+      'settings, it was run with --batch_size=7' in plan[3], plan
+  # the blocked runs' rounds are not in the total: new_s0's 40 and base_s0's 20 only
+  assert plan[4].startswith('2 of 4 runs to make, 60 rounds: ') and '; 2 blocked' in plan[4], plan
   made = []
 
   def fake_run_experiment(config, stop=None):
@@ -1129,7 +1130,8 @@ def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsy
   with pytest.raises(experiment.ExperimentError, match='already keeps a run of that name'):
     compare._run(configs['new_s1'])   # pylint: disable=protected-access
   assert report.load_run(configs['new_s1'].experiment_dir)['rounds_done'] == 20
-  with pytest.raises(experiment.ExperimentError, match='holds a shorter run of other settings'):
+  with pytest.raises(experiment.ExperimentError,
+                     match=r'holds a shorter finished run \(20 rounds\) of other settings'):
     compare._run(configs['base_s1'])   # pylint: disable=protected-access
   assert report.load_run(configs['base_s1'].experiment_dir)['rounds_done'] == 20
   assert made == [('new_s0', False), ('base_s0', True)]   # neither of those two was made
@@ -1150,6 +1152,58 @@ def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsy
   compare._run(new_s2)   # pylint: disable=protected-access
   assert made[-1] == ('new_s2', False)
   assert report.load_run(new_s2.experiment_dir)['rounds_done'] == 40
+
+
+def test_compare_reading_a_run_the_other_process_moves_makes_it_anew(tmp_path, monkeypatch):
+  """The other compare process moves a shorter run away (`_keep_shorter_run`) while this one
+  reads it, in `_finished` or in `shorter_run_target` before taking the lock: the run is
+  free, so this one makes it anew instead of failing on the missing files."""
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  suite = _paired_toy_suite(40, tmp_path, monkeypatch)
+  kept = tmp_path / 'toy' / 'earlier_runs' / 'rounds20'
+  made = []
+  monkeypatch.setattr(experiment, 'run_experiment',
+                      lambda config, stop=None: made.append(os.path.basename(
+                          config.experiment_dir)))
+  load_run = report.load_run
+  for seed, at_call in ((0, 1), (1, 2)):   # moved during the 1st read (_finished), the 2nd
+    config = compare.run_configs(suite, None, only=('new',), seeds=(seed,))[0]
+    _write_run(config.experiment_dir, 20, np.full(20, 0.5),
+               config=dict(dataclasses.asdict(config), rounds=20))
+    calls = []
+
+    def moved_while_read(exp_dir, rounds=None, at_call=at_call, name=f'new_s{seed}'):
+      calls.append(exp_dir)
+      if len(calls) == at_call and os.path.isdir(exp_dir):
+        os.makedirs(kept, exist_ok=True)
+        os.rename(exp_dir, str(kept / name))   # what the other process did
+      return load_run(exp_dir, rounds)
+
+    monkeypatch.setattr(report, 'load_run', moved_while_read)
+    compare._run(config)   # pylint: disable=protected-access
+    assert made[-1] == f'new_s{seed}' and len(calls) == at_call
+  assert made == ['new_s0', 'new_s1']
+
+
+def test_compare_refuses_to_remake_a_longer_finished_run_shorter(tmp_path, monkeypatch):
+  """A finished run longer than the suite now declares, with no checkpoint to resume: made
+  again at the shorter length it would overwrite the longer record, so the command stops
+  with one line naming it (and --plan lists it as blocked)."""
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  suite = _paired_toy_suite(20, tmp_path, monkeypatch)
+  config = compare.run_configs(suite, None, only=('new',), seeds=(0,))[0]
+  _write_run(config.experiment_dir, 30, np.full(30, 0.5),
+             config=dict(dataclasses.asdict(config), rounds=30))
+  monkeypatch.setattr(experiment, 'run_experiment', lambda *a, **k: pytest.fail('made'))
+  with pytest.raises(experiment.ExperimentError,
+                     match='holds a finished run of 30 rounds and the suite declares 20'):
+    compare._run(config)   # pylint: disable=protected-access
+  (line, total) = compare.plan(suite, [config])
+  assert ': blocked: ' in line and 'finished run of 30 rounds' in line
+  assert total.startswith('0 of 1 runs to make, 0 rounds: ')
+  assert report.load_run(config.experiment_dir)['rounds_done'] == 30
 
 
 def test_compare_waiting_for_a_run_the_other_process_moved_makes_it(tmp_path, monkeypatch):

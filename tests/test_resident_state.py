@@ -19,7 +19,6 @@ from tff_algos import fedlex
 from tff_algos import models
 from tff_algos import resident_state
 
-TIMINGS = ('seconds', 'round_seconds')   # metrics.csv columns that differ between runs
 MODEL_FN = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
 NUM_CLIENTS, P, ROUNDS = 8, 4, 3
 
@@ -169,7 +168,7 @@ def test_program_resident_state_flag(tmp_path, monkeypatch):
     assert len(made) == (1 if flag else 0)
     runs[flag]['weights'] = np.load(os.path.join(config.experiment_dir, 'final_weights.npz'))
     with open(os.path.join(config.experiment_dir, 'metrics.csv'), newline='') as f:
-      runs[flag]['csv'] = [{k: v for k, v in row.items() if k not in TIMINGS}
+      runs[flag]['csv'] = [{k: v for k, v in row.items() if k not in experiment.TIMING_COLUMNS}
                            for row in csv.DictReader(f)]
   assert runs[True]['csv'] == runs[False]['csv']
   for name in runs[True]['weights'].files:

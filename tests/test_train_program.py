@@ -322,7 +322,7 @@ def test_resume_after_kill_is_identical_to_unbroken_run(tmp_path):
   assert len(rows_b) == 5
   # Same losses and accuracies round by round (the timings, seconds and round_seconds, differ).
   import csv  # pylint: disable=g-import-not-at-top
-  strip = lambda rows: [{k: v for k, v in r.items() if k not in ('seconds', 'round_seconds')}  # noqa: E731
+  strip = lambda rows: [{k: v for k, v in r.items() if k not in experiment.TIMING_COLUMNS}  # noqa: E731
                         for r in csv.DictReader(rows)]
   assert strip(rows_a) == strip(rows_b)
 
