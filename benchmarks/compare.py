@@ -167,21 +167,6 @@ def _run(config) -> None:
   experiment.run_experiment(config, stop=_STOP)
 
 
-# Suite runs checkpoint every this many rounds (and after their last, and when stopped): a
-# checkpoint every round costs FedCDA 36% of its round time, FedCross 18% (RESULTS.md,
-# "Checkpointing every N rounds"); a crash repeats at most this many rounds, exactly.
-CHECKPOINT_EVERY = 10
-
-
-def _config(suite, fields, seed, directory, name):
-  from programs import experiment  # pylint: disable=g-import-not-at-top
-  # Relative to the repository root (where `python -m benchmarks.compare` runs), so the
-  # committed config.json and summary.json hold no machine-specific paths.
-  return experiment.ExperimentConfig(**fields, seed=seed, progress=False,
-                                     checkpoint_every=CHECKPOINT_EVERY,
-                                     root_output_dir=os.path.relpath(directory),
-                                     experiment_name=name)
-
 
 def run_all(configs, tuning: bool = False) -> None:
   """Makes every run of `configs` (finished ones are skipped, stopped ones resumed).
@@ -234,17 +219,18 @@ def run_all(configs, tuning: bool = False) -> None:
 
 def tuning_points(suite: suites.Suite) -> list:
   """[(run, grid values, config)] of the suite's learning-rate grid, in grid order."""
-  return [(run, values, _config(suite, suite.tuning_overrides(run, values), suites.TUNING_SEED,
-                                os.path.join(suites.suite_dir(suite.name), 'tuning'),
-                                suites.tuning_name(run, values)))
+  return [(run, values, suites.experiment_config(
+      suite.tuning_overrides(run, values), suites.TUNING_SEED,
+      os.path.join(suites.suite_dir(suite.name), 'tuning'), suites.tuning_name(run, values)))
           for run, grid in suite.grid.items() for values in report.grid_points(grid)]
 
 
 def run_configs(suite: suites.Suite, tuned, only=(), seeds=suites.SEEDS) -> list:
   """The suite's reported runs (those named in `only`, if given) over `seeds`, seed by seed
   (every run's first seed, then the next): a suite cut short holds whole comparisons."""
-  return [_config(suite, suite.config_overrides(run, tuned), seed,
-                  os.path.join(suites.suite_dir(suite.name), 'runs'), suites.run_name(run, seed))
+  return [suites.experiment_config(
+      suite.config_overrides(run, tuned), seed, os.path.join(suites.suite_dir(suite.name), 'runs'),
+      suites.run_name(run, seed))
           for seed in seeds for run in suite.runs if not only or run in only]
 
 
@@ -252,8 +238,9 @@ def probe_configs(suite: suites.Suite, tuned, only=(), probes=()) -> list:
   """Every probe's runs (only the probes named in `probes` and the runs named in `only`, if
   given): the suite's run (tuned) with the probe's changes, over the probe's own seeds, seed
   by seed as in `run_configs`."""
-  return [_config(suite, suite.probe_overrides(probe, run, tuned), seed,
-                  suites.probe_dir(suite.name, probe.name), suites.run_name(run, seed))
+  return [suites.experiment_config(
+      suite.probe_overrides(probe, run, tuned), seed, suites.probe_dir(suite.name, probe.name),
+      suites.run_name(run, seed))
           for probe in suite.probes if not probes or probe.name in probes
           for seed in probe.seeds
           for run in probe.runs if not only or run in only]

@@ -413,6 +413,24 @@ def suite_dir(suite: str) -> str:
   return os.path.join(HERE, suite)
 
 
+# Suite runs checkpoint every this many rounds (and after their last, and when stopped): a
+# checkpoint every round costs FedCDA 36% of its round time, FedCross 18% (RESULTS.md,
+# "Checkpointing every N rounds"); a crash repeats at most this many rounds, exactly.
+CHECKPOINT_EVERY = 10
+
+
+def experiment_config(fields: dict, seed: int, directory: str, name: str):
+  """The programs.experiment.ExperimentConfig of one suite run: its fields (a Suite's
+  config_overrides, probe_overrides or tuning_overrides), seed and run directory."""
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  # Relative to the repository root (where `python -m benchmarks.compare` runs), so the
+  # committed config.json and summary.json hold no machine-specific paths.
+  return experiment.ExperimentConfig(**fields, seed=seed, progress=False,
+                                     checkpoint_every=CHECKPOINT_EVERY,
+                                     root_output_dir=os.path.relpath(directory),
+                                     experiment_name=name)
+
+
 def probe_dir(suite: str, probe: str) -> str:
   return os.path.join(suite_dir(suite), 'probes', probe)
 
