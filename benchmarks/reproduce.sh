@@ -9,7 +9,8 @@
 # side at each step: they share the step's runs (a run one of them holds, the other skips and
 # waits for at the end), which puts to work the time a single run leaves the cores idle
 # while its Python side prepares, evaluates and checkpoints a round.
-# About 10 hours on 2 idle cores. Pages are rewritten after every suite; commit them with
+# Tens of hours on 2 cores at the suites' present lengths (`python -m benchmarks.compare
+# --suite=S --plan` sizes each step from the suite's recorded rounds). Pages are rewritten after every suite; commit them with
 # the run directories (benchmarks/<suite>/runs, tuning, probes, tuned.json).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
