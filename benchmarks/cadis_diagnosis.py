@@ -122,7 +122,9 @@ def _expected_lines() -> list:
 def _suite_lines(runs: dict) -> list:
   """Per run, mean ± std over its seeds; then CADIS's clusters, τ and KD over rounds."""
   lines = ['## The reported runs', '',
-           'Every finished seed of `benchmarks/cadis/runs` (mean ± std over seeds). Swing: the '
+           'Every finished seed at the length the suite\'s pages report (from '
+           '`benchmarks/cadis/runs`, or while the suite is made again longer from its shorter '
+           'makings in `earlier_runs/rounds<N>/`; mean ± std over seeds). Swing: the '
            f'mean |change| of test accuracy from one round to the next over the last '
            f'{SWING_WINDOW} rounds, in points. The weights are those each round used, with '
            'the clusters learned so far; FedAvg\'s and FedProx\'s are not recorded.', '',

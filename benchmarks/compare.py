@@ -61,15 +61,16 @@ def _refuse_other_settings(r: dict, config, what: str) -> None:
   changed = experiment.settings_changed(r['config'], config)
   if changed:
     raise experiment.ExperimentError(
-        f'{os.path.relpath(config.experiment_dir)} holds {what} of other settings, {changed}: '
+        f'{os.path.relpath(config.experiment_dir)} holds {what} of other settings ({changed}); '
         'move it away (e.g. under the suite\'s earlier_runs/) and run again')
 
 
 def _finished(config) -> bool:
-  """A run is finished exactly when its page says so (report.load_run); a finished run of
-  other settings (the declaration changed since) is an error, never taken for this one."""
+  """A run is finished exactly when its page says so: finished (or diverged) at its length,
+  or made longer and read over its first `config.rounds` (report.at_length); a finished run
+  of other settings (the declaration changed since) is an error, never taken for this one."""
   try:
-    r = report.load_run(config.experiment_dir, config.rounds)
+    r = report.at_length(report.load_run(config.experiment_dir), config.rounds)
   except FileNotFoundError:   # not made yet, or moved away by the other compare process
     return False
   if not (r['finished'] or r['diverged'] is not None):
@@ -94,29 +95,30 @@ def _raise_if_stopped(config) -> None:
 
 
 def shorter_run_target(config) -> Optional[str]:
-  """Where `_keep_shorter_run` would move the run directory of `config` (None: it stays): a
-  finished reported run (under the suite's runs/) shorter than `config.rounds` with no
-  checkpoint to continue from, which is therefore made again from round 1. ExperimentError
-  when it cannot be kept there: recorded with other settings, or its name kept already."""
+  """Where `_keep_shorter_run` would move the run directory of `config` (None: it stays).
+  A finished run shorter than `config.rounds` with no checkpoint to continue from would be
+  made again from round 1 over its record: a reported run (under the suite's runs/) moves to
+  the suite's earlier_runs/rounds<N>/, whose path is returned. ExperimentError when it
+  cannot be kept so: recorded with other settings, its name kept there already, or a probe's
+  or tuning run (which has no such place)."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   exp_dir = os.path.abspath(config.experiment_dir)
-  suite_dir = os.path.dirname(os.path.dirname(exp_dir))
-  reported = os.path.abspath(os.path.join(suites.suite_dir(os.path.basename(suite_dir)), 'runs'))
-  if (os.path.dirname(exp_dir) != reported   # (a probe named 'runs' is not)
-      or experiment.checkpointed_rounds(os.path.join(exp_dir, 'checkpoints'))):
-    return None
   try:
+    if experiment.checkpointed_rounds(os.path.join(exp_dir, 'checkpoints')):
+      return None
     r = report.load_run(exp_dir)   # at its own length
   except FileNotFoundError:   # not made yet, or moved away by the other compare process
     return None
-  if not r['finished'] or r['rounds'] == config.rounds:
+  if not r['finished'] or r['rounds'] >= config.rounds:
     return None
   where = os.path.relpath(exp_dir)
-  if r['rounds'] > config.rounds:   # remade shorter, it would overwrite the longer record
-    raise experiment.ExperimentError(
-        f'{where} holds a finished run of {r["rounds"]} rounds and the suite declares '
-        f'{config.rounds}: move it away (e.g. under the suite\'s earlier_runs/) and run again')
   _refuse_other_settings(r, config, f'a shorter finished run ({r["rounds"]} rounds)')
+  suite_dir = os.path.dirname(os.path.dirname(exp_dir))
+  reported = os.path.abspath(os.path.join(suites.suite_dir(os.path.basename(suite_dir)), 'runs'))
+  if os.path.dirname(exp_dir) != reported:   # a probe's or tuning run (a probe named 'runs' too)
+    raise experiment.ExperimentError(
+        f'{where} holds a finished run of {r["rounds"]} rounds and no checkpoint to continue it '
+        f'to {config.rounds}: move it away and run again')
   target = os.path.join(report.kept_dir(suite_dir, r['rounds']), os.path.basename(exp_dir))
   if os.path.exists(target):
     raise experiment.ExperimentError(
@@ -165,7 +167,6 @@ def _run(config) -> None:
   _keep_shorter_run(config)
   config.resume = os.path.isdir(os.path.join(config.experiment_dir, 'checkpoints'))
   experiment.run_experiment(config, stop=_STOP)
-
 
 
 def run_all(configs, tuning: bool = False) -> None:
@@ -344,7 +345,7 @@ def tune(suite: suites.Suite) -> dict:
   for run in suite.grid:
     best = None
     for _, values, config in (p for p in points if p[0] == run):
-      r = report.load_run(config.experiment_dir)
+      r = report.at_length(report.load_run(config.experiment_dir), config.rounds)
       if r['diverged'] is None and (best is None or r['last10_mean_accuracy'] > best[0]):
         best = (r['last10_mean_accuracy'], values)
     if best is None:

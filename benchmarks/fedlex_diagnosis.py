@@ -232,7 +232,8 @@ def window_means(curve_rounds, curve_accuracy, width: int, total: int) -> list:
 
 def _runs_lines() -> list:
   runs = report.collect(SUITE)
-  width = max(1, min(50, SUITE.common['rounds'] // 4))   # as the plateau criterion's window
+  total = report.reported_rounds(SUITE)   # the length the suite's pages report
+  width = max(1, min(50, total // 4))   # as the plateau criterion's window
   lines = ['## The reported runs: G, the steps it scales, the margin over rounds', '',
            'Mean ± std over the seeds where both runs finished. The step rate is the rate that '
            'multiplies a method\'s step (the client rate; FedSGD\'s server rate); G mean × '
@@ -267,7 +268,6 @@ def _runs_lines() -> list:
         f'{g_rate:g} | ' + steps + f'{report.over_seeds(b_acc, scale=100)} | '
         f'{report.over_seeds(g_acc, scale=100)} '
         f'| {report.over_seeds(np.subtract(g_acc, b_acc), scale=100, signed=True)} |')
-    total = SUITE.common['rounds']
     per_seed = [np.subtract(window_means(guided[s]['curve_rounds'], guided[s]['curve_accuracy'],
                                          width, total),
                             window_means(base[s]['curve_rounds'], base[s]['curve_accuracy'],
@@ -275,7 +275,6 @@ def _runs_lines() -> list:
     windows.append((c.label, per_seed))
   lines += header + rows + ['']
   if windows:
-    total = SUITE.common['rounds']
     names = [f'{a + 1}-{min(a + width, total)}' for a in range(0, total, width)]
     lines += [f'Margin (points) over {width}-round windows, mean ± std over seeds:', '',
               '| comparison | ' + ' | '.join(names) + ' |',
@@ -318,10 +317,10 @@ def _floor_probe_lines() -> list:
   if probe is None:
     return []
   floor = probe.overrides['fedlex_guidance_floor']
-  floored, reported = report.collect_probe(SUITE, probe), report.collect(SUITE)
+  length = probe.overrides.get('rounds', SUITE.common['rounds'])
+  floored, reported = report.collect_probe(SUITE, probe), report.collect_at(SUITE, length)
   base_of = {c.method: c.baseline for c in SUITE.comparisons}
   changes = ', '.join(f'`{k}={v}`' for k, v in sorted(probe.overrides.items()))
-  length = probe.overrides.get('rounds', SUITE.common['rounds'])
   lines = [f'## G floored at {floor:g}: probe `{probe.name}`', '',
            f'{probe.question[0].upper()}{probe.question[1:]} The same guided variants at the '
            f'same rates, G floored at {floor:g} ({changes}), '
@@ -334,7 +333,7 @@ def _floor_probe_lines() -> list:
            '|---|---|---|---|---|---|---|---|---|']
   for run in probe.runs:
     f = {s: r for s, r in floored.get(run, {}).items() if report.usable(r)}
-    g = {s: r for s, r in reported[run].items() if report.usable(report.at_length(r, length))}
+    g = {s: r for s, r in reported[run].items() if report.usable(r)}
     b = {s: r for s, r in floored[base_of[run]].items() if report.usable(r)}
     seeds = sorted(set(f) & set(g) & set(b))
     if not seeds:

@@ -65,15 +65,20 @@ def _arrangement(name: str, root: str) -> dict:
   """Makes the arrangement's runs at once; their whole-round medians and throughput."""
   count, env = ARRANGEMENTS[name]
   dirs = [os.path.join(root, f'{name}_{i}') for i in range(count)]
-  children = [subprocess.Popen(
-      [sys.executable, '-m', 'benchmarks.parallel_runs', f'--child={d}',
-       f'--suite={_SUITE.value}', f'--run={_RUN.value}', f'--rounds={_ROUNDS.value}'],
-      env=dict(os.environ, **env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-      text=True) for d in dirs]
-  for child in children:
-    _, err = child.communicate()
-    if child.returncode:
-      raise RuntimeError(f'{name}: a run failed: {err.strip().splitlines()[-1:]}')
+  logs = [d + '.log' for d in dirs]
+  children = []
+  for d, log in zip(dirs, logs):
+    with open(log, 'w') as f:   # a file, not a pipe: nothing waits on the other run's output
+      children.append(subprocess.Popen(
+          [sys.executable, '-m', 'benchmarks.parallel_runs', f'--child={d}',
+           f'--suite={_SUITE.value}', f'--run={_RUN.value}', f'--rounds={_ROUNDS.value}'],
+          env=dict(os.environ, **env), stdout=subprocess.DEVNULL, stderr=f))
+  codes = [child.wait() for child in children]   # every run ends before any is judged
+  for code, log in zip(codes, logs):
+    if code:
+      with open(log) as f:
+        last = (f.read().strip().splitlines() or ['(no output)'])[-1]
+      raise RuntimeError(f'{name}: a run failed: {last}')
   from benchmarks import report  # pylint: disable=g-import-not-at-top
   medians = [float(np.median(report.metrics_column(report.metrics_rows(d)[_SKIP.value:],
                                                    'round_seconds'))) for d in dirs]

@@ -91,21 +91,27 @@ def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:
       diverged = f.read().strip()
   rounds = rounds or config['rounds']
   done = int(rows[-1]['round']) if rows else 0
-  acc = np.array([a for _, a in curve])
-  tail = [a for r, a in curve if r > rounds - LAST]
   return dict(
       dir=exp_dir, config=config, rounds=rounds, rounds_done=done, diverged=diverged,
       finished=summary.get('rounds') == rounds and done == rounds,
-      curve_rounds=[r for r, _ in curve], curve_accuracy=[a for _, a in curve],
-      last10_mean_accuracy=float(np.mean(tail)) if tail else float('nan'),
-      final_accuracy=float(acc[-1]) if acc.size else float('nan'),
-      best_accuracy=float(acc.max()) if acc.size else float('nan'),
+      **_curve_figures(curve, rounds),
       seconds_per_round=float(np.median([float(r['seconds']) for r in rows[1:]]))
       if len(rows) > 1 else float('nan'),
       client_epochs_training=summary.get('client_epochs_training'),
       exploration_client_epochs=summary.get('exploration_client_epochs', 0.0),
       aggregator_state_bytes=summary.get('aggregator_state_bytes', 0),
       summary=summary)
+
+
+def _curve_figures(curve: list, rounds: int) -> dict:
+  """A run's curve ([(round, accuracy)]) up to `rounds` and its headline figures there."""
+  kept = [(r, a) for r, a in curve if r <= rounds]
+  acc = np.array([a for _, a in kept])
+  tail = [a for r, a in kept if r > rounds - LAST]
+  return dict(curve_rounds=[r for r, _ in kept], curve_accuracy=[a for _, a in kept],
+              last10_mean_accuracy=float(np.mean(tail)) if tail else float('nan'),
+              final_accuracy=float(acc[-1]) if acc.size else float('nan'),
+              best_accuracy=float(acc.max()) if acc.size else float('nan'))
 
 
 def diagnosis_header(title: str, module) -> list:
@@ -365,12 +371,10 @@ def collect_probe(suite: suites.Suite, probe: suites.Probe) -> dict:
       if os.path.exists(os.path.join(path, 'config.json')):
         out.setdefault(run, {})[seed] = _declared_run(path, fields)
   unchanged = probe_reported_baselines(suite, probe)
-  if unchanged:
-    reported = collect(suite)
-    length = suite.probe_overrides(probe, unchanged[0], tuned)['rounds']
+  if unchanged:   # read at the probe's length, whatever length the suite's pages report
+    reported = collect_at(suite, suite.probe_overrides(probe, unchanged[0], tuned)['rounds'])
     for run in unchanged:
-      out[run] = {s: at_length(r, length) for s, r in reported[run].items()
-                  if s in probe.seeds}
+      out[run] = {s: r for s, r in reported[run].items() if s in probe.seeds}
   return out
 
 
@@ -381,16 +385,13 @@ def at_length(run: dict, rounds: int) -> dict:
   finished once it got there (a divergence later on, which records no round, is past it)."""
   if run['rounds'] == rounds:
     return run
-  kept = [(r, a) for r, a in zip(run['curve_rounds'], run['curve_accuracy']) if r <= rounds]
-  acc = np.array([a for _, a in kept])
-  tail = [a for r, a in kept if r > rounds - LAST]
   reached = run['rounds_done'] >= rounds
-  return dict(run, rounds=rounds, rounds_done=min(run['rounds_done'], rounds), finished=reached,
-              diverged=None if reached else run['diverged'],
-              curve_rounds=[r for r, _ in kept], curve_accuracy=[a for _, a in kept],
-              last10_mean_accuracy=float(np.mean(tail)) if tail else float('nan'),
-              final_accuracy=float(acc[-1]) if acc.size else float('nan'),
-              best_accuracy=float(acc.max()) if acc.size else float('nan'))
+  out = dict(run, rounds=rounds, rounds_done=min(run['rounds_done'], rounds), finished=reached,
+             diverged=None if reached else run['diverged'],
+             **_curve_figures(list(zip(run['curve_rounds'], run['curve_accuracy'])), rounds))
+  if run['summary'].get('rounds') != rounds:   # a summary of another length is not this one's
+    out.update(summary={}, client_epochs_training=None)
+  return out
 
 
 def probe_reported_baselines(suite: suites.Suite, probe: suites.Probe) -> list:
@@ -778,8 +779,9 @@ def _remade_lines(remade: list) -> list:
            + ', '.join(f'`earlier_runs/rounds{n}/`' for n in lengths) + '. Both makings have '
            'the same configuration and seed. A run is deterministic on one machine and code '
            '(a resumed run continues exactly); with other code, or on another machine and '
-           'install, the last bits of a round can differ, and single rounds then drift apart. First difference: the '
-           'first round whose training loss, test accuracy or test loss differs at all.', '',
+           'install, the last bits of a round can differ, and single rounds then drift apart. '
+           'First difference: the first round whose training loss, test accuracy or test loss '
+           'differs at all.', '',
            '| run | seed | rounds compared | first difference | largest gap in one round\'s '
            'accuracy (points) | last-10 mean, earlier (%) | last-10 mean, again (%) | '
            'difference (points) |', '|---|---|---|---|---|---|---|---|']
@@ -822,11 +824,13 @@ def suite_summary(suite: suites.Suite) -> dict:
   paper = suites.load_paper_numbers().get(suite.name, {})
   rounds, declared = reported_rounds(suite), declared_rounds(suite)
   runs = collect_at(suite, rounds)
-  out = dict(runs=runs, comparisons=compare_runs(suite, runs, paper), paper=paper,
-             rounds=rounds, declared=declared)
+  out = dict(runs=runs, comparisons=[dict(c, rounds=rounds)
+                                     for c in compare_runs(suite, runs, paper)],
+             paper=paper, rounds=rounds, declared=declared)
   if rounds < declared:
     longer = collect_at(suite, declared)
-    out.update(longer_runs=longer, longer_comparisons=compare_runs(suite, longer, paper))
+    out.update(longer_runs=longer, longer_comparisons=[
+        dict(c, rounds=declared) for c in compare_runs(suite, longer, paper)])
   return out
 
 
@@ -955,13 +959,14 @@ def suite_page(suite: suites.Suite) -> tuple:
       lines.append(f'| {run} | 0 |' + ' |' * (7 + len(suite.summary_columns)))
       continue
     w, moved = plateau_delta([r['curve_accuracy'] for r in done])
+    epochs = done[0]['client_epochs_training']   # None: read short of its making's length
     lines.append(
         f'| {run} | {len(done)} | {pm(*mean_std([r["last10_mean_accuracy"] for r in done]))} | '
         f'{pm(*mean_std([r["best_accuracy"] for r in done]))} | '
         f'{pm(*mean_std([r["final_accuracy"] for r in done]))} | {w}, {moved:+.2f}'
         f'{"" if abs(moved) < PLATEAU_POINTS else " (not plateaued)"} | '
         f'{np.median([r["seconds_per_round"] for r in done]):.2f} | '
-        f'{done[0]["client_epochs_training"]} | '
+        f'{"n/a" if epochs is None else epochs} | '
         f'{done[0]["aggregator_state_bytes"] / 2**20:.1f} MiB |' +
         ''.join(f' {_summary_column(done, path, spec)} |'
                 for _, path, spec in suite.summary_columns))
@@ -1052,11 +1057,11 @@ def _compute_line(suite_name: str) -> str:
   hours = compute_hours(suite_name)
   spent = [f'{kind} {h:.1f} h' for kind, h in hours.items() if h > 0]
   ratio = whole_round_ratio(suite_name)
-  measured = (f'the suite\'s runs that record whole rounds took {ratio:.1f} times their '
-              'training' if np.isfinite(ratio) else
+  measured = (f'with it, the rounds of the suite\'s runs that record both took {ratio:.1f} times '
+              'their training' if np.isfinite(ratio) else
               f'not recorded for this suite\'s runs yet; e.g. {WHOLE_ROUND}')
   return ('Compute recorded (the rounds\' training seconds summed; not counted: each round\'s '
-          f'evaluation and checkpoint ({measured}), and FedLEx\'s exploration before round 1; '
+          f'evaluation ({measured}), its checkpoint and FedLEx\'s exploration before round 1; '
           'most runs ran two at a time on the 2 cores): ' + ', '.join(spent or ['none yet'])
           + '.')
 

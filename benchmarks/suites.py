@@ -278,7 +278,8 @@ def _cadis() -> Suite:
       scaled=('The paper (MNIST, CIFAR-10/100; its hyperparameters were lost in the text, the '
               'reference code uses lr 1e-3, batch 8, E = 5, up to ~1,000 rounds) at its MC '
               'layout and participation (10 of 100 clients); here Fashion-MNIST with the simple '
-              'CNN, E = 1, batch 32 and 300 rounds so that 18 runs fit in about 2 hours, with '
+              'CNN, E = 1, batch 32 and 300 rounds (150 at first; 18 runs of 300 take about 4 '
+              'hours of two runs side by side here), with '
               'the client learning rate tuned (momentum 0.5). λ = 1, τ₀ = 0.975 → 0.985 as '
               'ALGORITHMS.md.'),
       summary_columns=(('λ·KD / cross-entropy (mean over rounds)',

@@ -223,9 +223,9 @@ def test_a_diverging_grid_point_is_shown_and_skipped(tmp_path, monkeypatch):
   # an error naming the directory and the setting, not taken for the new grid's points.
   suite.common['client_momentum'] = 0.9
   with pytest.raises(experiment.ExperimentError,
-                     match=r'base_client_lr0\.1 holds a finished run of other settings, it '
+                     match=r'base_client_lr0\.1 holds a finished run of other settings \(it '
                            r'was run with --client_momentum=0\.5 \(now --client_momentum=0\.9\)'
-                           r': move it away'):
+                           r'\); move it away'):
     compare.tune(suite)
 
 
@@ -1106,7 +1106,7 @@ def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsy
   assert 'resumes after round 20)' in plan[1], plan
   assert 'blocked: ' in plan[2] and 'already keeps a run of that name' in plan[2], plan
   assert 'blocked: ' in plan[3] and 'holds a shorter finished run (20 rounds) of other ' \
-      'settings, it was run with --batch_size=7' in plan[3], plan
+      'settings (it was run with --batch_size=7' in plan[3], plan
   # the blocked runs' rounds are not in the total: new_s0's 40 and base_s0's 20 only
   assert plan[4].startswith('2 of 4 runs to make, 60 rounds: ') and '; 2 blocked' in plan[4], plan
   made = []
@@ -1156,8 +1156,9 @@ def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsy
 
 def test_compare_reading_a_run_the_other_process_moves_makes_it_anew(tmp_path, monkeypatch):
   """The other compare process moves a shorter run away (`_keep_shorter_run`) while this one
-  reads it, in `_finished` or in `shorter_run_target` before taking the lock: the run is
-  free, so this one makes it anew instead of failing on the missing files."""
+  reads it in `_finished`, before either holds the run: the run is free, so this one makes it
+  anew instead of failing on the missing files. (Every later look is under the run's lock; a
+  move just before this one takes it: test_compare_keeps_a_shorter_run_it_makes_again.)"""
   from benchmarks import compare  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
   suite = _paired_toy_suite(40, tmp_path, monkeypatch)
@@ -1166,30 +1167,31 @@ def test_compare_reading_a_run_the_other_process_moves_makes_it_anew(tmp_path, m
   monkeypatch.setattr(experiment, 'run_experiment',
                       lambda config, stop=None: made.append(os.path.basename(
                           config.experiment_dir)))
+  config = compare.run_configs(suite, None, only=('new',), seeds=(0,))[0]
+  _write_run(config.experiment_dir, 20, np.full(20, 0.5),
+             config=dict(dataclasses.asdict(config), rounds=20))
   load_run = report.load_run
-  for seed, at_call in ((0, 1), (1, 2)):   # moved during the 1st read (_finished), the 2nd
-    config = compare.run_configs(suite, None, only=('new',), seeds=(seed,))[0]
-    _write_run(config.experiment_dir, 20, np.full(20, 0.5),
-               config=dict(dataclasses.asdict(config), rounds=20))
-    calls = []
+  calls = []
 
-    def moved_while_read(exp_dir, rounds=None, at_call=at_call, name=f'new_s{seed}'):
-      calls.append(exp_dir)
-      if len(calls) == at_call and os.path.isdir(exp_dir):
-        os.makedirs(kept, exist_ok=True)
-        os.rename(exp_dir, str(kept / name))   # what the other process did
-      return load_run(exp_dir, rounds)
+  def moved_while_read(exp_dir, rounds=None):
+    calls.append(exp_dir)
+    if len(calls) == 1:
+      os.makedirs(kept)
+      os.rename(exp_dir, str(kept / 'new_s0'))   # what the other process did
+    return load_run(exp_dir, rounds)
 
-    monkeypatch.setattr(report, 'load_run', moved_while_read)
-    compare._run(config)   # pylint: disable=protected-access
-    assert made[-1] == f'new_s{seed}' and len(calls) == at_call
-  assert made == ['new_s0', 'new_s1']
+  monkeypatch.setattr(report, 'load_run', moved_while_read)
+  compare._run(config)   # pylint: disable=protected-access
+  assert made == ['new_s0'] and len(calls) == 1
 
 
-def test_compare_refuses_to_remake_a_longer_finished_run_shorter(tmp_path, monkeypatch):
-  """A finished run longer than the suite now declares, with no checkpoint to resume: made
-  again at the shorter length it would overwrite the longer record, so the command stops
-  with one line naming it (and --plan lists it as blocked)."""
+def test_compare_takes_a_longer_run_as_finished_and_keeps_other_shorter_records(
+    tmp_path, monkeypatch):
+  """A finished run longer than the suite now declares is finished, read over its first
+  rounds as its page reads it (not made again shorter over its record); a probe's finished
+  run shorter than its probe declares, with no checkpoint, is refused with one line instead
+  of being made again from round 1 over its record (only reported runs have a place to keep
+  a shorter making)."""
   from benchmarks import compare  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
   suite = _paired_toy_suite(20, tmp_path, monkeypatch)
@@ -1197,13 +1199,18 @@ def test_compare_refuses_to_remake_a_longer_finished_run_shorter(tmp_path, monke
   _write_run(config.experiment_dir, 30, np.full(30, 0.5),
              config=dict(dataclasses.asdict(config), rounds=30))
   monkeypatch.setattr(experiment, 'run_experiment', lambda *a, **k: pytest.fail('made'))
-  with pytest.raises(experiment.ExperimentError,
-                     match='holds a finished run of 30 rounds and the suite declares 20'):
-    compare._run(config)   # pylint: disable=protected-access
-  (line, total) = compare.plan(suite, [config])
-  assert ': blocked: ' in line and 'finished run of 30 rounds' in line
+  compare._run(config)   # pylint: disable=protected-access
+  (total,) = compare.plan(suite, [config])
   assert total.startswith('0 of 1 runs to make, 0 rounds: ')
   assert report.load_run(config.experiment_dir)['rounds_done'] == 30
+  probe = dataclasses.replace(config, root_output_dir=str(tmp_path / 'toy' / 'probes' / 'runs'))
+  _write_run(probe.experiment_dir, 10, np.full(10, 0.5),
+             config=dict(dataclasses.asdict(probe), rounds=10))
+  with pytest.raises(experiment.ExperimentError,
+                     match='holds a finished run of 10 rounds and no checkpoint to continue it '
+                           'to 20: move it away'):
+    compare._run(probe)   # pylint: disable=protected-access
+  assert report.load_run(probe.experiment_dir)['rounds_done'] == 10
 
 
 def test_compare_waiting_for_a_run_the_other_process_moved_makes_it(tmp_path, monkeypatch):
@@ -1301,3 +1308,45 @@ def test_at_length_a_divergence_past_the_length_does_not_count(tmp_path):
   short = report.at_length(run, 20)
   assert short['finished'] and short['diverged'] is None and short['rounds_done'] == 20
   assert report.usable(short)
+
+
+def test_a_lengthened_suite_keeps_probe_baselines_and_summaries_at_their_lengths(
+    tmp_path, monkeypatch):
+  """While a suite declared at 40 rounds reports at 20: a probe of 30 rounds that leaves the
+  baseline unchanged reads the baseline's runs at 30 (usable where they got there), not
+  cut to the pages' 20; a run extended in place (checkpoints kept, nothing in earlier_runs/)
+  read at 20 drops its summary, which is the longer making's (n/a on the page)."""
+  probe = suites.Probe('p', 'q?', dict(rounds=30), ('new',), seeds=(0, 1, 2))
+  suite = dataclasses.replace(_paired_toy_suite(40, tmp_path, monkeypatch), probes=(probe,))
+  base = tmp_path / 'toy'
+  rng = np.random.default_rng(13)
+  long = {s: rng.uniform(0.3, 0.9, 40) for s in (0, 1, 2)}
+  for s in (0, 1, 2):
+    _write_run(base / 'runs' / f'new_s{s}', 20, np.full(20, 0.6))
+    _write_run(base / 'probes' / 'p' / f'new_s{s}', 30, np.full(30, 0.6))
+  _write_run(base / 'runs' / 'base_s0', 40, long[0])   # extended in place, finished
+  _write_run(base / 'runs' / 'base_s1', 40, long[1][:33], summary_rounds=20)   # extending
+  _write_run(base / 'runs' / 'base_s2', 20, long[2][:20])
+  assert report.reported_rounds(suite) == 20
+  runs = report.collect(suite)['base']
+  assert runs[0]['summary'] == {} and runs[0]['client_epochs_training'] is None
+  assert runs[1]['summary']['rounds'] == 20   # its summary is still the 20-round making's
+  page, _, _ = report.suite_page(suite)
+  assert '| base | 3 |' in page and '| n/a | 0.0 MiB |' in page
+  got = report.collect_probe(suite, probe)['base']
+  assert [report.usable(got[s]) for s in (0, 1, 2)] == [True, True, False]
+  for s in (0, 1):
+    np.testing.assert_allclose(got[s]['last10_mean_accuracy'], long[s][20:30].mean(), rtol=1e-6)
+
+
+def test_whole_round_ratio_sums_the_rounds_that_record_both(tmp_path, monkeypatch):
+  """report.whole_round_ratio: round_seconds over seconds, summed over every round but the
+  first of the runs that record both; NaN when none does."""
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  _write_run(tmp_path / 'toy' / 'runs' / 'old_s0', 5, np.full(5, 0.5), seconds=1.0)
+  assert np.isnan(report.whole_round_ratio('toy'))
+  _write_run(tmp_path / 'toy' / 'runs' / 'a_s0', 5, np.full(5, 0.5), seconds=2.0,
+             round_seconds=3.0)
+  _write_run(tmp_path / 'toy' / 'tuning' / 'b_lr1', 3, np.full(3, 0.5), seconds=1.0,
+             round_seconds=4.0)
+  assert report.whole_round_ratio('toy') == pytest.approx((4 * 3.0 + 2 * 4.0) / (4 * 2.0 + 2))
