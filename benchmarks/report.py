@@ -307,7 +307,7 @@ def collect(suite: suites.Suite) -> dict:
   """{run: {seed: loaded run}} of the suite at the length its pages report
   (`reported_rounds`: the declared one, or while the suite is being lengthened the longest
   length at which every run has every seed)."""
-  return collect_at(suite, reported_rounds(suite))
+  return collect_reported(suite)[1]
 
 
 def declared_rounds(suite: suites.Suite) -> int:
@@ -328,35 +328,44 @@ def collect_at(suite: suites.Suite, rounds: Optional[int] = None) -> dict:
     fields = dict(suite.config_overrides(run, tuned), rounds=rounds)
     seeds = {seed: _declared_run(path, fields) for seed, path in _seed_paths(kept, run).items()}
     for seed, path in seed_dirs(suite, run).items():
-      if seed not in seeds or not done(seeds[seed]):
+      if seed not in seeds or not settled(seeds[seed]):
         r = load_run(path)
         seeds[seed] = dict(at_length(r, rounds), stale=settings_differences(r, fields))
     out[run] = dict(sorted(seeds.items()))
   return out
 
 
-def done(run: dict) -> bool:
+def settled(run: dict) -> bool:
   """Usable, or diverged (deterministic: made again, it would diverge again)."""
   return usable(run) or bool(run['diverged'] and not run.get('stale'))
 
 
 def reported_rounds(suite: suites.Suite) -> int:
-  """The length the suite's pages report: the declared rounds once every run is done there
-  for every seed of suites.SEEDS; while a lengthened suite is being made again seed by seed,
-  the longest shorter length at which they all are (its runs made again read over their
-  first rounds, the rest from earlier_runs/rounds<N>/ or not yet made again); the declared
-  rounds when no length has them all."""
+  """The length the suite's pages report (`collect_reported`)."""
+  return collect_reported(suite)[0]
+
+
+def collect_reported(suite: suites.Suite) -> tuple:
+  """(rounds, collect_at(suite, rounds)) at the length the suite's pages report: the
+  declared rounds once every run is settled there for every seed of suites.SEEDS; while a
+  lengthened suite is being made again seed by seed, the longest shorter length at which
+  they all are (its runs made again read over their first rounds, the rest from
+  earlier_runs/rounds<N>/ or not yet made again); the declared rounds when no length has
+  them all."""
   declared = declared_rounds(suite)
   lengths = {declared, *kept_lengths(suites.suite_dir(suite.name))}
   for run in suite.runs:
     for path in seed_dirs(suite, run).values():
       with open(os.path.join(path, 'config.json')) as f:
         lengths.add(json.load(f)['rounds'])
+  at_declared = None
   for n in sorted((n for n in lengths if n <= declared), reverse=True):
-    if all(s in seeds and done(seeds[s])
-           for seeds in collect_at(suite, n).values() for s in suites.SEEDS):
-      return n
-  return declared
+    runs = collect_at(suite, n)
+    if at_declared is None:   # the first length tried is the declared one
+      at_declared = runs
+    if all(s in seeds and settled(seeds[s]) for seeds in runs.values() for s in suites.SEEDS):
+      return n, runs
+  return declared, at_declared
 
 
 def collect_probe(suite: suites.Suite, probe: suites.Probe) -> dict:
@@ -822,8 +831,7 @@ def suite_summary(suite: suites.Suite) -> dict:
   it is being lengthened (`rounds` below `declared`) the same at the declared length so far
   (`longer_runs`, `longer_comparisons`)."""
   paper = suites.load_paper_numbers().get(suite.name, {})
-  rounds, declared = reported_rounds(suite), declared_rounds(suite)
-  runs = collect_at(suite, rounds)
+  (rounds, runs), declared = collect_reported(suite), declared_rounds(suite)
   out = dict(runs=runs, comparisons=[dict(c, rounds=rounds)
                                      for c in compare_runs(suite, runs, paper)],
              paper=paper, rounds=rounds, declared=declared)
@@ -852,7 +860,7 @@ def lengthening_text(summary: dict) -> str:
           'finished there so far).')
 
 
-def _lengthening_lines(suite: suites.Suite, summary: dict) -> list:
+def _lengthening_lines(summary: dict) -> list:
   """The section of a suite being lengthened: its comparisons at the declared length over
   the seeds finished there so far, and what is left to run."""
   if summary['rounds'] == summary['declared']:
@@ -943,7 +951,7 @@ def suite_page(suite: suites.Suite) -> tuple:
     lines += ['', lengthening_text(summary) + ' See "At '
               f'{summary["declared"]} rounds so far" below.']
   lines += [''] + _margin_lines(runs, summary['comparisons'])
-  lines += _lengthening_lines(suite, summary)
+  lines += _lengthening_lines(summary)
   lines += _paper_context_lines(suite)
   lines += _probe_lines(suite, summary['paper'])
   lines += ['## Every run', '',
