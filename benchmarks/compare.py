@@ -249,14 +249,15 @@ def probe_configs(suite: suites.Suite, tuned, only=(), probes=()) -> list:
 
 # What sets a round's cost: runs agreeing on these share their recorded seconds per round.
 COST_FIELDS = ('algorithm', 'dataset', 'model', 'num_clients', 'clients_per_round',
-               'local_epochs', 'batch_size', 'partition')
+               'local_epochs', 'batch_size', 'partition', 'eval_every')
 
 
 def recorded_seconds_per_round(suite_name: str) -> dict:
-  """{COST_FIELDS values: (median seconds of a round, whole)} over every run the suite has
+  """{COST_FIELDS values: (mean seconds of a round, whole)} over every run the suite has
   recorded (reported, tuning, probes, superseded; finished or not). whole: the rounds as the
   program ran them, evaluation included (metrics.csv's round_seconds, recorded since
-  2026-11-25); else only their training (its `seconds`), for costs recorded before."""
+  2026-11-25; a mean, so that rounds evaluated every --eval_every count as often as they
+  come); else only their training (its `seconds`), for costs recorded before."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   seconds = {}
   for _, pattern in report.RUN_KINDS:
@@ -270,7 +271,7 @@ def recorded_seconds_per_round(suite_name: str) -> dict:
       # the first round also traces and compiles: left out, as in summary.json
       for values, column in zip(seconds.setdefault(key, ([], [])), ('round_seconds', 'seconds')):
         values.extend(v for v in report.metrics_column(rows[1:], column) if np.isfinite(v))
-  return {key: (float(np.median(whole)), True) if whole else (float(np.median(training)), False)
+  return {key: (float(np.mean(whole)), True) if whole else (float(np.mean(training)), False)
           for key, (whole, training) in seconds.items() if whole or training}
 
 

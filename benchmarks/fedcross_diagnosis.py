@@ -58,18 +58,19 @@ def margin_curve(cross_rows, avg_rows) -> np.ndarray:
 
 
 def last10(acc: np.ndarray) -> float:
-  tail = acc[-report.LAST:]
-  return float(np.nanmean(tail)) if np.isfinite(tail).any() else float('nan')
+  """The mean of a per-round column's last LAST evaluated values (report.last10_at)."""
+  evaluated = acc[np.isfinite(acc)]
+  return float(np.mean(evaluated[-report.LAST:])) if evaluated.size else float('nan')
 
 
 def peak_margin(curves) -> str:
-  """The largest last-10 margin of the seeds' mean margin curve, and its window's last round."""
+  """The largest last-10 margin of the seeds' mean margin curve (over its last LAST
+  evaluated rounds, as report.last10_at), and the round that window ends at."""
   n = min(len(c) for c in curves)
-  if n < report.LAST:
-    return 'n/a'
   mean = np.mean([c[:n] for c in curves], axis=0)   # NaN where a round was not evaluated
-  windows = [(np.nanmean(mean[end - report.LAST:end]), end)
-             for end in range(report.LAST, n + 1) if np.isfinite(mean[end - report.LAST:end]).any()]
+  evaluated = np.flatnonzero(np.isfinite(mean))     # row i holds round i + 1
+  windows = [(float(np.mean(mean[evaluated[i - report.LAST + 1:i + 1]])), int(evaluated[i]) + 1)
+             for i in range(report.LAST - 1, len(evaluated))]
   if not windows:
     return 'n/a'
   value, end = max(windows, key=lambda w: w[0])   # the first of equal windows

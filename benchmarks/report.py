@@ -107,7 +107,7 @@ def _curve_figures(curve: list, rounds: int) -> dict:
   """A run's curve ([(round, accuracy)]) up to `rounds` and its headline figures there."""
   kept = [(r, a) for r, a in curve if r <= rounds]
   acc = np.array([a for _, a in kept])
-  tail = [a for r, a in kept if r > rounds - LAST]
+  tail = [a for _, a in kept[-LAST:]]   # the last LAST evaluations (last_evaluations)
   return dict(curve_rounds=[r for r, _ in kept], curve_accuracy=[a for _, a in kept],
               last10_mean_accuracy=float(np.mean(tail)) if tail else float('nan'),
               final_accuracy=float(acc[-1]) if acc.size else float('nan'),
@@ -191,14 +191,29 @@ def mean_std(values) -> tuple:
   return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else float('nan')
 
 
-def plateau_delta(curves: list) -> tuple:
-  """(window W, points moved by the mean curve between its last two W-round windows)."""
-  length = min(len(c) for c in curves)
-  mean = np.mean([c[:length] for c in curves], axis=0) * 100
-  w = min(50, length // 4)
+def mean_curve(runs: list) -> tuple:
+  """(rounds, mean, std) of the runs' test accuracy over seeds, at the rounds every one of
+  them evaluated (std 0 for one run)."""
+  common = sorted(set.intersection(*(set(r['curve_rounds']) for r in runs))) if runs else []
+  acc = np.array([[dict(zip(r['curve_rounds'], r['curve_accuracy']))[x] for x in common]
+                  for r in runs], np.float64).reshape(len(runs), len(common))
+  std = acc.std(0, ddof=1) if len(runs) > 1 else np.zeros(len(common))
+  return np.array(common, np.int64), acc.mean(0), std
+
+
+def plateau_delta(runs: list) -> tuple:
+  """(window W, points moved by the runs' mean curve (`mean_curve`) between its last two
+  W-round windows, each the mean over the rounds evaluated in it)."""
+  rounds, mean, _ = mean_curve(runs)
+  w = min(50, int(rounds[-1]) // 4) if rounds.size else 0
   if w < 1:
     return 0, float('nan')
-  return w, float(mean[-w:].mean() - mean[-2 * w:-w].mean())
+  end = rounds[-1]
+  last = mean[rounds > end - w]
+  before = mean[(rounds > end - 2 * w) & (rounds <= end - w)]
+  if not before.size:
+    return w, float('nan')
+  return w, float(100 * last.mean() - 100 * before.mean())
 
 
 MIN_SEEDS_FOR_VERDICT = 2   # a spread needs two paired seeds; one seed gets no verdict
@@ -290,11 +305,13 @@ def margin_text(comparison: dict) -> str:
 
 
 def settings_differences(run: dict, fields: dict) -> list:
-  """'key=recorded (declared: value)' for every declared field (but the length, which
-  `finished` judges) that the run's config.json records otherwise: a run made before its
-  declaration or tuned rate changed is not shown as a run of the new settings."""
+  """'key=recorded (declared: value)' for every declared field that the run's config.json
+  records otherwise: a run made before its declaration or tuned rate changed is not shown as
+  a run of the new settings. Fields that do not change what a run computes (the program's
+  RESUMABLE_CHANGES: its length, which `finished` judges, its evaluation schedule, ...) are
+  not compared."""
   return [f'{k}={run["config"].get(k)} (declared: {v})' for k, v in sorted(fields.items())
-          if k != 'rounds' and run['config'].get(k) != v]
+          if k not in experiment.RESUMABLE_CHANGES and run['config'].get(k) != v]
 
 
 def _declared_run(path: str, fields: dict) -> dict:
@@ -456,8 +473,11 @@ def checkpoint_rounds(rounds: int) -> list:
 
 
 def last10_at(run: dict, end: int) -> float:
-  """A run's mean test accuracy over rounds end - 9 .. end (NaN when none is in)."""
-  tail = [a for r, a in zip(run['curve_rounds'], run['curve_accuracy']) if end - LAST < r <= end]
+  """A run's mean test accuracy over its last LAST evaluations up to round `end` (NaN when
+  none is in): rounds end - 9 .. end for a run evaluated every round, and at a run's end,
+  which the program always evaluates LAST rounds in a row (--eval_last); a run evaluated
+  every k rounds is read there over its last LAST * k rounds."""
+  tail = [a for r, a in zip(run['curve_rounds'], run['curve_accuracy']) if r <= end][-LAST:]
   return float(np.mean(tail)) if tail else float('nan')
 
 
@@ -634,10 +654,8 @@ def _plot(suite: suites.Suite, runs: dict, path: str) -> None:
     finished = [r for r in seeds.values() if usable(r)]
     if not finished:
       continue
-    length = min(len(r['curve_accuracy']) for r in finished)
-    acc = np.array([r['curve_accuracy'][:length] for r in finished]) * 100
-    x = finished[0]['curve_rounds'][:length]
-    mean, std = acc.mean(0), acc.std(0, ddof=1) if len(finished) > 1 else np.zeros(length)
+    x, mean, std = mean_curve(finished)
+    mean, std = 100 * mean, 100 * std
     line, = ax.plot(x, mean, lw=1.2, label=f'{run} ({len(finished)} seeds)')
     ax.fill_between(x, mean - std, mean + std, color=line.get_color(), alpha=0.2, lw=0)
   ax.set_xlabel('round')
@@ -966,7 +984,7 @@ def suite_page(suite: suites.Suite) -> tuple:
     if not done:
       lines.append(f'| {run} | 0 |' + ' |' * (7 + len(suite.summary_columns)))
       continue
-    w, moved = plateau_delta([r['curve_accuracy'] for r in done])
+    w, moved = plateau_delta(done)
     epochs = done[0]['client_epochs_training']   # None: read short of its making's length
     lines.append(
         f'| {run} | {len(done)} | {pm(*mean_std([r["last10_mean_accuracy"] for r in done]))} | '
@@ -1142,7 +1160,7 @@ def status_lines() -> list:
     for run, seeds in runs.items():
       done = [r for r in seeds.values() if usable(r)]
       if done:
-        _, moved = plateau_delta([r['curve_accuracy'] for r in done])
+        _, moved = plateau_delta(done)
         if abs(moved) >= PLATEAU_POINTS:
           moving.append(f'{run} {moved:+.1f}')
     longer = ''

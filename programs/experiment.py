@@ -49,7 +49,7 @@ DEFAULT_MODELS = {
 # from its default is refused rather than recorded in config.json and ignored.
 SERVER_FLAGS_USED = {name: method.reads for name, method in methods.METHODS.items()}
 # Flags that do not change what a run computes: a resumed run may change them.
-RESUMABLE_CHANGES = ('rounds', 'eval_every', 'data_dir', 'root_output_dir', 'experiment_name',
+RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last', 'data_dir', 'root_output_dir', 'experiment_name',
                      'resume', 'progress', 'workers', 'local_workers', 'worker_timeout',
                      'resident_state', 'checkpoint_every')
 
@@ -176,6 +176,9 @@ class _GeneralConfig:
   model: str = ''              # '' = the dataset's default model
   seed: int = 0
   eval_every: int = 1
+  # ... and each of the last this many rounds: summary.json's last-10 mean (and the reports')
+  # is then over the run's last rounds, not over its last evaluations wherever they fell.
+  eval_last: int = 10
   # Checkpoint every this many rounds (and after the last one, and on SIGTERM/SIGINT): a
   # large state's checkpoint every round costs FedCDA 36% of its round time (RESULTS.md);
   # a crash repeats the rounds since the last checkpoint.
@@ -260,6 +263,8 @@ def validate(config: ExperimentConfig) -> None:
   for name, value in positive_ints.items():
     if value < 1:
       raise ExperimentError(f'--{name} must be at least 1, got {value}')
+  if c.eval_last < 0:
+    raise ExperimentError(f'--eval_last must be at least 0, got {c.eval_last}')
   _validate_workers(c)
   if c.clients_per_round > c.num_clients:
     raise ExperimentError(
@@ -406,6 +411,12 @@ def recorded_config(saved: dict) -> ExperimentConfig:
   defaults, keys no longer known dropped."""
   fields = ExperimentConfig.__dataclass_fields__
   return ExperimentConfig(**{k: v for k, v in saved.items() if k in fields})
+
+
+def evaluated_round(round_num: int, c: ExperimentConfig) -> bool:
+  """Whether the run evaluates on the test set after `round_num`: every --eval_every rounds,
+  each of the last --eval_last rounds, and always the last."""
+  return round_num % c.eval_every == 0 or round_num > c.rounds - max(c.eval_last, 1)
 
 
 def fedlex_explorer_lr(c: ExperimentConfig) -> float:
@@ -644,7 +655,7 @@ def _round_costs(rows: list[dict], name: str) -> int:
 # they depend on: running it again (a notebook cell re-run, a resume after an interrupt)
 # reuses TFF's traced and compiled computations instead of paying for them again.
 _LAST_BUILT: dict = {}
-_NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'root_output_dir', 'experiment_name', 'resume',
+_NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'eval_last', 'root_output_dir', 'experiment_name', 'resume',
                      'progress', 'resident_state', 'checkpoint_every')
 
 
@@ -856,7 +867,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       row.update(metrics)
       if exploration is not None:
         row['exploration_client_epochs'] = float(program_state['exploration_client_epochs'])
-      evaluated = round_num % c.eval_every == 0 or round_num == c.rounds
+      evaluated = evaluated_round(round_num, c)
       if evaluated:
         with execution.collector_paused():
           accuracy, test_loss = evaluator(runner.get_model_weights(held))

@@ -48,6 +48,9 @@ _PROXIMAL = flags.DEFINE_float('proximal_strength', 0.01, 'FedProx mu.')
 _MODEL = flags.DEFINE_string('model', '', 'Model name; empty = the dataset default.')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of partition, sampling, batches and init.')
 _EVAL_EVERY = flags.DEFINE_integer('eval_every', 1, 'Evaluate every this many rounds.')
+_EVAL_LAST = flags.DEFINE_integer(
+    'eval_last', 10, 'Also evaluate each of the last this many rounds (the last-10 mean '
+    'summary.json reports is then over the last 10 rounds).')
 _CHECKPOINT_EVERY = flags.DEFINE_integer(
     'checkpoint_every', 1, 'Checkpoint every this many rounds (always after the last round '
     'and on SIGTERM/SIGINT; a crash repeats the rounds since the last checkpoint on --resume).')
@@ -83,6 +86,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       server_optimizer=_SERVER_OPTIMIZER.value, server_lr=_SERVER_LR.value,
       server_momentum=_SERVER_MOMENTUM.value, proximal_strength=_PROXIMAL.value,
       model=_MODEL.value, seed=_SEED.value, eval_every=_EVAL_EVERY.value,
+      eval_last=_EVAL_LAST.value,
       checkpoint_every=_CHECKPOINT_EVERY.value,
       root_output_dir=_ROOT.value, experiment_name=_NAME.value, resume=_RESUME.value,
       progress=_PROGRESS.value, workers=_WORKERS.value, local_workers=_LOCAL_WORKERS.value,

@@ -404,7 +404,7 @@ def test_model_flag_chooses_the_model(monkeypatch):
 # --------------------------------------------------------------------------- #
 
 LOOP_RUN = dict(algorithm='fedlex_avgm', num_clients=6, clients_per_round=3, rounds=3,
-                eval_every=2, local_epochs=2, fedlex_explorer_fraction=0.5,
+                eval_every=3, eval_last=2, local_epochs=2, fedlex_explorer_fraction=0.5,
                 fedlex_exploration_epochs=2, fedlex_refresh=True, progress=True,
                 experiment_name='loop')
 
@@ -426,10 +426,13 @@ def loop_run(tmp_path_factory):
 
 
 def test_loop_flags(loop_run):
-  """--rounds, --eval_every, --root_output_dir/--experiment_name, --progress."""
+  """--rounds, --eval_every, --eval_last, --root_output_dir/--experiment_name, --progress."""
   config, summary, rows, stderr, root = loop_run
   assert [int(r['round']) for r in rows] == [1, 2, 3] and summary['rounds'] == 3
+  # Round 3 by --eval_every=3, round 2 only as one of the --eval_last=2 (round 1 by neither).
   assert [bool(r['test_accuracy']) for r in rows] == [False, True, True]
+  assert summary['last10_mean_accuracy'] == pytest.approx(
+      np.mean([float(r['test_accuracy']) for r in rows[1:]]))
   assert summary['experiment_dir'] == str(root / 'loop')
   assert os.path.exists(root / 'loop' / 'summary.json')
   assert '3/3' in stderr  # the progress bar
@@ -475,7 +478,7 @@ GENERAL_FLAGS_TESTED_HERE = (
     'algorithm', 'dataset', 'data_dir', 'partition', 'dirichlet_alpha', 'shards_per_client',
     'classes_per_client', 'quantity_alpha', 'num_clients', 'clients_per_round', 'rounds',
     'local_epochs', 'batch_size', 'client_lr', 'client_momentum', 'server_optimizer', 'server_lr',
-    'server_momentum', 'proximal_strength', 'model', 'seed', 'eval_every', 'root_output_dir',
+    'server_momentum', 'proximal_strength', 'model', 'seed', 'eval_every', 'eval_last', 'root_output_dir',
     'experiment_name', 'progress')
 
 

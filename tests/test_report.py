@@ -38,16 +38,60 @@ def test_paper_margin_text_states_a_sign_only_claim(margin, sign, want):
   assert report.paper_margin_text(dict(paper_margin=margin, paper_sign=sign)) == want
 
 
+def _curve_run(rounds, accuracy) -> dict:
+  """A loaded run's curve, as load_run gives it."""
+  return dict(curve_rounds=list(rounds), curve_accuracy=list(accuracy))
+
+
+def _evaluated(total, every, last=10) -> list:
+  """The rounds a run of `total` rounds evaluates at --eval_every=every, --eval_last=last."""
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  config = experiment.ExperimentConfig(rounds=total, eval_every=every, eval_last=last)
+  return [r for r in range(1, total + 1) if experiment.evaluated_round(r, config)]
+
+
 def test_plateau_delta_is_the_move_between_the_last_two_windows():
   rng = np.random.default_rng(0)
   curves = [np.clip(np.linspace(0.2, 0.8, 200) + rng.normal(0, 0.01, 200), 0, 1)
             for _ in range(3)]
-  w, moved = report.plateau_delta(curves)
+  w, moved = report.plateau_delta([_curve_run(range(1, 201), c) for c in curves])
   mean = np.mean(curves, axis=0) * 100
   assert w == 50
   assert moved == pytest.approx(mean[-50:].mean() - mean[-100:-50].mean())
-  w, moved = report.plateau_delta([np.full(40, 0.7)])
+  w, moved = report.plateau_delta([_curve_run(range(1, 41), np.full(40, 0.7))])
   assert (w, moved) == (10, 0.0)
+
+
+def test_sparsely_evaluated_runs_are_read_by_round():
+  """Runs evaluated every 5 rounds and each of their last 10: the windows, the mean curve,
+  the last-10 means and the headline figures are by round, against numpy on random curves."""
+  rng = np.random.default_rng(3)
+  rounds = _evaluated(300, 5)
+  assert rounds[:3] == [5, 10, 15] and rounds[-12:] == [285, 290] + list(range(291, 301))
+  full = [rng.uniform(0.3, 0.9, 300) for _ in range(3)]
+  runs = [_curve_run(rounds, f[np.array(rounds) - 1]) for f in full]
+  x, mean, std = report.mean_curve(runs)
+  np.testing.assert_array_equal(x, rounds)
+  stacked = np.array([f[np.array(rounds) - 1] for f in full])
+  np.testing.assert_allclose(mean, stacked.mean(0))
+  np.testing.assert_allclose(std, stacked.std(0, ddof=1))
+  w, moved = report.plateau_delta(runs)
+  by_round = dict(zip(rounds, stacked.mean(0)))
+  last = [v for r, v in by_round.items() if r > 250]
+  before = [v for r, v in by_round.items() if 200 < r <= 250]
+  assert w == 50 and len(before) == 10 and len(last) == 18
+  assert moved == pytest.approx(100 * (np.mean(last) - np.mean(before)))
+  # last-10 means: the last 10 evaluations up to the round (rounds 291-300 at the end,
+  # 205-250 at round 250, which a run evaluated every round would read as 241-250)
+  for end, window in ((300, range(291, 301)), (250, range(205, 251, 5)),
+                      (253, range(205, 251, 5))):
+    assert report.last10_at(runs[0], end) == pytest.approx(full[0][np.array(window) - 1].mean())
+  figures = report._curve_figures(list(zip(rounds, runs[0]['curve_accuracy'])), 300)  # pylint: disable=protected-access
+  assert figures['last10_mean_accuracy'] == pytest.approx(full[0][290:].mean())
+  assert figures['final_accuracy'] == full[0][299]
+  # the mean curve holds only the rounds every run evaluated
+  x, _, _ = report.mean_curve([runs[0], _curve_run(range(1, 301), full[1])])
+  np.testing.assert_array_equal(x, rounds)
 
 
 # The toy suites' runs and their algorithms (what each run's config.json records).
@@ -323,6 +367,28 @@ def test_a_run_made_at_other_settings_is_left_out_and_named(tmp_path, monkeypatc
   assert '`new` seed 1: made at other settings than declared now' in page
 
 
+def test_a_run_evaluated_on_another_schedule_is_a_run_of_the_declared_settings(tmp_path,
+                                                                                monkeypatch):
+  """--eval_every / --eval_last do not change the training: a suite that declares a sparser
+  evaluation (to lengthen its runs faster) still reads the runs made evaluating every round,
+  while an algorithm that differs is still refused."""
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  suite = suites.Suite(
+      name='toy', title='toy', common=dict(rounds=20, eval_every=5, eval_last=10),
+      scaled='nothing', runs=dict(base=dict(algorithm='fedavg'), new=dict(algorithm='fedcda')),
+      comparisons=(suites.Comparison('new', 'base', 'toy setting', 'toy'),))
+  for run, level in (('base', 0.5), ('new', 0.6)):
+    for seed in (0, 1):
+      _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{seed}', 20, np.full(20, level),
+                 config=dict(algorithm=TOY_ALGORITHMS[run], eval_every=1,
+                             **(dict(eval_last=3) if seed else {})))
+  runs = report.collect(suite)
+  assert all(r['stale'] == [] and report.usable(r) for seeds in runs.values()
+             for r in seeds.values())
+  (row,) = report.compare_runs(suite, runs, {})
+  assert row['seeds'] == [0, 1] and row['margin'] == pytest.approx(10.0)
+
+
 def test_a_suite_naming_an_unknown_run_is_refused():
   with pytest.raises(ValueError, match="names 'nwe'"):
     suites.Suite(name='toy', title='toy', common={}, scaled='', runs=dict(base={}, new={}),
@@ -528,6 +594,32 @@ def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monk
       flags.FLAGS.unparse_flags()
 
 
+def test_recorded_cost_is_the_mean_whole_round_per_evaluation_schedule(tmp_path, monkeypatch):
+  """A run evaluated every 5th round costs its mean whole round (evaluated rounds counted as
+  often as they come), and is not the cost of one evaluated every round."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  toy = dataclasses.replace(_paired_toy_suite(20, tmp_path, monkeypatch), name='toycost')
+  config = compare.run_configs(toy, None, only=('base',), seeds=(0,))[0]
+  rng = np.random.default_rng(4)
+  whole = {}
+  for every, name in ((1, 'base_s0'), (5, 'base_s1')):
+    path = tmp_path / 'toycost' / 'runs' / name
+    os.makedirs(path)
+    (path / 'config.json').write_text(json.dumps(dict(dataclasses.asdict(config),
+                                                      eval_every=every)))
+    seconds = rng.uniform(1, 2, 20)
+    whole[every] = seconds + np.where(np.arange(1, 21) % every == 0, 3.0, 0.0)
+    with open(path / 'metrics.csv', 'w', newline='') as f:
+      writer = csv.writer(f)
+      writer.writerow(['round', 'seconds', 'round_seconds'])
+      writer.writerows([r + 1, s, w] for r, (s, w) in enumerate(zip(seconds, whole[every])))
+  got = compare.recorded_seconds_per_round('toycost')
+  key = tuple(getattr(config, f) for f in compare.COST_FIELDS[:-1])
+  assert got[key + (1,)] == (pytest.approx(whole[1][1:].mean()), True)
+  assert got[key + (5,)] == (pytest.approx(whole[5][1:].mean()), True)
+
+
 @pytest.mark.parametrize('argv, message', [
     (['--tune', '--probes'], 'choose one of --tune, --probes (or --probe), --report'),
     (['--probe=no_such_probe'], "--probe names unknown probes ['no_such_probe']"),
@@ -686,6 +778,26 @@ def test_fedcross_diagnosis_spread_on_random_rounds():
                                max(picked.count(c) for c in set(picked)) / len(picked))
 
 
+def test_fedcross_diagnosis_reads_sparsely_evaluated_runs_as_the_report_does():
+  """last-10 and the peak margin over the last 10 evaluated rounds (report.last10_at)."""
+  from benchmarks import fedcross_diagnosis  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(8)
+  rounds = _evaluated(120, 5)
+  cross_full, avg_full = rng.uniform(0.4, 0.9, (2, 3, 120))
+  def column(full):
+    out = np.full(120, np.nan)
+    out[np.array(rounds) - 1] = full[np.array(rounds) - 1]
+    return out
+  for c, a in zip(cross_full, avg_full):
+    assert fedcross_diagnosis.last10(column(c)) == pytest.approx(c[110:].mean())
+    assert fedcross_diagnosis.last10(column(c)[:100]) == pytest.approx(c[np.arange(54, 100, 5)].mean())
+  margins = [column(c) - column(a) for c, a in zip(cross_full, avg_full)]
+  mean = np.mean(margins, axis=0)
+  runs = _curve_run(rounds, mean[np.array(rounds) - 1])
+  best = max(((report.last10_at(runs, r), r) for r in rounds[9:]), key=lambda w: w[0])
+  assert fedcross_diagnosis.peak_margin(margins) == f'{100 * best[0]:+.2f} (round {best[1]})'
+
+
 def test_fedcross_diagnosis_tables_on_toy_runs():
   """Margins pair each seed with FedAvg's same seed; the peak is the largest last-10 margin of
   the seeds' mean curves and names the round its window ends at; spreads skip the first 50
@@ -725,7 +837,8 @@ def test_fedcross_diagnosis_tables_on_toy_runs():
   assert text.splitlines()[-1].split('|')[3].strip() == 'n/a'   # no round after the acceleration
   sparse = {0: rows(np.where(np.arange(n) % 2, bump, np.nan))}
   text = '\n'.join(fedcross_diagnosis._summary_lines([('sparse', sparse, avg, 50)], 3))
-  assert '| +10.00 (round 30) |' in text, text      # rounds 21-30's evaluated rounds
+  # the last 10 evaluated rounds: at round 30 rounds 12-30 (even), five of them bumped
+  assert '| +5.00 (round 30) |' in text, text
   over = '\n'.join(fedcross_diagnosis._rounds_lines([('sparse', sparse, avg, 50)]))
   assert 'nan' not in text + over
 

@@ -86,6 +86,7 @@ BAD_INPUTS = [
     ('--clients_per_round=50', '--clients_per_round=50 exceeds'),
     ('--partition=dirichlet --dirichlet_alpha=0', '--dirichlet_alpha must be > 0'),
     ('--checkpoint_every=0', '--checkpoint_every must be at least 1'),
+    ('--eval_last=-1', '--eval_last must be at least 0'),
     ('--dataset=mnist --data_dir=/nonexistent', 'tfds build'),
     ('--partition=classes --classes_per_client=11', 'impossible partition'),
     ('--num_clients=200', 'use fewer clients'),  # names no min_size: that is not a flag
@@ -254,6 +255,16 @@ def test_blown_up_warning_takes_finite_losses_above_the_threshold(loss, warned):
   assert (message is not None) == warned
   if warned:
     assert message.startswith("warning: round 3: the clients' training loss is 1.5e+04: ")
+
+
+@pytest.mark.parametrize('rounds,every,last', [(30, 1, 10), (30, 5, 10), (23, 7, 0),
+                                               (23, 7, 3), (5, 4, 10), (600, 5, 10)])
+def test_evaluated_rounds_are_every_eval_every_and_the_last_eval_last(rounds, every, last):
+  config = experiment.ExperimentConfig(rounds=rounds, eval_every=every, eval_last=last)
+  got = [r for r in range(1, rounds + 1) if experiment.evaluated_round(r, config)]
+  expected = sorted({r for r in range(every, rounds + 1, every)} |
+                    set(range(max(1, rounds - last + 1), rounds + 1)) | {rounds})
+  assert got == expected
 
 
 def test_diverging_training_stops_with_message(tmp_path):
