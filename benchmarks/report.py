@@ -758,8 +758,10 @@ def remade_runs(suite: suites.Suite) -> list:
   """[{run, seed, length, first_difference, largest_gap, earlier, again}] for every
   superseded shorter run whose run was made again longer at its settings (in runs/, at least
   as many rounds done), matched round by round: the first round where any of REMADE_COLUMNS
-  the two record differs (None: none does), the largest single-round test-accuracy gap,
-  and both makings' last-10 means over the shorter length."""
+  that both record differs (None: none does; a making evaluated every k rounds records no
+  test figures in between), the largest single-round test-accuracy gap, and both makings'
+  means over the shorter run's last LAST evaluated rounds that the new making evaluated too
+  (all of them when it evaluated every round)."""
   out = []
   base = suites.suite_dir(suite.name)
   for path in [os.path.join(kept_dir(base, n), name) for n in kept_lengths(base)
@@ -780,17 +782,19 @@ def remade_runs(suite: suites.Suite) -> list:
     first = None
     for a in metrics_rows(path):
       b = again_rows.get(int(a['round']), {})
-      if any(a.get(k) != b.get(k) for k in REMADE_COLUMNS if k in a):
+      if any(a[k] != b.get(k) for k in REMADE_COLUMNS
+             if a.get(k) not in (None, '') and b.get(k) not in (None, '')):
         first = int(a['round'])
         break
     again_at = dict(zip(again['curve_rounds'], again['curve_accuracy']))
-    gaps = [abs(acc - again_at[r]) for r, acc in zip(earlier['curve_rounds'],
-                                                     earlier['curve_accuracy']) if r in again_at]
+    evaluated = list(zip(earlier['curve_rounds'], earlier['curve_accuracy']))
+    gaps = [abs(acc - again_at[r]) for r, acc in evaluated if r in again_at]
+    tail = [(acc, again_at[r]) for r, acc in evaluated[-LAST:] if r in again_at]
     run, seed = name.rsplit('_s', 1)
     out.append(dict(run=run, seed=int(seed), length=length, first_difference=first,
                     largest_gap=float(max(gaps, default=np.nan)),
-                    earlier=earlier['last10_mean_accuracy'],
-                    again=last10_at(again, length)))
+                    earlier=float(np.mean([e for e, _ in tail])) if tail else np.nan,
+                    again=float(np.mean([a for _, a in tail])) if tail else np.nan))
   return out
 
 
@@ -808,7 +812,9 @@ def _remade_lines(remade: list) -> list:
            '(a resumed run continues exactly); with other code, or on another machine and '
            'install, the last bits of a round can differ, and single rounds then drift apart. '
            'First difference: the first round whose training loss, test accuracy or test loss '
-           'differs at all.', '',
+           'differs at all (where both makings record it: a making evaluated every k rounds '
+           'has no test figures in between). Last-10 means: over the shorter making\'s last '
+           '10 rounds that the new one evaluated too.', '',
            '| run | seed | rounds compared | first difference | largest gap in one round\'s '
            'accuracy (points) | last-10 mean, earlier (%) | last-10 mean, again (%) | '
            'difference (points) |', '|---|---|---|---|---|---|---|---|']

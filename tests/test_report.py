@@ -1193,6 +1193,33 @@ def test_remade_runs_compare_each_shorter_run_with_its_new_making(tmp_path, monk
   assert '| base | 0 | 20 | none | 0.00 |' in text
 
 
+def test_a_run_made_again_evaluating_less_often_is_compared_where_both_evaluated(
+    tmp_path, monkeypatch):
+  """A run made again longer evaluating every 5th round (and its last 10): its missing test
+  figures are no difference; the last-10 means are over the shorter run's last 10 rounds that
+  the new making evaluated (rounds 15 and 20 of 11-20); a real difference is still found."""
+  suite = _paired_toy_suite(40, tmp_path, monkeypatch)
+  rng = np.random.default_rng(12)
+  earlier = rng.uniform(0.3, 0.9, 20)
+  rounds = _evaluated(40, 5)
+  base = tmp_path / 'toy'
+  for seed, again in ((0, np.concatenate([earlier, rng.uniform(0.3, 0.9, 20)])),
+                      (1, np.concatenate([earlier[:6], rng.uniform(0.3, 0.9, 34)]))):
+    _write_run(base / 'earlier_runs' / 'rounds20' / f'new_s{seed}', 20, earlier)
+    path = base / 'runs' / f'new_s{seed}'
+    _write_run(path, 40, again, config=dict(algorithm='fedcda', eval_every=5))
+    with open(path / 'metrics.csv', 'w', newline='') as f:   # test figures every 5th round
+      writer = csv.writer(f)
+      writer.writerow(['round', 'seconds', 'test_accuracy'])
+      writer.writerows([r, 1.0, again[r - 1] if r in rounds else ''] for r in range(1, 41))
+  got = {r['seed']: r for r in report.remade_runs(suite)}
+  assert got[0]['first_difference'] is None and got[0]['largest_gap'] == 0
+  np.testing.assert_allclose([got[0]['earlier'], got[0]['again']],
+                             [earlier[[14, 19]].mean()] * 2, rtol=1e-6)
+  assert got[1]['first_difference'] == 10   # rounds 7-9 were not evaluated again
+  np.testing.assert_allclose(got[1]['earlier'], earlier[[14, 19]].mean(), rtol=1e-6)
+
+
 def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsys):
   """A finished run shorter than the suite's rounds, with no checkpoint, is made again from
   round 1: compare first moves it to earlier_runs/rounds<N>/ (its page then compares the two),
