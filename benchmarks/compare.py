@@ -331,7 +331,7 @@ def plan(suite: suites.Suite, configs) -> list:
       + ' (recorded mostly two runs side by side, so JOBS=2 takes about half of it in wall '
       'clock; checkpoints add to it'
       + (f'; {_runs(training_only)} sized by their training time only, recorded before '
-         f'whole rounds were: evaluating every round adds to it ({report.WHOLE_ROUND})'
+         f'whole rounds were: evaluating every round adds to it ({report.whole_round_example()})'
          if training_only else '')
       + ')')
   return lines

@@ -1050,11 +1050,6 @@ RUN_KINDS = (('reported runs', 'runs/*'), ('tuning', 'tuning/*'), ('probes', 'pr
              ('superseded runs', 'earlier_runs/**'))
 
 
-# What a whole round costs beside its training (metrics.csv's round_seconds and seconds),
-# measured with two runs side by side on 2026-11-25.
-WHOLE_ROUND = 'a FedCross suite round took 3.0 s whole, 0.76 s of it training'
-
-
 def compute_hours(suite_name: str) -> dict:
   """{kind: hours} the suite's recorded rounds took (metrics.csv's `seconds`, summed over
   every run directory of that kind, finished or not)."""
@@ -1085,13 +1080,23 @@ def whole_round_ratio(suite_name: str) -> float:
   return whole / training if training else float('nan')
 
 
+def whole_round_example(besides: str = '') -> str:
+  """What a whole round costs beside its training, measured on the first suite (other than
+  `besides`) whose runs record both, for a suite or plan that has no such rounds yet."""
+  for name in suites.SUITES:
+    ratio = whole_round_ratio(name) if name != besides else float('nan')
+    if np.isfinite(ratio):
+      return f'e.g. the {name} suite\'s recorded rounds took {ratio:.1f} times their training'
+  return 'no suite records it yet'
+
+
 def _compute_line(suite_name: str) -> str:
   hours = compute_hours(suite_name)
   spent = [f'{kind} {h:.1f} h' for kind, h in hours.items() if h > 0]
   ratio = whole_round_ratio(suite_name)
   measured = (f'with it, the rounds of the suite\'s runs that record both took {ratio:.1f} times '
               'their training' if np.isfinite(ratio) else
-              f'not recorded for this suite\'s runs yet; e.g. {WHOLE_ROUND}')
+              f'not recorded for this suite\'s runs yet; {whole_round_example(suite_name)}')
   return ('Compute recorded (the rounds\' training seconds summed; not counted: each round\'s '
           f'evaluation ({measured}), its checkpoint and FedLEx\'s exploration before round 1; '
           'most runs ran two at a time on the 2 cores): ' + ', '.join(spent or ['none yet'])

@@ -1490,3 +1490,17 @@ def test_whole_round_ratio_sums_the_rounds_that_record_both(tmp_path, monkeypatc
   _write_run(tmp_path / 'toy' / 'tuning' / 'b_lr1', 3, np.full(3, 0.5), seconds=1.0,
              round_seconds=4.0)
   assert report.whole_round_ratio('toy') == pytest.approx((4 * 3.0 + 2 * 4.0) / (4 * 2.0 + 2))
+
+
+def test_whole_round_example_cites_a_suite_that_records_whole_rounds(tmp_path, monkeypatch):
+  """For a suite without whole rounds recorded, the pages and --plan cite the ratio measured on
+  another suite (computed from its runs, not a constant); none recorded says so."""
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  monkeypatch.setattr(suites, 'SUITES', {'old': None, 'new': None})
+  _write_run(tmp_path / 'old' / 'runs' / 'a_s0', 5, np.full(5, 0.5), seconds=1.0)
+  assert report.whole_round_example() == 'no suite records it yet'
+  _write_run(tmp_path / 'new' / 'runs' / 'a_s0', 5, np.full(5, 0.5), seconds=2.0,
+             round_seconds=3.0)
+  assert report.whole_round_example() == (
+      'e.g. the new suite\'s recorded rounds took 1.5 times their training')
+  assert report.whole_round_example(besides='new') == 'no suite records it yet'
