@@ -1080,6 +1080,29 @@ def whole_round_ratio(suite_name: str) -> float:
   return whole / training if training else float('nan')
 
 
+def evaluation_seconds(suite_name: str) -> tuple:
+  """(seconds an evaluation adds to a round, a round's training seconds): medians over the
+  rounds but the first of the suite's runs that record whole rounds and leave some rounds
+  unevaluated (`--eval_every` > 1), an evaluated round's whole-minus-training seconds less a
+  not evaluated one's; NaNs when no run has both kinds of round."""
+  evaluated, other, training = [], [], []
+  for _, pattern in RUN_KINDS:
+    for path in glob.glob(os.path.join(suites.suite_dir(suite_name), pattern, 'metrics.csv'),
+                          recursive=True):
+      rows = metrics_rows(os.path.dirname(path))[1:]
+      seconds = metrics_column(rows, 'seconds')
+      extra = metrics_column(rows, 'round_seconds') - seconds
+      tested = np.isfinite(metrics_column(rows, 'test_accuracy'))
+      timed = np.isfinite(extra)
+      if (timed & tested).any() and (timed & ~tested).any():
+        evaluated += list(extra[timed & tested])
+        other += list(extra[timed & ~tested])
+        training += list(seconds[timed])
+  if not evaluated:
+    return float('nan'), float('nan')
+  return float(np.median(evaluated) - np.median(other)), float(np.median(training))
+
+
 def whole_round_example(besides: str = '') -> str:
   """What a whole round costs beside its training, measured on the first suite (other than
   `besides`) whose runs record both, for a suite or plan that has no such rounds yet."""
@@ -1097,6 +1120,10 @@ def _compute_line(suite_name: str) -> str:
   measured = (f'with it, the rounds of the suite\'s runs that record both took {ratio:.1f} times '
               'their training' if np.isfinite(ratio) else
               f'not recorded for this suite\'s runs yet; {whole_round_example(suite_name)}')
+  evaluation, training = evaluation_seconds(suite_name)
+  if np.isfinite(evaluation):
+    measured += (f'; in its runs evaluated every few rounds, an evaluation added {evaluation:.2f} s '
+                 f'to a round whose training took {training:.2f} s (medians)')
   return ('Compute recorded (the rounds\' training seconds summed; not counted: each round\'s '
           f'evaluation ({measured}), its checkpoint and FedLEx\'s exploration before round 1; '
           'most runs ran two at a time on the 2 cores): ' + ', '.join(spent or ['none yet'])

@@ -1492,6 +1492,28 @@ def test_whole_round_ratio_sums_the_rounds_that_record_both(tmp_path, monkeypatc
   assert report.whole_round_ratio('toy') == pytest.approx((4 * 3.0 + 2 * 4.0) / (4 * 2.0 + 2))
 
 
+def test_evaluation_seconds_compares_evaluated_rounds_with_the_others(tmp_path, monkeypatch):
+  """report.evaluation_seconds: median (whole - training) of evaluated rounds less that of the
+  others, and the median training seconds, over runs evaluated every few rounds only."""
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  _write_run(tmp_path / 'toy' / 'runs' / 'dense_s0', 5, np.full(5, 0.5), seconds=7.0,
+             round_seconds=9.0)   # every round evaluated: says nothing about the difference
+  assert all(np.isnan(report.evaluation_seconds('toy')))
+  path = tmp_path / 'toy' / 'runs' / 'sparse_s0'
+  os.makedirs(path)
+  with open(path / 'metrics.csv', 'w', newline='') as f:
+    writer = csv.writer(f)
+    writer.writerow(['round', 'seconds', 'test_accuracy', 'round_seconds'])
+    for r, (train, acc, whole) in enumerate([(5.0, 0.1, 9.0), (2.0, '', 2.1), (3.0, '', 3.1),
+                                             (2.0, 0.5, 3.6), (2.5, '', 2.7), (2.0, 0.6, 3.3)],
+                                            1):
+      writer.writerow([r, train, acc, whole])
+  evaluation, training = report.evaluation_seconds('toy')
+  # rounds 2-6: evaluated extras 1.6, 1.3 (median 1.45); others 0.1, 0.1, 0.2 (median 0.1)
+  assert evaluation == pytest.approx(1.45 - 0.1)
+  assert training == pytest.approx(np.median([2.0, 3.0, 2.0, 2.5, 2.0]))
+
+
 def test_whole_round_example_cites_a_suite_that_records_whole_rounds(tmp_path, monkeypatch):
   """For a suite without whole rounds recorded, the pages and --plan cite the ratio measured on
   another suite (computed from its runs, not a constant); none recorded says so."""
