@@ -1050,17 +1050,21 @@ RUN_KINDS = (('reported runs', 'runs/*'), ('tuning', 'tuning/*'), ('probes', 'pr
              ('superseded runs', 'earlier_runs/**'))
 
 
+def recorded_metrics(suite_name: str):
+  """(kind, metrics rows) of every run directory the suite has recorded (RUN_KINDS: reported,
+  tuning, probes, superseded; finished or not)."""
+  for kind, pattern in RUN_KINDS:
+    for path in glob.glob(os.path.join(suites.suite_dir(suite_name), pattern, 'metrics.csv'),
+                          recursive=True):
+      yield kind, metrics_rows(os.path.dirname(path))
+
+
 def compute_hours(suite_name: str) -> dict:
   """{kind: hours} the suite's recorded rounds took (metrics.csv's `seconds`, summed over
   every run directory of that kind, finished or not)."""
-  base = suites.suite_dir(suite_name)
-  out = {}
-  for kind, pattern in RUN_KINDS:
-    seconds = 0.0
-    for path in glob.glob(os.path.join(base, pattern, 'metrics.csv'), recursive=True):
-      seconds += float(np.nansum(metrics_column(metrics_rows(os.path.dirname(path)),
-                                                'seconds')))
-    out[kind] = seconds / 3600
+  out = {kind: 0.0 for kind, _ in RUN_KINDS}
+  for kind, rows in recorded_metrics(suite_name):
+    out[kind] += float(np.nansum(metrics_column(rows, 'seconds'))) / 3600
   return out
 
 
@@ -1069,14 +1073,12 @@ def whole_round_ratio(suite_name: str) -> float:
   the round but its checkpoint) over their training seconds, summed over every round but
   the first of the suite's runs that record both (since 2026-11-25); NaN when none does."""
   whole = training = 0.0
-  for _, pattern in RUN_KINDS:
-    for path in glob.glob(os.path.join(suites.suite_dir(suite_name), pattern, 'metrics.csv'),
-                          recursive=True):
-      rows = metrics_rows(os.path.dirname(path))[1:]
-      both = np.isfinite(metrics_column(rows, 'round_seconds')) & np.isfinite(
-          metrics_column(rows, 'seconds'))
-      whole += float(metrics_column(rows, 'round_seconds')[both].sum())
-      training += float(metrics_column(rows, 'seconds')[both].sum())
+  for _, rows in recorded_metrics(suite_name):
+    rows = rows[1:]
+    both = np.isfinite(metrics_column(rows, 'round_seconds')) & np.isfinite(
+        metrics_column(rows, 'seconds'))
+    whole += float(metrics_column(rows, 'round_seconds')[both].sum())
+    training += float(metrics_column(rows, 'seconds')[both].sum())
   return whole / training if training else float('nan')
 
 
@@ -1086,18 +1088,16 @@ def evaluation_seconds(suite_name: str) -> tuple:
   unevaluated (`--eval_every` > 1), an evaluated round's whole-minus-training seconds less a
   not evaluated one's; NaNs when no run has both kinds of round."""
   evaluated, other, training = [], [], []
-  for _, pattern in RUN_KINDS:
-    for path in glob.glob(os.path.join(suites.suite_dir(suite_name), pattern, 'metrics.csv'),
-                          recursive=True):
-      rows = metrics_rows(os.path.dirname(path))[1:]
-      seconds = metrics_column(rows, 'seconds')
-      extra = metrics_column(rows, 'round_seconds') - seconds
-      tested = np.isfinite(metrics_column(rows, 'test_accuracy'))
-      timed = np.isfinite(extra)
-      if (timed & tested).any() and (timed & ~tested).any():
-        evaluated += list(extra[timed & tested])
-        other += list(extra[timed & ~tested])
-        training += list(seconds[timed])
+  for _, rows in recorded_metrics(suite_name):
+    rows = rows[1:]
+    seconds = metrics_column(rows, 'seconds')
+    extra = metrics_column(rows, 'round_seconds') - seconds
+    tested = np.isfinite(metrics_column(rows, 'test_accuracy'))
+    timed = np.isfinite(extra)
+    if (timed & tested).any() and (timed & ~tested).any():
+      evaluated += list(extra[timed & tested])
+      other += list(extra[timed & ~tested])
+      training += list(seconds[timed])
   if not evaluated:
     return float('nan'), float('nan')
   return float(np.median(evaluated) - np.median(other)), float(np.median(training))

@@ -49,8 +49,8 @@ DEFAULT_MODELS = {
 # from its default is refused rather than recorded in config.json and ignored.
 SERVER_FLAGS_USED = {name: method.reads for name, method in methods.METHODS.items()}
 # Flags that do not change what a run computes: a resumed run may change them.
-RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last', 'data_dir', 'root_output_dir', 'experiment_name',
-                     'resume', 'progress', 'workers', 'local_workers', 'worker_timeout',
+RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last', 'data_dir', 'root_output_dir',
+                     'experiment_name', 'resume', 'progress', 'workers', 'local_workers', 'worker_timeout',
                      'resident_state', 'checkpoint_every')
 
 
