@@ -18,7 +18,6 @@ skipped, then waited for at the end (`bash benchmarks/reproduce.sh` with JOBS=2)
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
 import os
 import signal
@@ -260,17 +259,17 @@ def recorded_seconds_per_round(suite_name: str) -> dict:
   come); else only their training (its `seconds`), for costs recorded before."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   seconds = {}
-  for _, pattern in report.RUN_KINDS:
-    for path in glob.glob(os.path.join(suites.suite_dir(suite_name), pattern, 'config.json'),
-                          recursive=True):
-      with open(path) as f:   # fields added since it was recorded: at their defaults
-        config = experiment.recorded_config(json.load(f))
-      rows = report.metrics_rows(os.path.dirname(path)) if os.path.exists(
-          os.path.join(os.path.dirname(path), 'metrics.csv')) else []
-      key = tuple(getattr(config, f) for f in COST_FIELDS)
-      # the first round also traces and compiles: left out, as in summary.json
-      for values, column in zip(seconds.setdefault(key, ([], [])), ('round_seconds', 'seconds')):
-        values.extend(v for v in report.metrics_column(rows[1:], column) if np.isfinite(v))
+  for _, directory in report.recorded_runs(suite_name):
+    path = os.path.join(directory, 'config.json')
+    if not os.path.exists(path):
+      continue
+    with open(path) as f:   # fields added since it was recorded: at their defaults
+      config = experiment.recorded_config(json.load(f))
+    rows = report.metrics_rows(directory)
+    key = tuple(getattr(config, f) for f in COST_FIELDS)
+    # the first round also traces and compiles: left out, as in summary.json
+    for values, column in zip(seconds.setdefault(key, ([], [])), ('round_seconds', 'seconds')):
+      values.extend(v for v in report.metrics_column(rows[1:], column) if np.isfinite(v))
   return {key: (float(np.mean(whole)), True) if whole else (float(np.mean(training)), False)
           for key, (whole, training) in seconds.items() if whole or training}
 

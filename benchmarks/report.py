@@ -1050,13 +1050,19 @@ RUN_KINDS = (('reported runs', 'runs/*'), ('tuning', 'tuning/*'), ('probes', 'pr
              ('superseded runs', 'earlier_runs/**'))
 
 
-def recorded_metrics(suite_name: str):
-  """(kind, metrics rows) of every run directory the suite has recorded (RUN_KINDS: reported,
+def recorded_runs(suite_name: str):
+  """(kind, directory) of every run the suite has recorded metrics of (RUN_KINDS: reported,
   tuning, probes, superseded; finished or not)."""
   for kind, pattern in RUN_KINDS:
     for path in glob.glob(os.path.join(suites.suite_dir(suite_name), pattern, 'metrics.csv'),
                           recursive=True):
-      yield kind, metrics_rows(os.path.dirname(path))
+      yield kind, os.path.dirname(path)
+
+
+def recorded_metrics(suite_name: str):
+  """(kind, metrics rows) of every run of `recorded_runs`."""
+  for kind, directory in recorded_runs(suite_name):
+    yield kind, metrics_rows(directory)
 
 
 def compute_hours(suite_name: str) -> dict:
