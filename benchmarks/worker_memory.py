@@ -24,7 +24,7 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 
-_ROUNDS = flags.DEFINE_integer('rounds', 30, 'Rounds per variant.')
+_ROUNDS = flags.DEFINE_integer('rounds', 30, 'Rounds per variant.', lower_bound=1)
 _REFRESH = flags.DEFINE_list('refresh_every', ['0', '10'],
                              'ResidentProcess refresh periods to compare (0 = never; '
                              '"direct" = no resident state: process.next every round).')
@@ -80,7 +80,8 @@ def main(argv):
                           f'--variant={text}', f'--rounds={_ROUNDS.value}'],
                          capture_output=True, text=True, check=True)
     results[text] = json.loads(out.stdout.strip().splitlines()[-1])
-  marks = sorted({1, 5} | set(range(10, _ROUNDS.value + 1, 10)) | {_ROUNDS.value})
+  marks = sorted(m for m in {1, 5} | set(range(10, _ROUNDS.value + 1, 10)) | {_ROUNDS.value}
+                 if m <= _ROUNDS.value)   # rounds 1, 5, every 10th and the last made
   print('| refresh_every | ' + ' | '.join(f'round {m}' for m in marks) +
         ' | growth over the last half (GB/round) |')
   print('|---|' + '---|' * len(marks) + '---|')

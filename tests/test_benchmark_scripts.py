@@ -1,0 +1,150 @@
+"""Each benchmark script runs end to end at tiny settings and prints what RESULTS.md records.
+
+The scripts in `benchmarks/` measure (ratios side by side, memory, precision); nothing else
+imports them, so without these they rot unseen when the code they drive changes. Every run
+here is a real run of the script as documented (`python -m benchmarks.<name>`), shrunk by its
+own flags; the checks are on the printed tables and JSON, not on timings. Minutes each, so
+marked slow (RUN_SLOW=1 runs them):
+
+  RUN_SLOW=1 .venv/bin/python -m pytest -q tests/test_benchmark_scripts.py
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(module, *flags, expect_code=0, timeout=1200):
+  """Runs `python -m benchmarks.<module> flags...` from the project root; its stdout."""
+  out = subprocess.run([sys.executable, '-m', f'benchmarks.{module}', *flags], cwd=ROOT,
+                       capture_output=True, text=True, timeout=timeout, check=False)
+  assert out.returncode == expect_code, (
+      f'{module} exited {out.returncode}:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}')
+  return out.stdout
+
+
+def _table_rows(text, first_cell):
+  """Markdown table rows of `text` whose first cell is `first_cell`, split into cells."""
+  rows = []
+  for line in text.splitlines():
+    cells = [c.strip() for c in line.strip().strip('|').split('|')]
+    if line.startswith('|') and cells[0] == first_cell:
+      rows.append(cells)
+  return rows
+
+
+def test_parallel_runs_rejects_an_unknown_arrangement_in_one_line():
+  # No TFF run is started for a bad flag: this one is fast and runs in the default suite.
+  out = subprocess.run([sys.executable, '-m', 'benchmarks.parallel_runs',
+                        '--arrangements=alone,trio'], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, check=False)
+  assert out.returncode == 2
+  assert out.stderr.strip().splitlines() == [
+      'error: --arrangements takes alone, pair, pair_1thread; --skip must be below --rounds']
+
+
+@pytest.mark.slow
+def test_parallel_runs_alone_makes_the_suite_run_and_reports_its_round():
+  stdout = _run('parallel_runs', '--suite=cadis', '--run=fedavg', '--rounds=3', '--skip=1',
+                '--arrangements=alone')
+  result = json.loads(stdout.strip().splitlines()[-1])
+  assert (result['suite'], result['run'], result['rounds'], result['skip']) == (
+      'cadis', 'fedavg', 3, 1)
+  alone = result['results']['alone']
+  assert alone['runs'] == 1 and len(alone['round_seconds']) == 1
+  assert alone['round_seconds'][0] > 0
+  assert alone['rounds_per_second'] == pytest.approx(1 / alone['round_seconds'][0])
+  assert 'alone         throughput 1.00x alone' in stdout
+
+
+@pytest.mark.slow
+def test_round_overhead_times_each_variant_against_plain_tf():
+  variants = ['plain_tf', 'ours', 'tff', 'fedcross']
+  stdout = _run('round_overhead', '--dataset=digits', '--model=tiny_cnn', '--clients=2',
+                '--examples_per_client=20', '--batch_size=10', '--rounds=2',
+                '--warmup_rounds=1', '--variants=' + ','.join(variants))
+  median_line = next(l for l in stdout.splitlines() if l.startswith('median s/round: '))
+  medians = dict(re.findall(r'(\w+) ([0-9.]+)', median_line[len('median s/round: '):]))
+  assert sorted(medians) == sorted(variants)
+  for v in variants[1:]:   # each against plain_tf (medians printed to 3 decimals)
+    ratio = re.search(rf'^ratio {v} / plain_tf: ([0-9.]+)x$', stdout, re.M)
+    assert ratio, f'no ratio line for {v}'
+    assert float(ratio.group(1)) == pytest.approx(
+        float(medians[v]) / float(medians['plain_tf']), rel=0.2)
+  assert re.search(r'^round 2 \(', stdout, re.M)   # every timed round is printed
+  # Our FedAvg and TFF's do the same arithmetic on the same batches: the same weights.
+  diff = re.search(r'^final weights max \|ours - plain_tf\| \S+, max \|ours - tff\| (\S+)$',
+                   stdout, re.M)
+  assert diff and float(diff.group(1)) == 0.0, stdout
+
+
+@pytest.mark.slow
+def test_protobuf_cost_agrees_on_the_weights_under_both_implementations():
+  stdout = _run('protobuf_cost', '--methods=fedavg', '--clients=2',
+                '--examples_per_client=20', '--rounds=1', '--repeats=1')
+  assert 'final weights identical' in stdout
+  rows = _table_rows(stdout, 'fedavg')
+  assert len(rows) == 1
+  for cell in rows[0][1:]:   # upb s / python s (ratio)
+    upb, python, ratio = map(float, re.fullmatch(
+        r'([0-9.]+) / ([0-9.]+) \(([0-9.]+)x\)', cell).groups())
+    assert ratio == pytest.approx(python / upb, rel=0.05, abs=0.01)
+
+
+@pytest.mark.slow
+def test_fedcda_cache_precision_writes_its_summary(tmp_path):
+  output = tmp_path / 'precision.json'
+  stdout = _run('fedcda_cache_precision', '--rounds=4', '--warmup_rounds=1',
+                '--dataset=digits', '--model=tiny_cnn', '--num_clients=8',
+                '--clients_per_round=4', '--dtypes=float16', f'--output={output}')
+  with open(output) as f:
+    summary = json.load(f)
+  assert sorted(summary['last10_accuracy']) == ['float16', 'float32']
+  for acc in summary['last10_accuracy'].values():
+    assert 0.0 <= acc <= 1.0
+  assert 0.0 <= summary['replay_same_selection']['float16'] <= 1.0
+  # float16 halves the cache: the aggregator state is about half float32's.
+  rows = {r[0]: float(r[1].split()[0]) for r in _table_rows(stdout, 'float16')
+          + _table_rows(stdout, 'float32')}
+  assert rows['float16'] < 0.6 * rows['float32']
+
+
+@pytest.mark.slow
+def test_server_scale_reports_a_row_per_n():
+  stdout = _run('server_scale', '--method=fedcda', '--num_clients=20,40',
+                '--clients_per_round=3', '--rounds=1', '--examples_per_client=10')
+  state_mb = {}
+  for n in ('20', '40'):
+    rows = _table_rows(stdout, n)
+    assert len(rows) == 1 and not rows[0][1].startswith('refused'), rows
+    state_mb[n] = float(rows[0][1])
+    full_min, full_median = map(float, rows[0][2].split(' / '))
+    assert 0 < full_min <= full_median
+    assert float(rows[0][5]) > 0   # worker peak RSS MB
+  # FedCDA's cache holds K models per client: its state doubles with N (2.2 -> 4.4 MB).
+  assert state_mb['40'] == pytest.approx(2 * state_mb['20'], rel=0.1)
+
+
+@pytest.mark.slow
+def test_value_transfer_moves_each_size_and_times_both_serialisers():
+  stdout = _run('value_transfer', '--megabytes=1,4', '--repeats=1')
+  for mb in ('1', '4'):
+    assert len(_table_rows(stdout, mb)) == 1
+  assert re.search(r'serialising a \d+ MB nested server state .*TFF [0-9.]+ s, '
+                   r'execution.serialize_value [0-9.]+ s, [0-9.]+x', stdout)
+
+
+@pytest.mark.slow
+def test_worker_memory_reports_each_variant_round_by_round():
+  stdout = _run('worker_memory', '--rounds=2', '--refresh_every=0,direct')
+  never, direct = _table_rows(stdout, 'never'), _table_rows(stdout, 'direct')
+  assert len(never) == 1 and len(direct) == 1
+  for row in never + direct:
+    gb = [float(c.split()[0]) for c in row[1:-1]]
+    assert gb and all(g > 0.1 for g in gb), row   # the worker holds at least the model
