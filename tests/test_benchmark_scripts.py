@@ -21,12 +21,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(module, *flags, expect_code=0, timeout=1200):
-  """Runs `python -m benchmarks.<module> flags...` from the project root; its stdout."""
+  """Runs `python -m benchmarks.<module> flags...` from the project root; the finished process."""
   out = subprocess.run([sys.executable, '-m', f'benchmarks.{module}', *flags], cwd=ROOT,
                        capture_output=True, text=True, timeout=timeout, check=False)
   assert out.returncode == expect_code, (
       f'{module} exited {out.returncode}:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}')
-  return out.stdout
+  return out
 
 
 def _table_rows(text, first_cell):
@@ -41,10 +41,7 @@ def _table_rows(text, first_cell):
 
 def test_parallel_runs_rejects_an_unknown_arrangement_in_one_line():
   # No TFF run is started for a bad flag: this one is fast and runs in the default suite.
-  out = subprocess.run([sys.executable, '-m', 'benchmarks.parallel_runs',
-                        '--arrangements=alone,trio'], cwd=ROOT, capture_output=True,
-                       text=True, timeout=300, check=False)
-  assert out.returncode == 2
+  out = _run('parallel_runs', '--arrangements=alone,trio', expect_code=2, timeout=300)
   assert out.stderr.strip().splitlines() == [
       'error: --arrangements takes alone, pair, pair_1thread; --skip must be below --rounds']
 
@@ -52,7 +49,7 @@ def test_parallel_runs_rejects_an_unknown_arrangement_in_one_line():
 @pytest.mark.slow
 def test_parallel_runs_alone_makes_the_suite_run_and_reports_its_round():
   stdout = _run('parallel_runs', '--suite=cadis', '--run=fedavg', '--rounds=3', '--skip=1',
-                '--arrangements=alone')
+                '--arrangements=alone').stdout
   result = json.loads(stdout.strip().splitlines()[-1])
   assert (result['suite'], result['run'], result['rounds'], result['skip']) == (
       'cadis', 'fedavg', 3, 1)
@@ -68,7 +65,7 @@ def test_round_overhead_times_each_variant_against_plain_tf():
   variants = ['plain_tf', 'ours', 'tff', 'fedcross']
   stdout = _run('round_overhead', '--dataset=digits', '--model=tiny_cnn', '--clients=2',
                 '--examples_per_client=20', '--batch_size=10', '--rounds=2',
-                '--warmup_rounds=1', '--variants=' + ','.join(variants))
+                '--warmup_rounds=1', '--variants=' + ','.join(variants)).stdout
   median_line = next(l for l in stdout.splitlines() if l.startswith('median s/round: '))
   medians = dict(re.findall(r'(\w+) ([0-9.]+)', median_line[len('median s/round: '):]))
   assert sorted(medians) == sorted(variants)
@@ -87,7 +84,7 @@ def test_round_overhead_times_each_variant_against_plain_tf():
 @pytest.mark.slow
 def test_protobuf_cost_agrees_on_the_weights_under_both_implementations():
   stdout = _run('protobuf_cost', '--methods=fedavg', '--clients=2',
-                '--examples_per_client=20', '--rounds=1', '--repeats=1')
+                '--examples_per_client=20', '--rounds=1', '--repeats=1').stdout
   assert 'final weights identical' in stdout
   rows = _table_rows(stdout, 'fedavg')
   assert len(rows) == 1
@@ -102,7 +99,7 @@ def test_fedcda_cache_precision_writes_its_summary(tmp_path):
   output = tmp_path / 'precision.json'
   stdout = _run('fedcda_cache_precision', '--rounds=4', '--warmup_rounds=1',
                 '--dataset=digits', '--model=tiny_cnn', '--num_clients=8',
-                '--clients_per_round=4', '--dtypes=float16', f'--output={output}')
+                '--clients_per_round=4', '--dtypes=float16', f'--output={output}').stdout
   with open(output) as f:
     summary = json.load(f)
   assert sorted(summary['last10_accuracy']) == ['float16', 'float32']
@@ -118,7 +115,7 @@ def test_fedcda_cache_precision_writes_its_summary(tmp_path):
 @pytest.mark.slow
 def test_server_scale_reports_a_row_per_n():
   stdout = _run('server_scale', '--method=fedcda', '--num_clients=20,40',
-                '--clients_per_round=3', '--rounds=1', '--examples_per_client=10')
+                '--clients_per_round=3', '--rounds=1', '--examples_per_client=10').stdout
   state_mb = {}
   for n in ('20', '40'):
     rows = _table_rows(stdout, n)
@@ -133,7 +130,7 @@ def test_server_scale_reports_a_row_per_n():
 
 @pytest.mark.slow
 def test_value_transfer_moves_each_size_and_times_both_serialisers():
-  stdout = _run('value_transfer', '--megabytes=1,4', '--repeats=1')
+  stdout = _run('value_transfer', '--megabytes=1,4', '--repeats=1').stdout
   for mb in ('1', '4'):
     assert len(_table_rows(stdout, mb)) == 1
   assert re.search(r'serialising a \d+ MB nested server state .*TFF [0-9.]+ s, '
@@ -142,7 +139,7 @@ def test_value_transfer_moves_each_size_and_times_both_serialisers():
 
 @pytest.mark.slow
 def test_worker_memory_reports_each_variant_round_by_round():
-  stdout = _run('worker_memory', '--rounds=2', '--refresh_every=0,direct')
+  stdout = _run('worker_memory', '--rounds=2', '--refresh_every=0,direct').stdout
   never, direct = _table_rows(stdout, 'never'), _table_rows(stdout, 'direct')
   assert len(never) == 1 and len(direct) == 1
   for row in never + direct:
