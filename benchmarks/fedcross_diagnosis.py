@@ -10,7 +10,9 @@ does. This script reads the suite's committed runs and its probes (every finishe
 round by round: how far apart the K uploaded models are (the cosine distance 1 − cos
 between pairs, from the matrix each round logs in `aggregator/similarity`), how many distinct
 collaborators the lowest-similarity rule picks among the K, and the test accuracy of
-FedCross beside FedAvg's run of the same setting and seed.
+FedCross beside FedAvg's run of the same setting and seed: its level over 50-round windows
+and how far it swings about its trend within them (a single model's accuracy can jump by
+points from one round to the next on skewed clients; the last-10 mean inherits that).
 """
 
 from __future__ import annotations
@@ -77,6 +79,20 @@ def peak_margin(curves) -> str:
   return f'{100 * value:+.2f} (round {end})'
 
 
+def swing(acc: np.ndarray) -> float:
+  """How far a window's evaluated accuracies scatter about their trend: the std of their
+  residuals from the least-squares line over the window's rounds (row i: round i + 1);
+  NaN with fewer than 3 evaluated rounds. Unlike round-to-round changes, it reads runs
+  evaluated every round and every few rounds alike."""
+  acc = np.asarray(acc, np.float64)
+  rounds = np.flatnonzero(np.isfinite(acc)).astype(np.float64)
+  if rounds.size < 3:
+    return float('nan')
+  values = acc[np.isfinite(acc)]
+  slope, intercept = np.polyfit(rounds, values, 1)
+  return float(np.std(values - (slope * rounds + intercept)))
+
+
 def _window_mean(rows, key) -> float:
   values = report.metrics_column(rows, key)
   return float(np.nanmean(values)) if np.isfinite(values).any() else float('nan')
@@ -141,7 +157,10 @@ def _rounds_lines(sources) -> list:
   lines = ['## Over rounds', '',
            f'Each row averages {WINDOW} rounds (the acceleration\'s rounds, when it has them, '
            'a row of their own), then the seeds. In the acceleration the models are fused with '
-           'propeller models in a cyclic order, not with the least similar collaborator.', '']
+           'propeller models in a cyclic order, not with the least similar collaborator. '
+           'Swing: the std of the test accuracies evaluated in the window about their '
+           'least-squares line over rounds (points; the curve\'s scatter with its rise taken '
+           'out), mean over the seeds.', '']
   for label, cross, avg, accel in sources:
     seeds = sorted(s for s in cross if s in avg)
     if not seeds:
@@ -151,19 +170,23 @@ def _rounds_lines(sources) -> list:
                    ({accel} if 0 < accel < total else set()))
     lines += [f'{label}, seeds {", ".join(map(str, seeds))}:', '',
               '| rounds | α | median 1 − cos (1e-4) | distinct collaborators | FedAvg (%) | '
-              'FedCross (%) | margin (points) |', '|---|---|---|---|---|---|---|']
+              'FedCross (%) | margin (points) | FedAvg swing | FedCross swing |',
+              '|---|---|---|---|---|---|---|---|---|']
     start = 0
     for mark in marks:
       spread = [spread_over(cross[s][start:mark]) for s in seeds]
       alpha = np.mean([_window_mean(cross[s][start:mark], 'aggregator/alpha') for s in seeds])
       c = [_window_mean(cross[s][start:mark], 'test_accuracy') for s in seeds]
       a = [_window_mean(avg[s][start:mark], 'test_accuracy') for s in seeds]
+      swings = [[swing(report.metrics_column(runs[s][start:mark], 'test_accuracy'))
+                 for s in seeds] for runs in (avg, cross)]
       name = f'{start + 1}-{mark}' + (', acceleration' if mark <= accel else '')
       lines.append(f'| {name} | {alpha:.3f} | '
                    f'{1e4 * np.mean([s["median_distance"] for s in spread]):.1f} | '
                    f'{np.mean([s["distinct"] for s in spread]):.1f} | '
                    f'{report.num(100 * np.mean(a))} | {report.num(100 * np.mean(c))} | '
-                   f'{report.over_seeds([x - y for x, y in zip(c, a)], scale=100, signed=True)} |')
+                   f'{report.over_seeds([x - y for x, y in zip(c, a)], scale=100, signed=True)} | '
+                   + ' | '.join(report.num(100 * np.mean(w)) for w in swings) + ' |')
       start = mark
     lines.append('')
   return lines

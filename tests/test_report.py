@@ -798,6 +798,24 @@ def test_fedcross_diagnosis_reads_sparsely_evaluated_runs_as_the_report_does():
   assert fedcross_diagnosis.peak_margin(margins) == f'{100 * best[0]:+.2f} (round {best[1]})'
 
 
+def test_fedcross_diagnosis_swing_is_the_scatter_about_the_windows_line():
+  """swing: the std of the residuals of a least-squares line through the evaluated rounds,
+  against numpy's lstsq on random windows evaluated every round and every few rounds."""
+  from benchmarks import fedcross_diagnosis  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(11)
+  for every in (1, 3, 5):
+    acc = 0.5 + 0.002 * np.arange(50) + rng.normal(0, 0.02, 50)
+    acc[np.arange(50) % every != every - 1] = np.nan
+    x = np.flatnonzero(np.isfinite(acc)) + 1.0   # rounds: the line's offset does not matter
+    y = acc[np.isfinite(acc)]
+    coef, *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], axis=1), y, rcond=None)
+    residual = y - (coef[0] * x + coef[1])
+    assert fedcross_diagnosis.swing(acc) == pytest.approx(np.sqrt(np.mean(residual ** 2)))
+  # a straight rise has no swing; under three evaluated rounds there is no line to speak of
+  assert fedcross_diagnosis.swing(0.3 + 0.01 * np.arange(20)) == pytest.approx(0, abs=1e-12)
+  assert np.isnan(fedcross_diagnosis.swing(np.array([0.5, np.nan, 0.6, np.nan])))
+
+
 def test_fedcross_diagnosis_tables_on_toy_runs():
   """Margins pair each seed with FedAvg's same seed; the peak is the largest last-10 margin of
   the seeds' mean curves and names the round its window ends at; spreads skip the first 50
@@ -827,9 +845,12 @@ def test_fedcross_diagnosis_tables_on_toy_runs():
   assert cells[8] == '+0.00 ± 2.83', row            # +2 and -2 points
   assert cells[9] == '+5.00 (round 30)', row       # seed 0: +12, seed 1: -2
   over = '\n'.join(fedcross_diagnosis._rounds_lines([('toy', cross, avg, 50)]))
-  # seed 0: 0.52 with ten rounds 0.1 higher, seed 1: 0.48
-  assert '| 1-50, acceleration | 0.990 | 10.0 | 2.0 | 50.00 | 51.00 | +1.00 ± 4.24 |' in over, over
-  assert '| 51-60 | 0.990 | 2.0 | 2.0 | 50.00 | 50.00 | +0.00 ± 2.83 |' in over, over
+  # seed 0: 0.52 with ten rounds 0.1 higher, seed 1: 0.48; FedAvg flat (no swing), FedCross's
+  # swing that of seed 0's bump about its line (seed 1 flat), averaged over the two seeds
+  bump_swing = fedcross_diagnosis.swing(bump[:50])
+  assert (f'| 1-50, acceleration | 0.990 | 10.0 | 2.0 | 50.00 | 51.00 | +1.00 ± 4.24 | 0.00 | '
+          f'{50 * bump_swing:.2f} |') in over, over
+  assert '| 51-60 | 0.990 | 2.0 | 2.0 | 50.00 | 50.00 | +0.00 ± 2.83 | 0.00 | 0.00 |' in over, over
   # Short runs, and runs evaluated every other round, give n/a, never an error.
   short = {0: rows(base[:5])}
   text = '\n'.join(fedcross_diagnosis._summary_lines([('short', short, short, 50)], 3))
