@@ -93,8 +93,7 @@ def swing(acc: np.ndarray) -> float:
   return float(np.std(values - (slope * rounds + intercept)))
 
 
-def _window_mean(rows, key) -> float:
-  values = report.metrics_column(rows, key)
+def _mean_of_evaluated(values: np.ndarray) -> float:
   return float(np.nanmean(values)) if np.isfinite(values).any() else float('nan')
 
 
@@ -175,11 +174,15 @@ def _rounds_lines(sources) -> list:
     start = 0
     for mark in marks:
       spread = [spread_over(cross[s][start:mark]) for s in seeds]
-      alpha = np.mean([_window_mean(cross[s][start:mark], 'aggregator/alpha') for s in seeds])
-      c = [_window_mean(cross[s][start:mark], 'test_accuracy') for s in seeds]
-      a = [_window_mean(avg[s][start:mark], 'test_accuracy') for s in seeds]
-      swings = [[swing(report.metrics_column(runs[s][start:mark], 'test_accuracy'))
-                 for s in seeds] for runs in (avg, cross)]
+      alpha = np.mean([_mean_of_evaluated(report.metrics_column(cross[s][start:mark],
+                                                                'aggregator/alpha'))
+                       for s in seeds])
+      # One parse of each window's accuracies serves both its mean and its swing.
+      acc_a, acc_c = ([report.metrics_column(runs[s][start:mark], 'test_accuracy')
+                       for s in seeds] for runs in (avg, cross))
+      a = [_mean_of_evaluated(v) for v in acc_a]
+      c = [_mean_of_evaluated(v) for v in acc_c]
+      swings = [[swing(v) for v in acc] for acc in (acc_a, acc_c)]
       name = f'{start + 1}-{mark}' + (', acceleration' if mark <= accel else '')
       lines.append(f'| {name} | {alpha:.3f} | '
                    f'{1e4 * np.mean([s["median_distance"] for s in spread]):.1f} | '
