@@ -905,7 +905,8 @@ def _lengthening_lines(summary: dict) -> list:
       lines.append(f'| {c["label"]} ({c["method"]}) | {len(c["seeds"])} | '
                    f'{pm(c["baseline_mean"], c["baseline_std"])} | '
                    f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | '
-                   f'**{c["verdict"]}** |')
+                   # no paired seed at the new length yet is not "not run": it is on its way
+                   f'**{c["verdict"] if c["seeds"] else "not made yet"}** |')
   under_way, waiting, other = [], [], []
   for run, seeds in summary['longer_runs'].items():
     for seed in sorted(set(seeds) | set(suites.SEEDS)):

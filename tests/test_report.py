@@ -1396,6 +1396,34 @@ def test_compare_waiting_for_a_run_the_other_process_moved_makes_it(tmp_path, mo
   assert calls == [config.experiment_dir] * 2
 
 
+def test_a_comparison_not_yet_made_at_the_new_length_says_so(tmp_path, monkeypatch):
+  """Lengthened 20 -> 40 with seed 0 of `base` and `a` made at 40 and `b` still going: the
+  section's table gives `a` its one-seed margin and `b` "not made yet", not "not run"."""
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  suite = suites.Suite(
+      name='toy', title='toy', common=dict(rounds=40), scaled='nothing',
+      runs=dict(base=dict(algorithm='fedavg'), a=dict(algorithm='fedcda'),
+                b=dict(algorithm='fedprox')),
+      comparisons=(suites.Comparison('a', 'base', 'toy a', 'A'),
+                   suites.Comparison('b', 'base', 'toy b', 'B')))
+  rng = np.random.default_rng(5)
+  for run in ('base', 'a', 'b'):
+    config = suite.runs[run]
+    for s in (0, 1, 2):
+      folder = 'earlier_runs/rounds20' if (s == 0 and run != 'b') else 'runs'
+      _write_run(tmp_path / 'toy' / folder / f'{run}_s{s}', 20, rng.uniform(0.3, 0.9, 20),
+                 config=config)
+    if run != 'b':
+      _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s0', 40, rng.uniform(0.3, 0.9, 40),
+                 config=config)
+  page, _, _ = report.suite_page(suite)
+  assert '## At 40 rounds so far' in page
+  (row_a,) = [line for line in page.splitlines() if line.startswith('| A (a) | 1 |')]
+  (row_b,) = [line for line in page.splitlines() if line.startswith('| B (b) | 0 |')]
+  assert row_a.endswith('**one seed** |') and row_b.endswith('**not made yet** |')
+  assert '**not run**' not in page
+
+
 def test_a_suite_being_lengthened_reports_its_last_complete_length(tmp_path, monkeypatch):
   """A suite lengthened from 20 to 40 rounds and made again seed by seed: until every run has
   every seed at 40, its numbers are at 20 (the seeds made again read from their 20-round
@@ -1439,6 +1467,7 @@ def test_a_suite_being_lengthened_reports_its_last_complete_length(tmp_path, mon
           '`base` seed 1 (round 15).') in page
   assert 'Not made at 40 rounds yet: `base` seed 2, `new` seed 1, `new` seed 2.' in page
   assert '| toy (new) | 1 |' in page and '## Not finished yet' not in page
+  assert 'not made yet' not in page
   monkeypatch.setattr(suites, 'SUITES', {'toy': suite})
   (status,) = report.status_lines()
   assert ('6 of 6 runs finished at 20 rounds (being lengthened to 40: 2 of 6 runs finished '
