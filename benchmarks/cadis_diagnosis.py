@@ -12,7 +12,7 @@ with the true clusters (the best case for CADIS's clustering), for three weighti
 FedAvg (n_i), CADIS eq. 1 (n_i/|C_i|) and the reference code's rule (1/|C_i|); then reads
 the suite's committed runs (every seed): the weights each round used, how soon the learned
 clusters match the partition's, τ, the KD term beside the cross-entropy, and how much the
-test accuracy swings from round to round, for CADIS's variants and the baselines alike.
+test accuracy changes from round to round, for CADIS's variants and the baselines alike.
 """
 
 from __future__ import annotations
@@ -30,10 +30,11 @@ from programs import methods
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, 'cadis', 'diagnosis.md')
 EARLIER_RUNS = os.path.join(HERE, 'cadis', 'earlier_runs')
+TUNING = os.path.join(HERE, 'cadis', 'tuning')
 ROUNDS = 200
 NUM_CLIENTS, PER_ROUND = 100, 10
 HEAVY = 0.3      # a round "rests on one client" when a normalised weight exceeds this
-SWING_WINDOW = 50  # rounds at the end over which the round-to-round swing is measured
+CHANGE_WINDOW = 50  # rounds at the end over which the round-to-round change is measured
 
 
 def weight_rules(sizes, clusters):
@@ -85,9 +86,9 @@ def _correlation(x, y) -> float:
   return float(np.corrcoef(x, y)[0, 1])
 
 
-def swing(rows) -> float:
-  """Mean |accuracy change| from one round to the next over the last SWING_WINDOW rounds."""
-  acc = report.metrics_column(rows, 'test_accuracy')[-SWING_WINDOW - 1:]
+def round_to_round_change(rows) -> float:
+  """Mean |accuracy change| from one round to the next over the last CHANGE_WINDOW rounds."""
+  acc = report.metrics_column(rows, 'test_accuracy')[-CHANGE_WINDOW - 1:]
   return float(np.mean(np.abs(np.diff(acc))))
 
 
@@ -124,11 +125,12 @@ def _suite_lines(runs: dict) -> list:
   lines = ['## The reported runs', '',
            'Every finished seed at the length the suite\'s pages report (from '
            '`benchmarks/cadis/runs`, or while the suite is made again longer from its shorter '
-           'makings in `earlier_runs/rounds<N>/`; mean ± std over seeds). Swing: the '
-           f'mean |change| of test accuracy from one round to the next over the last '
-           f'{SWING_WINDOW} rounds, in points. The weights are those each round used, with '
+           'makings in `earlier_runs/rounds<N>/`; mean ± std over seeds). Round-to-round '
+           f'change: the mean |change| of test accuracy from one round to the next over the '
+           f'last {CHANGE_WINDOW} rounds, in points. The weights are those each round used, with '
            'the clusters learned so far; FedAvg\'s and FedProx\'s are not recorded.', '',
-           '| run | seeds | last-10 mean (%) | swing (points) | effective participants | '
+           '| run | seeds | last-10 mean (%) | round-to-round change (points) | effective '
+           'participants | '
            f'rounds with a weight > {HEAVY} (%) | corr(largest weight, next accuracy change) | '
            f'accuracy change after a round with a weight > {HEAVY} (points) | … otherwise '
            '| first round the clusters match | λ·KD / cross-entropy |',
@@ -145,7 +147,7 @@ def _suite_lines(runs: dict) -> list:
                      if methods.cadis_clusters_match(x, NUM_CLIENTS)), np.nan)
                for r in rows] if cadis else []
     cells = [report.over_seeds(last10, scale=100),
-             report.over_seeds([swing(r) for r in rows], scale=100)]
+             report.over_seeds([round_to_round_change(r) for r in rows], scale=100)]
     cells += [report.over_seeds([e[k] for e in effects], spec, scale, signed)
               for k, spec, scale, signed in (
                   ('effective', '.2f', 1, False), ('heavy_share', '.0f', 100, False),
@@ -195,6 +197,91 @@ def _suite_lines(runs: dict) -> list:
   return lines
 
 
+def sampled_together(true_clusters, rounds: int, seed: int) -> tuple:
+  """(first round by which every client had been sampled in one round with at least one
+  other member of its true cluster, or NaN; [share of same-cluster pairs sampled together
+  by round r] for r = 1..rounds) under the program's own client sampling. CADIS's Q-matrix
+  holds a pair only once the two were sampled together."""
+  import data  # pylint: disable=g-import-not-at-top
+  clusters = np.asarray(true_clusters)
+  same = (clusters[:, None] == clusters[None, :]) & ~np.eye(clusters.size, dtype=bool)
+  met = np.zeros_like(same)
+  every, shares = float('nan'), []
+  for r in range(1, rounds + 1):
+    ids = data.sample_clients(clusters.size, PER_ROUND, r, seed)
+    met[np.ix_(ids, ids)] = True
+    if np.isnan(every) and (met & same).any(axis=1).all():
+      every = float(r)
+    shares.append(float((met & same).sum() / same.sum()))
+  return every, shares
+
+
+def _compared_lines(runs: dict) -> list:
+  """Per seed: how soon every client was sampled with a cluster-mate and how many
+  same-cluster pairs were sampled together, beside the clusters each CADIS variant learned;
+  then the tuning runs' clusters per client rate (one seed, the same sampling)."""
+  import data  # pylint: disable=g-import-not-at-top
+  cadis_runs = [run for run, seeds in runs.items() if seeds and
+                all('aggregator/num_clusters' in r[0] for r in seeds.values())]
+  seeds = sorted({s for run in cadis_runs for s in runs[run]})
+  if not seeds:
+    return []
+  total = min(len(r) for run in cadis_runs for r in runs[run].values())
+  marks = (total // 3, 2 * total // 3, total)
+  labels = data.load_fashion_mnist().y_train
+  at = ' / '.join(map(str, marks))
+  lines = ['## Which clients CADIS could compare', '',
+           'CADIS\'s Q-matrix holds a pair only once the two clients were sampled in the same '
+           'round, so a client never sampled with a member of its cluster cannot join it. Per '
+           'seed, from the program\'s own client sampling (`data.sample_clients`) and the '
+           'partition\'s true clusters (5): the first round by which every client had been '
+           'sampled with at least one member of its cluster, the share of same-cluster pairs '
+           f'sampled together by rounds {at}, and the clusters each CADIS variant had learned '
+           'at those rounds (among the clients seen so far).', '',
+           '| seed | every client sampled with a cluster-mate by round | same-cluster pairs '
+           f'sampled together by {at} | ' +
+           ' | '.join(f'`{run}`: clusters at {at}' for run in cadis_runs) + ' |',
+           '|---|---|---|' + '---|' * len(cadis_runs)]
+  for seed in seeds:
+    part = data.ClusterSkewPartitioner(NUM_CLIENTS, 'mc', seed=seed).partition(labels)
+    every, shares = sampled_together(part.true_clusters, total, seed)
+    cells = [report.num(every, '.0f'),
+             ' / '.join(f'{100 * shares[m - 1]:.1f}%' for m in marks)]
+    for run in cadis_runs:
+      rows = runs[run].get(seed)
+      cells.append(' / '.join(str(int(float(rows[m - 1]['aggregator/num_clusters'])))
+                              for m in marks) if rows else 'n/a')
+    lines.append(f'| {seed} | ' + ' | '.join(cells) + ' |')
+  lines.append('')
+  return lines + _tuning_cluster_lines()
+
+
+def _tuning_cluster_lines() -> list:
+  """CADIS's tuning runs (one seed, one client sampling) by client rate: how soon and how
+  long the learned clusters matched the partition's."""
+  found = []
+  for name in sorted(os.listdir(TUNING)) if os.path.isdir(TUNING) else []:
+    path = os.path.join(TUNING, name)
+    if not name.startswith('cadis_') or not os.path.exists(os.path.join(path, 'metrics.csv')):
+      continue
+    with open(os.path.join(path, 'config.json')) as f:
+      config = json.load(f)
+    rows = report.metrics_rows(path)
+    matched = [int(x['round']) for x in rows if methods.cadis_clusters_match(x, NUM_CLIENTS)]
+    found.append((config['client_lr'], config['seed'], len(rows), matched,
+                  int(float(rows[-1]['aggregator/num_clusters']))))
+  if not found:
+    return []
+  lines = ['The tuning runs of `cadis` (one seed, so the same clients sampled together in '
+           'every run; only the client rate differs):', '',
+           '| client rate | seed | rounds | first round the clusters match | rounds they match '
+           '| clusters at the end |', '|---|---|---|---|---|---|']
+  for lr, seed, rounds, matched, clusters in sorted(found):
+    lines.append(f'| {lr:g} | {seed} | {rounds} | {matched[0] if matched else "never"} | '
+                 f'{len(matched)} | {clusters} |')
+  return lines + ['']
+
+
 def _earlier_lines() -> list:
   """The single-seed 50-round runs with older code that first showed the concentration."""
   out = []
@@ -221,8 +308,8 @@ def page() -> str:
   lines = report.diagnosis_header(
       'CADIS on cluster-MC (100 clients, 10 per round): weights, clusters and KD',
       sys.modules[__name__])
-  lines += _expected_lines() + _suite_lines(
-      report.suite_metrics(suites.SUITES['cadis'])) + _earlier_lines()
+  runs = report.suite_metrics(suites.SUITES['cadis'])
+  lines += _expected_lines() + _suite_lines(runs) + _compared_lines(runs) + _earlier_lines()
   return '\n'.join(lines).rstrip('\n') + '\n'
 
 

@@ -79,20 +79,6 @@ def peak_margin(curves) -> str:
   return f'{100 * value:+.2f} (round {end})'
 
 
-def swing(acc: np.ndarray) -> float:
-  """How far a window's evaluated accuracies scatter about their trend: the std of their
-  residuals from the least-squares line over the window's rounds (row i: round i + 1);
-  NaN with fewer than 3 evaluated rounds. Unlike round-to-round changes, it reads runs
-  evaluated every round and every few rounds alike."""
-  acc = np.asarray(acc, np.float64)
-  rounds = np.flatnonzero(np.isfinite(acc)).astype(np.float64)
-  if rounds.size < 3:
-    return float('nan')
-  values = acc[np.isfinite(acc)]
-  slope, intercept = np.polyfit(rounds, values, 1)
-  return float(np.std(values - (slope * rounds + intercept)))
-
-
 def _mean_of_evaluated(values: np.ndarray) -> float:
   return float(np.nanmean(values)) if np.isfinite(values).any() else float('nan')
 
@@ -182,7 +168,7 @@ def _rounds_lines(sources) -> list:
                        for s in seeds] for runs in (avg, cross))
       a = [_mean_of_evaluated(v) for v in acc_a]
       c = [_mean_of_evaluated(v) for v in acc_c]
-      swings = [[swing(v) for v in acc] for acc in (acc_a, acc_c)]
+      swings = [[report.swing(v) for v in acc] for acc in (acc_a, acc_c)]
       name = f'{start + 1}-{mark}' + (', acceleration' if mark <= accel else '')
       lines.append(f'| {name} | {alpha:.3f} | '
                    f'{1e4 * np.mean([s["median_distance"] for s in spread]):.1f} | '

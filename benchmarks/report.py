@@ -91,8 +91,14 @@ def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:
       diverged = f.read().strip()
   rounds = rounds or config['rounds']
   done = int(rows[-1]['round']) if rows else 0
+  # Clients whose update was not finite are left out of their round's aggregate (the program
+  # goes on without them): (round, how many) of every such round up to `rounds`.
+  dropped = [(int(r['round']), int(float(r['dropped_clients']))) for r in rows
+             if r.get('dropped_clients') and float(r['dropped_clients']) > 0
+             and int(r['round']) <= rounds]
   return dict(
       dir=exp_dir, config=config, rounds=rounds, rounds_done=done, diverged=diverged,
+      dropped_clients=dropped,
       finished=summary.get('rounds') == rounds and done == rounds,
       **_curve_figures(curve, rounds),
       seconds_per_round=float(np.median([float(r['seconds']) for r in rows[1:]]))
@@ -216,6 +222,37 @@ def plateau_delta(runs: list) -> tuple:
   return w, float(100 * last.mean() - 100 * before.mean())
 
 
+def swing(acc) -> float:
+  """How far a stretch of evaluated accuracies scatters about its trend: the std of their
+  residuals from the least-squares line over its rounds (entry i: the stretch's round i + 1;
+  NaN entries are rounds not evaluated); NaN with fewer than 3 evaluated rounds. Unlike
+  round-to-round changes, it reads runs evaluated every round and every few rounds alike."""
+  acc = np.asarray(acc, np.float64)
+  rounds = np.flatnonzero(np.isfinite(acc)).astype(np.float64)
+  if rounds.size < 3:
+    return float('nan')
+  values = acc[np.isfinite(acc)]
+  slope, intercept = np.polyfit(rounds, values, 1)
+  return float(np.std(values - (slope * rounds + intercept)))
+
+
+def run_swing(run: dict, window: int) -> float:
+  """`swing` of a loaded run's evaluated accuracies over its last `window` rounds."""
+  end = run['rounds']
+  acc = np.full(window, np.nan)
+  for r, a in zip(run['curve_rounds'], run['curve_accuracy']):
+    if end - window < r <= end:
+      acc[r - (end - window) - 1] = a
+  return swing(acc)
+
+
+def swing_text(runs: list) -> str:
+  """`run_swing` over the plateau window (`plateau_delta`'s W) of finished runs, in points,
+  mean ± std over them; 'n/a' without a window."""
+  w, _ = plateau_delta(runs) if runs else (0, None)
+  return over_seeds([run_swing(r, w) for r in runs], scale=100) if w else 'n/a'
+
+
 MIN_SEEDS_FOR_VERDICT = 2   # a spread needs two paired seeds; one seed gets no verdict
 
 
@@ -294,9 +331,40 @@ def paper_margin_text(comparison: dict) -> str:
   return 'a gain (sign only)' if sign > 0 else 'a loss (sign only)' if sign < 0 else 'n/a'
 
 
-def margin_text(comparison: dict) -> str:
-  """Our margin in points: mean ± std over paired seeds."""
-  return mean_and_spread(comparison['margin'], comparison['margin_std'], mean_spec='+.2f')
+def dropped_lines(runs: dict) -> list:
+  """A paragraph naming every run ({run: {seed: loaded run}}) that left clients out of a
+  round's aggregate because their update was not finite; [] when none did. A round that
+  drops a client trains on less data than its settings say, and a page must say so."""
+  found = []
+  for run, seeds in runs.items():
+    for seed, r in sorted(seeds.items()):
+      if r.get('dropped_clients'):
+        rounds = ', '.join(f'{n} in round {k}' for k, n in r['dropped_clients'][:5])
+        more = len(r['dropped_clients']) - 5
+        found.append(f'`{run}` seed {seed} ({rounds}' +
+                     (f' and {more} more rounds' if more > 0 else '') + ')')
+  if not found:
+    return []
+  return ['', 'Clients left out of a round because their update was not finite (the round '
+          'aggregates the others; metrics.csv `dropped_clients`): ' + '; '.join(found) + '.']
+
+
+# The verdict rule in words, for every page that shows verdicts (`verdict`, `compare_runs`).
+VERDICTS = ('Verdict: `reproduced` = the paper\'s sign, at least half its margin and larger '
+            'than the seeds\' spread; `smaller`, `within noise`, `opposite` otherwise '
+            '(`benchmarks/report.py: verdict`). The spread is the largest of three stds over '
+            'seeds: the margin\'s, the baseline\'s and the method\'s, so a margin must clear '
+            'each run\'s own seed-to-seed scatter, not only the paired difference\'s')
+
+
+def margin_text(comparison: dict, per_seed: bool = True) -> str:
+  """Our margin in points: mean ± std over paired seeds, then (`per_seed`, with two or more)
+  each seed's, in seed order: a mean over a seed far from the others reads differently."""
+  text = mean_and_spread(comparison['margin'], comparison['margin_std'], mean_spec='+.2f')
+  seeds = comparison.get('seed_margins', [])
+  if per_seed and len(seeds) > 1:
+    text += ' (per seed ' + ', '.join(f'{m:+.2f}' for m in seeds) + ')'
+  return text
 
 
 # --------------------------------------------------------------------------- #
@@ -451,6 +519,7 @@ def compare_runs(suite: suites.Suite, runs: dict, paper: dict, partial: bool = F
     spread_points = max(100 * spread, 100 * m_std, 100 * b_std) if paired else np.nan
     rows.append(dict(
         label=comp.label, method=comp.method, baseline=comp.baseline, seeds=paired,
+        seed_margins=[100 * d for d in diffs],
         paper_dataset=figures.get('dataset', ''), paper_baseline=figures.get('baseline'),
         paper_method=figures.get('method'), paper_margin=paper_margin,
         paper_sign=figures.get('sign', 0),
@@ -514,10 +583,20 @@ def _margin_lines(runs: dict, comparisons: list) -> list:
     return []
   baselines = list(dict.fromkeys(c['baseline'] for c in shown))
   finished = {b: [r for r in runs[b].values() if usable(r)] for b in baselines}
+  every = sorted({r['config'].get('eval_every', 1) for seeds in runs.values()
+                  for r in seeds.values()} - {1})
+  window = (f'Mean test accuracy (%) over each run\'s last {LAST} evaluations up to each '
+            'round: the last 10 rounds of a run evaluated every round, the last '
+            + ' or '.join(f'{LAST * k}' for k in every) + ' rounds of one evaluated every '
+            + ' or '.join(map(str, every)) + ' rounds (the program evaluates a run\'s last '
+            f'{LAST} rounds in a row, so the last row is a last-{LAST}-round mean as in the '
+            'headline table), of each baseline ending at each round'
+            if every else
+            f'Last-{LAST}-round mean test accuracy (%) of each baseline ending at each round')
   lines = ['## The margin over rounds', '',
-           f'Last-{LAST}-round mean test accuracy (%) of each baseline ending at each round '
-           '(mean over its finished seeds), and each comparison\'s margin there (method − '
-           'baseline per paired seed, mean ± std). The last row is the headline table\'s.', '',
+           window + ' (mean over its finished seeds), and each comparison\'s margin there '
+           '(method − baseline per paired seed, mean ± std). The last row is the headline '
+           'table\'s.', '',
            '| round | ' + ' | '.join(f'{b} (%)' for b in baselines) + ' | ' +
            ' | '.join(f'{c["label"]}: margin' for c in shown) + ' |',
            '|---|' + '---|' * (len(baselines) + len(shown))]
@@ -613,13 +692,18 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
                   if unchanged else '') + '.', '']
     comparisons = compare_runs(suite, runs, paper, partial=True)
     if comparisons:
-      lines += ['| comparison | seeds finished | baseline (%) | method (%) | margin |',
-                '|---|---|---|---|---|']
+      lines += ['Swing as in "Every run" below (over the last W rounds).', '',
+                '| comparison | seeds finished | baseline (%) | method (%) | margin | baseline '
+                'swing (points) | method swing (points) |', '|---|---|---|---|---|---|---|']
       for c in comparisons:
+        swings = [swing_text([r for r in runs[name].values() if usable(r)])
+                  for name in (c['baseline'], c['method'])]
         lines.append(f'| {c["label"]} | {len(c["seeds"])} | '
                      f'{pm(c["baseline_mean"], c["baseline_std"])} | '
-                     f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} |')
+                     f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | '
+                     + ' | '.join(swings) + ' |')
       lines += [''] + margin_notes(runs, comparisons)
+    lines += dropped_lines({run: runs.get(run, {}) for run in probe.runs})
     for run in probe.runs:
       for seed in probe.seeds:
         r = runs.get(run, {}).get(seed)
@@ -899,8 +983,8 @@ def _lengthening_lines(summary: dict) -> list:
   if any(c['seeds'] for c in summary['longer_comparisons']):
     lines[-1] += (f' The comparisons at {declared} rounds over the seeds finished there (a '
                   'verdict needs two seeds; the same command continues):')
-    lines += ['', '| setting | seeds | our baseline | our method | our margin | verdict |',
-              '|---|---|---|---|---|---|']
+    lines += ['', '| setting | paired seeds | our baseline | our method | our margin | '
+              'verdict |', '|---|---|---|---|---|---|']
     for c in summary['longer_comparisons']:
       lines.append(f'| {c["label"]} ({c["method"]}) | {len(c["seeds"])} | '
                    f'{pm(c["baseline_mean"], c["baseline_std"])} | '
@@ -958,9 +1042,7 @@ def suite_page(suite: suites.Suite) -> tuple:
   lines += ['## Against the paper', '',
             f'Last-{LAST}-round mean test accuracy (%), mean ± std over seeds; margin = method '
             '− its baseline (FedAvg, or the base a FedLEx variant guides), per seed, then '
-            'mean ± std. Verdict: `reproduced` = the paper\'s sign, '
-            'at least half its margin and larger than the seeds\' spread; `smaller`, '
-            '`within noise`, `opposite` otherwise (`benchmarks/report.py: verdict`); '
+            'mean ± std (then each seed\'s margin). ' + VERDICTS + '; '
             '`one seed` while a single seed of both runs has finished (no spread to judge '
             'by).', '',
             '| setting | paper data | paper baseline | paper method | paper margin | seeds | '
@@ -981,15 +1063,20 @@ def suite_page(suite: suites.Suite) -> tuple:
   lines += _probe_lines(suite, summary['paper'])
   lines += ['## Every run', '',
             f'Plateau: the mean curve\'s last W rounds (W = min(50, rounds/4)) against the W '
-            f'before; plateaued when it moved less than {PLATEAU_POINTS} points.', '',
+            f'before; plateaued when it moved less than {PLATEAU_POINTS} points. Swing: how '
+            'far each seed\'s test accuracy scatters about its own trend over those last W '
+            'rounds (the std of its residuals from a least-squares line, points; mean ± std '
+            'over seeds): a last-10 mean of a run that swings far rests on where its last '
+            'rounds happened to land.', '',
             '| run | seeds finished | last-10 mean (%) | best (%) | final (%) | plateau: W, '
-            'points moved | s/round (median) | client-epochs | aggregator state |' +
+            'points moved | swing over the last W rounds (points) | s/round (median) | '
+            'client-epochs | aggregator state |' +
             ''.join(f' {h} |' for h, _, _ in suite.summary_columns),
-            '|---|---|---|---|---|---|---|---|---|' + '---|' * len(suite.summary_columns)]
+            '|---|---|---|---|---|---|---|---|---|---|' + '---|' * len(suite.summary_columns)]
   for run, seeds in runs.items():
     done = [r for r in seeds.values() if usable(r)]
     if not done:
-      lines.append(f'| {run} | 0 |' + ' |' * (7 + len(suite.summary_columns)))
+      lines.append(f'| {run} | 0 |' + ' |' * (8 + len(suite.summary_columns)))
       continue
     w, moved = plateau_delta(done)
     epochs = done[0]['client_epochs_training']   # None: read short of its making's length
@@ -998,6 +1085,7 @@ def suite_page(suite: suites.Suite) -> tuple:
         f'{pm(*mean_std([r["best_accuracy"] for r in done]))} | '
         f'{pm(*mean_std([r["final_accuracy"] for r in done]))} | {w}, {moved:+.2f}'
         f'{"" if abs(moved) < PLATEAU_POINTS else " (not plateaued)"} | '
+        f'{swing_text(done)} | '
         f'{np.median([r["seconds_per_round"] for r in done]):.2f} | '
         f'{"n/a" if epochs is None else epochs} | '
         f'{done[0]["aggregator_state_bytes"] / 2**20:.1f} MiB |' +
@@ -1010,6 +1098,7 @@ def suite_page(suite: suites.Suite) -> tuple:
       lines.append(f'| {run} | {seed} | {pct(r["last10_mean_accuracy"])} | '
                    f'{pct(r["best_accuracy"])} | {pct(r["final_accuracy"])} | '
                    f'{r["rounds_done"]}/{r["rounds"]} |')
+  lines += dropped_lines(runs)
   status = _status(runs)
   if status:
     lines += ['', '## Not finished yet', ''] + status
@@ -1111,13 +1200,22 @@ def evaluation_seconds(suite_name: str) -> tuple:
 
 
 def whole_round_example(besides: str = '') -> str:
-  """What a whole round costs beside its training, measured on the first suite (other than
-  `besides`) whose runs record both, for a suite or plan that has no such rounds yet."""
-  for name in suites.SUITES:
+  """What a whole round costs beside its training, measured on a suite (other than
+  `besides`) whose runs record both, for a suite or plan that has no such rounds yet: the
+  first evaluated every round if one is (as the suites without the record are), else the
+  first; the text says how often its runs evaluate, which sets most of the cost."""
+  found = []
+  for name, suite in suites.SUITES.items():
     ratio = whole_round_ratio(name) if name != besides else float('nan')
     if np.isfinite(ratio):
-      return f'e.g. the {name} suite\'s recorded rounds took {ratio:.1f} times their training'
-  return 'no suite records it yet'
+      found.append((suite.common.get('eval_every', 1) != 1, name, ratio,
+                    suite.common.get('eval_every', 1)))
+  if not found:
+    return 'no suite records it yet'
+  _, name, ratio, every = min(found)
+  how = 'every round' if every == 1 else f'every {every} rounds'
+  return (f'e.g. the {name} suite\'s recorded rounds, evaluated {how}, took {ratio:.1f} times '
+          'their training')
 
 
 def _compute_line(suite_name: str) -> str:
@@ -1145,10 +1243,13 @@ def reproduction_page() -> str:
   lines = ['# Reproducing the papers\' claims', '',
            '<!-- written by `python -m benchmarks.report`; do not edit by hand -->', '',
            'Each paper\'s comparison on Fashion-MNIST (the offline real data set) at the paper\'s '
-           'client layout, model family, batch size and optimizer, scaled where the compute '
-           'here forces it (each suite\'s page says what and why), over seeds '
+           'client layout and model family, with its batch size, local epochs and optimizer '
+           'where the compute here allows and scaled where it does not (each suite\'s page '
+           'says what was scaled and why), over seeds '
            f'{", ".join(map(str, suites.SEEDS))} fixed in advance. Numbers: last-{LAST}-round '
-           'mean test accuracy (%), mean ± std over seeds.', '']
+           'mean test accuracy (%), mean ± std over seeds; our margin: the method\'s minus '
+           'its baseline\'s seed by seed, as mean ± std, then each seed\'s in seed order. '
+           + VERDICTS + '.', '']
   for suite in suites.SUITES.values():
     summary = suite_summary(suite)
     # By its script, not its page: the script may run after this page is written.
@@ -1199,7 +1300,7 @@ def status_lines() -> list:
                    f'[{suite.name}/results.md](benchmarks/{suite.name}/results.md)).')
       continue
     verdicts = '; '.join(
-        f'{c["label"]} **{c["verdict"]}** (ours {margin_text(c)}; paper '
+        f'{c["label"]} **{c["verdict"]}** (ours {margin_text(c, per_seed=False)}; paper '
         f'{paper_margin_text(c)})' for c in summary['comparisons'])
     moving = []
     for run, seeds in runs.items():

@@ -99,10 +99,12 @@ TOY_ALGORITHMS = {'base': 'fedavg', 'new': 'fedcda'}
 
 
 def _write_run(path, rounds, accuracy, seconds=1.0, summary_rounds=None, config=None,
-               round_seconds=None):
+               round_seconds=None, columns=None):
   """A run directory as the program writes it; config.json records `config`, by default
   the toy run's algorithm (from the directory's name) and `rounds`; metrics.csv has a
-  round_seconds column when it is given (runs recorded before 2026-11-25 have none)."""
+  round_seconds column when it is given (runs recorded before 2026-11-25 have none), and any
+  further `columns` ({name: a value per round})."""
+  columns = columns or {}
   os.makedirs(path)
   if config is None:
     run = os.path.basename(str(path)).rsplit('_', 1)[0]
@@ -112,9 +114,10 @@ def _write_run(path, rounds, accuracy, seconds=1.0, summary_rounds=None, config=
   with open(os.path.join(path, 'metrics.csv'), 'w', newline='') as f:
     writer = csv.writer(f)
     writer.writerow(['round', 'seconds', 'test_accuracy']
-                    + ([] if round_seconds is None else ['round_seconds']))
+                    + ([] if round_seconds is None else ['round_seconds']) + list(columns))
     for r, a in enumerate(accuracy, 1):
-      writer.writerow([r, seconds, a] + ([] if round_seconds is None else [round_seconds]))
+      writer.writerow([r, seconds, a] + ([] if round_seconds is None else [round_seconds])
+                      + [v[r - 1] for v in columns.values()])
   with open(os.path.join(path, 'summary.json'), 'w') as f:
     json.dump(dict(rounds=summary_rounds or rounds, client_epochs_training=rounds), f)
 
@@ -126,6 +129,56 @@ def _paired_toy_suite(rounds, tmp_path, monkeypatch):
       name='toy', title='toy', common=dict(rounds=rounds), scaled='nothing',
       runs=dict(base=dict(algorithm='fedavg'), new=dict(algorithm='fedcda')),
       comparisons=(suites.Comparison('new', 'base', 'toy setting', 'toy'),))
+
+
+def test_pages_name_runs_that_dropped_clients_and_give_each_seeds_margin(tmp_path,
+                                                                         monkeypatch):
+  """A run that left non-finite clients out of some rounds is named with those rounds; the
+  headline margin lists each paired seed's margin after mean ± std (numpy's)."""
+  suite = _paired_toy_suite(12, tmp_path, monkeypatch)
+  rng = np.random.default_rng(21)
+  acc = {(run, s): rng.uniform(0.3, 0.9, 12) for run in ('base', 'new') for s in (0, 1, 2)}
+  for (run, s), a in acc.items():
+    dropped = [0] * 12
+    if (run, s) == ('new', 1):
+      dropped[0], dropped[6] = 1, 2
+    _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{s}', 12, a,
+               columns={'dropped_clients': dropped})
+  page, _, _ = report.suite_page(suite)
+  assert ('Clients left out of a round because their update was not finite (the round '
+          'aggregates the others; metrics.csv `dropped_clients`): `new` seed 1 (1 in round 1, '
+          '2 in round 7).') in page
+  diffs = [100 * (acc['new', s][2:].mean() - acc['base', s][2:].mean()) for s in (0, 1, 2)]
+  text = (f'{np.mean(diffs):+.2f} ± {np.std(diffs, ddof=1):.2f} (per seed '
+          + ', '.join(f'{d:+.2f}' for d in diffs) + ')')
+  assert f'| {text} |' in page
+  shutil.rmtree(tmp_path / 'toy' / 'runs' / 'new_s1')
+  _write_run(tmp_path / 'toy' / 'runs' / 'new_s1', 12, acc['new', 1])
+  assert 'not finite' not in report.suite_page(suite)[0]
+
+
+def test_margin_table_says_how_sparse_runs_are_read(tmp_path, monkeypatch):
+  """With runs evaluated every 5 rounds, the margin-over-rounds text says a row reads the last
+  10 evaluations (50 rounds), not the last 10 rounds; with every round evaluated, it does not."""
+  suite = _paired_toy_suite(60, tmp_path, monkeypatch)
+  rng = np.random.default_rng(4)
+  for run, algorithm in TOY_ALGORITHMS.items():
+    for s in (0, 1):
+      a = rng.uniform(0.3, 0.9, 60)
+      _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{s}', 60, a,
+                 config=dict(algorithm=algorithm, eval_every=1))
+  page = report.suite_page(suite)[0]
+  assert 'Last-10-round mean test accuracy (%) of each baseline ending at each round' in page
+  assert 'last 10 evaluations' not in page
+  for run, algorithm in TOY_ALGORITHMS.items():
+    for s in (0, 1):
+      shutil.rmtree(tmp_path / 'toy' / 'runs' / f'{run}_s{s}')
+      _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{s}', 60, rng.uniform(0.3, 0.9, 60),
+                 config=dict(algorithm=algorithm, eval_every=5))
+  page = report.suite_page(suite)[0]
+  assert ('Mean test accuracy (%) over each run\'s last 10 evaluations up to each round: the '
+          'last 10 rounds of a run evaluated every round, the last 50 rounds of one evaluated '
+          'every 5 rounds') in page
 
 
 def test_comparison_numbers_match_numpy(tmp_path, monkeypatch):
@@ -673,11 +726,38 @@ def test_cadis_diagnosis_statistics_on_random_rows():
   np.testing.assert_allclose(got['change_heavy'], change[heavy].mean())
   np.testing.assert_allclose(got['change_light'], change[~heavy].mean())
   assert 0 < heavy.mean() < 1   # both branches exercised
-  np.testing.assert_allclose(cadis_diagnosis.swing(rows), np.abs(np.diff(acc[-51:])).mean())
+  np.testing.assert_allclose(cadis_diagnosis.round_to_round_change(rows),
+                             np.abs(np.diff(acc[-51:])).mean())
   keep = ~np.isnan(kd)
   np.testing.assert_allclose(cadis_diagnosis.kd_to_cross_entropy(rows),
                              kd[keep].mean() / ce[keep].mean())
   np.testing.assert_allclose(cadis_diagnosis.effective_participants([1, 1, 1, 1]), 4.0)
+
+
+def test_cadis_diagnosis_sampled_together_against_sets():
+  """Which same-cluster pairs the program's sampling put in one round, against a plain set
+  walk over the sampled rounds, on random clusters of 30 clients."""
+  import data  # pylint: disable=g-import-not-at-top
+  from benchmarks import cadis_diagnosis  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(11)
+  for seed, rounds in ((0, 12), (7, 30)):
+    clusters = rng.integers(0, 4, 30)
+    clusters[:4] = np.arange(4)   # every cluster has a member
+    clusters[4] = 0               # and cluster 0 two, so some pair exists
+    every, shares = cadis_diagnosis.sampled_together(clusters, rounds, seed)
+    pairs = {(i, j) for i in range(30) for j in range(30) if i != j and clusters[i] == clusters[j]}
+    met, first_all = set(), None
+    for r in range(1, rounds + 1):
+      ids = [int(i) for i in data.sample_clients(30, cadis_diagnosis.PER_ROUND, r, seed)]
+      met |= {(i, j) for i in ids for j in ids} & pairs
+      assert shares[r - 1] == pytest.approx(len(met) / len(pairs))
+      mates = {i for i, _ in met}
+      alone = {i for i in range(30) if not any(clusters[j] == clusters[i] for j in range(30)
+                                                if j != i)}
+      if first_all is None and mates | alone == set(range(30)) and not alone:
+        first_all = r
+    assert (np.isnan(every) and first_all is None) or every == first_all
+    assert len(shares) == rounds and shares == sorted(shares)
 
 
 def test_compare_leaves_a_run_another_process_holds_for_last_and_then_makes_it(tmp_path,
@@ -798,10 +878,10 @@ def test_fedcross_diagnosis_reads_sparsely_evaluated_runs_as_the_report_does():
   assert fedcross_diagnosis.peak_margin(margins) == f'{100 * best[0]:+.2f} (round {best[1]})'
 
 
-def test_fedcross_diagnosis_swing_is_the_scatter_about_the_windows_line():
+def test_swing_is_the_scatter_about_the_windows_line():
   """swing: the std of the residuals of a least-squares line through the evaluated rounds,
-  against numpy's lstsq on random windows evaluated every round and every few rounds."""
-  from benchmarks import fedcross_diagnosis  # pylint: disable=g-import-not-at-top
+  against numpy's lstsq on random windows evaluated every round and every few rounds; a
+  loaded run's swing over its last W rounds reads only those rounds."""
   rng = np.random.default_rng(11)
   for every in (1, 3, 5):
     acc = 0.5 + 0.002 * np.arange(50) + rng.normal(0, 0.02, 50)
@@ -810,10 +890,17 @@ def test_fedcross_diagnosis_swing_is_the_scatter_about_the_windows_line():
     y = acc[np.isfinite(acc)]
     coef, *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], axis=1), y, rcond=None)
     residual = y - (coef[0] * x + coef[1])
-    assert fedcross_diagnosis.swing(acc) == pytest.approx(np.sqrt(np.mean(residual ** 2)))
+    assert report.swing(acc) == pytest.approx(np.sqrt(np.mean(residual ** 2)))
   # a straight rise has no swing; under three evaluated rounds there is no line to speak of
-  assert fedcross_diagnosis.swing(0.3 + 0.01 * np.arange(20)) == pytest.approx(0, abs=1e-12)
-  assert np.isnan(fedcross_diagnosis.swing(np.array([0.5, np.nan, 0.6, np.nan])))
+  assert report.swing(0.3 + 0.01 * np.arange(20)) == pytest.approx(0, abs=1e-12)
+  assert np.isnan(report.swing(np.array([0.5, np.nan, 0.6, np.nan])))
+  rounds = list(range(5, 101, 5))   # a 100-round run evaluated every 5 rounds
+  acc = list(rng.uniform(0.4, 0.9, len(rounds)))
+  run = dict(rounds=100, curve_rounds=rounds, curve_accuracy=acc)
+  x = np.array([r for r in rounds if r > 60], np.float64)
+  y = np.array([a for r, a in zip(rounds, acc) if r > 60])
+  coef = np.polyfit(x, y, 1)
+  assert report.run_swing(run, 40) == pytest.approx(np.std(y - np.polyval(coef, x)))
 
 
 def test_fedcross_diagnosis_tables_on_toy_runs():
@@ -847,7 +934,7 @@ def test_fedcross_diagnosis_tables_on_toy_runs():
   over = '\n'.join(fedcross_diagnosis._rounds_lines([('toy', cross, avg, 50)]))
   # seed 0: 0.52 with ten rounds 0.1 higher, seed 1: 0.48; FedAvg flat (no swing), FedCross's
   # swing that of seed 0's bump about its line (seed 1 flat), averaged over the two seeds
-  bump_swing = fedcross_diagnosis.swing(bump[:50])
+  bump_swing = report.swing(bump[:50])
   assert (f'| 1-50, acceleration | 0.990 | 10.0 | 2.0 | 50.00 | 51.00 | +1.00 ± 4.24 | 0.00 | '
           f'{50 * bump_swing:.2f} |') in over, over
   assert '| 51-60 | 0.990 | 2.0 | 2.0 | 50.00 | 50.00 | +0.00 ± 2.83 | 0.00 | 0.00 |' in over, over
@@ -1566,13 +1653,28 @@ def test_evaluation_seconds_compares_evaluated_rounds_with_the_others(tmp_path, 
 
 def test_whole_round_example_cites_a_suite_that_records_whole_rounds(tmp_path, monkeypatch):
   """For a suite without whole rounds recorded, the pages and --plan cite the ratio measured on
-  another suite (computed from its runs, not a constant); none recorded says so."""
+  another suite (computed from its runs, not a constant), with how often its runs evaluate,
+  preferring one evaluated every round; none recorded says so."""
   monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
-  monkeypatch.setattr(suites, 'SUITES', {'old': None, 'new': None})
+
+  def suite(name, **common):
+    return suites.Suite(name=name, title=name, common=dict(rounds=5, **common), scaled='-',
+                        runs=dict(a=dict(algorithm='fedavg')), comparisons=())
+
+  monkeypatch.setattr(suites, 'SUITES', {'old': suite('old'), 'dense': suite('dense'),
+                                         'sparse': suite('sparse', eval_every=5)})
   _write_run(tmp_path / 'old' / 'runs' / 'a_s0', 5, np.full(5, 0.5), seconds=1.0)
   assert report.whole_round_example() == 'no suite records it yet'
-  _write_run(tmp_path / 'new' / 'runs' / 'a_s0', 5, np.full(5, 0.5), seconds=2.0,
+  _write_run(tmp_path / 'sparse' / 'runs' / 'a_s0', 5, np.full(5, 0.5), seconds=2.0,
              round_seconds=3.0)
   assert report.whole_round_example() == (
-      'e.g. the new suite\'s recorded rounds took 1.5 times their training')
-  assert report.whole_round_example(besides='new') == 'no suite records it yet'
+      'e.g. the sparse suite\'s recorded rounds, evaluated every 5 rounds, took 1.5 times their '
+      'training')
+  _write_run(tmp_path / 'dense' / 'runs' / 'a_s0', 5, np.full(5, 0.5), seconds=2.0,
+             round_seconds=5.0)
+  assert report.whole_round_example() == (
+      'e.g. the dense suite\'s recorded rounds, evaluated every round, took 2.5 times their '
+      'training')
+  assert report.whole_round_example(besides='dense').startswith('e.g. the sparse suite')
+  shutil.rmtree(tmp_path / 'dense')
+  assert report.whole_round_example(besides='sparse') == 'no suite records it yet'
