@@ -246,11 +246,12 @@ def run_swing(run: dict, window: int) -> float:
   return swing(acc)
 
 
-def swing_text(runs: list) -> str:
-  """`run_swing` over the plateau window (`plateau_delta`'s W) of finished runs, in points,
-  mean ± std over them; 'n/a' without a window."""
-  w, _ = plateau_delta(runs) if runs else (0, None)
-  return over_seeds([run_swing(r, w) for r in runs], scale=100) if w else 'n/a'
+def swing_text(runs: list, window: Optional[int] = None) -> str:
+  """`run_swing` over the plateau window (`plateau_delta`'s W, unless the caller has it as
+  `window`) of finished runs, in points, mean ± std over them; 'n/a' without a window."""
+  if window is None:
+    window, _ = plateau_delta(runs) if runs else (0, None)
+  return over_seeds([run_swing(r, window) for r in runs], scale=100) if window else 'n/a'
 
 
 MIN_SEEDS_FOR_VERDICT = 2   # a spread needs two paired seeds; one seed gets no verdict
@@ -586,7 +587,7 @@ def _margin_lines(runs: dict, comparisons: list) -> list:
   every = sorted({r['config'].get('eval_every', 1) for seeds in runs.values()
                   for r in seeds.values()} - {1})
   window = (f'Mean test accuracy (%) over each run\'s last {LAST} evaluations up to each '
-            'round: the last 10 rounds of a run evaluated every round, the last '
+            f'round: the last {LAST} rounds of a run evaluated every round, the last '
             + ' or '.join(f'{LAST * k}' for k in every) + ' rounds of one evaluated every '
             + ' or '.join(map(str, every)) + ' rounds (the program evaluates a run\'s last '
             f'{LAST} rounds in a row, so the last row is a last-{LAST}-round mean as in the '
@@ -1085,7 +1086,7 @@ def suite_page(suite: suites.Suite) -> tuple:
         f'{pm(*mean_std([r["best_accuracy"] for r in done]))} | '
         f'{pm(*mean_std([r["final_accuracy"] for r in done]))} | {w}, {moved:+.2f}'
         f'{"" if abs(moved) < PLATEAU_POINTS else " (not plateaued)"} | '
-        f'{swing_text(done)} | '
+        f'{swing_text(done, w)} | '
         f'{np.median([r["seconds_per_round"] for r in done]):.2f} | '
         f'{"n/a" if epochs is None else epochs} | '
         f'{done[0]["aggregator_state_bytes"] / 2**20:.1f} MiB |' +
