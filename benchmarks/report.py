@@ -513,8 +513,10 @@ def compare_runs(suite: suites.Suite, runs: dict, paper: dict, partial: bool = F
     diffs = [method[s]['last10_mean_accuracy'] - base[s]['last10_mean_accuracy']
              for s in paired]
     margin, spread = mean_std(diffs)
-    m_mean, m_std = mean_std([r['last10_mean_accuracy'] for r in method.values()])
-    b_mean, b_std = mean_std([r['last10_mean_accuracy'] for r in base.values()])
+    # over the paired seeds, so that method - baseline is the margin while a suite is part
+    # made (e.g. one seed of the method at a new length against two of the baseline)
+    m_mean, m_std = mean_std([method[s]['last10_mean_accuracy'] for s in paired or method])
+    b_mean, b_std = mean_std([base[s]['last10_mean_accuracy'] for s in paired or base])
     figures = paper.get(comp.paper, {})
     paper_margin = figures.get('method', np.nan) - figures.get('baseline', np.nan)
     spread_points = max(100 * spread, 100 * m_std, 100 * b_std) if paired else np.nan

@@ -210,6 +210,18 @@ def test_comparison_numbers_match_numpy(tmp_path, monkeypatch):
   assert '| new | 7 |' in page and 'stopped after round 12 of 30' in page
 
 
+def test_a_part_made_comparison_shows_both_runs_over_the_paired_seeds(tmp_path, monkeypatch):
+  """While a suite is part made (two seeds of the baseline, one of the method) the shown
+  baseline and method are over the paired seed, so that method - baseline is the margin."""
+  suite = _paired_toy_suite(20, tmp_path, monkeypatch)
+  for run, seed, level in (('base', 0, 0.8), ('base', 1, 0.6), ('new', 0, 0.7)):
+    _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{seed}', 20, np.full(20, level))
+  (row,) = report.compare_runs(suite, report.collect(suite), {})
+  assert row['seeds'] == [0] and row['margin'] == pytest.approx(-10.0)
+  assert row['baseline_mean'] == pytest.approx(0.8)
+  assert row['method_mean'] - row['baseline_mean'] == pytest.approx(row['margin'] / 100)
+
+
 @pytest.mark.parametrize('name', sorted(suites.SUITES))
 def test_committed_suite_pages_regenerate_byte_for_byte(name):
   page, comparisons, _ = report.suite_page(suites.SUITES[name])
