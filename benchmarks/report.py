@@ -21,6 +21,7 @@ import glob
 import itertools
 import json
 import os
+import posixpath
 import re
 import sys
 from typing import Callable, Optional
@@ -1282,7 +1283,8 @@ def reproduction_page() -> str:
 def _relinked(text: str, folder: str) -> str:
   """`text`'s relative markdown links (written for a page in `folder`) made relative to the
   folder above it."""
-  return re.sub(r'\]\((?![a-z]+:|/|#)([^)]+)\)', lambda m: f']({folder}/{m.group(1)})', text)
+  return re.sub(r'\]\((?![a-z]+:|/|#)([^)]+)\)',
+                lambda m: f']({posixpath.normpath(posixpath.join(folder, m.group(1)))})', text)
 
 
 README = os.path.join(os.path.dirname(suites.HERE), 'README.md')

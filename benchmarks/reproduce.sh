@@ -42,3 +42,5 @@ for suite in ${SUITES:-fedcda fedcross cadis fedlex}; do
     "$PY" -m "benchmarks.${suite}_diagnosis"
   fi
 done
+# FedProx against FedAvg one round at a time, at the settings of the runs above (~10 min)
+"$PY" -m benchmarks.fedprox_pull

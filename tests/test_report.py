@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from benchmarks import report, suites
+from benchmarks import fedprox_pull, report, suites
 
 
 @pytest.mark.parametrize('paper, ours, spread, want, sign', [
@@ -1162,10 +1162,10 @@ def test_compute_hours_sum_every_kind_of_run(tmp_path, monkeypatch):
 
 def test_suite_notes_links_are_relinked_for_the_reproduction_page():
   text = ('see [d](diagnosis.md), [r](runs/a/metrics.csv), [w](https://x.org/a), [s](#top), '
-          '[a](/abs.md)')
+          '[a](/abs.md), [p](../fedprox_pull.md)')
   assert report._relinked(text, 'cadis') == (  # pylint: disable=protected-access
       'see [d](cadis/diagnosis.md), [r](cadis/runs/a/metrics.csv), [w](https://x.org/a), '
-      '[s](#top), [a](/abs.md)')
+      '[s](#top), [a](/abs.md), [p](fedprox_pull.md)')
   page = report.reproduction_page()
   for name, suite in suites.SUITES.items():
     if os.path.exists(os.path.join(suites.HERE, f'{name}_diagnosis.py')):
@@ -1690,3 +1690,60 @@ def test_whole_round_example_cites_a_suite_that_records_whole_rounds(tmp_path, m
   assert report.whole_round_example(besides='dense').startswith('e.g. the sparse suite')
   shutil.rmtree(tmp_path / 'dense')
   assert report.whole_round_example(besides='sparse') == 'no suite records it yet'
+
+
+def test_fedprox_pull_arithmetic_against_numpy():
+  rng = np.random.default_rng(3)
+  update = [rng.normal(size=(3, 4)), rng.normal(size=5)]
+  reference = [rng.normal(size=(3, 4)), rng.normal(size=5)]
+  flat = lambda ts: np.concatenate([t.ravel() for t in ts])  # noqa: E731
+  assert fedprox_pull.relative_difference(update, reference) == pytest.approx(
+      np.linalg.norm(flat(update) - flat(reference)) / np.linalg.norm(flat(reference)))
+  # 7 examples at batch 3: 3 steps an epoch; 6 examples: 2
+  assert fedprox_pull.local_steps([7, 6], batch_size=3, epochs=2) == pytest.approx(5.0)
+  assert ('fedcross', 'fedprox_beta0.1', 'fedavg_beta0.1') in fedprox_pull.PAIRS
+  assert ('cadis', 'fedprox', 'fedavg') in fedprox_pull.PAIRS
+
+
+def _fedprox_pull_configs(tmp_path, monkeypatch, **prox):
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  common = dict(dataset='digits', num_clients=6, clients_per_round=3, batch_size=16,
+                client_lr=0.1, client_momentum=0.5, rounds=2, seed=0)
+  for run, extra in (('fedavg', {}), ('fedprox', dict(dict(proximal_strength=0.5), **prox))):
+    os.makedirs(tmp_path / 'toy' / 'runs' / f'{run}_s0')
+    (tmp_path / 'toy' / 'runs' / f'{run}_s0' / 'config.json').write_text(
+        json.dumps(dict(common, algorithm=run, **extra)))
+
+
+def test_fedprox_pull_refuses_runs_that_differ_in_more_than_the_proximal_term(
+    tmp_path, monkeypatch):
+  _fedprox_pull_configs(tmp_path, monkeypatch, client_lr=0.2)
+  with pytest.raises(ValueError, match=r"differ in \['client_lr'\]"):
+    fedprox_pull.measure('toy', 'fedprox', 'fedavg')
+
+
+def test_fedprox_pull_measures_zero_at_mu_zero_and_a_difference_otherwise(tmp_path,
+                                                                          monkeypatch):
+  """End to end on digits: FedProx at μ = 0 is FedAvg (difference exactly 0: the two rounds
+  start from the same model, clients and batch orders), at μ = 0.5 it is not; the yardstick
+  (other batch orders) is never 0."""
+  monkeypatch.setattr(fedprox_pull, 'MEASURED_ROUNDS', (1, 2))
+  _fedprox_pull_configs(tmp_path, monkeypatch)
+  pulled = fedprox_pull.measure('toy', 'fedprox', 'fedavg')
+  (tmp_path / 'toy' / 'runs' / 'fedprox_s0' / 'config.json').write_text(
+      (tmp_path / 'toy' / 'runs' / 'fedprox_s0' / 'config.json').read_text().replace(
+          '"proximal_strength": 0.5', '"proximal_strength": 0.0'))
+  same = fedprox_pull.measure('toy', 'fedprox', 'fedavg')
+  assert [r['round'] for r in pulled['rows']] == [1, 2] and pulled['mu'] == 0.5
+  assert all(r['relative_difference'] == 0.0 for r in same['rows'])
+  assert all(r['relative_difference'] > 1e-4 for r in pulled['rows'])
+  assert all(r['reshuffled'] > 1e-3 for r in pulled['rows'] + same['rows'])
+  page = fedprox_pull.page([pulled])
+  assert '| toy | `fedprox` vs `fedavg` | 0.5 | 0.1 (0.5) |' in page
+
+
+def test_fedprox_pull_page_regenerates_from_its_measurements():
+  with open(fedprox_pull.OUT_JSON) as f:
+    results = json.load(f)
+  with open(fedprox_pull.OUT) as f:
+    assert fedprox_pull.page(results) == f.read()
