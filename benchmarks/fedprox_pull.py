@@ -94,14 +94,14 @@ def measure(suite: str, prox_run: str, avg_run: str) -> dict:
                                         avg_c.local_epochs, avg_c.seed + RESHUFFLE_SEED,
                                         client_ids=sampled)
       next_reshuffled, _ = avg.next(avg_state, [[element] for element in reshuffled])
-      w0 = list(start.trainable)
-      delta = lambda s, p: [np.asarray(a) - np.asarray(b)  # noqa: E731
+      w0 = [np.asarray(w) for w in start.trainable]
+      delta = lambda s, p: [np.asarray(a) - b  # noqa: E731
                             for a, b in zip(p.get_model_weights(s).trainable, w0)]
+      avg_delta = delta(next_avg, avg)
       rows.append(dict(
           round=round_num,
-          relative_difference=relative_difference(delta(next_prox, prox),
-                                                  delta(next_avg, avg)),
-          reshuffled=relative_difference(delta(next_reshuffled, avg), delta(next_avg, avg)),
+          relative_difference=relative_difference(delta(next_prox, prox), avg_delta),
+          reshuffled=relative_difference(delta(next_reshuffled, avg), avg_delta),
           steps=local_steps([len(fed.client_arrays(int(i))[1]) for i in sampled],
                             avg_c.batch_size, avg_c.local_epochs)))
     avg_state = next_avg
@@ -113,9 +113,10 @@ def measure(suite: str, prox_run: str, avg_run: str) -> dict:
 def page(results: list) -> str:
   lines = report.diagnosis_header('FedProx against FedAvg: how far the proximal term moves '
                                   'a round', sys.modules[__name__])
+  measured = [r['round'] for r in results[0]['rows']] if results else []   # as recorded
   lines += ['| suite | runs | μ | client lr (momentum) | local steps per client | '
-            + ' | '.join(f'round {r}: FedProx (other batch orders)' for r in MEASURED_ROUNDS)
-            + ' |', '|---|---|---|---|---|' + '---|' * len(MEASURED_ROUNDS)]
+            + ' | '.join(f'round {r}: FedProx (other batch orders)' for r in measured)
+            + ' |', '|---|---|---|---|---|' + '---|' * len(measured)]
   for m in results:
     steps = np.mean([r['steps'] for r in m['rows']])
     cells = ' | '.join(f'{100 * r["relative_difference"]:.1f}% ({100 * r["reshuffled"]:.1f}%)'
