@@ -968,8 +968,8 @@ def lengthening_text(summary: dict) -> str:
   finished, expected = finished_count(summary['longer_runs'])
   return (f'These figures are at {summary["rounds"]} rounds, the longest length at which '
           f'every run has every seed: the suite is being lengthened to {summary["declared"]} '
-          f'rounds, made again from round 1 seed by seed ({finished} of {expected} runs '
-          'finished there so far).')
+          f'rounds seed by seed, each run continued from its checkpoint where it has one, '
+          f'else made again from round 1 ({finished} of {expected} runs finished there so far).')
 
 
 def _lengthening_lines(summary: dict) -> list:
