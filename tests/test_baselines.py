@@ -148,6 +148,7 @@ def check_fedavg(round_inputs, ours, theirs):
   assert train['num_clients'] == len(SIZES)
   assert train['non_finite_clients'] == 0
   assert np.isfinite(train['loss']) and 0.0 <= train['accuracy'] <= 1.0
+  assert 'proximal_loss' not in train   # FedAvg has no proximal term to report
 
 
 def test_fedavgm_matches_tff(round_inputs):
@@ -180,7 +181,9 @@ def test_fedsgd_matches_tff(round_inputs):
 
 def reference_fedprox(initial, round_inputs, mu):
   """FedProx from the paper in plain eager TF: local SGD on loss + (mu/2)||w - w_t||^2,
-  example-weighted mean of the deltas, server SGD with learning rate 1."""
+  example-weighted mean of the deltas, server SGD with learning rate 1. Returns the weights
+  after every round and the last round's (mu/2)||w - w_t||^2, example-weighted over its
+  steps (at each step's weights, before the step)."""
   keras_model = models.build_keras_model('tiny_cnn', (8, 8, 1), 10, seed=0)
   variables = keras_model.trainable_variables
   loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -189,6 +192,7 @@ def reference_fedprox(initial, round_inputs, mu):
   for inputs in round_inputs:
     delta_sum = [np.zeros_like(w) for w in weights]
     total = 0.0
+    proximal_sum, trained = 0.0, 0
     for inp in inputs:
       for v, w in zip(variables, weights):
         v.assign(w)
@@ -196,6 +200,10 @@ def reference_fedprox(initial, round_inputs, mu):
       for epoch_order in inp['order']:
         for start in range(0, n, BATCH):
           idx = epoch_order[start:start + BATCH]
+          drift = sum(float(np.sum((v.numpy().astype(np.float64) - w) ** 2))
+                      for v, w in zip(variables, weights))
+          proximal_sum += 0.5 * mu * drift * len(idx)
+          trained += len(idx)
           with tf.GradientTape() as tape:
             loss = loss_fn(inp['y'][idx], keras_model(inp['x'][idx], training=True))
           grads = tape.gradient(loss, variables)
@@ -205,17 +213,21 @@ def reference_fedprox(initial, round_inputs, mu):
       total += n
     weights = [w - s / total for w, s in zip(weights, delta_sum)]
     history.append(weights)
-  return history
+  return history, proximal_sum / trained
 
 
 def test_fedprox_matches_plain_tf_reference(round_inputs, tff_fedprox):
   ours = baselines.build_fedprox(MODEL_FN, sgd(), BATCH, proximal_strength=MU)
   tff_prox = tff_fedprox
-  h_ours, _ = run(ours, ours_data(round_inputs))
+  h_ours, metrics = run(ours, ours_data(round_inputs))
   h_tff, _ = run(tff_prox, tff_data(round_inputs))
-  expected = reference_fedprox(h_ours[0], round_inputs, MU)
+  expected, proximal = reference_fedprox(h_ours[0], round_inputs, MU)
   for r in range(1, ROUNDS + 1):
     assert_weights_close(h_ours[r], expected[r])
+  # The proximal term's size beside the loss: its example-weighted mean over every step.
+  assert proximal > 1e-4
+  assert float(metrics['client_work']['train']['proximal_loss']) == pytest.approx(proximal,
+                                                                                 rel=1e-3)
   # TFF 0.87's FedProx is not the paper's: its proximal term has the opposite sign.
   gap = max(np.max(np.abs(a - b)) for a, b in zip(h_tff[-1], expected[-1]))
   assert gap > 1e-3

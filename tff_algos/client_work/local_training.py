@@ -86,6 +86,8 @@ class LocalTrainingOutput(NamedTuple):
                             # (`report_local_unfinalized_metrics`, e.g. its Keras metrics)
   extra_loss_sum: Any = ()  # float32, sum over all steps of the extra loss (e.g. CADIS's
                             # λ·KD) x batch size, when the loop has one; else ()
+  proximal_loss_sum: Any = ()  # float32, sum over all steps of FedProx's (mu/2)||w - w_t||^2
+                               # (at the step's weights) x batch size, when mu != 0; else ()
 
 
 # Hooks a method adds to the shared loop, all optional:
@@ -175,6 +177,8 @@ def build_local_training(
     last_count = tf.constant(0.0)
     extra_sum = tf.constant(0.0)
     extra = tf.constant(0.0)  # this step's extra loss (autograph: defined before the loop)
+    proximal_sum = tf.constant(0.0)
+    proximal = tf.constant(0.0)  # this step's proximal term (as `extra`)
 
     for step in tf.range(num_steps):
       epoch = step // batches_per_epoch
@@ -193,8 +197,11 @@ def build_local_training(
       grads = tape.gradient(loss, trainable,
                             unconnected_gradients=tf.UnconnectedGradients.ZERO)
       if proximal_strength:
-        grads = [g + proximal_strength * (v - v0)
-                 for g, v, v0 in zip(grads, trainable, initial_trainable)]
+        drift = [v - v0 for v, v0 in zip(trainable, initial_trainable)]
+        grads = [g + proximal_strength * d for g, d in zip(grads, drift)]
+        # The term whose gradient that is, recorded so its size can be read beside the loss.
+        proximal = 0.5 * proximal_strength * tf.add_n([tf.reduce_sum(tf.square(d))
+                                                       for d in drift])
       if gradient_transform is not None:
         grads = list(gradient_transform(grads, context))
       count = tf.cast(end - start, tf.float32)
@@ -208,6 +215,8 @@ def build_local_training(
       loss_sum += batch_loss * count
       if extra_loss is not None:
         extra_sum += extra * count
+      if proximal_strength:
+        proximal_sum += proximal * count
       examples_trained += count
       hits, counted = accuracy_terms(output.predictions, batch['y'])
       correct += hits
@@ -239,7 +248,8 @@ def build_local_training(
         # forward_pass updated the model's metric variables at every step; read them
         # here, after the loop (a fresh model per client starts them at zero).
         model_metrics=model.report_local_unfinalized_metrics(),
-        extra_loss_sum=extra_sum if extra_loss is not None else ())
+        extra_loss_sum=extra_sum if extra_loss is not None else (),
+        proximal_loss_sum=proximal_sum if proximal_strength else ())
 
   return train
 
@@ -262,8 +272,9 @@ def training_metric_sums(out: LocalTrainingOutput, non_finite) -> collections.Or
   """
   keep = tf.equal(non_finite, 0.0)
   kept = lambda t: tf.where(keep, t, tf.zeros_like(t))  # noqa: E731
-  extra = {} if isinstance(out.extra_loss_sum, tuple) else dict(
-      extra_loss_sum=kept(out.extra_loss_sum))
+  extra = {name: kept(value) for name, value in (('extra_loss_sum', out.extra_loss_sum),
+                                                 ('proximal_loss_sum', out.proximal_loss_sum))
+           if not isinstance(value, tuple)}
   return collections.OrderedDict(
       loss_sum=kept(out.loss_sum),
       **extra,
@@ -282,10 +293,11 @@ def finalize_training_metrics(sums) -> collections.OrderedDict:
   """Round metrics from the federated sum of `training_metric_sums` (a TF function body).
 
   `loss` is the model's own loss (cross-entropy); with an extra loss in the loop (CADIS's
-  λ·KD), `extra_loss` is its mean over the same examples, so the two can be compared.
+  λ·KD), `extra_loss` is its mean over the same examples, and with FedProx's proximal term
+  (mu != 0), `proximal_loss` is (mu/2)||w - w_t||^2's, so each can be compared with it.
   """
-  extra = {} if 'extra_loss_sum' not in sums else dict(
-      extra_loss=tf.math.divide_no_nan(sums['extra_loss_sum'], sums['examples_trained']))
+  extra = {name: tf.math.divide_no_nan(sums[f'{name}_sum'], sums['examples_trained'])
+           for name in ('extra_loss', 'proximal_loss') if f'{name}_sum' in sums}
   return collections.OrderedDict(
       loss=tf.math.divide_no_nan(sums['loss_sum'], sums['examples_trained']),
       **extra,
