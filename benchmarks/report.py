@@ -554,20 +554,31 @@ def last10_at(run: dict, end: int) -> float:
   return float(np.mean(tail)) if tail else float('nan')
 
 
+def full_window(run: dict, end: int) -> bool:
+  """Whether `run` has LAST evaluations up to round `end` (a run evaluated every k rounds
+  has them only from round LAST * k): `last10_at` over fewer would be a mean of a few early
+  rounds, not comparable with the rows after it."""
+  return sum(r <= end for r in run['curve_rounds']) >= LAST
+
+
 def margins_over_rounds(runs: dict, comparisons: list, every_round: bool = False) -> dict:
   """How each comparison's margin develops: at every checkpoint round (`every_round`: at
-  every round from the 10th), the baseline's and the method's last-10 mean over the
-  comparison's paired finished seeds and the paired margin (points, mean and std over
-  seeds). A method that only converges faster shows a margin that shrinks towards the end;
-  the headline table shows only the end."""
+  every round), the baseline's and the method's last-10 mean over the comparison's paired
+  finished seeds and the paired margin (points, mean and std over seeds), from the first
+  round at which every one of those runs has LAST evaluations (`full_window`). A method that
+  only converges faster shows a margin that shrinks towards the end; the headline table
+  shows only the end."""
   out = {}
   for c in comparisons:
     seeds = c['seeds']
     if not seeds:
       continue
     rounds = runs[c['method']][seeds[0]]['rounds']
+    paired = [runs[run][s] for run in (c['baseline'], c['method']) for s in seeds]
     rows = []
-    for end in range(min(LAST, rounds), rounds + 1) if every_round else checkpoint_rounds(rounds):
+    for end in range(1, rounds + 1) if every_round else checkpoint_rounds(rounds):
+      if not all(full_window(r, end) for r in paired):
+        continue
       base = [last10_at(runs[c['baseline']][s], end) for s in seeds]
       method = [last10_at(runs[c['method']][s], end) for s in seeds]
       margin, spread = mean_std([100 * (m - b) for m, b in zip(method, base)])
@@ -843,7 +854,7 @@ def kept_lengths(suite_dir: str) -> list:
 
 
 def remade_runs(suite: suites.Suite) -> list:
-  """[{run, seed, length, first_difference, largest_gap, earlier, again}] for every
+  """[{run, seed, length, first_difference, largest_gap, tail_rounds, earlier, again}] for every
   superseded shorter run whose run was made again longer at its settings (in runs/, at least
   as many rounds done), matched round by round: the first round where any of REMADE_COLUMNS
   that both record differs (None: none does; a making evaluated every k rounds records no
@@ -880,7 +891,7 @@ def remade_runs(suite: suites.Suite) -> list:
     tail = [(acc, again_at[r]) for r, acc in evaluated[-LAST:] if r in again_at]
     run, seed = name.rsplit('_s', 1)
     out.append(dict(run=run, seed=int(seed), length=length, first_difference=first,
-                    largest_gap=float(max(gaps, default=np.nan)),
+                    largest_gap=float(max(gaps, default=np.nan)), tail_rounds=len(tail),
                     earlier=float(np.mean([e for e, _ in tail])) if tail else np.nan,
                     again=float(np.mean([a for _, a in tail])) if tail else np.nan))
   return out
@@ -902,14 +913,17 @@ def _remade_lines(remade: list) -> list:
            'First difference: the first round whose training loss, test accuracy or test loss '
            'differs at all (where both makings record it: a making evaluated every k rounds '
            'has no test figures in between). Last-10 means: over the shorter making\'s last '
-           '10 rounds that the new one evaluated too.', '',
+           '10 rounds that the new one evaluated too (how many: the "rounds in the means" '
+           'column; fewer than 10 when the new making was evaluated every k rounds).', '',
            '| run | seed | rounds compared | first difference | largest gap in one round\'s '
-           'accuracy (points) | last-10 mean, earlier (%) | last-10 mean, again (%) | '
-           'difference (points) |', '|---|---|---|---|---|---|---|---|']
+           'accuracy (points) | rounds in the means | last-10 mean, earlier (%) | '
+           'last-10 mean, again (%) | difference (points) |',
+           '|---|---|---|---|---|---|---|---|---|']
   for r in remade:
     first = 'none' if r['first_difference'] is None else f'round {r["first_difference"]}'
     lines.append(f'| {r["run"]} | {r["seed"]} | {r["length"]} | {first} | '
-                 f'{100 * r["largest_gap"]:.2f} | {pct(r["earlier"])} | {pct(r["again"])} | '
+                 f'{100 * r["largest_gap"]:.2f} | {r["tail_rounds"]} | {pct(r["earlier"])} | '
+                 f'{pct(r["again"])} | '
                  f'{100 * (r["again"] - r["earlier"]):+.2f} |')
   return lines + ['']
 
@@ -980,8 +994,9 @@ def _lengthening_lines(summary: dict) -> list:
   declared = summary['declared']
   finished, expected = finished_count(summary['longer_runs'])
   lines = [f'## At {declared} rounds so far', '',
-           f'The suite is being lengthened to {declared} rounds, its runs made again from round '
-           f'1 seed by seed; the figures above stay at {summary["rounds"]} rounds until every '
+           f'The suite is being lengthened to {declared} rounds seed by seed (each run '
+           'continued from its checkpoint where it has one, else made again from round 1); '
+           f'the figures above stay at {summary["rounds"]} rounds until every '
            f'run has every seed at {declared} ({finished} of {expected} runs finished there so '
            'far).']
   if any(c['seeds'] for c in summary['longer_comparisons']):

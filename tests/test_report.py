@@ -181,6 +181,43 @@ def test_margin_table_says_how_sparse_runs_are_read(tmp_path, monkeypatch):
           'every 5 rounds') in page
 
 
+def test_margins_start_where_every_run_has_ten_evaluations(tmp_path, monkeypatch):
+  """A run evaluated every 5th round has 10 evaluations only from round 50: the margins over
+  rounds (table and notes) start there, not at round 10 with a mean of two early rounds (a
+  spike there was once reported as the "largest margin"); runs evaluated every round start
+  at round 10 as before."""
+  suite = _paired_toy_suite(100, tmp_path, monkeypatch)
+  evaluated = _evaluated(100, 5)
+  rng = np.random.default_rng(6)
+  curves = {}
+  for run, algorithm in TOY_ALGORITHMS.items():
+    for s in (0, 1):
+      a = np.linspace(0.3, 0.8, 100) + rng.normal(0, 0.01, 100) + (0.05 if run == 'new' else 0)
+      if run == 'new':
+        a[4:10] += 0.4   # a 40-point lead at rounds 5 and 10, gone by round 15
+      curves[run, s] = a
+      _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{s}', 100,
+                 [f'{x}' if r in evaluated else '' for r, x in enumerate(a, 1)],
+                 config=dict(algorithm=algorithm, eval_every=5))
+  runs = report.collect(suite)
+  comparisons = report.compare_runs(suite, runs, {})
+  table = report.margins_over_rounds(runs, comparisons)['toy']
+  assert [r['round'] for r in table] == [50, 60, 70, 80, 90, 100]
+  every = report.margins_over_rounds(runs, comparisons, every_round=True)['toy']
+  assert every[0]['round'] == 50 and every[-1]['round'] == 100
+  for row in (table[0], every[-1]):
+    tail = lambda run, s: curves[run, s][[r - 1 for r in evaluated if r <= row['round']][-10:]]
+    diffs = [100 * (tail('new', s).mean() - tail('base', s).mean()) for s in (0, 1)]
+    assert row['margin'] == pytest.approx(np.mean(diffs))
+  (note,) = report.margin_notes(runs, comparisons)
+  assert 'at round 10 ' not in note and max(r['margin'] for r in every) < 20  # not ~45
+  dense = report.margins_over_rounds(
+      {run: {s: dict(_curve_run(range(1, 101), curves[run, s]), rounds=100) for s in (0, 1)}
+       for run in runs},
+      comparisons)['toy']
+  assert [r['round'] for r in dense] == list(range(10, 101, 10))
+
+
 def test_comparison_numbers_match_numpy(tmp_path, monkeypatch):
   """Three paired seeds of a synthetic suite: means, stds and the paired margin are numpy's,
   a stopped run is listed but left out, and an extra seed is shown, not dropped."""
@@ -1308,7 +1345,7 @@ def test_remade_runs_compare_each_shorter_run_with_its_new_making(tmp_path, monk
   assert got['base', 0]['first_difference'] is None and got['base', 0]['largest_gap'] == 0
   text = '\n'.join(report._remade_lines(report.remade_runs(suite)))  # pylint: disable=protected-access
   assert '`earlier_runs/rounds20/`' in text
-  assert (f'| new | 0 | 20 | round 13 | {100 * np.abs(earlier - again[:20]).max():.2f} | '
+  assert (f'| new | 0 | 20 | round 13 | {100 * np.abs(earlier - again[:20]).max():.2f} | 10 | '
           f'{100 * earlier[10:].mean():.2f} | {100 * again[10:20].mean():.2f} | ') in text
   assert '| base | 0 | 20 | none | 0.00 |' in text
 
@@ -1338,6 +1375,10 @@ def test_a_run_made_again_evaluating_less_often_is_compared_where_both_evaluated
                              [earlier[[14, 19]].mean()] * 2, rtol=1e-6)
   assert got[1]['first_difference'] == 10   # rounds 7-9 were not evaluated again
   np.testing.assert_allclose(got[1]['earlier'], earlier[[14, 19]].mean(), rtol=1e-6)
+  # The page says the means are over 2 rounds, not 10.
+  assert got[0]['tail_rounds'] == 2
+  text = '\n'.join(report._remade_lines(report.remade_runs(suite)))  # pylint: disable=protected-access
+  assert f'| new | 0 | 20 | none | 0.00 | 2 | {100 * earlier[[14, 19]].mean():.2f} |' in text
 
 
 def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsys):
