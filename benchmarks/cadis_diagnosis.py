@@ -268,17 +268,20 @@ def _tuning_cluster_lines() -> list:
       config = json.load(f)
     rows = report.metrics_rows(path)
     matched = [int(x['round']) for x in rows if methods.cadis_clusters_match(x, NUM_CLIENTS)]
+    accuracy = [float(x['test_accuracy']) for x in rows if x.get('test_accuracy')]
     found.append((config['client_lr'], config['seed'], len(rows), matched,
-                  int(float(rows[-1]['aggregator/num_clusters']))))
+                  int(float(rows[-1]['aggregator/num_clusters'])),
+                  100 * float(np.mean(accuracy[-report.LAST:]))))
   if not found:
     return []
   lines = ['The tuning runs of `cadis` (one seed, so the same clients sampled together in '
-           'every run; only the client rate differs):', '',
+           'every run; only the client rate differs). A run at chance (last-10 accuracy near '
+           '10%) learned nothing: its clusters say nothing about training.', '',
            '| client rate | seed | rounds | first round the clusters match | rounds they match '
-           '| clusters at the end |', '|---|---|---|---|---|---|']
-  for lr, seed, rounds, matched, clusters in sorted(found):
+           '| clusters at the end | last-10 accuracy (%) |', '|---|---|---|---|---|---|---|']
+  for lr, seed, rounds, matched, clusters, last10 in sorted(found):
     lines.append(f'| {lr:g} | {seed} | {rounds} | {matched[0] if matched else "never"} | '
-                 f'{len(matched)} | {clusters} |')
+                 f'{len(matched)} | {clusters} | {last10:.2f} |')
   return lines + ['']
 
 

@@ -1086,7 +1086,12 @@ def suite_page(suite: suites.Suite) -> tuple:
             'far each seed\'s test accuracy scatters about its own trend over those last W '
             'rounds (the std of its residuals from a least-squares line, points; mean ± std '
             'over seeds): a last-10 mean of a run that swings far rests on where its last '
-            'rounds happened to land.', '',
+            'rounds happened to land. Client-epochs: the local epochs of optimizer steps the '
+            'clients ran, summed over rounds (FedSGD\'s clients compute one gradient and take '
+            'no step: 0). Aggregator state: the size of the aggregation stage\'s own state '
+            '(FedCDA\'s and FedCross\'s kept models, CADIS\'s similarity records); a '
+            'server optimizer\'s state '
+            '(FedAvgM\'s momentum, FedAdam\'s moments) is not in it.', '',
             '| run | seeds finished | last-10 mean (%) | best (%) | final (%) | plateau: W, '
             'points moved | swing over the last W rounds (points) | s/round (median) | '
             'client-epochs | aggregator state |' +
