@@ -784,6 +784,24 @@ def _settings_lines(suite: suites.Suite, tuned) -> list:
   return lines + ['', 'What is scaled from the paper, and why: ' + suite.scaled]
 
 
+def _reported_settings_line(suite: suites.Suite, summary: dict) -> list:
+  """While the suite is being lengthened: at which settings its tables are read (the
+  declaration above is the longer making's)."""
+  if summary['rounds'] == summary['declared']:
+    return []
+  every = sorted({int(r['config'].get('eval_every', 1)) for seeds in summary['runs'].values()
+                  for r in seeds.values() if usable(r)})
+  declared_every = int(suite.common.get('eval_every', 1))
+  text = (f'Being lengthened: the settings above are the {summary["declared"]}-round making\'s; '
+          f'the tables below are read at `rounds={summary["rounds"]}`')
+  if every and every != [declared_every]:
+    text += (', from runs evaluated every '
+             + ' or '.join('round' if k == 1 else f'{k}th round' for k in every)
+             + ' (`eval_every=' + '` or `'.join(map(str, every)) + '`)')
+  return [text + f' until every run has every seed at {summary["declared"]} rounds (see "At '
+          f'{summary["declared"]} rounds so far").', '']
+
+
 def _tuning_lines(suite: suites.Suite, tuned) -> list:
   if not suite.grid:
     return []
@@ -1054,7 +1072,7 @@ def suite_page(suite: suites.Suite) -> tuple:
   if suite.grid:
     lines.append(f'    python -m benchmarks.compare --suite={suite.name} --tune')
   lines += [f'    python -m benchmarks.compare --suite={suite.name}', '']
-  lines += _settings_lines(suite, tuned) + ['']
+  lines += _settings_lines(suite, tuned) + [''] + _reported_settings_line(suite, summary)
   if suite.notes:
     lines += [suite.notes, '']
   lines += _tuning_lines(suite, tuned)

@@ -1608,6 +1608,13 @@ def test_a_suite_being_lengthened_reports_its_last_complete_length(tmp_path, mon
   assert 'Not made at 40 rounds yet: `base` seed 2, `new` seed 1, `new` seed 2.' in page
   assert '| toy (new) | 1 |' in page and '## Not finished yet' not in page
   assert 'not made yet' not in page
+  assert ('Being lengthened: the settings above are the 40-round making\'s; the tables below '
+          'are read at `rounds=20` until every run has every seed at 40 rounds') in page
+  # A lengthened making evaluated more sparsely says how the tables' runs were evaluated.
+  suite.common['eval_every'] = 5
+  assert ('read at `rounds=20`, from runs evaluated every round (`eval_every=1`) until'
+          in report.suite_page(suite)[0])
+  del suite.common['eval_every']
   monkeypatch.setattr(suites, 'SUITES', {'toy': suite})
   (status,) = report.status_lines()
   assert ('6 of 6 runs finished at 20 rounds (being lengthened to 40: 2 of 6 runs finished '
@@ -1624,6 +1631,7 @@ def test_a_suite_being_lengthened_reports_its_last_complete_length(tmp_path, mon
   assert report.reported_rounds(suite) == 40
   page, _, _ = report.suite_page(suite)
   assert 'These figures are at' not in page and 'rounds so far' not in page
+  assert 'Being lengthened' not in page
   assert 'training diverged at round 34' in page
 
 
