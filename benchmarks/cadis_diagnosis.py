@@ -1,6 +1,9 @@
 """Why CADIS does or does not beat FedAvg on cluster-MC: its weights, clusters and KD term.
 
   python -m benchmarks.cadis_diagnosis        # writes benchmarks/cadis/diagnosis.md
+  python -m benchmarks.cadis_diagnosis --record_similarity DIR...
+      # adds the Q and F of CADIS runs' checkpoints (each DIR: <run>_s<seed>/[checkpoints/]
+      # program_state_<round>) to benchmarks/cadis/similarity/, which the page reads
 
 On the cluster-skewed MC layout every cluster owns the same data (its two classes), split
 among its clients, so a client's example count n_i is already about 1/|C_i| of its cluster's
@@ -31,6 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, 'cadis', 'diagnosis.md')
 EARLIER_RUNS = os.path.join(HERE, 'cadis', 'earlier_runs')
 TUNING = os.path.join(HERE, 'cadis', 'tuning')
+SIMILARITY = os.path.join(HERE, 'cadis', 'similarity')
 ROUNDS = 200
 NUM_CLIENTS, PER_ROUND = 100, 10
 HEAVY = 0.3      # a round "rests on one client" when a normalised weight exceeds this
@@ -285,6 +289,136 @@ def _tuning_cluster_lines() -> list:
   return lines + ['']
 
 
+def read_similarity(checkpoint: str) -> dict:
+  """{round, q, f, tau} of one CADIS run's program-state checkpoint (a
+  FileProgramStateManager version: its SavedModel's variables, read by name without building
+  the process): the aggregator's cumulative similarity Q and co-participation counts F."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  reader = tf.train.load_checkpoint(os.path.join(checkpoint, 'variables', 'variables'))
+  get = lambda name: reader.get_tensor(f'_value/{name}/.ATTRIBUTES/VARIABLE_VALUE')  # noqa: E731
+  return dict(round=int(get('round')), q=np.asarray(get('state/aggregator/q'), np.float32),
+              f=np.asarray(get('state/aggregator/f'), np.float32),
+              tau=float(get('state/aggregator/tau')))
+
+
+def record_similarity(checkpoints, out_dir: str = SIMILARITY) -> list:
+  """Adds each checkpoint's Q, F and τ to out_dir/<run>_s<seed>.npz (beside the snapshots
+  already there; run and seed from the path <run>_s<seed>/[checkpoints/]program_state_N),
+  with the seed's true clusters. Returns the files written."""
+  import data  # pylint: disable=g-import-not-at-top
+  snaps = {}
+  for path in checkpoints:
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.basename(parent) == 'checkpoints':
+      parent = os.path.dirname(parent)
+    snaps.setdefault(os.path.basename(parent), []).append(read_similarity(path))
+  labels = data.load_fashion_mnist().y_train
+  written = []
+  for name, found in sorted(snaps.items()):
+    seed = int(name.rsplit('_s', 1)[1])
+    target = os.path.join(out_dir, f'{name}.npz')
+    by_round = {}
+    if os.path.exists(target):
+      with np.load(target) as z:
+        by_round = {int(r): dict(round=int(r), q=q, f=f, tau=float(t))
+                    for r, q, f, t in zip(z['rounds'], z['q'], z['f'], z['tau'])}
+    by_round.update({s['round']: s for s in found})
+    snaps_sorted = [by_round[r] for r in sorted(by_round)]
+    part = data.ClusterSkewPartitioner(NUM_CLIENTS, 'mc', seed=seed).partition(labels)
+    os.makedirs(out_dir, exist_ok=True)
+    np.savez_compressed(target, rounds=np.array([s['round'] for s in snaps_sorted]),
+                        q=np.stack([s['q'] for s in snaps_sorted]),
+                        f=np.stack([s['f'] for s in snaps_sorted]),
+                        tau=np.array([s['tau'] for s in snaps_sorted]),
+                        true_clusters=np.asarray(part.true_clusters))
+    written.append(target)
+  return written
+
+
+def rescaled_similarity(q, f) -> np.ndarray:
+  """CADIS's Q-matrix from Q and F in numpy: Q/F, min-max rescaled over its strictly
+  positive entries with F > 0 (others 0; a single value rescales to 1)."""
+  q, f = np.asarray(q, np.float64), np.asarray(f, np.float64)
+  avg = np.divide(q, f, out=np.zeros_like(q), where=f > 0)
+  positive = (f > 0) & (avg > 0)
+  if not positive.any():
+    return np.zeros_like(avg)
+  lo, hi = avg[positive].min(), avg[positive].max()
+  scaled = (avg - lo) / (hi - lo) if hi > lo else np.ones_like(avg)
+  return np.where(positive, scaled, 0.0)
+
+
+def similarity_statistics(before: dict, after: dict, true_clusters) -> dict:
+  """Same-cluster pairs (i != j) between two snapshots of one run: their mean averaged
+  similarity over rounds 1..a (`before`) and over a+1..b alone ((Q_b - Q_a) / (F_b - F_a));
+  the share of them above τ_b in the Q-matrix at a, over a+1..b alone (rescaled as at b),
+  and at b; the share of other-cluster pairs above τ_b at b. Each over the pairs seen in
+  that span."""
+  clusters = np.asarray(true_clusters)
+  same = (clusters[:, None] == clusters[None, :]) & ~np.eye(clusters.size, dtype=bool)
+  other = clusters[:, None] != clusters[None, :]
+  qa, fa = np.asarray(before['q'], np.float64), np.asarray(before['f'], np.float64)
+  qb, fb = np.asarray(after['q'], np.float64), np.asarray(after['f'], np.float64)
+  tau = after['tau']
+  avg_b = np.divide(qb, fb, out=np.zeros_like(qb), where=fb > 0)
+  positive = (fb > 0) & (avg_b > 0)
+  lo, hi = avg_b[positive].min(), avg_b[positive].max()
+  seen_a, seen_b, window = fa > 0, fb > 0, fb > fa
+  avg_a = np.divide(qa, fa, out=np.zeros_like(qa), where=seen_a)
+  late = np.divide(qb - qa, fb - fa, out=np.zeros_like(qb), where=window)
+  at_b = rescaled_similarity(qb, fb)
+  return dict(
+      same_before=float(avg_a[same & seen_a].mean()), same_window=float(late[same & window].mean()),
+      above_before=float(np.mean(rescaled_similarity(qa, fa)[same & seen_a] > tau)),
+      above_window=float(np.mean((late[same & window] - lo) / (hi - lo) > tau)),
+      above_after=float(np.mean(at_b[same & seen_b] > tau)),
+      other_above_after=float(np.mean(at_b[other & seen_b] > tau)))
+
+
+def _similarity_lines() -> list:
+  """Why the learned clusters split: the same-cluster similarities before and after each
+  run's last two recorded snapshots (`record_similarity`)."""
+  files = sorted(os.listdir(SIMILARITY)) if os.path.isdir(SIMILARITY) else []
+  rows = []
+  for name in files:
+    run, seed = name[:-len('.npz')].rsplit('_s', 1)
+    with np.load(os.path.join(SIMILARITY, name)) as z:
+      if len(z['rounds']) < 2:
+        continue
+      a, b = ({k: z[k][i] for k in ('q', 'f')} | dict(round=int(z['rounds'][i]),
+                                                     tau=float(z['tau'][i]))
+              for i in (-2, -1))
+      stats = similarity_statistics(a, b, z['true_clusters'])
+    run_dir = os.path.join(suites.suite_dir('cadis'), 'runs', f'{run}_s{seed}')
+    recorded = (report.metrics_rows(run_dir)
+                if os.path.exists(os.path.join(run_dir, 'metrics.csv')) else [])
+    clusters = (int(float(recorded[b['round'] - 1]['aggregator/num_clusters']))
+                if len(recorded) >= b['round'] else None)
+    rows.append((run, int(seed), a['round'], b['round'], stats, clusters))
+  if not rows:
+    return []
+  lines = ['## Why the clusters split: the similarities CADIS averages', '',
+           'CADIS links two clients when the cosine of their classifier-bias updates, averaged '
+           'over every round they shared since round 1 (Q/F) and min-max rescaled, exceeds τ '
+           '(0.985 from round 8 on in these runs), and joins clients two hops apart. From Q '
+           'and F in the '
+           'runs\' checkpoints at two rounds a < b (recorded in `cadis/similarity/` by '
+           '`--record_similarity`), over the partition\'s same-cluster pairs: their mean '
+           'similarity over rounds 1..a and over a+1..b alone, and the share of them above τ '
+           'over 1..a, over a+1..b alone (rescaled as at b), and over 1..b (what round b '
+           'clusters by); then the share of other-cluster pairs above τ at b, and the '
+           'clusters recorded at b.', '',
+           '| run | seed | a → b | same-cluster similarity, rounds 1..a | … rounds a+1..b | '
+           'same-cluster pairs above τ, 1..a | … a+1..b alone | … 1..b | other-cluster '
+           'pairs above τ, 1..b | clusters at b |', '|---|---|---|---|---|---|---|---|---|---|']
+  for run, seed, a, b, st, clusters in sorted(rows):
+    lines.append(f'| `{run}` | {seed} | {a} → {b} | {st["same_before"]:.4f} | '
+                 f'{st["same_window"]:.4f} | {100 * st["above_before"]:.0f}% | '
+                 f'{100 * st["above_window"]:.0f}% | {100 * st["above_after"]:.0f}% | '
+                 f'{100 * st["other_above_after"]:.1f}% | {report.num(clusters, ".0f")} |')
+  return lines + ['']
+
+
 def _earlier_lines() -> list:
   """The single-seed 50-round runs with older code that first showed the concentration."""
   out = []
@@ -312,11 +446,27 @@ def page() -> str:
       'CADIS on cluster-MC (100 clients, 10 per round): weights, clusters and KD',
       sys.modules[__name__])
   runs = report.suite_metrics(suites.SUITES['cadis'])
-  lines += _expected_lines() + _suite_lines(runs) + _compared_lines(runs) + _earlier_lines()
+  lines += (_expected_lines() + _suite_lines(runs) + _compared_lines(runs)
+            + _similarity_lines() + _earlier_lines())
   return '\n'.join(lines).rstrip('\n') + '\n'
 
 
-def main() -> int:
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if argv[:1] == ['--record_similarity']:
+    missing = [d for d in argv[1:] if not os.path.isdir(os.path.join(d, 'variables'))]
+    if not argv[1:] or missing:
+      print('--record_similarity takes program-state checkpoint directories '
+            '(<run>_s<seed>/checkpoints/program_state_<round>); not one: '
+            + (', '.join(missing) or 'none given'), file=sys.stderr)
+      return 2
+    for path in record_similarity(argv[1:]):
+      print(f'wrote {os.path.relpath(path)}')
+    return 0
+  if argv:
+    print(f'unknown arguments {argv}: run it without any, or with --record_similarity DIR...',
+          file=sys.stderr)
+    return 2
   return report.write_diagnosis(OUT, page)
 
 

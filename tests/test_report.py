@@ -783,6 +783,121 @@ def test_cadis_diagnosis_statistics_on_random_rows():
   np.testing.assert_allclose(cadis_diagnosis.effective_participants([1, 1, 1, 1]), 4.0)
 
 
+def _random_similarity_record(rng, n, rounds):
+  """Q and F as CADIS accumulates them: each round a random subset of clients adds its
+  pairwise cosines in [-1, 1] (1 on the diagonal) and one co-participation per pair."""
+  q, f = np.zeros((n, n)), np.zeros((n, n))
+  for _ in range(rounds):
+    ids = rng.choice(n, size=4, replace=False)
+    s = rng.uniform(-0.3, 1.0, (4, 4))
+    s = (s + s.T) / 2
+    np.fill_diagonal(s, 1.0)
+    q[np.ix_(ids, ids)] += s
+    f[np.ix_(ids, ids)] += 1
+  return q, f
+
+
+def test_cadis_rescaled_similarity_is_the_aggregators():
+  """The diagnosis's numpy Q-matrix equals the aggregator's own TF steps (average, then
+  min-max rescale over positive seen entries) on random records, unseen pairs included."""
+  from benchmarks import cadis_diagnosis  # pylint: disable=g-import-not-at-top
+  from tff_algos.aggregators import clustered_aggregation  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(8)
+  for rounds in (3, 40):
+    q, f = _random_similarity_record(rng, 12, rounds)
+    assert (f == 0).any() == (rounds == 3)   # unseen pairs in the short record
+    want = clustered_aggregation.rescale_similarity(
+        clustered_aggregation.average_similarity(q.astype(np.float32), f.astype(np.float32)),
+        f.astype(np.float32)).numpy()
+    np.testing.assert_allclose(cadis_diagnosis.rescaled_similarity(q, f), want, atol=1e-5)
+
+
+def test_cadis_similarity_statistics_against_pair_loops():
+  """Same-cluster similarities before, within and after a window of rounds, and the shares
+  above τ, against plain loops over the pairs of two random snapshots."""
+  from benchmarks import cadis_diagnosis  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(9)
+  n = 16
+  clusters = rng.integers(0, 3, n)
+  qa, fa = _random_similarity_record(rng, n, 30)
+  qw, fw = _random_similarity_record(rng, n, 30)
+  tau = 0.6
+  a = dict(q=qa, f=fa, tau=0.55)
+  b = dict(q=qa + qw, f=fa + fw, tau=tau)
+  got = cadis_diagnosis.similarity_statistics(a, b, clusters)
+  avg_b = {(i, j): b['q'][i, j] / b['f'][i, j] for i in range(n) for j in range(n)
+           if b['f'][i, j] > 0}
+  positive = [v for v in avg_b.values() if v > 0]
+  lo, hi = min(positive), max(positive)
+
+  def rescale(v):
+    return (v - lo) / (hi - lo) if v > 0 else 0.0
+
+  same = [(i, j) for i in range(n) for j in range(n) if i != j and clusters[i] == clusters[j]]
+  other = [(i, j) for i in range(n) for j in range(n) if clusters[i] != clusters[j]]
+  before = [qa[i, j] / fa[i, j] for i, j in same if fa[i, j] > 0]
+  window = [qw[i, j] / fw[i, j] for i, j in same if fw[i, j] > 0]
+  a_vals = {(i, j): qa[i, j] / fa[i, j] for i in range(n) for j in range(n) if fa[i, j] > 0}
+  a_pos = [v for v in a_vals.values() if v > 0]
+  a_lo, a_hi = min(a_pos), max(a_pos)
+  assert got['same_before'] == pytest.approx(np.mean(before))
+  assert got['same_window'] == pytest.approx(np.mean(window))
+  assert got['above_before'] == pytest.approx(np.mean(
+      [v > 0 and (v - a_lo) / (a_hi - a_lo) > tau for v in before]))
+  assert got['above_window'] == pytest.approx(np.mean([(v - lo) / (hi - lo) > tau
+                                                       for v in window]))
+  assert got['above_after'] == pytest.approx(np.mean([rescale(avg_b[p]) > tau
+                                                      for p in same if p in avg_b]))
+  assert got['other_above_after'] == pytest.approx(np.mean([rescale(avg_b[p]) > tau
+                                                            for p in other if p in avg_b]))
+  assert 0 < got['above_after'] < 1 and 0 < got['same_window'] < 1
+
+
+def test_cadis_record_similarity_reads_checkpoints_and_keeps_snapshots(tmp_path, capsys):
+  """--record_similarity reads Q, F, τ and the round from program-state checkpoints by
+  variable name (here SavedModels with the program state's layout), adds them to
+  <run>_s<seed>.npz beside the snapshots there, in round order, with the seed's clusters;
+  a directory that is not a checkpoint is one error line."""
+  import data  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from benchmarks import cadis_diagnosis  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(10)
+
+  def node(**children):
+    m = tf.Module()
+    for k, v in children.items():
+      setattr(m, k, v)
+    return m
+
+  def checkpoint(round_num):
+    q, f = rng.uniform(-1, 1, (100, 100)), rng.integers(0, 5, (100, 100)).astype(float)
+    path = tmp_path / 'cadis_reference_weights_s1' / 'checkpoints' / f'program_state_{round_num}'
+    aggregator = node(q=tf.Variable(q, dtype=tf.float32), f=tf.Variable(f, dtype=tf.float32),
+                      tau=tf.Variable(0.985), round_num=tf.Variable(round_num))
+    tf.saved_model.save(node(_value=node(round=tf.Variable(round_num),
+                                         state=node(aggregator=aggregator))), str(path))
+    return str(path), q, f
+
+  out = tmp_path / 'similarity'
+  p600, q600, f600 = checkpoint(600)
+  p450, q450, f450 = checkpoint(450)
+  assert cadis_diagnosis.record_similarity([p600], str(out)) == [
+      str(out / 'cadis_reference_weights_s1.npz')]
+  cadis_diagnosis.record_similarity([p450], str(out))
+  with np.load(out / 'cadis_reference_weights_s1.npz') as z:
+    assert list(z['rounds']) == [450, 600]
+    np.testing.assert_allclose(z['q'], np.stack([q450, q600]), rtol=1e-6)
+    np.testing.assert_allclose(z['f'], np.stack([f450, f600]))
+    np.testing.assert_allclose(z['tau'], [0.985, 0.985], rtol=1e-6)
+    labels = data.load_fashion_mnist().y_train
+    want = data.ClusterSkewPartitioner(100, 'mc', seed=1).partition(labels).true_clusters
+    np.testing.assert_array_equal(z['true_clusters'], want)
+  assert cadis_diagnosis.main(['--record_similarity', str(tmp_path)]) == 2
+  assert 'not one: ' + str(tmp_path) in capsys.readouterr().err
+  assert cadis_diagnosis.main(['--bogus']) == 2
+  assert 'unknown arguments' in capsys.readouterr().err
+
+
 def test_cadis_diagnosis_sampled_together_against_sets():
   """Which same-cluster pairs the program's sampling put in one round, against a plain set
   walk over the sampled rounds, on random clusters of 30 clients."""
