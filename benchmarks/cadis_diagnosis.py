@@ -460,7 +460,7 @@ def main(argv=None) -> int:
             '(<run>_s<seed>/checkpoints/program_state_<round>); not one: '
             + (', '.join(missing) or 'none given'), file=sys.stderr)
       return 2
-    for path in record_similarity(argv[1:]):
+    for path in record_similarity(argv[1:], SIMILARITY):
       print(f'wrote {os.path.relpath(path)}')
     return 0
   if argv:

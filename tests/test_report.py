@@ -853,7 +853,8 @@ def test_cadis_similarity_statistics_against_pair_loops():
   assert 0 < got['above_after'] < 1 and 0 < got['same_window'] < 1
 
 
-def test_cadis_record_similarity_reads_checkpoints_and_keeps_snapshots(tmp_path, capsys):
+def test_cadis_record_similarity_reads_checkpoints_and_keeps_snapshots(tmp_path, capsys,
+                                                                        monkeypatch):
   """--record_similarity reads Q, F, τ and the round from program-state checkpoints by
   variable name (here SavedModels with the program state's layout), adds them to
   <run>_s<seed>.npz beside the snapshots there, in round order, with the seed's clusters;
@@ -883,7 +884,8 @@ def test_cadis_record_similarity_reads_checkpoints_and_keeps_snapshots(tmp_path,
   p450, q450, f450 = checkpoint(450)
   assert cadis_diagnosis.record_similarity([p600], str(out)) == [
       str(out / 'cadis_reference_weights_s1.npz')]
-  cadis_diagnosis.record_similarity([p450], str(out))
+  monkeypatch.setattr(cadis_diagnosis, 'SIMILARITY', str(out))
+  assert cadis_diagnosis.main(['--record_similarity', p450]) == 0
   with np.load(out / 'cadis_reference_weights_s1.npz') as z:
     assert list(z['rounds']) == [450, 600]
     np.testing.assert_allclose(z['q'], np.stack([q450, q600]), rtol=1e-6)
