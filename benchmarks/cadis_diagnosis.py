@@ -247,8 +247,7 @@ def _compared_lines(runs: dict) -> list:
            ' | '.join(f'`{run}`: clusters at {at}' for run in cadis_runs) + ' |',
            '|---|---|---|' + '---|' * len(cadis_runs)]
   for seed in seeds:
-    part = data.ClusterSkewPartitioner(NUM_CLIENTS, 'mc', seed=seed).partition(labels)
-    every, shares = sampled_together(part.true_clusters, total, seed)
+    every, shares = sampled_together(true_clusters(seed, labels), total, seed)
     cells = [report.num(every, '.0f'),
              ' / '.join(f'{100 * shares[m - 1]:.1f}%' for m in marks)]
     for run in cadis_runs:
@@ -289,6 +288,13 @@ def _tuning_cluster_lines() -> list:
   return lines + ['']
 
 
+def true_clusters(seed: int, labels) -> np.ndarray:
+  """The true clusters of the program's MC partition of `seed` (what every run of it used)."""
+  import data  # pylint: disable=g-import-not-at-top
+  return np.asarray(data.ClusterSkewPartitioner(NUM_CLIENTS, 'mc', seed=seed)
+                    .partition(labels).true_clusters)
+
+
 def read_similarity(checkpoint: str) -> dict:
   """{round, q, f, tau} of one CADIS run's program-state checkpoint (a
   FileProgramStateManager version: its SavedModel's variables, read by name without building
@@ -324,23 +330,27 @@ def record_similarity(checkpoints, out_dir: str = SIMILARITY) -> list:
                     for r, q, f, t in zip(z['rounds'], z['q'], z['f'], z['tau'])}
     by_round.update({s['round']: s for s in found})
     snaps_sorted = [by_round[r] for r in sorted(by_round)]
-    part = data.ClusterSkewPartitioner(NUM_CLIENTS, 'mc', seed=seed).partition(labels)
     os.makedirs(out_dir, exist_ok=True)
     np.savez_compressed(target, rounds=np.array([s['round'] for s in snaps_sorted]),
                         q=np.stack([s['q'] for s in snaps_sorted]),
                         f=np.stack([s['f'] for s in snaps_sorted]),
                         tau=np.array([s['tau'] for s in snaps_sorted]),
-                        true_clusters=np.asarray(part.true_clusters))
+                        true_clusters=true_clusters(seed, labels))
     written.append(target)
   return written
+
+
+def _averaged(q, f) -> tuple:
+  """(Q/F, 0 where F = 0; the entries the rescale ranges over: F > 0 and Q/F > 0)."""
+  q, f = np.asarray(q, np.float64), np.asarray(f, np.float64)
+  avg = np.divide(q, f, out=np.zeros_like(q), where=f > 0)
+  return avg, (f > 0) & (avg > 0)
 
 
 def rescaled_similarity(q, f) -> np.ndarray:
   """CADIS's Q-matrix from Q and F in numpy: Q/F, min-max rescaled over its strictly
   positive entries with F > 0 (others 0; a single value rescales to 1)."""
-  q, f = np.asarray(q, np.float64), np.asarray(f, np.float64)
-  avg = np.divide(q, f, out=np.zeros_like(q), where=f > 0)
-  positive = (f > 0) & (avg > 0)
+  avg, positive = _averaged(q, f)
   if not positive.any():
     return np.zeros_like(avg)
   lo, hi = avg[positive].min(), avg[positive].max()
@@ -360,11 +370,10 @@ def similarity_statistics(before: dict, after: dict, true_clusters) -> dict:
   qa, fa = np.asarray(before['q'], np.float64), np.asarray(before['f'], np.float64)
   qb, fb = np.asarray(after['q'], np.float64), np.asarray(after['f'], np.float64)
   tau = after['tau']
-  avg_b = np.divide(qb, fb, out=np.zeros_like(qb), where=fb > 0)
-  positive = (fb > 0) & (avg_b > 0)
+  avg_a, _ = _averaged(qa, fa)
+  avg_b, positive = _averaged(qb, fb)
   lo, hi = avg_b[positive].min(), avg_b[positive].max()
   seen_a, seen_b, window = fa > 0, fb > 0, fb > fa
-  avg_a = np.divide(qa, fa, out=np.zeros_like(qa), where=seen_a)
   late = np.divide(qb - qa, fb - fa, out=np.zeros_like(qb), where=window)
   at_b = rescaled_similarity(qb, fb)
   return dict(
