@@ -362,6 +362,41 @@ def test_fractional_guidance_scales_the_update_once(env, base):
     np.testing.assert_allclose(w - a, g * plain_move, rtol=1e-3, atol=1e-7)
 
 
+def test_fedlex_prox_guides_the_proximal_gradient_too(env):
+  """ALGORITHMS.md: G multiplies every gradient of the client's local objective, and
+  FedProx's objective includes (mu/2)||w - w_t||^2, so the step is w -= lr G (g + mu d).
+  One client, two plain-SGD steps: the first has d = 0 (both mu give the same w1); the
+  second then differs between mu = 1 and mu = 0 by lr * mu * G * (w1 - w0) exactly, where
+  G (g + mu d) is the rule and lr * mu * (w1 - w0) would be G g + mu d."""
+  _, inputs = data.round_inputs(env['fed'], 0, 1, 1, 0)
+  client = inputs[0]
+  n = int(np.shape(client['order'])[1])
+  half = (n + 1) // 2
+  assert n - half > 0  # two steps
+  mu, lr = 1.0, 0.1
+  opt = tff.learning.optimizers.build_sgdm(learning_rate=lr)
+  prox, plain = (fedlex.build_fedlex(env['model_fn'], opt, half, 'prox', guided=True,
+                                     proximal_strength=m) for m in (mu, 0.0))
+  state = prox.initialize()
+  rng = np.random.default_rng(11)
+  guidance = [rng.uniform(0.2, 0.9, size=np.shape(g)).astype(np.float32)
+              for g in fedlex.get_guidance(state)]
+  state = fedlex.set_guidance(prox, state, guidance)
+  first = collections.OrderedDict(client)  # the first step's batch alone: w1
+  idx = np.asarray(client['order'])[0, :half]
+  first.update(x=np.asarray(client['x'])[idx], y=np.asarray(client['y'])[idx],
+               order=np.arange(half, dtype=np.int32)[None])
+  w0 = trainable(prox, state)
+  w1 = trainable(prox, prox.next(state, [[first]]).state)
+  w2_mu = trainable(prox, prox.next(state, [[client]]).state)
+  w2_0 = trainable(plain, plain.next(fedlex.set_guidance(plain, plain.initialize(), guidance),
+                                     [[client]]).state)
+  for g, a, b, c, d in zip(guidance, w0, w1, w2_mu, w2_0):
+    drift = b - a
+    assert np.abs(drift).max() > 1e-4
+    np.testing.assert_allclose(d - c, lr * mu * g * drift, rtol=2e-2, atol=2e-7)
+
+
 def test_guidance_statistics_match_numpy():
   rng = np.random.default_rng(3)
   guidance = [rng.uniform(0, 0.05, size=(3, 4)), np.zeros(5), rng.uniform(0, 1, size=7)]

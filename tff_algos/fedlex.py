@@ -270,7 +270,9 @@ def build_fedlex(
     client_optimizer_fn: the client optimiser (ignored, may be None, for base='sgd').
     client_batch_size: local batch size (for 'sgd' it only bounds memory).
     base: 'avgm' (`baselines.build_fedavgm`: server SGD lr 1.0 momentum 0.9), 'sgd'
-      (`build_fedsgd`), 'opt' (`build_fedadam`: server Adam), 'prox' (`build_fedprox`).
+      (`build_fedsgd`), 'opt' (`build_fedadam`: server Adam), 'prox' (`build_fedprox`;
+      G multiplies the whole gradient of its local objective, so the step is
+      lr G (g + mu (w - w_t)): the proximal pull is guided too).
     guided: False builds the plain base (same builder, no guidance state), for baselines.
     **base_kwargs: passed to the base builder (server_learning_rate, server_momentum,
       proximal_strength, server_optimizer_fn, client_weighting, model_aggregator, ...).
