@@ -642,7 +642,9 @@ def margin_notes(runs: dict, comparisons: list) -> list:
     if not rows:
       continue
     peak = max(rows, key=lambda r: r['margin'])
-    text = (f'- {c["label"]}: largest margin {peak["margin"]:+.2f} at round {peak["round"]} '
+    # When the method is behind at every round its "largest" margin is its smallest deficit.
+    best = 'largest margin' if peak['margin'] >= 0 else 'behind at every round, least'
+    text = (f'- {c["label"]}: {best} {peak["margin"]:+.2f} at round {peak["round"]} '
             f'(baseline there {peak["baseline"]:.2f}%), {rows[-1]["margin"]:+.2f} at the end')
     if c['paper_dataset'] == suites.OUR_DATASET and c['paper_baseline'] is not None:
       reached = next((r for r in rows if r['baseline'] >= c['paper_baseline']), None)

@@ -449,6 +449,19 @@ def test_margins_over_rounds_match_numpy(tmp_path, monkeypatch):
           f'{row40["margin_std"]:.2f} |') in page
 
 
+def test_margin_notes_say_when_the_method_is_behind_throughout(monkeypatch):
+  rows = [dict(round=r, margin=m, baseline=50.0 + r) for r, m in ((10, -4.0), (20, -1.5),
+                                                                   (30, -2.0))]
+  monkeypatch.setattr(report, 'margins_over_rounds', lambda *a, **k: {'toy': rows})
+  comparison = dict(label='toy', paper_dataset='CIFAR-10', paper_baseline=None)
+  (note,) = report.margin_notes({}, [comparison])
+  assert note == ('- toy: behind at every round, least -1.50 at round 20 '
+                  '(baseline there 70.00%), -2.00 at the end.')
+  rows[0]['margin'] = 0.5
+  (note,) = report.margin_notes({}, [comparison])
+  assert note.startswith('- toy: largest margin +0.50 at round 10 ')
+
+
 def test_a_run_made_at_other_settings_is_left_out_and_named(tmp_path, monkeypatch):
   """A run whose config.json records another value of a declared field (e.g. made before its
   tuned rate changed) is not shown as a run of the new settings."""
