@@ -643,7 +643,7 @@ def margin_notes(runs: dict, comparisons: list) -> list:
       continue
     peak = max(rows, key=lambda r: r['margin'])
     # When the method is behind at every round its "largest" margin is its smallest deficit.
-    best = 'largest margin' if peak['margin'] >= 0 else 'behind at every round, least'
+    best = 'largest margin' if peak['margin'] >= 0 else 'behind at every round, closest'
     text = (f'- {c["label"]}: {best} {peak["margin"]:+.2f} at round {peak["round"]} '
             f'(baseline there {peak["baseline"]:.2f}%), {rows[-1]["margin"]:+.2f} at the end')
     if c['paper_dataset'] == suites.OUR_DATASET and c['paper_baseline'] is not None:

@@ -455,7 +455,7 @@ def test_margin_notes_say_when_the_method_is_behind_throughout(monkeypatch):
   monkeypatch.setattr(report, 'margins_over_rounds', lambda *a, **k: {'toy': rows})
   comparison = dict(label='toy', paper_dataset='CIFAR-10', paper_baseline=None)
   (note,) = report.margin_notes({}, [comparison])
-  assert note == ('- toy: behind at every round, least -1.50 at round 20 '
+  assert note == ('- toy: behind at every round, closest -1.50 at round 20 '
                   '(baseline there 70.00%), -2.00 at the end.')
   rows[0]['margin'] = 0.5
   (note,) = report.margin_notes({}, [comparison])
