@@ -308,6 +308,38 @@ def test_build_fed_eval_on_the_users_data(model_fn, client_data):
   assert metrics['loss'] == pytest.approx(ours['loss'], rel=1e-4)
 
 
+def test_labels_shaped_n_by_1_are_class_labels(raw, model_fn, client_data):
+  """Keras's [n, 1] label layout (TFF's image tutorials) is classification, not a sequence
+  with padding id 0: training accuracy and central evaluation equal the [n] layout's."""
+  columns = tff.simulation.datasets.TestClientData(collections.OrderedDict(
+      (c, collections.OrderedDict(x=d['x'], y=d['y'][:, None])) for c, d in raw.items()))
+  columns = columns.preprocess(lambda d: d.batch(BATCH))
+  column_fn = user_model_fn(columns.element_type_structure)
+  assert columns.element_type_structure['y'].shape.as_list() == [None, 1]
+  runs = []
+  for fn, cd in ((model_fn, client_data), (column_fn, columns)):
+    process = tff_algos.build_fedavg(fn, sgd(), BATCH)
+    out = process.next(process.initialize(), data.client_selection_fn(cd, P)(1))
+    runs.append((out.metrics['client_work']['train'], process.get_model_weights(out.state)))
+  (flat, weights), (column, _) = runs
+  assert 0.0 < column['accuracy'] <= 1.0
+  assert column['accuracy'] == pytest.approx(flat['accuracy'], abs=1e-6)
+  inputs = data.ClientDataInputs(client_data)
+  x = np.concatenate([inputs.client_arrays(n)[0] for n in range(len(IDS))])
+  y = np.concatenate([inputs.client_arrays(n)[1] for n in range(len(IDS))])
+  want = central_evaluation.build_central_evaluation(model_fn)(weights, x, y)
+  got = central_evaluation.build_central_evaluation(column_fn)(weights, x, y[:, None])
+  assert got['accuracy'] == pytest.approx(want['accuracy'], abs=1e-6)
+  assert got['loss'] == pytest.approx(want['loss'], rel=1e-5)
+  # the rule alone, on random logits against numpy
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(50, 10)).astype(np.float32)
+  labels = rng.integers(0, 10, size=50).astype(np.int32)
+  hits, counted = local_training.accuracy_terms(tf.constant(logits),
+                                                tf.constant(labels[:, None]))
+  assert (float(hits), float(counted)) == (float(np.sum(logits.argmax(-1) == labels)), 50.0)
+
+
 # --------------------------------------------------------------------------- #
 # Their aggregators and their models
 # --------------------------------------------------------------------------- #

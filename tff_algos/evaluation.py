@@ -41,8 +41,8 @@ def build_central_evaluation(model_fn, batch_size: int = 1000) -> tff.Computatio
       loss_sum = tf.constant(0.0)
       for start in tf.range(0, n, batch_size):
         end = tf.minimum(start + batch_size, n)
-        labels = y[start:end]
         logits = model.predict_on_batch(x[start:end], training=False)
+        labels = local_training.aligned_labels(logits, y[start:end])
         h, c = local_training.accuracy_terms(logits, labels)
         hits += h
         counted += c

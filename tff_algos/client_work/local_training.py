@@ -106,8 +106,18 @@ def counted_labels(labels):
   return tf.ones_like(labels, tf.float32)
 
 
+def aligned_labels(predictions, labels):
+  """`labels` with one entry per row of `predictions`' last axis: Keras's class-label layout
+  [n, 1] (as in TFF's image tutorials) becomes [n], so it is not taken for a sequence."""
+  if (labels.shape.rank is not None and predictions.shape.rank is not None
+      and labels.shape.rank == predictions.shape.rank):
+    return tf.squeeze(labels, axis=-1)
+  return labels
+
+
 def accuracy_terms(predictions, labels):
   """(correct, counted) for classification; padding label 0 is skipped for sequences."""
+  labels = aligned_labels(predictions, labels)
   pred = tf.argmax(predictions, axis=-1, output_type=labels.dtype)
   hit = tf.cast(tf.equal(pred, labels), tf.float32)
   weights = counted_labels(labels)
