@@ -613,6 +613,12 @@ def test_end_to_end_learns_and_checkpoint_roundtrip(fedcda, fed, tmp_path):
     np.testing.assert_array_equal(a, b)
 
 
+def test_a_round_of_more_clients_than_clients_per_round_names_the_fix(fedcda, fed):
+  _, inputs = data.round_inputs(fed, 0, 5, 1, seed=0)  # slots 0..4 for P = 4
+  with pytest.raises(Exception, match=r'outside \[0, clients_per_round=4\).*at most 4'):
+    fedcda.next(fedcda.initialize(), [[x] for x in inputs])
+
+
 def test_duplicate_slots_fail_the_round():
   weights_type = tff.types.to_type(tff.learning.models.ModelWeights(
       trainable=[tff.TensorType(np.float32, [2])], non_trainable=[]))
@@ -625,6 +631,9 @@ def test_duplicate_slots_fail_the_round():
   other = collections.OrderedDict(value, client_index=np.int32(2))
   with pytest.raises(Exception, match='same slot'):
     proc.next(proc.initialize(), [value, other], [np.float32(1.0), np.float32(1.0)])
+  past = collections.OrderedDict(other, slot=np.int32(2))  # a third client, P = 2
+  with pytest.raises(Exception, match=r'outside \[0, clients_per_round=2\).*at most 2'):
+    proc.next(proc.initialize(), [value, past], [np.float32(1.0), np.float32(1.0)])
 
 
 def test_builder_refuses_a_cache_above_the_limit():

@@ -259,6 +259,10 @@ def test_aggregation_process_on_its_own():
   with pytest.raises(Exception, match='same slot'):
     proc.next(state, [value(0), collections.OrderedDict(value(1), slot=np.int32(0))],
               [np.float32(1.0), np.float32(1.0)])
+  # a slot past K (a round of more clients than num_models) names the fix, not a gather
+  with pytest.raises(Exception, match=r'outside \[0, num_models=3\).*at most 3 clients'):
+    proc.next(state, [value(0), collections.OrderedDict(value(1), slot=np.int32(3))],
+              [np.float32(1.0), np.float32(1.0)])
 
 
 # --------------------------------------------------------------------------- #
@@ -355,6 +359,12 @@ def test_one_model_down_and_one_up_per_client(process5):
   assert agg.is_weighted
   meas = agg.next.type_signature.result.measurements.member
   assert meas['similarity'].shape == (5, 5) and meas['collaborators'].shape == (5,)
+
+
+def test_a_round_of_more_clients_than_models_names_the_fix(process5, fed):
+  _, inputs = data.round_inputs(fed, 0, 6, 1, 0)  # slots 0..5 for K = 5
+  with pytest.raises(Exception, match=r'outside \[0, num_models=5\).*at most 5 clients'):
+    process5.next(process5.initialize(), [[x] for x in inputs])
 
 
 def test_end_to_end_and_program_state_roundtrip(process5, fed, tmp_path):

@@ -39,7 +39,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.aggregators import cross_aggregation, factories
+from tff_algos.aggregators import cross_aggregation, factories, server_state
 from tff_algos.client_work import local_training, model_delta, model_upload
 from tff_algos.models import model_fns
 
@@ -122,6 +122,7 @@ def build_fedcross(
 
   @tff.tensorflow.computation(stacked_type, tff.TensorType(np.int32))
   def select_model(stack, key):
+    key = server_state.checked_slot(key, k, 'num_models')
     return tf.nest.map_structure(lambda t: tf.gather(t, key), stack)
 
   @tff.tensorflow.computation(tff.SequenceType(weights_type))

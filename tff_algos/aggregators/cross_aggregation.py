@@ -305,7 +305,7 @@ def build_cross_aggregation_process(
         weight=tf.zeros([k], tf.float32))
 
   def accumulate(acc, value, weight):
-    slot = value['slot']
+    slot = server_state.checked_slot(value['slot'], k, 'num_models')
     return collections.OrderedDict(
         models=tf.nest.map_structure(lambda a, v: server_state.scatter_row(a, slot, v),
                                      acc['models'], value['model']),

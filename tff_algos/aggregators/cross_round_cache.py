@@ -519,7 +519,7 @@ def build_cross_round_cache_process(
         received=tf.zeros([p], tf.float32))
 
   def accumulate(acc, value, weight):
-    slot = value['slot']
+    slot = server_state.checked_slot(value['slot'], p)
     ok = tf.cast(weight > 0.0, tf.float32)
     return collections.OrderedDict(
         models=tf.nest.map_structure(lambda a, v: server_state.scatter_row(a, slot, v * ok),

@@ -24,6 +24,18 @@ def scatter_row(tensor, row, value):
                                      tf.expand_dims(tf.convert_to_tensor(value, tensor.dtype), 0))
 
 
+def checked_slot(slot, num_slots: int, name: str = 'clients_per_round'):
+  """`slot` behind a check that it is in [0, num_slots): a round given more clients than
+  the process was built for fails with this message, not with a gather's index error."""
+  check = tf.debugging.assert_equal(
+      tf.logical_and(slot >= 0, slot < num_slots), True,
+      message=f'a client has slot outside [0, {name}={num_slots}): the process was built for '
+      f'{num_slots} clients per round; give each round at most {num_slots} clients '
+      f'(slots 0..{num_slots - 1}) or build it with a larger {name}')
+  with tf.control_dependencies([check]):
+    return tf.identity(slot)
+
+
 def count_slot(received, slot):
   """`received` (float32 [P], uploads counted per slot) with one more upload at `slot`.
 
