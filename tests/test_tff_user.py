@@ -435,6 +435,12 @@ def test_tuple_input_spec_and_functional_model(raw, client_data, model_fn):
       np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
   with pytest.raises(TypeError, match='FunctionalModel itself'):
     tff_algos.build_fedavg(lambda: functional, sgd(), BATCH)
+  # A Keras model is callable but is not a model_fn; neither is a VariableModel instance.
+  for name, build in BUILDERS.items():
+    with pytest.raises(TypeError, match='not a Keras model: wrap it'):
+      build(user_keras_model())
+    with pytest.raises(TypeError, match='got int'):
+      build(3)
   # What from_keras_model accepts but one-tensor x / one-tensor y training cannot take
   # (several inputs), refused with the forms that are supported:
   for bad in ((spec['x'], spec['y'], spec['y']), ((spec['x'], spec['x']), spec['y']),

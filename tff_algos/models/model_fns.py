@@ -131,6 +131,11 @@ def as_model_fn(model) -> Callable[[], tff.learning.models.VariableModel]:
       return tff.learning.models.model_from_functional(functional)
 
     return model_fn
+  if isinstance(model, tf.keras.Model):  # callable, but it is a model, not a model_fn
+    raise TypeError(
+        'model_fn must be a no-arg callable returning a tff.learning.models.VariableModel, '
+        'not a Keras model: wrap it, e.g. lambda: tff.learning.models.from_keras_model('
+        'build_keras_model(), loss=..., input_spec=...), building the Keras model inside')
   if not callable(model):
     raise TypeError(
         'model_fn must be a no-arg callable returning a tff.learning.models.VariableModel '
