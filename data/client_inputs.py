@@ -81,6 +81,10 @@ def round_inputs(
 ) -> tuple:
   """(sampled client indices int32 [P], list of P client inputs in slot order).
 
+  Each input is the bare element; `process.next` takes a client's data as a one-element
+  sequence: `process.next(state, [[x] for x in inputs])` (`ClientDataInputs.round_inputs`
+  and `client_selection_fn` return that form already).
+
   `fed` is a FederatedDataset or a `data.ClientDataInputs` (which wraps any TFF
   ClientData; its `round_inputs(round_num, ids)` takes string ids). With `client_ids`, those clients are used in
   the given order (e.g. FedLEx's explorers, evaluation sweeps) instead of a

@@ -21,8 +21,10 @@ non_finite_clients; `loss` is the cross-entropy part only), aggregator (particip
 cluster_sizes, aggregation_weights, num_clusters, seen_clients, tau, and with
 `true_clusters` q_matrix_mse, cluster_pair_accuracy, clusters_match), finalizer.
 
-Client inputs are the project's one-element sequences (`data.round_inputs`); each carries
-the client's `index` in [0, num_clients).
+Client inputs are the project's one-element sequences, each carrying the client's `index`
+in [0, num_clients): `data.client_selection_fn(client_data, P)(round_num)` builds a round of
+them from a TFF ClientData, ready for `next` (`data.round_inputs` returns the bare elements:
+feed `[[x] for x in inputs]`).
 """
 
 from __future__ import annotations

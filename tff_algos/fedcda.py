@@ -18,7 +18,9 @@ Memory is FedCDA's real cost: the cache holds N·K·D floats (4·N·K·D bytes, 
 the whole state, and `build_fedcda` refuses a configuration above `max_cache_gib`.
 
 Client inputs carry the client's index (cache row) and slot (position in the round's
-sample, in [0, P)): `data.round_inputs` builds them.
+sample, in [0, P)): `data.client_selection_fn(client_data, P)(round_num)` builds a round of
+them from a TFF ClientData, ready for `next` (`data.round_inputs` returns the bare elements:
+feed `[[x] for x in inputs]`).
 """
 
 from __future__ import annotations

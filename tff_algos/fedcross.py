@@ -25,8 +25,10 @@ broadcast fallback was not needed in TFF 0.87's runtime), client_work=OrderedDic
 aggregator=similarity [K,K], collaborators [K], alpha, propellers_used, eligible [K],
 finalizer=().
 
-Clients must be fed in the round's sample with slots 0..K-1 (`data.round_inputs`); a slot
-with no client keeps its middleware model for that round. With K = 1 there is no
+Clients must be fed in the round's sample with slots 0..K-1
+(`data.client_selection_fn(client_data, K)(round_num)` builds such a round from a TFF
+ClientData; `data.round_inputs` returns the bare elements: feed `[[x] for x in inputs]`);
+a slot with no client keeps its middleware model for that round. With K = 1 there is no
 collaborator: FedCross is plain local training of one model.
 """
 
