@@ -32,6 +32,7 @@ import tff_algos
 from tff_algos import evaluation as central_evaluation
 from tff_algos import execution
 from tff_algos.aggregators import clustered_aggregation
+from tff_algos.aggregators import factories as aggregator_factories
 from tff_algos.client_work import local_training
 from tff_algos.client_work import model_delta
 
@@ -447,6 +448,32 @@ def test_tuple_input_spec_and_functional_model(raw, client_data, model_fn):
               collections.OrderedDict(x=spec['x'], y=spec['y'], w=spec['y'])):
     with pytest.raises(TypeError, match=r'\(x, y\) tuple of TensorSpecs'):
       local_training.client_element_type(bad)
+
+
+def test_tff_argument_habits_get_one_clear_error(model_fn):
+  """What code ported from TFF's builders passes: a server optimizer third (TFF's order), a
+  zero batch, a Keras optimizer factory; and TFF's ClientWeighting enum, which is taken."""
+  server = tff.learning.optimizers.build_sgdm(learning_rate=1.0)
+  keras_factory = lambda: tf.keras.optimizers.SGD(0.1)
+  for name in ('fedavg', 'fedprox', 'fedlex_avgm', 'fedcross', 'fedcda', 'cadis'):
+    build = {'fedavg': lambda o, b: tff_algos.build_fedavg(model_fn, o, b),
+             'fedprox': lambda o, b: tff_algos.build_fedprox(model_fn, o, b, 0.01),
+             'fedlex_avgm': lambda o, b: tff_algos.build_fedlex(model_fn, o, b, 'avgm'),
+             'fedcross': lambda o, b: tff_algos.build_fedcross(model_fn, o, b, num_models=P),
+             'fedcda': lambda o, b: tff_algos.build_fedcda(model_fn, o, b, len(IDS), P),
+             'cadis': lambda o, b: tff_algos.build_cadis(model_fn, o, b, len(IDS),
+                                                         clients_per_round=P)}[name]
+    with pytest.raises(TypeError, match='server_optimizer_fn=...'):
+      build(sgd(), server)
+    with pytest.raises(ValueError, match='client_batch_size must be a positive integer'):
+      build(sgd(), 0)
+    with pytest.raises(TypeError, match='not a Keras optimizer'):
+      build(keras_factory, BATCH)
+  with pytest.raises(ValueError, match='client_batch_size must be a positive integer'):
+    tff_algos.build_fedsgd(model_fn, client_batch_size=0)
+  weighting = tff.learning.ClientWeighting
+  for enum, text in ((weighting.UNIFORM, 'uniform'), (weighting.NUM_EXAMPLES, 'num_examples')):
+    assert aggregator_factories.resolve_client_weighting(enum, None) == text
 
 
 def test_batchnorm_statistics_are_averaged(client_data):

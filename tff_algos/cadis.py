@@ -36,7 +36,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos.aggregators import clustered_aggregation, factories
-from tff_algos.client_work import distillation, model_delta
+from tff_algos.client_work import distillation, local_training, model_delta
 from tff_algos.models import model_fns, representation
 
 
@@ -118,9 +118,7 @@ def build_cadis(
   """
   factories.check_model_aggregator(model_aggregator)
   model_fn = model_fns.as_model_fn(model_fn)
-  if isinstance(client_batch_size, bool) or not isinstance(
-      client_batch_size, (int, np.integer)) or client_batch_size < 1:
-    raise ValueError(f'client_batch_size must be a positive integer, got {client_batch_size!r}')
+  local_training.check_client_training(client_optimizer_fn, client_batch_size)
   if kd_reduction not in distillation.REDUCTIONS:
     raise ValueError(
         f'kd_reduction must be one of {distillation.REDUCTIONS}, got {kd_reduction!r}')

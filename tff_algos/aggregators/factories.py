@@ -40,7 +40,7 @@ def check_model_aggregator(model_aggregator, name: str = 'model_aggregator') -> 
                     f'UnweightedAggregationFactory, got {type(model_aggregator).__name__}')
 
 
-def resolve_client_weighting(client_weighting: Optional[str],
+def resolve_client_weighting(client_weighting,
                              model_aggregator: Optional[ModelAggregator]) -> str:
   """The client weighting a FedAvg-family builder uses with `model_aggregator`.
 
@@ -51,6 +51,9 @@ def resolve_client_weighting(client_weighting: Optional[str],
   weights.
   """
   check_model_aggregator(model_aggregator)
+  if isinstance(client_weighting, tff.learning.ClientWeighting):  # TFF's enum, as its builders
+    client_weighting = {tff.learning.ClientWeighting.NUM_EXAMPLES: 'num_examples',
+                        tff.learning.ClientWeighting.UNIFORM: 'uniform'}[client_weighting]
   unweighted = isinstance(model_aggregator, tff.aggregators.UnweightedAggregationFactory)
   if client_weighting is None:
     return 'uniform' if unweighted else 'num_examples'

@@ -124,6 +124,27 @@ def accuracy_terms(predictions, labels):
   return tf.reduce_sum(hit * weights), tf.reduce_sum(weights)
 
 
+def check_client_training(optimizer, batch_size, *, needs_optimizer: bool = True):
+  """One clear error for the client arguments every builder takes, before anything is
+  traced. The builders' order is (model_fn, client_optimizer_fn, client_batch_size, ...),
+  which is not TFF's (model_fn, client_optimizer_fn, server_optimizer_fn): a server
+  optimizer passed third lands on the batch size, so the message says so."""
+  if isinstance(batch_size, tff.learning.optimizers.Optimizer):
+    raise TypeError(
+        'client_batch_size (the third argument) must be a positive integer, got an optimizer: '
+        "unlike TFF's build_weighted_fed_avg, these builders take (model_fn, "
+        'client_optimizer_fn, client_batch_size, ...); pass the server optimizer as '
+        'server_optimizer_fn=...')
+  if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+      or batch_size <= 0:
+    raise ValueError(f'client_batch_size must be a positive integer, got {batch_size!r}')
+  if needs_optimizer and not isinstance(optimizer, tff.learning.optimizers.Optimizer):
+    raise TypeError(
+        'client_optimizer_fn must be a tff.learning.optimizers.Optimizer (e.g. '
+        'tff.learning.optimizers.build_sgdm(learning_rate=0.1)), not a Keras optimizer or a '
+        f'function returning one; got {type(optimizer).__name__}')
+
+
 def build_local_training(
     model: tff.learning.models.VariableModel,
     optimizer: Optional[tff.learning.optimizers.Optimizer],
@@ -152,10 +173,7 @@ def build_local_training(
     extra_loss: added to the model's batch loss inside the tape; its `batch` argument also
       holds `index`, the batch's rows in the client's `x` / `y` (int32 [b]).
   """
-  if batch_size <= 0:
-    raise ValueError(f'batch_size must be positive, got {batch_size}')
-  if not full_gradient and optimizer is None:
-    raise ValueError('an optimizer is required unless full_gradient=True')
+  check_client_training(optimizer, batch_size, needs_optimizer=not full_gradient)
 
   @tf.function
   def train(initial_weights, element, context=None, optimizer_hparams=None):

@@ -214,6 +214,8 @@ def build_model_delta_client_work(
     0 and counted in `train/non_finite_clients`.
   """
   model_fn = model_fns.as_model_fn(model_fn)
+  local_training.check_client_training(client_optimizer_fn, client_batch_size,
+                                       needs_optimizer=not full_gradient)
   if client_weighting not in CLIENT_WEIGHTINGS:
     raise ValueError(f'client_weighting must be one of {CLIENT_WEIGHTINGS}, got {client_weighting!r}')
   if proximal_strength < 0:

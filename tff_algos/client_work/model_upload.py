@@ -53,6 +53,7 @@ def build_model_upload_client_work(
     model's own metrics).
   """
   model_fn = model_fns.as_model_fn(model_fn)
+  local_training.check_client_training(client_optimizer_fn, client_batch_size)
   weights_type = model_delta.model_weights_type(model_fn)
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
 
