@@ -15,8 +15,9 @@ import tensorflow_federated as tff
 
 import data
 from tests import helpers
-from tff_algos import execution
+from tff_algos import aggregators, execution
 from tff_algos.aggregators import cross_round_cache as crc
+from tff_algos.client_work import model_delta, model_upload
 from tff_algos.fedcda import build_fedcda
 from tff_algos.models import make_model_fn, zoo
 
@@ -610,6 +611,26 @@ def test_end_to_end_learns_and_checkpoint_roundtrip(fedcda, fed, tmp_path):
   out_a = fedcda.next(state, [[x] for x in inputs])
   out_b = fedcda.next(restored, [[x] for x in inputs])
   for a, b in zip(tf.nest.flatten(out_a.state), tf.nest.flatten(out_b.state)):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_the_exported_stage_composes_into_fedcda(fedcda, fed):
+  """A user's own compose_learning_process from the public parts (the stage and its
+  replace finalizer from tff_algos.aggregators, TFF's broadcast) is build_fedcda."""
+  initial = model_delta.initial_model_weights_fn(MODEL_FN)
+  weights_type = initial.type_signature.result
+  own = tff.learning.templates.compose_learning_process(
+      initial, tff.learning.templates.build_broadcast_process(weights_type),
+      model_upload.build_model_upload_client_work(MODEL_FN, sgd(), BATCH),
+      aggregators.build_cross_round_cache_process(weights_type, 8, 4, cache_size=2,
+                                             num_batches=2, warmup_rounds=2),
+      aggregators.build_replace_finalizer(weights_type))
+  states = [own.initialize(), fedcda.initialize()]
+  for r in range(3):  # two warmup rounds, then one selecting round
+    _, inputs = data.round_inputs(fed, r, 4, 1, seed=0)
+    states = [p.next(s, [[x] for x in inputs]).state for p, s in zip((own, fedcda), states)]
+  for a, b in zip(tf.nest.flatten(own.get_model_weights(states[0])),
+                  tf.nest.flatten(fedcda.get_model_weights(states[1]))):
     np.testing.assert_array_equal(a, b)
 
 

@@ -11,7 +11,8 @@ Composed from TFF's templates with `tff.learning.templates.compose_learning_proc
    selects the cached model minimising eq. 8 (batch-greedy over B random batches by default)
    and the result is the uniform mean over every cached client of its selected model (FedAvg
    over this round's uploads, weighted by data size, during warmup);
-4. finalizer (`build_replace_finalizer`): the aggregate becomes the global model.
+4. finalizer (`cross_round_cache.build_replace_finalizer`): the aggregate becomes the
+   global model.
 
 Memory is FedCDA's real cost: the cache holds N·K·D floats (4·N·K·D bytes, e.g. 20 clients ×
 3 × 1,663,370 weights of FedAvg's CNN = 381 MiB); `cross_round_cache.state_size_bytes` gives
@@ -25,10 +26,8 @@ feed `[[x] for x in inputs]`).
 
 from __future__ import annotations
 
-import collections
 from typing import Callable, Optional
 
-import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos.aggregators import cross_round_cache, factories
@@ -36,37 +35,6 @@ from tff_algos.client_work import model_delta, model_upload
 from tff_algos.models import model_fns
 
 SELECTIONS = cross_round_cache.SELECTIONS
-
-
-def build_replace_finalizer(weights_type: tff.Type) -> tff.learning.templates.FinalizerProcess:
-  """A stateless finalizer whose update is OrderedDict(model, has_result): the new global
-  model is `model` when `has_result` > 0, else the current one (nothing to aggregate yet)."""
-  update_type = tff.StructWithPythonType(
-      [('model', weights_type), ('has_result', tff.TensorType(tf.float32.as_numpy_dtype))],
-      collections.OrderedDict)
-
-  @tff.federated_computation
-  def init_fn():
-    return tff.federated_value((), tff.SERVER)
-
-  @tff.tensorflow.computation(weights_type, update_type)
-  def replace(current, update):
-    keep = update['has_result'] > 0.0
-    new = tf.nest.map_structure(lambda u, c: tf.where(keep, u, c), update['model'],
-                                current)
-    return tff.learning.models.ModelWeights(trainable=list(new.trainable),
-                                            non_trainable=list(new.non_trainable))
-
-  @tff.federated_computation(
-      init_fn.type_signature.result,
-      tff.FederatedType(weights_type, tff.SERVER),
-      tff.FederatedType(update_type, tff.SERVER))
-  def next_fn(state, weights, update):
-    new_weights = tff.federated_map(replace, (weights, update))
-    return tff.templates.MeasuredProcessOutput(
-        state, new_weights, tff.federated_value((), tff.SERVER))
-
-  return tff.learning.templates.FinalizerProcess(init_fn, next_fn)
 
 
 def build_fedcda(
@@ -138,4 +106,4 @@ def build_fedcda(
       model_upload.build_model_upload_client_work(model_fn, client_optimizer_fn,
                                                   client_batch_size),
       aggregator,
-      build_replace_finalizer(weights_type))
+      cross_round_cache.build_replace_finalizer(weights_type))

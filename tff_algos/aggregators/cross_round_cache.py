@@ -552,3 +552,35 @@ def build_cross_round_cache_process(
       initial_state=initial_state, zero_accumulator=zero_accumulator, accumulate=accumulate,
       server_step=server_step)
 
+
+def build_replace_finalizer(weights_type: tff.Type) -> tff.learning.templates.FinalizerProcess:
+  """The finalizer for this stage's result, OrderedDict(model, has_result): the new global
+  model is `model` when `has_result` > 0, else the current one (nothing to aggregate yet).
+  Stateless; TFF's `build_apply_optimizer_finalizer` does not fit (it applies a delta), so
+  a pipeline composing this stage with `compose_learning_process` pairs it with this."""
+  update_type = tff.StructWithPythonType(
+      [('model', weights_type), ('has_result', tff.TensorType(tf.float32.as_numpy_dtype))],
+      collections.OrderedDict)
+
+  @tff.federated_computation
+  def init_fn():
+    return tff.federated_value((), tff.SERVER)
+
+  @tff.tensorflow.computation(weights_type, update_type)
+  def replace(current, update):
+    keep = update['has_result'] > 0.0
+    new = tf.nest.map_structure(lambda u, c: tf.where(keep, u, c), update['model'],
+                                current)
+    return tff.learning.models.ModelWeights(trainable=list(new.trainable),
+                                            non_trainable=list(new.non_trainable))
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(weights_type, tff.SERVER),
+      tff.FederatedType(update_type, tff.SERVER))
+  def next_fn(state, weights, update):
+    new_weights = tff.federated_map(replace, (weights, update))
+    return tff.templates.MeasuredProcessOutput(
+        state, new_weights, tff.federated_value((), tff.SERVER))
+
+  return tff.learning.templates.FinalizerProcess(init_fn, next_fn)
