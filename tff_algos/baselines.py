@@ -98,7 +98,8 @@ def build_fedavg(
     client_batch_size: local batch size.
     server_optimizer_fn: applied to the weighted mean update (default SGD, lr 1.0).
     client_weighting: 'num_examples' (default with a weighted aggregator) or 'uniform'
-      (default, and the only choice, with an unweighted one).
+      (default, and the only choice, with an unweighted one); TFF's
+      `tff.learning.ClientWeighting` values are taken too.
     model_aggregator: a `tff.aggregators` weighted or unweighted aggregation factory
       (default `MeanFactory`): TFF's DP, clipping, zeroing, compression and robust
       wrappers apply to the averaged model deltas as in TFF's FedAvg builders.
@@ -117,7 +118,10 @@ def build_fedavg(
 def build_fedavgm(model_fn, client_optimizer_fn, client_batch_size, *,
                   server_learning_rate: float = 1.0, server_momentum: float = 0.9,
                   **kwargs) -> tff.learning.templates.LearningProcess:
-  """FedAvgM (Hsu et al. 2019): FedAvg with server SGD momentum (default lr 1.0, m 0.9)."""
+  """FedAvgM (Hsu et al. 2019): FedAvg with server SGD momentum (default lr 1.0, m 0.9).
+
+  `**kwargs` go to `build_fedavg`: client_weighting, model_aggregator, guided.
+  """
   return build_fedavg(
       model_fn, client_optimizer_fn, client_batch_size,
       tff.learning.optimizers.build_sgdm(learning_rate=server_learning_rate,
@@ -128,7 +132,10 @@ def build_fedadam(model_fn, client_optimizer_fn, client_batch_size, *,
                   server_learning_rate: float = 1e-2, beta_1: float = 0.9,
                   beta_2: float = 0.99, epsilon: float = 1e-3,
                   **kwargs) -> tff.learning.templates.LearningProcess:
-  """FedAdam / FedOpt (Reddi et al. 2021): FedAvg with a server Adam optimiser."""
+  """FedAdam / FedOpt (Reddi et al. 2021): FedAvg with a server Adam optimiser.
+
+  `**kwargs` go to `build_fedavg`: client_weighting, model_aggregator, guided.
+  """
   return build_fedavg(
       model_fn, client_optimizer_fn, client_batch_size,
       tff.learning.optimizers.build_adam(learning_rate=server_learning_rate,
@@ -183,7 +190,9 @@ def build_fedsgd(
 
 def build_baseline(name: str, model_fn, client_optimizer_fn, client_batch_size: int,
                    **kwargs) -> tff.learning.templates.LearningProcess:
-  """`build_<name>` by name, for programs."""
+  """`build_<name>` by name ('fedavg', 'fedavgm', 'fedadam', 'fedprox', 'fedsgd'), as the
+  programs choose a baseline from a flag; `**kwargs` go to that builder (for 'fedsgd',
+  whose clients take no optimizer, `client_optimizer_fn` is ignored)."""
   if name == 'fedsgd':
     return build_fedsgd(model_fn, client_batch_size=client_batch_size, **kwargs)
   builders = dict(fedavg=build_fedavg, fedavgm=build_fedavgm, fedadam=build_fedadam,

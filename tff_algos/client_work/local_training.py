@@ -62,6 +62,8 @@ def client_element_type(model_input_spec) -> tff.StructType:
 
 
 def client_data_type(model_input_spec) -> tff.SequenceType:
+  """The type of one client's data in `process.next`: a sequence of one element of
+  `client_element_type` (the whole client at once: x, y, batch orders, index, slot)."""
   return tff.SequenceType(client_element_type(model_input_spec))
 
 

@@ -63,6 +63,7 @@ def initial_model_weights_fn(model_fn) -> tff.Computation:
 
 
 def model_input_spec(model_fn):
+  """The `input_spec` of the model `model_fn` builds (built in a throwaway graph)."""
   with tf.Graph().as_default():
     return model_fns.check_variable_model(model_fn()).input_spec
 
