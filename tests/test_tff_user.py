@@ -455,14 +455,14 @@ def test_tff_argument_habits_get_one_clear_error(model_fn):
   zero batch, a Keras optimizer factory; and TFF's ClientWeighting enum, which is taken."""
   server = tff.learning.optimizers.build_sgdm(learning_rate=1.0)
   keras_factory = lambda: tf.keras.optimizers.SGD(0.1)
-  for name in ('fedavg', 'fedprox', 'fedlex_avgm', 'fedcross', 'fedcda', 'cadis'):
-    build = {'fedavg': lambda o, b: tff_algos.build_fedavg(model_fn, o, b),
-             'fedprox': lambda o, b: tff_algos.build_fedprox(model_fn, o, b, 0.01),
-             'fedlex_avgm': lambda o, b: tff_algos.build_fedlex(model_fn, o, b, 'avgm'),
-             'fedcross': lambda o, b: tff_algos.build_fedcross(model_fn, o, b, num_models=P),
-             'fedcda': lambda o, b: tff_algos.build_fedcda(model_fn, o, b, len(IDS), P),
-             'cadis': lambda o, b: tff_algos.build_cadis(model_fn, o, b, len(IDS),
-                                                         clients_per_round=P)}[name]
+  builders = (  # (client optimizer, batch size) -> process
+      lambda o, b: tff_algos.build_fedavg(model_fn, o, b),
+      lambda o, b: tff_algos.build_fedprox(model_fn, o, b, 0.01),
+      lambda o, b: tff_algos.build_fedlex(model_fn, o, b, 'avgm'),
+      lambda o, b: tff_algos.build_fedcross(model_fn, o, b, num_models=P),
+      lambda o, b: tff_algos.build_fedcda(model_fn, o, b, len(IDS), P),
+      lambda o, b: tff_algos.build_cadis(model_fn, o, b, len(IDS), clients_per_round=P))
+  for build in builders:
     with pytest.raises(TypeError, match='server_optimizer_fn=...'):
       build(sgd(), server)
     with pytest.raises(ValueError, match='client_batch_size must be a positive integer'):
