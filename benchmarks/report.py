@@ -457,7 +457,7 @@ def collect_reported(suite: suites.Suite) -> tuple:
 
 def collect_probe(suite: suites.Suite, probe: suites.Probe) -> dict:
   """{run: {seed: loaded run}} of a probe (its runs' directories that exist), and the
-  suite's reported runs (the probe's seeds) of each baseline the probe leaves unchanged."""
+  suite's reported runs (the probe's seeds) of the runs it keeps `unchanged`."""
   tuned = suites.load_tuned(suite.name)
   out = {}
   for run in probe.runs:
@@ -466,10 +466,10 @@ def collect_probe(suite: suites.Suite, probe: suites.Probe) -> dict:
       path = os.path.join(suites.probe_dir(suite.name, probe.name), suites.run_name(run, seed))
       if os.path.exists(os.path.join(path, 'config.json')):
         out.setdefault(run, {})[seed] = _declared_run(path, fields)
-  unchanged = probe_reported_baselines(suite, probe)
-  if unchanged:   # read at the probe's length, whatever length the suite's pages report
-    reported = collect_at(suite, suite.probe_overrides(probe, unchanged[0], tuned)['rounds'])
-    for run in unchanged:
+  if probe.unchanged:   # read at the probe's length, whatever length the pages report
+    reported = collect_at(suite,
+                          suite.probe_overrides(probe, probe.unchanged[0], tuned)['rounds'])
+    for run in probe.unchanged:
       out[run] = {s: r for s, r in reported[run].items() if s in probe.seeds}
   return out
 
@@ -488,12 +488,6 @@ def at_length(run: dict, rounds: int) -> dict:
   if run['summary'].get('rounds') != rounds:   # a summary of another length is not this one's
     out.update(summary={}, client_epochs_training=None)
   return out
-
-
-def probe_reported_baselines(suite: suites.Suite, probe: suites.Probe) -> list:
-  """Baselines of the probe's comparisons that it does not run: the reported runs stand."""
-  return sorted({c.baseline for c in suite.comparisons
-                 if c.method in probe.runs and c.baseline not in probe.runs})
 
 
 def usable(run: dict) -> bool:
@@ -700,13 +694,12 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
            f'`python -m benchmarks.compare --suite={suite.name} --probes`.', '']
   for probe in suite.probes:
     runs = collect_probe(suite, probe)
-    unchanged = probe_reported_baselines(suite, probe)
     lines += [f'### {probe.name}: {probe.question}', '',
               'Changed from the reported runs: ' + ', '.join(
                   f'`{k}={v}`' for k, v in sorted(probe.overrides.items())) +
               f'; runs {", ".join(probe.runs)}; seeds {", ".join(map(str, probe.seeds))}' + (
-                  f'; compared with the reported runs of {", ".join(unchanged)} (unchanged)'
-                  if unchanged else '') + '.', '']
+                  f'; compared with the reported runs of {", ".join(probe.unchanged)} '
+                  '(unchanged)' if probe.unchanged else '') + '.', '']
     comparisons = compare_runs(suite, runs, paper, partial=True)
     if comparisons:
       lines += ['Swing as in "Every run" below (over the last W rounds).', '',

@@ -36,15 +36,18 @@ class Probe:
 
   Each run of `runs` is the suite's run (with its tuned learning rate) with `overrides`
   applied on top, over `seeds`; its directory is `probes/<name>/<run>_s<seed>`. The page
-  shows every comparison of the suite whose method is in `runs`: against the probe's run of
-  its baseline when `runs` holds one, else against the suite's reported runs of it (the
-  probe leaves that baseline as it is, e.g. a FedLEx setting a base does not read).
+  shows every comparison of the suite with both sides among `runs` and `unchanged`: a run
+  of `unchanged` is the suite's reported run, read at the probe's length on its seeds (the
+  probe leaves it as it is: a base that does not read a FedLEx setting, or the reported
+  method against its baseline at another rate). Named, not inferred: a probe changing FedAvg
+  for FedCross must not set FedProx's reported runs against it.
   """
   name: str
   question: str       # what it tests (shown on the page)
   overrides: dict     # ExperimentConfig fields changed for every run of the probe
   runs: tuple         # run names of the suite
   seeds: tuple = (0,)
+  unchanged: tuple = ()   # run names of the suite compared with as reported
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,10 +87,18 @@ class Suite:
           raise ValueError(f'suite {self.name}: comparison {comp.label!r} names {run!r}, '
                            f'not one of its runs {sorted(self.runs)}')
     for probe in self.probes:
-      unknown = sorted(set(probe.runs) - set(self.runs))
+      unknown = sorted(set(probe.runs + probe.unchanged) - set(self.runs))
       if unknown:
         raise ValueError(f'suite {self.name}: probe {probe.name!r} names {unknown}, not runs '
                          f'of the suite {sorted(self.runs)}')
+      paired = {other for c in self.comparisons
+                for run, other in ((c.method, c.baseline), (c.baseline, c.method))
+                if run in probe.runs}
+      stray = sorted(set(probe.unchanged) - (paired - set(probe.runs)))
+      if stray:
+        raise ValueError(f'suite {self.name}: probe {probe.name!r} keeps {stray} unchanged, '
+                         'but no comparison sets them against a run it changes (or it '
+                         'changes them too)')
     for run in self.grid:
       if run not in self.runs:
         raise ValueError(f'suite {self.name}: grid of {run!r}, not one of its runs')
@@ -507,7 +518,8 @@ def _fedlex() -> Suite:
                     'with its base?',
                     # its own length: the suite's rounds may grow until the curves plateau
                     dict(fedlex_guidance_floor=0.01, rounds=100),
-                    tuple(guided for _, guided in bases), seeds=(0, 1, 2)),),
+                    tuple(guided for _, guided in bases), seeds=(0, 1, 2),
+                    unchanged=tuple(base for base, _ in bases)),),
       summary_columns=(('guidance mean', ('guidance', 'guidance_mean'), '.2g'),
                        ('guidance median', ('guidance', 'guidance_median'), '.2g'),
                        ('share of G < 0.01', ('guidance', 'guidance_below_0_01'), '.2f'),

@@ -511,6 +511,12 @@ def test_a_suite_naming_an_unknown_run_is_refused():
   with pytest.raises(ValueError, match="probe 'p' names"):
     suites.Suite(name='toy', title='toy', common={}, scaled='', runs=dict(base={}),
                  comparisons=(), probes=(suites.Probe('p', 'q', {}, ('base', 'other')),))
+  two = dict(runs=dict(base={}, new={}, third={}),
+             comparisons=(suites.Comparison('new', 'base', 'p', 'l'),))
+  for unchanged in ('third', 'new'):   # in no comparison with a changed run; changed itself
+    with pytest.raises(ValueError, match=f"keeps \\['{unchanged}'\\] unchanged"):
+      suites.Suite(name='toy', title='toy', common={}, scaled='', **two,
+                   probes=(suites.Probe('p', 'q', {}, ('new',), unchanged=(unchanged,)),))
 
 
 def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path, monkeypatch):
@@ -549,9 +555,10 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path,
   assert line.startswith('- Probe more_epochs') and report.margin_text(row) in line
 
   # A probe that changes only the method (a setting its baseline does not read) runs only it
-  # and is compared with the suite's reported runs of the baseline, on the probe's seeds.
+  # and is compared with the suite's reported runs of the baseline it names unchanged, on the
+  # probe's seeds; without that name, it has no comparison.
   only_new = suites.Probe('new_only', 'the method alone?', dict(rounds=20), ('new',),
-                          seeds=(0, 1))
+                          seeds=(0, 1), unchanged=('base',))
   suite = dataclasses.replace(suite, probes=(only_new,))
   for seed in (0, 1, 2):   # the reported base runs (seed 2 is not the probe's)
     acc = np.clip(0.4 + rng.normal(0, 0.03, 20), 0, 1)
@@ -568,6 +575,29 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path,
   assert row['margin'] == pytest.approx(np.mean(diffs))
   page, _, _ = report.suite_page(suite)
   assert 'seeds 0, 1; compared with the reported runs of base (unchanged).' in page
+  alone = dataclasses.replace(only_new, unchanged=())
+  assert sorted(report.collect_probe(suite, alone)) == ['new']
+  assert report.compare_runs(suite, report.collect_probe(suite, alone), {}, partial=True) == []
+
+  # And one that changes only the baseline (e.g. another rate) against the reported method.
+  only_base = suites.Probe('base_only', 'the baseline alone?', dict(rounds=20), ('base',),
+                           seeds=(1, 2), unchanged=('new',))
+  suite = dataclasses.replace(suite, probes=(only_base,))
+  for seed in (0, 1, 2):
+    acc = np.clip(0.5 + rng.normal(0, 0.03, 20), 0, 1)
+    _write_run(tmp_path / 'toy' / 'runs' / f'new_s{seed}', 20, acc,
+               config=dict(suite.config_overrides('new'), seed=seed))
+    tails['reported new', seed] = acc[-10:].mean()
+  made.clear()
+  compare.run_probes(suite, {'fedcda': dict(client_lr=0.3)})
+  assert [(c.algorithm, c.seed) for c in made] == [('fedavg', 1), ('fedavg', 2)]
+  runs = report.collect_probe(suite, only_base)
+  assert sorted(runs) == ['base', 'new'] and sorted(runs['new']) == [1, 2]
+  (row,) = report.compare_runs(suite, runs, {})
+  diffs = [100 * (tails['reported new', s] - tails['fedavg', s]) for s in (1, 2)]
+  assert row['margin'] == pytest.approx(np.mean(diffs))
+  page, _, _ = report.suite_page(suite)
+  assert 'seeds 1, 2; compared with the reported runs of new (unchanged).' in page
 
 
 def test_readme_reproduction_status_is_current():
@@ -1784,7 +1814,8 @@ def test_a_lengthened_suite_keeps_probe_baselines_and_summaries_at_their_lengths
   baseline unchanged reads the baseline's runs at 30 (usable where they got there), not
   cut to the pages' 20; a run extended in place (checkpoints kept, nothing in earlier_runs/)
   read at 20 drops its summary, which is the longer making's (n/a on the page)."""
-  probe = suites.Probe('p', 'q?', dict(rounds=30), ('new',), seeds=(0, 1, 2))
+  probe = suites.Probe('p', 'q?', dict(rounds=30), ('new',), seeds=(0, 1, 2),
+                       unchanged=('base',))
   suite = dataclasses.replace(_paired_toy_suite(40, tmp_path, monkeypatch), probes=(probe,))
   base = tmp_path / 'toy'
   rng = np.random.default_rng(13)
