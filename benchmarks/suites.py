@@ -519,7 +519,15 @@ def _fedlex() -> Suite:
                     # its own length: the suite's rounds may grow until the curves plateau
                     dict(fedlex_guidance_floor=0.01, rounds=100),
                     tuple(guided for _, guided in bases), seeds=(0, 1, 2),
-                    unchanged=tuple(base for base, _ in bases)),),
+                    unchanged=tuple(base for base, _ in bases)),
+              # FedAvgM at its tuned 0.1 reached 63% over rounds 101-125 on seed 0, then
+              # 39-44% over each later 25 rounds, while FedLEx-AvgM held 51-61%.
+              Probe('fedavgm_lower_rate',
+                    'is FedLEx-AvgM\'s lead over FedAvgM at 200 rounds FedAvgM\'s instability '
+                    'at the client rate tuned over 50 rounds (0.1)? FedAvgM at the grid\'s '
+                    'next lower rate, against the reported FedLEx-AvgM',
+                    dict(client_lr=0.03, rounds=200), ('fedavgm',), seeds=(0, 1, 2),
+                    unchanged=('fedlex_avgm',))),
       summary_columns=(('guidance mean', ('guidance', 'guidance_mean'), '.2g'),
                        ('guidance median', ('guidance', 'guidance_median'), '.2g'),
                        ('share of G < 0.01', ('guidance', 'guidance_below_0_01'), '.2f'),
