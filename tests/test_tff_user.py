@@ -267,6 +267,7 @@ def test_builder_through_tff_loops(name, model_fn, client_data, program_context,
   initial = process.get_model_weights(initial_state)
   assert not np.allclose(initial.trainable[-1], expected.trainable[-1])
   hparams = process.get_hparams(initial_state)  # TFF's hparams API reaches the client lr
+  assert list(hparams) == ['client_work', 'finalizer']   # compose_learning_process's keys
   if name == 'fedsgd':
     assert not hparams['client_work']  # no client optimizer, as TFF's FedSGD
   else:

@@ -17,8 +17,8 @@ the cross-aggregation process's state (`tff_algos.aggregators.cross_aggregation`
 
 The state is a `tff.learning.templates.LearningAlgorithmState` (global_model_weights,
 distributor=(), client_work=<client optimizer hparams, as TFF's; `get_hparams` /
-`set_hparams` change the client learning rate>, aggregator=OrderedDict(models, round_num),
-finalizer=()).
+`set_hparams` change the client learning rate (their finalizer part is empty)>,
+aggregator=OrderedDict(models, round_num), finalizer=()).
 Metrics: distributor=OrderedDict(dispatch_select=1.0) (federated_select dispatch; the
 broadcast fallback was not needed in TFF 0.87's runtime), client_work=OrderedDict(train=...)
 (loss, accuracy, last_epoch_loss, num_examples, num_clients, non_finite_clients),
@@ -175,10 +175,12 @@ def build_fedcross(
                                            round_num=state.aggregator['round_num']),
         finalizer=state.finalizer)
 
-  # As compose_learning_process's: OrderedDict(client_work=<client optimizer hparams>).
+  # compose_learning_process's keys, so that code written for TFF's processes (and ours)
+  # finds both: FedCross has no finalizer (the server keeps K models), hence no hparams.
   @tff.tensorflow.computation(state_type)
   def get_hparams(state):
-    return collections.OrderedDict(client_work=client_work.get_hparams(state.client_work))
+    return collections.OrderedDict(client_work=client_work.get_hparams(state.client_work),
+                                   finalizer=collections.OrderedDict())
 
   @tff.tensorflow.computation(state_type, get_hparams.type_signature.result)
   def set_hparams(state, hparams):
