@@ -286,23 +286,18 @@ def _runs_lines() -> list:
   stuck = stuck_at_chance(runs)
   if stuck:
     lines += ['Stuck at chance (finished, losses finite, test accuracy never above '
-              f'{100 * STUCK:.0f}%): ' + ', '.join(stuck) + '. Kept in every mean above.', '']
+              f'{100 * report.STUCK:.0f}%): ' + ', '.join(stuck) + '. Kept in every mean '
+              'above.', '']
   return lines
 
 
-CHANCE = 0.1   # ten classes
-STUCK = 1.1 * CHANCE   # a run whose best test accuracy never passes this learned nothing
-
-
 def stuck_at_chance(runs: dict) -> list:
-  """'name seed S (round-1 client train loss L)' for every finished run of `runs` ({run:
-  {seed: loaded run}}) whose test accuracy never rose above STUCK: trained, not diverged (its
-  losses stayed finite), yet it never left chance, e.g. after a first step so large that the
-  network's units died."""
+  """'name seed S (round-1 client train loss L)' for every run of `runs` ({run: {seed:
+  loaded run}}) that never left chance (`report.never_left_chance`)."""
   out = []
   for run, seeds in runs.items():
     for seed, r in sorted(seeds.items()):
-      if report.usable(r) and r['best_accuracy'] <= STUCK:
+      if report.never_left_chance(r):
         rows = report.metrics_rows(r['dir'])
         loss = report.metrics_column(rows[:1], 'client_work/train/loss')
         out.append(f'{run} seed {seed} (round-1 client train loss {loss[0]:.2g})')
@@ -357,7 +352,7 @@ def _floor_probe_lines() -> list:
   stuck = stuck_at_chance({run: seeds_ for run, seeds_ in floored.items() if run in base_of})
   if stuck:
     lines += ['', f'Stuck at chance with G floored (test accuracy never above '
-              f'{100 * STUCK:.0f}%): ' + ', '.join(stuck) + '.']
+              f'{100 * report.STUCK:.0f}%): ' + ', '.join(stuck) + '.']
   return lines + ['']
 
 

@@ -281,6 +281,30 @@ def verdict(paper_margin: float, margin: float, spread: float, paper_sign: float
   return 'reproduced' if abs(margin) >= 0.5 * abs(paper_margin) else 'smaller'
 
 
+CHANCE = 0.1   # every suite's data set, Fashion-MNIST, has ten classes
+STUCK = 1.1 * CHANCE   # a run whose best test accuracy never passes this learned nothing
+
+
+def never_left_chance(run: dict) -> bool:
+  """Finished (losses finite), yet its test accuracy never rose above STUCK: e.g. a first
+  step so large that the network's units died. It counts in every mean (no seed is
+  dropped); the verdicts name it, since one such seed sets a margin's spread."""
+  return usable(run) and run['best_accuracy'] <= STUCK
+
+
+def stuck_text(comparison: dict) -> str:
+  """'fedlex_opt seed 0 never left chance' for a comparison's paired runs that did not."""
+  stuck = comparison.get('stuck', [])
+  return '; '.join(f'{run} seed {seed}' for run, seed in stuck) + (
+      ' never left chance' if stuck else '')
+
+
+def verdict_text(comparison: dict, word: Optional[str] = None) -> str:
+  """The verdict in bold (or `word`), and the runs that never left chance, if any."""
+  stuck = stuck_text(comparison)
+  return f'**{word or comparison["verdict"]}**' + (f' ({stuck})' if stuck else '')
+
+
 def pct(x: float) -> str:
   return 'n/a' if not np.isfinite(x) else f'{100 * x:.2f}'
 
@@ -523,6 +547,8 @@ def compare_runs(suite: suites.Suite, runs: dict, paper: dict, partial: bool = F
         paper_sign=figures.get('sign', 0),
         baseline_mean=b_mean, baseline_std=b_std, method_mean=m_mean, method_std=m_std,
         margin=100 * margin if paired else np.nan, margin_std=100 * spread,
+        stuck=[(name, seed) for name, side in ((comp.baseline, base), (comp.method, method))
+               for seed in paired if never_left_chance(side[seed])],
         verdict=(verdict(paper_margin, 100 * margin, spread_points, figures.get('sign', 0))
                  if len(paired) >= MIN_SEEDS_FOR_VERDICT else
                  'one seed' if paired else 'not run')))
@@ -1022,7 +1048,7 @@ def _lengthening_lines(summary: dict) -> list:
                    f'{pm(c["baseline_mean"], c["baseline_std"])} | '
                    f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | '
                    # no paired seed at the new length yet is not "not run": it is on its way
-                   f'**{c["verdict"] if c["seeds"] else "not made yet"}** |')
+                   f'{verdict_text(c, None if c["seeds"] else "not made yet")} |')
   under_way, waiting, other = [], [], []
   for run, seeds in summary['longer_runs'].items():
     for seed in sorted(set(seeds) | set(suites.SEEDS)):
@@ -1085,7 +1111,7 @@ def suite_page(suite: suites.Suite) -> tuple:
         f'| {c["label"]} ({c["method"]}) | {c["paper_dataset"]} | {num(c["paper_baseline"])} | '
         f'{num(c["paper_method"])} | {paper_margin_text(c)} | {len(c["seeds"])} | '
         f'{pm(c["baseline_mean"], c["baseline_std"])} | {pm(c["method_mean"], c["method_std"])} '
-        f'| {margin_text(c)} | **{c["verdict"]}** |')
+        f'| {margin_text(c)} | {verdict_text(c)} |')
   if lengthening_text(summary):
     lines += ['', lengthening_text(summary) + ' See "At '
               f'{summary["declared"]} rounds so far" below.']
@@ -1301,7 +1327,7 @@ def reproduction_page() -> str:
       lines.append(
           f'| {c["label"]} | {paper_margin_text(c)} ({c["paper_dataset"]}) | '
           f'{pm(c["baseline_mean"], c["baseline_std"])} | '
-          f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | **{c["verdict"]}** |')
+          f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | {verdict_text(c)} |')
     notes = margin_notes(summary['runs'], summary['comparisons']) + probe_summaries(
         suite, summary['paper'])
     if lengthening_text(summary):
@@ -1339,7 +1365,8 @@ def status_lines() -> list:
       continue
     verdicts = '; '.join(
         f'{c["label"]} **{c["verdict"]}** (ours {margin_text(c, per_seed=False)}; paper '
-        f'{paper_margin_text(c)})' for c in summary['comparisons'])
+        f'{paper_margin_text(c)}' + (f'; {stuck_text(c)}' if c['stuck'] else '') + ')'
+        for c in summary['comparisons'])
     moving = []
     for run, seeds in runs.items():
       done = [r for r in seeds.values() if usable(r)]

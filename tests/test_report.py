@@ -157,6 +157,29 @@ def test_pages_name_runs_that_dropped_clients_and_give_each_seeds_margin(tmp_pat
   assert 'not finite' not in report.suite_page(suite)[0]
 
 
+def test_verdicts_name_the_seeds_that_never_left_chance(tmp_path, monkeypatch):
+  """A finished run whose test accuracy never passed 11% (ten classes) stays in the means,
+  and its comparison's verdict names it: one such seed sets the margin's spread. A run that
+  passed it once is not named."""
+  suite = _paired_toy_suite(12, tmp_path, monkeypatch)
+  rng = np.random.default_rng(3)
+  for run, s in [(run, s) for run in ('base', 'new') for s in (0, 1, 2)]:
+    acc = rng.uniform(0.5, 0.9, 12)
+    if (run, s) == ('new', 1):
+      acc = np.full(12, 0.1)
+    if (run, s) == ('base', 2):   # at chance but once, at 11.5%
+      acc = np.full(12, 0.1)
+      acc[4] = 0.115
+    _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{s}', 12, acc)
+  (row,) = report.compare_runs(suite, report.collect(suite), {})
+  assert row['stuck'] == [('new', 1)] and row['seeds'] == [0, 1, 2]
+  assert report.verdict_text(row) == f'**{row["verdict"]}** (new seed 1 never left chance)'
+  page, _, _ = report.suite_page(suite)
+  assert f'| {report.margin_text(row)} | {report.verdict_text(row)} |' in page
+  row['stuck'] = []
+  assert report.verdict_text(row) == f'**{row["verdict"]}**'
+
+
 def test_margin_table_says_how_sparse_runs_are_read(tmp_path, monkeypatch):
   """With runs evaluated every 5 rounds, the margin-over-rounds text says a row reads the last
   10 evaluations (50 rounds), not the last 10 rounds; with every round evaluated, it does not."""
