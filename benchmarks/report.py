@@ -603,7 +603,9 @@ def margins_over_rounds(runs: dict, comparisons: list, every_round: bool = False
       method = [last10_at(runs[c['method']][s], end) for s in seeds]
       margin, spread = mean_std([100 * (m - b) for m, b in zip(method, base)])
       rows.append(dict(round=end, baseline=100 * float(np.mean(base)),
-                       method=100 * float(np.mean(method)), margin=margin, margin_std=spread))
+                       method=100 * float(np.mean(method)), margin=margin, margin_std=spread,
+                       # the verdict's spread, as in `compare_runs`
+                       spread=max(spread, 100 * mean_std(base)[1], 100 * mean_std(method)[1])))
     out[c['label']] = rows
   return out
 
@@ -651,10 +653,32 @@ def _margin_lines(runs: dict, comparisons: list) -> list:
   return lines + [''] + margin_notes(runs, shown) + ['']
 
 
-def margin_notes(runs: dict, comparisons: list) -> list:
+def verdict_since(comparison: dict, rows: list) -> Optional[tuple]:
+  """(round, verdict before, its round): the first of `rows` (`margins_over_rounds`, in
+  round order) from which the verdict read at each row (its margin against its spread, as
+  the headline's at the end) is the comparison's at the end at every row after, and the
+  verdict at the row before it and that row's round ('', None when it held at every row);
+  None without a verdict (too few seeds)."""
+  if len(comparison.get('seeds', ())) < MIN_SEEDS_FOR_VERDICT or not rows:
+    return None
+  read = [verdict(comparison['paper_margin'], row['margin'], row['spread'],
+                  comparison['paper_sign']) for row in rows]
+  first = len(read)
+  while first and read[first - 1] == comparison['verdict']:
+    first -= 1
+  if first == len(read):   # the last row is the headline's: it cannot differ
+    return None
+  if not first:
+    return rows[0]['round'], '', None
+  return rows[first]['round'], read[first - 1], rows[first - 1]['round']
+
+
+def margin_notes(runs: dict, comparisons: list, verdicts: bool = True) -> list:
   """Per comparison, read at every round (not only the table's checkpoints): where the
   margin peaked, and, when the paper's figure is on our data set, the first round at which
-  our baseline's last-10 mean reaches the paper's baseline accuracy and our margin there."""
+  our baseline's last-10 mean reaches the paper's baseline accuracy and our margin there;
+  with `verdicts`, since which round the verdict has been the one at the end (how long it
+  has held tells whether more rounds may change it; a probe has no verdict)."""
   margins = margins_over_rounds(runs, comparisons, every_round=True)
   lines = []
   for c in comparisons:
@@ -672,6 +696,12 @@ def margin_notes(runs: dict, comparisons: list) -> list:
                f'round {reached["round"]}, where our margin is {reached["margin"]:+.2f} '
                f'(paper: {c["paper_margin"]:+.2f})' if reached else
                f'; ours never reaches the paper\'s baseline ({c["paper_baseline"]:.2f}%)')
+    since = verdict_since(c, rows) if verdicts else None
+    if since is not None:
+      start, before, at = since
+      text += (f'; verdict {c["verdict"]} at every round since round {start} ({before} at '
+               f'round {at})' if before else
+               f'; verdict {c["verdict"]} at every round read (from round {start})')
     lines.append(text + '.')
   return lines
 
@@ -738,7 +768,7 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
                      f'{pm(c["baseline_mean"], c["baseline_std"])} | '
                      f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | '
                      + ' | '.join(swings) + ' |')
-      lines += [''] + margin_notes(runs, comparisons)
+      lines += [''] + margin_notes(runs, comparisons, verdicts=False)
     lines += dropped_lines({run: runs.get(run, {}) for run in probe.runs})
     for run in probe.runs:
       for seed in probe.seeds:

@@ -485,6 +485,55 @@ def test_margin_notes_say_when_the_method_is_behind_throughout(monkeypatch):
   assert note.startswith('- toy: largest margin +0.50 at round 10 ')
 
 
+def test_margin_notes_say_since_when_the_verdict_has_held(tmp_path, monkeypatch):
+  """The verdict read at every round (numpy's last-10 means, paired margin, spread = the
+  largest of the margin's, the baseline's and the method's stds; the rules written out
+  here) has been the end's since the round the note names, and the note names the verdict
+  at the round before; a probe's notes (no verdicts) say nothing of it."""
+  suite = _paired_toy_suite(60, tmp_path, monkeypatch)
+  rng = np.random.default_rng(11)
+  curves = {}
+  for seed in (0, 1, 2):
+    # the method leads by 6 points over rounds 1-30, then by 1: a paper margin of +4 makes
+    # that reproduced, then smaller or within noise as the lead shrinks
+    base = np.linspace(0.40, 0.80, 60) + rng.normal(0, 0.004, 60)
+    method = base + np.where(np.arange(60) < 30, 0.06, 0.01) + rng.normal(0, 0.004, 60)
+    curves['base', seed], curves['new', seed] = base, method
+    for run in ('base', 'new'):
+      _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{seed}', 60, curves[run, seed])
+  runs = report.collect(suite)
+  paper = {'toy setting': dict(dataset='CIFAR-10', baseline=50.0, method=54.0)}
+  (comparison,) = report.compare_runs(suite, runs, paper)
+
+  def read(end):
+    base = np.array([100 * curves['base', s][end - 10:end].mean() for s in (0, 1, 2)])
+    method = np.array([100 * curves['new', s][end - 10:end].mean() for s in (0, 1, 2)])
+    margin = method - base
+    spread = max(margin.std(ddof=1), base.std(ddof=1), method.std(ddof=1))
+    if abs(margin.mean()) <= spread:
+      return 'within noise'
+    if margin.mean() < 0:
+      return 'opposite'
+    return 'reproduced' if margin.mean() >= 2.0 else 'smaller'
+
+  verdicts = {end: read(end) for end in range(10, 61)}
+  assert verdicts[60] == comparison['verdict'] and verdicts[30] == 'reproduced'
+  since = 60
+  while verdicts[since - 1] == verdicts[60]:
+    since -= 1
+  assert 30 < since < 60
+  (note,) = report.margin_notes(runs, [comparison])
+  assert note.endswith(f'; verdict {verdicts[60]} at every round since round {since} '
+                       f'({verdicts[since - 1]} at round {since - 1}).')
+  (note,) = report.margin_notes(runs, [comparison], verdicts=False)
+  assert 'verdict' not in note
+  # one verdict throughout: said so, from the first round read
+  rows = [dict(round=r, margin=5.0, spread=1.0, baseline=50.0) for r in (10, 20, 30)]
+  monkeypatch.setattr(report, 'margins_over_rounds', lambda *a, **k: {'toy': rows})
+  (note,) = report.margin_notes(runs, [dict(comparison, verdict='reproduced')])
+  assert note.endswith('; verdict reproduced at every round read (from round 10).')
+
+
 def test_a_run_made_at_other_settings_is_left_out_and_named(tmp_path, monkeypatch):
   """A run whose config.json records another value of a declared field (e.g. made before its
   tuned rate changed) is not shown as a run of the new settings."""
