@@ -380,7 +380,9 @@ VERDICTS = ('Verdict: `reproduced` = the paper\'s sign, at least half its margin
             'than the seeds\' spread; `smaller`, `within noise`, `opposite` otherwise '
             '(`benchmarks/report.py: verdict`). The spread is the largest of three stds over '
             'seeds: the margin\'s, the baseline\'s and the method\'s, so a margin must clear '
-            'each run\'s own seed-to-seed scatter, not only the paired difference\'s')
+            'each run\'s own seed-to-seed scatter, not only the paired difference\'s. '
+            'Each comparison\'s margin note says since which round its verdict, '
+            'read the same way at every round, has been the one at the end')
 
 
 def margin_text(comparison: dict, per_seed: bool = True) -> str:
