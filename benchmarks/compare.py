@@ -251,27 +251,53 @@ COST_FIELDS = ('algorithm', 'dataset', 'model', 'num_clients', 'clients_per_roun
                'local_epochs', 'batch_size', 'partition', 'eval_every')
 
 
-def recorded_seconds_per_round(suite_name: str) -> dict:
-  """{COST_FIELDS values: (mean seconds of a round, whole)} over every run the suite has
-  recorded (reported, tuning, probes, superseded; finished or not). whole: the rounds as the
-  program ran them, evaluation included (metrics.csv's round_seconds, recorded since
-  2026-11-25; a mean, so that rounds evaluated every --eval_every count as often as they
-  come); else only their training (its `seconds`), for costs recorded before."""
+# Training does not depend on the evaluation schedule: a run's training seconds stand for
+# a run that differs only in --eval_every (its evaluation then not counted).
+TRAINING_COST_FIELDS = tuple(f for f in COST_FIELDS if f != 'eval_every')
+
+
+def _recorded_round_seconds(suite_name: str):
+  """(config, whole, training) per run the suite has recorded (reported, tuning, probes,
+  superseded; finished or not): its config (fields added since at their defaults) and the
+  finite seconds of its rounds after the first (which also traces and compiles: left out,
+  as in summary.json), whole (metrics.csv's round_seconds) and training only (`seconds`)."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
-  seconds = {}
   for _, directory in report.recorded_runs(suite_name):
     path = os.path.join(directory, 'config.json')
     if not os.path.exists(path):
       continue
-    with open(path) as f:   # fields added since it was recorded: at their defaults
+    with open(path) as f:
       config = experiment.recorded_config(json.load(f))
-    rows = report.metrics_rows(directory)
+    rows = report.metrics_rows(directory)[1:]
+    yield config, *([v for v in report.metrics_column(rows, column) if np.isfinite(v)]
+                    for column in ('round_seconds', 'seconds'))
+
+
+def recorded_seconds_per_round(suite_name: str) -> dict:
+  """{COST_FIELDS values: (mean seconds of a round, whole)} over every run the suite has
+  recorded. whole: the rounds as the program ran them, evaluation included (metrics.csv's
+  round_seconds, recorded since 2026-11-25; a mean, so that rounds evaluated every
+  --eval_every count as often as they come); else only their training (its `seconds`), for
+  costs recorded before."""
+  seconds = {}
+  for config, whole, training in _recorded_round_seconds(suite_name):
     key = tuple(getattr(config, f) for f in COST_FIELDS)
-    # the first round also traces and compiles: left out, as in summary.json
-    for values, column in zip(seconds.setdefault(key, ([], [])), ('round_seconds', 'seconds')):
-      values.extend(v for v in report.metrics_column(rows[1:], column) if np.isfinite(v))
+    kept = seconds.setdefault(key, ([], []))
+    kept[0].extend(whole)
+    kept[1].extend(training)
   return {key: (float(np.mean(whole)), True) if whole else (float(np.mean(training)), False)
           for key, (whole, training) in seconds.items() if whole or training}
+
+
+def recorded_training_seconds(suite_name: str) -> dict:
+  """{TRAINING_COST_FIELDS values: mean training seconds of a round} over every run the suite
+  has recorded, whatever its --eval_every: the cost of a run whose evaluation schedule has
+  no round recorded yet (e.g. a suite made again every 5th round evaluated)."""
+  seconds = {}
+  for config, _, training in _recorded_round_seconds(suite_name):
+    seconds.setdefault(tuple(getattr(config, f) for f in TRAINING_COST_FIELDS),
+                       []).extend(training)
+  return {key: float(np.mean(values)) for key, values in seconds.items() if values}
 
 
 def _runs(n: int) -> str:
@@ -290,6 +316,7 @@ def plan(suite: suites.Suite, configs) -> list:
   would stop at (recorded with other settings) as blocked, with the reason; then the total."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   per_round = recorded_seconds_per_round(suite.name)
+  training_per_round = recorded_training_seconds(suite.name)
   lines, total_rounds, total_seconds, untimed, done, blocked = [], 0, 0.0, 0, 0, 0
   training_only = 0
   for config in configs:
@@ -306,6 +333,10 @@ def plan(suite: suites.Suite, configs) -> list:
       continue
     left = config.rounds - start
     seconds, whole = per_round.get(tuple(getattr(config, f) for f in COST_FIELDS), (None, None))
+    note = '' if whole else ' (training only)'
+    if seconds is None:   # e.g. made again at another --eval_every: its training is known
+      seconds = training_per_round.get(tuple(getattr(config, f) for f in TRAINING_COST_FIELDS))
+      note = ' (training only, recorded at another --eval_every)'
     total_rounds += left
     if seconds is None:
       untimed += 1
@@ -313,8 +344,7 @@ def plan(suite: suites.Suite, configs) -> list:
     else:
       total_seconds += left * seconds
       training_only += not whole
-      estimate = (f'~{_duration(left * seconds)} at {seconds:.2f} s/round'
-                  + ('' if whole else ' (training only)'))
+      estimate = f'~{_duration(left * seconds)} at {seconds:.2f} s/round{note}'
     if start:
       start_text = f'resumes after round {start}'
     elif target:
@@ -329,9 +359,9 @@ def plan(suite: suites.Suite, configs) -> list:
       + (f'; {blocked} blocked (listed above)' if blocked else '')
       + ' (recorded mostly two runs side by side, so JOBS=2 takes about half of it in wall '
       'clock; checkpoints add to it'
-      + (f'; {_runs(training_only)} sized by their training time only, recorded before '
-         f'whole rounds were: evaluating every round adds to it ({report.whole_round_example()})'
-         if training_only else '')
+      + (f'; {_runs(training_only)} sized by their training time only (recorded before '
+         'whole rounds were, or at another --eval_every): evaluation adds to it '
+         f'({report.whole_round_example()})' if training_only else '')
       + ')')
   return lines
 

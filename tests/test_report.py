@@ -776,7 +776,19 @@ def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monk
   lines = plan_lines(['--only=new', '--seeds=2'])
   assert lines[0].endswith('20 rounds left (starts at round 1); ~12 min at 36.00 s/round '
                            '(training only)')
+  # A run declared at another --eval_every than any recorded: its training is the same, so
+  # it is sized by the recorded training seconds of its cost, and says so.
+  every5 = dataclasses.replace(toy, common=dict(toy.common, eval_every=5))
+  monkeypatch.setitem(suites.SUITES, 'fedcda', every5)
+  lines = plan_lines(['--only=base', '--seeds=1'])
+  assert lines[0] == (f'  {rel("base_s1")}: 20 rounds left (starts at round 1); ~13 min at '
+                      '40.00 s/round (training only, recorded at another --eval_every)')
+  assert lines[1].startswith('1 of 1 runs to make, 20 rounds: ~13 min as recorded (') and (
+      '1 run sized by their training time only (recorded before whole rounds were, or at '
+      'another --eval_every)' in lines[1]), lines
+  monkeypatch.setitem(suites.SUITES, 'fedcda', toy)
   monkeypatch.setattr(compare, 'recorded_seconds_per_round', lambda name: {})
+  monkeypatch.setattr(compare, 'recorded_training_seconds', lambda name: {})
   lines = plan_lines(['--only=base'])
   assert lines[0].endswith('no round of this cost recorded yet')
   assert '2 of 3 runs to make, 40 rounds: ~0 min as recorded, plus 2 runs ' \
