@@ -359,7 +359,7 @@ def plan(suite: suites.Suite, configs) -> list:
       + (f'; {blocked} blocked (listed above)' if blocked else '')
       + ' (recorded mostly two runs side by side, so JOBS=2 takes about half of it in wall '
       'clock; checkpoints add to it'
-      + (f'; {_runs(training_only)} sized by their training time only (recorded before '
+      + (f'; {_runs(training_only)} sized by training time only (recorded before '
          'whole rounds were, or at another --eval_every): evaluation adds to it '
          f'({report.whole_round_example()})' if training_only else '')
       + ')')

@@ -771,7 +771,7 @@ def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monk
       f'  {rel("new_s1")}: 20 rounds left (starts at round 1); ~12 min at 36.00 s/round '
       '(training only)']
   assert lines[3].startswith('3 of 4 runs to make, 55 rounds: ~41 min as recorded')
-  assert '; 2 runs sized by their training time only' in lines[3]
+  assert '; 2 runs sized by training time only' in lines[3]
   assert len(lines) == 4
   lines = plan_lines(['--only=new', '--seeds=2'])
   assert lines[0].endswith('20 rounds left (starts at round 1); ~12 min at 36.00 s/round '
@@ -784,7 +784,7 @@ def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monk
   assert lines[0] == (f'  {rel("base_s1")}: 20 rounds left (starts at round 1); ~13 min at '
                       '40.00 s/round (training only, recorded at another --eval_every)')
   assert lines[1].startswith('1 of 1 runs to make, 20 rounds: ~13 min as recorded (') and (
-      '1 run sized by their training time only (recorded before whole rounds were, or at '
+      '1 run sized by training time only (recorded before whole rounds were, or at '
       'another --eval_every)' in lines[1]), lines
   monkeypatch.setitem(suites.SUITES, 'fedcda', toy)
   monkeypatch.setattr(compare, 'recorded_seconds_per_round', lambda name: {})
