@@ -255,6 +255,12 @@ def swing_text(runs: list, window: Optional[int] = None) -> str:
   return over_seeds([run_swing(r, window) for r in runs], scale=100) if window else 'n/a'
 
 
+def verdict_spread(margins, baseline, method) -> float:
+  """The spread a margin must clear to get a verdict: the largest of the stds over seeds of
+  the paired margins, the baseline's and the method's values (each a list, one per seed)."""
+  return max(mean_std(margins)[1], mean_std(baseline)[1], mean_std(method)[1])
+
+
 MIN_SEEDS_FOR_VERDICT = 2   # a spread needs two paired seeds; one seed gets no verdict
 
 
@@ -540,7 +546,9 @@ def compare_runs(suite: suites.Suite, runs: dict, paper: dict, partial: bool = F
     b_mean, b_std = mean_std([base[s]['last10_mean_accuracy'] for s in paired or base])
     figures = paper.get(comp.paper, {})
     paper_margin = figures.get('method', np.nan) - figures.get('baseline', np.nan)
-    spread_points = max(100 * spread, 100 * m_std, 100 * b_std) if paired else np.nan
+    spread_points = (100 * verdict_spread(
+        diffs, [base[s]['last10_mean_accuracy'] for s in paired],
+        [method[s]['last10_mean_accuracy'] for s in paired]) if paired else np.nan)
     rows.append(dict(
         label=comp.label, method=comp.method, baseline=comp.baseline, seeds=paired,
         seed_margins=[100 * d for d in diffs],
@@ -603,11 +611,13 @@ def margins_over_rounds(runs: dict, comparisons: list, every_round: bool = False
         continue
       base = [last10_at(runs[c['baseline']][s], end) for s in seeds]
       method = [last10_at(runs[c['method']][s], end) for s in seeds]
-      margin, spread = mean_std([100 * (m - b) for m, b in zip(method, base)])
+      margins = [100 * (m - b) for m, b in zip(method, base)]
+      margin, margin_std = mean_std(margins)
       rows.append(dict(round=end, baseline=100 * float(np.mean(base)),
-                       method=100 * float(np.mean(method)), margin=margin, margin_std=spread,
-                       # the verdict's spread, as in `compare_runs`
-                       spread=max(spread, 100 * mean_std(base)[1], 100 * mean_std(method)[1])))
+                       method=100 * float(np.mean(method)), margin=margin,
+                       margin_std=margin_std,
+                       spread=verdict_spread(margins, [100 * b for b in base],
+                                             [100 * m for m in method])))
     out[c['label']] = rows
   return out
 

@@ -30,6 +30,18 @@ def test_verdict(paper, ours, spread, want, sign):
   assert report.verdict(paper, ours, spread, sign) == want
 
 
+@pytest.mark.parametrize('seed', range(4))
+def test_verdict_spread_is_the_largest_of_three_stds(seed):
+  rng = np.random.default_rng(seed)
+  n = 2 + seed
+  base = rng.uniform(60, 90, n)
+  method = base + rng.normal(2, rng.uniform(0.1, 10), n)
+  margins = method - base
+  want = max(np.std(margins, ddof=1), np.std(base, ddof=1), np.std(method, ddof=1))
+  assert report.verdict_spread(list(margins), list(base), list(method)) == pytest.approx(want)
+  assert np.isnan(report.verdict_spread([1.0], [80.0], [81.0]))   # one seed: no spread
+
+
 @pytest.mark.parametrize('margin, sign, want', [
     (6.82, 0, '+6.82'), (-1.5, 1, '-1.50'),      # a figure wins over the sign
     (float('nan'), 1, 'a gain (sign only)'), (float('nan'), -1, 'a loss (sign only)'),
