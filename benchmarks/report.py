@@ -354,6 +354,22 @@ def pm(mean: float, std: float) -> str:
   return mean_and_spread(100 * mean, 100 * std)
 
 
+# The suite's plot, as a markdown image relative to its page (`_relinked` for REPRODUCTION.md).
+CURVES_IMAGE = '![test accuracy over rounds, mean ± std over seeds](curves.png)'
+
+
+def paper_text(comparison: dict) -> str:
+  """The paper's baseline → method (margin, data set), or its margin text alone when its
+  figures were lost."""
+  base, method = comparison.get('paper_baseline'), comparison.get('paper_method')
+  figures = (f'{base:.2f} → {method:.2f} ' if base is not None and method is not None
+             and np.isfinite(base) and np.isfinite(method) else '')
+  dataset = comparison.get('paper_dataset', '')
+  if not figures:
+    return paper_margin_text(comparison) + (f'; {dataset}' if dataset else '')
+  return f'{figures}({paper_margin_text(comparison)}' + (f', {dataset}' if dataset else '') + ')'
+
+
 def paper_margin_text(comparison: dict) -> str:
   """The paper's margin in points; where its figures were lost but the sign of its claim is
   known, that claim ('a gain (sign only)'); 'n/a' when neither is known."""
@@ -383,8 +399,11 @@ def dropped_lines(runs: dict) -> list:
 
 # The verdict rule in words, for every page that shows verdicts (`verdict`, `compare_runs`).
 VERDICTS = ('Verdict: `reproduced` = the paper\'s sign, at least half its margin and larger '
-            'than the seeds\' spread; `smaller`, `within noise`, `opposite` otherwise '
-            '(`benchmarks/report.py: verdict`). The spread is the largest of three stds over '
+            'than the seeds\' spread; `smaller` = the paper\'s sign and larger than the '
+            'spread, but under half its margin; `opposite` = the other sign, larger than the '
+            'spread; `within noise` = no larger than the spread, a fourth word beside the '
+            'issue\'s three because such a margin\'s sign is not known (`benchmarks/report.py: '
+            'verdict`). The spread is the largest of three stds over '
             'seeds: the margin\'s, the baseline\'s and the method\'s, so a margin must clear '
             'each run\'s own seed-to-seed scatter, not only the paired difference\'s. '
             'Each comparison\'s margin note says since which round its verdict, '
@@ -485,6 +504,25 @@ def collect_reported(suite: suites.Suite) -> tuple:
     if all(s in seeds and settled(seeds[s]) for seeds in runs.values() for s in suites.SEEDS):
       return n, runs
   return declared, at_declared
+
+
+def unchanged_text(suite: suites.Suite, probe: suites.Probe) -> str:
+  """'; compared with ...': which makings of the probe's `unchanged` runs it is compared with,
+  as `collect_probe` reads them: at the probe's length, from that length's making kept in
+  earlier_runs/ where there is one, else over the first rounds of the reported runs."""
+  if not probe.unchanged:
+    return ''
+  rounds = suite.probe_overrides(probe, probe.unchanged[0], suites.load_tuned(suite.name))[
+      'rounds']
+  kept = kept_dir(suites.suite_dir(suite.name), rounds)
+  made = [run for run in probe.unchanged if set(_seed_paths(kept, run)) & set(probe.seeds)]
+  rest = [run for run in probe.unchanged if run not in made]
+  parts = ([f'the unchanged {", ".join(made)} as made at {rounds} rounds before the suite was '
+            f'lengthened (`earlier_runs/rounds{rounds}/`)'] if made else []) + (
+      [f'the unchanged reported runs of {", ".join(rest)}' + (
+          f' over their first {rounds} rounds' if rounds != declared_rounds(suite) else '')]
+      if rest else [])
+  return '; compared with ' + ' and '.join(parts)
 
 
 def collect_probe(suite: suites.Suite, probe: suites.Probe) -> dict:
@@ -765,9 +803,8 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
     lines += [f'### {probe.name}: {probe.question}', '',
               'Changed from the reported runs: ' + ', '.join(
                   f'`{k}={v}`' for k, v in sorted(probe.overrides.items())) +
-              f'; runs {", ".join(probe.runs)}; seeds {", ".join(map(str, probe.seeds))}' + (
-                  f'; compared with the reported runs of {", ".join(probe.unchanged)} '
-                  '(unchanged)' if probe.unchanged else '') + '.', '']
+              f'; runs {", ".join(probe.runs)}; seeds {", ".join(map(str, probe.seeds))}'
+              + unchanged_text(suite, probe) + '.', '']
     comparisons = compare_runs(suite, runs, paper, partial=True)
     if comparisons:
       lines += ['Swing as in "Every run" below (over the last W rounds).', '',
@@ -1207,7 +1244,7 @@ def suite_page(suite: suites.Suite) -> tuple:
   status = _status(runs)
   if status:
     lines += ['', '## Not finished yet', ''] + status
-  lines += ['', 'Curves: `curves.png` (mean over finished seeds, band = ± one std).', '']
+  lines += ['', f'Curves (mean over finished seeds, band = ± one std): {CURVES_IMAGE}', '']
   remade = remade_runs(suite)
   lines += _remade_lines(remade)
   earlier = os.path.join(suites.suite_dir(suite.name), 'earlier_runs')
@@ -1269,18 +1306,33 @@ def compute_hours(suite_name: str) -> dict:
   return out
 
 
-def whole_round_ratio(suite_name: str) -> float:
-  """Whole rounds' seconds (metrics.csv's round_seconds: training, evaluation and the rest of
-  the round but its checkpoint) over their training seconds, summed over every round but
-  the first of the suite's runs that record both (since 2026-11-25); NaN when none does."""
+def whole_round_record(suite_name: str) -> tuple:
+  """(ratio, kinds, median training seconds) of the rounds, but each run's first, of the
+  suite's runs that record both whole rounds' seconds (metrics.csv's round_seconds: training,
+  evaluation and the rest of the round but its checkpoint, since 2026-11-25) and their
+  training seconds: the ratio of the two sums, the run kinds they come from (in RUN_KINDS
+  order) and the median round's training seconds, which say how far the ratio carries
+  (evaluation weighs little beside a long round); (NaN, (), NaN) when no run records both."""
   whole = training = 0.0
-  for _, rows in recorded_metrics(suite_name):
+  kinds, seconds = [], []
+  for kind, rows in recorded_metrics(suite_name):
     rows = rows[1:]
     both = np.isfinite(metrics_column(rows, 'round_seconds')) & np.isfinite(
         metrics_column(rows, 'seconds'))
+    if not both.any():
+      continue
     whole += float(metrics_column(rows, 'round_seconds')[both].sum())
     training += float(metrics_column(rows, 'seconds')[both].sum())
-  return whole / training if training else float('nan')
+    seconds += list(metrics_column(rows, 'seconds')[both])
+    kinds += [kind] if kind not in kinds else []
+  if not training:
+    return float('nan'), (), float('nan')
+  return whole / training, tuple(kinds), float(np.median(seconds))
+
+
+def whole_round_ratio(suite_name: str) -> float:
+  """Whole rounds' seconds over their training seconds (`whole_round_record`'s ratio)."""
+  return whole_round_record(suite_name)[0]
 
 
 def evaluation_seconds(suite_name: str) -> tuple:
@@ -1326,9 +1378,10 @@ def whole_round_example(besides: str = '') -> str:
 def _compute_line(suite_name: str) -> str:
   hours = compute_hours(suite_name)
   spent = [f'{kind} {h:.1f} h' for kind, h in hours.items() if h > 0]
-  ratio = whole_round_ratio(suite_name)
-  measured = (f'with it, the rounds of the suite\'s runs that record both took {ratio:.1f} times '
-              'their training' if np.isfinite(ratio) else
+  ratio, kinds, median = whole_round_record(suite_name)
+  measured = (f'with it, the rounds that record both, in the suite\'s {" and ".join(kinds)} '
+              f'(a median {median:.1f} s of training a round), took {ratio:.1f} times their '
+              'training' if np.isfinite(ratio) else
               f'not recorded for this suite\'s runs yet; {whole_round_example(suite_name)}')
   evaluation, training = evaluation_seconds(suite_name)
   if np.isfinite(evaluation):
@@ -1363,11 +1416,12 @@ def reproduction_page() -> str:
               f'Page: [{suite.name}/results.md]({suite.name}/results.md)' + (
                   f'; diagnosis: [{suite.name}/diagnosis.md]({suite.name}/diagnosis.md)'
                   if os.path.exists(diagnosis) else ''),
-              '', '| setting | paper margin | our baseline | our method | our margin | verdict |',
+              '', '| setting | paper: baseline → method (margin) | our baseline | our method | '
+              'our margin | verdict |',
               '|---|---|---|---|---|---|']
     for c in summary['comparisons']:
       lines.append(
-          f'| {c["label"]} | {paper_margin_text(c)} ({c["paper_dataset"]}) | '
+          f'| {c["label"]} | {paper_text(c)} | '
           f'{pm(c["baseline_mean"], c["baseline_std"])} | '
           f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | {verdict_text(c)} |')
     notes = margin_notes(summary['runs'], summary['comparisons']) + probe_summaries(
@@ -1375,6 +1429,7 @@ def reproduction_page() -> str:
     if lengthening_text(summary):
       notes.insert(0, '- ' + lengthening_text(summary))
     lines += [''] + notes if notes else []
+    lines += ['', _relinked(CURVES_IMAGE, suite.name)]
     if suite.notes:
       lines += ['', _relinked(suite.notes, suite.name)]
     lines += ['', _compute_line(suite.name), '']

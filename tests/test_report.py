@@ -50,6 +50,17 @@ def test_paper_margin_text_states_a_sign_only_claim(margin, sign, want):
   assert report.paper_margin_text(dict(paper_margin=margin, paper_sign=sign)) == want
 
 
+@pytest.mark.parametrize('figures, want', [
+    (dict(paper_baseline=71.81, paper_method=78.63, paper_margin=6.82,
+          paper_dataset='Fashion-MNIST'), '71.81 → 78.63 (+6.82, Fashion-MNIST)'),
+    (dict(paper_baseline=None, paper_method=None, paper_margin=float('nan'), paper_sign=1,
+          paper_dataset='CIFAR-10'), 'a gain (sign only); CIFAR-10'),
+    (dict(paper_baseline=None, paper_method=None, paper_margin=float('nan'), paper_dataset=''),
+     'n/a')])
+def test_paper_text_gives_the_papers_figures_where_it_has_them(figures, want):
+  assert report.paper_text(figures) == want
+
+
 def _curve_run(rounds, accuracy) -> dict:
   """A loaded run's curve, as load_run gives it."""
   return dict(curve_rounds=list(rounds), curve_accuracy=list(accuracy))
@@ -658,7 +669,20 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path,
   diffs = [100 * (tails['fedcda', s] - tails['reported', s]) for s in (0, 1)]
   assert row['margin'] == pytest.approx(np.mean(diffs))
   page, _, _ = report.suite_page(suite)
-  assert 'seeds 0, 1; compared with the reported runs of base (unchanged).' in page
+  assert 'seeds 0, 1; compared with the unchanged reported runs of base.' in page
+  # At a length shorter than the suite's, the page says which making is read: the reported
+  # runs' first rounds, or that length's making kept in earlier_runs/ when there is one.
+  short = dataclasses.replace(only_new, overrides=dict(rounds=10))
+  assert report.unchanged_text(suite, short) == (
+      '; compared with the unchanged reported runs of base over their first 10 rounds')
+  _write_run(tmp_path / 'toy' / 'earlier_runs' / 'rounds10' / 'base_s1', 10,
+             np.full(10, 0.3), config=dict(suite.config_overrides('base'), seed=1, rounds=10))
+  assert report.unchanged_text(suite, short) == (
+      '; compared with the unchanged base as made at 10 rounds before the suite was '
+      'lengthened (`earlier_runs/rounds10/`)')
+  assert report.collect_probe(suite, short)['base'][1]['last10_mean_accuracy'] == (
+      pytest.approx(0.3))
+  shutil.rmtree(tmp_path / 'toy' / 'earlier_runs')
   alone = dataclasses.replace(only_new, unchanged=())
   assert sorted(report.collect_probe(suite, alone)) == ['new']
   assert report.compare_runs(suite, report.collect_probe(suite, alone), {}, partial=True) == []
@@ -681,7 +705,7 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path,
   diffs = [100 * (tails['reported new', s] - tails['fedavg', s]) for s in (1, 2)]
   assert row['margin'] == pytest.approx(np.mean(diffs))
   page, _, _ = report.suite_page(suite)
-  assert 'seeds 1, 2; compared with the reported runs of new (unchanged).' in page
+  assert 'seeds 1, 2; compared with the unchanged reported runs of new.' in page
 
 
 def test_readme_reproduction_status_is_current():
@@ -1945,6 +1969,12 @@ def test_whole_round_ratio_sums_the_rounds_that_record_both(tmp_path, monkeypatc
   _write_run(tmp_path / 'toy' / 'tuning' / 'b_lr1', 3, np.full(3, 0.5), seconds=1.0,
              round_seconds=4.0)
   assert report.whole_round_ratio('toy') == pytest.approx((4 * 3.0 + 2 * 4.0) / (4 * 2.0 + 2))
+  # which runs the ratio comes from, and how long their rounds trained (median of 2,2,2,2,1,1)
+  ratio, kinds, median = report.whole_round_record('toy')
+  assert kinds == ('reported runs', 'tuning') and median == pytest.approx(2.0)
+  line = report._compute_line('toy')
+  assert ('the rounds that record both, in the suite\'s reported runs and tuning (a median 2.0 s '
+          'of training a round), took 2.0 times') in line
 
 
 def test_evaluation_seconds_compares_evaluated_rounds_with_the_others(tmp_path, monkeypatch):
