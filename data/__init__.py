@@ -10,11 +10,22 @@ which the partition explorer and quick checks appreciate; names from
 `data.datasets` / `data.loaders` import TF/TFF on first use.
 
 This package depends on numpy, TF/TFF, tensorflow-datasets, scikit-learn and
-matplotlib only: never on `programs` or the method modules of `tff_algos`.
+matplotlib only: never on `programs` or the method modules of `tff_algos`. It does import
+`tff_algos.execution` (stdlib only), whose exit hook stops TFF's worker processes: without
+it a script that loads data through TFF and nothing of `tff_algos` ends with TFF's
+ServiceManager traceback.
 """
 
 import importlib
 from typing import TYPE_CHECKING
+
+try:   # installed, or through the checkout's link: this package is `tff_algos.data`
+  from .. import execution as _execution  # noqa: F401
+except ImportError:
+  try:   # a checkout's top-level `data`, beside `tff_algos`
+    from tff_algos import execution as _execution  # noqa: F401
+  except ImportError:   # `data` copied out alone: TFF's own exit
+    _execution = None
 
 _EXPORTS = {
     'data.partitioners': (

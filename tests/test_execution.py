@@ -153,6 +153,21 @@ def test_values_held_at_exit_end_without_a_traceback():
       result.stderr[-2000:])
 
 
+def test_data_alone_through_tff_ends_without_a_traceback():
+  """`data` used without anything else of tff_algos (e.g. a notebook that only partitions and
+  federates a data set) still gets the exit hook: TFF's ServiceManager would otherwise try
+  to stop its worker when `subprocess` is already gone and print a traceback."""
+  script = ('import data\n'
+            'from data import datasets\n'
+            'import sys\n'
+            'print("tff_algos.execution" in sys.modules, flush=True)\n')
+  result = subprocess.run([sys.executable, '-c', script], env=_env(), capture_output=True,
+                          text=True, timeout=180)
+  assert result.returncode == 0 and result.stdout.strip() == 'True', result.stderr[-2000:]
+  assert 'Traceback' not in result.stderr and 'Exception ignored' not in result.stderr, (
+      result.stderr[-2000:])
+
+
 def test_closing_remote_executors_does_not_wake_lazy_proxies(monkeypatch):
   """Exit finds TFF's RemoteExecutors among all objects by their type: isinstance would read
   every object's `__class__`, which on lazy proxies (tfds's builders) imports what they
