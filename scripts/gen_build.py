@@ -34,7 +34,9 @@ def _list(items, indent='        '):
 def render():
   parts = [HEADER, 'package(default_visibility = ["//visibility:public"])\n']
   parts.append(f'py_library(\n    name = "tff_algos",\n    srcs = [\n{_list(_py_files("tff_algos"))}\n    ],\n)\n')
-  parts.append(f'py_library(\n    name = "data",\n    srcs = [\n{_list(_py_files("data"))}\n    ],\n)\n')
+  # data/__init__ imports tff_algos.execution (stdlib only) to stop TFF's workers at exit.
+  parts.append(f'py_library(\n    name = "data",\n    srcs = [\n{_list(_py_files("data"))}\n    ],\n'
+               '    deps = [":tff_algos"],\n)\n')
   programs = _py_files('programs')
   lib = [p for p in programs
          if os.path.basename(p) in ('__init__.py', 'experiment.py', 'methods.py')]

@@ -33,6 +33,35 @@ def test_build_is_current():
   assert result.returncode == 0, result.stderr
 
 
+def _py_libraries():
+  """{name: (srcs, deps)} of every py_library in BUILD."""
+  build = open(os.path.join(ROOT, 'BUILD')).read()
+  libraries = {}
+  for body in re.findall(r'^py_library\(\n(.*?)^\)', build, flags=re.M | re.S):
+    name = re.search(r'name = "(\w+)"', body).group(1)
+    srcs = re.findall(r'"([\w/]+\.py)"', body)
+    deps = re.search(r'deps = \[(.*?)\]', body, flags=re.S)
+    libraries[name] = (srcs, set(re.findall(r'":(\w+)"', deps.group(1))) if deps else set())
+  return libraries
+
+
+def test_every_library_depends_on_the_first_party_packages_it_imports():
+  """A library importing another of our packages must list it in deps (Bazel's sandbox
+  would otherwise lack it); e.g. data/__init__ imports tff_algos.execution."""
+  libraries = _py_libraries()
+  package_target = {'tff_algos': 'tff_algos', 'data': 'data', 'programs': 'programs_lib'}
+  for name, (srcs, deps) in libraries.items():
+    for src in srcs:
+      source = open(os.path.join(ROOT, src)).read()
+      imported = set(re.findall(r'^\s*(?:from|import) (tff_algos|data|programs)\b', source,
+                                flags=re.M))
+      for package in imported:
+        target = package_target[package]
+        assert target == name or target in deps, (
+            f'{src} imports {package} but py_library {name} lacks deps ":{target}" '
+            '(run python scripts/gen_build.py)')
+
+
 def _py_tests():
   """{name: {attribute: value source}} of every py_test in BUILD."""
   build = open(os.path.join(ROOT, 'BUILD')).read()
