@@ -28,7 +28,7 @@ from benchmarks import suites
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, 'fedcross', 'diagnosis.md')
-WINDOW = 50   # rounds per row of the over-rounds tables (as the plateau criterion's window)
+WINDOW = report.WINDOW
 
 
 def round_spread(row) -> dict:
@@ -151,8 +151,7 @@ def _rounds_lines(sources) -> list:
     if not seeds:
       continue
     total = min(min(len(cross[s]) for s in seeds), min(len(avg[s]) for s in seeds))
-    marks = sorted({m for m in range(accel + WINDOW, total + 1, WINDOW)} | {total} |
-                   ({accel} if 0 < accel < total else set()))
+    marks = report.window_marks(total, accel)
     lines += [f'{label}, seeds {", ".join(map(str, seeds))}:', '',
               '| rounds | α | median 1 − cos (1e-4) | distinct collaborators | FedAvg (%) | '
               'FedCross (%) | margin (points) | FedAvg swing | FedCross swing |',
@@ -163,19 +162,17 @@ def _rounds_lines(sources) -> list:
       alpha = np.mean([_mean_of_evaluated(report.metrics_column(cross[s][start:mark],
                                                                 'aggregator/alpha'))
                        for s in seeds])
-      # One parse of each window's accuracies serves both its mean and its swing.
-      acc_a, acc_c = ([report.metrics_column(runs[s][start:mark], 'test_accuracy')
-                       for s in seeds] for runs in (avg, cross))
-      a = [_mean_of_evaluated(v) for v in acc_a]
-      c = [_mean_of_evaluated(v) for v in acc_c]
-      swings = [[report.swing(v) for v in acc] for acc in (acc_a, acc_c)]
+      (a, swing_a), (c, swing_c) = (
+          zip(*[report.window_accuracy(runs[s], start, mark) for s in seeds])
+          for runs in (avg, cross))
       name = f'{start + 1}-{mark}' + (', acceleration' if mark <= accel else '')
       lines.append(f'| {name} | {alpha:.3f} | '
                    f'{1e4 * np.mean([s["median_distance"] for s in spread]):.1f} | '
                    f'{np.mean([s["distinct"] for s in spread]):.1f} | '
                    f'{report.num(100 * np.mean(a))} | {report.num(100 * np.mean(c))} | '
                    f'{report.over_seeds([x - y for x, y in zip(c, a)], scale=100, signed=True)} | '
-                   + ' | '.join(report.num(100 * np.mean(w)) for w in swings) + ' |')
+                   + ' | '.join(report.num(100 * np.mean(w)) for w in (swing_a, swing_c))
+                   + ' |')
       start = mark
     lines.append('')
   return lines

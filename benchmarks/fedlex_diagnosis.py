@@ -232,7 +232,7 @@ def window_means(curve_rounds, curve_accuracy, width: int, total: int) -> list:
 
 def _runs_lines() -> list:
   total, runs = report.collect_reported(SUITE)   # at the length the suite's pages report
-  width = max(1, min(50, total // 4))   # as the plateau criterion's window
+  width = max(1, report.plateau_window(total))   # as the plateau criterion's window
   lines = ['## The reported runs: G, the steps it scales, the margin over rounds', '',
            'Mean ± std over the seeds where both runs finished. The step rate is the rate that '
            'multiplies a method\'s step (the client rate; FedSGD\'s server rate); G mean × '

@@ -162,10 +162,9 @@ def suite_metrics(suite: suites.Suite) -> dict:
 
 
 def probe_metrics(suite: suites.Suite, probe: suites.Probe) -> dict:
-  """{run: {seed: metrics rows}} of a probe's usable runs."""
-  return {run: {seed: metrics_rows(os.path.join(suites.probe_dir(suite.name, probe.name),
-                                                suites.run_name(run, seed)))
-                for seed, r in seeds.items() if usable(r)}
+  """{run: {seed: metrics rows}} of a probe's usable runs, and of the reported runs it keeps
+  `unchanged` (`collect_probe`: read from their own directories at the probe's length)."""
+  return {run: {seed: run_rows(r) for seed, r in seeds.items() if usable(r)}
           for run, seeds in collect_probe(suite, probe).items()}
 
 
@@ -208,11 +207,20 @@ def mean_curve(runs: list) -> tuple:
   return np.array(common, np.int64), acc.mean(0), std
 
 
+WINDOW = 50   # rounds of the plateau criterion's window, and per row of the diagnoses' tables
+
+
+def plateau_window(rounds: int) -> int:
+  """The plateau criterion's window for a run of `rounds` rounds: WINDOW, or a quarter of a
+  shorter run."""
+  return min(WINDOW, rounds // 4)
+
+
 def plateau_delta(runs: list) -> tuple:
   """(window W, points moved by the runs' mean curve (`mean_curve`) between its last two
   W-round windows, each the mean over the rounds evaluated in it)."""
   rounds, mean, _ = mean_curve(runs)
-  w = min(50, int(rounds[-1]) // 4) if rounds.size else 0
+  w = plateau_window(int(rounds[-1])) if rounds.size else 0
   if w < 1:
     return 0, float('nan')
   end = rounds[-1]
@@ -245,6 +253,21 @@ def run_swing(run: dict, window: int) -> float:
     if end - window < r <= end:
       acc[r - (end - window) - 1] = a
   return swing(acc)
+
+
+def window_marks(total: int, first: int = 0, width: int = WINDOW) -> list:
+  """The last round of each row of an over-rounds table of rounds 1..total: `first` (a
+  warmup's or acceleration's rounds, a row of their own when 0 < first < total), then every
+  `width`-th round after it, and `total`."""
+  return sorted(({first} if 0 < first < total else set()) |
+                {m for m in range(width, total + 1, width) if m > first} | {total})
+
+
+def window_accuracy(rows: list, start: int, stop: int) -> tuple:
+  """(mean, swing) of the test accuracies evaluated in rounds start + 1..stop of a run's
+  `metrics_rows` (row i: round i + 1); mean NaN when none was evaluated there."""
+  acc = metrics_column(rows[start:stop], 'test_accuracy')
+  return (float(np.nanmean(acc)) if np.isfinite(acc).any() else float('nan')), swing(acc)
 
 
 def swing_text(runs: list, window: Optional[int] = None) -> str:
@@ -1199,7 +1222,7 @@ def suite_page(suite: suites.Suite) -> tuple:
   lines += _paper_context_lines(suite)
   lines += _probe_lines(suite, summary['paper'])
   lines += ['## Every run', '',
-            f'Plateau: the mean curve\'s last W rounds (W = min(50, rounds/4)) against the W '
+            f'Plateau: the mean curve\'s last W rounds (W = min({WINDOW}, rounds/4)) against the W '
             f'before; plateaued when it moved less than {PLATEAU_POINTS} points. Swing: how '
             'far each seed\'s test accuracy scatters about its own trend over those last W '
             'rounds (the std of its residuals from a least-squares line, points; mean ± std '

@@ -191,13 +191,21 @@ def _fedcda() -> Suite:
              'explain the smaller Dir 0.1 margin. What the margin is made of: over the last '
              '50 rounds FedCDA\'s global model scatters about its trend by 0.1 points, '
              'FedAvg\'s by 3.1 at Dir 0.1 and 4.3 at shards 2 ([results.md](results.md), '
-             '"Every run", swing; at the paper\'s step size 4.8 against 0.2, "Probes"). '
+             '"Every run", swing; at the paper\'s step size 4.8 against 0.2, "Probes"; window '
+             'by window in [diagnosis.md](diagnosis.md), written by `python -m '
+             'benchmarks.fedcda_diagnosis` from these runs). '
              'With 4 of 20 skewed clients a '
              'round, each FedAvg round lands points above or below its trend; FedCDA\'s '
              'cross-round aggregation holds one steady model. FedAvg\'s best rounds are above '
              'FedCDA\'s (best 87.4 against 86.5 at Dir 0.1, 86.2 against 84.3 at shards 2), '
              'so the last-10 margin measures that steadiness, not a model better than any '
-             'FedAvg reaches. At the paper\'s own local '
+             'FedAvg reaches. What holds the model steady is not clear from the selection\'s '
+             'own record: after the warmup 59% of the participants pick an older cached model '
+             'than their newest, yet on average that lowers eq. 8\'s objective by only 1.7% '
+             '(Dir 0.1) and 2.3% (shards 2) (diagnosis.md, "Per setting"), and the global '
+             'model is the mean over all 20 clients\' cached models, 16 of them unchanged in a '
+             'round. Probe `newest_model` separates the two: FedCDA with every participant '
+             'keeping its newest upload. At the paper\'s own local '
              'training (probe `paper_local_settings`: E = 20, lr 1e-3, no momentum, the '
              'first 100 of its 200 rounds, seed 0 only) the margin is +5.15, three quarters '
              'of the paper\'s and above the tuned comparison\'s seed 0 (+4.03), and it is the '
@@ -211,8 +219,8 @@ def _fedcda() -> Suite:
              'Being measured: curves run to a plateau (at 200 rounds FedAvg still rose 1.8 '
              'and 2.0 points over its last 50; the suite is being lengthened to 400). The first '
              'pair made there (Dir 0.1, seed 0; section "At 400 rounds so far") bears the '
-             'steadiness reading out, on one seed: FedAvg\'s swing about its trend, 3.2 to '
-             '4.7 points in every 50-round window from round 51 to 350, fell to 0.7 over '
+             'steadiness reading out, on one seed: FedAvg\'s swing about its trend, 3.0 to '
+             '4.4 points in every 50-round window from round 51 to 350, fell to 0.65 over '
              'rounds 351-400, its window mean rose from 83.5% to 87.4%, and FedCDA\'s margin, '
              '+2.8 to +6.8 points per window until then, fell to +0.3 (last-10 +0.43 at 400, '
              'against +4.03 at 200 on the same seed).'),
@@ -229,7 +237,15 @@ def _fedcda() -> Suite:
                 'none), for '
                 'the first 100 of its 200 rounds, does the margin come near the paper\'s?',
                 dict(local_epochs=20, client_lr=0.001, client_momentum=0.0, rounds=100),
-                ('fedavg_dir0.1', 'fedcda_dir0.1'))))
+                ('fedavg_dir0.1', 'fedcda_dir0.1')),
+          Probe('newest_model',
+                'is the margin the divergence-aware selection\'s or the cache\'s? With every '
+                'participant keeping its newest upload (`fedcda_selection=newest`, no eq. 8), '
+                'the global model is still the mean over all 20 clients\' cached models, '
+                'stale ones included: does FedCDA keep its margin over FedAvg?',
+                # the reported runs' length when they were made with three seeds
+                dict(fedcda_selection='newest', rounds=200),
+                ('fedcda_dir0.1',), seeds=(0, 1, 2), unchanged=('fedavg_dir0.1',))))
 
 
 def _fedcross() -> Suite:

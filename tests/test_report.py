@@ -331,6 +331,54 @@ def test_fedcross_diagnosis_regenerates_byte_for_byte():
     assert f.read() == fedcross_diagnosis.page(), 'run python -m benchmarks.fedcross_diagnosis'
 
 
+def test_fedcda_diagnosis_regenerates_byte_for_byte():
+  from benchmarks import fedcda_diagnosis  # pylint: disable=g-import-not-at-top
+  with open(fedcda_diagnosis.OUT) as f:
+    assert f.read() == fedcda_diagnosis.page(), 'run python -m benchmarks.fedcda_diagnosis'
+
+
+@pytest.mark.parametrize('seed', range(3))
+def test_fedcda_diagnosis_statistics_on_random_rows(seed):
+  """fedcda_diagnosis's window figures and selection statistics against direct numpy on
+  random recorded rounds (some not evaluated, some in warmup)."""
+  from benchmarks import fedcda_diagnosis  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  n, warmup = 120, 25
+  acc = rng.uniform(0.5, 0.9, n)
+  acc[rng.random(n) < 0.4] = np.nan
+  acc[-1] = 0.8
+  uploads = rng.integers(1, 5, n).astype(float)
+  switched = np.floor(rng.random(n) * (uploads + 1))
+  before = rng.uniform(1.0, 5.0, n)
+  after = before * rng.uniform(0.9, 1.0, n)
+  rows = [{'round': str(r + 1), 'test_accuracy': '' if np.isnan(acc[r]) else repr(acc[r]),
+           'aggregator/warmup': '1.0' if r < warmup else '0.0',
+           'aggregator/uploads': repr(uploads[r]), 'aggregator/switched': repr(switched[r]),
+           'aggregator/objective_before': repr(before[r]),
+           'aggregator/objective_after': repr(after[r])} for r in range(n)]
+  post = slice(warmup, n)
+  assert fedcda_diagnosis.older_model_share(rows) == pytest.approx(
+      switched[post].sum() / uploads[post].sum())
+  assert fedcda_diagnosis.objective_lowered(rows) == pytest.approx(
+      np.mean(1 - after[post] / before[post]))
+  assert np.isnan(fedcda_diagnosis.older_model_share(rows[:warmup]))
+  evaluated = acc[np.isfinite(acc)]
+  assert fedcda_diagnosis.best_round(rows) == pytest.approx(evaluated.max())
+  assert fedcda_diagnosis.last10(rows) == pytest.approx(evaluated[-10:].mean())
+  assert report.window_marks(n, warmup) == [25, 50, 100, 120]
+  assert report.window_marks(600, 50) == list(range(50, 601, 50))
+  assert report.window_marks(120) == [50, 100, 120]
+  for start, stop in ((0, 25), (25, 50), (50, 100), (100, 120)):
+    window = acc[start:stop]
+    rounds = np.flatnonzero(np.isfinite(window)).astype(float)
+    values = window[np.isfinite(window)]
+    design = np.stack([rounds, np.ones_like(rounds)], axis=1)
+    fit, *_ = np.linalg.lstsq(design, values, rcond=None)
+    mean, swing = report.window_accuracy(rows, start, stop)
+    assert mean == pytest.approx(values.mean())
+    assert swing == pytest.approx(np.std(values - design @ fit))
+
+
 def test_fedlex_diagnosis_regenerates_byte_for_byte():
   from benchmarks import fedlex_diagnosis  # pylint: disable=g-import-not-at-top
   with open(fedlex_diagnosis.OUT) as f:
@@ -1956,6 +2004,12 @@ def test_a_lengthened_suite_keeps_probe_baselines_and_summaries_at_their_lengths
   assert [report.usable(got[s]) for s in (0, 1, 2)] == [True, True, False]
   for s in (0, 1):
     np.testing.assert_allclose(got[s]['last10_mean_accuracy'], long[s][20:30].mean(), rtol=1e-6)
+  # probe_metrics: the probe's own runs, and the unchanged ones from their own directories
+  rows = report.probe_metrics(suite, probe)
+  assert sorted(rows['base']) == [0, 1] and sorted(rows['new']) == [0, 1, 2]
+  for s in (0, 1):
+    np.testing.assert_allclose(report.metrics_column(rows['base'][s], 'test_accuracy'),
+                               long[s][:30], rtol=1e-6)
 
 
 def test_whole_round_ratio_sums_the_rounds_that_record_both(tmp_path, monkeypatch):
