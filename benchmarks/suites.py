@@ -223,7 +223,13 @@ def _fedcda() -> Suite:
              '4.4 points in every 50-round window from round 51 to 350, fell to 0.65 over '
              'rounds 351-400, its window mean rose from 83.5% to 87.4%, and FedCDA\'s margin, '
              '+2.8 to +6.8 points per window until then, fell to +0.3 (last-10 +0.43 at 400, '
-             'against +4.03 at 200 on the same seed).'),
+             'against +4.03 at 200 on the same seed). The second pair (shards 2, seed 0) does '
+             'not settle so: FedAvg swings 2.6 to 5.5 points in every window through round '
+             '400 (3.2 over rounds 351-400), FedCDA\'s window margin stays between +1.8 and '
+             '+7.6, and its last-10 margin is +2.80 at 400 (+7.00 at 200 on the same seed; '
+             'diagnosis.md, "Over rounds"). Whether FedAvg settles, and with it whether the '
+             'margin holds, differs here by setting; seeds 1 and 2 will show whether it '
+             'differs by seed too.'),
       probes=(
           Probe('paper_step_size',
                 'at the paper\'s step size per round (its lr 1e-3 over E = 20 epochs, no '
