@@ -53,9 +53,8 @@ def best_round(rows) -> float:
 
 
 def last10(rows) -> float:
-  """The mean of the last LAST evaluated rounds' test accuracy (as summary.json's)."""
-  acc = report.metrics_column(rows, 'test_accuracy')
-  return float(np.mean(acc[np.isfinite(acc)][-report.LAST:]))
+  """The last-10 mean of a run's `metrics_rows` (as summary.json's)."""
+  return report.last10_of(report.metrics_column(rows, 'test_accuracy'))
 
 
 def _pair(method: str, baseline: str, runs: dict) -> tuple:

@@ -59,12 +59,6 @@ def margin_curve(cross_rows, avg_rows) -> np.ndarray:
           report.metrics_column(avg_rows[:n], 'test_accuracy'))
 
 
-def last10(acc: np.ndarray) -> float:
-  """The mean of a per-round column's last LAST evaluated values (report.last10_at)."""
-  evaluated = acc[np.isfinite(acc)]
-  return float(np.mean(evaluated[-report.LAST:])) if evaluated.size else float('nan')
-
-
 def peak_margin(curves) -> str:
   """The largest last-10 margin of the seeds' mean margin curve (over its last LAST
   evaluated rounds, as report.last10_at), and the round that window ends at."""
@@ -129,9 +123,10 @@ def _summary_lines(sources, num_models: int) -> list:
              report.over_seeds([s['max_distance'] for s in spreads], '.1f', 1e4),
              report.over_seeds([s['distinct'] for s in spreads], '.1f'),
              report.over_seeds([s['top_share'] for s in spreads], '.2f'),
-             report.over_seeds([last10(a) for a in acc_a], scale=100),
-             report.over_seeds([last10(c) for c in acc_c], scale=100),
-             report.over_seeds([last10(c) - last10(a) for c, a in zip(acc_c, acc_a)],
+             report.over_seeds([report.last10_of(a) for a in acc_a], scale=100),
+             report.over_seeds([report.last10_of(c) for c in acc_c], scale=100),
+             report.over_seeds([report.last10_of(c) - report.last10_of(a)
+                                for c, a in zip(acc_c, acc_a)],
                                scale=100, signed=True),
              peak_margin([margin_curve(cross[s], avg[s]) for s in seeds])]
     lines.append(f'| {label} | {", ".join(map(str, seeds))} | ' + ' | '.join(cells) + ' |')

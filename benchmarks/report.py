@@ -148,6 +148,14 @@ def metrics_column(rows, key) -> np.ndarray:
   return np.array([float(r[key]) if r.get(key) not in (None, '') else np.nan for r in rows])
 
 
+
+def last10_of(acc: np.ndarray) -> float:
+  """The mean of a per-round accuracy column's last LAST evaluated values (NaN: not
+  evaluated), as summary.json's last-10 mean; NaN when none was evaluated."""
+  evaluated = np.asarray(acc, np.float64)
+  evaluated = evaluated[np.isfinite(evaluated)]
+  return float(np.mean(evaluated[-LAST:])) if evaluated.size else float('nan')
+
 def run_rows(run: dict) -> list:
   """A loaded run's metrics rows over the length it is read at (a run lengthened past the
   length a page reports is read over its first rounds)."""

@@ -1246,8 +1246,8 @@ def test_fedcross_diagnosis_reads_sparsely_evaluated_runs_as_the_report_does():
     out[np.array(rounds) - 1] = full[np.array(rounds) - 1]
     return out
   for c, a in zip(cross_full, avg_full):
-    assert fedcross_diagnosis.last10(column(c)) == pytest.approx(c[110:].mean())
-    assert fedcross_diagnosis.last10(column(c)[:100]) == pytest.approx(c[np.arange(54, 100, 5)].mean())
+    assert report.last10_of(column(c)) == pytest.approx(c[110:].mean())
+    assert report.last10_of(column(c)[:100]) == pytest.approx(c[np.arange(54, 100, 5)].mean())
   margins = [column(c) - column(a) for c, a in zip(cross_full, avg_full)]
   mean = np.mean(margins, axis=0)
   runs = _curve_run(rounds, mean[np.array(rounds) - 1])
