@@ -58,7 +58,16 @@ def last10(rows) -> float:
 
 
 def _pair(method: str, baseline: str, runs: dict) -> tuple:
-  return runs.get(method, {}), runs.get(baseline, {})
+  """({seed: FedCDA rows}, {seed: FedAvg rows}) over the seeds both finished, each seed's two
+  runs read at the rounds both evaluated (a probe's runs, evaluated every few rounds, beside
+  the reported FedAvg it keeps unchanged, evaluated every round): the last-10 means stay the
+  headline's (the program evaluates every run's last 10 rounds)."""
+  cda, avg = runs.get(method, {}), runs.get(baseline, {})
+  out = {}, {}
+  for seed in sorted(set(cda) & set(avg)):
+    total = min(len(cda[seed]), len(avg[seed]))
+    out[0][seed], out[1][seed] = report.common_evaluations(cda[seed][:total], avg[seed][:total])
+  return out
 
 
 def _sources() -> list:
@@ -98,8 +107,9 @@ def _summary_lines(sources) -> list:
   lines = ['## Per setting', '',
            'Mean ± std over the seeds where both runs finished. Last-10: the mean test accuracy '
            'of the last 10 rounds (the headline figure); margin: FedCDA − FedAvg of the same '
-           'seed; best: the highest accuracy of any evaluated round; swing: the std of the '
-           f'accuracies evaluated over the last {report.WINDOW} rounds (a quarter of a shorter '
+           'seed; best: the highest accuracy of any round both runs of the seed evaluated; '
+           'swing: the std of the accuracies both evaluated over the last '
+           f'{report.WINDOW} rounds (a quarter of a shorter '
            'run: the plateau criterion\'s window, as the suite page\'s) about their '
            'least-squares line (points; the curve\'s scatter with its rise taken out); older '
            'model: the share of participants, after the warmup, whose selection picked an '
@@ -134,7 +144,8 @@ def _rounds_lines(sources) -> list:
   lines = ['## Over rounds', '',
            f'Each row averages {report.WINDOW} rounds (the warmup\'s, FedAvg in both runs, a '
            'row of its own), then the seeds; runs evaluated every few rounds are averaged over '
-           'the rounds evaluated. Margin: FedCDA − FedAvg of the same seed over the window, '
+           'the rounds evaluated, and each seed\'s two runs over the rounds both evaluated. '
+           'Margin: FedCDA − FedAvg of the same seed over the window, '
            'mean ± std over the seeds; swing, older model and objective lowered as above, '
            'over the window.', '']
   for label, cda, avg, warmup in sources:

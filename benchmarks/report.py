@@ -653,6 +653,28 @@ def last10_at(run: dict, end: int) -> float:
   return float(np.mean(tail)) if tail else float('nan')
 
 
+def on_common_rounds(*runs: dict) -> list:
+  """Copies of loaded runs read only at the rounds every one of them evaluated: a run
+  evaluated every round set beside one evaluated every k rounds (a probe against a reported
+  run it keeps unchanged) would otherwise be read over different rounds (`last10_at`)."""
+  common = set.intersection(*(set(r['curve_rounds']) for r in runs))
+  out = []
+  for r in runs:
+    kept = [(x, a) for x, a in zip(r['curve_rounds'], r['curve_accuracy']) if x in common]
+    out.append({**r, 'curve_rounds': [x for x, _ in kept],
+                'curve_accuracy': [a for _, a in kept]})
+  return out
+
+
+def common_evaluations(*runs: list) -> list:
+  """`on_common_rounds` for `metrics_rows` of the same length: copies whose test accuracy
+  is blank at every round some other run did not evaluate."""
+  acc = [metrics_column(rows, 'test_accuracy') for rows in runs]
+  both = np.logical_and.reduce([np.isfinite(a) for a in acc])
+  return [[{**row, 'test_accuracy': row['test_accuracy'] if keep else ''}
+           for row, keep in zip(rows, both)] for rows in runs]
+
+
 def full_window(run: dict, end: int) -> bool:
   """Whether `run` has LAST evaluations up to round `end` (a run evaluated every k rounds
   has them only from round LAST * k): `last10_at` over fewer would be a mean of a few early
@@ -664,22 +686,23 @@ def margins_over_rounds(runs: dict, comparisons: list, every_round: bool = False
   """How each comparison's margin develops: at every checkpoint round (`every_round`: at
   every round), the baseline's and the method's last-10 mean over the comparison's paired
   finished seeds and the paired margin (points, mean and std over seeds), from the first
-  round at which every one of those runs has LAST evaluations (`full_window`). A method that
-  only converges faster shows a margin that shrinks towards the end; the headline table
-  shows only the end."""
+  round at which every one of those runs has LAST evaluations (`full_window`). Each seed's
+  pair is read at the rounds both evaluated (`on_common_rounds`). A method that only
+  converges faster shows a margin that shrinks towards the end; the headline table shows
+  only the end."""
   out = {}
   for c in comparisons:
     seeds = c['seeds']
     if not seeds:
       continue
     rounds = runs[c['method']][seeds[0]]['rounds']
-    paired = [runs[run][s] for run in (c['baseline'], c['method']) for s in seeds]
+    pairs = [on_common_rounds(runs[c['baseline']][s], runs[c['method']][s]) for s in seeds]
     rows = []
     for end in range(1, rounds + 1) if every_round else checkpoint_rounds(rounds):
-      if not all(full_window(r, end) for r in paired):
+      if not all(full_window(r, end) for pair in pairs for r in pair):
         continue
-      base = [last10_at(runs[c['baseline']][s], end) for s in seeds]
-      method = [last10_at(runs[c['method']][s], end) for s in seeds]
+      base = [last10_at(b, end) for b, _ in pairs]
+      method = [last10_at(m, end) for _, m in pairs]
       margins = [100 * (m - b) for m, b in zip(method, base)]
       margin, margin_std = mean_std(margins)
       rows.append(dict(round=end, baseline=100 * float(np.mean(base)),

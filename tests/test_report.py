@@ -264,6 +264,40 @@ def test_margins_start_where_every_run_has_ten_evaluations(tmp_path, monkeypatch
   assert [r['round'] for r in dense] == list(range(10, 101, 10))
 
 
+def test_a_pair_at_different_cadences_is_read_at_the_rounds_both_evaluated(tmp_path,
+                                                                           monkeypatch):
+  """A probe's method, evaluated every 5th round, against a baseline it keeps unchanged,
+  evaluated every round: each seed's margin at a round is numpy's over the last 10 rounds
+  both evaluated (the baseline's last 10 rounds would be 41-50 at round 50 while the
+  method's are 5-50, its warmup included: a -4 point "margin" was once published so)."""
+  suite = _paired_toy_suite(100, tmp_path, monkeypatch)
+  sparse = _evaluated(100, 5)
+  rng = np.random.default_rng(8)
+  curves = {(run, s): np.linspace(0.3, 0.8, 100) + rng.normal(0, 0.02, 100)
+            + (0.05 if run == 'new' else 0) for run in ('base', 'new') for s in (0, 1)}
+  runs = {run: {s: dict(_curve_run(sparse if run == 'new' else range(1, 101),
+                                   [curves[run, s][r - 1] for r in
+                                    (sparse if run == 'new' else range(1, 101))]),
+                        rounds=100) for s in (0, 1)} for run in ('base', 'new')}
+  for seeds in runs.values():
+    for r in seeds.values():
+      r.update(finished=True, rounds_done=100, last10_mean_accuracy=np.mean(
+          r['curve_accuracy'][-10:]), config={}, dir='')
+  comparisons = [dict(label='toy', method='new', baseline='base', seeds=[0, 1])]
+  rows = report.margins_over_rounds(runs, comparisons, every_round=True)['toy']
+  assert rows[0]['round'] == 50
+  for row in rows:
+    common = [r - 1 for r in sparse if r <= row['round']][-10:]
+    diffs = [100 * (curves['new', s][common].mean() - curves['base', s][common].mean())
+             for s in (0, 1)]
+    assert row['margin'] == pytest.approx(np.mean(diffs))
+  assert rows[-1]['margin'] == pytest.approx(np.mean(   # the last 10 rounds: the headline's
+      [100 * (curves['new', s][-10:].mean() - curves['base', s][-10:].mean()) for s in (0, 1)]))
+  a, b = report.on_common_rounds(runs['base'][0], runs['new'][0])
+  assert a['curve_rounds'] == b['curve_rounds'] == sparse
+  assert runs['base'][0]['curve_rounds'] == list(range(1, 101))   # copies: the runs kept
+
+
 def test_comparison_numbers_match_numpy(tmp_path, monkeypatch):
   """Three paired seeds of a synthetic suite: means, stds and the paired margin are numpy's,
   a stopped run is listed but left out, and an extra seed is shown, not dropped."""
@@ -377,6 +411,31 @@ def test_fedcda_diagnosis_statistics_on_random_rows(seed):
     mean, swing = report.window_accuracy(rows, start, stop)
     assert mean == pytest.approx(values.mean())
     assert swing == pytest.approx(np.std(values - design @ fit))
+
+
+def test_fedcda_diagnosis_reads_a_pair_at_the_rounds_both_evaluated():
+  """A probe's FedCDA evaluated every 5th round beside the unchanged FedAvg evaluated every
+  round: the window levels, margins and best rounds are over the rounds both evaluated (the
+  warmup, FedAvg in both, then differs by ~0, not by FedAvg's first four rounds)."""
+  from benchmarks import fedcda_diagnosis  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(4)
+  sparse = set(_evaluated(60, 5))
+  avg = np.linspace(0.2, 0.8, 60) + rng.normal(0, 0.03, 60)
+  cda = avg + 0.05
+  def rows(acc, every):
+    return [{'round': str(r), 'test_accuracy': repr(acc[r - 1]) if every or r in sparse
+             else ''} for r in range(1, 61)]
+  pair = fedcda_diagnosis._pair(  # pylint: disable=protected-access
+      'cda', 'avg', {'cda': {0: rows(cda, False)}, 'avg': {0: rows(avg, True)}})
+  (c,), (a,) = (list(side.values()) for side in pair)
+  keep = np.array([r in sparse for r in range(1, 61)])
+  for start, stop in ((0, 25), (25, 50), (50, 60)):
+    mask = keep[start:stop]
+    assert report.window_accuracy(a, start, stop)[0] == pytest.approx(avg[start:stop][mask].mean())
+    assert report.window_accuracy(c, start, stop)[0] - report.window_accuracy(a, start, stop)[0] \
+        == pytest.approx(0.05)
+  assert fedcda_diagnosis.best_round(a) == pytest.approx(avg[keep].max())
+  assert fedcda_diagnosis.last10(a) == pytest.approx(avg[-10:].mean())   # the headline's
 
 
 def test_fedlex_diagnosis_regenerates_byte_for_byte():
