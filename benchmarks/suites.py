@@ -261,7 +261,8 @@ def _fedcda() -> Suite:
                 'stale ones included: does FedCDA keep its margin over FedAvg?',
                 # the reported runs' length when they were made with three seeds
                 dict(fedcda_selection='newest', rounds=200),
-                ('fedcda_dir0.1',), seeds=(0, 1, 2), unchanged=('fedavg_dir0.1',))))
+                ('fedcda_dir0.1', 'fedcda_shards2'), seeds=(0, 1, 2),
+                unchanged=('fedavg_dir0.1', 'fedavg_shards2'))))
 
 
 def _fedcross() -> Suite:
