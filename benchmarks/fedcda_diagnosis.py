@@ -65,8 +65,7 @@ def _pair(method: str, baseline: str, runs: dict) -> tuple:
   cda, avg = runs.get(method, {}), runs.get(baseline, {})
   out = {}, {}
   for seed in sorted(set(cda) & set(avg)):
-    total = min(len(cda[seed]), len(avg[seed]))
-    out[0][seed], out[1][seed] = report.common_evaluations(cda[seed][:total], avg[seed][:total])
+    out[0][seed], out[1][seed] = report.common_evaluations(cda[seed], avg[seed])
   return out
 
 

@@ -658,19 +658,18 @@ def on_common_rounds(*runs: dict) -> list:
   evaluated every round set beside one evaluated every k rounds (a probe against a reported
   run it keeps unchanged) would otherwise be read over different rounds (`last10_at`)."""
   common = set.intersection(*(set(r['curve_rounds']) for r in runs))
-  out = []
-  for r in runs:
-    kept = [(x, a) for x, a in zip(r['curve_rounds'], r['curve_accuracy']) if x in common]
-    out.append({**r, 'curve_rounds': [x for x, _ in kept],
-                'curve_accuracy': [a for _, a in kept]})
-  return out
+  return [{**r, **_curve_figures([(x, a) for x, a in zip(r['curve_rounds'], r['curve_accuracy'])
+                                  if x in common], r['rounds'])} for r in runs]
 
 
 def common_evaluations(*runs: list) -> list:
-  """`on_common_rounds` for `metrics_rows` of the same length: copies whose test accuracy
-  is blank at every round some other run did not evaluate."""
-  acc = [metrics_column(rows, 'test_accuracy') for rows in runs]
-  both = np.logical_and.reduce([np.isfinite(a) for a in acc])
+  """`on_common_rounds` for `metrics_rows` of the same rounds: copies whose test accuracy
+  is blank at every round some other run did not evaluate (a recorded NaN counts as
+  evaluated, as `load_run` reads it)."""
+  if len({tuple(r['round'] for r in rows) for rows in runs}) > 1:
+    raise ValueError('common_evaluations: the runs must record the same rounds')
+  both = np.logical_and.reduce(
+      [[row.get('test_accuracy') not in (None, '') for row in rows] for rows in runs])
   return [[{**row, 'test_accuracy': row['test_accuracy'] if keep else ''}
            for row, keep in zip(rows, both)] for rows in runs]
 
@@ -697,9 +696,10 @@ def margins_over_rounds(runs: dict, comparisons: list, every_round: bool = False
       continue
     rounds = runs[c['method']][seeds[0]]['rounds']
     pairs = [on_common_rounds(runs[c['baseline']][s], runs[c['method']][s]) for s in seeds]
+    last = min((p[0]['curve_rounds'] or [0])[-1] for p in pairs)   # a shorter run's end
     rows = []
     for end in range(1, rounds + 1) if every_round else checkpoint_rounds(rounds):
-      if not all(full_window(r, end) for pair in pairs for r in pair):
+      if end > last or not all(full_window(r, end) for pair in pairs for r in pair):
         continue
       base = [last10_at(b, end) for b, _ in pairs]
       method = [last10_at(m, end) for _, m in pairs]
@@ -872,6 +872,14 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
                      f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | '
                      + ' | '.join(swings) + ' |')
       lines += [''] + margin_notes(runs, comparisons, verdicts=False)
+      cadences = {r['config'].get('eval_every', 1) for c in comparisons
+                  for name in (c['baseline'], c['method']) for r in runs[name].values()}
+      if len(cadences) > 1:   # on_common_rounds: each last-10 mean then spans more rounds
+        lines.append(
+            '- Read at the rounds both runs of a seed evaluated (one in '
+            f'{max(cadences)}, then the last {LAST}): before the end a mean of the last '
+            f'{LAST} of them spans {LAST * max(cadences)} rounds, so it lags the reported '
+            'comparison\'s.')
     lines += dropped_lines({run: runs.get(run, {}) for run in probe.runs})
     for run in probe.runs:
       for seed in probe.seeds:

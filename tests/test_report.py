@@ -295,7 +295,29 @@ def test_a_pair_at_different_cadences_is_read_at_the_rounds_both_evaluated(tmp_p
       [100 * (curves['new', s][-10:].mean() - curves['base', s][-10:].mean()) for s in (0, 1)]))
   a, b = report.on_common_rounds(runs['base'][0], runs['new'][0])
   assert a['curve_rounds'] == b['curve_rounds'] == sparse
+  assert a['best_accuracy'] == pytest.approx(curves['base', 0][[r - 1 for r in sparse]].max())
   assert runs['base'][0]['curve_rounds'] == list(range(1, 101))   # copies: the runs kept
+  # A baseline stopped at round 70: no row after it (a frozen margin repeated to 100).
+  stopped = [(r, a) for r, a in zip(runs['base'][1]['curve_rounds'],
+                                    runs['base'][1]['curve_accuracy']) if r <= 70]
+  runs['base'][1] = dict(runs['base'][1],
+                         **report._curve_figures(stopped, 100))  # pylint: disable=protected-access
+  assert report.margins_over_rounds(runs, comparisons, every_round=True)['toy'][-1]['round'] == 70
+
+
+def test_common_evaluations_blank_what_the_other_run_did_not_evaluate():
+  """A recorded NaN counts as evaluated (as load_run reads it); runs of different rounds are
+  refused rather than paired by position."""
+  one = [{'round': '1', 'test_accuracy': '0.5'}, {'round': '2', 'test_accuracy': ''},
+         {'round': '3', 'test_accuracy': 'nan'}]
+  two = [{'round': '1', 'test_accuracy': ''}, {'round': '2', 'test_accuracy': '0.7'},
+         {'round': '3', 'test_accuracy': '0.6'}]
+  a, b = report.common_evaluations(one, two)
+  assert [r['test_accuracy'] for r in a] == ['', '', 'nan']
+  assert [r['test_accuracy'] for r in b] == ['', '', '0.6']
+  assert one[0]['test_accuracy'] == '0.5'   # copies
+  with pytest.raises(ValueError, match='same rounds'):
+    report.common_evaluations(one, two[:2])
 
 
 def test_comparison_numbers_match_numpy(tmp_path, monkeypatch):
@@ -432,9 +454,13 @@ def test_fedcda_diagnosis_reads_a_pair_at_the_rounds_both_evaluated():
   for start, stop in ((0, 25), (25, 50), (50, 60)):
     mask = keep[start:stop]
     assert report.window_accuracy(a, start, stop)[0] == pytest.approx(avg[start:stop][mask].mean())
+    rounds = np.flatnonzero(mask).astype(float)
+    values = avg[start:stop][mask]
+    fit = np.polyval(np.polyfit(rounds, values, 1), rounds)
+    assert report.window_accuracy(a, start, stop)[1] == pytest.approx(np.std(values - fit))
     assert report.window_accuracy(c, start, stop)[0] - report.window_accuracy(a, start, stop)[0] \
         == pytest.approx(0.05)
-  assert fedcda_diagnosis.best_round(a) == pytest.approx(avg[keep].max())
+  assert fedcda_diagnosis.best_round(a[:45]) == pytest.approx(avg[:45][keep[:45]].max())
   assert fedcda_diagnosis.last10(a) == pytest.approx(avg[-10:].mean())   # the headline's
 
 
