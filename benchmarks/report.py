@@ -674,6 +674,11 @@ def common_evaluations(*runs: list) -> list:
            for row, keep in zip(rows, both)] for rows in runs]
 
 
+def eval_cadences(runs) -> list:
+  """The --eval_every values (sorted) that loaded `runs` were made with."""
+  return sorted({int(r['config'].get('eval_every', 1)) for r in runs})
+
+
 def full_window(run: dict, end: int) -> bool:
   """Whether `run` has LAST evaluations up to round `end` (a run evaluated every k rounds
   has them only from round LAST * k): `last10_at` over fewer would be a mean of a few early
@@ -724,8 +729,8 @@ def _margin_lines(runs: dict, comparisons: list) -> list:
     return []
   baselines = list(dict.fromkeys(c['baseline'] for c in shown))
   finished = {b: [r for r in runs[b].values() if usable(r)] for b in baselines}
-  every = sorted({r['config'].get('eval_every', 1) for seeds in runs.values()
-                  for r in seeds.values()} - {1})
+  every = [k for k in eval_cadences(r for seeds in runs.values() for r in seeds.values())
+           if k != 1]
   window = (f'Mean test accuracy (%) over each run\'s last {LAST} evaluations up to each '
             f'round: the last {LAST} rounds of a run evaluated every round, the last '
             + ' or '.join(f'{LAST * k}' for k in every) + ' rounds of one evaluated every '
@@ -872,8 +877,8 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
                      f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | '
                      + ' | '.join(swings) + ' |')
       lines += [''] + margin_notes(runs, comparisons, verdicts=False)
-      cadences = {r['config'].get('eval_every', 1) for c in comparisons
-                  for name in (c['baseline'], c['method']) for r in runs[name].values()}
+      cadences = eval_cadences(r for c in comparisons for name in (c['baseline'], c['method'])
+                               for r in runs[name].values())
       if len(cadences) > 1:   # on_common_rounds: each last-10 mean then spans more rounds
         lines.append(
             '- Read at the rounds both runs of a seed evaluated (one in '
@@ -951,8 +956,8 @@ def _reported_settings_line(suite: suites.Suite, summary: dict) -> list:
   declaration above is the longer making's)."""
   if summary['rounds'] == summary['declared']:
     return []
-  every = sorted({int(r['config'].get('eval_every', 1)) for seeds in summary['runs'].values()
-                  for r in seeds.values() if usable(r)})
+  every = eval_cadences(r for seeds in summary['runs'].values() for r in seeds.values()
+                        if usable(r))
   declared_every = int(suite.common.get('eval_every', 1))
   text = (f'Being lengthened: the settings above are the {summary["declared"]}-round making\'s; '
           f'the tables below are read at `rounds={summary["rounds"]}`')
