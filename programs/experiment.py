@@ -22,6 +22,7 @@ import fcntl
 import json
 import math
 import os
+import platform
 import re
 import shutil
 import signal
@@ -461,6 +462,24 @@ def _write_json(path, value) -> None:
   with open(tmp, 'w') as f:
     json.dump(value, f, indent=2, sort_keys=True)
   os.replace(tmp, path)
+
+
+def host_description() -> dict:
+  """{'cpu': the processor's model name, 'cores': the cores this process may use} of the
+  machine the program runs on (the driver; remote workers' own devices are in
+  `compute_devices`)."""
+  cpu = ''
+  try:
+    with open('/proc/cpuinfo') as f:
+      cpu = next((line.split(':', 1)[1].strip() for line in f
+                  if line.startswith('model name')), '')
+  except OSError:   # not Linux
+    pass
+  try:
+    cores = len(os.sched_getaffinity(0))
+  except AttributeError:   # not Linux
+    cores = os.cpu_count()
+  return {'cpu': cpu or platform.processor() or platform.machine(), 'cores': cores}
 
 
 def plot_accuracy(rows: list[dict], path: str, title: str) -> None:
@@ -923,6 +942,8 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
                                      for t in tf.nest.flatten(state.aggregator))),
       # Measured inside the worker services, not this process's tf.config (README "Accelerators").
       compute_devices=execution.worker_devices(),
+      # Where the program ran: seconds_per_round compares across runs only on one machine.
+      host=host_description(),
       # As given (relative to where the program ran): committed run records hold no
       # machine-specific absolute paths.
       experiment_dir=exp_dir,

@@ -354,6 +354,9 @@ def test_outputs_and_pipe_termination(piped_run):
   for key in ('final_accuracy', 'best_accuracy', 'rounds', 'seconds_per_round'):
     assert summary[key] is not None
   assert summary['rounds'] == 2 and summary['dropped_clients'] == 0
+  assert summary['host'] == {'cpu': experiment.host_description()['cpu'],
+                             'cores': len(os.sched_getaffinity(0))}, summary['host']
+  assert summary['host']['cpu'], summary['host']   # a name, whatever the machine
   # The whole round (training, then the evaluation) is timed beside its training alone.
   import csv  # pylint: disable=g-import-not-at-top
   with open(out / 'metrics.csv') as f:
