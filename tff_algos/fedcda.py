@@ -69,8 +69,8 @@ def build_fedcda(
     warmup_rounds: rounds of FedAvg before selection starts (paper: 50 of 200 rounds).
     smoothness: L in eq. 8 (paper: 1).
     selection: 'batch_greedy' (default), 'exact' (all K^P combinations at once), 'newest'
-      or 'random' (the paper's ablations). 'newest' needs no Gram matrix; on Fashion-MNIST
-      it ended above 'batch_greedy' at both skews benchmarked (benchmarks/fedcda/diagnosis.md).
+      or 'random' (the paper's ablations). On Fashion-MNIST 'newest' ended above
+      'batch_greedy' at both skews benchmarked (benchmarks/fedcda/diagnosis.md).
     warmup_weighting: the warmup FedAvg's client weights: 'data_size' (example counts, the
       paper's FedAvg; default) or 'uniform'.
     seed: seeds the random batch split and the 'random' selection, with the round number.
