@@ -762,6 +762,42 @@ def _margin_lines(runs: dict, comparisons: list) -> list:
   return lines + [''] + margin_notes(runs, shown) + ['']
 
 
+def verdicts_at_lengths(suite: suites.Suite, summary: dict) -> list:
+  """[(rounds, comparisons, runs)]: the suite's comparisons at each of its `earlier_lengths`
+  below the length its pages report, read from the runs as made at that length
+  (`collect_at`), then at the length reported now (`suite_summary`'s)."""
+  out = [(n, compare_runs(suite, runs, summary['paper']), runs)
+         for n, runs in ((n, collect_at(suite, n)) for n in suite.earlier_lengths
+                         if n < summary['rounds'])]
+  return out + [(summary['rounds'], summary['comparisons'], summary['runs'])]
+
+
+def _lengths_lines(suite: suites.Suite, summary: dict) -> list:
+  """The section giving each comparison's verdict at each length the suite was reported at
+  (`verdicts_at_lengths`), with how far its baseline still moved there."""
+  if not suite.earlier_lengths:
+    return []
+  lines = ['## The verdicts at each length', '',
+           'Each comparison at each length the suite was reported at before it was lengthened, '
+           'read from its runs as made at that length (a run made again longer from its '
+           'shorter making kept in `earlier_runs/rounds<N>/`, any other, continued from its '
+           'checkpoint, over its first N rounds), and at the length reported now (the headline '
+           'table\'s figures). Baseline moved: the mean curve of the baseline\'s finished seeds over '
+           'its last W rounds against the W before (the plateau criterion of "Every run"; '
+           f'plateaued below {PLATEAU_POINTS} points).', '',
+           '| rounds | setting | paired seeds | our baseline | our method | our margin | '
+           'verdict | baseline moved (W, points) |', '|---|---|---|---|---|---|---|---|']
+  for rounds, comparisons, runs in verdicts_at_lengths(suite, summary):
+    for c in comparisons:
+      done = [r for r in runs[c['baseline']].values() if usable(r)]
+      w, moved = plateau_delta(done) if done else (0, float('nan'))
+      lines.append(f'| {rounds} | {c["label"]} ({c["method"]}) | {len(c["seeds"])} | '
+                   f'{pm(c["baseline_mean"], c["baseline_std"])} | '
+                   f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | '
+                   f'{verdict_text(c)} | {w}, {num(moved, "+.2f")} |')
+  return lines + ['']
+
+
 def verdict_since(comparison: dict, rows: list) -> Optional[tuple]:
   """(round, verdict before, its round): the first of `rows` (`margins_over_rounds`, in
   round order) from which the verdict read at each row (its margin against its spread, as
@@ -1262,6 +1298,7 @@ def suite_page(suite: suites.Suite) -> tuple:
     lines += ['', lengthening_text(summary) + ' See "At '
               f'{summary["declared"]} rounds so far" below.']
   lines += [''] + _margin_lines(runs, summary['comparisons'])
+  lines += _lengths_lines(suite, summary)
   lines += _lengthening_lines(summary)
   lines += _paper_context_lines(suite)
   lines += _probe_lines(suite, summary['paper'])

@@ -78,6 +78,10 @@ class Suite:
   # ones (e.g. its data set nearest to ours): (model, dataset, setting) keys of the suite's
   # results in paper_extraction.json, shown as a table with the margins.
   paper_context: tuple = ()
+  # The shorter lengths (rounds) the suite was reported at before it was lengthened, shortest
+  # first: results.md gives each comparison's verdict at each, read from the runs as made at
+  # that length (`report.collect_at`), beside the one reported now.
+  earlier_lengths: tuple = ()
 
   def __post_init__(self):
     # A misspelt name would otherwise drop a comparison (or a probe run) from the pages.
@@ -99,6 +103,11 @@ class Suite:
         raise ValueError(f'suite {self.name}: probe {probe.name!r} keeps {stray} unchanged, '
                          'but no comparison sets them against a run it changes (or it '
                          'changes them too)')
+    rounds = self.common.get('rounds')
+    if (list(self.earlier_lengths) != sorted(set(self.earlier_lengths))
+        or any(n >= (rounds or n + 1) for n in self.earlier_lengths)):
+      raise ValueError(f'suite {self.name}: earlier_lengths {self.earlier_lengths} must be '
+                       f'distinct lengths below its {rounds} rounds, shortest first')
     for run in self.grid:
       if run not in self.runs:
         raise ValueError(f'suite {self.name}: grid of {run!r}, not one of its runs')
@@ -149,6 +158,7 @@ def _fedcda() -> Suite:
   return Suite(
       name='fedcda',
       title='FedCDA vs FedAvg: Fashion-MNIST, 20 clients, 4 per round, simple CNN',
+      earlier_lengths=(200, 400),
       common=dict(dataset='fashion_mnist', model='simple_cnn', num_clients=20,
                   clients_per_round=4, batch_size=64, local_epochs=2, rounds=600,
                   client_lr=0.01, client_momentum=0.5,
@@ -164,7 +174,8 @@ def _fedcda() -> Suite:
       scaled=('The paper\'s 200 rounds, but E = 2 local epochs instead of 20 (at E = 20 a round '
               'trained for a median 94 s here, two runs side by side (probe '
               '`paper_local_settings`), against 3.3-3.7 s at E = 2 in the 200-round makings (the '
-              '400-round runs, made later on other machines, took 9.1-9.7 s): one 200-round run '
+              '400- and 600-round makings, two runs side by side on the 2 cores here, took '
+              '9.1-9.7 s): one 200-round run '
               'would take about 5 hours). With 10x fewer local steps the paper\'s client learning '
               'rate (1e-3, momentum 1e-4, weight decay 1e-5) does not carry over, so it is tuned '
               'per method (momentum 0.5; `build_sgdm` has no weight decay) on the first 100 rounds '
@@ -216,8 +227,9 @@ def _fedcda() -> Suite:
              '+0.78), "smaller": the paper\'s sign and larger than the seeds\' spread, but under '
              'half the paper\'s +6.82 (the seeds\' stds: FedAvg\'s 0.62, FedCDA\'s 0.63), again '
              'only from round 600 on (within noise at round 599). Read from these runs it was '
-             '+0.45 ± 0.37 at round 400 (the 400-round page, its seed 0 evaluated at each of '
-             'rounds 391-400, said +0.58 ± 0.18, "within noise") and +3.13 ± 1.26 at round 200. '
+             '+0.45 ± 0.37 at round 400 (as made at 400 rounds, its seed 0 evaluated at each of '
+             'rounds 391-400: +0.58 ± 0.18, "within noise"; results.md, section "The verdicts '
+             'at each length") and +3.13 ± 1.26 at round 200 (as made at 200: +2.96 ± 0.95). '
              'The runs were lengthened from their checkpoints where they had them, else made again '
              'from round 1 (the 400-round runs, and the Dir 0.1 seed 0 pair at 600), the shorter '
              'makings kept: each run made again repeats its shorter making\'s training bit for bit '
@@ -309,6 +321,7 @@ def _fedcross() -> Suite:
   return Suite(
       name='fedcross',
       title='FedCross vs FedAvg and FedProx: Fashion-MNIST Dirichlet, 100 clients, 10 per round',
+      earlier_lengths=(300,),
       common=dict(dataset='fashion_mnist', model='simple_cnn', partition='dirichlet',
                   num_clients=100, clients_per_round=10, batch_size=50, local_epochs=1,
                   rounds=600, client_lr=0.01, client_momentum=0.5, proximal_strength=0.01,
@@ -363,7 +376,7 @@ def _fedcross() -> Suite:
              'rounds its last-10 margin, +3.38 ± 0.88, is larger than the seeds\' spread but '
              'about a third of the paper\'s CIFAR-10 +9.58 ("smaller"), above its FEMNIST '
              'margins. In the 300-round making (earlier_runs/rounds300/) it was +0.79 ± 1.88 '
-             '(within noise): FedAvg\'s swings '
+             '(within noise; results.md, "The verdicts at each length"): FedAvg\'s swings '
              'scattered the seeds\' last-10 figures more than the gain. Both curves meet the '
              'plateau criterion at 600 (their last 50 rounds moved FedAvg by -0.33 and FedCross '
              'by +0.48 points), yet FedCross still gains on FedAvg window by window: the margin '
@@ -397,6 +410,7 @@ def _cadis() -> Suite:
   return Suite(
       name='cadis',
       title='CADIS vs FedAvg and FedProx: Fashion-MNIST cluster-MC, 100 clients, 10 per round',
+      earlier_lengths=(150, 300, 450),
       common=dict(dataset='fashion_mnist', model='simple_cnn', partition='cluster_mc',
                   num_clients=100, clients_per_round=10, batch_size=32, local_epochs=1,
                   rounds=600, client_lr=0.01, client_momentum=0.5, proximal_strength=0.01),
@@ -534,6 +548,7 @@ def _fedlex() -> Suite:
   return Suite(
       name='fedlex',
       title='FedLEx on four bases: Fashion-MNIST, 2 classes per client, 20 clients, 5 per round',
+      earlier_lengths=(100,),
       common=dict(dataset='fashion_mnist', model='simple_cnn', partition='classes',
                   classes_per_client=2, num_clients=20, clients_per_round=5, batch_size=50,
                   local_epochs=1, rounds=200, client_momentum=0.0, proximal_strength=0.01,

@@ -1763,6 +1763,47 @@ def test_remade_runs_compare_each_shorter_run_with_its_new_making(tmp_path, monk
   assert '| base | 0 | 20 | none | 0.00 |' in text
 
 
+def test_verdicts_at_each_length_read_the_runs_as_made_there(tmp_path, monkeypatch):
+  """A suite lengthened from 20 to 40 rounds: at 20 its comparison reads seed 0 (made again
+  longer, and differently) from its 20-round making in earlier_runs/rounds20/ and seeds 1-2
+  (continued) over their first 20 rounds; each row's figures, the baseline's move over its
+  last W rounds and the headline row at 40 are numpy's; a suite without earlier lengths has
+  no such section, and bad earlier lengths are refused."""
+  suite = dataclasses.replace(_paired_toy_suite(40, tmp_path, monkeypatch),
+                              earlier_lengths=(20,))
+  rng = np.random.default_rng(13)
+  acc = {(run, s): rng.uniform(0.3, 0.9, 40) for run in ('base', 'new') for s in (0, 1, 2)}
+  kept = {run: rng.uniform(0.3, 0.9, 20) for run in ('base', 'new')}   # seed 0's first making
+  base = tmp_path / 'toy'
+  for (run, s), a in acc.items():
+    _write_run(base / 'runs' / f'{run}_s{s}', 40, a)
+  for run, a in kept.items():
+    _write_run(base / 'earlier_runs' / 'rounds20' / f'{run}_s0', 20, a)
+  at20 = {(run, s): kept[run] if s == 0 else acc[run, s][:20] for run, s in acc}
+  page, _, _ = report.suite_page(suite)
+  section = page[page.index('## The verdicts at each length'):].split('\n\n')[2]
+  rows = [r for r in section.split('\n') if r.startswith('| 20 |') or r.startswith('| 40 |')]
+  assert [r[:6] for r in rows] == ['| 20 |', '| 40 |']
+  for row, curves, w in ((rows[0], at20, 5), (rows[1], acc, 10)):
+    last10 = {k: a[-10:].mean() for k, a in curves.items()}
+    margins = [100 * (last10['new', s] - last10['base', s]) for s in (0, 1, 2)]
+    b = [100 * last10['base', s] for s in (0, 1, 2)]
+    m = [100 * last10['new', s] for s in (0, 1, 2)]
+    mean_base = np.mean([curves['base', s] for s in (0, 1, 2)], axis=0)
+    moved = 100 * (mean_base[-w:].mean() - mean_base[-2 * w:-w].mean())
+    assert row.startswith(
+        f'| {len(mean_base)} | toy (new) | 3 | {np.mean(b):.2f} ± {np.std(b, ddof=1):.2f} '
+        f'| {np.mean(m):.2f} ± {np.std(m, ddof=1):.2f} | {np.mean(margins):+.2f} ± '
+        f'{np.std(margins, ddof=1):.2f} (per seed ' + ', '.join(f'{x:+.2f}' for x in margins)
+        + ') | '), row
+    assert row.endswith(f' | {w}, {moved:+.2f} |'), row
+  page, _, _ = report.suite_page(dataclasses.replace(suite, earlier_lengths=()))
+  assert '## The verdicts at each length' not in page
+  for lengths in ((20, 10), (20, 20), (40,)):
+    with pytest.raises(ValueError, match='earlier_lengths'):
+      dataclasses.replace(suite, earlier_lengths=lengths)
+
+
 def test_a_run_made_again_evaluating_less_often_is_compared_where_both_evaluated(
     tmp_path, monkeypatch):
   """A run made again longer evaluating every 5th round (and its last 10): its missing test
@@ -2222,3 +2263,12 @@ def test_fedprox_pull_page_regenerates_from_its_measurements():
     results = json.load(f)
   with open(fedprox_pull.OUT) as f:
     assert fedprox_pull.page(results) == f.read()
+
+
+@pytest.mark.parametrize('name', sorted(suites.SUITES))
+def test_every_kept_length_is_an_earlier_length_of_its_suite(name):
+  """A length whose makings are kept in earlier_runs/rounds<N>/ was reported: its verdicts
+  belong in results.md's 'The verdicts at each length'."""
+  suite = suites.SUITES[name]
+  kept = report.kept_lengths(suites.suite_dir(name))
+  assert set(kept) <= set(suite.earlier_lengths), (kept, suite.earlier_lengths)
