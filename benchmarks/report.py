@@ -239,6 +239,15 @@ def plateau_delta(runs: list) -> tuple:
   return w, float(100 * last.mean() - 100 * before.mean())
 
 
+def plateau_text(runs: list, w: int, moved: float) -> str:
+  """'W, points moved' of the runs' mean curve (`plateau_delta`), '(not plateaued)' past the
+  criterion, and with two or more runs each one's own move over the same windows."""
+  notes = ([] if abs(moved) < PLATEAU_POINTS else ['not plateaued']) + (
+      ['per seed ' + ', '.join(num(plateau_delta([r])[1], '+.2f') for r in runs)]
+      if len(runs) > 1 else [])
+  return f'{w}, {moved:+.2f}' + (f' ({"; ".join(notes)})' if notes else '')
+
+
 def swing(acc) -> float:
   """How far a stretch of evaluated accuracies scatters about its trend: the std of their
   residuals from the least-squares line over its rounds (entry i: the stretch's round i + 1;
@@ -782,19 +791,19 @@ def _lengths_lines(suite: suites.Suite, summary: dict) -> list:
            'read from its runs as made at that length (a run made again longer from its '
            'shorter making kept in `earlier_runs/rounds<N>/`, any other, continued from its '
            'checkpoint, over its first N rounds), and at the length reported now (the headline '
-           'table\'s figures). Baseline moved: the mean curve of the baseline\'s finished seeds over '
-           'its last W rounds against the W before (the plateau criterion of "Every run"; '
-           f'plateaued below {PLATEAU_POINTS} points).', '',
+           'table\'s figures). Baseline moved: the mean curve of the baseline\'s finished '
+           'seeds over its last W rounds against the W before, and each seed\'s (the plateau '
+           f'criterion of "Every run": plateaued below {PLATEAU_POINTS} points).', '',
            '| rounds | setting | paired seeds | our baseline | our method | our margin | '
            'verdict | baseline moved (W, points) |', '|---|---|---|---|---|---|---|---|']
   for rounds, comparisons, runs in verdicts_at_lengths(suite, summary):
     for c in comparisons:
       done = [r for r in runs[c['baseline']].values() if usable(r)]
-      w, moved = plateau_delta(done) if done else (0, float('nan'))
+      moved = plateau_text(done, *plateau_delta(done)) if done else 'n/a'
       lines.append(f'| {rounds} | {c["label"]} ({c["method"]}) | {len(c["seeds"])} | '
                    f'{pm(c["baseline_mean"], c["baseline_std"])} | '
                    f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | '
-                   f'{verdict_text(c)} | {w}, {num(moved, "+.2f")} |')
+                   f'{verdict_text(c)} | {moved} |')
   return lines + ['']
 
 
@@ -1304,7 +1313,9 @@ def suite_page(suite: suites.Suite) -> tuple:
   lines += _probe_lines(suite, summary['paper'])
   lines += ['## Every run', '',
             f'Plateau: the mean curve\'s last W rounds (W = min({WINDOW}, rounds/4)) against the W '
-            f'before; plateaued when it moved less than {PLATEAU_POINTS} points. Swing: how '
+            f'before; plateaued when it moved less than {PLATEAU_POINTS} points; per seed: '
+            'each seed\'s own curve over the same windows (a move one seed makes alone is '
+            'its swing more than a trend). Swing: how '
             'far each seed\'s test accuracy scatters about its own trend over those last W '
             'rounds (the std of its residuals from a least-squares line, points; mean ± std '
             'over seeds): a last-10 mean of a run that swings far rests on where its last '
@@ -1329,8 +1340,8 @@ def suite_page(suite: suites.Suite) -> tuple:
     lines.append(
         f'| {run} | {len(done)} | {pm(*mean_std([r["last10_mean_accuracy"] for r in done]))} | '
         f'{pm(*mean_std([r["best_accuracy"] for r in done]))} | '
-        f'{pm(*mean_std([r["final_accuracy"] for r in done]))} | {w}, {moved:+.2f}'
-        f'{"" if abs(moved) < PLATEAU_POINTS else " (not plateaued)"} | '
+        f'{pm(*mean_std([r["final_accuracy"] for r in done]))} | '
+        f'{plateau_text(done, w, moved)} | '
         f'{swing_text(done, w)} | '
         f'{np.median([r["seconds_per_round"] for r in done]):.2f} | '
         f'{"n/a" if epochs is None else epochs} | '

@@ -1791,12 +1791,15 @@ def test_verdicts_at_each_length_read_the_runs_as_made_there(tmp_path, monkeypat
     m = [100 * last10['new', s] for s in (0, 1, 2)]
     mean_base = np.mean([curves['base', s] for s in (0, 1, 2)], axis=0)
     moved = 100 * (mean_base[-w:].mean() - mean_base[-2 * w:-w].mean())
+    per = [100 * (curves['base', s][-w:].mean() - curves['base', s][-2 * w:-w].mean())
+           for s in (0, 1, 2)]
     assert row.startswith(
         f'| {len(mean_base)} | toy (new) | 3 | {np.mean(b):.2f} ± {np.std(b, ddof=1):.2f} '
         f'| {np.mean(m):.2f} ± {np.std(m, ddof=1):.2f} | {np.mean(margins):+.2f} ± '
         f'{np.std(margins, ddof=1):.2f} (per seed ' + ', '.join(f'{x:+.2f}' for x in margins)
         + ') | '), row
-    assert row.endswith(f' | {w}, {moved:+.2f} |'), row
+    assert row.endswith(f' | {w}, {moved:+.2f} ({"not plateaued; " * (abs(moved) >= 0.5)}'
+                        'per seed ' + ', '.join(f'{p:+.2f}' for p in per) + ') |'), row
   page, _, _ = report.suite_page(dataclasses.replace(suite, earlier_lengths=()))
   assert '## The verdicts at each length' not in page
   for lengths in ((20, 10), (20, 20), (40,)):
@@ -2272,3 +2275,21 @@ def test_every_kept_length_is_an_earlier_length_of_its_suite(name):
   suite = suites.SUITES[name]
   kept = report.kept_lengths(suites.suite_dir(name))
   assert set(kept) <= set(suite.earlier_lengths), (kept, suite.earlier_lengths)
+
+
+def test_every_run_gives_each_seeds_plateau_move(tmp_path, monkeypatch):
+  """'Every run' gives the mean curve's move over its last W rounds against the W before,
+  '(not plateaued)' past 0.5 points, and each seed's own move, all as numpy's."""
+  suite = _paired_toy_suite(40, tmp_path, monkeypatch)
+  rng = np.random.default_rng(14)
+  acc = {('base', s): np.linspace(0.5, 0.6, 40) + rng.normal(0, 0.01, 40) for s in (0, 1, 2)}
+  acc.update({('new', s): 0.7 + rng.normal(0, 0.0005, 40) for s in (0, 1, 2)})
+  for (run, s), a in acc.items():
+    _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{s}', 40, a)
+  page, _, _ = report.suite_page(suite)
+  for run, flag in (('base', 'not plateaued; '), ('new', '')):
+    per = [100 * (acc[run, s][30:].mean() - acc[run, s][20:30].mean()) for s in (0, 1, 2)]
+    row = f'| {run} | 3 | '
+    line = [l for l in page.split('\n') if l.startswith(row)][0]
+    assert (f'| 10, {np.mean(per):+.2f} ({flag}per seed '
+            + ', '.join(f'{p:+.2f}' for p in per) + ') |') in line, line
