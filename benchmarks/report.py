@@ -242,10 +242,10 @@ def plateau_delta(runs: list) -> tuple:
 def plateau_text(runs: list, w: int, moved: float) -> str:
   """'W, points moved' of the runs' mean curve (`plateau_delta`), '(not plateaued)' past the
   criterion, and with two or more runs each one's own move over the same windows."""
-  notes = ([] if abs(moved) < PLATEAU_POINTS else ['not plateaued']) + (
+  notes = (['not plateaued'] if np.isfinite(moved) and abs(moved) >= PLATEAU_POINTS else []) + (
       ['per seed ' + ', '.join(num(plateau_delta([r])[1], '+.2f') for r in runs)]
       if len(runs) > 1 else [])
-  return f'{w}, {moved:+.2f}' + (f' ({"; ".join(notes)})' if notes else '')
+  return f'{w}, {num(moved, "+.2f")}' + (f' ({"; ".join(notes)})' if notes else '')
 
 
 def swing(acc) -> float:
@@ -783,27 +783,33 @@ def verdicts_at_lengths(suite: suites.Suite, summary: dict) -> list:
 
 def _lengths_lines(suite: suites.Suite, summary: dict) -> list:
   """The section giving each comparison's verdict at each length the suite was reported at
-  (`verdicts_at_lengths`), with how far its baseline still moved there."""
+  (`verdicts_at_lengths`), with how far its baseline and method still moved there."""
   if not suite.earlier_lengths:
     return []
   lines = ['## The verdicts at each length', '',
-           'Each comparison at each length the suite was reported at before it was lengthened, '
-           'read from its runs as made at that length (a run made again longer from its '
-           'shorter making kept in `earlier_runs/rounds<N>/`, any other, continued from its '
-           'checkpoint, over its first N rounds), and at the length reported now (the headline '
-           'table\'s figures). Baseline moved: the mean curve of the baseline\'s finished '
-           'seeds over its last W rounds against the W before, and each seed\'s (the plateau '
-           f'criterion of "Every run": plateaued below {PLATEAU_POINTS} points).', '',
+           'Each comparison at each shorter length the suite\'s pages once reported '
+           '(`Suite.earlier_lengths`), read from its runs as they were at that length: a run '
+           'later made again from round 1 at a longer length from its making of that length, '
+           'kept in `earlier_runs/rounds<N>/`; a run continued from its checkpoint (or whose '
+           'kept making is not usable) over its first N rounds in `runs/`. The last rows are '
+           'the length reported now (the "Against the paper" table). Margins and verdicts by '
+           'today\'s rule and paper figures. Moved: the mean curve of the run\'s finished '
+           'seeds over its last W rounds against the W before, then each seed\'s own curve over '
+           'the same windows (the plateau criterion of "Every run": plateaued when it moved '
+           f'less than {PLATEAU_POINTS} points either way).', '',
            '| rounds | setting | paired seeds | our baseline | our method | our margin | '
-           'verdict | baseline moved (W, points) |', '|---|---|---|---|---|---|---|---|']
+           'verdict | baseline moved (W, points) | method moved (W, points) |',
+           '|---|---|---|---|---|---|---|---|---|']
   for rounds, comparisons, runs in verdicts_at_lengths(suite, summary):
     for c in comparisons:
-      done = [r for r in runs[c['baseline']].values() if usable(r)]
-      moved = plateau_text(done, *plateau_delta(done)) if done else 'n/a'
+      moved = []
+      for run in (c['baseline'], c['method']):
+        done = [r for r in runs[run].values() if usable(r)]
+        moved.append(plateau_text(done, *plateau_delta(done)) if done else 'n/a')
       lines.append(f'| {rounds} | {c["label"]} ({c["method"]}) | {len(c["seeds"])} | '
                    f'{pm(c["baseline_mean"], c["baseline_std"])} | '
                    f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | '
-                   f'{verdict_text(c)} | {moved} |')
+                   f'{verdict_text(c)} | {moved[0]} | {moved[1]} |')
   return lines + ['']
 
 
@@ -911,16 +917,20 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
               + unchanged_text(suite, probe) + '.', '']
     comparisons = compare_runs(suite, runs, paper, partial=True)
     if comparisons:
-      lines += ['Swing as in "Every run" below (over the last W rounds).', '',
+      lines += ['Swing and s/round (the median over seeds of each run\'s median training '
+                'seconds a round) as in "Every run" below (swing over the last W rounds).', '',
                 '| comparison | seeds finished | baseline (%) | method (%) | margin | baseline '
-                'swing (points) | method swing (points) |', '|---|---|---|---|---|---|---|']
+                'swing (points) | method swing (points) | baseline s/round | method s/round |',
+                '|---|---|---|---|---|---|---|---|---|']
       for c in comparisons:
-        swings = [swing_text([r for r in runs[name].values() if usable(r)])
-                  for name in (c['baseline'], c['method'])]
+        done = [[r for r in runs[name].values() if usable(r)]
+                for name in (c['baseline'], c['method'])]
         lines.append(f'| {c["label"]} | {len(c["seeds"])} | '
                      f'{pm(c["baseline_mean"], c["baseline_std"])} | '
                      f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | '
-                     + ' | '.join(swings) + ' |')
+                     + ' | '.join(swing_text(d) for d in done) + ' | '
+                     + ' | '.join(num(np.median([r['seconds_per_round'] for r in d]))
+                                  if d else 'n/a' for d in done) + ' |')
       lines += [''] + margin_notes(runs, comparisons, verdicts=False)
       cadences = eval_cadences(r for c in comparisons for name in (c['baseline'], c['method'])
                                for r in runs[name].values())
@@ -1108,8 +1118,9 @@ def remade_runs(suite: suites.Suite) -> list:
                                        experiment.recorded_config(again['config']))):
       continue   # not made again longer at its settings, or not yet as far as it went
     again_rows = {int(r['round']): r for r in metrics_rows(again_dir)}
+    earlier_rows = metrics_rows(path)
     first = None
-    for a in metrics_rows(path):
+    for a in earlier_rows:
       b = again_rows.get(int(a['round']), {})
       if any(a[k] != b.get(k) for k in REMADE_COLUMNS
              if a.get(k) not in (None, '') and b.get(k) not in (None, '')):
@@ -1120,7 +1131,13 @@ def remade_runs(suite: suites.Suite) -> list:
     gaps = [abs(acc - again_at[r]) for r, acc in evaluated if r in again_at]
     tail = [(acc, again_at[r]) for r, acc in evaluated[-LAST:] if r in again_at]
     run, seed = name.rsplit('_s', 1)
+    # The same rounds' training time in each making (round 1 left out: it traces and
+    # compiles): with the training bit for bit the same, a change is the machine's or code's.
+    seconds = [float(np.median([float(r['seconds']) for r in rows if 1 < int(r['round']) <= length]
+                               or [np.nan]))
+               for rows in (earlier_rows, again_rows.values())]
     out.append(dict(run=run, seed=int(seed), length=length, first_difference=first,
+                    earlier_seconds=seconds[0], again_seconds=seconds[1],
                     largest_gap=float(max(gaps, default=np.nan)), tail_rounds=len(tail),
                     earlier=float(np.mean([e for e, _ in tail])) if tail else np.nan,
                     again=float(np.mean([a for _, a in tail])) if tail else np.nan))
@@ -1144,17 +1161,22 @@ def _remade_lines(remade: list) -> list:
            'differs at all (where both makings record it: a making evaluated every k rounds '
            'has no test figures in between). Last-10 means: over the shorter making\'s last '
            '10 rounds that the new one evaluated too (how many: the "rounds in the means" '
-           'column; fewer than 10 when the new making was evaluated every k rounds).', '',
+           'column; fewer than 10 when the new making was evaluated every k rounds). s/round: '
+           'the median training seconds of rounds 2 to N in each making (metrics.csv '
+           '`seconds`; where the training is the same bit for bit, a difference is the '
+           'machine\'s, the code\'s or other runs sharing the cores).', '',
            '| run | seed | rounds compared | first difference | largest gap in one round\'s '
            'accuracy (points) | rounds in the means | last-10 mean, earlier (%) | '
-           'last-10 mean, again (%) | difference (points) |',
-           '|---|---|---|---|---|---|---|---|---|']
+           'last-10 mean, again (%) | difference (points) | s/round, earlier | '
+           's/round, again |',
+           '|---|---|---|---|---|---|---|---|---|---|---|']
   for r in remade:
     first = 'none' if r['first_difference'] is None else f'round {r["first_difference"]}'
     lines.append(f'| {r["run"]} | {r["seed"]} | {r["length"]} | {first} | '
                  f'{100 * r["largest_gap"]:.2f} | {r["tail_rounds"]} | {pct(r["earlier"])} | '
                  f'{pct(r["again"])} | '
-                 f'{100 * (r["again"] - r["earlier"]):+.2f} |')
+                 f'{100 * (r["again"] - r["earlier"]):+.2f} | {num(r["earlier_seconds"])} | '
+                 f'{num(r["again_seconds"])} |')
   return lines + ['']
 
 
@@ -1315,7 +1337,7 @@ def suite_page(suite: suites.Suite) -> tuple:
             f'Plateau: the mean curve\'s last W rounds (W = min({WINDOW}, rounds/4)) against the W '
             f'before; plateaued when it moved less than {PLATEAU_POINTS} points; per seed: '
             'each seed\'s own curve over the same windows (a move one seed makes alone is '
-            'its swing more than a trend). Swing: how '
+            'more likely its round-to-round scatter than a trend). Swing: how '
             'far each seed\'s test accuracy scatters about its own trend over those last W '
             'rounds (the std of its residuals from a least-squares line, points; mean ± std '
             'over seeds): a last-10 mean of a run that swings far rests on where its last '

@@ -126,7 +126,7 @@ def _write_run(path, rounds, accuracy, seconds=1.0, summary_rounds=None, config=
   """A run directory as the program writes it; config.json records `config`, by default
   the toy run's algorithm (from the directory's name) and `rounds`; metrics.csv has a
   round_seconds column when it is given (runs recorded before 2026-11-25 have none), and any
-  further `columns` ({name: a value per round})."""
+  further `columns` ({name: a value per round}); `seconds` is one value or one per round."""
   columns = columns or {}
   os.makedirs(path)
   if config is None:
@@ -139,7 +139,8 @@ def _write_run(path, rounds, accuracy, seconds=1.0, summary_rounds=None, config=
     writer.writerow(['round', 'seconds', 'test_accuracy']
                     + ([] if round_seconds is None else ['round_seconds']) + list(columns))
     for r, a in enumerate(accuracy, 1):
-      writer.writerow([r, seconds, a] + ([] if round_seconds is None else [round_seconds])
+      writer.writerow([r, seconds if np.isscalar(seconds) else seconds[r - 1], a]
+                      + ([] if round_seconds is None else [round_seconds])
                       + [v[r - 1] for v in columns.values()])
   with open(os.path.join(path, 'summary.json'), 'w') as f:
     json.dump(dict(rounds=summary_rounds or rounds, client_epochs_training=rounds), f)
@@ -762,7 +763,8 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path,
     made.append(config)
     acc = np.clip((0.5 if config.algorithm == 'fedavg' else 0.6) +
                   rng.normal(0, 0.03, config.rounds), 0, 1)
-    _write_run(config.experiment_dir, config.rounds, acc, config=dataclasses.asdict(config))
+    _write_run(config.experiment_dir, config.rounds, acc, config=dataclasses.asdict(config),
+               seconds=1.0 + config.seed + 2 * (config.algorithm == 'fedcda'))
     tails[config.algorithm, config.seed] = acc[-10:].mean()
 
   monkeypatch.setattr(compare, '_run', fake_run)
@@ -779,6 +781,9 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path,
   page, _, _ = report.suite_page(suite)
   assert '### more_epochs: does it hold at E = 5?' in page
   assert '| toy | 2 | ' in page and report.margin_text(row) in page
+  # s/round: the median over seeds of each run's seconds a round (base 1 and 2, new 3 and 4)
+  (table_row,) = [l for l in page.split('\n') if l.startswith('| toy | 2 | ')]
+  assert table_row.endswith(' | 1.50 | 3.50 |'), table_row
   (line,) = report.probe_summaries(suite, {})
   assert line.startswith('- Probe more_epochs') and report.margin_text(row) in line
 
@@ -1740,8 +1745,8 @@ def test_remade_runs_compare_each_shorter_run_with_its_new_making(tmp_path, monk
   earlier = rng.uniform(0.3, 0.9, 20)
   again = np.concatenate([earlier[:12], rng.uniform(0.3, 0.9, 28)])   # differs from round 13
   base = tmp_path / 'toy'
-  _write_run(base / 'earlier_runs' / 'rounds20' / 'new_s0', 20, earlier)
-  _write_run(base / 'runs' / 'new_s0', 40, again)
+  _write_run(base / 'earlier_runs' / 'rounds20' / 'new_s0', 20, earlier, seconds=2.0)
+  _write_run(base / 'runs' / 'new_s0', 40, again, seconds=np.r_[9.0, [5.0] * 19, [7.0] * 20])
   _write_run(base / 'earlier_runs' / 'rounds20' / 'base_s0', 20, earlier)
   _write_run(base / 'runs' / 'base_s0', 40, np.concatenate([earlier, again[20:]]))
   _write_run(base / 'earlier_runs' / 'rounds20' / 'base_s1', 20, earlier)
@@ -1761,45 +1766,64 @@ def test_remade_runs_compare_each_shorter_run_with_its_new_making(tmp_path, monk
   assert (f'| new | 0 | 20 | round 13 | {100 * np.abs(earlier - again[:20]).max():.2f} | 10 | '
           f'{100 * earlier[10:].mean():.2f} | {100 * again[10:20].mean():.2f} | ') in text
   assert '| base | 0 | 20 | none | 0.00 |' in text
+  # each making's training seconds over rounds 2-20: 2.00 and 5.00 (round 1's 9 and the
+  # rounds after 20 left out)
+  assert [(r['earlier_seconds'], r['again_seconds']) for r in [new]] == [(2.0, 5.0)]
+  assert re.search(r'\| new \| 0 \| 20 \| round 13 \|[^\n]*\| 2\.00 \| 5\.00 \|$', text, re.M)
 
 
 def test_verdicts_at_each_length_read_the_runs_as_made_there(tmp_path, monkeypatch):
-  """A suite lengthened from 20 to 40 rounds: at 20 its comparison reads seed 0 (made again
-  longer, and differently) from its 20-round making in earlier_runs/rounds20/ and seeds 1-2
-  (continued) over their first 20 rounds; each row's figures, the baseline's move over its
-  last W rounds and the headline row at 40 are numpy's; a suite without earlier lengths has
-  no such section, and bad earlier lengths are refused."""
+  """A suite lengthened from 20 to 40 rounds, its method ahead by 20 points over the first 20
+  rounds and behind by 20 after: at 20 its comparison reads seed 0 (made again longer, and
+  differently) from its 20-round making in earlier_runs/rounds20/ and seeds 1-2 (continued)
+  over their first 20 rounds; each row's figures, verdict and plateau moves (baseline and
+  method, mean and per seed) are numpy's; while the suite is being lengthened further the
+  length reported now has one row; a suite without earlier lengths has no such section, and
+  bad earlier lengths are refused."""
   suite = dataclasses.replace(_paired_toy_suite(40, tmp_path, monkeypatch),
                               earlier_lengths=(20,))
+  monkeypatch.setattr(suites, 'load_paper_numbers', lambda: {
+      'toy': {'toy setting': dict(baseline=50.0, method=60.0, dataset='X')}})
   rng = np.random.default_rng(13)
-  acc = {(run, s): rng.uniform(0.3, 0.9, 40) for run in ('base', 'new') for s in (0, 1, 2)}
-  kept = {run: rng.uniform(0.3, 0.9, 20) for run in ('base', 'new')}   # seed 0's first making
+  ahead = np.where(np.arange(40) < 20, 0.2, -0.2)
+  acc = {('base', s): rng.uniform(0.3, 0.7, 40) for s in (0, 1, 2)}
+  acc.update({('new', s): acc['base', s] + ahead + rng.normal(0, 0.005, 40) for s in (0, 1, 2)})
+  kept = {'base': rng.uniform(0.3, 0.7, 20)}   # seed 0's first making
+  kept['new'] = kept['base'] + 0.2 + rng.normal(0, 0.005, 20)
   base = tmp_path / 'toy'
   for (run, s), a in acc.items():
     _write_run(base / 'runs' / f'{run}_s{s}', 40, a)
   for run, a in kept.items():
     _write_run(base / 'earlier_runs' / 'rounds20' / f'{run}_s0', 20, a)
   at20 = {(run, s): kept[run] if s == 0 else acc[run, s][:20] for run, s in acc}
-  page, _, _ = report.suite_page(suite)
-  section = page[page.index('## The verdicts at each length'):].split('\n\n')[2]
-  rows = [r for r in section.split('\n') if r.startswith('| 20 |') or r.startswith('| 40 |')]
-  assert [r[:6] for r in rows] == ['| 20 |', '| 40 |']
-  for row, curves, w in ((rows[0], at20, 5), (rows[1], acc, 10)):
+
+  def moved(curves, run, w):
+    per = [100 * (curves[run, s][-w:].mean() - curves[run, s][-2 * w:-w].mean())
+           for s in (0, 1, 2)]
+    mean = np.mean(per)   # every seed evaluated every round: the mean curve's move
+    return (f'{w}, {mean:+.2f} ({"not plateaued; " * (abs(mean) >= 0.5)}per seed '
+            + ', '.join(f'{p:+.2f}' for p in per) + ')')
+
+  def rows(page):
+    section = page[page.index('## The verdicts at each length'):].split('\n\n')[2]
+    return [r for r in section.split('\n') if r[:6] in ('| 20 |', '| 40 |')]
+
+  got = rows(report.suite_page(suite)[0])
+  assert [r[:6] for r in got] == ['| 20 |', '| 40 |']
+  for row, curves, w, word in ((got[0], at20, 5, 'reproduced'), (got[1], acc, 10, 'opposite')):
     last10 = {k: a[-10:].mean() for k, a in curves.items()}
     margins = [100 * (last10['new', s] - last10['base', s]) for s in (0, 1, 2)]
     b = [100 * last10['base', s] for s in (0, 1, 2)]
     m = [100 * last10['new', s] for s in (0, 1, 2)]
-    mean_base = np.mean([curves['base', s] for s in (0, 1, 2)], axis=0)
-    moved = 100 * (mean_base[-w:].mean() - mean_base[-2 * w:-w].mean())
-    per = [100 * (curves['base', s][-w:].mean() - curves['base', s][-2 * w:-w].mean())
-           for s in (0, 1, 2)]
-    assert row.startswith(
-        f'| {len(mean_base)} | toy (new) | 3 | {np.mean(b):.2f} ± {np.std(b, ddof=1):.2f} '
-        f'| {np.mean(m):.2f} ± {np.std(m, ddof=1):.2f} | {np.mean(margins):+.2f} ± '
-        f'{np.std(margins, ddof=1):.2f} (per seed ' + ', '.join(f'{x:+.2f}' for x in margins)
-        + ') | '), row
-    assert row.endswith(f' | {w}, {moved:+.2f} ({"not plateaued; " * (abs(moved) >= 0.5)}'
-                        'per seed ' + ', '.join(f'{p:+.2f}' for p in per) + ') |'), row
+    assert row == (
+        f'| {len(curves["base", 0])} | toy (new) | 3 | {np.mean(b):.2f} ± '
+        f'{np.std(b, ddof=1):.2f} | {np.mean(m):.2f} ± {np.std(m, ddof=1):.2f} | '
+        f'{np.mean(margins):+.2f} ± {np.std(margins, ddof=1):.2f} (per seed '
+        + ', '.join(f'{x:+.2f}' for x in margins) + f') | **{word}** | '
+        f'{moved(curves, "base", w)} | {moved(curves, "new", w)} |'), row
+  # Declared 60 rounds, none made yet: the pages report 40, once.
+  longer = dataclasses.replace(suite, common=dict(rounds=60), earlier_lengths=(20, 40))
+  assert [r[:6] for r in rows(report.suite_page(longer)[0])] == ['| 20 |', '| 40 |']
   page, _, _ = report.suite_page(dataclasses.replace(suite, earlier_lengths=()))
   assert '## The verdicts at each length' not in page
   for lengths in ((20, 10), (20, 20), (40,)):
