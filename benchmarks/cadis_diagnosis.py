@@ -45,8 +45,9 @@ def weight_rules(sizes, clusters):
   cluster_size = np.bincount(clusters)
   return {
       'FedAvg: n_i': lambda ids: sizes[ids].astype(np.float64),
-      'CADIS eq. 1: n_i/|C_i|': lambda ids: sizes[ids] / cluster_size[clusters[ids]],
-      'reference code: 1/|C_i|': lambda ids: 1.0 / cluster_size[clusters[ids]],
+      # '\\|': a bar that stays one markdown table cell (shown as |)
+      'CADIS eq. 1: n_i/\\|C_i\\|': lambda ids: sizes[ids] / cluster_size[clusters[ids]],
+      'reference code: 1/\\|C_i\\|': lambda ids: 1.0 / cluster_size[clusters[ids]],
   }
 
 

@@ -173,7 +173,8 @@ def _fedcda() -> Suite:
       tuning_rounds=100,
       scaled=('The paper\'s 200 rounds, but E = 2 local epochs instead of 20 (at E = 20 a round '
               'trained for a median 94 s here, two runs side by side (probe '
-              '`paper_local_settings`, results.md, section "Probes"), against 3.3-4.2 s at E = 2 in the 200-round makings (the '
+              '`paper_local_settings`, results.md, section "Probes"), against 3.3-4.2 s at E = 2 '
+              'in the 200-round makings (the '
               'same training, bit for bit, took 8.9-10.1 s a round when made again for 600 '
               'rounds, mostly two runs side by side: results.md, section "Runs made again at a '
               'longer length"): one 200-round run '
@@ -425,8 +426,9 @@ def _cadis() -> Suite:
             'cadis_reference_weights_no_kd': dict(algorithm='cadis', cadis_sample_weighted=False,
                                                   cadis_kd_weight=0.0)},
       comparisons=(Comparison('cadis', 'fedavg', 'MC 10/100', 'CADIS (eq. 1 weights)'),
+                   # '\\|': a bar that stays one markdown table cell (shown as |)
                    Comparison('cadis_reference_weights', 'fedavg', 'MC 10/100',
-                              'CADIS (reference code weights 1/|C_i|)'),
+                              'CADIS (reference code weights 1/\\|C_i\\|)'),
                    Comparison('cadis_no_kd', 'fedavg', 'MC 10/100', 'CADIS without KD'),
                    Comparison('cadis_reference_weights_no_kd', 'fedavg', 'MC 10/100',
                               'CADIS (reference code weights) without KD'),
@@ -441,14 +443,11 @@ def _cadis() -> Suite:
               'layout and participation (10 of 100 clients); here Fashion-MNIST with the simple '
               'CNN, E = 1, batch 32 and 600 rounds, with the client learning rate tuned '
               '(momentum 0.5). λ = 1, τ₀ = 0.975 → 0.985 as ALGORITHMS.md. The runs were made '
-              'at 150 rounds first, then at 300 (18 runs of 300: 4.4 h of training, the '
-              'compute line\'s measure, most of it two runs side by side), where every curve '
-              'but eq. 1\'s CADIS still rose 0.6 to 1.5 points between its last two 50-round '
-              'windows, then again at 450 (18 runs of 450 trained for 6.7 h), where every mean '
-              'curve still '
-              'moved 0.7 to 2.2 points over its last 50 rounds, then at 600 (continued from the '
-              '450-round checkpoints: 2.3 h of training for rounds 451-600), '
-              'still evaluated every round (the diagnosis reads each round\'s accuracy change '
+              'at 150 rounds first, then at 300, where every curve but eq. 1\'s CADIS still '
+              'rose 0.6 to 1.5 points between its last two 50-round windows, then again at 450, '
+              'where every mean curve still moved 0.7 to 2.2 points over its last 50 rounds '
+              '(results.md, section "The verdicts at each length"), then at 600 (continued from '
+              'the 450-round checkpoints), still evaluated every round (the diagnosis reads each round\'s accuracy change '
               'after the round\'s weights).'),
       summary_columns=(('λ·KD / cross-entropy (mean over rounds)',
                         ('cadis_kd_to_cross_entropy',), '.3f'),
@@ -466,8 +465,8 @@ def _cadis() -> Suite:
              'last 50 rounds its accuracy jumps 8.1 points from one round to the next (FedAvg\'s: '
              '5.0; with the reference code\'s weights: 5.2). The reference code\'s weights close '
              'most of the gap (`cadis` against `cadis_reference_weights`: 69.8 against 78.2). (2) '
-             'The KD term at λ = 1: at the tuned rate it is a third to two fifths of the '
-             'cross-entropy over the first 100 rounds and about a fifth by round 600; removing it '
+             'The KD term at λ = 1: at the tuned rate it is 0.31 to 0.43 times the cross-entropy '
+             'over the first 100 rounds and 0.19 to 0.23 times over rounds 501-600; removing it '
              'helps under eq. 1\'s weights (`cadis` against `cadis_no_kd`: +3.6 points) and barely '
              'under the reference code\'s (`cadis_reference_weights` against '
              '`cadis_reference_weights_no_kd`: +0.6, well within the seeds\' spread); with both '
@@ -475,7 +474,8 @@ def _cadis() -> Suite:
              '-2.71 ± 3.96 at 450). (3) The clusters: after 600 rounds every seed still holds '
              'more clusters than the partition\'s 5 (7 to 64 by variant and seed), pieces of the '
              'true clusters (at the checkpointed rounds no pair from different true clusters is '
-             'linked; 96.7% of pairs or more are right); under the reference code\'s weights they '
+             'linked; 96.7% of pairs or more are right, mean over the seeds); under the reference '
+             'code\'s weights they '
              'split further as training goes on (on average 20 clusters at round 200, 45 at 600 '
              'with KD; 18 and 46 without), under eq. 1\'s they stay at 6 to 21 from round 200 on. '
              'Only seed 2 of `cadis_no_kd` ever matched the partition (from round 178, then split '
@@ -507,7 +507,8 @@ def _cadis() -> Suite:
              'that size could not be seen at 3 seeds in any case. FedProx\'s +0.96 ± 1.38 over '
              'FedAvg (+0.97 ± 0.52 at 450 rounds, every seed positive then; seed 0 is now -0.61; '
              'the paper: -0.13) is within it too; at the tuned lr 0.1 its proximal term changes a '
-             'round\'s update by 5 to 17%, 3 to 7 times less than other batch orders change it '
+             'round\'s update by 5.5 to 17.4%, 3 to 7 times less than other batch orders change '
+             'it '
              '([fedprox_pull.md](../fedprox_pull.md)). The runs with KD were made again at 450 '
              'rounds on another machine than their 300-round makings and differ from round 1 (the '
              'KD term\'s arithmetic; the runs without KD and the baselines are bit-identical: '

@@ -2317,3 +2317,21 @@ def test_every_run_gives_each_seeds_plateau_move(tmp_path, monkeypatch):
     line = [l for l in page.split('\n') if l.startswith(row)][0]
     assert (f'| 10, {np.mean(per):+.2f} ({flag}per seed '
             + ', '.join(f'{p:+.2f}' for p in per) + ') |') in line, line
+
+
+def test_every_committed_table_row_has_its_headers_cells():
+  """A bar inside a cell (e.g. 1/|C_i| in a label) splits it in two on GitHub unless escaped
+  as \\|: every row of every table in the committed pages has as many cells as its header."""
+  pages = [os.path.join(root, name) for root, _, names in os.walk(suites.HERE)
+           for name in names if name.endswith('.md')]
+  pages.append(os.path.join(os.path.dirname(suites.HERE), 'README.md'))
+  bad = []
+  for page in pages:
+    with open(page, encoding='utf-8') as f:
+      header = None
+      for number, line in enumerate(f.read().split('\n'), 1):
+        cells = len(re.findall(r'(?<!\\)\|', line)) if line.startswith('|') else None
+        header = header if cells and header else cells
+        if cells and cells != header:
+          bad.append(f'{os.path.relpath(page, suites.HERE)}:{number}')
+  assert not bad, bad
