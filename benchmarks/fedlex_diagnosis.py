@@ -283,12 +283,34 @@ def _runs_lines() -> list:
                for i in range(len(names))]
       lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
     lines.append('')
+    lines += _seed_window_lines(runs, width, total)
   stuck = stuck_at_chance(runs)
   if stuck:
     lines += ['Stuck at chance (finished, losses finite, test accuracy never above '
               f'{100 * report.STUCK:.0f}%): ' + ', '.join(stuck) + '. Kept in every mean '
               'above.', '']
   return lines
+
+
+def _seed_window_lines(runs: dict, width: int, total: int) -> list:
+  """Each finished run's mean test accuracy per seed over the margin table's windows: the
+  reported runs, then the runs of each probe made at the same length (a seed's margin in a
+  window, or a run's gain from one window to the next, is the difference of two cells)."""
+  rows = [(run, '', seeds) for run, seeds in runs.items()]
+  for probe in SUITE.probes:
+    made = report.collect_probe(SUITE, probe)
+    rows += [(run, f' (probe `{probe.name}`)', made[run]) for run in probe.runs
+             if run in made and all(r['rounds'] == total for r in made[run].values())]
+  names = [f'{a + 1}-{min(a + width, total)}' for a in range(0, total, width)]
+  lines = [f'Mean test accuracy (%) of each run and seed over the same {width}-round windows:',
+           '', '| run | seed | ' + ' | '.join(names) + ' |', '|---|---|' + '---|' * len(names)]
+  for run, where, seeds in rows:
+    for seed, r in sorted(seeds.items()):
+      if report.usable(r):
+        means = window_means(r['curve_rounds'], r['curve_accuracy'], width, total)
+        lines.append(f'| {run}{where} | {seed} | '
+                     + ' | '.join(report.num(100 * m) for m in means) + ' |')
+  return lines + ['']
 
 
 def stuck_at_chance(runs: dict) -> list:

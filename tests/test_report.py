@@ -1520,6 +1520,17 @@ def test_fedlex_diagnosis_groups_g_by_explorer_rate_and_scales_steps(tmp_path, m
   first = 100 * np.array([m[0] for m in margins])
   assert window_row.split('|')[2].strip() == (
       f'{first.mean():+.2f} ± {first.std(ddof=1):.2f}'), window_row
+  # Each run's window means per seed, and those of a probe made at the same length.
+  (probe,) = [p for p in suite.probes if p.name == 'fedavgm_lower_rate']
+  probe_acc = rng.uniform(0.3, 0.8, rounds)
+  write(tmp_path / 'fedlex' / 'probes' / probe.name / 'fedavgm_s1',
+        dict(suite.probe_overrides(probe, 'fedavgm'), seed=1), probe_acc)
+  text = '\n'.join(fd._runs_lines())  # pylint: disable=protected-access
+  for start, acc in (('| fedlex_avgm | 1 | ', curves['fedlex_avgm', 1]),
+                     ('| fedavgm (probe `fedavgm_lower_rate`) | 1 | ', probe_acc)):
+    row = next(l for l in text.splitlines() if l.startswith(start))
+    assert row == start + ' | '.join(f'{100 * np.nanmean(acc[a:a + width]):.2f}'
+                                     for a in range(0, rounds, width)) + ' |', row
 
 
 def test_fedlex_diagnosis_floor_probe_and_runs_stuck_at_chance(tmp_path, monkeypatch):
