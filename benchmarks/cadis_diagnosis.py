@@ -158,8 +158,9 @@ def _suite_lines(runs: dict) -> list:
                   ('effective', '.2f', 1, False), ('heavy_share', '.0f', 100, False),
                   ('corr', '.2f', 1, True), ('change_heavy', '.2f', 100, True),
                   ('change_light', '.2f', 100, True))]
-    never = sum(np.isnan(m) for m in matched)
-    cells.append(report.over_seeds(matched, '.0f') + (f' ({never} seeds never)' if never else '')
+    never = [str(seed) for seed, m in zip(seeds, matched) if np.isnan(m)]
+    cells.append(report.over_seeds(matched, '.0f') + (
+        f' (never on seed{"s" * (len(never) > 1)} {", ".join(never)})' if never else '')
                  if cadis else 'n/a')
     cells.append(report.over_seeds([kd_to_cross_entropy(r) for r in rows], '.3f')
                  if cadis else 'n/a')

@@ -584,7 +584,7 @@ def _fedlex() -> Suite:
               'were widened after their first points, before any reported run: FedAvgM\'s '
               'best rate was the top of the bases\' grid (now up to 0.3), FedLEx-AvgM\'s the '
               'bottom of the guided one (now down to 0.03) and FedSGD\'s the bottom of its '
-              'server rates (now down to 0.01); after 40 points, FedAdam\'s and FedLEx-Opt\'s '
+              'server rates (now down to 0.01); later FedAdam\'s and FedLEx-Opt\'s '
               'best server rate was the top of theirs (now up to 0.1) and FedLEx-SGD\'s the '
               'bottom of its (now down to 1). The runs were made at 100 rounds first '
               '(evaluated every round), where every curve but FedAvgM\'s still rose 3 to 7 '
