@@ -98,12 +98,11 @@ def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:
              if r.get('dropped_clients') and float(r['dropped_clients']) > 0
              and int(r['round']) <= rounds]
   return dict(
-      dir=exp_dir, config=config, rounds=rounds, rounds_done=done, diverged=diverged,
+      dir=exp_dir, config=config, rounds=rounds, rounds_done=done, diverged=diverged, rows=rows,
       dropped_clients=dropped,
       finished=summary.get('rounds') == rounds and done == rounds,
       **_curve_figures(curve, rounds),
-      seconds_per_round=float(np.median([float(r['seconds']) for r in rows[1:]]))
-      if len(rows) > 1 else float('nan'),
+      seconds_per_round=_median_seconds(rows),
       client_epochs_training=summary.get('client_epochs_training'),
       exploration_client_epochs=summary.get('exploration_client_epochs', 0.0),
       aggregator_state_bytes=summary.get('aggregator_state_bytes', 0),
@@ -216,6 +215,13 @@ def mean_curve(runs: list) -> tuple:
 
 
 WINDOW = 50   # rounds of the plateau criterion's window, and per row of the diagnoses' tables
+
+
+def _median_seconds(rows: list) -> float:
+  """The median training seconds of a run's rounds after the first (which traces and
+  compiles), NaN with none."""
+  return (float(np.median([float(r['seconds']) for r in rows[1:]])) if len(rows) > 1
+          else float('nan'))
 
 
 def plateau_window(rounds: int) -> int:
@@ -588,12 +594,15 @@ def at_length(run: dict, rounds: int) -> dict:
   """A loaded run read as a run of `rounds` rounds: a reported run lengthened past a probe's
   pinned length is compared over its first `rounds` (the run of that length, since client
   sampling, batches and rates are functions of seed and round, not of the total). It is
-  finished once it got there (a divergence later on, which records no round, is past it)."""
+  finished once it got there (a divergence later on, which records no round, is past it); its
+  training seconds a round are those of its first `rounds`."""
   if run['rounds'] == rounds:
     return run
   reached = run['rounds_done'] >= rounds
   out = dict(run, rounds=rounds, rounds_done=min(run['rounds_done'], rounds), finished=reached,
              diverged=None if reached else run['diverged'],
+             seconds_per_round=_median_seconds(
+                 [r for r in run.get('rows', []) if int(r['round']) <= rounds]),
              **_curve_figures(list(zip(run['curve_rounds'], run['curve_accuracy'])), rounds))
   if run['summary'].get('rounds') != rounds:   # a summary of another length is not this one's
     out.update(summary={}, client_epochs_training=None)

@@ -1612,6 +1612,12 @@ def test_at_length_reads_a_longer_run_over_its_first_rounds(tmp_path):
   assert short['final_accuracy'] == pytest.approx(acc[19])
   assert not report.at_length(run, 40)['finished']
   assert report.at_length(run, 30) is run
+  # its training seconds a round too: the median over rounds 2-20, not the whole run's
+  _write_run(tmp_path / 'timed', 50, rng.uniform(0.2, 0.9, 50), config=dict(algorithm='fedavg'),
+             seconds=np.r_[9.0, [2.0] * 19, [5.0] * 30])
+  timed = report.load_run(str(tmp_path / 'timed'))
+  assert (report.at_length(timed, 20)['seconds_per_round'], timed['seconds_per_round']) == (
+      2.0, 5.0)
 
 
 def test_compute_hours_sum_every_kind_of_run(tmp_path, monkeypatch):
