@@ -155,10 +155,11 @@ def last10_of(acc: np.ndarray) -> float:
   evaluated = evaluated[np.isfinite(evaluated)]
   return float(np.mean(evaluated[-LAST:])) if evaluated.size else float('nan')
 
+
 def run_rows(run: dict) -> list:
   """A loaded run's metrics rows over the length it is read at (a run lengthened past the
   length a page reports is read over its first rounds)."""
-  return [r for r in metrics_rows(run['dir']) if int(r['round']) <= run['rounds']]
+  return [r for r in run['rows'] if int(r['round']) <= run['rounds']]
 
 
 def suite_metrics(suite: suites.Suite) -> dict:
@@ -217,11 +218,12 @@ def mean_curve(runs: list) -> tuple:
 WINDOW = 50   # rounds of the plateau criterion's window, and per row of the diagnoses' tables
 
 
-def _median_seconds(rows: list) -> float:
+def _median_seconds(rows: list, rounds: Optional[int] = None) -> float:
   """The median training seconds of a run's rounds after the first (which traces and
-  compiles), NaN with none."""
-  return (float(np.median([float(r['seconds']) for r in rows[1:]])) if len(rows) > 1
-          else float('nan'))
+  compiles), up to round `rounds` if given; NaN with none."""
+  seconds = [float(r['seconds']) for r in rows
+             if 1 < int(r['round']) <= (rounds or int(r['round']))]
+  return float(np.median(seconds)) if seconds else float('nan')
 
 
 def plateau_window(rounds: int) -> int:
@@ -601,8 +603,7 @@ def at_length(run: dict, rounds: int) -> dict:
   reached = run['rounds_done'] >= rounds
   out = dict(run, rounds=rounds, rounds_done=min(run['rounds_done'], rounds), finished=reached,
              diverged=None if reached else run['diverged'],
-             seconds_per_round=_median_seconds(
-                 [r for r in run.get('rows', []) if int(r['round']) <= rounds]),
+             seconds_per_round=_median_seconds(run.get('rows', []), rounds),
              **_curve_figures(list(zip(run['curve_rounds'], run['curve_accuracy'])), rounds))
   if run['summary'].get('rounds') != rounds:   # a summary of another length is not this one's
     out.update(summary={}, client_epochs_training=None)
@@ -1126,10 +1127,9 @@ def remade_runs(suite: suites.Suite) -> list:
         or experiment.settings_changed(earlier['config'],
                                        experiment.recorded_config(again['config']))):
       continue   # not made again longer at its settings, or not yet as far as it went
-    again_rows = {int(r['round']): r for r in metrics_rows(again_dir)}
-    earlier_rows = metrics_rows(path)
+    again_rows = {int(r['round']): r for r in again['rows']}
     first = None
-    for a in earlier_rows:
+    for a in earlier['rows']:
       b = again_rows.get(int(a['round']), {})
       if any(a[k] != b.get(k) for k in REMADE_COLUMNS
              if a.get(k) not in (None, '') and b.get(k) not in (None, '')):
@@ -1140,13 +1140,11 @@ def remade_runs(suite: suites.Suite) -> list:
     gaps = [abs(acc - again_at[r]) for r, acc in evaluated if r in again_at]
     tail = [(acc, again_at[r]) for r, acc in evaluated[-LAST:] if r in again_at]
     run, seed = name.rsplit('_s', 1)
-    # The same rounds' training time in each making (round 1 left out: it traces and
-    # compiles): with the training bit for bit the same, a change is the machine's or code's.
-    seconds = [float(np.median([float(r['seconds']) for r in rows if 1 < int(r['round']) <= length]
-                               or [np.nan]))
-               for rows in (earlier_rows, again_rows.values())]
+    # The same rounds' training time in each making: with the training bit for bit the
+    # same, a change is the machine's or the code's.
     out.append(dict(run=run, seed=int(seed), length=length, first_difference=first,
-                    earlier_seconds=seconds[0], again_seconds=seconds[1],
+                    earlier_seconds=_median_seconds(earlier['rows'], length),
+                    again_seconds=_median_seconds(again['rows'], length),
                     largest_gap=float(max(gaps, default=np.nan)), tail_rounds=len(tail),
                     earlier=float(np.mean([e for e, _ in tail])) if tail else np.nan,
                     again=float(np.mean([a for _, a in tail])) if tail else np.nan))
