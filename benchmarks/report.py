@@ -606,8 +606,22 @@ def at_length(run: dict, rounds: int) -> dict:
              seconds_per_round=_median_seconds(run.get('rows', []), rounds),
              **_curve_figures(list(zip(run['curve_rounds'], run['curve_accuracy'])), rounds))
   if run['summary'].get('rounds') != rounds:   # a summary of another length is not this one's
-    out.update(summary={}, client_epochs_training=None)
+    out.update(summary={}, **_costs_from_rows(run.get('rows', []), rounds))
   return out
+
+
+def _costs_from_rows(rows: list, rounds: int) -> dict:
+  """A run's costs over its first `rounds` rounds, read from its metrics rows as the program
+  sums them into summary.json (client-epochs: None where the rows do not record every round's,
+  e.g. a making that predates the column)."""
+  kept = [r for r in rows if int(r['round']) <= rounds]
+  recorded = (len(kept) == rounds and
+              all(any(k.startswith('client_work/') and k.endswith('/client_epochs') and v
+                      for k, v in r.items()) for r in kept))
+  return dict(
+      client_epochs_training=experiment.round_costs(kept, 'client_epochs') if recorded else None,
+      exploration_client_epochs=float(kept[-1].get('exploration_client_epochs') or 0.0)
+      if kept else 0.0)
 
 
 def usable(run: dict) -> bool:
@@ -1365,7 +1379,7 @@ def suite_page(suite: suites.Suite) -> tuple:
       lines.append(f'| {run} | 0 |' + ' |' * (8 + len(suite.summary_columns)))
       continue
     w, moved = plateau_delta(done)
-    epochs = done[0]['client_epochs_training']   # None: read short of its making's length
+    epochs = done[0]['client_epochs_training']   # None: rows that do not record it
     lines.append(
         f'| {run} | {len(done)} | {pm(*mean_std([r["last10_mean_accuracy"] for r in done]))} | '
         f'{pm(*mean_std([r["best_accuracy"] for r in done]))} | '

@@ -663,7 +663,7 @@ def _dropped_clients(metrics: dict) -> int:
                        if k.endswith('non_finite_clients') and isinstance(v, (int, float)))))
 
 
-def _round_costs(rows: list[dict], name: str) -> int:
+def round_costs(rows: list[dict], name: str) -> int:
   """The sum over rounds of the client-work cost metric `name` (client_work/.../name)."""
   return int(round(sum(float(value) for row in rows for key, value in row.items()
                    if key.startswith('client_work/') and key.split('/')[-1] == name
@@ -934,8 +934,8 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       seconds_per_round=float(np.median(seconds)) if seconds else None,
       # Counted by the clients (their client_epochs / examples_trained metrics), not
       # rounds x clients x epochs: FedSGD takes no local epoch.
-      client_epochs_training=_round_costs(rows, 'client_epochs'),
-      examples_trained=_round_costs(rows, 'examples_trained'),
+      client_epochs_training=round_costs(rows, 'client_epochs'),
+      examples_trained=round_costs(rows, 'examples_trained'),
       exploration_client_epochs=float(program_state['exploration_client_epochs']),
       dropped_clients=int(sum(int(float(r.get('dropped_clients') or 0)) for r in rows)),
       aggregator_state_bytes=int(sum(np.asarray(t).nbytes

@@ -2187,6 +2187,38 @@ def test_a_lengthened_suite_keeps_probe_baselines_and_summaries_at_their_lengths
                                long[s][:30], rtol=1e-6)
 
 
+def test_a_run_read_short_of_its_making_sums_its_costs_from_its_rows(tmp_path, monkeypatch):
+  """A run extended in place past the length the pages read (its summary is the longer
+  making's) gets its client-epochs and exploration cost over the rounds read, summed from
+  metrics.csv as the program sums them into summary.json; without the column it is n/a."""
+  suite = _paired_toy_suite(40, tmp_path, monkeypatch)
+  base = tmp_path / 'toy'
+  rng = np.random.default_rng(29)
+  epochs = rng.integers(0, 9, 40).astype(float)
+  explored = np.cumsum(rng.integers(0, 4, 40)).astype(float)
+  for s in (0, 1, 2):
+    _write_run(base / 'runs' / f'base_s{s}', 40, rng.uniform(0.3, 0.9, 40),
+               columns={'client_work/train/client_epochs': epochs,
+                        'exploration_client_epochs': explored})
+    _write_run(base / 'runs' / f'new_s{s}', 20, rng.uniform(0.3, 0.9, 20))
+  runs = report.collect(suite)
+  assert report.reported_rounds(suite) == 20
+  for s in (0, 1, 2):
+    assert runs['base'][s]['summary'] == {}
+    assert runs['base'][s]['client_epochs_training'] == int(epochs[:20].sum())
+    assert runs['base'][s]['exploration_client_epochs'] == explored[19]
+    assert runs['new'][s]['client_epochs_training'] == 20   # its own summary's
+  page, _, _ = report.suite_page(suite)
+  assert '| base | 3 |' in page
+  row = [l for l in page.split('\n') if l.startswith('| base | 3 |')][0]
+  assert f'| {int(epochs[:20].sum())} | 0.0 MiB |' in row
+  # rows short of a round's cost (an older making) give no figure
+  rows = [dict(round=str(r), **{'client_work/train/client_epochs': '2'}) for r in (1, 2, 3)]
+  rows[1]['client_work/train/client_epochs'] = ''
+  assert report._costs_from_rows(rows, 3)['client_epochs_training'] is None
+  assert report._costs_from_rows(rows[:1], 1)['client_epochs_training'] == 2
+
+
 def test_whole_round_ratio_sums_the_rounds_that_record_both(tmp_path, monkeypatch):
   """report.whole_round_ratio: round_seconds over seconds, summed over every round but the
   first of the runs that record both; NaN when none does."""
