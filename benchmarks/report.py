@@ -616,7 +616,7 @@ def _costs_from_rows(rows: list, rounds: int) -> dict:
   e.g. a making that predates the column)."""
   kept = [r for r in rows if int(r['round']) <= rounds]
   recorded = (len(kept) == rounds and
-              all(any(k.startswith('client_work/') and k.endswith('/client_epochs') and v
+              all(any(experiment.is_cost_column(k, 'client_epochs') and v
                       for k, v in r.items()) for r in kept))
   return dict(
       client_epochs_training=experiment.round_costs(kept, 'client_epochs') if recorded else None,

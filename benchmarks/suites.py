@@ -200,8 +200,9 @@ def _fedcda() -> Suite:
               '-1.42, +0.52, +0.93), FedCDA\'s -0.00 and +0.09: every mean curve has '
               'plateaued by the criterion (section "Every run"; single seeds still moved up to '
               '1.42 points).'),
-      notes=('At 800 rounds every curve has levelled off by the plateau criterion: over their last '
-             '50 rounds FedCDA\'s moved -0.00 (Dir 0.1) and +0.09 (shards 2) points, FedAvg\'s '
+      notes=('At 800 rounds every mean curve has levelled off by the plateau criterion: over their '
+             'last 50 rounds FedCDA\'s moved -0.00 (Dir 0.1) and +0.09 (shards 2) points, '
+             'FedAvg\'s '
              '-0.32 and +0.01 ([results.md](results.md), section "Every run"), so the verdicts at '
              '800 rounds are not "too few rounds". Where the margin comes from: FedCDA pulls ahead '
              'as soon as its warmup (FedAvg, 25 rounds) ends (+10.3 points at Dir 0.1 and +8.5 at '

@@ -663,11 +663,15 @@ def _dropped_clients(metrics: dict) -> int:
                        if k.endswith('non_finite_clients') and isinstance(v, (int, float)))))
 
 
+def is_cost_column(key: str, name: str) -> bool:
+  """Whether metrics.csv column `key` holds the client-work cost metric `name`."""
+  return key.startswith('client_work/') and key.split('/')[-1] == name
+
+
 def round_costs(rows: list[dict], name: str) -> int:
   """The sum over rounds of the client-work cost metric `name` (client_work/.../name)."""
   return int(round(sum(float(value) for row in rows for key, value in row.items()
-                   if key.startswith('client_work/') and key.split('/')[-1] == name
-                   and value not in (None, ''))))
+                   if is_cost_column(key, name) and value not in (None, ''))))
 
 
 # The computations of the last configuration run in this Python process, keyed by the flags
