@@ -680,7 +680,16 @@ def _fedlex() -> Suite:
                     'at the client rate tuned over 50 rounds (0.1)? FedAvgM at the grid\'s '
                     'next lower rate, against the reported FedLEx-AvgM',
                     dict(client_lr=0.03, rounds=200), ('fedavgm',), seeds=(0, 1, 2),
-                    unchanged=('fedlex_avgm',))),
+                    unchanged=('fedlex_avgm',)),
+              # Their tuned rate, 10, is the last before the grid's diverging 30; at 3 both
+              # were within 1.4 points of it in tuning (seed 100).
+              Probe('guided_lower_rate',
+                    'are FedLEx-Opt\'s and FedLEx-Prox\'s gaps to their bases (and '
+                    'FedLEx-Opt\'s collapse on seed 0) their tuned client rate, 10, the last '
+                    'before the grid\'s diverging 30? Both at the grid\'s next lower rate, 3, '
+                    'with the same G, against the reported FedAdam and FedProx',
+                    dict(client_lr=3.0, rounds=200), ('fedlex_opt', 'fedlex_prox'),
+                    seeds=(0, 1, 2), unchanged=('fedadam', 'fedprox'))),
       summary_columns=(('guidance mean', ('guidance', 'guidance_mean'), '.2g'),
                        ('guidance median', ('guidance', 'guidance_median'), '.2g'),
                        ('share of G < 0.01', ('guidance', 'guidance_below_0_01'), '.2f'),
