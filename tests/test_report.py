@@ -748,6 +748,36 @@ def test_a_suite_naming_an_unknown_run_is_refused():
                    probes=(suites.Probe('p', 'q', {}, ('new',), unchanged=(unchanged,)),))
 
 
+def test_a_probe_row_gives_swing_and_seconds_over_the_seeds_its_margin_is_over(tmp_path,
+                                                                               monkeypatch):
+  """A probe whose method is made on seed 0 only sets it beside the unchanged baseline's seed
+  0: the row's baseline s/round and swing are that seed's, not its other seeds' too."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  probe = suites.Probe('new_only', 'the method alone?', dict(rounds=20), ('new',),
+                       seeds=(0, 1), unchanged=('base',))
+  suite = dataclasses.replace(_paired_toy_suite(20, tmp_path, monkeypatch), probes=(probe,))
+  rng = np.random.default_rng(11)
+  for seed in (0, 1):   # the reported base runs, seed 1 five times as slow
+    _write_run(tmp_path / 'toy' / 'runs' / f'base_s{seed}', 20,
+               np.clip(0.4 + rng.normal(0, 0.03, 20), 0, 1),
+               config=dict(suite.config_overrides('base'), seed=seed), seconds=1.0 + 4 * seed)
+
+  def fake_run(config):   # seed 1 of the probe is not made
+    if config.seed == 0:
+      _write_run(config.experiment_dir, config.rounds,
+                 np.clip(0.5 + rng.normal(0, 0.03, 20), 0, 1),
+                 config=dataclasses.asdict(config), seconds=3.0)
+
+  monkeypatch.setattr(compare, '_run', fake_run)
+  compare.run_probes(suite, {})
+  page, _, _ = report.suite_page(suite)
+  (row,) = [l for l in page.split('\n') if l.startswith('| toy | 1 | ')]
+  assert row.endswith(' | 1.00 | 3.00 |'), row   # not the median of 1 and 5
+  swings = row.split(' | ')[-4:-2]
+  assert all('±' not in s for s in swings), row   # one seed each side
+
+
 def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path, monkeypatch):
   """compare.run_probes: each probe run is the suite's tuned run with the probe's changes,
   under probes/<name>/; the page's probe table holds numpy's paired margin."""
