@@ -49,8 +49,8 @@ _PROBES = flags.DEFINE_bool('probes', False, 'Run the suite\'s probes (runs at c
 _PROBE = flags.DEFINE_list('probe', [], 'Run only these probes of the suite (implies --probes).')
 _PLAN = flags.DEFINE_bool('plan', False, 'List the runs the command would make (with the other '
                           'flags), the rounds each has left and their time estimated from the '
-                          'suite\'s recorded rounds (whole rounds where recorded); train '
-                          'nothing.')
+                          'suite\'s recorded rounds (whole rounds where recorded; a stopped '
+                          'run also at its own rounds\' median pace); train nothing.')
 
 
 def _refuse_other_settings(r: dict, config, what: str) -> None:
@@ -260,7 +260,8 @@ def _recorded_round_seconds(suite_name: str):
   """(config, whole, training) per run the suite has recorded (reported, tuning, probes,
   superseded; finished or not): its config (fields added since at their defaults) and the
   finite seconds of its rounds after the first (which also traces and compiles: left out,
-  as in summary.json), whole (metrics.csv's round_seconds) and training only (`seconds`)."""
+  as in summary.json) but paused ones (PAUSED_ROUND), whole (metrics.csv's round_seconds)
+  and training only (`seconds`)."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   for _, directory in report.recorded_runs(suite_name):
     path = os.path.join(directory, 'config.json')
@@ -269,8 +270,22 @@ def _recorded_round_seconds(suite_name: str):
     with open(path) as f:
       config = experiment.recorded_config(json.load(f))
     rows = report.metrics_rows(directory)[1:]
-    yield config, *([v for v in report.metrics_column(rows, column) if np.isfinite(v)]
+    yield config, *(_without_pauses(report.metrics_column(rows, column))
                     for column in ('round_seconds', 'seconds'))
+
+
+# A round over this many times its run's median round was paused (a process stopped with
+# SIGSTOP while CI ran, a machine shared), not slow: it is left out of the recorded cost.
+# An evaluated round of a run evaluated every few rounds costs about twice a plain one.
+PAUSED_ROUND = 5.0
+
+
+def _without_pauses(seconds: np.ndarray) -> list:
+  """The finite `seconds` of a run's rounds, less the paused ones (PAUSED_ROUND)."""
+  seconds = seconds[np.isfinite(seconds)]
+  if not seconds.size:
+    return []
+  return [float(v) for v in seconds if v <= PAUSED_ROUND * np.median(seconds)]
 
 
 def recorded_seconds_per_round(suite_name: str) -> dict:
@@ -300,6 +315,27 @@ def recorded_training_seconds(suite_name: str) -> dict:
   return {key: float(np.mean(values)) for key, values in seconds.items() if values}
 
 
+def own_seconds_per_round(exp_dir: str) -> Optional[tuple]:
+  """(median seconds of a round, rounds it rests on, whole) of a stopped or running run's own
+  rounds after its first (which traces and compiles): whole rounds where metrics.csv has
+  round_seconds, else their training (whole False). The pace of the machine it has run on,
+  which may be far from the recorded one (a median: a round the run was paused or resumed
+  in is one round among many). None with fewer than MIN_OWN_ROUNDS such rounds."""
+  if not os.path.exists(os.path.join(exp_dir, 'metrics.csv')):
+    return None
+  rows = report.metrics_rows(exp_dir)[1:]
+  for column in ('round_seconds', 'seconds'):
+    values = report.metrics_column(rows, column)
+    values = values[np.isfinite(values)]
+    if values.size >= MIN_OWN_ROUNDS:
+      return float(np.median(values)), int(values.size), column == 'round_seconds'
+  return None
+
+
+# A run's own pace is shown once it has this many rounds after its first.
+MIN_OWN_ROUNDS = 3
+
+
 def _runs(n: int) -> str:
   return f'{n} run' + ('' if n == 1 else 's')
 
@@ -312,8 +348,9 @@ def plan(suite: suites.Suite, configs) -> list:
   """The lines `--plan` prints: each run still to make, the rounds it has left (a stopped run
   resumes from its last checkpoint, a run without one starts over) and their time at the
   suite's recorded seconds per round (whole rounds where recorded, else their training) for
-  runs of the same cost; a run the command
-  would stop at (recorded with other settings) as blocked, with the reason; then the total."""
+  runs of the same cost, and for a stopped run also at its own pace (own_seconds_per_round);
+  a run the command would stop at (recorded with other settings) as blocked, with the reason;
+  then the total."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   per_round = recorded_seconds_per_round(suite.name)
   training_per_round = recorded_training_seconds(suite.name)
@@ -351,6 +388,11 @@ def plan(suite: suites.Suite, configs) -> list:
       start_text = f'starts at round 1; its shorter run moves to {os.path.relpath(target)}'
     else:
       start_text = 'starts at round 1'
+    own = own_seconds_per_round(config.experiment_dir) if start else None
+    if own is not None:   # a stopped run's own rounds say how fast this machine makes them
+      estimate += (f'; its own {own[1]} rounds so far: a median {own[0]:.2f} s'
+                   + ('' if own[2] else ' of training') +
+                   f' (~{_duration(left * own[0])} at that pace)')
     lines.append(f'  {where}: {left} rounds left ({start_text}); {estimate}')
   lines.append(
       f'{len(configs) - done - blocked} of {len(configs)} runs to make, {total_rounds} rounds: '

@@ -970,7 +970,8 @@ def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monk
   lines = plan_lines(['--seeds=0,1'])
   assert lines[:3] == [
       f'  {rel("new_s0")}: 15 rounds left (resumes after round 5); ~9 min at 36.00 s/round '
-      '(training only)',
+      '(training only); its own 7 rounds so far: a median 36.00 s of training (~9 min at that '
+      'pace)',
       f'  {rel("base_s1")}: 20 rounds left (starts at round 1); ~20 min at 60.00 s/round',
       f'  {rel("new_s1")}: 20 rounds left (starts at round 1); ~12 min at 36.00 s/round '
       '(training only)']
@@ -1025,6 +1026,41 @@ def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monk
       assert compare.main([]) == 2
     finally:
       flags.FLAGS.unparse_flags()
+
+
+def test_compare_plan_shows_a_stopped_runs_own_pace_and_leaves_paused_rounds_out(
+    tmp_path, monkeypatch):
+  """A stopped run's line adds its own rounds' median seconds (the pace of the machine it runs
+  on); a round over PAUSED_ROUND times its run's median (a process stopped while CI ran) is not
+  part of the recorded cost; a run with fewer than MIN_OWN_ROUNDS rounds after its first shows
+  no pace of its own."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  toy = dataclasses.replace(_paired_toy_suite(20, tmp_path, monkeypatch), name='toypace')
+  dirs = {os.path.basename(c.experiment_dir): c for c in compare.run_configs(toy, None)}
+  _write_run(dirs['base_s0'].experiment_dir, 20, np.full(20, 0.5), round_seconds=60.0,
+             config=dataclasses.asdict(dirs['base_s0']))
+  # base_s1 ran on a slower machine: 120 s a round after its first, round 10 paused 9000 s
+  own = [500.0] + [120.0] * 8 + [9000.0]
+  _write_run(dirs['base_s1'].experiment_dir, 20, np.full(10, 0.5), summary_rounds=10,
+             config=dataclasses.asdict(dirs['base_s1']), columns=dict(round_seconds=own))
+  os.makedirs(os.path.join(dirs['base_s1'].experiment_dir, 'checkpoints', 'program_state_5'))
+  # new_s1 stopped after round 3: two rounds after its first are too few for a pace
+  _write_run(dirs['new_s1'].experiment_dir, 20, np.full(3, 0.5), summary_rounds=3,
+             config=dataclasses.asdict(dirs['new_s1']), round_seconds=30.0)
+  os.makedirs(os.path.join(dirs['new_s1'].experiment_dir, 'checkpoints', 'program_state_3'))
+  lines = compare.plan(toy, [dirs['base_s1'], dirs['new_s1']])
+  recorded = (19 * 60.0 + 8 * 120.0) / 27   # the paused round left out
+  assert lines[0] == (
+      f'  {os.path.relpath(dirs["base_s1"].experiment_dir)}: 15 rounds left (resumes after '
+      f'round 5); ~19 min at {recorded:.2f} s/round; its own 9 rounds so far: a median '
+      '120.00 s (~30 min at that pace)')
+  assert lines[1] == (
+      f'  {os.path.relpath(dirs["new_s1"].experiment_dir)}: 17 rounds left (resumes after '
+      'round 3); ~8 min at 30.00 s/round')
+  assert compare.own_seconds_per_round(dirs['base_s1'].experiment_dir) == (120.0, 9, True)
+  assert compare.own_seconds_per_round(dirs['new_s1'].experiment_dir) is None
+  assert compare.own_seconds_per_round(dirs['new_s0'].experiment_dir) is None   # not begun
 
 
 def test_recorded_cost_is_the_mean_whole_round_per_evaluation_schedule(tmp_path, monkeypatch):
