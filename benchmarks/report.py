@@ -941,11 +941,13 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
               + unchanged_text(suite, probe) + '.', '']
     comparisons = compare_runs(suite, runs, paper, partial=True)
     if comparisons:
-      lines += ['Swing and s/round (the median over seeds of each run\'s median training '
-                'seconds a round) as in "Every run" below (swing over the last W rounds).', '',
+      lines += ['Moved (the plateau criterion), swing and s/round (the median over seeds of '
+                'each run\'s median training seconds a round) as in "Every run" below (swing '
+                'over the last W rounds).', '',
                 '| comparison | seeds finished | baseline (%) | method (%) | margin | baseline '
-                'swing (points) | method swing (points) | baseline s/round | method s/round |',
-                '|---|---|---|---|---|---|---|---|---|']
+                'moved (W, points) | method moved (W, points) | baseline swing (points) | '
+                'method swing (points) | baseline s/round | method s/round |',
+                '|---|---|---|---|---|---|---|---|---|---|---|']
       for c in comparisons:
         # over the seeds the margin is over: an unchanged baseline is read on every probe seed
         done = [[runs[name][s] for s in c['seeds'] if usable(runs[name].get(s))]
@@ -953,6 +955,8 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
         lines.append(f'| {c["label"]} | {len(c["seeds"])} | '
                      f'{pm(c["baseline_mean"], c["baseline_std"])} | '
                      f'{pm(c["method_mean"], c["method_std"])} | {margin_text(c)} | '
+                     + ' | '.join(plateau_text(d, *plateau_delta(d)) if d else 'n/a'
+                                  for d in done) + ' | '
                      + ' | '.join(swing_text(d) for d in done) + ' | '
                      + ' | '.join(num(np.median([r['seconds_per_round'] for r in d]))
                                   if d else 'n/a' for d in done) + ' |')

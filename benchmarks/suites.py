@@ -536,9 +536,21 @@ def _cadis() -> Suite:
              'seed\'s figure can move by 8 points on a last bit: the noise the verdicts face. The '
              '600-round runs continue the 450-round ones from their checkpoints (rounds 1-450 '
              'unchanged). Over the last 50 of the 600 rounds every mean curve still moved 1.1 to '
-             '2.1 points (FedAvg +1.2, eq. 1\'s CADIS +2.1), so the verdicts remain provisional; '
+             '2.1 points (FedAvg +1.2, eq. 1\'s CADIS +2.1), so the verdicts remain provisional '
+             '(probe `rounds800` makes every run again from round 1 to 800 rounds to test that; '
+             'its section lists the runs made so far: seed 0\'s FedAvg and FedProx, the first '
+             'made, repeat the reported runs bit for bit over rounds 1-600); '
              'the ranking has held at 300, 450 and 600 rounds: eq. 1\'s CADIS and CADIS without KD '
-             'below FedAvg beyond the seeds\' spread, the reference code\'s weights within it.'))
+             'below FedAvg beyond the seeds\' spread, the reference code\'s weights within it.'),
+      probes=(Probe('rounds800',
+                    'do the curves level off by 800 rounds (their mean over the seeds moving '
+                    'under 0.5 points over the last 50), and do the verdicts at 600 hold? Every '
+                    'run made again from round 1 (the 600-round runs\' checkpoints were lost with '
+                    'an earlier machine), each committed as it finishes',
+                    dict(rounds=800),
+                    ('fedavg', 'fedprox', 'cadis', 'cadis_reference_weights', 'cadis_no_kd',
+                     'cadis_reference_weights_no_kd'),
+                    seeds=(0, 1, 2)),))
 
 
 # FedLEx's explorers' client rate: the rate its bases tuned to (FedAvgM, FedAdam, FedProx: 0.1).

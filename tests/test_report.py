@@ -789,6 +789,8 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path,
   rng = np.random.default_rng(5)
   made, tails = [], {}
 
+  curves = {}
+
   def fake_run(config):
     made.append(config)
     acc = np.clip((0.5 if config.algorithm == 'fedavg' else 0.6) +
@@ -796,6 +798,7 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path,
     _write_run(config.experiment_dir, config.rounds, acc, config=dataclasses.asdict(config),
                seconds=1.0 + config.seed + 2 * (config.algorithm == 'fedcda'))
     tails[config.algorithm, config.seed] = acc[-10:].mean()
+    curves[config.algorithm, config.seed] = acc
 
   monkeypatch.setattr(compare, '_run', fake_run)
   compare.run_probes(suite, {'fedcda': dict(client_lr=0.3)})
@@ -814,6 +817,11 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path,
   # s/round: the median over seeds of each run's seconds a round (base 1 and 2, new 3 and 4)
   (table_row,) = [l for l in page.split('\n') if l.startswith('| toy | 2 | ')]
   assert table_row.endswith(' | 1.50 | 3.50 |'), table_row
+  # moved: the seeds' mean curve over its last W = 30 // 4 rounds against the W before
+  for algorithm, cell in zip(('fedavg', 'fedcda'), table_row.split(' | ')[5:7]):
+    mean = 100 * np.mean([curves[algorithm, s] for s in (0, 1)], axis=0)
+    assert cell.startswith(f'7, {mean[-7:].mean() - mean[-14:-7].mean():+.2f}'), table_row
+    assert 'per seed' in cell, table_row
   (line,) = report.probe_summaries(suite, {})
   assert line.startswith('- Probe more_epochs') and report.margin_text(row) in line
 
