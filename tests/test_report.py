@@ -787,9 +787,7 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path,
                        ('base', 'new'), seeds=(0, 1))
   suite = dataclasses.replace(_paired_toy_suite(20, tmp_path, monkeypatch), probes=(probe,))
   rng = np.random.default_rng(5)
-  made, tails = [], {}
-
-  curves = {}
+  made, tails, curves = [], {}, {}
 
   def fake_run(config):
     made.append(config)
