@@ -538,9 +538,9 @@ def _cadis() -> Suite:
              'unchanged). Over the last 50 of the 600 rounds every mean curve still moved 1.1 to '
              '2.1 points (FedAvg +1.2, eq. 1\'s CADIS +2.1), so the verdicts remain provisional '
              '(probe `rounds800` makes every run again from round 1 to 800 rounds to test that; '
-             'its section lists the runs made so far: FedAvg, FedProx and eq. 1\'s CADIS on every '
-             'seed repeat the reported runs bit for bit over rounds 1-600 at every '
-             'round both evaluated, the KD runs too); '
+             'its section lists the runs made so far: FedAvg, FedProx, eq. 1\'s CADIS and CADIS '
+             'with the reference code\'s weights on every seed repeat the reported runs bit for '
+             'bit over rounds 1-600 at every round both evaluated, the KD runs too); '
              'the ranking has held at 300, 450 and 600 rounds: eq. 1\'s CADIS and CADIS without KD '
              'below FedAvg beyond the seeds\' spread, the reference code\'s weights within it.'),
       probes=(Probe('rounds800',
