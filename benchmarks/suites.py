@@ -684,7 +684,10 @@ def _fedlex() -> Suite:
              'the last 50 rounds the mean curves still rose 1.0 to 3.6 points (FedAvgM\'s and '
              'FedLEx-AvgM\'s fell 4.3 and 1.9); FedLEx-Prox\'s and FedLEx-SGD\'s margins kept '
              'their sign in every '
-             'window while shrinking, and FedLEx-AvgM\'s turned as FedAvgM levelled off. '
+             'window while shrinking, and FedLEx-AvgM\'s turned as FedAvgM levelled off, so '
+             'the verdicts at 200 rounds are provisional (probe `rounds400` makes every run '
+             'again from round 1 to 400 rounds to test that; its section lists the runs made '
+             'so far). '
              'Probe `guidance_floor` (G floored at 0.01, the same rates, three seeds, 100 '
              'rounds; diagnosis.md, "G floored") tests whether G\'s near-zero entries are what '
              'costs: floored, FedLEx-SGD gains 2.0 ± 0.8 points over its unfloored runs and '
@@ -718,7 +721,16 @@ def _fedlex() -> Suite:
                     'before the grid\'s diverging 30? Both at the grid\'s next lower rate, 3, '
                     'with the same G, against the reported FedAdam and FedProx',
                     dict(client_lr=3.0, rounds=200), ('fedlex_opt', 'fedlex_prox'),
-                    seeds=(0, 1, 2), unchanged=('fedadam', 'fedprox'))),
+                    seeds=(0, 1, 2), unchanged=('fedadam', 'fedprox')),
+              # The 200-round runs' checkpoints are gone with an earlier machine: every run is
+              # made again from round 1 (bit for bit the reported run over rounds 1-200), and
+              # committed as it finishes, so the lengthening goes on across sessions.
+              Probe('rounds400',
+                    'do the curves level off by 400 rounds (their mean over the seeds moving '
+                    'under 0.5 points over the last 50), and do the verdicts at 200 hold? '
+                    'Every run made again from round 1, each committed as it finishes',
+                    dict(rounds=400), tuple(run for pair in bases for run in pair),
+                    seeds=(0, 1, 2))),
       summary_columns=(('guidance mean', ('guidance', 'guidance_mean'), '.2g'),
                        ('guidance median', ('guidance', 'guidance_median'), '.2g'),
                        ('share of G < 0.01', ('guidance', 'guidance_below_0_01'), '.2f'),
