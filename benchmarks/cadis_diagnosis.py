@@ -73,13 +73,16 @@ def weight_effects(rows) -> dict:
   """A run's recorded aggregation weights against the test accuracy that followed."""
   w = [np.asarray(json.loads(r['aggregator/aggregation_weights']), np.float64) for r in rows]
   top = np.array([x.max() / x.sum() for x in w])
-  # after round t+1 minus after round t
+  # after round t+1 minus after round t, where both were evaluated (a run evaluated every
+  # k-th round has such pairs only where it evaluated every round, e.g. its last rounds)
   change = np.diff(report.metrics_column(rows, 'test_accuracy'))
-  heavy = top[1:] > HEAVY
+  evaluated = np.isfinite(change)
+  heavy = top[1:][evaluated] > HEAVY
+  change = change[evaluated]
   return dict(
       effective=float(np.mean([effective_participants(x) for x in w])),
       heavy_share=float(np.mean(top > HEAVY)),
-      corr=_correlation(top[1:], change),
+      corr=_correlation(top[1:][evaluated], change),
       change_heavy=float(change[heavy].mean()) if heavy.any() else float('nan'),
       change_light=float(change[~heavy].mean()) if (~heavy).any() else float('nan'))
 
@@ -92,9 +95,11 @@ def _correlation(x, y) -> float:
 
 
 def round_to_round_change(rows) -> float:
-  """Mean |accuracy change| from one round to the next over the last CHANGE_WINDOW rounds."""
-  acc = report.metrics_column(rows, 'test_accuracy')[-CHANGE_WINDOW - 1:]
-  return float(np.mean(np.abs(np.diff(acc))))
+  """Mean |accuracy change| from one round to the next over the last CHANGE_WINDOW rounds
+  (over the consecutive rounds both evaluated; NaN when none were)."""
+  change = np.diff(report.metrics_column(rows, 'test_accuracy')[-CHANGE_WINDOW - 1:])
+  change = change[np.isfinite(change)]
+  return float(np.mean(np.abs(change))) if change.size else float('nan')
 
 
 def kd_to_cross_entropy(rows) -> float:
@@ -145,7 +150,7 @@ def _suite_lines(runs: dict) -> list:
     if not rows:
       lines.append(f'| {run} | none finished | | | | | | | | | |')
       continue
-    last10 = [np.mean(report.metrics_column(r, 'test_accuracy')[-report.LAST:]) for r in rows]
+    last10 = [report.last10_of(report.metrics_column(r, 'test_accuracy')) for r in rows]
     cadis = all('aggregator/aggregation_weights' in r[0] for r in rows)
     effects = [weight_effects(r) for r in rows] if cadis else []
     matched = [next((int(x['round']) for x in r
@@ -188,7 +193,7 @@ def _suite_lines(runs: dict) -> list:
       kd = [x for x in (kd_to_cross_entropy(w) for w in window) if np.isfinite(x)]
       kd = float(np.mean(kd)) if kd else float('nan')   # without KD: n/a
       base_acc = [report.metrics_column(r[start:mark], 'test_accuracy') for r in baseline]
-      fedavg = (f'{100 * np.mean(base_acc):.2f}'
+      fedavg = (f'{100 * np.nanmean(base_acc):.2f}'
                 if baseline and all(len(r) >= mark for r in baseline) else 'n/a')
       lines.append(
           f'| {mark} | {np.mean([float(x["aggregator/tau"]) for x in at]):.3f} | '
@@ -196,7 +201,8 @@ def _suite_lines(runs: dict) -> list:
           f'{100 * np.mean([float(x["aggregator/cluster_pair_accuracy"]) for x in at]):.1f}% | '
           f'{sum(methods.cadis_clusters_match(x, NUM_CLIENTS) for x in at)} of {len(at)} | '
           f'{eff:.2f} | {report.num(kd, ".3f")} | '
-          f'{100 * np.mean([report.metrics_column(w, "test_accuracy") for w in window]):.2f} | '
+          f'{100 * np.nanmean([report.metrics_column(w, "test_accuracy") for w in window]):.2f}'
+          ' | '
           f'{fedavg} |')
       start = mark
     lines.append('')

@@ -1154,6 +1154,24 @@ def test_cadis_diagnosis_statistics_on_random_rows():
   np.testing.assert_allclose(cadis_diagnosis.kd_to_cross_entropy(rows),
                              kd[keep].mean() / ce[keep].mean())
   np.testing.assert_allclose(cadis_diagnosis.effective_participants([1, 1, 1, 1]), 4.0)
+  # A run evaluated every 5th round and over its last 30: the accuracy changes are read
+  # only between consecutive rounds both evaluated (NaN would otherwise reach every mean).
+  evaluated = np.zeros(n, bool)
+  evaluated[4::5] = evaluated[-30:] = True
+  sparse = [dict(r, test_accuracy=r['test_accuracy'] if e else '')
+            for r, e in zip(rows, evaluated)]
+  pair = evaluated[1:] & evaluated[:-1]
+  got = cadis_diagnosis.weight_effects(sparse)
+  np.testing.assert_allclose(got['heavy_share'], np.mean(top > 0.3))
+  np.testing.assert_allclose(got['corr'], np.corrcoef(top[1:][pair], change[pair])[0, 1])
+  np.testing.assert_allclose(got['change_heavy'], change[pair & heavy].mean())
+  np.testing.assert_allclose(got['change_light'], change[pair & ~heavy].mean())
+  assert 0 < (pair & heavy).sum() < pair.sum()
+  window = pair[-50:]
+  np.testing.assert_allclose(cadis_diagnosis.round_to_round_change(sparse),
+                             np.abs(np.diff(acc[-51:]))[window].mean())
+  assert np.isnan(cadis_diagnosis.round_to_round_change(
+      [dict(r, test_accuracy='') for r in rows]))
 
 
 def _random_similarity_record(rng, n, rounds):
