@@ -971,12 +971,13 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
             'comparison\'s.')
     lines += dropped_lines({run: runs.get(run, {}) for run in probe.runs})
     for run in probe.runs:
-      for seed in probe.seeds:
-        r = runs.get(run, {}).get(seed)
-        if r is None:
-          lines.append(f'- `{run}` seed {seed}: not run yet.')
-        elif not usable(r):
-          lines.append(_not_usable_line(run, seed, r))
+      made = runs.get(run, {})
+      lines += [_not_usable_line(run, seed, made[seed]) for seed in probe.seeds
+                if seed in made and not usable(made[seed])]
+      missing = [seed for seed in probe.seeds if seed not in made]
+      if missing:   # one line a run, as the reported runs' (`_status`)
+        lines.append(f'- `{run}`: seed{"s" * (len(missing) > 1)} '
+                     f'{", ".join(map(str, missing))} not run yet.')
     lines.append('')
   return lines
 

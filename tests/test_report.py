@@ -799,6 +799,8 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path,
     curves[config.algorithm, config.seed] = acc
 
   monkeypatch.setattr(compare, '_run', fake_run)
+  page, _, _ = report.suite_page(suite)   # before any probe run: one line a run
+  assert '\n- `base`: seeds 0, 1 not run yet.\n- `new`: seeds 0, 1 not run yet.\n' in page
   compare.run_probes(suite, {'fedcda': dict(client_lr=0.3)})
   assert [(c.algorithm, c.seed) for c in made] == [('fedavg', 0), ('fedcda', 0),
                                                   ('fedavg', 1), ('fedcda', 1)]
