@@ -73,18 +73,24 @@ def weight_effects(rows) -> dict:
   """A run's recorded aggregation weights against the test accuracy that followed."""
   w = [np.asarray(json.loads(r['aggregator/aggregation_weights']), np.float64) for r in rows]
   top = np.array([x.max() / x.sum() for x in w])
-  # after round t+1 minus after round t, where both were evaluated (a run evaluated every
-  # k-th round has such pairs only where it evaluated every round, e.g. its last rounds)
-  change = np.diff(report.metrics_column(rows, 'test_accuracy'))
-  evaluated = np.isfinite(change)
-  heavy = top[1:][evaluated] > HEAVY
-  change = change[evaluated]
+  change, evaluated = _accuracy_changes(rows)
+  top_before = top[1:][evaluated]   # the weights of the round each change follows
+  heavy = top_before > HEAVY
   return dict(
       effective=float(np.mean([effective_participants(x) for x in w])),
       heavy_share=float(np.mean(top > HEAVY)),
-      corr=_correlation(top[1:][evaluated], change),
+      corr=_correlation(top_before, change),
       change_heavy=float(change[heavy].mean()) if heavy.any() else float('nan'),
       change_light=float(change[~heavy].mean()) if (~heavy).any() else float('nan'))
+
+
+def _accuracy_changes(rows) -> tuple:
+  """(test accuracy after round t+1 minus after round t, where both were evaluated; the mask
+  of those t among all). A run evaluated every k-th round has such pairs only where it
+  evaluated every round, e.g. its last rounds."""
+  change = np.diff(report.metrics_column(rows, 'test_accuracy'))
+  evaluated = np.isfinite(change)
+  return change[evaluated], evaluated
 
 
 def _correlation(x, y) -> float:
@@ -97,8 +103,7 @@ def _correlation(x, y) -> float:
 def round_to_round_change(rows) -> float:
   """Mean |accuracy change| from one round to the next over the last CHANGE_WINDOW rounds
   (over the consecutive rounds both evaluated; NaN when none were)."""
-  change = np.diff(report.metrics_column(rows, 'test_accuracy')[-CHANGE_WINDOW - 1:])
-  change = change[np.isfinite(change)]
+  change, _ = _accuracy_changes(rows[-CHANGE_WINDOW - 1:])
   return float(np.mean(np.abs(change))) if change.size else float('nan')
 
 
