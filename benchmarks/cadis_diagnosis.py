@@ -135,7 +135,25 @@ def _expected_lines() -> list:
   return lines + ['']
 
 
-def _suite_lines(runs: dict) -> list:
+def _filled_text(filled: dict) -> str:
+  """Which runs' unevaluated rounds read their kept shorter making's test figures
+  (`report.with_kept_evaluations`)."""
+  if not filled:
+    return ''
+  by_length = {}
+  for (run, seed), (n, count) in sorted(filled.items()):
+    by_length.setdefault(n, []).append((run, seed, count))
+  parts = [f'from their {n}-round makings in `earlier_runs/rounds{n}/` for '
+           f'{len(found)} runs ({min(c for *_, c in found)} to {max(c for *_, c in found)} '
+           'rounds each)' for n, found in sorted(by_length.items())]
+  return (' The test accuracy of rounds a run did not evaluate is read ' + '; '.join(parts)
+          + ': those makings were evaluated every round and record every other value of '
+          'every round they ran exactly as the reported runs do (the same training, bit for '
+          'bit), so the accuracy changes after each round\'s weights are read on every round '
+          'either making evaluated.')
+
+
+def _suite_lines(runs: dict, filled: dict) -> list:
   """Per run, mean ± std over its seeds; then CADIS's clusters, τ and KD over rounds."""
   lines = ['## The reported runs', '',
            'Every finished seed at the length the suite\'s pages report (from '
@@ -143,7 +161,8 @@ def _suite_lines(runs: dict) -> list:
            'makings in `earlier_runs/rounds<N>/`; mean ± std over seeds). Round-to-round '
            f'change: the mean |change| of test accuracy from one round to the next over the '
            f'last {CHANGE_WINDOW} rounds, in points. The weights are those each round used, with '
-           'the clusters learned so far; FedAvg\'s and FedProx\'s are not recorded.', '',
+           'the clusters learned so far; FedAvg\'s and FedProx\'s are not recorded.'
+           + _filled_text(filled), '',
            '| run | seeds | last-10 mean (%) | round-to-round change (points) | effective '
            'participants | '
            f'rounds with a weight > {HEAVY} (%) | corr(largest weight, next accuracy change) | '
@@ -244,7 +263,7 @@ def _compared_lines(runs: dict) -> list:
   if not seeds:
     return []
   total = min(len(r) for run in cadis_runs for r in runs[run].values())
-  marks = (total // 3, 2 * total // 3, total)
+  marks = tuple(total * k // 4 for k in (1, 2, 3, 4))
   labels = data.load_fashion_mnist().y_train
   at = ' / '.join(map(str, marks))
   lines = ['## Which clients CADIS could compare', '',
@@ -467,8 +486,9 @@ def page() -> str:
   lines = report.diagnosis_header(
       'CADIS on cluster-MC (100 clients, 10 per round): weights, clusters and KD',
       sys.modules[__name__])
-  runs = report.suite_metrics(suites.SUITES['cadis'])
-  lines += (_expected_lines() + _suite_lines(runs) + _compared_lines(runs)
+  suite = suites.SUITES['cadis']
+  runs, filled = report.with_kept_evaluations(suite, report.suite_metrics(suite))
+  lines += (_expected_lines() + _suite_lines(runs, filled) + _compared_lines(runs)
             + _similarity_lines() + _earlier_lines())
   return '\n'.join(lines).rstrip('\n') + '\n'
 

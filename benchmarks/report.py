@@ -169,6 +169,45 @@ def suite_metrics(suite: suites.Suite) -> dict:
           for run, seeds in collect(suite).items()}
 
 
+# Columns two makings of one run may record differently though they train alike.
+TIMING_COLUMNS = ('seconds', 'round_seconds')
+EVALUATION_COLUMNS = ('test_accuracy', 'test_loss')
+
+
+def with_kept_evaluations(suite: suites.Suite, metrics: dict) -> tuple:
+  """({run: {seed: rows}}, {(run, seed): (kept length, rounds filled)}): `suite_metrics`
+  rows with the test figures of rounds they did not evaluate taken from a kept shorter
+  making of the same run and seed (earlier_runs/rounds<N>/, longest first) that evaluated
+  them, when that making records every other value alike on every round both ran (the same
+  training, bit for bit; `TIMING_COLUMNS` aside). A making that differs anywhere lends
+  nothing. A run made again longer, evaluated every few rounds, is so read every round
+  where its shorter making was."""
+  base = suites.suite_dir(suite.name)
+  out, filled = {}, {}
+  for run, seeds in metrics.items():
+    out[run] = {}
+    for seed, rows in seeds.items():
+      rows = [dict(r) for r in rows]
+      for n in reversed(kept_lengths(base)):
+        path = os.path.join(kept_dir(base, n), suites.run_name(run, seed))
+        if not os.path.exists(os.path.join(path, 'metrics.csv')):
+          continue
+        kept = metrics_rows(path)
+        if len(kept) > len(rows) or any(
+            a.get(k) != b[k] for a, b in zip(rows, kept) for k in b
+            if k not in TIMING_COLUMNS and a.get(k) not in (None, '') and b[k] not in (None, '')):
+          continue
+        count = 0
+        for a, b in zip(rows, kept):
+          if a.get('test_accuracy') in (None, '') and b.get('test_accuracy') not in (None, ''):
+            a.update({k: b[k] for k in EVALUATION_COLUMNS if k in b})
+            count += 1
+        if count:
+          filled[(run, seed)] = (n, filled.get((run, seed), (n, 0))[1] + count)
+      out[run][seed] = rows
+  return out, filled
+
+
 def probe_metrics(suite: suites.Suite, probe: suites.Probe) -> dict:
   """{run: {seed: metrics rows}} of a probe's usable runs, and of the reported runs it keeps
   `unchanged` (`collect_probe`: read from their own directories at the probe's length)."""
@@ -502,23 +541,35 @@ def declared_rounds(suite: suites.Suite) -> int:
 
 def collect_at(suite: suites.Suite, rounds: Optional[int] = None) -> dict:
   """{run: {seed: loaded run}} of every seed ever run, read at `rounds` rounds (default: the
-  declared length). A seed made at that length and since made again longer (a lengthened
-  suite makes its runs again from round 1, seed by seed) is read from that making, kept in
-  earlier_runs/rounds<rounds>/ with its own summary; any other from runs/, a longer run
-  there read over its first `rounds` (at_length)."""
+  declared length). A seed made at a length of at least `rounds` and since made again longer
+  (a lengthened suite makes its runs again from round 1, seed by seed) is read from the
+  shortest such making, kept in earlier_runs/rounds<N>/ (`kept_sources`); any other from
+  runs/. A run longer than `rounds` is read over its first `rounds` (at_length): the run of
+  that length, as the pages reported it then (e.g. evaluated every round where the longer
+  making evaluates every few)."""
   rounds = rounds or declared_rounds(suite)
   tuned = suites.load_tuned(suite.name)
-  kept = kept_dir(suites.suite_dir(suite.name), rounds)
+  base = suites.suite_dir(suite.name)
   out = {}
   for run in suite.runs:
     fields = dict(suite.config_overrides(run, tuned), rounds=rounds)
-    seeds = {seed: _declared_run(path, fields) for seed, path in _seed_paths(kept, run).items()}
-    for seed, path in seed_dirs(suite, run).items():
-      if seed not in seeds or not settled(seeds[seed]):
-        r = load_run(path)
-        seeds[seed] = dict(at_length(r, rounds), stale=settings_differences(r, fields))
+    seeds = {}
+    for folder in kept_sources(base, rounds) + [None]:
+      paths = seed_dirs(suite, run) if folder is None else _seed_paths(folder, run)
+      for seed, path in paths.items():
+        if seed not in seeds or not settled(seeds[seed]):
+          seeds[seed] = _run_at(path, fields, folder == kept_dir(base, rounds))
     out[run] = dict(sorted(seeds.items()))
   return out
+
+
+def _run_at(path: str, fields: dict, kept_at_length: bool) -> dict:
+  """A run's directory read at the declared fields' length: a making kept at that length as
+  it is, any other over its first rounds (`at_length`)."""
+  if kept_at_length:
+    return _declared_run(path, fields)
+  r = load_run(path)
+  return dict(at_length(r, fields['rounds']), stale=settings_differences(r, fields))
 
 
 def settled(run: dict) -> bool:
@@ -556,20 +607,25 @@ def collect_reported(suite: suites.Suite) -> tuple:
 
 def unchanged_text(suite: suites.Suite, probe: suites.Probe) -> str:
   """'; compared with ...': which makings of the probe's `unchanged` runs it is compared with,
-  as `collect_probe` reads them: at the probe's length, from that length's making kept in
-  earlier_runs/ where there is one, else over the first rounds of the reported runs."""
+  as `collect_probe` reads them: at the probe's length, from the shortest making of at least
+  that length kept in earlier_runs/ where there is one (`kept_sources`), else from the
+  reported runs (over their first rounds when they are longer)."""
   if not probe.unchanged:
     return ''
   rounds = suite.probe_overrides(probe, probe.unchanged[0], suites.load_tuned(suite.name))[
       'rounds']
-  kept = kept_dir(suites.suite_dir(suite.name), rounds)
-  made = [run for run in probe.unchanged if set(_seed_paths(kept, run)) & set(probe.seeds)]
-  rest = [run for run in probe.unchanged if run not in made]
-  parts = ([f'the unchanged {", ".join(made)} as made at {rounds} rounds before the suite was '
-            f'lengthened (`earlier_runs/rounds{rounds}/`)'] if made else []) + (
-      [f'the unchanged reported runs of {", ".join(rest)}' + (
-          f' over their first {rounds} rounds' if rounds != declared_rounds(suite) else '')]
-      if rest else [])
+  over = lambda n: f' over their first {rounds} rounds' if n != rounds else ''  # noqa: E731
+  by_source, rest = {}, list(probe.unchanged)
+  for folder in kept_sources(suites.suite_dir(suite.name), rounds):
+    made = [run for run in rest if set(_seed_paths(folder, run)) & set(probe.seeds)]
+    if made:
+      by_source[int(os.path.basename(folder)[len('rounds'):])] = made
+      rest = [run for run in rest if run not in made]
+  parts = [f'the unchanged {", ".join(made)} as made at {n} rounds before the suite was '
+           f'lengthened (`earlier_runs/rounds{n}/`){over(n)}' for n, made in by_source.items()]
+  if rest:
+    parts.append(f'the unchanged reported runs of {", ".join(rest)}'
+                 + over(declared_rounds(suite)))
   return '; compared with ' + ' and '.join(parts)
 
 
@@ -1114,6 +1170,12 @@ def kept_dir(suite_dir: str, rounds: int) -> str:
   return os.path.join(suite_dir, 'earlier_runs', f'rounds{rounds}')
 
 
+def kept_sources(suite_dir: str, rounds: int) -> list:
+  """The kept makings (`kept_dir`) a suite's runs are read from at `rounds` rounds before
+  runs/: those of at least `rounds` rounds, shortest first."""
+  return [kept_dir(suite_dir, n) for n in kept_lengths(suite_dir) if n >= rounds]
+
+
 def kept_lengths(suite_dir: str) -> list:
   """The lengths N of the suite's earlier_runs/rounds<N>/ (`kept_dir`), shortest first."""
   return sorted(int(m.group(1)) for m in (
@@ -1125,8 +1187,9 @@ def kept_lengths(suite_dir: str) -> list:
 
 def remade_runs(suite: suites.Suite) -> list:
   """[{run, seed, length, first_difference, largest_gap, tail_rounds, earlier, again}] for every
-  superseded shorter run whose run was made again longer at its settings (in runs/, at least
-  as many rounds done), matched round by round: the first round where any of REMADE_COLUMNS
+  superseded shorter run whose run was made again longer at its settings (the next longer
+  making: the next kept one, else runs/; at least as many rounds done), matched round by
+  round: the first round where any of REMADE_COLUMNS
   that both record differs (None: none does; a making evaluated every k rounds records no
   test figures in between), the largest single-round test-accuracy gap, and both makings'
   means over the shorter run's last LAST evaluated rounds that the new making evaluated too
@@ -1136,7 +1199,10 @@ def remade_runs(suite: suites.Suite) -> list:
   for path in [os.path.join(kept_dir(base, n), name) for n in kept_lengths(base)
                for name in sorted(os.listdir(kept_dir(base, n)))]:
     name = os.path.basename(path)
-    again_dir = os.path.join(base, 'runs', name)
+    kept_at = int(os.path.basename(os.path.dirname(path))[len('rounds'):])
+    again_dir = next((os.path.join(folder, name) for folder in kept_sources(base, kept_at + 1)
+                      if os.path.exists(os.path.join(folder, name, 'config.json'))),
+                     os.path.join(base, 'runs', name))
     if not os.path.exists(os.path.join(path, 'config.json')):
       continue
     if not os.path.exists(os.path.join(again_dir, 'metrics.csv')):
@@ -1162,7 +1228,8 @@ def remade_runs(suite: suites.Suite) -> list:
     run, seed = name.rsplit('_s', 1)
     # The same rounds' training time in each making: with the training bit for bit the
     # same, a change is the machine's or the code's.
-    out.append(dict(run=run, seed=int(seed), length=length, first_difference=first,
+    out.append(dict(run=run, seed=int(seed), length=length, again_rounds=again['rounds'],
+                    first_difference=first,
                     earlier_seconds=_median_seconds(earlier['rows'], length),
                     again_seconds=_median_seconds(again['rows'], length),
                     largest_gap=float(max(gaps, default=np.nan)), tail_rounds=len(tail),
@@ -1180,7 +1247,9 @@ def _remade_lines(remade: list) -> list:
   lines = ['## Runs made again at a longer length', '',
            'When the suite\'s rounds grew and a run\'s checkpoints were gone, it was made again '
            'from round 1; the shorter run is kept in '
-           + ', '.join(f'`earlier_runs/rounds{n}/`' for n in lengths) + '. Both makings have '
+           + ', '.join(f'`earlier_runs/rounds{n}/`' for n in lengths) + ', and compared here '
+           'with the next longer making (the next one kept, else the reported run in '
+           '`runs/`; its length: "made again at"). Both makings have '
            'the same configuration and seed. A run is deterministic on one machine and code '
            '(a resumed run continues exactly); with other code, or on another machine and '
            'install, the last bits of a round can differ, and single rounds then drift apart. '
@@ -1192,14 +1261,15 @@ def _remade_lines(remade: list) -> list:
            'the median training seconds of rounds 2 to N in each making (metrics.csv '
            '`seconds`; where the training is the same bit for bit, a difference is the '
            'machine\'s, the code\'s or other runs sharing the cores).', '',
-           '| run | seed | rounds compared | first difference | largest gap in one round\'s '
+           '| run | seed | rounds compared | made again at (rounds) | first difference | '
+           'largest gap in one round\'s '
            'accuracy (points) | rounds in the means | last-10 mean, earlier (%) | '
            'last-10 mean, again (%) | difference (points) | s/round, earlier | '
            's/round, again |',
-           '|---|---|---|---|---|---|---|---|---|---|---|']
+           '|---|---|---|---|---|---|---|---|---|---|---|---|']
   for r in remade:
     first = 'none' if r['first_difference'] is None else f'round {r["first_difference"]}'
-    lines.append(f'| {r["run"]} | {r["seed"]} | {r["length"]} | {first} | '
+    lines.append(f'| {r["run"]} | {r["seed"]} | {r["length"]} | {r["again_rounds"]} | {first} | '
                  f'{100 * r["largest_gap"]:.2f} | {r["tail_rounds"]} | {pct(r["earlier"])} | '
                  f'{pct(r["again"])} | '
                  f'{100 * (r["again"] - r["earlier"]):+.2f} | {num(r["earlier_seconds"])} | '

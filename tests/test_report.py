@@ -1382,7 +1382,12 @@ def test_cadis_diagnosis_tables_on_toy_runs():
   runs = {'fedavg': {0: [{'test_accuracy': str(a)} for a in (0.2, 0.4, 0.6, 0.8)]},
           'cadis': {0: rows((0.1, 0.3, 0.5, 0.7), (1, 1, 1, 1), (50, 60, n, n), 0.5),
                     1: rows((0.3, 0.5, 0.7, 0.9), (1, 0, 0, 0), (n, n, n, n), 0.1)}}
-  text = '\n'.join(cadis_diagnosis._suite_lines(runs))  # pylint: disable=protected-access
+  text = '\n'.join(cadis_diagnosis._suite_lines(runs, {}))  # pylint: disable=protected-access
+  assert 'did not evaluate' not in text
+  # runs whose unevaluated rounds were read from a kept making say so
+  filled = {('cadis', 0): (600, 480), ('cadis', 1): (600, 432)}
+  assert ('read from their 600-round makings in `earlier_runs/rounds600/` for 2 runs (432 to '
+          '480 rounds each)') in '\n'.join(cadis_diagnosis._suite_lines(runs, filled))  # pylint: disable=protected-access
   row = next(l for l in text.splitlines() if l.startswith('| cadis | 0, 1 |'))
   # seed 0 matches from round 3 (round 1-2: matching among the clients seen, not all);
   # seed 1 matches at round 1 with every client seen
@@ -1390,7 +1395,7 @@ def test_cadis_diagnosis_tables_on_toy_runs():
   # a seed whose clusters never match is named
   never = dict(runs, cadis=dict(runs['cadis'], **{'2': rows((0.1,) * 4, (0,) * 4, (n,) * 4,
                                                            0.1)}))
-  text_never = '\n'.join(cadis_diagnosis._suite_lines(never))  # pylint: disable=protected-access
+  text_never = '\n'.join(cadis_diagnosis._suite_lines(never, {}))  # pylint: disable=protected-access
   assert '| 2 ± 1 (never on seed 2) |' in text_never, text_never
   assert '| 0.300 ± 0.283 |' in row, row            # λ·KD / cross-entropy: 0.5 and 0.1
   assert '| 2.67 ± 0.00 |' in row, row    # effective participants: 1/Σp² of (1, 1, 2)/4
@@ -1712,6 +1717,79 @@ def test_at_length_reads_a_longer_run_over_its_first_rounds(tmp_path):
       2.0, 5.0)
 
 
+def _every_fifth(acc, last=10):
+  """A run's accuracies as a making evaluated every 5th round and each of its last `last`
+  records them ('' where not evaluated)."""
+  n = len(acc)
+  return [a if (r % 5 == 0 or r > n - last) else '' for r, a in enumerate(acc, 1)]
+
+
+def test_a_length_is_read_from_the_shortest_kept_making_at_least_that_long(tmp_path,
+                                                                          monkeypatch):
+  """A suite made again at 40 rounds, evaluated every 5th round, whose 30-round makings
+  (evaluated every round) are kept in earlier_runs/rounds30/: at 20 rounds its runs are read
+  over the 30-round makings' first 20 rounds (last-10 = rounds 11-20, numpy's), not over the
+  new making's every-5th evaluations; a seed without a kept making from runs/; a probe at 20
+  rounds says which making it compares with."""
+  suite = _paired_toy_suite(40, tmp_path, monkeypatch)
+  rng = np.random.default_rng(5)
+  base = tmp_path / 'toy'
+  acc = {s: rng.uniform(0.3, 0.9, 40) for s in (0, 1, 2)}
+  for s in (0, 1, 2):
+    config = dict(suite.config_overrides('base'), seed=s)
+    _write_run(base / 'runs' / f'base_s{s}', 40, _every_fifth(acc[s]), config=config)
+    if s < 2:
+      _write_run(base / 'earlier_runs' / 'rounds30' / f'base_s{s}', 30, acc[s][:30],
+                 config=dict(config, rounds=30))
+  at20 = report.collect_at(suite, 20)['base']
+  for s in (0, 1):
+    assert at20[s]['dir'].endswith(os.path.join('rounds30', f'base_s{s}'))
+    assert at20[s]['finished'] and at20[s]['rounds'] == 20
+    assert at20[s]['last10_mean_accuracy'] == pytest.approx(acc[s][10:20].mean())
+  assert at20[2]['dir'].endswith(os.path.join('runs', 'base_s2'))
+  assert at20[2]['last10_mean_accuracy'] == pytest.approx(acc[2][[4, 9, 14, 19]].mean())
+  assert report.collect_at(suite, 30)['base'][0]['dir'].endswith(
+      os.path.join('rounds30', 'base_s0'))
+  at40 = report.collect_at(suite)['base']
+  assert all(r['dir'].endswith(os.path.join('runs', f'base_s{s}')) for s, r in at40.items())
+  short = suites.Probe('short', 'shorter?', dict(rounds=20), ('new',), seeds=(0, 1),
+                       unchanged=('base',))
+  assert report.unchanged_text(suite, short) == (
+      '; compared with the unchanged base as made at 30 rounds before the suite was '
+      'lengthened (`earlier_runs/rounds30/`) over their first 20 rounds')
+
+
+def test_with_kept_evaluations_fills_unevaluated_rounds_from_an_identical_making(tmp_path,
+                                                                                monkeypatch):
+  """report.with_kept_evaluations: a run evaluated every 5th round takes the test figures of
+  the rounds it did not evaluate from its kept shorter making, evaluated every round, when
+  every other value of the rounds both ran agrees (timing aside); a making whose training
+  loss differs in one round lends nothing."""
+  suite = _paired_toy_suite(40, tmp_path, monkeypatch)
+  rng = np.random.default_rng(8)
+  base = tmp_path / 'toy'
+  acc = {s: rng.uniform(0.3, 0.9, 40).round(6) for s in (0, 1)}
+  loss = {s: rng.uniform(0.1, 2.0, 40).round(6) for s in (0, 1)}
+  for s in (0, 1):
+    _write_run(base / 'runs' / f'new_s{s}', 40, _every_fifth(acc[s]),
+               columns={'client_work/train/loss': loss[s]})
+    kept_loss = loss[s][:30].copy()
+    if s == 1:
+      kept_loss[17] += 1e-6   # another making's last bits: not the same run
+    _write_run(base / 'earlier_runs' / 'rounds30' / f'new_s{s}', 30, acc[s][:30],
+               seconds=7.0, columns={'client_work/train/loss': kept_loss})
+  metrics = {'new': {s: report.metrics_rows(base / 'runs' / f'new_s{s}') for s in (0, 1)}}
+  got, filled = report.with_kept_evaluations(suite, metrics)
+  assert filled == {('new', 0): (30, 24)}   # 30 rounds, every 5th evaluated: 24 filled
+  col = report.metrics_column(got['new'][0], 'test_accuracy')
+  np.testing.assert_allclose(col[:30], acc[0][:30])
+  want = np.array([np.nan if a == '' else a for a in _every_fifth(acc[0])], np.float64)
+  np.testing.assert_array_equal(np.isnan(col[30:]), np.isnan(want[30:]))
+  np.testing.assert_allclose(col[30:][~np.isnan(want[30:])], want[30:][~np.isnan(want[30:])])
+  assert got['new'][1] == metrics['new'][1]
+  assert metrics['new'][0][0]['test_accuracy'] == ''   # the input rows are left as they were
+
+
 def test_compute_hours_sum_every_kind_of_run(tmp_path, monkeypatch):
   """Each kind's hours are its directories' round seconds summed (unfinished runs too)."""
   monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
@@ -1877,13 +1955,24 @@ def test_remade_runs_compare_each_shorter_run_with_its_new_making(tmp_path, monk
   assert got['base', 0]['first_difference'] is None and got['base', 0]['largest_gap'] == 0
   text = '\n'.join(report._remade_lines(report.remade_runs(suite)))  # pylint: disable=protected-access
   assert '`earlier_runs/rounds20/`' in text
-  assert (f'| new | 0 | 20 | round 13 | {100 * np.abs(earlier - again[:20]).max():.2f} | 10 | '
-          f'{100 * earlier[10:].mean():.2f} | {100 * again[10:20].mean():.2f} | ') in text
-  assert '| base | 0 | 20 | none | 0.00 |' in text
+  assert (f'| new | 0 | 20 | 40 | round 13 | {100 * np.abs(earlier - again[:20]).max():.2f} | '
+          f'10 | {100 * earlier[10:].mean():.2f} | {100 * again[10:20].mean():.2f} | ') in text
+  assert '| base | 0 | 20 | 40 | none | 0.00 |' in text
   # each making's training seconds over rounds 2-20: 2.00 and 5.00 (round 1's 9 and the
   # rounds after 20 left out)
   assert [(r['earlier_seconds'], r['again_seconds']) for r in [new]] == [(2.0, 5.0)]
-  assert re.search(r'\| new \| 0 \| 20 \| round 13 \|[^\n]*\| 2\.00 \| 5\.00 \|$', text, re.M)
+  assert re.search(r'\| new \| 0 \| 20 \| 40 \| round 13 \|[^\n]*\| 2\.00 \| 5\.00 \|$', text,
+                   re.M)
+  # Made again twice (at 30, then 40): each shorter making is compared with the next longer
+  # one, the 20-round making with the 30-round one (where it first differs) and that with
+  # the reported 40-round run (the same bit for bit).
+  _write_run(base / 'earlier_runs' / 'rounds30' / 'new_s0', 30, again[:30], seconds=3.0)
+  got = {(r['run'], r['seed'], r['length']): r for r in report.remade_runs(suite)}
+  assert sorted(got) == [('base', 0, 20), ('new', 0, 20), ('new', 0, 30)]
+  assert (got['new', 0, 20]['again_rounds'], got['new', 0, 20]['first_difference']) == (30, 13)
+  assert got['new', 0, 20]['again_seconds'] == 3.0
+  assert (got['new', 0, 30]['again_rounds'], got['new', 0, 30]['first_difference']) == (40, None)
+  assert got['base', 0, 20]['again_rounds'] == 40
 
 
 def test_verdicts_at_each_length_read_the_runs_as_made_there(tmp_path, monkeypatch):
@@ -1973,7 +2062,7 @@ def test_a_run_made_again_evaluating_less_often_is_compared_where_both_evaluated
   # The page says the means are over 2 rounds, not 10.
   assert got[0]['tail_rounds'] == 2
   text = '\n'.join(report._remade_lines(report.remade_runs(suite)))  # pylint: disable=protected-access
-  assert f'| new | 0 | 20 | none | 0.00 | 2 | {100 * earlier[[14, 19]].mean():.2f} |' in text
+  assert f'| new | 0 | 20 | 40 | none | 0.00 | 2 | {100 * earlier[[14, 19]].mean():.2f} |' in text
 
 
 def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsys):
