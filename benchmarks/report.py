@@ -543,7 +543,7 @@ def collect_at(suite: suites.Suite, rounds: Optional[int] = None) -> dict:
   """{run: {seed: loaded run}} of every seed ever run, read at `rounds` rounds (default: the
   declared length). A seed made at a length of at least `rounds` and since made again longer
   (a lengthened suite makes its runs again from round 1, seed by seed) is read from the
-  shortest such making, kept in earlier_runs/rounds<N>/ (`kept_sources`); any other from
+  shortest such making, kept in earlier_runs/rounds<N>/ (`kept_lengths`); any other from
   runs/. A run longer than `rounds` is read over its first `rounds` (at_length): the run of
   that length, as the pages reported it then (e.g. evaluated every round where the longer
   making evaluates every few)."""
@@ -554,11 +554,11 @@ def collect_at(suite: suites.Suite, rounds: Optional[int] = None) -> dict:
   for run in suite.runs:
     fields = dict(suite.config_overrides(run, tuned), rounds=rounds)
     seeds = {}
-    for folder in kept_sources(base, rounds) + [None]:
-      paths = seed_dirs(suite, run) if folder is None else _seed_paths(folder, run)
+    for n in kept_lengths(base, at_least=rounds) + [None]:
+      paths = seed_dirs(suite, run) if n is None else _seed_paths(kept_dir(base, n), run)
       for seed, path in paths.items():
         if seed not in seeds or not settled(seeds[seed]):
-          seeds[seed] = _run_at(path, fields, folder == kept_dir(base, rounds))
+          seeds[seed] = _run_at(path, fields, n == rounds)
     out[run] = dict(sorted(seeds.items()))
   return out
 
@@ -608,7 +608,7 @@ def collect_reported(suite: suites.Suite) -> tuple:
 def unchanged_text(suite: suites.Suite, probe: suites.Probe) -> str:
   """'; compared with ...': which makings of the probe's `unchanged` runs it is compared with,
   as `collect_probe` reads them: at the probe's length, from the shortest making of at least
-  that length kept in earlier_runs/ where there is one (`kept_sources`), else from the
+  that length kept in earlier_runs/ where there is one (`kept_lengths`), else from the
   reported runs (over their first rounds when they are longer)."""
   if not probe.unchanged:
     return ''
@@ -616,10 +616,11 @@ def unchanged_text(suite: suites.Suite, probe: suites.Probe) -> str:
       'rounds']
   over = lambda n: f' over their first {rounds} rounds' if n != rounds else ''  # noqa: E731
   by_source, rest = {}, list(probe.unchanged)
-  for folder in kept_sources(suites.suite_dir(suite.name), rounds):
-    made = [run for run in rest if set(_seed_paths(folder, run)) & set(probe.seeds)]
+  base = suites.suite_dir(suite.name)
+  for n in kept_lengths(base, at_least=rounds):
+    made = [run for run in rest if set(_seed_paths(kept_dir(base, n), run)) & set(probe.seeds)]
     if made:
-      by_source[int(os.path.basename(folder)[len('rounds'):])] = made
+      by_source[n] = made
       rest = [run for run in rest if run not in made]
   parts = [f'the unchanged {", ".join(made)} as made at {n} rounds before the suite was '
            f'lengthened (`earlier_runs/rounds{n}/`){over(n)}' for n, made in by_source.items()]
@@ -1170,19 +1171,15 @@ def kept_dir(suite_dir: str, rounds: int) -> str:
   return os.path.join(suite_dir, 'earlier_runs', f'rounds{rounds}')
 
 
-def kept_sources(suite_dir: str, rounds: int) -> list:
-  """The kept makings (`kept_dir`) a suite's runs are read from at `rounds` rounds before
-  runs/: those of at least `rounds` rounds, shortest first."""
-  return [kept_dir(suite_dir, n) for n in kept_lengths(suite_dir) if n >= rounds]
-
-
-def kept_lengths(suite_dir: str) -> list:
-  """The lengths N of the suite's earlier_runs/rounds<N>/ (`kept_dir`), shortest first."""
-  return sorted(int(m.group(1)) for m in (
-      re.fullmatch(r'rounds(\d+)', name)
-      for name in (os.listdir(os.path.join(suite_dir, 'earlier_runs'))
-                   if os.path.isdir(os.path.join(suite_dir, 'earlier_runs')) else []))
-                if m and os.path.isdir(kept_dir(suite_dir, int(m.group(1)))))
+def kept_lengths(suite_dir: str, at_least: int = 0) -> list:
+  """The lengths N >= `at_least` of the suite's earlier_runs/rounds<N>/ (`kept_dir`),
+  shortest first: at `rounds` rounds a suite's runs are read from the kept makings of
+  kept_lengths(suite_dir, at_least=rounds), in that order, before runs/."""
+  folder = os.path.join(suite_dir, 'earlier_runs')
+  names = os.listdir(folder) if os.path.isdir(folder) else []
+  lengths = (int(m.group(1)) for m in (re.fullmatch(r'rounds(\d+)', name) for name in names)
+             if m)
+  return sorted(n for n in lengths if n >= at_least and os.path.isdir(kept_dir(suite_dir, n)))
 
 
 def remade_runs(suite: suites.Suite) -> list:
@@ -1196,12 +1193,12 @@ def remade_runs(suite: suites.Suite) -> list:
   (all of them when it evaluated every round)."""
   out = []
   base = suites.suite_dir(suite.name)
-  for path in [os.path.join(kept_dir(base, n), name) for n in kept_lengths(base)
-               for name in sorted(os.listdir(kept_dir(base, n)))]:
-    name = os.path.basename(path)
-    kept_at = int(os.path.basename(os.path.dirname(path))[len('rounds'):])
-    again_dir = next((os.path.join(folder, name) for folder in kept_sources(base, kept_at + 1)
-                      if os.path.exists(os.path.join(folder, name, 'config.json'))),
+  for kept_at, name in [(n, name) for n in kept_lengths(base)
+                        for name in sorted(os.listdir(kept_dir(base, n)))]:
+    path = os.path.join(kept_dir(base, kept_at), name)
+    again_dir = next((os.path.join(kept_dir(base, n), name)
+                      for n in kept_lengths(base, at_least=kept_at + 1)
+                      if os.path.exists(os.path.join(kept_dir(base, n), name, 'config.json'))),
                      os.path.join(base, 'runs', name))
     if not os.path.exists(os.path.join(path, 'config.json')):
       continue
