@@ -1193,12 +1193,13 @@ def remade_runs(suite: suites.Suite) -> list:
   (all of them when it evaluated every round)."""
   out = []
   base = suites.suite_dir(suite.name)
-  for kept_at, name in [(n, name) for n in kept_lengths(base)
+  lengths = kept_lengths(base)
+  for kept_at, name in [(n, name) for n in lengths
                         for name in sorted(os.listdir(kept_dir(base, n)))]:
     path = os.path.join(kept_dir(base, kept_at), name)
-    again_dir = next((os.path.join(kept_dir(base, n), name)
-                      for n in kept_lengths(base, at_least=kept_at + 1)
-                      if os.path.exists(os.path.join(kept_dir(base, n), name, 'config.json'))),
+    again_dir = next((os.path.join(kept_dir(base, n), name) for n in lengths
+                      if n > kept_at
+                      and os.path.exists(os.path.join(kept_dir(base, n), name, 'config.json'))),
                      os.path.join(base, 'runs', name))
     if not os.path.exists(os.path.join(path, 'config.json')):
       continue
