@@ -464,22 +464,40 @@ def _write_json(path, value) -> None:
   os.replace(tmp, path)
 
 
-def host_description() -> dict:
-  """{'cpu': the processor's model name, 'cores': the cores this process may use} of the
-  machine the program runs on (the driver; remote workers' own devices are in
-  `compute_devices`)."""
-  cpu = ''
+def host_description(cpuinfo: str = '/proc/cpuinfo') -> dict:
+  """Where the program runs (the driver; remote workers' own devices are in
+  `compute_devices`): {'cpu': the processor's model name, 'cores': the cores this process
+  may use} and, where /proc/cpuinfo gives them, 'cpu_id' ('family F model M stepping S')
+  and 'vector_extensions' (its AVX/AMX/FMA flags, sorted).
+
+  The model name alone does not tell two machines apart whose float results differ: two
+  "AMD EPYC" machines here made the same FedAvgM round 1 end at training losses 0.7370 and
+  0.7030 (our reading: TensorFlow's CPU kernels choose their code path by the vector
+  extensions); with these fields a run's record says which it ran on.
+  """
+  fields = {}
   try:
-    with open('/proc/cpuinfo') as f:
-      cpu = next((line.split(':', 1)[1].strip() for line in f
-                  if line.startswith('model name')), '')
+    with open(cpuinfo) as f:
+      for line in f:
+        if not line.strip():
+          break   # the first processor's block describes the machine's
+        key, _, value = line.partition(':')
+        fields.setdefault(key.strip(), value.strip())
   except OSError:   # not Linux
     pass
   try:
     cores = len(os.sched_getaffinity(0))
   except AttributeError:   # not Linux
     cores = os.cpu_count()
-  return {'cpu': cpu or platform.processor() or platform.machine(), 'cores': cores}
+  host = {'cpu': fields.get('model name') or platform.processor() or platform.machine(),
+          'cores': cores}
+  if all(k in fields for k in ('cpu family', 'model', 'stepping')):
+    host['cpu_id'] = 'family {} model {} stepping {}'.format(
+        fields['cpu family'], fields['model'], fields['stepping'])
+  if 'flags' in fields:
+    host['vector_extensions'] = ' '.join(sorted(
+        flag for flag in fields['flags'].split() if flag.startswith(('avx', 'amx', 'fma'))))
+  return host
 
 
 def plot_accuracy(rows: list[dict], path: str, title: str) -> None:

@@ -354,8 +354,8 @@ def test_outputs_and_pipe_termination(piped_run):
   for key in ('final_accuracy', 'best_accuracy', 'rounds', 'seconds_per_round'):
     assert summary[key] is not None
   assert summary['rounds'] == 2 and summary['dropped_clients'] == 0
-  assert summary['host'] == {'cpu': experiment.host_description()['cpu'],
-                             'cores': len(os.sched_getaffinity(0))}, summary['host']
+  assert summary['host'] == experiment.host_description(), summary['host']
+  assert summary['host']['cores'] == len(os.sched_getaffinity(0)), summary['host']
   assert summary['host']['cpu'], summary['host']   # a name, whatever the machine
   # The whole round (training, then the evaluation) is timed beside its training alone.
   import csv  # pylint: disable=g-import-not-at-top
@@ -363,6 +363,23 @@ def test_outputs_and_pipe_termination(piped_run):
     rows = list(csv.DictReader(f))
   assert list(rows[0])[:3] == ['round', 'seconds', 'round_seconds']
   assert all(float(r['round_seconds']) > float(r['seconds']) > 0 for r in rows), rows
+
+
+def test_host_description_names_the_microarchitecture_from_cpuinfo(tmp_path):
+  # Two processors' blocks in /proc/cpuinfo's format: the first describes the machine.
+  block = ('processor\t: {n}\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\n'
+           'model name\t: AMD EPYC\nstepping\t: 1\n'
+           'flags\t\t: fpu sse2 fma avx512f avx2 amx_tile avx sha_ni{extra}\n\n')
+  cpuinfo = tmp_path / 'cpuinfo'
+  cpuinfo.write_text(block.format(n=0, extra='') + block.format(n=1, extra=' avx_vnni'))
+  host = experiment.host_description(str(cpuinfo))
+  assert host == {'cpu': 'AMD EPYC', 'cores': len(os.sched_getaffinity(0)),
+                  'cpu_id': 'family 26 model 2 stepping 1',
+                  'vector_extensions': 'amx_tile avx avx2 avx512f fma'}, host
+  # Without the numbers (e.g. an ARM cpuinfo), the record says only what it knows.
+  (tmp_path / 'arm').write_text('processor\t: 0\nmodel name\t: Neoverse\n')
+  assert experiment.host_description(str(tmp_path / 'arm')) == {
+      'cpu': 'Neoverse', 'cores': len(os.sched_getaffinity(0))}
 
 
 def test_a_run_directory_replaced_while_waiting_is_locked_anew(tmp_path):
