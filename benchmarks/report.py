@@ -1026,15 +1026,19 @@ def _probe_lines(suite: suites.Suite, paper: dict) -> list:
             f'{max(cadences)}, then the last {LAST}): before the end a mean of the last '
             f'{LAST} of them spans {LAST * max(cadences)} rounds, so it lags the reported '
             'comparison\'s.')
-    lines += dropped_lines({run: runs.get(run, {}) for run in probe.runs})
+    dropped = dropped_lines({run: runs.get(run, {}) for run in probe.runs})
+    lines += dropped
+    status = []
     for run in probe.runs:
       made = runs.get(run, {})
-      lines += [_not_usable_line(run, seed, made[seed]) for seed in probe.seeds
-                if seed in made and not usable(made[seed])]
+      status += [_not_usable_line(run, seed, made[seed]) for seed in probe.seeds
+                 if seed in made and not usable(made[seed])]
       missing = [seed for seed in probe.seeds if seed not in made]
       if missing:   # one line a run, as the reported runs' (`_status`)
-        lines.append(f'- `{run}`: seed{"s" * (len(missing) > 1)} '
-                     f'{", ".join(map(str, missing))} not run yet.')
+        status.append(f'- `{run}`: seed{"s" * (len(missing) > 1)} '
+                      f'{", ".join(map(str, missing))} not run yet.')
+    # A list after the dropped-clients paragraph starts a list of its own.
+    lines += [''] * bool(dropped and status) + status
     lines.append('')
   return lines
 

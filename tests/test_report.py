@@ -778,6 +778,32 @@ def test_a_probe_row_gives_swing_and_seconds_over_the_seeds_its_margin_is_over(t
   assert all('±' not in s for s in swings), row   # one seed each side
 
 
+def test_a_probes_unmade_seeds_follow_its_dropped_clients_paragraph_as_a_list(tmp_path,
+                                                                                monkeypatch):
+  """In a probe's section, the runs' not-run-yet lines come after the dropped-clients
+  paragraph with a blank line between, so Markdown renders them as a list of their own."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from benchmarks import compare  # pylint: disable=g-import-not-at-top
+  probe = suites.Probe('longer', 'does it hold?', dict(rounds=20), ('base', 'new'),
+                       seeds=(0, 1))
+  suite = dataclasses.replace(_paired_toy_suite(20, tmp_path, monkeypatch), probes=(probe,))
+  rng = np.random.default_rng(5)
+
+  def fake_run(config):   # seed 1 is not made; new seed 0 leaves a client out in round 2
+    if config.seed == 0:
+      _write_run(config.experiment_dir, config.rounds, rng.uniform(0.4, 0.6, 20),
+                 config=dataclasses.asdict(config),
+                 columns={'dropped_clients': [0, 1] + [0] * 18})
+
+  monkeypatch.setattr(compare, '_run', fake_run)
+  compare.run_probes(suite, {})
+  lines = report.suite_page(suite)[0].split('\n')
+  (at,) = [i for i, l in enumerate(lines) if l.startswith('Clients left out of a round')]
+  assert '`new` seed 0 (1 in round 2)' in lines[at], lines[at]
+  assert lines[at + 1:at + 4] == ['', '- `base`: seed 1 not run yet.',
+                                  '- `new`: seed 1 not run yet.'], lines[at:at + 4]
+
+
 def test_probes_run_the_tuned_runs_with_their_changes_and_are_reported(tmp_path, monkeypatch):
   """compare.run_probes: each probe run is the suite's tuned run with the probe's changes,
   under probes/<name>/; the page's probe table holds numpy's paired margin."""
