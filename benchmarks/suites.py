@@ -672,7 +672,12 @@ def _fedlex() -> Suite:
              'runs, so its s/round is not comparable). FedLEx-Prox, at the same rate 10, '
              'blew up on seed 0 in round 1 too, but there one client\'s update was not '
              'finite and the round went on without it ([results.md](results.md), "Every '
-             'run"), so the run recovered. In tuning, each SGD-type guided '
+             'run"), so the run recovered. Made again from round 1 on another machine '
+             '(probe `rounds400`, on an AMD EPYC whose round-1 client work ends a few last '
+             'bits elsewhere), FedLEx-Opt\'s seed 0 did not blow up (round-1 training loss '
+             '5.40) and learned (83.20% over its last 10 of 400 rounds, 2.14 below FedAdam\'s '
+             'making there): the collapse at rate 10 is a borderline instability that '
+             'last-bit differences tip either way. In tuning, each SGD-type guided '
              'variant beat its base run at the same mean step r·Ḡ, but none reached the base '
              'at its own tuned rate. The paper\'s tuned rates were lost with its tables; ours '
              'are tuned per method on one seed (100). Not plateaued at 200 rounds either: over '
@@ -719,11 +724,15 @@ def _fedlex() -> Suite:
                     seeds=(0, 1, 2), unchanged=('fedadam', 'fedprox')),
               # The 200-round runs' checkpoints are gone with an earlier machine: every run is
               # made again from round 1 and committed as it finishes, so the lengthening goes
-              # on across sessions. On an Intel Xeon machine like the one that made the
-              # 200-round runs a making is bit for bit theirs over rounds 1-200; on an AMD
-              # EPYC one round 1's local training already ends elsewhere (FedAvgM's and
-              # FedAdam's shared client work, seed 0: training loss 0.7370 there, 0.7030 on
-              # the Xeon; a 1-round FedAvgM run made again on the EPYC: 0.7370 again).
+              # on across sessions. Whether a making is bit for bit its 200-round run over
+              # rounds 1-200 depends on the machine's microarchitecture, not its name: on an
+              # Intel Xeon like the one that made them, and on an AMD EPYC of family 26 model
+              # 2, FedAvgM's and FedAdam's shared round-1 client work (seed 0) ends at
+              # training loss 0.7030 and the makings match; on an earlier AMD EPYC (family
+              # not recorded) at 0.7370 (a 1-round FedAvgM run made again there: 0.7370
+              # again), and its makings (fedsgd/fedlex_sgd/fedadam/fedlex_opt seed 0) part
+              # from round 1 to 3. summary.json's host now records cpu_id and the vector
+              # extensions.
               # When FedLEx is promoted to 400 rounds, "Runs made again" compares them.
               Probe('rounds400',
                     'do the curves level off by 400 rounds (their mean over the seeds moving '
