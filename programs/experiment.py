@@ -478,9 +478,7 @@ def host_description(cpuinfo: str = '/proc/cpuinfo') -> dict:
   fields = {}
   try:
     with open(cpuinfo) as f:
-      for line in f:
-        if not line.strip():
-          break   # the first processor's block describes the machine's
+      for line in f:   # the first value of each key: the first processor's
         key, _, value = line.partition(':')
         fields.setdefault(key.strip(), value.strip())
   except OSError:   # not Linux
