@@ -376,6 +376,7 @@ def verdict(paper_margin: float, margin: float, spread: float, paper_sign: float
 
 CHANCE = 0.1   # every suite's data set, Fashion-MNIST, has ten classes
 STUCK = 1.1 * CHANCE   # a run whose best test accuracy never passes this learned nothing
+LEARNED = 2 * CHANCE   # one that passed this had learned something (`fell_to_chance`)
 
 
 def never_left_chance(run: dict) -> bool:
@@ -385,15 +386,32 @@ def never_left_chance(run: dict) -> bool:
   return usable(run) and run['best_accuracy'] <= STUCK
 
 
+def fell_to_chance(run: dict) -> Optional[int]:
+  """The first evaluated round of the stretch at chance (test accuracy at most STUCK) that a
+  finished run ends in after it had learned (best accuracy above LEARNED; e.g. a late step
+  so large that it wiped the model out), else None. Like a run that never left chance, it
+  counts in every mean and the verdicts name it."""
+  if not usable(run) or run['best_accuracy'] <= LEARNED:
+    return None
+  above = [r for r, a in zip(run['curve_rounds'], run['curve_accuracy']) if a > STUCK]
+  later = [r for r in run['curve_rounds'] if r > above[-1]] if above else []
+  return later[0] if later else None
+
+
 def stuck_text(comparison: dict) -> str:
-  """'fedlex_opt seed 0 never left chance' for a comparison's paired runs that did not."""
+  """'fedlex_opt seed 0 never left chance' for a comparison's paired runs that did not, and
+  'fedlex_prox seed 2 fell to chance at round 355' for those that learned and then lost it."""
   stuck = comparison.get('stuck', [])
-  return '; '.join(f'{run} seed {seed}' for run, seed in stuck) + (
-      ' never left chance' if stuck else '')
+  parts = ['; '.join(f'{run} seed {seed}' for run, seed in stuck) + ' never left chance'
+           ] if stuck else []
+  parts += [f'{run} seed {seed} fell to chance at round {at}'
+            for run, seed, at in comparison.get('collapsed', [])]
+  return '; '.join(parts)
 
 
 def verdict_text(comparison: dict, word: Optional[str] = None) -> str:
-  """The verdict in bold (or `word`), and the runs that never left chance, if any."""
+  """The verdict in bold (or `word`), and the runs that never left chance or fell back to
+  it, if any."""
   stuck = stuck_text(comparison)
   return f'**{word or comparison["verdict"]}**' + (f' ({stuck})' if stuck else '')
 
@@ -718,6 +736,9 @@ def compare_runs(suite: suites.Suite, runs: dict, paper: dict, partial: bool = F
         margin=100 * margin if paired else np.nan, margin_std=100 * spread,
         stuck=[(name, seed) for name, side in ((comp.baseline, base), (comp.method, method))
                for seed in paired if never_left_chance(side[seed])],
+        collapsed=[(name, seed, fell_to_chance(side[seed]))
+                   for name, side in ((comp.baseline, base), (comp.method, method))
+                   for seed in paired if fell_to_chance(side[seed])],
         verdict=(verdict(paper_margin, 100 * margin, spread_points, figures.get('sign', 0))
                  if len(paired) >= MIN_SEEDS_FOR_VERDICT else
                  'one seed' if paired else 'not run')))
@@ -1698,7 +1719,7 @@ def status_lines() -> list:
       continue
     verdicts = '; '.join(
         f'{c["label"]} **{c["verdict"]}** (ours {margin_text(c, per_seed=False)}; paper '
-        f'{paper_margin_text(c)}' + (f'; {stuck_text(c)}' if c['stuck'] else '') + ')'
+        f'{paper_margin_text(c)}' + (f'; {stuck_text(c)}' if stuck_text(c) else '') + ')'
         for c in summary['comparisons'])
     moving = []
     for run, seeds in runs.items():

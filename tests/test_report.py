@@ -204,6 +204,30 @@ def test_verdicts_name_the_seeds_that_never_left_chance(tmp_path, monkeypatch):
   assert report.verdict_text(row) == f'**{row["verdict"]}**'
 
 
+def test_verdicts_name_the_seeds_that_fell_back_to_chance(tmp_path, monkeypatch):
+  """A finished run that learned, then ended at chance (a late blow-up), stays in the means,
+  and its comparison's verdict names the round its last stretch at chance began; a run that
+  dipped to chance and recovered, or one that never left it, is not named so."""
+  suite = _paired_toy_suite(12, tmp_path, monkeypatch)
+  rng = np.random.default_rng(4)
+  for run, s in [(run, s) for run in ('base', 'new') for s in (0, 1, 2)]:
+    acc = rng.uniform(0.5, 0.9, 12)
+    if (run, s) == ('new', 2):   # learned to round 8, at chance from round 9 (1-based)
+      acc[8:] = 0.1
+      acc[3] = 0.1               # an earlier dip that recovered is not the stretch
+    if (run, s) == ('base', 1):  # dipped to chance and recovered
+      acc[5:8] = 0.1
+    if (run, s) == ('new', 0):   # never left chance
+      acc = np.full(12, 0.1)
+    _write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{s}', 12, acc)
+  (row,) = report.compare_runs(suite, report.collect(suite), {})
+  assert row['collapsed'] == [('new', 2, 9)] and row['stuck'] == [('new', 0)]
+  assert report.verdict_text(row) == (f'**{row["verdict"]}** (new seed 0 never left chance; '
+                                      'new seed 2 fell to chance at round 9)')
+  page, _, _ = report.suite_page(suite)
+  assert f'| {report.margin_text(row)} | {report.verdict_text(row)} |' in page
+
+
 def test_margin_table_says_how_sparse_runs_are_read(tmp_path, monkeypatch):
   """With runs evaluated every 5 rounds, the margin-over-rounds text says a row reads the last
   10 evaluations (50 rounds), not the last 10 rounds; with every round evaluated, it does not."""
