@@ -1663,21 +1663,30 @@ def test_fedlex_diagnosis_groups_g_by_explorer_rate_and_scales_steps(tmp_path, m
   products = [30.0 * guid['fedlex_avgm', s]['guidance_mean'] for s in (0, 1)]
   assert cells[7] == f'{np.mean(products):.2g} ± {np.std(products, ddof=1):.2g}', row
   assert cells[5:7] == ['0.1', '30'], row
-  width = rounds // 4
+  width = report.plateau_window(rounds)
   margins = [[np.nanmean(curves['fedlex_avgm', s][a:a + width]) -
               np.nanmean(curves['fedavgm', s][a:a + width]) for a in range(0, rounds, width)]
              for s in (0, 1)]
   window_row = next(l for l in text.splitlines() if l.startswith('| fedlex_avgm vs fedavgm | ')
-                    and '±' in l and l.count('|') == 6)
+                    and '±' in l and l.count('|') == rounds // width + 2)
   first = 100 * np.array([m[0] for m in margins])
   assert window_row.split('|')[2].strip() == (
       f'{first.mean():+.2f} ± {first.std(ddof=1):.2f}'), window_row
-  # Each run's window means per seed, and those of a probe made at the same length.
+  # Each run's window means per seed, and those of a probe made at the same length (the
+  # suite's probes are all shorter than its runs: one is set to their length here); a probe
+  # of another length is left out, its windows not these.
   (probe,) = [p for p in suite.probes if p.name == 'fedavgm_lower_rate']
+  probe = dataclasses.replace(probe, overrides=dict(probe.overrides, rounds=rounds))
+  other = dataclasses.replace(probe, name='shorter', overrides=dict(probe.overrides,
+                                                                    rounds=rounds // 2))
+  monkeypatch.setattr(fd, 'SUITE', dataclasses.replace(suite, probes=(probe, other)))
   probe_acc = rng.uniform(0.3, 0.8, rounds)
   write(tmp_path / 'fedlex' / 'probes' / probe.name / 'fedavgm_s1',
         dict(suite.probe_overrides(probe, 'fedavgm'), seed=1), probe_acc)
+  write(tmp_path / 'fedlex' / 'probes' / other.name / 'fedavgm_s1',
+        dict(suite.probe_overrides(other, 'fedavgm'), seed=1), probe_acc[:rounds // 2])
   text = '\n'.join(fd._runs_lines())  # pylint: disable=protected-access
+  assert '(probe `shorter`)' not in text, text
   for start, acc in (('| fedlex_avgm | 1 | ', curves['fedlex_avgm', 1]),
                      ('| fedavgm (probe `fedavgm_lower_rate`) | 1 | ', probe_acc)):
     row = next(l for l in text.splitlines() if l.startswith(start))
