@@ -393,20 +393,19 @@ def fell_to_chance(run: dict) -> Optional[int]:
   counts in every mean and the verdicts name it."""
   if not usable(run) or run['best_accuracy'] <= LEARNED:
     return None
-  above = [r for r, a in zip(run['curve_rounds'], run['curve_accuracy']) if a > STUCK]
-  later = [r for r in run['curve_rounds'] if r > above[-1]] if above else []
-  return later[0] if later else None
+  last_above = max((r for r, a in zip(run['curve_rounds'], run['curve_accuracy']) if a > STUCK),
+                   default=None)
+  return next((r for r in run['curve_rounds'] if r > last_above), None) if last_above else None
 
 
 def stuck_text(comparison: dict) -> str:
   """'fedlex_opt seed 0 never left chance' for a comparison's paired runs that did not, and
   'fedlex_prox seed 2 fell to chance at round 355' for those that learned and then lost it."""
   stuck = comparison.get('stuck', [])
-  parts = ['; '.join(f'{run} seed {seed}' for run, seed in stuck) + ' never left chance'
-           ] if stuck else []
-  parts += [f'{run} seed {seed} fell to chance at round {at}'
-            for run, seed, at in comparison.get('collapsed', [])]
-  return '; '.join(parts)
+  never = ['; '.join(f'{run} seed {seed}' for run, seed in stuck) + ' never left chance']
+  fell = [f'{run} seed {seed} fell to chance at round {at}'
+          for run, seed, at in comparison.get('collapsed', [])]
+  return '; '.join((never if stuck else []) + fell)
 
 
 def verdict_text(comparison: dict, word: Optional[str] = None) -> str:
@@ -723,6 +722,9 @@ def compare_runs(suite: suites.Suite, runs: dict, paper: dict, partial: bool = F
     b_mean, b_std = mean_std([base[s]['last10_mean_accuracy'] for s in paired or base])
     figures = paper.get(comp.paper, {})
     paper_margin = figures.get('method', np.nan) - figures.get('baseline', np.nan)
+    paired_runs = [(name, seed, side[seed])
+                   for name, side in ((comp.baseline, base), (comp.method, method))
+                   for seed in paired]
     spread_points = (100 * verdict_spread(
         diffs, [base[s]['last10_mean_accuracy'] for s in paired],
         [method[s]['last10_mean_accuracy'] for s in paired]) if paired else np.nan)
@@ -734,11 +736,9 @@ def compare_runs(suite: suites.Suite, runs: dict, paper: dict, partial: bool = F
         paper_sign=figures.get('sign', 0),
         baseline_mean=b_mean, baseline_std=b_std, method_mean=m_mean, method_std=m_std,
         margin=100 * margin if paired else np.nan, margin_std=100 * spread,
-        stuck=[(name, seed) for name, side in ((comp.baseline, base), (comp.method, method))
-               for seed in paired if never_left_chance(side[seed])],
-        collapsed=[(name, seed, fell_to_chance(side[seed]))
-                   for name, side in ((comp.baseline, base), (comp.method, method))
-                   for seed in paired if fell_to_chance(side[seed])],
+        stuck=[(name, seed) for name, seed, run in paired_runs if never_left_chance(run)],
+        collapsed=[(name, seed, at) for name, seed, run in paired_runs
+                   if (at := fell_to_chance(run))],
         verdict=(verdict(paper_margin, 100 * margin, spread_points, figures.get('sign', 0))
                  if len(paired) >= MIN_SEEDS_FOR_VERDICT else
                  'one seed' if paired else 'not run')))
@@ -1719,7 +1719,7 @@ def status_lines() -> list:
       continue
     verdicts = '; '.join(
         f'{c["label"]} **{c["verdict"]}** (ours {margin_text(c, per_seed=False)}; paper '
-        f'{paper_margin_text(c)}' + (f'; {stuck_text(c)}' if stuck_text(c) else '') + ')'
+        f'{paper_margin_text(c)}' + (f'; {stuck}' if (stuck := stuck_text(c)) else '') + ')'
         for c in summary['comparisons'])
     moving = []
     for run, seeds in runs.items():
