@@ -38,6 +38,7 @@ ALGORITHMS = methods.ALGORITHMS
 BASELINE_ALGORITHMS = methods.BASELINE_ALGORITHMS
 FEDLEX_ALGORITHMS = methods.FEDLEX_ALGORITHMS
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
+CLIENT_OPTIMIZERS = ('sgdm', 'adam')
 # The model each dataset trains by default (its benchmark's model); a --model must take the
 # same kind of input (tff_algos.models.catalog) as this one.
 DEFAULT_MODELS = {
@@ -170,6 +171,8 @@ class _GeneralConfig:
   batch_size: int = 50
   client_lr: float = 0.01
   client_momentum: float = 0.5
+  client_optimizer: str = 'sgdm'  # CLIENT_OPTIMIZERS
+  client_weight_decay: float = 0.0  # L2, as PyTorch's weight_decay (tff_algos.optimizers)
   server_optimizer: str = ''   # '' = the algorithm's own default
   server_lr: float = -1.0      # < 0 = the algorithm's own default
   server_momentum: float = 0.9
@@ -275,6 +278,15 @@ def validate(config: ExperimentConfig) -> None:
     raise ExperimentError(f'--client_lr must be a positive number, got {c.client_lr}')
   if not 0 <= c.client_momentum < 1:
     raise ExperimentError(f'--client_momentum must be in [0, 1), got {c.client_momentum}')
+  if c.client_optimizer not in CLIENT_OPTIMIZERS:
+    raise ExperimentError(f'--client_optimizer={c.client_optimizer!r} is unknown; choose one '
+                          f'of {", ".join(CLIENT_OPTIMIZERS)}')
+  if c.client_optimizer != 'sgdm' and c.client_momentum != _default('client_momentum'):
+    raise ExperimentError('--client_momentum is used only with --client_optimizer=sgdm; '
+                          'drop it')
+  if not (0 <= c.client_weight_decay < math.inf):
+    raise ExperimentError(
+        f'--client_weight_decay must be a number >= 0, got {c.client_weight_decay}')
   if c.partition == 'dirichlet' and not c.dirichlet_alpha > 0:
     raise ExperimentError(f'--dirichlet_alpha must be > 0, got {c.dirichlet_alpha}')
   if c.server_optimizer and c.server_optimizer not in SERVER_OPTIMIZERS:
@@ -349,8 +361,7 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
   cluster-recovery metrics)."""
   num_clients = num_clients or c.num_clients
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  client_opt = tff.learning.optimizers.build_sgdm(
-      learning_rate=c.client_lr, momentum=c.client_momentum or None)
+  client_opt = client_optimizer(c, c.client_lr)
   server_opt = None
   # --server_lr alone sets the learning rate of plain server SGD.
   kind = c.server_optimizer or (
@@ -418,6 +429,21 @@ def evaluated_round(round_num: int, c: ExperimentConfig) -> bool:
   """Whether the run evaluates on the test set after `round_num`: every --eval_every rounds,
   each of the last --eval_last rounds, and always the last."""
   return round_num % c.eval_every == 0 or round_num > c.rounds - max(c.eval_last, 1)
+
+
+def client_optimizer(c: ExperimentConfig, learning_rate: float):
+  """The clients' `tff.learning.optimizers.Optimizer` at `learning_rate`: --client_optimizer
+  (SGD with --client_momentum, or Adam with PyTorch's defaults, as the FedLEx reference
+  code), with --client_weight_decay added to every gradient (L2, coupled)."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_algos import optimizers  # pylint: disable=g-import-not-at-top
+  if c.client_optimizer == 'adam':
+    # torch.optim.Adam's betas (0.9, 0.999) and eps 1e-8 (TFF's default eps is 1e-7).
+    opt = tff.learning.optimizers.build_adam(learning_rate=learning_rate, epsilon=1e-8)
+  else:
+    opt = tff.learning.optimizers.build_sgdm(learning_rate=learning_rate,
+                                             momentum=c.client_momentum or None)
+  return optimizers.with_weight_decay(opt, c.client_weight_decay)
 
 
 def fedlex_explorer_lr(c: ExperimentConfig) -> float:
@@ -985,8 +1011,7 @@ def _fedlex_exploration(c: ExperimentConfig, model_fn, num_clients: int):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
   # Explorers train unguided: their rate is the base's, not a guided variant's raised one.
-  client_opt = tff.learning.optimizers.build_sgdm(
-      learning_rate=fedlex_explorer_lr(c), momentum=c.client_momentum or None)
+  client_opt = client_optimizer(c, fedlex_explorer_lr(c))
   exploration = fedlex.build_fedlex_exploration(
       model_fn, client_opt, c.batch_size,
       **methods.METHODS[c.algorithm].builder_kwargs(c, methods.EXPLORATION))

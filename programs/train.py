@@ -40,6 +40,12 @@ _LOCAL_EPOCHS = flags.DEFINE_integer('local_epochs', 1, 'Local epochs per round.
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 50, 'Local batch size.')
 _CLIENT_LR = flags.DEFINE_float('client_lr', 0.01, 'Client SGD learning rate.')
 _CLIENT_MOMENTUM = flags.DEFINE_float('client_momentum', 0.5, 'Client SGD momentum.')
+_CLIENT_OPTIMIZER = flags.DEFINE_string(
+    'client_optimizer', 'sgdm', 'sgdm (SGD with --client_momentum) or adam (PyTorch\'s '
+    'defaults: betas 0.9, 0.999, eps 1e-8), at --client_lr.')
+_CLIENT_WEIGHT_DECAY = flags.DEFINE_float(
+    'client_weight_decay', 0.0, 'L2 weight decay of the client optimizer, as PyTorch\'s '
+    'weight_decay: adds this times the weights to every gradient.')
 _SERVER_OPTIMIZER = flags.DEFINE_string(
     'server_optimizer', '', 'sgd, sgdm or adam; empty = the algorithm\'s default.')
 _SERVER_LR = flags.DEFINE_float('server_lr', -1.0, 'Server learning rate; < 0 = default.')
@@ -83,6 +89,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       clients_per_round=_CLIENTS_PER_ROUND.value, rounds=_ROUNDS.value,
       local_epochs=_LOCAL_EPOCHS.value, batch_size=_BATCH_SIZE.value,
       client_lr=_CLIENT_LR.value, client_momentum=_CLIENT_MOMENTUM.value,
+      client_optimizer=_CLIENT_OPTIMIZER.value, client_weight_decay=_CLIENT_WEIGHT_DECAY.value,
       server_optimizer=_SERVER_OPTIMIZER.value, server_lr=_SERVER_LR.value,
       server_momentum=_SERVER_MOMENTUM.value, proximal_strength=_PROXIMAL.value,
       model=_MODEL.value, seed=_SEED.value, eval_every=_EVAL_EVERY.value,

@@ -352,6 +352,31 @@ def test_client_flags_reach_the_builder(monkeypatch):
   assert (args[3], args[4], kwargs['seed']) == (NUM_CLIENTS, 4, 4)
 
 
+def test_client_optimizer_and_weight_decay_reach_the_builder(monkeypatch):
+  """--client_optimizer=adam builds Adam (PyTorch's eps) at --client_lr; --client_weight_decay
+  wraps the client optimizer (tff_algos.optimizers); FedLEx's explorers get the same one."""
+  args, _ = _built_call(monkeypatch, _config(client_optimizer='adam', client_lr=3e-4))
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  hparams = args[1].get_hparams(args[1].initialize((tf.TensorSpec([2], tf.float32),)))
+  assert {k: float(v) for k, v in hparams.items()} == pytest.approx(
+      dict(learning_rate=3e-4, beta_1=0.9, beta_2=0.999, epsilon=1e-8), rel=1e-6)
+  args, _ = _built_call(monkeypatch, _config(client_lr=0.05, client_momentum=0.0,
+                                             client_weight_decay=1e-5))
+  assert _hparams(args[1]) == dict(learning_rate=0.05, weight_decay=1e-5)
+  explorer = experiment.client_optimizer(
+      _config(algorithm='fedlex_avgm', client_optimizer='adam', client_weight_decay=1e-4), 0.2)
+  assert _hparams(explorer)['learning_rate'] == 0.2 and _hparams(explorer)['weight_decay'] == 1e-4
+
+
+@pytest.mark.parametrize('changes, message', [
+    (dict(client_optimizer='rmsprop'), '--client_optimizer=\'rmsprop\' is unknown'),
+    (dict(client_optimizer='adam', client_momentum=0.9), '--client_momentum is used only'),
+    (dict(client_weight_decay=-1.0), '--client_weight_decay must be a number >= 0')])
+def test_bad_client_optimizer_flags_are_refused(changes, message):
+  with pytest.raises(experiment.ExperimentError, match=message):
+    experiment.validate(_config(**changes))
+
+
 def _labels_per_client(fed):
   return [np.unique(fed.client_arrays(i)[1]) for i in range(fed.num_clients)]
 
@@ -477,7 +502,8 @@ def test_client_flags_and_costs_in_the_run(loop_run):
 GENERAL_FLAGS_TESTED_HERE = (
     'algorithm', 'dataset', 'data_dir', 'partition', 'dirichlet_alpha', 'shards_per_client',
     'classes_per_client', 'quantity_alpha', 'num_clients', 'clients_per_round', 'rounds',
-    'local_epochs', 'batch_size', 'client_lr', 'client_momentum', 'server_optimizer', 'server_lr',
+    'local_epochs', 'batch_size', 'client_lr', 'client_momentum', 'client_optimizer',
+    'client_weight_decay', 'server_optimizer', 'server_lr',
     'server_momentum', 'proximal_strength', 'model', 'seed', 'eval_every', 'eval_last', 'root_output_dir',
     'experiment_name', 'progress')
 

@@ -23,7 +23,7 @@ _EXPORTS = {
     'tff_algos.resident_state': ('ResidentProcess',),
 }
 _SUBMODULES = ('aggregators', 'baselines', 'cadis', 'client_work', 'evaluation', 'fedcda',
-               'fedcross', 'fedlex', 'models', 'resident_state')
+               'fedcross', 'fedlex', 'models', 'optimizers', 'resident_state')
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 __all__ = __all__ + ['execution']
 
