@@ -409,7 +409,8 @@ def plan(suite: suites.Suite, configs) -> list:
 
 
 def tune(suite: suites.Suite) -> dict:
-  """Runs the grid and returns {algorithm: best overrides} (best last-10 mean)."""
+  """Runs the grid and returns {algorithm: best overrides} (by the suite's criterion: the
+  best last-10 mean, or the best single evaluated round)."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   points = tuning_points(suite)
   run_all([config for _, _, config in points], tuning=True)
@@ -418,8 +419,9 @@ def tune(suite: suites.Suite) -> dict:
     best = None
     for _, values, config in (p for p in points if p[0] == run):
       r = report.at_length(report.load_run(config.experiment_dir), config.rounds)
-      if r['diverged'] is None and (best is None or r['last10_mean_accuracy'] > best[0]):
-        best = (r['last10_mean_accuracy'], values)
+      accuracy = r[report.CRITERION_KEYS[suite.criterion]]
+      if r['diverged'] is None and (best is None or accuracy > best[0]):
+        best = (accuracy, values)
     if best is None:
       raise experiment.ExperimentError(f'every point of {run}\'s grid diverged; lower the grid')
     tuned[suite.config_overrides(run)['algorithm']] = best[1]

@@ -32,6 +32,8 @@ from benchmarks import suites
 from programs import experiment
 
 LAST = 10                 # rounds in the headline mean
+# A loaded run's figure for each suites.CRITERIA.
+CRITERION_KEYS = dict(last10='last10_mean_accuracy', best='best_accuracy')
 PLATEAU_POINTS = 0.5      # a curve has plateaued when its last window moved less than this
 REPRODUCTION = os.path.join(suites.HERE, 'REPRODUCTION.md')
 

@@ -227,7 +227,7 @@ def _fedcda_summary(run: RunRecord) -> dict:
 # ---- CADIS (ALGORITHMS.md section 3) ----
 CADIS_REDUCTIONS = ('sum', 'mean')
 CADIS_SIMILARITY_LAYERS = ('bias', 'kernel')
-CADIS_CLOSURES = ('two_hop', 'components')
+CADIS_CLOSURES = ('two_hop', 'components', 'oracle')
 CADIS_FLAGS = (
     Flag('cadis_threshold', 0.975, 'CADIS: initial clustering threshold tau_0.',
          kwarg='threshold'),
@@ -242,7 +242,9 @@ CADIS_FLAGS = (
          one_of(CADIS_SIMILARITY_LAYERS), kwarg='similarity_layer'),
     Flag('cadis_sample_weighted', True, 'CADIS: weights (1/|C|)(n_i/n); false: 1/|C| only.',
          kwarg='sample_weighted'),
-    Flag('cadis_closure', 'two_hop', 'CADIS: two_hop or components.', one_of(CADIS_CLOSURES),
+    Flag('cadis_closure', 'two_hop', 'CADIS: two_hop, components, or oracle (|C_i| from the '
+         'partition\'s true clusters: a diagnosis; cluster-skewed partitions only).',
+         one_of(CADIS_CLOSURES),
          kwarg='closure'),
     Flag('cadis_transitive', False, 'CADIS: transitive learning of never co-sampled pairs.',
          kwarg='transitive'),
@@ -280,6 +282,9 @@ def _cadis_check(c) -> Optional[str]:
   if not 0 <= c.cadis_threshold <= c.cadis_threshold_max <= 1:
     return (f'CADIS needs 0 <= --cadis_threshold <= --cadis_threshold_max <= 1, got '
             f'{c.cadis_threshold} and {c.cadis_threshold_max}')
+  if c.cadis_closure == 'oracle' and not c.partition.startswith('cluster_'):
+    return ('--cadis_closure=oracle takes the clusters from a cluster-skewed partition: add '
+            '--partition=cluster_mc (or cluster_uc, cluster_bc)')
   return None
 
 

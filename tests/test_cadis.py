@@ -95,11 +95,15 @@ class NpCadis:
   def seen(self):
     return [i for i in range(self.n) if self.f[i, i] > 0]
 
-  def relation(self, tau):
+  def relation(self, tau, true_clusters=None):
     qm, seen = self.q_matrix(), self.seen()
     adj = {(i, j) for i in seen for j in seen if qm[i, j] > tau}
     rel = np.zeros([self.n, self.n], bool)
-    if self.closure == 'two_hop':
+    if self.closure == 'oracle':   # the true clusters among the seen clients; Q unused
+      for i in seen:
+        for j in seen:
+          rel[i, j] = true_clusters[i] == true_clusters[j]
+    elif self.closure == 'two_hop':
       for i in seen:
         for j in seen:
           rel[i, j] = i == j or any((k, i) in adj and (k, j) in adj for k in seen)
@@ -147,7 +151,7 @@ class NpCadis:
       for (i, j), v in estimates.items():
         self.q[i, j] += v
         self.f[i, j] += 1
-    rel = self.relation(tau)
+    rel = self.relation(tau, true_clusters)
     seen = self.seen()
     size = {i: max(1, int(rel[i].sum())) for i in range(self.n)}
     total_n = sum(weights[k] for k in valid)
@@ -504,7 +508,8 @@ def test_accumulator_append_and_merge_equal_sequential():
   np.testing.assert_array_equal(over['index'].numpy(), whole['index'].numpy())
 
 
-CONFIGS = list(itertools.product(['two_hop', 'components'], [False, True], [True, False]))
+CONFIGS = (list(itertools.product(['two_hop', 'components'], [False, True], [True, False]))
+           + [('oracle', False, True), ('oracle', False, False)])
 
 
 @pytest.mark.parametrize('closure,transitive,sample_weighted', CONFIGS)
@@ -540,6 +545,12 @@ def test_server_step_matches_numpy_over_rounds(closure, transitive, sample_weigh
                   [w > 0 for w in weights])
       np.testing.assert_array_equal(meas['participants'].numpy(), index)
       assert int(state['round_num']) == t + 1
+
+
+def test_oracle_closure_needs_the_true_clusters():
+  with pytest.raises(ValueError, match="closure='oracle' takes .C_i. from the true clusters"):
+    cla.ClusteredAggregator(12, 5, closure='oracle')
+  cla.ClusteredAggregator(3, 2, closure='oracle', true_clusters=[0, 0, 1])
 
 
 @pytest.mark.parametrize('closure', ['two_hop', 'components'])

@@ -371,7 +371,9 @@ def test_client_optimizer_and_weight_decay_reach_the_builder(monkeypatch):
 @pytest.mark.parametrize('changes, message', [
     (dict(client_optimizer='rmsprop'), '--client_optimizer=\'rmsprop\' is unknown'),
     (dict(client_optimizer='adam', client_momentum=0.9), '--client_momentum is used only'),
-    (dict(client_weight_decay=-1.0), '--client_weight_decay must be a number >= 0')])
+    (dict(client_weight_decay=-1.0), '--client_weight_decay must be a number >= 0'),
+    (dict(algorithm='cadis', cadis_closure='oracle'),
+     '--cadis_closure=oracle takes the clusters from a cluster-skewed partition')])
 def test_bad_client_optimizer_flags_are_refused(changes, message):
   with pytest.raises(experiment.ExperimentError, match=message):
     experiment.validate(_config(**changes))

@@ -88,7 +88,8 @@ def build_cadis(
     similarity_layer: 'bias' (default) or 'kernel' of the final classifier: whose delta's
       cosine measures client similarity.
     sample_weighted: p_i ∝ (1/|C_i|)(n_i/n) (True, the paper) or 1/|C_i| (reference code).
-    closure: 'two_hop' (reference code) or 'components'.
+    closure: 'two_hop' (reference code), 'components', or 'oracle' (|C_i| from
+      `true_clusters`, a diagnosis separating the clustering from the weighting).
     transitive: transitive learning of unobserved pairs (default off).
     true_clusters: optional int [N] ground-truth cluster per client (e.g. a cluster-skewed
       partition's `true_clusters`), for the cluster-recovery metrics only.

@@ -117,7 +117,7 @@ import tensorflow_federated as tff
 
 from tff_algos.aggregators import cross_aggregation, factories, server_state
 
-CLOSURES = ('two_hop', 'components')
+CLOSURES = ('two_hop', 'components', 'oracle')
 SIMILARITY_LAYERS = ('bias', 'kernel')
 DEFAULT_THRESHOLD = 0.975
 DEFAULT_THRESHOLD_MAX = 0.985
@@ -233,8 +233,8 @@ def cluster_relation(adj, seen, closure: str = 'two_hop') -> tf.Tensor:
   'two_hop': i ~ j iff some k has A_ki = A_kj = 1; 'components': i ~ j iff a path of A
   joins them.
   """
-  if closure not in CLOSURES:
-    raise ValueError(f'closure must be one of {CLOSURES}, got {closure!r}')
+  if closure not in CLOSURES[:2]:
+    raise ValueError(f'closure must be one of {CLOSURES[:2]}, got {closure!r}')
   seen = tf.convert_to_tensor(seen, tf.bool)
   n = tf.shape(seen)[0]
   self_loops = tf.logical_and(tf.eye(n, dtype=tf.bool), seen[None, :])
@@ -250,6 +250,15 @@ def cluster_relation(adj, seen, closure: str = 'two_hop') -> tf.Tensor:
 
   reach, _ = tf.while_loop(lambda r, changed: changed, body, (a, tf.constant(True)))
   return reach
+
+
+def oracle_relation(true_clusters, seen) -> tf.Tensor:
+  """bool [N, N]: i ~ j iff both are seen and share a true cluster (closure 'oracle': the
+  true clusters in place of the recovered ones, which separates CADIS's clustering from its
+  weighting)."""
+  seen = tf.convert_to_tensor(seen, tf.bool)
+  same = ideal_similarity(true_clusters) > 0.5
+  return same & seen[:, None] & seen[None, :]
 
 
 def cluster_sizes(relation) -> tf.Tensor:
@@ -418,7 +427,10 @@ def clustering_step(state, client_index, weights, similarity,
     q, f = transitive_update(q, f, tau, options.transitive_half_width)
   q_matrix = rescale_similarity(average_similarity(q, f), f)
   seen = seen_clients(f)
-  relation = cluster_relation(adjacency(q_matrix, f, tau), seen, options.closure)
+  if options.closure == 'oracle':
+    relation = oracle_relation(true_clusters, seen)
+  else:
+    relation = cluster_relation(adjacency(q_matrix, f, tau), seen, options.closure)
   sizes_all = cluster_sizes(relation)
   sizes = tf.where(valid, tf.gather(sizes_all, tf.where(valid, client_index, 0)), 0)
   p = aggregation_weights(sizes, weights, valid, options.sample_weighted)
@@ -520,7 +532,9 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
       similarity_index: explicit position of the similarity tensor among the flattened
         delta tensors (overrides the layer's default position).
       sample_weighted: p_i ∝ (1/|C_i|)(n_i/n) (True, the paper) or 1/|C_i| (reference code).
-      closure: 'two_hop' (reference code) or 'components'.
+      closure: 'two_hop' (reference code), 'components', or 'oracle' (|C_i| from
+        `true_clusters` over the seen clients instead of from Q: a diagnosis that separates
+        the clustering from the weighting; needs `true_clusters`).
       transitive: add transitive estimates for pairs never seen together (§3.6).
       transitive_half_width: the acceptance bound on √((1−a²)(1−b²)) (0.02).
       true_clusters: optional int [N] true cluster per client, for measurements only.
@@ -561,6 +575,9 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
         raise ValueError(f'true_clusters has {true_clusters.shape[0]} entries; it needs one '
                          f'per client (num_clients={num_clients})')
       true_clusters = true_clusters.astype(np.int32)
+    if closure == 'oracle' and true_clusters is None:
+      raise ValueError("closure='oracle' takes |C_i| from the true clusters: pass "
+                       'true_clusters (one cluster id per client)')
     self._true_clusters = true_clusters
     factories.check_model_aggregator(delta_aggregator, 'delta_aggregator')
     self._delta_aggregator = delta_aggregator
