@@ -26,7 +26,7 @@ import sys
 
 import numpy as np
 
-from benchmarks import report
+from benchmarks import runs as rd
 from benchmarks import suites
 from programs import methods
 
@@ -88,7 +88,7 @@ def _accuracy_changes(rows) -> tuple:
   """(test accuracy after round t+1 minus after round t, where both were evaluated; the mask
   of those t among all). A run evaluated every k-th round has such pairs only where it
   evaluated every round, e.g. its last rounds."""
-  change = np.diff(report.metrics_column(rows, 'test_accuracy'))
+  change = np.diff(rd.metrics_column(rows, 'test_accuracy'))
   evaluated = np.isfinite(change)
   return change[evaluated], evaluated
 
@@ -109,8 +109,8 @@ def round_to_round_change(rows) -> float:
 
 def kd_to_cross_entropy(rows) -> float:
   """The KD term's mean beside the cross-entropy's (as the program's summary.json)."""
-  kd = report.metrics_column(rows, 'client_work/train/extra_loss')
-  ce = report.metrics_column(rows, 'client_work/train/loss')
+  kd = rd.metrics_column(rows, 'client_work/train/extra_loss')
+  ce = rd.metrics_column(rows, 'client_work/train/loss')
   keep = np.isfinite(kd)
   return float(kd[keep].mean() / ce[keep].mean()) if keep.any() else float('nan')
 
@@ -137,7 +137,7 @@ def _expected_lines() -> list:
 
 def _filled_text(filled: dict) -> str:
   """Which runs' unevaluated rounds read their kept shorter making's test figures
-  (`report.with_kept_evaluations`)."""
+  (`rd.with_kept_evaluations`)."""
   if not filled:
     return ''
   by_length = {}
@@ -174,24 +174,24 @@ def _suite_lines(runs: dict, filled: dict) -> list:
     if not rows:
       lines.append(f'| {run} | none finished | | | | | | | | | |')
       continue
-    last10 = [report.last10_of(report.metrics_column(r, 'test_accuracy')) for r in rows]
+    last10 = [rd.last10_of(rd.metrics_column(r, 'test_accuracy')) for r in rows]
     cadis = all('aggregator/aggregation_weights' in r[0] for r in rows)
     effects = [weight_effects(r) for r in rows] if cadis else []
     matched = [next((int(x['round']) for x in r
                      if methods.cadis_clusters_match(x, NUM_CLIENTS)), np.nan)
                for r in rows] if cadis else []
-    cells = [report.over_seeds(last10, scale=100),
-             report.over_seeds([round_to_round_change(r) for r in rows], scale=100)]
-    cells += [report.over_seeds([e[k] for e in effects], spec, scale, signed)
+    cells = [rd.over_seeds(last10, scale=100),
+             rd.over_seeds([round_to_round_change(r) for r in rows], scale=100)]
+    cells += [rd.over_seeds([e[k] for e in effects], spec, scale, signed)
               for k, spec, scale, signed in (
                   ('effective', '.2f', 1, False), ('heavy_share', '.0f', 100, False),
                   ('corr', '.2f', 1, True), ('change_heavy', '.2f', 100, True),
                   ('change_light', '.2f', 100, True))]
     never = [str(seed) for seed, m in zip(seeds, matched) if np.isnan(m)]
-    cells.append(report.over_seeds(matched, '.0f') + (
+    cells.append(rd.over_seeds(matched, '.0f') + (
         f' (never on seed{"s" * (len(never) > 1)} {", ".join(never)})' if never else '')
                  if cadis else 'n/a')
-    cells.append(report.over_seeds([kd_to_cross_entropy(r) for r in rows], '.3f')
+    cells.append(rd.over_seeds([kd_to_cross_entropy(r) for r in rows], '.3f')
                  if cadis else 'n/a')
     lines.append(f'| {run} | {", ".join(map(str, seeds))} | ' + ' | '.join(cells) + ' |')
   lines.append('')
@@ -201,7 +201,7 @@ def _suite_lines(runs: dict, filled: dict) -> list:
     if not rows or 'aggregator/tau' not in rows[0][0]:
       continue
     total = min(len(r) for r in rows)
-    marks = [m for m in report.checkpoint_rounds(total)]
+    marks = [m for m in rd.checkpoint_rounds(total)]
     lines += [f'`{run}` over rounds (mean over its {len(rows)} seeds; τ, clusters and pairs at '
               'the row\'s round, the clusters among the clients seen so far; the other columns '
               'averaged over the rounds since the previous row):', '',
@@ -216,7 +216,7 @@ def _suite_lines(runs: dict, filled: dict) -> list:
                      for w in window for x in w])
       kd = [x for x in (kd_to_cross_entropy(w) for w in window) if np.isfinite(x)]
       kd = float(np.mean(kd)) if kd else float('nan')   # without KD: n/a
-      base_acc = [report.metrics_column(r[start:mark], 'test_accuracy') for r in baseline]
+      base_acc = [rd.metrics_column(r[start:mark], 'test_accuracy') for r in baseline]
       fedavg = (f'{100 * np.nanmean(base_acc):.2f}'
                 if baseline and all(len(r) >= mark for r in baseline) else 'n/a')
       lines.append(
@@ -224,8 +224,8 @@ def _suite_lines(runs: dict, filled: dict) -> list:
           f'{np.mean([float(x["aggregator/num_clusters"]) for x in at]):.1f} | '
           f'{100 * np.mean([float(x["aggregator/cluster_pair_accuracy"]) for x in at]):.1f}% | '
           f'{sum(methods.cadis_clusters_match(x, NUM_CLIENTS) for x in at)} of {len(at)} | '
-          f'{eff:.2f} | {report.num(kd, ".3f")} | '
-          f'{100 * np.nanmean([report.metrics_column(w, "test_accuracy") for w in window]):.2f}'
+          f'{eff:.2f} | {rd.num(kd, ".3f")} | '
+          f'{100 * np.nanmean([rd.metrics_column(w, "test_accuracy") for w in window]):.2f}'
           ' | '
           f'{fedavg} |')
       start = mark
@@ -280,7 +280,7 @@ def _compared_lines(runs: dict) -> list:
            '|---|---|---|' + '---|' * len(cadis_runs)]
   for seed in seeds:
     every, shares = sampled_together(true_clusters(seed, labels), total, seed)
-    cells = [report.num(every, '.0f'),
+    cells = [rd.num(every, '.0f'),
              ' / '.join(f'{100 * shares[m - 1]:.1f}%' for m in marks)]
     for run in cadis_runs:
       rows = runs[run].get(seed)
@@ -301,12 +301,12 @@ def _tuning_cluster_lines() -> list:
       continue
     with open(os.path.join(path, 'config.json')) as f:
       config = json.load(f)
-    rows = report.metrics_rows(path)
+    rows = rd.metrics_rows(path)
     matched = [int(x['round']) for x in rows if methods.cadis_clusters_match(x, NUM_CLIENTS)]
     accuracy = [float(x['test_accuracy']) for x in rows if x.get('test_accuracy')]
     found.append((config['client_lr'], config['seed'], len(rows), matched,
                   int(float(rows[-1]['aggregator/num_clusters'])),
-                  100 * float(np.mean(accuracy[-report.LAST:]))))
+                  100 * float(np.mean(accuracy[-rd.LAST:]))))
   if not found:
     return []
   lines = ['The tuning runs of `cadis` (one seed, so the same clients sampled together in '
@@ -431,7 +431,7 @@ def _similarity_lines() -> list:
               for i in (-2, -1))
       stats = similarity_statistics(a, b, z['true_clusters'])
     run_dir = os.path.join(suites.suite_dir('cadis'), 'runs', f'{run}_s{seed}')
-    recorded = (report.metrics_rows(run_dir)
+    recorded = (rd.metrics_rows(run_dir)
                 if os.path.exists(os.path.join(run_dir, 'metrics.csv')) else [])
     clusters = (int(float(recorded[b['round'] - 1]['aggregator/num_clusters']))
                 if len(recorded) >= b['round'] else None)
@@ -456,7 +456,7 @@ def _similarity_lines() -> list:
     lines.append(f'| `{run}` | {seed} | {a} → {b} | {st["same_before"]:.4f} | '
                  f'{st["same_window"]:.4f} | {100 * st["above_before"]:.0f}% | '
                  f'{100 * st["above_window"]:.0f}% | {100 * st["above_after"]:.0f}% | '
-                 f'{100 * st["other_above_after"]:.1f}% | {report.num(clusters, ".0f")} |')
+                 f'{100 * st["other_above_after"]:.1f}% | {rd.num(clusters, ".0f")} |')
   return lines + ['']
 
 
@@ -466,7 +466,7 @@ def _earlier_lines() -> list:
   for name in ('cadis', 'cadis_no_kd', 'cadis_transitive'):
     path = os.path.join(EARLIER_RUNS, name)
     if os.path.exists(os.path.join(path, 'metrics.csv')):
-      out.append((name, weight_effects(report.metrics_rows(path))))
+      out.append((name, weight_effects(rd.metrics_rows(path))))
   if not out:
     return []
   lines = ['## The earlier runs', '',
@@ -483,11 +483,11 @@ def _earlier_lines() -> list:
 
 
 def page() -> str:
-  lines = report.diagnosis_header(
+  lines = rd.diagnosis_header(
       'CADIS on cluster-MC (100 clients, 10 per round): weights, clusters and KD',
       sys.modules[__name__])
   suite = suites.SUITES['cadis']
-  runs, filled = report.with_kept_evaluations(suite, report.suite_metrics(suite))
+  runs, filled = rd.with_kept_evaluations(suite, rd.suite_metrics(suite))
   lines += (_expected_lines() + _suite_lines(runs, filled) + _compared_lines(runs)
             + _similarity_lines() + _earlier_lines())
   return '\n'.join(lines).rstrip('\n') + '\n'
@@ -509,7 +509,7 @@ def main(argv=None) -> int:
     print(f'unknown arguments {argv}: run it without any, or with --record_similarity DIR...',
           file=sys.stderr)
     return 2
-  return report.write_diagnosis(OUT, page)
+  return rd.write_diagnosis(OUT, page)
 
 
 if __name__ == '__main__':

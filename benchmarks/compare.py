@@ -33,6 +33,7 @@ from absl import logging
 import numpy as np
 
 from benchmarks import report
+from benchmarks import runs as rd
 from benchmarks import suites
 
 _SUITE = flags.DEFINE_enum('suite', None, list(suites.SUITES), 'Which comparison to run.')
@@ -66,10 +67,10 @@ def _refuse_other_settings(r: dict, config, what: str) -> None:
 
 def _finished(config) -> bool:
   """A run is finished exactly when its page says so: finished (or diverged) at its length,
-  or made longer and read over its first `config.rounds` (report.at_length); a finished run
+  or made longer and read over its first `config.rounds` (rd.at_length); a finished run
   of other settings (the declaration changed since) is an error, never taken for this one."""
   try:
-    r = report.at_length(report.load_run(config.experiment_dir), config.rounds)
+    r = rd.at_length(rd.load_run(config.experiment_dir), config.rounds)
   except FileNotFoundError:   # not made yet, or moved away by the other compare process
     return False
   if not (r['finished'] or r['diverged'] is not None):
@@ -105,7 +106,7 @@ def shorter_run_target(config) -> Optional[str]:
   try:
     if experiment.checkpointed_rounds(os.path.join(exp_dir, 'checkpoints')):
       return None
-    r = report.load_run(exp_dir)   # at its own length
+    r = rd.load_run(exp_dir)   # at its own length
   except FileNotFoundError:   # not made yet, or moved away by the other compare process
     return None
   if not r['finished'] or r['rounds'] >= config.rounds:
@@ -118,7 +119,7 @@ def shorter_run_target(config) -> Optional[str]:
     raise experiment.ExperimentError(
         f'{where} holds a finished run of {r["rounds"]} rounds and no checkpoint to continue it '
         f'to {config.rounds}: move it away and run again')
-  target = os.path.join(report.kept_dir(suite_dir, r['rounds']), os.path.basename(exp_dir))
+  target = os.path.join(rd.kept_dir(suite_dir, r['rounds']), os.path.basename(exp_dir))
   if os.path.exists(target):
     raise experiment.ExperimentError(
         f'{where} is to be made again at {config.rounds} rounds, but {os.path.relpath(target)} '
@@ -129,7 +130,7 @@ def shorter_run_target(config) -> Optional[str]:
 def _keep_shorter_run(config) -> None:
   """Moves a shorter finished run about to be made again (`shorter_run_target`) to the
   suite's earlier_runs/rounds<N>/, where its page compares the two makings
-  (report.remade_runs), instead of letting the new making overwrite its record."""
+  (rd.remade_runs), instead of letting the new making overwrite its record."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(config.experiment_dir):
     return
@@ -222,7 +223,7 @@ def tuning_points(suite: suites.Suite) -> list:
   return [(run, values, suites.experiment_config(
       suite.tuning_overrides(run, values), suites.TUNING_SEED,
       os.path.join(suites.suite_dir(suite.name), 'tuning'), suites.tuning_name(run, values)))
-          for run, grid in suite.grid.items() for values in report.grid_points(grid)]
+          for run, grid in suite.grid.items() for values in rd.grid_points(grid)]
 
 
 def run_configs(suite: suites.Suite, tuned, only=(), seeds=suites.SEEDS) -> list:
@@ -263,14 +264,14 @@ def _recorded_round_seconds(suite_name: str):
   as in summary.json) but paused ones (PAUSED_ROUND), whole (metrics.csv's round_seconds)
   and training only (`seconds`)."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
-  for _, directory in report.recorded_runs(suite_name):
+  for _, directory in rd.recorded_runs(suite_name):
     path = os.path.join(directory, 'config.json')
     if not os.path.exists(path):
       continue
     with open(path) as f:
       config = experiment.recorded_config(json.load(f))
-    rows = report.metrics_rows(directory)[1:]
-    yield config, *(_without_pauses(report.metrics_column(rows, column))
+    rows = rd.metrics_rows(directory)[1:]
+    yield config, *(_without_pauses(rd.metrics_column(rows, column))
                     for column in ('round_seconds', 'seconds'))
 
 
@@ -323,9 +324,9 @@ def own_seconds_per_round(exp_dir: str) -> Optional[tuple]:
   in is one round among many). None with fewer than MIN_OWN_ROUNDS such rounds."""
   if not os.path.exists(os.path.join(exp_dir, 'metrics.csv')):
     return None
-  rows = report.metrics_rows(exp_dir)[1:]
+  rows = rd.metrics_rows(exp_dir)[1:]
   for column in ('round_seconds', 'seconds'):
-    values = report.metrics_column(rows, column)
+    values = rd.metrics_column(rows, column)
     values = values[np.isfinite(values)]
     if values.size >= MIN_OWN_ROUNDS:
       return float(np.median(values)), int(values.size), column == 'round_seconds'
@@ -403,7 +404,7 @@ def plan(suite: suites.Suite, configs) -> list:
       'clock; checkpoints add to it'
       + (f'; {_runs(training_only)} sized by training time only (recorded before '
          'whole rounds were, or at another --eval_every): evaluation adds to it '
-         f'({report.whole_round_example()})' if training_only else '')
+         f'({rd.whole_round_example()})' if training_only else '')
       + ')')
   return lines
 
@@ -418,8 +419,8 @@ def tune(suite: suites.Suite) -> dict:
   for run in suite.grid:
     best = None
     for _, values, config in (p for p in points if p[0] == run):
-      r = report.at_length(report.load_run(config.experiment_dir), config.rounds)
-      accuracy = r[report.CRITERION_KEYS[suite.criterion]]
+      r = rd.at_length(rd.load_run(config.experiment_dir), config.rounds)
+      accuracy = r[rd.CRITERION_KEYS[suite.criterion]]
       if r['diverged'] is None and (best is None or accuracy > best[0]):
         best = (accuracy, values)
     if best is None:
@@ -508,7 +509,7 @@ def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
         print(f'error: suite {suite.name} has no tuning grid', file=sys.stderr)
         return 2
       tuned = tune(suite)
-      report.write_text(suites.tuned_path(suite.name),
+      rd.write_text(suites.tuned_path(suite.name),
                         json.dumps(tuned, indent=1, sort_keys=True) + '\n')
     elif not _REPORT.value:
       tuned = suites.load_tuned(suite.name)

@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from benchmarks import report
+from benchmarks import runs as rd
 from benchmarks import suites
 
 SUITE = suites.SUITES['fedcda']
@@ -49,12 +49,12 @@ def objective_lowered(rows) -> float:
 
 def best_round(rows) -> float:
   """The highest test accuracy of any evaluated round."""
-  return float(np.nanmax(report.metrics_column(rows, 'test_accuracy')))
+  return float(np.nanmax(rd.metrics_column(rows, 'test_accuracy')))
 
 
 def last10(rows) -> float:
   """The last-10 mean of a run's `metrics_rows` (as summary.json's)."""
-  return report.last10_of(report.metrics_column(rows, 'test_accuracy'))
+  return rd.last10_of(rd.metrics_column(rows, 'test_accuracy'))
 
 
 def _pair(method: str, baseline: str, runs: dict) -> tuple:
@@ -65,7 +65,7 @@ def _pair(method: str, baseline: str, runs: dict) -> tuple:
   cda, avg = runs.get(method, {}), runs.get(baseline, {})
   out = {}, {}
   for seed in sorted(set(cda) & set(avg)):
-    out[0][seed], out[1][seed] = report.common_evaluations(cda[seed], avg[seed])
+    out[0][seed], out[1][seed] = rd.common_evaluations(cda[seed], avg[seed])
   return out
 
 
@@ -74,11 +74,11 @@ def _sources() -> list:
   reported runs, the pairs finished at the declared length while the suite is being
   lengthened to it, then each probe's."""
   tuned = suites.load_tuned(SUITE.name)
-  rounds, declared = report.reported_rounds(SUITE), report.declared_rounds(SUITE)
-  reported = report.suite_metrics(SUITE)
+  rounds, declared = rd.reported_rounds(SUITE), rd.declared_rounds(SUITE)
+  reported = rd.suite_metrics(SUITE)
   longer = {} if rounds == declared else {
-      run: {seed: report.run_rows(r) for seed, r in seeds.items() if report.usable(r)}
-      for run, seeds in report.collect_at(SUITE, declared).items()}
+      run: {seed: rd.run_rows(r) for seed, r in seeds.items() if rd.usable(r)}
+      for run, seeds in rd.collect_at(SUITE, declared).items()}
   out = []
   for c in SUITE.comparisons:
     warmup = SUITE.config_overrides(c.method, tuned)['fedcda_warmup_rounds']
@@ -88,7 +88,7 @@ def _sources() -> list:
       out.append((f'{c.label} at {declared} rounds (the pairs finished there so far)',
                   *_pair(c.method, c.baseline, longer), warmup))
   for probe in SUITE.probes:
-    runs = report.probe_metrics(SUITE, probe)
+    runs = rd.probe_metrics(SUITE, probe)
     changed = ', '.join(f'{k} = {v}' for k, v in sorted(probe.overrides.items()))
     for c in SUITE.comparisons:
       if {c.method, c.baseline} <= set(probe.runs + probe.unchanged):
@@ -108,7 +108,7 @@ def _summary_lines(sources) -> list:
            'of the last 10 rounds (the headline figure); margin: FedCDA − FedAvg of the same '
            'seed; best: the highest accuracy of any round both runs of the seed evaluated; '
            'swing: the std of the accuracies both evaluated over the last '
-           f'{report.WINDOW} rounds (a quarter of a shorter '
+           f'{rd.WINDOW} rounds (a quarter of a shorter '
            'run: the plateau criterion\'s window, as the suite page\'s) about their '
            'least-squares line (points; the curve\'s scatter with its rise taken out); older '
            'model: the share of participants, after the warmup, whose selection picked an '
@@ -124,24 +124,24 @@ def _summary_lines(sources) -> list:
       lines.append(f'| {label} | no paired seed finished | | | | | | | | | |')
       continue
     total = min(len(side[s]) for side in (cda, avg) for s in seeds)
-    start = total - report.plateau_window(total)
+    start = total - rd.plateau_window(total)
     a = [last10(avg[s]) for s in seeds]
     c = [last10(cda[s]) for s in seeds]
-    cells = [report.over_seeds(a, scale=100), report.over_seeds(c, scale=100),
-             report.over_seeds([x - y for x, y in zip(c, a)], scale=100, signed=True),
-             report.over_seeds([best_round(avg[s]) for s in seeds], scale=100),
-             report.over_seeds([best_round(cda[s]) for s in seeds], scale=100),
-             *(report.over_seeds([report.window_accuracy(side[s], start, total)[1]
+    cells = [rd.over_seeds(a, scale=100), rd.over_seeds(c, scale=100),
+             rd.over_seeds([x - y for x, y in zip(c, a)], scale=100, signed=True),
+             rd.over_seeds([best_round(avg[s]) for s in seeds], scale=100),
+             rd.over_seeds([best_round(cda[s]) for s in seeds], scale=100),
+             *(rd.over_seeds([rd.window_accuracy(side[s], start, total)[1]
                                   for s in seeds], scale=100) for side in (avg, cda)),
-             report.over_seeds([older_model_share(cda[s]) for s in seeds]),
-             report.over_seeds([objective_lowered(cda[s]) for s in seeds], '.1%')]
+             rd.over_seeds([older_model_share(cda[s]) for s in seeds]),
+             rd.over_seeds([objective_lowered(cda[s]) for s in seeds], '.1%')]
     lines.append(f'| {label} | {", ".join(map(str, seeds))} | ' + ' | '.join(cells) + ' |')
   return lines + ['']
 
 
 def _rounds_lines(sources) -> list:
   lines = ['## Over rounds', '',
-           f'Each row averages {report.WINDOW} rounds (the warmup\'s, FedAvg in both runs, a '
+           f'Each row averages {rd.WINDOW} rounds (the warmup\'s, FedAvg in both runs, a '
            'row of its own), then the seeds; runs evaluated every few rounds are averaged over '
            'the rounds evaluated, and each seed\'s two runs over the rounds both evaluated. '
            'Margin: FedCDA − FedAvg of the same seed over the window, '
@@ -157,19 +157,19 @@ def _rounds_lines(sources) -> list:
               'FedCDA swing | older model | objective lowered |',
               '|---|---|---|---|---|---|---|---|']
     start = 0
-    for mark in report.window_marks(total, warmup):
+    for mark in rd.window_marks(total, warmup):
       (a, swing_a), (c, swing_c) = (
-          zip(*[report.window_accuracy(side[s], start, mark) for s in seeds])
+          zip(*[rd.window_accuracy(side[s], start, mark) for s in seeds])
           for side in (avg, cda))
       in_warmup = mark <= warmup   # no selection yet: FedAvg in both runs
       cells = [f'{start + 1}-{mark}' + (', warmup' if in_warmup else ''),
-               report.num(100 * np.mean(a)), report.num(100 * np.mean(c)),
-               report.over_seeds([x - y for x, y in zip(c, a)], scale=100, signed=True),
-               report.num(100 * np.mean(swing_a)), report.num(100 * np.mean(swing_c)),
+               rd.num(100 * np.mean(a)), rd.num(100 * np.mean(c)),
+               rd.over_seeds([x - y for x, y in zip(c, a)], scale=100, signed=True),
+               rd.num(100 * np.mean(swing_a)), rd.num(100 * np.mean(swing_c)),
                '' if in_warmup else
-               report.num(np.mean([older_model_share(cda[s][start:mark]) for s in seeds])),
+               rd.num(np.mean([older_model_share(cda[s][start:mark]) for s in seeds])),
                '' if in_warmup else
-               report.num(np.mean([objective_lowered(cda[s][start:mark]) for s in seeds]),
+               rd.num(np.mean([objective_lowered(cda[s][start:mark]) for s in seeds]),
                           '.1%')]
       lines.append('| ' + ' | '.join(cells) + ' |')
       start = mark
@@ -192,21 +192,21 @@ def _selection_lines() -> list:
                'mean ± std over the seeds, then each seed\'s.', '',
                '| probe | run | seeds | reported FedCDA (%) | probe\'s FedCDA (%) | '
                'reported − probe (points) |', '|---|---|---|---|---|---|']
-    probed = report.probe_metrics(SUITE, probe)
+    probed = rd.probe_metrics(SUITE, probe)
     for run in probe.runs:
       rounds = SUITE.probe_overrides(probe, run, tuned)['rounds']
-      reported = {seed: report.run_rows(r)
-                  for seed, r in report.collect_at(SUITE, rounds)[run].items()
-                  if report.usable(r)}
+      reported = {seed: rd.run_rows(r)
+                  for seed, r in rd.collect_at(SUITE, rounds)[run].items()
+                  if rd.usable(r)}
       seeds = sorted(s for s in probed.get(run, {}) if s in reported and s in probe.seeds)
       r = [last10(reported[s]) for s in seeds]
       p = [last10(probed[run][s]) for s in seeds]
       gains = [x - y for x, y in zip(r, p)]
       lines.append(
           f'| {probe.name} ({probe.overrides["fedcda_selection"]}) | {run} | '
-          f'{", ".join(map(str, seeds)) or "none finished"} | {report.over_seeds(r, scale=100)} | '
-          f'{report.over_seeds(p, scale=100)} | '
-          f'{report.over_seeds(gains, scale=100, signed=True)}'
+          f'{", ".join(map(str, seeds)) or "none finished"} | {rd.over_seeds(r, scale=100)} | '
+          f'{rd.over_seeds(p, scale=100)} | '
+          f'{rd.over_seeds(gains, scale=100, signed=True)}'
           + (f' (per seed {", ".join(f"{100 * g:+.2f}" for g in gains)})' if gains else '')
           + ' |')
   return lines + [''] if lines else []
@@ -214,14 +214,14 @@ def _selection_lines() -> list:
 
 def page() -> str:
   sources = _sources()
-  lines = report.diagnosis_header('FedCDA on Fashion-MNIST (20 clients, 4 per round): where '
+  lines = rd.diagnosis_header('FedCDA on Fashion-MNIST (20 clients, 4 per round): where '
                                   'its margin over FedAvg comes from', sys.modules[__name__])
   lines += _summary_lines(sources) + _selection_lines() + _rounds_lines(sources)
   return '\n'.join(lines).rstrip('\n') + '\n'
 
 
 def main() -> int:
-  return report.write_diagnosis(OUT, page)
+  return rd.write_diagnosis(OUT, page)
 
 
 if __name__ == '__main__':

@@ -23,12 +23,12 @@ import sys
 
 import numpy as np
 
-from benchmarks import report
+from benchmarks import runs as rd
 from benchmarks import suites
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, 'fedcross', 'diagnosis.md')
-WINDOW = report.WINDOW
+WINDOW = rd.WINDOW
 
 
 def round_spread(row) -> dict:
@@ -55,18 +55,18 @@ def spread_over(rows) -> dict:
 def margin_curve(cross_rows, avg_rows) -> np.ndarray:
   """FedCross − FedAvg per round, NaN where either was not evaluated."""
   n = min(len(cross_rows), len(avg_rows))
-  return (report.metrics_column(cross_rows[:n], 'test_accuracy') -
-          report.metrics_column(avg_rows[:n], 'test_accuracy'))
+  return (rd.metrics_column(cross_rows[:n], 'test_accuracy') -
+          rd.metrics_column(avg_rows[:n], 'test_accuracy'))
 
 
 def peak_margin(curves) -> str:
   """The largest last-10 margin of the seeds' mean margin curve (over its last LAST
-  evaluated rounds, as report.last10_at), and the round that window ends at."""
+  evaluated rounds, as rd.last10_at), and the round that window ends at."""
   n = min(len(c) for c in curves)
   mean = np.mean([c[:n] for c in curves], axis=0)   # NaN where a round was not evaluated
   evaluated = np.flatnonzero(np.isfinite(mean))     # row i holds round i + 1
-  windows = [(float(np.mean(mean[evaluated[i - report.LAST + 1:i + 1]])), int(evaluated[i]) + 1)
-             for i in range(report.LAST - 1, len(evaluated))]
+  windows = [(float(np.mean(mean[evaluated[i - rd.LAST + 1:i + 1]])), int(evaluated[i]) + 1)
+             for i in range(rd.LAST - 1, len(evaluated))]
   if not windows:
     return 'n/a'
   value, end = max(windows, key=lambda w: w[0])   # the first of equal windows
@@ -84,13 +84,13 @@ def _sources() -> list:
   pairs = [(c.method, c.baseline, c.label) for c in suite.comparisons
            if suite.config_overrides(c.method)['algorithm'] == 'fedcross']
   out = []
-  runs = report.suite_metrics(suite)
+  runs = rd.suite_metrics(suite)
   for method, baseline, label in pairs:
     accel = suite.config_overrides(method).get('fedcross_accel_rounds', 0)
     out.append((f'{label}, E = {suite.common["local_epochs"]} (the reported runs)',
                 runs.get(method, {}), runs.get(baseline, {}), accel))
   for probe in suite.probes:
-    runs = report.probe_metrics(suite, probe)
+    runs = rd.probe_metrics(suite, probe)
     changed = ', '.join(f'{k} = {v}' for k, v in sorted(probe.overrides.items()) if k != 'rounds')
     for method, baseline, label in pairs:
       if method in probe.runs and baseline in probe.runs:
@@ -117,15 +117,15 @@ def _summary_lines(sources, num_models: int) -> list:
       lines.append(f'| {label} | no paired seed finished | | | | | | | | |')
       continue
     spreads = [spread_over(cross[s][accel:]) for s in seeds]
-    acc_c = [report.metrics_column(cross[s], 'test_accuracy') for s in seeds]
-    acc_a = [report.metrics_column(avg[s], 'test_accuracy') for s in seeds]
-    cells = [report.over_seeds([s['median_distance'] for s in spreads], '.1f', 1e4),
-             report.over_seeds([s['max_distance'] for s in spreads], '.1f', 1e4),
-             report.over_seeds([s['distinct'] for s in spreads], '.1f'),
-             report.over_seeds([s['top_share'] for s in spreads], '.2f'),
-             report.over_seeds([report.last10_of(a) for a in acc_a], scale=100),
-             report.over_seeds([report.last10_of(c) for c in acc_c], scale=100),
-             report.over_seeds([report.last10_of(c) - report.last10_of(a)
+    acc_c = [rd.metrics_column(cross[s], 'test_accuracy') for s in seeds]
+    acc_a = [rd.metrics_column(avg[s], 'test_accuracy') for s in seeds]
+    cells = [rd.over_seeds([s['median_distance'] for s in spreads], '.1f', 1e4),
+             rd.over_seeds([s['max_distance'] for s in spreads], '.1f', 1e4),
+             rd.over_seeds([s['distinct'] for s in spreads], '.1f'),
+             rd.over_seeds([s['top_share'] for s in spreads], '.2f'),
+             rd.over_seeds([rd.last10_of(a) for a in acc_a], scale=100),
+             rd.over_seeds([rd.last10_of(c) for c in acc_c], scale=100),
+             rd.over_seeds([rd.last10_of(c) - rd.last10_of(a)
                                 for c, a in zip(acc_c, acc_a)],
                                scale=100, signed=True),
              peak_margin([margin_curve(cross[s], avg[s]) for s in seeds])]
@@ -146,7 +146,7 @@ def _rounds_lines(sources) -> list:
     if not seeds:
       continue
     total = min(min(len(cross[s]) for s in seeds), min(len(avg[s]) for s in seeds))
-    marks = report.window_marks(total, accel)
+    marks = rd.window_marks(total, accel)
     lines += [f'{label}, seeds {", ".join(map(str, seeds))}:', '',
               '| rounds | α | median 1 − cos (1e-4) | distinct collaborators | FedAvg (%) | '
               'FedCross (%) | margin (points) | FedAvg swing | FedCross swing |',
@@ -154,19 +154,19 @@ def _rounds_lines(sources) -> list:
     start = 0
     for mark in marks:
       spread = [spread_over(cross[s][start:mark]) for s in seeds]
-      alpha = np.mean([_mean_of_evaluated(report.metrics_column(cross[s][start:mark],
+      alpha = np.mean([_mean_of_evaluated(rd.metrics_column(cross[s][start:mark],
                                                                 'aggregator/alpha'))
                        for s in seeds])
       (a, swing_a), (c, swing_c) = (
-          zip(*[report.window_accuracy(runs[s], start, mark) for s in seeds])
+          zip(*[rd.window_accuracy(runs[s], start, mark) for s in seeds])
           for runs in (avg, cross))
       name = f'{start + 1}-{mark}' + (', acceleration' if mark <= accel else '')
       lines.append(f'| {name} | {alpha:.3f} | '
                    f'{1e4 * np.mean([s["median_distance"] for s in spread]):.1f} | '
                    f'{np.mean([s["distinct"] for s in spread]):.1f} | '
-                   f'{report.num(100 * np.mean(a))} | {report.num(100 * np.mean(c))} | '
-                   f'{report.over_seeds([x - y for x, y in zip(c, a)], scale=100, signed=True)} | '
-                   + ' | '.join(report.num(100 * np.mean(w)) for w in (swing_a, swing_c))
+                   f'{rd.num(100 * np.mean(a))} | {rd.num(100 * np.mean(c))} | '
+                   f'{rd.over_seeds([x - y for x, y in zip(c, a)], scale=100, signed=True)} | '
+                   + ' | '.join(rd.num(100 * np.mean(w)) for w in (swing_a, swing_c))
                    + ' |')
       start = mark
     lines.append('')
@@ -175,7 +175,7 @@ def _rounds_lines(sources) -> list:
 
 def page() -> str:
   sources = _sources()
-  lines = report.diagnosis_header('FedCross on Fashion-MNIST Dirichlet (100 clients, 10 per '
+  lines = rd.diagnosis_header('FedCross on Fashion-MNIST Dirichlet (100 clients, 10 per '
                                   'round): how far apart its models are', sys.modules[__name__])
   num_models = suites.SUITES['fedcross'].common['clients_per_round']
   lines += _summary_lines(sources, num_models) + _rounds_lines(sources)
@@ -183,7 +183,7 @@ def page() -> str:
 
 
 def main() -> int:
-  return report.write_diagnosis(OUT, page)
+  return rd.write_diagnosis(OUT, page)
 
 
 if __name__ == '__main__':

@@ -22,7 +22,7 @@ import sys
 
 import numpy as np
 
-from benchmarks import report
+from benchmarks import runs as rd
 from benchmarks import suites
 from programs import experiment
 
@@ -79,7 +79,7 @@ def recorded_runs() -> list:
                           ('tuning', os.path.join(base, 'tuning', '*')),
                           ('superseded tuning',
                            os.path.join(base, 'earlier_runs', 'tuning', '*'))):
-    out += [(source, os.path.basename(p), report.load_run(p)) for p in _dirs(pattern)]
+    out += [(source, os.path.basename(p), rd.load_run(p)) for p in _dirs(pattern)]
   return out
 
 
@@ -128,7 +128,7 @@ def _point(r: dict | None, runs, algorithm: str) -> list:
   """Best point (marked when on its grid's edge), explorers' rate, last-10, G median, and how
   many of the grid's points finished or diverged."""
   grid = SUITE.grid[algorithm]
-  total = len(report.grid_points(grid))
+  total = len(rd.grid_points(grid))
   ended = sum(r2['config']['algorithm'] == algorithm and bool(r2['finished'] or r2['diverged'])
               for r2 in runs)
   if r is None:
@@ -138,7 +138,7 @@ def _point(r: dict | None, runs, algorithm: str) -> list:
                      (' (grid edge)' if len(v) > 1 and r['config'][k] in (min(v), max(v)) else '')
                      for k, v in grid.items())
   return [values, f'{explorer_rate(r["config"]):g}' if g else 'n/a',
-          report.pct(r['last10_mean_accuracy']), f'{g["guidance_median"]:.2g}' if g else 'n/a',
+          rd.pct(r['last10_mean_accuracy']), f'{g["guidance_median"]:.2g}' if g else 'n/a',
           f'{ended} of {total}']
 
 
@@ -213,10 +213,10 @@ def _equal_step_lines(runs) -> list:
       continue
     g, rate = guidance(guided), step_rate(guided['config'])
     near = nearest_point(base_points, rate * g['guidance_mean'])
-    lines.append(f'| {c.label} | {rate:g}, {report.pct(guided["last10_mean_accuracy"])} | '
+    lines.append(f'| {c.label} | {rate:g}, {rd.pct(guided["last10_mean_accuracy"])} | '
                  f'{rate * g["guidance_mean"]:.2g} | {rate * g["guidance_max"]:.2g} | '
-                 f'{report.pct(near["last10_mean_accuracy"])} at {step_rate(near["config"]):g} | '
-                 f'{step_rate(best["config"]):g}, {report.pct(best["last10_mean_accuracy"])} |')
+                 f'{rd.pct(near["last10_mean_accuracy"])} at {step_rate(near["config"]):g} | '
+                 f'{step_rate(best["config"]):g}, {rd.pct(best["last10_mean_accuracy"])} |')
   return lines + ['']
 
 
@@ -231,8 +231,8 @@ def window_means(curve_rounds, curve_accuracy, width: int, total: int) -> list:
 
 
 def _runs_lines() -> list:
-  total, runs = report.collect_reported(SUITE)   # at the length the suite's pages report
-  width = max(1, report.plateau_window(total))   # as the plateau criterion's window
+  total, runs = rd.collect_reported(SUITE)   # at the length the suite's pages report
+  width = max(1, rd.plateau_window(total))   # as the plateau criterion's window
   lines = ['## The reported runs: G, the steps it scales, the margin over rounds', '',
            'Mean ± std over the seeds where both runs finished. The step rate is the rate that '
            'multiplies a method\'s step (the client rate; FedSGD\'s server rate); G mean × '
@@ -245,8 +245,8 @@ def _runs_lines() -> list:
             '|---|---|---|---|---|---|---|---|---|---|---|---|']
   rows, windows = [], []
   for c in SUITE.comparisons:
-    base = {s: r for s, r in runs[c.baseline].items() if report.usable(r)}
-    guided = {s: r for s, r in runs[c.method].items() if report.usable(r)}
+    base = {s: r for s, r in runs[c.baseline].items() if rd.usable(r)}
+    guided = {s: r for s, r in runs[c.method].items() if rd.usable(r)}
     seeds = sorted(set(base) & set(guided))
     if not seeds:
       rows.append(f'| {c.label} | no paired seed finished |' + ' |' * 10)
@@ -257,16 +257,16 @@ def _runs_lines() -> list:
     b_acc = [base[s]['last10_mean_accuracy'] for s in seeds]
     g_acc = [guided[s]['last10_mean_accuracy'] for s in seeds]
     steps = ('n/a (server Adam) | n/a (server Adam) | ' if adam else
-             f'{report.over_seeds([x["guidance_mean"] * g_rate for x in g], ".2g")} | '
-             f'{report.over_seeds([x["guidance_median"] * g_rate for x in g], ".2g")} | ')
+             f'{rd.over_seeds([x["guidance_mean"] * g_rate for x in g], ".2g")} | '
+             f'{rd.over_seeds([x["guidance_median"] * g_rate for x in g], ".2g")} | ')
     rows.append(
         f'| {c.label} | {", ".join(map(str, seeds))} | '
-        f'{report.over_seeds([x["guidance_mean"] for x in g], ".2g")} | '
-        f'{report.over_seeds([x["guidance_median"] for x in g], ".2g")} | '
-        f'{report.over_seeds([x["guidance_below_0_01"] for x in g], ".3f")} | {b_rate:g} | '
-        f'{g_rate:g} | ' + steps + f'{report.over_seeds(b_acc, scale=100)} | '
-        f'{report.over_seeds(g_acc, scale=100)} '
-        f'| {report.over_seeds(np.subtract(g_acc, b_acc), scale=100, signed=True)} |')
+        f'{rd.over_seeds([x["guidance_mean"] for x in g], ".2g")} | '
+        f'{rd.over_seeds([x["guidance_median"] for x in g], ".2g")} | '
+        f'{rd.over_seeds([x["guidance_below_0_01"] for x in g], ".3f")} | {b_rate:g} | '
+        f'{g_rate:g} | ' + steps + f'{rd.over_seeds(b_acc, scale=100)} | '
+        f'{rd.over_seeds(g_acc, scale=100)} '
+        f'| {rd.over_seeds(np.subtract(g_acc, b_acc), scale=100, signed=True)} |')
     per_seed = [np.subtract(window_means(guided[s]['curve_rounds'], guided[s]['curve_accuracy'],
                                          width, total),
                             window_means(base[s]['curve_rounds'], base[s]['curve_accuracy'],
@@ -279,7 +279,7 @@ def _runs_lines() -> list:
               '| comparison | ' + ' | '.join(names) + ' |',
               '|---|' + '---|' * len(names)]
     for label, per_seed in windows:
-      cells = [report.over_seeds([m[i] for m in per_seed], scale=100, signed=True)
+      cells = [rd.over_seeds([m[i] for m in per_seed], scale=100, signed=True)
                for i in range(len(names))]
       lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
     lines.append('')
@@ -287,7 +287,7 @@ def _runs_lines() -> list:
   stuck = stuck_at_chance(runs)
   if stuck:
     lines += ['Stuck at chance (finished, losses finite, test accuracy never above '
-              f'{100 * report.STUCK:.0f}%): ' + ', '.join(stuck) + '. Kept in every mean '
+              f'{100 * rd.STUCK:.0f}%): ' + ', '.join(stuck) + '. Kept in every mean '
               'above.', '']
   return lines
 
@@ -300,29 +300,29 @@ def _seed_window_lines(runs: dict, width: int, total: int) -> list:
   for probe in SUITE.probes:
     if SUITE.probe_overrides(probe, probe.runs[0])['rounds'] != total:
       continue   # its windows are not these
-    made = report.collect_probe(SUITE, probe)
+    made = rd.collect_probe(SUITE, probe)
     rows += [(run, f' (probe `{probe.name}`)', made[run]) for run in probe.runs if run in made]
   names = [f'{a + 1}-{min(a + width, total)}' for a in range(0, total, width)]
   lines = [f'Mean test accuracy (%) of each run and seed over the same {width}-round windows:',
            '', '| run | seed | ' + ' | '.join(names) + ' |', '|---|---|' + '---|' * len(names)]
   for run, where, seeds in rows:
     for seed, r in sorted(seeds.items()):
-      if report.usable(r):
+      if rd.usable(r):
         means = window_means(r['curve_rounds'], r['curve_accuracy'], width, total)
         lines.append(f'| {run}{where} | {seed} | '
-                     + ' | '.join(report.num(100 * m) for m in means) + ' |')
+                     + ' | '.join(rd.num(100 * m) for m in means) + ' |')
   return lines + ['']
 
 
 def stuck_at_chance(runs: dict) -> list:
   """'name seed S (round-1 client train loss L)' for every run of `runs` ({run: {seed:
-  loaded run}}) that never left chance (`report.never_left_chance`)."""
+  loaded run}}) that never left chance (`rd.never_left_chance`)."""
   out = []
   for run, seeds in runs.items():
     for seed, r in sorted(seeds.items()):
-      if report.never_left_chance(r):
-        rows = report.metrics_rows(r['dir'])
-        loss = report.metrics_column(rows[:1], 'client_work/train/loss')
+      if rd.never_left_chance(r):
+        rows = rd.metrics_rows(r['dir'])
+        loss = rd.metrics_column(rows[:1], 'client_work/train/loss')
         out.append(f'{run} seed {seed} (round-1 client train loss {loss[0]:.2g})')
   return out
 
@@ -335,7 +335,7 @@ def _floor_probe_lines() -> list:
     return []
   floor = probe.overrides['fedlex_guidance_floor']
   length = probe.overrides.get('rounds', SUITE.common['rounds'])
-  floored, reported = report.collect_probe(SUITE, probe), report.collect_at(SUITE, length)
+  floored, reported = rd.collect_probe(SUITE, probe), rd.collect_at(SUITE, length)
   base_of = {c.method: c.baseline for c in SUITE.comparisons}
   changes = ', '.join(f'`{k}={v}`' for k, v in sorted(probe.overrides.items()))
   lines = [f'## G floored at {floor:g}: probe `{probe.name}`', '',
@@ -349,25 +349,25 @@ def _floor_probe_lines() -> list:
            'floored (%) | floored − guided | floored − base |',
            '|---|---|---|---|---|---|---|---|---|']
   for run in probe.runs:
-    f = {s: r for s, r in floored.get(run, {}).items() if report.usable(r)}
-    g = {s: r for s, r in reported[run].items() if report.usable(r)}
-    b = {s: r for s, r in floored[base_of[run]].items() if report.usable(r)}
+    f = {s: r for s, r in floored.get(run, {}).items() if rd.usable(r)}
+    g = {s: r for s, r in reported[run].items() if rd.usable(r)}
+    b = {s: r for s, r in floored[base_of[run]].items() if rd.usable(r)}
     seeds = sorted(set(f) & set(g) & set(b))
     if not seeds:
       lines.append(f'| {run} | no seed finished in all three |' + ' |' * 7)
       continue
-    acc = lambda runs_: [report.at_length(runs_[s], length)['last10_mean_accuracy']
+    acc = lambda runs_: [rd.at_length(runs_[s], length)['last10_mean_accuracy']
                          for s in seeds]
     rate = step_rate(f[seeds[0]]['config'])
     g_mean = [guidance(f[s])['guidance_mean'] for s in seeds]
     adam = f[seeds[0]]['config']['algorithm'] == 'fedlex_opt'
     lines.append(
-        f'| {run} | {", ".join(map(str, seeds))} | {report.over_seeds(g_mean, ".2g")} | '
-        + ('n/a (server Adam)' if adam else report.over_seeds([x * rate for x in g_mean], '.2g'))
-        + f' | {report.over_seeds(acc(b), scale=100)} | {report.over_seeds(acc(g), scale=100)} | '
-        f'{report.over_seeds(acc(f), scale=100)} | '
-        f'{report.over_seeds(np.subtract(acc(f), acc(g)), scale=100, signed=True)} | '
-        f'{report.over_seeds(np.subtract(acc(f), acc(b)), scale=100, signed=True)} |')
+        f'| {run} | {", ".join(map(str, seeds))} | {rd.over_seeds(g_mean, ".2g")} | '
+        + ('n/a (server Adam)' if adam else rd.over_seeds([x * rate for x in g_mean], '.2g'))
+        + f' | {rd.over_seeds(acc(b), scale=100)} | {rd.over_seeds(acc(g), scale=100)} | '
+        f'{rd.over_seeds(acc(f), scale=100)} | '
+        f'{rd.over_seeds(np.subtract(acc(f), acc(g)), scale=100, signed=True)} | '
+        f'{rd.over_seeds(np.subtract(acc(f), acc(b)), scale=100, signed=True)} |')
   diverged = sorted(f'{run} seed {s}' for run, seeds_ in floored.items() if run in base_of
                     for s, r in seeds_.items() if r['diverged'] is not None)
   if diverged:
@@ -375,7 +375,7 @@ def _floor_probe_lines() -> list:
   stuck = stuck_at_chance({run: seeds_ for run, seeds_ in floored.items() if run in base_of})
   if stuck:
     lines += ['', f'Stuck at chance with G floored (test accuracy never above '
-              f'{100 * report.STUCK:.0f}%): ' + ', '.join(stuck) + '.']
+              f'{100 * rd.STUCK:.0f}%): ' + ', '.join(stuck) + '.']
   return lines + ['']
 
 
@@ -398,15 +398,15 @@ def _superseded_lines(runs) -> list:
     twin = now.get(name)
     same = twin is not None and twin['finished'] and same_training(r['config'], twin['config'])
     lines.append(f'| {name} | {explorer_rate(r["config"]):g} | {status} | '
-                 f'{report.pct(r["last10_mean_accuracy"]) if r["finished"] else ""} | '
+                 f'{rd.pct(r["last10_mean_accuracy"]) if r["finished"] else ""} | '
                  f'{format(g["guidance_median"], ".2g") if g else ""} | '
-                 f'{report.pct(twin["last10_mean_accuracy"]) if same else ""} |')
+                 f'{rd.pct(twin["last10_mean_accuracy"]) if same else ""} |')
   return lines + ['']
 
 
 def page() -> str:
   runs = recorded_runs()
-  lines = report.diagnosis_header(f'{SUITE.title}: what the guidance G is',
+  lines = rd.diagnosis_header(f'{SUITE.title}: what the guidance G is',
                                   sys.modules[__name__])
   lines += (_g_by_rate_lines(runs) + _tuning_lines(runs) + _equal_step_lines(runs) +
             _runs_lines() + _floor_probe_lines() +
@@ -415,7 +415,7 @@ def page() -> str:
 
 
 def main() -> int:
-  return report.write_diagnosis(OUT, page)
+  return rd.write_diagnosis(OUT, page)
 
 
 if __name__ == '__main__':

@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from benchmarks import report
+from benchmarks import runs as rd
 from benchmarks import suites
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -111,7 +111,7 @@ def measure(suite: str, prox_run: str, avg_run: str) -> dict:
 
 
 def page(results: list) -> str:
-  lines = report.diagnosis_header('FedProx against FedAvg: how far the proximal term moves '
+  lines = rd.diagnosis_header('FedProx against FedAvg: how far the proximal term moves '
                                   'a round', sys.modules[__name__])
   measured = [r['round'] for r in results[0]['rows']] if results else []   # as recorded
   lines += ['| suite | runs | μ | client lr (momentum) | local steps per client | '
@@ -138,8 +138,8 @@ def page(results: list) -> str:
 
 def main() -> int:
   results = [measure(*pair) for pair in PAIRS]
-  report.write_text(OUT_JSON, json.dumps(results, indent=1) + '\n')
-  return report.write_diagnosis(OUT, lambda: page(results))
+  rd.write_text(OUT_JSON, json.dumps(results, indent=1) + '\n')
+  return rd.write_diagnosis(OUT, lambda: page(results))
 
 
 if __name__ == '__main__':

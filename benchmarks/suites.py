@@ -93,6 +93,9 @@ class Suite:
   # What a run's accuracy is on the pages and in tuning: 'last10' (the mean of its last 10
   # evaluations) or 'best' (its best evaluated round, as the CADIS paper reports).
   criterion: str = 'last10'
+  # REPRODUCTION.md's closing sentence for the method, in plain words (tuned suites; no
+  # figures: the tables above it hold them).
+  bottom_line: str = ''
 
   def __post_init__(self):
     if self.criterion not in CRITERIA:
@@ -484,13 +487,13 @@ def _cadis() -> Suite:
             # with the two above, the 2 x 2 of weights and KD
             'cadis_reference_weights_no_kd': dict(algorithm='cadis', cadis_sample_weighted=False,
                                                   cadis_kd_weight=0.0)},
-      comparisons=(Comparison('cadis', 'fedavg', 'MC 10/100', 'CADIS (eq. 1 weights)'),
+      comparisons=(Comparison('cadis', 'fedavg', 'MC 10/100', 'CADIS, eq. 1 weights'),
                    # '\\|': a bar that stays one markdown table cell (shown as |)
                    Comparison('cadis_reference_weights', 'fedavg', 'MC 10/100',
-                              'CADIS (reference code weights 1/\\|C_i\\|)'),
-                   Comparison('cadis_no_kd', 'fedavg', 'MC 10/100', 'CADIS without KD'),
+                              'CADIS, weights 1/\\|C_i\\|'),
+                   Comparison('cadis_no_kd', 'fedavg', 'MC 10/100', 'CADIS, no KD'),
                    Comparison('cadis_reference_weights_no_kd', 'fedavg', 'MC 10/100',
-                              'CADIS (reference code weights) without KD'),
+                              'CADIS, weights 1/\\|C_i\\|, no KD'),
                    Comparison('fedprox', 'fedavg', 'fedprox MC 10/100', 'FedProx')),
       # FedAvg's best was the edge twice (0.03, then 0.1): widened to 0.3. CADIS's is inside.
       grid=dict(fedavg=dict(client_lr=[0.003, 0.01, 0.03, 0.1, 0.3]),
@@ -843,9 +846,9 @@ def _cadis_paper() -> Suite:
                 cadis_reference_weights=dict(algorithm='cadis', client_lr=0.1,
                                              cadis_sample_weighted=False)),
       borrowed=dict(fedavg=('cadis', 'fedavg')),
-      comparisons=(Comparison('cadis', 'fedavg', 'MC 10/100', 'CADIS (eq. 1 weights)'),
+      comparisons=(Comparison('cadis', 'fedavg', 'MC 10/100', 'CADIS, eq. 1 weights'),
                    Comparison('cadis_reference_weights', 'fedavg', 'MC 10/100',
-                              'CADIS (reference weights 1/\\|C_i\\|, lr 0.1)')),
+                              'CADIS, weights 1/\\|C_i\\|, lr 0.1')),
       # The paper tunes both per data set and reports the best (its values were lost in the
       # text); τ₀ at most the schedule's τ_max (0.985).
       grid=dict(cadis=dict(cadis_threshold=[0.95, 0.975, 0.985],
