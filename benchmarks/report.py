@@ -632,13 +632,10 @@ def reproduction_page() -> str:
     lines += ['| comparison | paper | protocol | baseline (%) | method (%) | margin, last 10 | '
               'margin the verdict reads | verdict |', '|---|---|---|---|---|---|---|---|']
     verdicts = {}
-    groups = []
-    for heading, suite in columns:
-      loaded = rd.collect(suite)
+    for _, suite in columns:
       protocol = 'paper' if suite.paper_of else 'tuned'
-      results = comparisons(suite, loaded)
+      results = comparisons(suite, rd.collect(suite))
       verdicts[protocol] = results
-      groups += suite_groups(suite, loaded, f'{protocol}: ')
       for c in results:
         key = c['verdict_key']
         margin_cells = [margin_text(c['last10'], False),
@@ -647,8 +644,6 @@ def reproduction_page() -> str:
         lines.append(f'| {c["label"]} | {paper_text(c)} | {protocol} | '
                      f'{level(c[key]["baseline"])} | {level(c[key]["method"])} | '
                      + ' | '.join(margin_cells) + f' | {verdict_cell(c)} |')
-    figure = os.path.join(FIGURES, f'{method}.png')
-    plot(figure, groups)
     lines += ['']
     for protocol, words in (('paper', 'At the paper\'s protocol'),
                             ('tuned', 'Against the tuned, converged baseline')):
@@ -659,6 +654,16 @@ def reproduction_page() -> str:
     lines += ['', f'![{tuned.method}: paper protocol and tuned, one panel per setting]'
               f'(figures/{method}.png)', '']
   return '\n'.join(lines)
+
+
+def write_method_figures() -> None:
+  """figures/<method>.png: the method's panels at the paper's protocol, then tuned."""
+  for method in METHODS:
+    groups = []
+    for _, suite in method_suites(method):
+      groups += suite_groups(suite, rd.collect(suite),
+                             'paper: ' if suite.paper_of else 'tuned: ')
+    plot(os.path.join(FIGURES, f'{method}.png'), groups)
 
 
 def provenance_page() -> str:
@@ -724,6 +729,7 @@ def write_all() -> None:
   for suite in suites.SUITES.values():
     write_suite_page(suite)
   rd.write_text(REPRODUCTION, reproduction_page())
+  write_method_figures()
   rd.write_text(PROVENANCE, provenance_page())
   with open(README) as f:
     text = f.read()
