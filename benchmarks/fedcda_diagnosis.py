@@ -1,6 +1,9 @@
 """Where FedCDA's margin over FedAvg comes from: a steady model, window by window.
 
   python -m benchmarks.fedcda_diagnosis     # writes benchmarks/fedcda/diagnosis.md
+  python -m benchmarks.fedcda_diagnosis --loss_reading DIR...
+      # eq. 8 with F_n read as a mean or a sum, on FedCDA checkpoints (<run>_s<seed>/
+      # checkpoints/program_state_<round>), added to benchmarks/fedcda_paper/loss_reading.json
 
 FedCDA caches each client's last K = 3 uploads and, after a FedAvg warmup, has each round's
 participants pick the cached model that keeps the aggregate closest to every cached client's
@@ -26,7 +29,9 @@ from benchmarks import runs as rd
 from benchmarks import suites
 
 SUITE = suites.SUITES['fedcda']
+PAPER_SUITE = suites.SUITES['fedcda_paper']
 OUT = os.path.join(suites.suite_dir(SUITE.name), 'diagnosis.md')
+LOSS_READING = os.path.join(suites.suite_dir(PAPER_SUITE.name), 'loss_reading.json')
 
 
 def older_model_share(rows) -> float:
@@ -212,15 +217,182 @@ def _selection_lines() -> list:
   return lines + [''] if lines else []
 
 
+# --------------------------------------------------------------------------- #
+# F_n in eq. 8: the per-example mean of the last epoch's loss, or its sum
+# --------------------------------------------------------------------------- #
+# Algorithm 1 line 7 "accumulates" the local loss over the last epoch; eq. 1 defines F_n as
+# the client's expected loss and eqs. 2-8 come from the L-smoothness of that F_n, so the
+# project reads F_n as the per-example mean. A PyTorch loop that accumulates `loss.item()`
+# over the epoch's batches would use the sum of batch means instead: the mean times the
+# client's number of batches, which weighs the loss term of eq. 8 against its divergence
+# term by that factor. `loss_reading` runs the method's own selection both ways on the
+# state a checkpoint holds.
+
+LOSS_READING_SETS = 200   # participant sets drawn per checkpoint
+
+
+def read_cache(checkpoint: str) -> dict:
+  """{round, models [N, K, D] float64, losses [N, K], count [N], selected [N]} of a FedCDA
+  run's program-state checkpoint (its SavedModel's variables, read by name)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  reader = tf.train.load_checkpoint(os.path.join(checkpoint, 'variables', 'variables'))
+  prefix = '_value/state/aggregator/'
+  names = sorted((k for k in reader.get_variable_to_shape_map()
+                  if k.startswith(prefix + 'cache/')),
+                 key=lambda k: (k.split('/')[4], int(k.split('/')[5])))
+  get = lambda name: reader.get_tensor(f'{prefix}{name}/.ATTRIBUTES/VARIABLE_VALUE')  # noqa: E731
+  tensors = [reader.get_tensor(k).astype(np.float64) for k in names]
+  n, k = tensors[0].shape[:2]
+  return dict(round=int(reader.get_tensor('_value/round/.ATTRIBUTES/VARIABLE_VALUE')),
+              models=np.concatenate([t.reshape(n, k, -1) for t in tensors], axis=2),
+              losses=np.asarray(get('losses'), np.float64), count=np.asarray(get('count')),
+              selected=np.asarray(get('selected')))
+
+
+def batches_per_client(config) -> np.ndarray:
+  """Each client's number of local batches a epoch in the run of `config` (its partition)."""
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  fed = experiment.load_federated_data(config)
+  sizes = np.array([len(fed.client_arrays(i)[1]) for i in range(config.num_clients)])
+  return np.ceil(sizes / config.batch_size)
+
+
+def select_both_ways(state: dict, participants, scale, *, cache_size: int,
+                     num_batches: int, smoothness: float):
+  """The method's batch-greedy selection (`select_models`) for `participants` (their caches
+  as they are, each as if its newest model were this round's upload, every other cached
+  client at its selection), with F_n the cached losses times `scale` [N]: (choice [P],
+  J with every participant at its newest, J with the choice)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tff_algos.aggregators import cross_round_cache as crc  # pylint: disable=g-import-not-at-top
+  k, models, count = cache_size, state['models'], state['count']
+  losses = state['losses'] * np.asarray(scale, np.float64)[:, None]
+  ages = np.arange(k)
+  slots = (count[participants, None] - 1 - ages[None, :]) % k        # j-th newest's ring slot
+  cands = models[np.asarray(participants)[:, None], slots].reshape(len(participants) * k, -1)
+  fixed = np.flatnonzero((count > 0) & ~np.isin(np.arange(len(count)), participants))
+  fixed_models = models[fixed, state['selected'][fixed]]
+  fixed_sum = fixed_models.sum(axis=0)
+  f64 = lambda v: tf.constant(float(v), tf.float64)  # noqa: E731
+  fixed_stats = dict(loss_sum=f64(losses[fixed, state['selected'][fixed]].sum()),
+                     sq_norm_sum=f64(np.sum(fixed_models ** 2)),
+                     sum_sq_norm=f64(fixed_sum @ fixed_sum),
+                     count=tf.constant(len(fixed), tf.int32))
+  gram = tf.constant(cands @ cands.T)
+  fixed_dot = tf.constant(cands @ fixed_sum)
+  cand_losses = tf.constant(losses[np.asarray(participants)[:, None], slots].reshape(-1))
+  valid = tf.ones([len(participants)], tf.bool)
+  num_cands = tf.constant(np.minimum(count[participants], k).astype(np.int32))
+  split = [tf.constant(b, tf.int32) for b in np.array_split(
+      np.random.default_rng(len(participants)).permutation(len(participants)), num_batches)]
+  choice = crc.select_models(gram, fixed_dot, fixed_stats, cand_losses, num_cands, valid, split,
+                             smoothness, k)
+  newest = tf.zeros([len(participants)], tf.int32)
+  objective = lambda c: float(crc.objective_of_choice(  # noqa: E731
+      gram, fixed_dot, fixed_stats, cand_losses, c, valid, smoothness, k))
+  return choice.numpy(), objective(newest), objective(choice)
+
+
+def loss_reading(state: dict, batches, config, sets: int = LOSS_READING_SETS) -> dict:
+  """What reading F_n as a sum (the per-example mean times the client's batches) instead of a
+  mean does to eq. 8's selection on one checkpoint: over `sets` random participant sets of
+  the clients with a full cache, the share of participants that pick an older model than
+  their newest under each reading, the share whose pick differs between the readings, and
+  each reading's relative objective drop 1 - J(choice) / J(newest)."""
+  full = np.flatnonzero(state['count'] >= config.fedcda_cache_size)
+  rng = np.random.default_rng([state['round'], 17])
+  options = dict(cache_size=config.fedcda_cache_size, num_batches=config.fedcda_batches,
+                 smoothness=config.fedcda_smoothness)
+  switched = {'mean': [], 'sum': []}
+  drop = {'mean': [], 'sum': []}
+  differ = []
+  for _ in range(sets):
+    who = np.sort(rng.choice(full, size=min(config.clients_per_round, full.size), replace=False))
+    picks = {}
+    for reading, scale in (('mean', np.ones_like(batches)), ('sum', batches)):
+      choice, before, after = select_both_ways(state, who, scale, **options)
+      picks[reading] = choice
+      switched[reading].append(np.mean(choice > 0))
+      drop[reading].append(1.0 - after / before)
+    differ.append(np.mean(picks['mean'] != picks['sum']))
+  return dict(round=state['round'], clients=int(full.size), sets=sets,
+              switched_mean=float(np.mean(switched['mean'])),
+              switched_sum=float(np.mean(switched['sum'])), differ=float(np.mean(differ)),
+              drop_mean=float(np.mean(drop['mean'])), drop_sum=float(np.mean(drop['sum'])))
+
+
+def record_loss_reading(checkpoints, out: str = LOSS_READING) -> dict:
+  """Adds `loss_reading` of each checkpoint (<run>_s<seed>/[checkpoints/]program_state_N of a
+  FedCDA run; its config.json gives the settings) to `out`, keyed by run and round."""
+  import json  # pylint: disable=g-import-not-at-top
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  recorded = {}
+  if os.path.exists(out):
+    with open(out) as f:
+      recorded = json.load(f)
+  for path in checkpoints:
+    run_dir = os.path.dirname(os.path.abspath(path))
+    if os.path.basename(run_dir) == 'checkpoints':
+      run_dir = os.path.dirname(run_dir)
+    with open(os.path.join(run_dir, 'config.json')) as f:
+      config = experiment.recorded_config(json.load(f))
+    state = read_cache(path)
+    figures = loss_reading(state, batches_per_client(config), config)
+    recorded.setdefault(os.path.basename(run_dir), {})[str(state['round'])] = figures
+    print(f'{os.path.basename(run_dir)} round {state["round"]}: {figures}')
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  rd.write_text(out, json.dumps(recorded, indent=1, sort_keys=True) + '\n')
+  return recorded
+
+
+def _loss_reading_lines() -> list:
+  import json  # pylint: disable=g-import-not-at-top
+  if not os.path.exists(LOSS_READING):
+    return []
+  with open(LOSS_READING) as f:
+    recorded = json.load(f)
+  lines = ['## F_n in eq. 8: mean or sum', '',
+           'Algorithm 1 line 7 "accumulates" the loss of the last local epoch; the paper\'s eq. 1 '
+           'defines F_n as the client\'s expected loss, and eqs. 2-8 follow from the '
+           'L-smoothness of that F_n, so the project reads F_n as the per-example mean (what the '
+           'paper-protocol runs use). A loop that sums the batch losses of the epoch would give '
+           'the mean times the client\'s number of batches. On the state of each checkpoint of '
+           'the paper-protocol runs (`--loss_reading`), the method\'s own selection for '
+           f'{LOSS_READING_SETS} random sets of 4 clients with a full cache, each as if its '
+           'newest model were this round\'s upload: the share of them picking an older model '
+           'than their newest under each reading, the share whose pick differs between the two '
+           'readings, and each reading\'s drop of its own objective, 1 − J(choice) / J(newest).',
+           '', '| run | round | older model, mean | older model, sum | picks differ | '
+           'objective drop, mean | objective drop, sum |', '|---|---|---|---|---|---|---|']
+  for run, by_round in sorted(recorded.items()):
+    for r, f in sorted(by_round.items(), key=lambda x: int(x[0])):
+      lines.append(f'| {run} | {r} | {f["switched_mean"]:.2f} | {f["switched_sum"]:.2f} | '
+                   f'{f["differ"]:.2f} | {f["drop_mean"]:.2%} | {f["drop_sum"]:.2%} |')
+  return lines + ['']
+
+
 def page() -> str:
   sources = _sources()
   lines = rd.diagnosis_header('FedCDA on Fashion-MNIST (20 clients, 4 per round): where '
                                   'its margin over FedAvg comes from', sys.modules[__name__])
-  lines += _summary_lines(sources) + _selection_lines() + _rounds_lines(sources)
+  lines += (_summary_lines(sources) + _selection_lines() + _loss_reading_lines()
+            + _rounds_lines(sources))
   return '\n'.join(lines).rstrip('\n') + '\n'
 
 
-def main() -> int:
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if argv[:1] == ['--loss_reading']:
+    if len(argv) < 2:
+      print('--loss_reading takes FedCDA checkpoint directories '
+            '(<run>_s<seed>/checkpoints/program_state_<round>)', file=sys.stderr)
+      return 2
+    record_loss_reading(argv[1:])
+    return 0
+  if argv:
+    print(f'unknown arguments {argv}: run it without any, or with --loss_reading DIR...',
+          file=sys.stderr)
+    return 2
   return rd.write_diagnosis(OUT, page)
 
 
