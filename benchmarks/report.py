@@ -449,7 +449,10 @@ def _tuning_lines(suite: suites.Suite) -> list:
       except FileNotFoundError:
         figure = 'not run yet'
       point = ', '.join(f'`{k}={v:g}`' for k, v in values.items())
-      lines.append(f'| {run} | {point} | {figure} | {"yes" if values == chosen else ""} |')
+      edge = [k for k, v in values.items() if len(grid[k]) > 1 and v in (grid[k][0], grid[k][-1])]
+      mark = ('yes' + (f' (the grid\'s edge in {", ".join(edge)})' if edge else '')
+              if values == chosen else '')
+      lines.append(f'| {run} | {point} | {figure} | {mark} |')
   return lines + ['']
 
 
@@ -580,12 +583,16 @@ def write_suite_page(suite: suites.Suite) -> None:
 # --------------------------------------------------------------------------- #
 
 
+def protocol_of(suite: suites.Suite) -> str:
+  """How the pages call a suite's protocol: its paper protocol (Suite.protocol) or tuned."""
+  return suite.protocol if suite.paper_of else 'tuned'
+
+
 def method_suites(method: str) -> list:
-  """[(heading, suite)]: the method's suite at its paper's protocol (if any), then the tuned
+  """[(heading, suite)]: the method's suites at its paper's protocol (if any), then the tuned
   one."""
   paper = [s for s in suites.SUITES.values() if s.paper_of == method]
-  return ([('ours: paper protocol', s) for s in paper] +
-          [('ours: tuned', suites.SUITES[method])])
+  return [(f'ours: {protocol_of(s)}', s) for s in paper + [suites.SUITES[method]]]
 
 
 def _resolution_sentence() -> str:
@@ -631,11 +638,11 @@ def reproduction_page() -> str:
     lines += settings_table(method, columns) + ['']
     lines += ['| comparison | paper | protocol | baseline (%) | method (%) | margin, last 10 | '
               'margin the verdict reads | verdict |', '|---|---|---|---|---|---|---|---|']
-    verdicts = {}
+    verdicts = {'paper': [], 'tuned': []}
     for _, suite in columns:
-      protocol = 'paper' if suite.paper_of else 'tuned'
+      protocol = protocol_of(suite)
       results = comparisons(suite, rd.collect(suite))
-      verdicts[protocol] = results
+      verdicts['paper' if suite.paper_of else 'tuned'] += results
       for c in results:
         key = c['verdict_key']
         margin_cells = [margin_text(c['last10'], False),
@@ -647,7 +654,7 @@ def reproduction_page() -> str:
     lines += ['']
     for protocol, words in (('paper', 'At the paper\'s protocol'),
                             ('tuned', 'Against the tuned, converged baseline')):
-      if protocol in verdicts:   # one line each
+      if verdicts[protocol]:   # one line each
         lines.append(verdicts_line(words, verdicts[protocol]))
     if tuned.bottom_line:
       lines += ['', f'Bottom line: {tuned.bottom_line}']
@@ -661,8 +668,7 @@ def write_method_figures() -> None:
   for method in METHODS:
     groups = []
     for _, suite in method_suites(method):
-      groups += suite_groups(suite, rd.collect(suite),
-                             'paper: ' if suite.paper_of else 'tuned: ')
+      groups += suite_groups(suite, rd.collect(suite), f'{protocol_of(suite)}: ')
     plot(os.path.join(FIGURES, f'{method}.png'), groups)
 
 
@@ -708,8 +714,7 @@ def status_lines() -> list:
       loaded = rd.collect(suite)
       finished += sum(rd.usable(r) for seeds in loaded.values() for r in seeds.values())
       expected += len(loaded) * len(suites.SEEDS)
-      parts.append(verdicts_line('paper protocol' if suite.paper_of else 'tuned',
-                                 comparisons(suite, loaded))[2:-1])
+      parts.append(verdicts_line(protocol_of(suite), comparisons(suite, loaded))[2:-1])
     anchor = suites.SUITES[method].method.lower()
     lines.append(f'- {suites.SUITES[method].method}: ' + '. '.join(parts) +
                  f'. {finished} of {expected} runs finished '
