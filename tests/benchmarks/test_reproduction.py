@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from benchmarks import report
+from benchmarks import runs as rd
 from benchmarks import suites
 from programs import experiment
 
@@ -29,7 +29,7 @@ def test_first_rounds_of_a_committed_run_are_reproduced(tmp_path, name):
   if not os.path.exists(os.path.join(committed, 'metrics.csv')):
     # Before the suite's runs exist, one of its committed learning-rate grid points.
     points = [os.path.join(suites.suite_dir(name), 'tuning', suites.tuning_name(run, values))
-              for values in report.grid_points(suite.grid.get(run, {}))]
+              for values in rd.grid_points(suite.grid.get(run, {}))]
     points = [p for p in points if os.path.exists(os.path.join(p, 'summary.json'))]
     if not points:
       pytest.fail(f'{committed} is not committed yet: run python -m benchmarks.compare '
