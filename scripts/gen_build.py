@@ -1,8 +1,9 @@
 """Writes the Bazel BUILD file from the tree, or checks it is current (--check).
 
 One py_library per package (explicit file lists, so a new module must be added), one
-py_binary per program, one py_test per test file, whose main runs pytest on it (tests/pytest_main.py). Third-party packages come from the
-virtual environment (scripts/setup.sh), not from Bazel repositories.
+py_binary per program, one py_test per test file (tests/ and its subfolders, e.g.
+tests/benchmarks/), whose main runs pytest on it (tests/pytest_main.py). Third-party packages
+come from the virtual environment (scripts/setup.sh), not from Bazel repositories.
 """
 
 import os
@@ -25,6 +26,12 @@ def _py_files(package):
     found += [os.path.relpath(os.path.join(dirpath, f), ROOT)
               for f in sorted(filenames) if f.endswith('.py')]
   return sorted(found)
+
+
+def test_name(path: str) -> str:
+  """A test file's py_test name: its path under tests/ without '.py', '/' read as '_'
+  (tests/test_x.py: test_x; tests/benchmarks/test_runs.py: benchmarks_test_runs)."""
+  return os.path.splitext(os.path.relpath(path, 'tests'))[0].replace(os.sep, '_')
 
 
 def _list(items, indent='        '):
@@ -55,12 +62,14 @@ def render():
   tests = _py_files('tests')
   support = [t for t in tests
              if not os.path.basename(t).startswith('test_') and t != PYTEST_MAIN]
+  # Test helpers may import programs (tests/benchmarks/toy_runs.py: the evaluation schedule).
   parts.append(f'py_library(\n    name = "test_support",\n    testonly = True,\n    srcs = [\n'
-               f'{_list(support)}\n    ],\n    data = ["pyproject.toml"],\n)\n')
+               f'{_list(support)}\n    ],\n    data = ["pyproject.toml"],\n'
+               '    deps = [":programs_lib"],\n)\n')
   for path in tests:
     if path in support or path == PYTEST_MAIN:
       continue
-    name = os.path.splitext(os.path.basename(path))[0]
+    name = test_name(path)
     # Test files have no __main__: every test runs pytest on its file (tests/pytest_main.py).
     data = f'    data = {TEST_DATA[path]},\n' if path in TEST_DATA else ''
     parts.append(f'py_test(\n    name = "{name}",\n    srcs = ["{path}", "{PYTEST_MAIN}"],\n'

@@ -76,9 +76,14 @@ def test_every_py_test_runs_pytest_on_its_file():
   tests = _py_tests()
   test_files = sorted(p for p in _python_files()
                       if os.path.basename(p).startswith('test_') and p.startswith('tests/'))
-  assert sorted(tests) == sorted(os.path.splitext(os.path.basename(p))[0] for p in test_files)
+  # Named by the path under tests/ (tests/benchmarks/test_runs.py: benchmarks_test_runs), so
+  # that files of one name in two folders are two targets.
+  names = {p: os.path.splitext(os.path.relpath(p, 'tests'))[0].replace('/', '_')
+           for p in test_files}
+  assert sorted(tests) == sorted(names.values())
+  assert any('/' in os.path.relpath(p, 'tests') for p in test_files)   # subfolders walked
   for path in test_files:
-    attributes = tests[os.path.splitext(os.path.basename(path))[0]]
+    attributes = tests[names[path]]
     # A test file has no __main__: as `main` it would be imported, run nothing and pass.
     assert attributes['main'] == '"tests/pytest_main.py"', path
     assert attributes['args'] == f'["{path}"]', path

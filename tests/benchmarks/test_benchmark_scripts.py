@@ -6,7 +6,7 @@ here is a real run of the script as documented (`python -m benchmarks.<name>`), 
 own flags; the checks are on the printed tables and JSON, not on timings. Minutes each, so
 marked slow (RUN_SLOW=1 runs them):
 
-  RUN_SLOW=1 .venv/bin/python -m pytest -q tests/test_benchmark_scripts.py
+  RUN_SLOW=1 .venv/bin/python -m pytest -q tests/benchmarks/test_benchmark_scripts.py
 """
 
 import json
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(module, *flags, expect_code=0, timeout=1200):
