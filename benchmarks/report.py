@@ -204,6 +204,11 @@ def paper_margin_text(c: dict) -> str:
   return paper_text(c).split(';')[0]
 
 
+def cell(text: str) -> str:
+  """`text` as one markdown table cell: a bar not already escaped is escaped."""
+  return re.sub(r'(?<!\\)\|', r'\\|', text)
+
+
 def verdict_cell(c: dict) -> str:
   stuck = stuck_text(c)
   return f'**{c["verdict"]}**' + (f' ({stuck})' if stuck else '')
@@ -524,11 +529,11 @@ def _probe_lines(suite: suites.Suite) -> list:
           c['method'] in loaded and c['baseline'] in loaded):
         continue
       shown = True
-      lines.append(f'| {probe.name} | {probe.question} | {changes} | {c["label"]} | '
+      lines.append(f'| {probe.name} | {cell(probe.question)} | {changes} | {c["label"]} | '
                    f'{len(c["seeds"])} | {level(c[key]["baseline"])} | '
                    f'{level(c[key]["method"])} | {margin_text(c[key])} |')
     if not shown:
-      lines.append(f'| {probe.name} | {probe.question} | {changes} | not run yet | | | | |')
+      lines.append(f'| {probe.name} | {cell(probe.question)} | {changes} | not run yet | | | | |')
   return lines + ['']
 
 

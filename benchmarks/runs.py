@@ -537,8 +537,8 @@ def usable(run: dict) -> bool:
 
 
 def checkpoint_rounds(rounds: int) -> list:
-  """The rounds at which `margins_over_rounds` reads the curves: a round step of 10, 20, 25,
-  50 or 100 (the smallest giving at most 10 rows, dividing `rounds` when one does), and
+  """The rounds at which a table over rounds reads the curves (cadis_diagnosis): a round step
+  of 10, 20, 25, 50 or 100 (the smallest giving at most 10 rows, dividing `rounds` when one does), and
   always the last round."""
   steps = [s for s in (10, 20, 25, 50, 100) if rounds / s <= 10] or [rounds]
   step = next((s for s in steps if rounds % s == 0), steps[0])

@@ -76,13 +76,9 @@ class Suite:
   summary_columns: tuple = ()
   notes: str = ''                  # pointers to diagnoses (shown on the page)
   probes: tuple = ()               # Probe runs that test a diagnosis (`compare --probes`)
-  # The paper's own FedAvg-vs-method results worth holding ours against besides the headline
-  # ones (e.g. its data set nearest to ours): (model, dataset, setting) keys of the suite's
-  # results in paper_extraction.json, shown as a table with the margins.
-  paper_context: tuple = ()
-  # The shorter lengths (rounds) the suite was reported at before it was lengthened, shortest
-  # first: results.md gives each comparison's verdict at each, read from the runs as made at
-  # that length (`report.collect_at`), beside the one reported now.
+  # The shorter lengths (rounds) the suite was made at before it was lengthened, shortest
+  # first: their makings are kept in earlier_runs/rounds<N>/ (compare moves them there;
+  # PROVENANCE.md compares them with the longer making).
   earlier_lengths: tuple = ()
   # A suite at a paper's own protocol names the suite (the tuned one) of the same method,
   # and how its pages call that protocol.
@@ -287,11 +283,6 @@ def _fedcross() -> Suite:
              " so its curves lie on FedAvg's. Probe `paper_local_epochs` (E = 5, one seed) "
              'spreads the models further without a clear margin by round 300. No defect: '
              'tests/test_fedcross.py.'),
-      paper_context=tuple((model, dataset, setting)
-                          for model in ('CNN', 'ResNet-20', 'VGG-16')
-                          for dataset, setting in (('CIFAR-10', 'beta=0.1'),
-                                                   ('CIFAR-10', 'beta=0.5'),
-                                                   ('FEMNIST', 'natural (--)'))),
       probes=(Probe('paper_local_epochs',
                     'with the paper\'s E = 5 local epochs (more client drift than our E = 1), '
                     'does FedCross pull ahead of FedAvg?',
@@ -502,7 +493,6 @@ def _fedcross_paper() -> Suite:
       runs=dict(fedcross=dict(algorithm='fedcross')),
       borrowed=dict(fedavg=('fedcross', 'fedavg_beta0.1')),
       comparisons=(Comparison('fedcross', 'fedavg', 'FEMNIST', 'FedCross Dir 0.1'),),
-      paper_context=(('CNN', 'CIFAR-10', 'beta=0.1'), ('CNN', 'FEMNIST', 'natural (--)')),
       scaled=('Table II\'s client layout, batch 50, SGD lr 0.01 momentum 0.5, α = 0.99 with '
               'the lowest-similarity collaborator and no acceleration; E = 1 instead of 5 and '
               '600 of its 2,000 rounds (the fedcross suite\'s length), on Fashion-MNIST with '
@@ -636,15 +626,6 @@ def load_tuned(suite: str) -> Optional[dict]:
     return None
   with open(path) as f:
     return json.load(f)
-
-
-PAPER_EXTRACTION = os.path.join(HERE, 'paper_extraction.json')
-
-
-def load_paper_results(suite: str) -> list:
-  """Every result row read from the suite's paper (paper_extraction.json)."""
-  with open(PAPER_EXTRACTION) as f:
-    return json.load(f)[suite].get('results', [])
 
 
 def load_paper_numbers() -> dict:

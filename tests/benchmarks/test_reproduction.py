@@ -18,6 +18,9 @@ from benchmarks import suites
 from programs import experiment
 
 ROUNDS = 3
+# FedCDA's check runs past its warmup into its own rounds, up to this warmup; past it the
+# suite's baseline is checked instead (a paper-protocol round at E = 20 takes about 90 s).
+MAX_WARMUP = 25
 
 
 @pytest.mark.slow
@@ -25,6 +28,8 @@ ROUNDS = 3
 def test_first_rounds_of_a_committed_run_are_reproduced(tmp_path, name):
   suite = suites.SUITES[name]
   run = suite.comparisons[0].method
+  if suite.config_overrides(run).get('fedcda_warmup_rounds', 0) > MAX_WARMUP:
+    run = suite.comparisons[0].baseline   # the paper protocol's 50 FedAvg rounds at E = 20
   committed = os.path.join(suites.suite_dir(name), 'runs', suites.run_name(run, 0))
   if not os.path.exists(os.path.join(committed, 'metrics.csv')):
     # Before the suite's runs exist, one of its committed learning-rate grid points.
