@@ -103,6 +103,10 @@ TESTED_ELSEWHERE = {
     'resident_state': 'tests/test_resident_state.py::test_program_resident_state_flag',
     'checkpoint_every': 'tests/test_resume_methods.py::'
                         'test_checkpoint_every_n_rounds_and_a_crash_between_repeats_the_same_rounds',
+    # benchmarks/round_overhead.py's flag (README, "Tests, benchmarks and slow runs").
+    'server_share':
+        'tests/benchmarks/test_benchmark_scripts.py::'
+        'test_round_overhead_server_share_adds_0_epoch_rounds',
 }
 
 
