@@ -208,13 +208,18 @@ def _fedcda_note(c) -> Optional[str]:
   return None
 
 
-def _fedcda_summary(run: RunRecord) -> dict:
-  """The cache's size: the formula's bytes beside the measured aggregator state."""
+def _num_weights(weights) -> int:
+  """D of a finished run's model weights (a structure of arrays)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return sum(int(np.asarray(w).size) for w in tf.nest.flatten(weights))
+
+
+def _fedcda_summary(run: RunRecord) -> dict:
+  """The cache's size: the formula's bytes beside the measured aggregator state."""
   from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
   c = run.config
-  d = sum(int(np.asarray(w).size) for w in tf.nest.flatten(run.model_weights))
+  d = _num_weights(run.model_weights)
   b = cross_round_cache.CACHE_DTYPES[c.fedcda_cache_dtype]
   return dict(
       fedcda_state_formula_bytes=cross_round_cache.state_size_bytes(
@@ -222,6 +227,38 @@ def _fedcda_summary(run: RunRecord) -> dict:
       fedcda_cache_formula=(
           f'{b}*N*K*D = {b}*{run.num_clients}*{c.fedcda_cache_size}*{d} bytes '
           f'({c.fedcda_cache_dtype}) + 4*(3NK+2N+1) bookkeeping'))
+
+
+# ---- SCAFFOLD (Karimireddy et al. 2020, option II; tff_algos/scaffold.py) ----
+SCAFFOLD_CLIENT_WEIGHTINGS = ('uniform', 'num_examples')  # model_delta.CLIENT_WEIGHTINGS
+SCAFFOLD_FLAGS = (
+    Flag('scaffold_server_lr', 1.0, 'SCAFFOLD: global learning rate eta_g (x += eta_g * mean '
+         'of y_i - x).', positive, kwarg='server_learning_rate'),
+    Flag('scaffold_client_weighting', 'uniform',
+         'SCAFFOLD: weights of the model-delta mean: uniform (the paper) or num_examples.',
+         one_of(SCAFFOLD_CLIENT_WEIGHTINGS), kwarg='client_weighting'),
+    Flag('scaffold_max_control_gib', 4.0,
+         'SCAFFOLD: refuse control variates (4*N*D bytes) above this many GiB.', positive,
+         kwarg='max_control_gib'),
+)
+
+
+def _scaffold_check(c) -> Optional[str]:
+  if c.client_optimizer != 'sgdm' or c.client_momentum != 0:
+    return ('--algorithm=scaffold needs plain client SGD (option II\'s control variate '
+            '(x - y_i) / (K_i * lr) is the mean gradient of the local steps only without '
+            'momentum or Adam): add --client_momentum=0 (and --client_optimizer=sgdm)')
+  return None
+
+
+def _scaffold_summary(run: RunRecord) -> dict:
+  """The control variates' size: the formula's bytes beside the measured aggregator state."""
+  from tff_algos.aggregators import control_variates  # pylint: disable=g-import-not-at-top
+  d = _num_weights(run.model_weights.trainable)
+  return dict(
+      scaffold_state_formula_bytes=control_variates.state_size_bytes(run.num_clients, d),
+      scaffold_control_formula=(f'4*N*D = 4*{run.num_clients}*{d} bytes of client control '
+                                'variates + 4*D (c) + 4*N (update counts)'))
 
 
 # ---- CADIS (ALGORITHMS.md section 3) ----
@@ -379,6 +416,10 @@ METHODS = {m.name: m for m in (
            flags=CADIS_FLAGS, reads=OPTIMIZER_FLAGS, check=_cadis_check,
            errors=(ValueError, TypeError), error_prefix='--algorithm=cadis: ',
            summary=_cadis_summary),
+    Method('scaffold', 'tff_algos.scaffold:build_scaffold',
+           lambda c, i: (_head(c, i) + (i.num_clients, c.clients_per_round), {}),
+           flags=SCAFFOLD_FLAGS, check=_scaffold_check, errors=(ValueError,),
+           error_prefix='--algorithm=scaffold: ', summary=_scaffold_summary),
     _fedlex('avgm', ('server_lr', 'server_momentum'),
             lambda c, i: dict(server_learning_rate=_lr_or(1.0)(c),
                               server_momentum=c.server_momentum)),

@@ -75,7 +75,8 @@ _RESIDENT_STATE = flags.DEFINE_bool(
     'resident_state', True, 'Keep the server state in TFF\'s local worker between rounds '
     '(same results; the state crosses to the worker only for checkpoints). Local runtime '
     'only: with --workers/--local_workers every round goes through process.next.')
-# Each method's own flags (--fedcross_*, --fedcda_*, --cadis_*, --fedlex_*), from the registry.
+# Each method's own flags (--fedcross_*, --fedcda_*, --cadis_*, --scaffold_*, --fedlex_*), from
+# the registry.
 _METHOD_FLAGS = methods.define_absl_flags()
 flags.adopt_module_key_flags(methods)  # so that --help lists them with this program's flags
 

@@ -8,6 +8,11 @@ import os
 import tensorflow as tf
 
 
+# Settings a method needs away from the program's defaults in the tests that run every method
+# (SCAFFOLD takes plain client SGD only: tff_algos/client_work/corrected_training.py).
+METHOD_SETTINGS = {'scaffold': dict(client_momentum=0.0)}
+
+
 def as_tff_dataset(inp, batch_size, epochs=None):
   """TFF-style client data holding exactly the batches our loop gathers from `order`: per
   epoch, the examples in that epoch's order batched by `batch_size` (last batch smaller),

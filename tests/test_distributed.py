@@ -85,7 +85,8 @@ def _config(algorithm, **kwargs):
   return experiment.ExperimentConfig(
       algorithm=algorithm, dataset='digits', num_clients=NUM_CLIENTS,
       clients_per_round=CLIENTS_PER_ROUND, batch_size=16, client_lr=0.1, local_epochs=1,
-      fedcda_warmup_rounds=1, fedcda_batches=2, fedlex_exploration_epochs=1, **kwargs)
+      fedcda_warmup_rounds=1, fedcda_batches=2, fedlex_exploration_epochs=1,
+      **helpers.METHOD_SETTINGS.get(algorithm, {}), **kwargs)
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,6 +143,7 @@ def _assert_same(expected, actual):
     'fedcda',        # keyed uploads into the [N, K, D] cache
     'cadis',         # KD client work, N x N state, clustering
     'fedlex_avgm',   # exploration computation, guided rounds
+    'scaffold',      # federated_select keyed by client index, [N, D] control variates
 ])
 def test_method_on_2_and_3_services_matches_local_mode(contexts, fed, algorithm):
   config = _config(algorithm)

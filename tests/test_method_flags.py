@@ -26,6 +26,7 @@ import pytest
 
 from programs import experiment
 from programs import methods
+from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = dict(dataset='digits', num_clients=10, clients_per_round=4, batch_size=16,
@@ -43,6 +44,8 @@ CHANGED = dict(
     cadis_threshold=0.9, cadis_threshold_max=0.99, cadis_kd_weight=0.5,
     cadis_kd_reduction='mean', cadis_similarity_layer='kernel', cadis_sample_weighted=False,
     cadis_closure='components', cadis_transitive=True,
+    scaffold_server_lr=0.5, scaffold_client_weighting='num_examples',
+    scaffold_max_control_gib=1.5,
     fedlex_explorer_fraction=0.5, fedlex_exploration_epochs=2, fedlex_exploration_lr=0.05,
     fedlex_exploration_patience=3, fedlex_normalize='after_mean', fedlex_guidance_floor=0.1, fedlex_refresh=True)
 
@@ -73,6 +76,10 @@ KEYWORD_TESTS = {
     ('cadis', 'sample_weighted'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
     ('cadis', 'closure'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
     ('cadis', 'transitive'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
+    ('scaffold', 'server_learning_rate'):
+        'tests/test_scaffold.py::test_rounds_match_numpy_scaffold',
+    ('scaffold', 'client_weighting'): 'tests/test_scaffold.py::test_rounds_match_numpy_scaffold',
+    ('scaffold', 'max_control_gib'): 'tests/test_scaffold.py::test_refusals_name_the_reason',
     ('fedlex', 'exploration_patience'): 'tests/test_fedlex.py::test_early_stopping_counts_epochs',
     ('fedlex', 'normalize'): 'tests/test_fedlex.py::test_exploration_matches_numpy',
     ('fedlex', 'guidance_floor'): 'tests/test_fedlex.py::test_exploration_matches_numpy',
@@ -96,7 +103,12 @@ TESTED_ELSEWHERE = {
     'resident_state': 'tests/test_resident_state.py::test_program_resident_state_flag',
     'checkpoint_every': 'tests/test_resume_methods.py::'
                         'test_checkpoint_every_n_rounds_and_a_crash_between_repeats_the_same_rounds',
+    # benchmarks/round_overhead.py's flag (README, "Tests, benchmarks and slow runs").
+    'server_share':
+        'tests/benchmarks/test_benchmark_scripts.py::'
+        'test_round_overhead_server_share_adds_0_epoch_rounds',
 }
+
 
 
 def _config(**changes):
@@ -211,8 +223,9 @@ EXPLORATION_FLAGS = [f.name for f in methods.FEDLEX_FLAGS if f.target == methods
                          ids=[f'{a}-{n}' for a, n in METHOD_FLAG_CASES])
 def test_method_flag_reaches_its_builder_keyword(monkeypatch, algorithm, name):
   flag = next(f for f in methods.METHODS[algorithm].flags if f.name == name)
-  _, default_kwargs = _built_call(monkeypatch, _config(algorithm=algorithm))
-  _, kwargs = _built_call(monkeypatch, _config(algorithm=algorithm, **{name: CHANGED[name]}))
+  base = dict(helpers.METHOD_SETTINGS.get(algorithm, {}), algorithm=algorithm)
+  _, default_kwargs = _built_call(monkeypatch, _config(**base))
+  _, kwargs = _built_call(monkeypatch, _config(**base, **{name: CHANGED[name]}))
   assert kwargs[flag.kwarg] == flag.transform(CHANGED[name]) != default_kwargs[flag.kwarg]
   # ... and nothing else changed.
   assert {k: v for k, v in kwargs.items() if k != flag.kwarg} == {
@@ -305,6 +318,7 @@ SERVER_FLAG_CASES = {
     'fedlex_prox': ('optimizer', 'lr', 'sgdm', 'proximal'),
     'fedavgm': ('avgm_lr', 'avgm_momentum'), 'fedlex_avgm': ('avgm_lr', 'avgm_momentum'),
     'fedadam': ('avgm_lr',), 'fedlex_opt': ('avgm_lr',), 'fedcross': (), 'fedcda': (),
+    'scaffold': (),
 }
 SERVER_PAIRS = [(a, case) for a, cases in SERVER_FLAG_CASES.items() for case in cases]
 
@@ -373,7 +387,11 @@ def test_client_optimizer_and_weight_decay_reach_the_builder(monkeypatch):
     (dict(client_optimizer='adam', client_momentum=0.9), '--client_momentum is used only'),
     (dict(client_weight_decay=-1.0), '--client_weight_decay must be a number >= 0'),
     (dict(algorithm='cadis', cadis_closure='oracle'),
-     '--cadis_closure=oracle takes the clusters from a cluster-skewed partition')])
+     '--cadis_closure=oracle takes the clusters from a cluster-skewed partition'),
+    # SCAFFOLD's option II holds for plain SGD only (tff_algos/client_work/corrected_training.py)
+    (dict(algorithm='scaffold'), '--algorithm=scaffold needs plain client SGD .* add '
+     '--client_momentum=0'),
+    (dict(algorithm='scaffold', client_optimizer='adam'), 'needs plain client SGD')])
 def test_bad_client_optimizer_flags_are_refused(changes, message):
   with pytest.raises(experiment.ExperimentError, match=message):
     experiment.validate(_config(**changes))

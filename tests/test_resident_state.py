@@ -14,6 +14,7 @@ import tensorflow as tf
 
 import data
 from programs import experiment
+from tests import helpers
 from tff_algos import execution
 from tff_algos import fedlex
 from tff_algos import models
@@ -32,7 +33,7 @@ def _config(algorithm):
   return experiment.ExperimentConfig(
       algorithm=algorithm, dataset='digits', num_clients=NUM_CLIENTS, clients_per_round=P,
       batch_size=16, client_lr=0.1, local_epochs=1, fedcda_warmup_rounds=1, fedcda_batches=2,
-      fedlex_exploration_epochs=1)
+      fedlex_exploration_epochs=1, **helpers.METHOD_SETTINGS.get(algorithm, {}))
 
 
 @functools.lru_cache(maxsize=None)
@@ -68,7 +69,8 @@ def _assert_close(expected, actual):
     np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize('algorithm', ['fedavg', 'fedcross', 'fedcda', 'cadis', 'fedlex_avgm'])
+@pytest.mark.parametrize('algorithm',
+                         ['fedavg', 'fedcross', 'fedcda', 'cadis', 'fedlex_avgm', 'scaffold'])
 def test_rounds_match_process_next(algorithm):
   process = _process(algorithm)
   state = _initial_state(algorithm, process)

@@ -1,7 +1,7 @@
 """Every method through the training program: a run stopped after round 2 and resumed with
 --resume ends exactly where the unbroken run ends (weights, state-driven metrics), so each
 method's whole state (FedCross's middleware models and α schedule, FedCDA's cache, CADIS's
-Q/F/τ, FedLEx's guidance) is checkpointed and restored. The three runs share one compiled
+Q/F/τ, FedLEx's guidance, SCAFFOLD's control variates) is checkpointed and restored. The three runs share one compiled
 process (the program's build cache), so each method compiles once.
 (FedAvg's resume through a killed subprocess: tests/test_train_program.py.)"""
 
@@ -25,12 +25,15 @@ METHODS = {
     'fedcda': dict(fedcda_warmup_rounds=1, fedcda_cache_size=2, fedcda_batches=1),
     'cadis': dict(cadis_kd_weight=0.5, cadis_kd_reduction='mean'),
     'fedlex_avgm': dict(fedlex_exploration_epochs=1, fedlex_refresh=True),
+    # The resumed round corrects its clients' steps by the restored control variates.
+    'scaffold': dict(client_momentum=0.0, scaffold_server_lr=0.8),
 }
 STATE_METRICS = {
     'fedcross': 'aggregator/alpha', 'fedcda': 'aggregator/switched',
     'cadis': 'aggregator/tau',
     # refreshed guidance each round: the program state's running exploration cost
-    'fedlex_avgm': 'exploration_client_epochs'}
+    'fedlex_avgm': 'exploration_client_epochs',
+    'scaffold': 'aggregator/server_control_norm'}
 
 
 def _csv(path):
@@ -70,6 +73,9 @@ def test_stopped_and_resumed_run_equals_the_unbroken_run(algorithm, tmp_path):
     # The cache's formula (summary.json) is the state the run actually held.
     assert summary['fedcda_state_formula_bytes'] == summary['aggregator_state_bytes']
     assert summary['fedcda_cache_formula'].startswith('4*N*K*D = 4*8*2*')
+  if algorithm == 'scaffold':
+    # The control variates' formula (summary.json) is the state the run actually held.
+    assert summary['scaffold_state_formula_bytes'] == summary['aggregator_state_bytes']
   if algorithm == 'cadis':
     assert summary['cadis_final_num_clusters'] >= 1
   if algorithm.startswith('fedlex'):

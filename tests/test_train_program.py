@@ -96,6 +96,10 @@ BAD_INPUTS = [
     ('--algorithm=cadis --cadis_closure=three_hop', '--cadis_closure'),
     # found only once the model is built: still one line, naming the flags to change
     ('--algorithm=fedcda --fedcda_max_cache_gib=0.0001', '--fedcda_max_cache_gib'),
+    ('--algorithm=scaffold --client_momentum=0 --scaffold_max_control_gib=0.000001',
+     '--scaffold_max_control_gib'),
+    # SCAFFOLD's option II needs plain client SGD; the program's default momentum is 0.5
+    ('--algorithm=scaffold', 'add --client_momentum=0'),
     # flags a method would ignore
     ('--algorithm=fedcross --server_optimizer=adam --server_lr=0.5', '--server_optimizer is not used'),
     ('--algorithm=fedavgm --server_optimizer=adam', '--server_optimizer is not used'),

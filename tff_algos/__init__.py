@@ -1,4 +1,5 @@
-"""tff_algos: FedCross, FedCDA, CADIS and FedLEx for TensorFlow Federated, with their baselines.
+"""tff_algos: FedCross, FedCDA, CADIS and FedLEx for TensorFlow Federated, with their baselines
+and SCAFFOLD.
 
 Every method is built by a `build_<method>` function returning a
 `tff.learning.templates.LearningProcess`; see README.md.
@@ -21,9 +22,10 @@ _EXPORTS = {
     'tff_algos.fedcross': ('build_fedcross',),
     'tff_algos.fedlex': ('build_fedlex', 'build_fedlex_exploration'),
     'tff_algos.resident_state': ('ResidentProcess',),
+    'tff_algos.scaffold': ('build_scaffold',),
 }
 _SUBMODULES = ('aggregators', 'baselines', 'cadis', 'client_work', 'evaluation', 'fedcda',
-               'fedcross', 'fedlex', 'models', 'optimizers', 'resident_state')
+               'fedcross', 'fedlex', 'models', 'optimizers', 'resident_state', 'scaffold')
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 __all__ = __all__ + ['execution']
 
@@ -36,3 +38,4 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
   from tff_algos.fedcross import build_fedcross  # noqa: F401
   from tff_algos.fedlex import build_fedlex, build_fedlex_exploration  # noqa: F401
   from tff_algos.resident_state import ResidentProcess  # noqa: F401
+  from tff_algos.scaffold import build_scaffold  # noqa: F401

@@ -22,42 +22,6 @@ ModelAggregator = factories.ModelAggregator
 BASELINES = ('fedavg', 'fedavgm', 'fedadam', 'fedprox', 'fedsgd')
 
 
-def build_non_trainable_finalizer(
-    server_optimizer_fn: tff.learning.optimizers.Optimizer,
-    weights_type: tff.Type) -> tff.learning.templates.FinalizerProcess:
-  """TFF's apply-optimizer finalizer on the trainable delta, plus the mean non-trainable
-  delta subtracted from the global non-trainable weights (`model_delta.update_type`): all
-  clients start from the global statistics, so the result is their (weighted) mean
-  after local training, what FedAvg does to every weight. Hparams are the inner one's."""
-  inner = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer_fn,
-                                                                 weights_type)
-  delta_type = model_delta.update_type(weights_type)
-
-  @tff.tensorflow.computation(delta_type)
-  def trainable_part(update):
-    return update['trainable']
-
-  @tff.tensorflow.computation(weights_type, delta_type)
-  def apply_non_trainable(weights, update):
-    return tff.learning.models.ModelWeights(
-        trainable=list(weights.trainable),
-        non_trainable=[w - d for w, d in zip(weights.non_trainable,
-                                             update['non_trainable'])])
-
-  @tff.federated_computation(
-      inner.initialize.type_signature.result,
-      tff.FederatedType(weights_type, tff.SERVER),
-      tff.FederatedType(delta_type, tff.SERVER))
-  def next_fn(state, weights, update):
-    out = inner.next(state, weights, tff.federated_map(trainable_part, update))
-    new_weights = tff.federated_map(apply_non_trainable, (out.result, update))
-    return tff.templates.MeasuredProcessOutput(out.state, new_weights, out.measurements)
-
-  return tff.learning.templates.FinalizerProcess(
-      inner.initialize, next_fn, get_hparams_fn=inner.get_hparams,
-      set_hparams_fn=inner.set_hparams)
-
-
 def compose_with_client_work(
     model_fn,
     client_work: tff.learning.templates.ClientWorkProcess,
@@ -71,11 +35,7 @@ def compose_with_client_work(
   distributor = tff.learning.templates.build_broadcast_process(weights_type)
   aggregator = factories.create_model_aggregator(model_aggregator,
                                                  model_delta.update_type(weights_type))
-  if weights_type.non_trainable:
-    finalizer = build_non_trainable_finalizer(server_optimizer_fn, weights_type)
-  else:
-    finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
-        server_optimizer_fn, weights_type)
+  finalizer = model_delta.build_update_finalizer(server_optimizer_fn, weights_type)
   return tff.learning.templates.compose_learning_process(
       initial_weights, distributor, client_work, aggregator, finalizer)
 

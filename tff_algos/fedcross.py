@@ -37,10 +37,10 @@ from __future__ import annotations
 import collections
 from typing import Callable
 
-import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import learning_process
 from tff_algos.aggregators import cross_aggregation, factories, server_state
 from tff_algos.client_work import local_training, model_delta, model_upload
 from tff_algos.models import model_fns
@@ -100,7 +100,6 @@ def build_fedcross(
       num_propellers=num_propellers, accel_rounds=accel_rounds,
       initial_weights_fn=initial_weights)
   agg_state_type = aggregator.initialize.type_signature.result.member
-  stacked_type = agg_state_type['models']
 
   @tff.tensorflow.computation(agg_state_type)
   def global_from_aggregator(agg_state):
@@ -119,17 +118,8 @@ def build_fedcross(
   state_type = init_fn.type_signature.result.member
 
   @tff.tensorflow.computation(data_type)
-  def slot_key(dataset):
-    return tf.reshape(local_training.single_element(dataset)['slot'], [1])
-
-  @tff.tensorflow.computation(stacked_type, tff.TensorType(np.int32))
-  def select_model(stack, key):
-    key = server_state.checked_slot(key, k, 'num_models')
-    return tf.nest.map_structure(lambda t: tf.gather(t, key), stack)
-
-  @tff.tensorflow.computation(tff.SequenceType(weights_type))
-  def first_model(models):
-    return models.get_single_element()
+  def slot_of(dataset):
+    return local_training.single_element(dataset)['slot']
 
   @tff.tensorflow.computation
   def dispatch_metrics():
@@ -140,10 +130,9 @@ def build_fedcross(
       tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(state, client_data):
     agg_state = state.aggregator
-    keys = tff.federated_map(slot_key, client_data)
-    max_key = tff.federated_value(np.int32(k - 1), tff.SERVER)
-    selected = tff.federated_select(keys, max_key, agg_state.models, select_model)
-    weights_at_clients = tff.federated_map(first_model, selected)
+    weights_at_clients = server_state.federated_select_rows(
+        tff.federated_map(slot_of, client_data), agg_state.models,
+        lambda key: server_state.checked_slot(key, k, 'num_models'))
     client_out = client_work.next(state.client_work, weights_at_clients, client_data)
     agg_out = aggregator.next(agg_state, client_out.result.update,
                               client_out.result.update_weight)
@@ -160,37 +149,9 @@ def build_fedcross(
         finalizer=tff.federated_value((), tff.SERVER)))
     return tff.learning.templates.LearningProcessOutput(new_state, metrics)
 
-  @tff.tensorflow.computation(state_type)
-  def get_model_weights(state):
-    return state.global_model_weights
-
-  @tff.tensorflow.computation(state_type, weights_type)
-  def set_model_weights(state, weights):
-    models = cross_aggregation.stack_model(weights, k)
-    return tff.learning.templates.LearningAlgorithmState(
-        global_model_weights=weights,
-        distributor=state.distributor,
-        client_work=state.client_work,
-        aggregator=collections.OrderedDict(models=models,
-                                           round_num=state.aggregator['round_num']),
-        finalizer=state.finalizer)
-
-  # compose_learning_process's keys, so that code written for TFF's processes (and ours)
-  # finds both: FedCross has no finalizer (the server keeps K models), hence no hparams.
-  @tff.tensorflow.computation(state_type)
-  def get_hparams(state):
-    return collections.OrderedDict(client_work=client_work.get_hparams(state.client_work),
-                                   finalizer=collections.OrderedDict())
-
-  @tff.tensorflow.computation(state_type, get_hparams.type_signature.result)
-  def set_hparams(state, hparams):
-    return tff.learning.templates.LearningAlgorithmState(
-        global_model_weights=state.global_model_weights,
-        distributor=state.distributor,
-        client_work=client_work.set_hparams(state.client_work, hparams['client_work']),
-        aggregator=state.aggregator,
-        finalizer=state.finalizer)
-
-  return tff.learning.templates.LearningProcess(
-      init_fn, next_fn, get_model_weights, set_model_weights, get_hparams_fn=get_hparams,
-      set_hparams_fn=set_hparams)
+  # compose_learning_process's hparams keys, so that code written for TFF's processes (and
+  # ours) finds both: FedCross has no finalizer (the server keeps K models), hence none of its.
+  return learning_process.build_learning_process(
+      init_fn, next_fn, client_work,
+      aggregator_with_weights=lambda agg, weights: collections.OrderedDict(
+          models=cross_aggregation.stack_model(weights, k), round_num=agg['round_num']))

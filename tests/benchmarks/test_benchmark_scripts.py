@@ -60,6 +60,25 @@ def test_parallel_runs_alone_makes_the_suite_run_and_reports_its_round():
   assert 'alone         throughput 1.00x alone' in stdout
 
 
+def test_round_overhead_server_share_adds_0_epoch_rounds():
+  """--server_share: each TFF variant also runs 0-epoch rounds, timed beside the full ones
+  and tabulated as the server step's share; no client step was taken in them (the model
+  ends where it started); were the flag ignored, none of it would be printed. Small enough for
+  the default suite (one variant, 2 clients of 10 examples, 1 + 1 rounds; TFF's own FedAvg is
+  not built)."""
+  flags = ['--dataset=digits', '--model=tiny_cnn', '--clients=2', '--examples_per_client=10',
+           '--batch_size=10', '--rounds=1', '--warmup_rounds=1', '--variants=plain_tf,ours']
+  stdout = _run('round_overhead', *flags, '--server_share', timeout=600).stdout
+  rounds = [l for l in stdout.splitlines() if l.startswith('round ')]
+  assert len(rounds) == 2 and all(re.search(r'\bours@0 [0-9.]+s', l) for l in rounds), stdout
+  (row,) = _table_rows(stdout, 'ours')
+  full, empty, share = float(row[1].split()[0]), float(row[3].split()[0]), row[4]
+  assert float(share.split('%')[0]) == pytest.approx(100 * empty / full, rel=0.1)
+  moved = re.search(r'^0-epoch rounds: max \|final - initial weights\| ours (\S+)$', stdout,
+                    re.M)
+  assert moved and float(moved.group(1)) == 0.0, stdout
+
+
 @pytest.mark.slow
 def test_round_overhead_times_each_variant_against_plain_tf():
   variants = ['plain_tf', 'ours', 'tff', 'fedcross']

@@ -239,19 +239,6 @@ def cross_aggregation_step(uploaded, round_num, *, num_models: int, alpha: float
 # --------------------------------------------------------------------------- #
 
 
-def stacked_type(weights_type: tff.Type, num_models: int) -> tff.Type:
-  """`weights_type` (a ModelWeights type) with a leading [K] dimension on every tensor."""
-
-  def stack(t):
-    return tff.TensorType(t.dtype, [num_models, *t.shape])
-
-  return tff.StructWithPythonType(
-      [('trainable', tff.StructWithPythonType([stack(t) for t in weights_type.trainable], list)),
-       ('non_trainable',
-        tff.StructWithPythonType([stack(t) for t in weights_type.non_trainable], list))],
-      tff.learning.models.ModelWeights)
-
-
 def build_cross_aggregation_process(
     weights_type: tff.Type,
     num_models: int,
@@ -283,7 +270,7 @@ def build_cross_aggregation_process(
   """
   k = int(num_models) if isinstance(num_models, (int, np.integer)) else num_models
   validate_options(k, alpha, selection, num_propellers, accel_rounds)
-  model_type = stacked_type(weights_type, k)
+  model_type = server_state.stacked_type(weights_type, k)
   value_type = model_upload.model_upload_type(weights_type)
   weight_type = tff.TensorType(np.float32)
   options = dict(num_models=k, alpha=alpha, selection=selection,

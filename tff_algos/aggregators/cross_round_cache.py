@@ -89,9 +89,8 @@ MAX_COMBINATIONS = 1 << 20
 # --------------------------------------------------------------------------- #
 
 
-def num_weights(weights_type) -> int:
-  """D: the number of floats in one model (trainable and non-trainable)."""
-  return int(sum(int(np.prod(t.shape)) for t in tff.structure.flatten(weights_type)))
+# D: the number of floats in one model (trainable and non-trainable).
+num_weights = server_state.num_weights
 
 
 def cache_size_bytes(num_clients: int, cache_size: int, num_params: int,
@@ -428,22 +427,6 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
 # --------------------------------------------------------------------------- #
 
 
-def stacked_type(weights_type: tff.Type, *leading: int, dtype=None) -> tff.Type:
-  """`weights_type` (ModelWeights) with leading dimensions on every tensor (and, if given,
-  every floating tensor in `dtype`)."""
-
-  def stack(t):
-    floating = np.issubdtype(t.dtype, np.floating) or t.dtype == tf.bfloat16.as_numpy_dtype
-    return tff.TensorType(dtype if dtype is not None and floating else t.dtype,
-                          [*leading, *t.shape])
-
-  return tff.StructWithPythonType(
-      [('trainable', tff.StructWithPythonType([stack(t) for t in weights_type.trainable], list)),
-       ('non_trainable',
-        tff.StructWithPythonType([stack(t) for t in weights_type.non_trainable], list))],
-      tff.learning.models.ModelWeights)
-
-
 def build_cross_round_cache_process(
     weights_type: tff.Type,
     num_clients: int,
@@ -486,17 +469,17 @@ def build_cross_round_cache_process(
                    smoothness, selection, warmup_weighting, cache_dtype)
   n, p, k = int(num_clients), int(clients_per_round), int(cache_size)
   size = state_size_bytes(n, k, num_weights(weights_type), cache_dtype)
-  if max_cache_gib is not None and size > max_cache_gib * 2**30:
-    smaller = ('' if cache_dtype != 'float32' else
-               ', hold the cache in float16 (--fedcda_cache_dtype=float16, half the memory)')
-    raise ValueError(
-        f'the FedCDA cache needs {size / 2**30:.2f} GiB ({CACHE_DTYPES[cache_dtype]}·N·K·D '
-        f'bytes: N={n} clients, K={k}, D={num_weights(weights_type)} weights, '
-        f'{cache_dtype}), above the {max_cache_gib} GiB limit; lower the cache size '
-        f'(--fedcda_cache_size) or the number of clients{smaller}, or raise max_cache_gib '
-        '(--fedcda_max_cache_gib)')
-  cache_type = stacked_type(weights_type, n, k, dtype=tf.as_dtype(cache_dtype).as_numpy_dtype)
-  slots_type = stacked_type(weights_type, p)
+  smaller = ('' if cache_dtype != 'float32' else
+             ', hold the cache in float16 (--fedcda_cache_dtype=float16, half the memory)')
+  server_state.check_state_size(
+      'the FedCDA cache', size, max_cache_gib,
+      f'{CACHE_DTYPES[cache_dtype]}·N·K·D bytes: N={n} clients, K={k}, '
+      f'D={num_weights(weights_type)} weights, {cache_dtype}',
+      f'lower the cache size (--fedcda_cache_size) or the number of clients{smaller}, or '
+      'raise max_cache_gib (--fedcda_max_cache_gib)')
+  cache_type = server_state.stacked_type(weights_type, n, k,
+                                         dtype=tf.as_dtype(cache_dtype).as_numpy_dtype)
+  slots_type = server_state.stacked_type(weights_type, p)
   smoothness = float(smoothness)
   batches_b = 1 if selection == 'exact' else int(num_batches)
 
@@ -537,14 +520,7 @@ def build_cross_round_cache_process(
 
   def server_step(state, acc):
     acc = server_state.assert_distinct_slots(acc, p)
-    valid = acc['valid'] > 0.0
-    checks = [
-        tf.debugging.assert_equal(
-            tf.reduce_all(tf.logical_or(tf.logical_not(valid), tf.logical_and(
-                acc['client_index'] >= 0, acc['client_index'] < n))), True,
-            message=f'a client_index is outside [0, num_clients={n})')]
-    with tf.control_dependencies(checks):
-      acc = tf.nest.map_structure(tf.identity, acc)
+    acc = server_state.assert_client_indices(acc, acc['client_index'], acc['valid'] > 0.0, n)
     return cache_round(state, acc, **options)
 
   return server_state.build_server_state_aggregation(

@@ -15,9 +15,9 @@ One place for the rules (README, "Aggregators"):
   TFF refuses its value type (`client_index` is int32). Anonymous
   `ClusteredAggregator(None, C)` is an ordinary float-valued factory inside TFF's own
   builders.
-* FedCross and FedCDA refuse one (`refuse_model_aggregator` says why): their server rule
-  needs each client's upload individually, by slot or by client index, and an aggregation
-  factory only ever delivers a sum over clients.
+* FedCross, FedCDA and SCAFFOLD refuse one (`refuse_model_aggregator` says why): their
+  server rule needs each client's upload (SCAFFOLD: its control delta) individually, by slot
+  or by client index, and an aggregation factory only ever delivers a sum over clients.
 """
 
 from __future__ import annotations

@@ -8,14 +8,52 @@ are weighted `tff.templates.AggregationProcess`es of the same form:
 
 They differ only in the TF functions plugged in, which `build_server_state_aggregation` turns
 into TFF computations.
+
+Client-keyed state (FedCDA's cache, CADIS's Q/F matrices, SCAFFOLD's control variates) is
+rows of such a state, one per client index: written from uploads keyed by the index that
+travels in each client's input, and (SCAFFOLD) read back one row per client with
+`federated_select_rows`. Its memory is sized with `num_weights` / `stacked_type` and refused
+above a limit by `check_state_size`, in one place for every method.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+
+
+def num_weights(weights_type) -> int:
+  """D: the number of values in a structure of tensor types (e.g. a ModelWeights type: its
+  trainable and non-trainable weights; its `.trainable` alone: the trainable ones)."""
+  return int(sum(int(np.prod(t.shape)) for t in tff.structure.flatten(weights_type)))
+
+
+def stacked_type(weights_type: tff.Type, *leading: int, dtype=None) -> tff.Type:
+  """`weights_type` (ModelWeights) with leading dimensions on every tensor (and, if given,
+  every floating tensor in `dtype`)."""
+
+  def stack(t):
+    floating = np.issubdtype(t.dtype, np.floating) or t.dtype == tf.bfloat16.as_numpy_dtype
+    return tff.TensorType(dtype if dtype is not None and floating else t.dtype,
+                          [*leading, *t.shape])
+
+  return tff.StructWithPythonType(
+      [('trainable', tff.StructWithPythonType([stack(t) for t in weights_type.trainable], list)),
+       ('non_trainable',
+        tff.StructWithPythonType([stack(t) for t in weights_type.non_trainable], list))],
+      tff.learning.models.ModelWeights)
+
+
+def check_state_size(what: str, size_bytes: int, max_gib: Optional[float], formula: str,
+                     fixes: str) -> None:
+  """One ValueError when a server state of `size_bytes` exceeds `max_gib` GiB (None: no
+  limit): '<what> needs X GiB (<formula>), above the L GiB limit; <fixes>'."""
+  if max_gib is not None and size_bytes > max_gib * 2**30:
+    raise ValueError(f'{what} needs {size_bytes / 2**30:.2f} GiB ({formula}), above the '
+                     f'{max_gib} GiB limit; {fixes}')
 
 
 def scatter_row(tensor, row, value):
@@ -34,6 +72,28 @@ def checked_slot(slot, num_slots: int, name: str = 'clients_per_round'):
       f'(slots 0..{num_slots - 1}) or build it with a larger {name}')
   with tf.control_dependencies([check]):
     return tf.identity(slot)
+
+
+def checked_client_index(index, num_clients: int):
+  """`index` behind a check that it is in [0, num_clients) (a client input built for more
+  clients than the process fails with this message, not with a gather's index error)."""
+  check = tf.debugging.assert_equal(
+      tf.logical_and(index >= 0, index < num_clients), True,
+      message=f'a client_index is outside [0, num_clients={num_clients}): the process was '
+      f'built for {num_clients} clients; build it with num_clients covering every index')
+  with tf.control_dependencies([check]):
+    return tf.identity(index)
+
+
+def assert_client_indices(acc, client_index, valid, num_clients: int):
+  """`acc` behind a check that every valid upload's `client_index` [P] is in
+  [0, num_clients)."""
+  check = tf.debugging.assert_equal(
+      tf.reduce_all(tf.logical_or(tf.logical_not(valid), tf.logical_and(
+          client_index >= 0, client_index < num_clients))), True,
+      message=f'a client_index is outside [0, num_clients={num_clients})')
+  with tf.control_dependencies([check]):
+    return tf.nest.map_structure(tf.identity, acc)
 
 
 def count_slot(received, slot):
@@ -126,3 +186,42 @@ def build_server_state_aggregation(
     return tff.templates.MeasuredProcessOutput(new_state, result, measurements)
 
   return tff.templates.AggregationProcess(init_fn, next_fn)
+
+
+def federated_select_rows(keys, stacked, checked_key: Callable[[Any], Any]):
+  """Row `keys[i]` of every tensor of `stacked` sent to client i (`tff.federated_select`).
+
+  Call inside a `tff.federated_computation`. Each client gets only its own row: one model
+  down per client for FedCross (keyed by slot), one control variate for SCAFFOLD (keyed by
+  client index), whatever the number of rows.
+
+  Args:
+    keys: int32 scalar @CLIENTS, the row each client receives.
+    stacked: a structure of [R, ...] tensors @SERVER (R static).
+    checked_key: (int32 key) -> the key behind a check that it is in [0, R) with a message
+      naming the fix (`checked_slot`, `checked_client_index`).
+
+  Returns:
+    The selected rows @CLIENTS (the structure of `stacked` without its leading dimension).
+  """
+  stacked_type = stacked.type_signature.member
+  num_rows = tff.structure.flatten(stacked_type)[0].shape[0]
+
+  @tff.tensorflow.computation(tff.TensorType(np.int32))
+  def as_key(key):
+    return tf.reshape(key, [1])
+
+  @tff.tensorflow.computation(stacked_type, tff.TensorType(np.int32))
+  def select_row(stack, key):
+    key = checked_key(key)
+    return tf.nest.map_structure(lambda t: tf.gather(t, key), stack)
+
+  selected = tff.federated_select(tff.federated_map(as_key, keys),
+                                  tff.federated_value(np.int32(num_rows - 1), tff.SERVER),
+                                  stacked, select_row)
+
+  @tff.tensorflow.computation(selected.type_signature.member)
+  def only_row(rows):
+    return rows.get_single_element()
+
+  return tff.federated_map(only_row, selected)

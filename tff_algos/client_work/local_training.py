@@ -82,6 +82,8 @@ class LocalTrainingOutput(NamedTuple):
   examples_trained: tf.Tensor  # float32, examples over all steps (n x epochs)
   epochs_trained: tf.Tensor  # float32, local epochs of optimizer steps run (0 for FedSGD's
                              # one gradient pass, 0 for a client without data)
+  steps_trained: tf.Tensor  # float32, optimizer steps run: epochs x batches per epoch (0 for
+                            # FedSGD and for a client without data; SCAFFOLD's K_i)
   last_epoch_loss: tf.Tensor  # float32, mean training loss over the last epoch
   full_gradient: Any        # full-batch mean gradient at the initial weights (FedSGD) or ()
   model_metrics: Any        # the model's own unfinalized metrics over all steps
@@ -259,6 +261,7 @@ def build_local_training(
     # Counted from what ran: a full-gradient client took no local step.
     epochs_trained = (tf.constant(0.0) if full_gradient else
                       tf.cast(epochs, tf.float32) * tf.cast(n > 0, tf.float32))
+    steps_trained = (tf.constant(0.0) if full_gradient else tf.cast(num_steps, tf.float32))
     if full_gradient:
       full = tuple(s / tf.maximum(num_examples, 1.0) for s in grad_sum)
     else:
@@ -273,6 +276,7 @@ def build_local_training(
         seen=seen,
         examples_trained=examples_trained,
         epochs_trained=epochs_trained,
+        steps_trained=steps_trained,
         last_epoch_loss=tf.math.divide_no_nan(last_loss, last_count),
         full_gradient=full,
         # forward_pass updated the model's metric variables at every step; read them

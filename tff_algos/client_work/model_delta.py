@@ -35,14 +35,56 @@ def update_type(weights_type: tff.Type) -> tff.Type:
   The trainable delta (a list, TFF's FedAvg convention) when the model has no
   non-trainable weights; otherwise OrderedDict(trainable=<that>, non_trainable=<initial -
   final non-trainable weights>), so that the server averages BatchNorm statistics too
-  (`baselines.build_non_trainable_finalizer` applies the mean) instead of leaving the
-  global model with its initial statistics.
+  (`build_update_finalizer` applies the mean) instead of leaving the global model with its
+  initial statistics.
   """
   if not weights_type.non_trainable:
     return weights_type.trainable
   return tff.StructWithPythonType(
       [('trainable', weights_type.trainable), ('non_trainable', weights_type.non_trainable)],
       collections.OrderedDict)
+
+
+def build_update_finalizer(
+    server_optimizer_fn: tff.learning.optimizers.Optimizer,
+    weights_type: tff.Type) -> tff.learning.templates.FinalizerProcess:
+  """The finalizer that applies a mean `update_type(weights_type)` to the global model.
+
+  TFF's apply-optimizer finalizer when the model has only trainable weights; otherwise that
+  finalizer on the trainable delta, plus the mean non-trainable delta subtracted from the
+  global non-trainable weights: all clients start from the global statistics, so the result
+  is their (weighted) mean after local training, what FedAvg does to every weight. Hparams
+  are the inner finalizer's.
+  """
+  inner = tff.learning.templates.build_apply_optimizer_finalizer(server_optimizer_fn,
+                                                                 weights_type)
+  if not weights_type.non_trainable:
+    return inner
+  delta_type = update_type(weights_type)
+
+  @tff.tensorflow.computation(delta_type)
+  def trainable_part(update):
+    return update['trainable']
+
+  @tff.tensorflow.computation(weights_type, delta_type)
+  def apply_non_trainable(weights, update):
+    return tff.learning.models.ModelWeights(
+        trainable=list(weights.trainable),
+        non_trainable=[w - d for w, d in zip(weights.non_trainable,
+                                             update['non_trainable'])])
+
+  @tff.federated_computation(
+      inner.initialize.type_signature.result,
+      tff.FederatedType(weights_type, tff.SERVER),
+      tff.FederatedType(delta_type, tff.SERVER))
+  def next_fn(state, weights, update):
+    out = inner.next(state, weights, tff.federated_map(trainable_part, update))
+    new_weights = tff.federated_map(apply_non_trainable, (out.result, update))
+    return tff.templates.MeasuredProcessOutput(out.state, new_weights, out.measurements)
+
+  return tff.learning.templates.FinalizerProcess(
+      inner.initialize, next_fn, get_hparams_fn=inner.get_hparams,
+      set_hparams_fn=inner.set_hparams)
 
 
 def model_weights_type(model_fn) -> tff.Type:
@@ -171,6 +213,36 @@ def build_client_work_state(optimizer: Optional[tff.learning.optimizers.Optimize
   return ClientWorkState(init_fn, get_hparams_fn, set_hparams_fn, guided, True)
 
 
+def build_client_work_process(work_state: ClientWorkState, client_update: tff.Computation,
+                              metric_finalizers) -> tff.learning.templates.ClientWorkProcess:
+  """The ClientWorkProcess that maps `client_update` over the clients.
+
+  `client_update(state, received, data)` is a TF computation returning (ClientResult,
+  `local_training.training_metric_sums`, the model's unfinalized metrics); every client
+  gets the work state (`work_state`: the optimizer hparams, TFF's hparams API) by broadcast,
+  and the round's `train` measurements are the summed and finalised metrics.
+  """
+  init_fn = work_state.init_fn
+  received_type = client_update.type_signature.parameter[1]
+  data_type = client_update.type_signature.parameter[2]
+
+  @tff.federated_computation(
+      init_fn.type_signature.result,
+      tff.FederatedType(received_type, tff.CLIENTS),
+      tff.FederatedType(data_type, tff.CLIENTS))
+  def next_fn(state, received, client_data):
+    results, metric_sums, model_metrics = tff.federated_map(
+        client_update, (tff.federated_broadcast(state), received, client_data))
+    measurements = tff.federated_zip(collections.OrderedDict(
+        train=sum_and_finalize_training_metrics(metric_sums, model_metrics,
+                                                metric_finalizers)))
+    return tff.templates.MeasuredProcessOutput(state, results, measurements)
+
+  return tff.learning.templates.ClientWorkProcess(
+      init_fn, next_fn, get_hparams_fn=work_state.get_hparams_fn,
+      set_hparams_fn=work_state.set_hparams_fn)
+
+
 def build_model_delta_client_work(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     client_optimizer_fn: tff.learning.optimizers.Optimizer | None,
@@ -242,8 +314,7 @@ def build_model_delta_client_work(
   work_state = build_client_work_state(
       None if full_gradient else client_optimizer_fn,
       weights_type.trainable if guided else None)
-  init_fn = work_state.init_fn
-  state_type = init_fn.type_signature.result.member
+  state_type = work_state.init_fn.type_signature.result.member
   metric_finalizers = model_metric_finalizers(model_fn)
 
   def multiply_by_guidance(grads, context):
@@ -293,19 +364,4 @@ def build_model_delta_client_work(
     return (tff.learning.templates.ClientResult(update=update, update_weight=weight),
             local_training.training_metric_sums(out, non_finite), out.model_metrics)
 
-  @tff.federated_computation(
-      init_fn.type_signature.result,
-      tff.FederatedType(weights_type, tff.CLIENTS),
-      tff.FederatedType(data_type, tff.CLIENTS))
-  def next_fn(state, weights, client_data):
-    state_at_clients = tff.federated_broadcast(state)
-    results, metric_sums, model_metrics = tff.federated_map(
-        client_update, (state_at_clients, weights, client_data))
-    measurements = tff.federated_zip(collections.OrderedDict(
-        train=sum_and_finalize_training_metrics(metric_sums, model_metrics,
-                                                metric_finalizers)))
-    return tff.templates.MeasuredProcessOutput(state, results, measurements)
-
-  return tff.learning.templates.ClientWorkProcess(
-      init_fn, next_fn, get_hparams_fn=work_state.get_hparams_fn,
-      set_hparams_fn=work_state.set_hparams_fn)
+  return build_client_work_process(work_state, client_update, metric_finalizers)

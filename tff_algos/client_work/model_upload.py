@@ -58,8 +58,7 @@ def build_model_upload_client_work(
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
 
   work_state = model_delta.build_client_work_state(client_optimizer_fn)
-  init_fn = work_state.init_fn
-  state_type = init_fn.type_signature.result.member
+  state_type = work_state.init_fn.type_signature.result.member
   metric_finalizers = model_delta.model_metric_finalizers(model_fn)
 
   @tff.tensorflow.computation(state_type, weights_type, data_type)
@@ -88,18 +87,4 @@ def build_model_upload_client_work(
     return (tff.learning.templates.ClientResult(update=upload, update_weight=weight),
             local_training.training_metric_sums(out, non_finite), out.model_metrics)
 
-  @tff.federated_computation(
-      init_fn.type_signature.result,
-      tff.FederatedType(weights_type, tff.CLIENTS),
-      tff.FederatedType(data_type, tff.CLIENTS))
-  def next_fn(state, weights, client_data):
-    results, metric_sums, model_metrics = tff.federated_map(
-        client_update, (tff.federated_broadcast(state), weights, client_data))
-    measurements = tff.federated_zip(collections.OrderedDict(
-        train=model_delta.sum_and_finalize_training_metrics(metric_sums, model_metrics,
-                                                            metric_finalizers)))
-    return tff.templates.MeasuredProcessOutput(state, results, measurements)
-
-  return tff.learning.templates.ClientWorkProcess(
-      init_fn, next_fn, get_hparams_fn=work_state.get_hparams_fn,
-      set_hparams_fn=work_state.set_hparams_fn)
+  return model_delta.build_client_work_process(work_state, client_update, metric_finalizers)
