@@ -665,7 +665,18 @@ def reproduction_page() -> str:
       lines += ['', f'Bottom line: {tuned.bottom_line}']
     lines += ['', f'![{tuned.method}: paper protocol and tuned, one panel per setting]'
               f'(figures/{method}.png)', '']
+  for suite in other_suites():
+    results = comparisons(suite, rd.collect(suite))
+    lines += [f'## Beyond the papers: {suite.method}', ''] + prose(
+        f'[{suite.name}/results.md]({suite.name}/results.md): ' + suite.scaled) + [
+            '', verdicts_line('Our runs', results), '']
   return '\n'.join(lines)
+
+
+def other_suites() -> list:
+  """Suites of methods beyond the four papers (neither a paper's tuned suite nor its
+  protocol's), e.g. SCAFFOLD."""
+  return [s for s in suites.SUITES.values() if s.name not in METHODS and not s.paper_of]
 
 
 def write_method_figures() -> None:

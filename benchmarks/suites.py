@@ -577,9 +577,26 @@ def _fedlex_adam_tuned() -> Suite:
       tuning_rounds=50)
 
 
+def _scaffold() -> Suite:
+  return Suite(
+      name='scaffold',
+      title='SCAFFOLD vs FedAvg: Fashion-MNIST Dir 0.1, 100 clients, 10 per round',
+      # The FedCross suite's layout. SCAFFOLD's option II needs plain client SGD, so both run
+      # without momentum at lr 0.02, the step of the layout's lr 0.01 with momentum 0.5.
+      common=dict(_FEDCROSS_COMMON, dirichlet_alpha=0.1, rounds=300, client_lr=0.02,
+                  client_momentum=0.0),
+      runs=dict(fedavg=dict(algorithm='fedavg'), scaffold=dict(algorithm='scaffold')),
+      comparisons=(Comparison('scaffold', 'fedavg', 'CIFAR-10 Dir 0.1', 'SCAFFOLD Dir 0.1'),
+                   Comparison('scaffold', 'fedavg', 'FEMNIST', 'SCAFFOLD Dir 0.1, vs FEMNIST')),
+      scaled=('Not one of the four papers: SCAFFOLD (Karimireddy et al., ICML 2020, option II) '
+              'on the fedcross suite\'s layout, both runs on plain client SGD (lr 0.02, no '
+              'momentum: option II assumes plain SGD), 300 rounds (a budget of 3 hours here). The '
+              'paper figures are the FedCross paper\'s Table II SCAFFOLD rows (CNN).'))
+
+
 SUITES = {s.name: s for s in (_fedcda(), _fedcross(), _cadis(), _fedlex(),
                                 _fedcda_paper(), _fedcross_paper(), _cadis_paper(),
-                                _fedlex_paper(), _fedlex_adam_tuned())}
+                                _fedlex_paper(), _fedlex_adam_tuned(), _scaffold())}
 
 
 def suite_dir(suite: str) -> str:
