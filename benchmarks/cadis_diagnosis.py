@@ -1,9 +1,9 @@
 """Why CADIS does or does not beat FedAvg on cluster-MC: its weights, clusters and KD term.
 
-  python -m benchmarks.cadis_diagnosis        # writes benchmarks/cadis/diagnosis.md
+  python -m benchmarks.cadis_diagnosis        # writes benchmarks/results/cadis/diagnosis.md
   python -m benchmarks.cadis_diagnosis --record_similarity DIR...
       # adds the Q and F of CADIS runs' checkpoints (each DIR: <run>_s<seed>/[checkpoints/]
-      # program_state_<round>) to benchmarks/cadis/similarity/, which the page reads
+      # program_state_<round>) to benchmarks/results/cadis/similarity/, which the page reads
 
 On the cluster-skewed MC layout every cluster owns the same data (its two classes), split
 among its clients, so a client's example count n_i is already about 1/|C_i| of its cluster's
@@ -30,11 +30,10 @@ from benchmarks import runs as rd
 from benchmarks import suites
 from programs import methods
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, 'cadis', 'diagnosis.md')
-EARLIER_RUNS = os.path.join(HERE, 'cadis', 'earlier_runs')
-TUNING = os.path.join(HERE, 'cadis', 'tuning')
-SIMILARITY = os.path.join(HERE, 'cadis', 'similarity')
+OUT = os.path.join(suites.suite_dir('cadis'), 'diagnosis.md')
+EARLIER_RUNS = os.path.join(suites.suite_dir('cadis'), 'earlier_runs')
+TUNING = os.path.join(suites.suite_dir('cadis'), 'tuning')
+SIMILARITY = os.path.join(suites.suite_dir('cadis'), 'similarity')
 ROUNDS = 200
 NUM_CLIENTS, PER_ROUND = 100, 10
 HEAVY = 0.3      # a round "rests on one client" when a normalised weight exceeds this
@@ -157,7 +156,7 @@ def _suite_lines(runs: dict, filled: dict) -> list:
   """Per run, mean ± std over its seeds; then CADIS's clusters, τ and KD over rounds."""
   lines = ['## The reported runs', '',
            'Every finished seed at the length the suite\'s pages report (from '
-           '`benchmarks/cadis/runs`, or while the suite is made again longer from its shorter '
+           '`benchmarks/results/cadis/runs`, or while the suite is made again longer from its shorter '
            'makings in `earlier_runs/rounds<N>/`; mean ± std over seeds). Round-to-round '
            f'change: the mean |change| of test accuracy from one round to the next over the '
            f'last {CHANGE_WINDOW} rounds, in points. The weights are those each round used, with '
@@ -470,7 +469,7 @@ def _earlier_lines() -> list:
   if not out:
     return []
   lines = ['## The earlier runs', '',
-           'The single-seed 50-round runs with older code (`benchmarks/cadis/earlier_runs/*`) '
+           'The single-seed 50-round runs with older code (`benchmarks/results/cadis/earlier_runs/*`) '
            'that first showed it:', '',
            f'| run | effective participants | rounds with a weight > {HEAVY} | corr(largest '
            f'weight, next accuracy change) | mean accuracy change after a round with a weight '

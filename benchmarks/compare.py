@@ -12,7 +12,7 @@ and a stopped one resumes exactly, so the same command continues a suite after a
 the next session. Two copies of one command share its runs: a run the other holds is
 skipped, then waited for at the end (`bash benchmarks/reproduce.sh` with JOBS=2). After running,
 `benchmarks/report.py` rewrites `results.md`, `results.json` and `curves.png` of the suite and
-`benchmarks/REPRODUCTION.md` from the committed run directories.
+`benchmarks/results/REPRODUCTION.md` from the committed run directories.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ One process, the same clients and batches every round for each cache dtype:
   (`build_fedcda(cache_dtype=...)`), with central test accuracy every `--eval_every` rounds.
 * **Memory.** The aggregator state's bytes, measured on the state, and the formula.
 
-Prints a Markdown block for benchmarks/RESULTS.md and writes it with the per-round figures to
+Prints a Markdown block for benchmarks/results/RESULTS.md and writes it with the per-round figures to
 `--output` (JSON).
 """
 
@@ -43,7 +43,7 @@ flags.DEFINE_float('client_momentum', 0.5, 'client SGD momentum')
 flags.DEFINE_integer('eval_every', 2, 'central evaluation every this many rounds')
 flags.DEFINE_list('dtypes', ['float16', 'bfloat16'], 'lower-precision cache dtypes to compare')
 flags.DEFINE_integer('seed', 0, 'partition, sampling and model seed')
-flags.DEFINE_string('output', 'benchmarks/logs/fedcda_cache_precision.json', 'JSON output')
+flags.DEFINE_string('output', 'benchmarks/results/logs/fedcda_cache_precision.json', 'JSON output')
 FLAGS = flags.FLAGS
 
 

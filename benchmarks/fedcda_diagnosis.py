@@ -1,9 +1,9 @@
 """Where FedCDA's margin over FedAvg comes from: a steady model, window by window.
 
-  python -m benchmarks.fedcda_diagnosis     # writes benchmarks/fedcda/diagnosis.md
+  python -m benchmarks.fedcda_diagnosis     # writes benchmarks/results/fedcda/diagnosis.md
   python -m benchmarks.fedcda_diagnosis --loss_reading DIR...
       # eq. 8 with F_n read as a mean or a sum, on FedCDA checkpoints (<run>_s<seed>/
-      # checkpoints/program_state_<round>), added to benchmarks/fedcda_paper/loss_reading.json
+      # checkpoints/program_state_<round>), added to benchmarks/results/fedcda_paper/loss_reading.json
 
 FedCDA caches each client's last K = 3 uploads and, after a FedAvg warmup, has each round's
 participants pick the cached model that keeps the aggregate closest to every cached client's

@@ -1,6 +1,6 @@
 """Why FedCross does or does not pull ahead of FedAvg here: its models' spread and choices.
 
-  python -m benchmarks.fedcross_diagnosis     # writes benchmarks/fedcross/diagnosis.md
+  python -m benchmarks.fedcross_diagnosis     # writes benchmarks/results/fedcross/diagnosis.md
 
 FedCross keeps K middleware models; each round every one is trained by one client, then
 fused with the collaborator least similar to it (cosine of the whole uploaded models),
@@ -26,8 +26,7 @@ import numpy as np
 from benchmarks import runs as rd
 from benchmarks import suites
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, 'fedcross', 'diagnosis.md')
+OUT = os.path.join(suites.suite_dir('fedcross'), 'diagnosis.md')
 WINDOW = rd.WINDOW
 
 

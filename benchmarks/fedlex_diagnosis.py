@@ -1,6 +1,6 @@
 """What FedLEx's guidance G is here, what sets it, and how far it scales the guided steps.
 
-  python -m benchmarks.fedlex_diagnosis     # writes benchmarks/fedlex/diagnosis.md
+  python -m benchmarks.fedlex_diagnosis     # writes benchmarks/results/fedlex/diagnosis.md
 
 FedLEx explores once, before training: a fifth of the clients train unguided from w_0, and
 G is their squared deviations, min-max normalised per tensor and averaged (ALGORITHMS.md,

@@ -1,6 +1,6 @@
 """How far FedProx's proximal term moves a round's update away from FedAvg's, measured.
 
-  python -m benchmarks.fedprox_pull   # writes benchmarks/fedprox_pull.md and .json (~10 min)
+  python -m benchmarks.fedprox_pull   # writes benchmarks/results/fedprox_pull.md and .json (~10 min)
 
 FedProx adds (μ/2)·||w − w_t||² to each client's loss: every local step pulls the client's
 weights back towards the round's global model w_t by η·μ·(w − w_t). How much that changes a
@@ -26,9 +26,8 @@ import numpy as np
 from benchmarks import runs as rd
 from benchmarks import suites
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, 'fedprox_pull.md')
-OUT_JSON = os.path.join(HERE, 'fedprox_pull.json')   # the measurements the page shows
+OUT = os.path.join(suites.RESULTS, 'fedprox_pull.md')
+OUT_JSON = os.path.join(suites.RESULTS, 'fedprox_pull.json')   # the measurements the page shows
 MEASURED_ROUNDS = (1, 11, 21)   # FedAvg's global model after 0, 10 and 20 of its rounds
 RESHUFFLE_SEED = 1000   # added to the run's seed for the yardstick's batch orders
 # (suite, FedProx run, FedAvg run): every comparison of FedProx with FedAvg in the suites.

@@ -15,7 +15,7 @@ and prints, per arrangement, the whole round (metrics.csv's round_seconds: train
 evaluation and the rest of the round but the checkpoint; the median over the rounds after
 `--skip`) and the throughput, rounds per wall-clock second summed over its runs, with each
 one's ratio to `alone`. Run it on idle cores: each arrangement shares the machine with
-nothing but itself. Results: benchmarks/RESULTS.md, "Two runs side by side".
+nothing but itself. Results: benchmarks/results/RESULTS.md, "Two runs side by side".
 
   .venv/bin/python -m benchmarks.parallel_runs --rounds=25
 """

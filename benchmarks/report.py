@@ -34,9 +34,9 @@ from benchmarks import runs as rd
 from benchmarks import suites
 from programs import experiment
 
-REPRODUCTION = os.path.join(suites.HERE, 'REPRODUCTION.md')
-PROVENANCE = os.path.join(suites.HERE, 'PROVENANCE.md')
-FIGURES = os.path.join(suites.HERE, 'figures')
+REPRODUCTION = os.path.join(suites.RESULTS, 'REPRODUCTION.md')
+PROVENANCE = os.path.join(suites.RESULTS, 'PROVENANCE.md')
+FIGURES = os.path.join(suites.RESULTS, 'figures')
 README = os.path.join(os.path.dirname(suites.HERE), 'README.md')
 STATUS_BEGIN = '<!-- reproduction status: written by `python -m benchmarks.report` -->'
 STATUS_END = '<!-- end of reproduction status -->'
@@ -734,7 +734,7 @@ def status_lines() -> list:
     anchor = suites.SUITES[method].method.lower()
     lines.append(f'- {suites.SUITES[method].method}: ' + '. '.join(parts) +
                  f'. {finished} of {expected} runs finished '
-                 f'([REPRODUCTION.md](benchmarks/REPRODUCTION.md#{anchor})).')
+                 f'([REPRODUCTION.md](benchmarks/results/REPRODUCTION.md#{anchor})).')
   return lines
 
 

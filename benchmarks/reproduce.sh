@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs, or continues, the whole reproduction (benchmarks/REPRODUCTION.md), suite after suite:
+# Runs, or continues, the whole reproduction (benchmarks/results/REPRODUCTION.md), suite after suite:
 # each suite's learning-rate grid first (when it has one), then every run over seeds 0, 1, 2,
 # then its probes (runs at changed settings that test a diagnosis, when it has some).
 # A finished run is skipped and a stopped one resumes exactly, so after a kill or at a new

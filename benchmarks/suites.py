@@ -14,6 +14,8 @@ from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_NUMBERS = os.path.join(HERE, 'paper_numbers.json')
+# Everything the tools write and commit: one folder per suite, the pages, figures and logs.
+RESULTS = os.path.join(HERE, 'results')
 # Seeds fixed before any run was made; every one is shown on the pages.
 SEEDS = (0, 1, 2)
 # Every suite runs on this data set (the offline real one); a paper figure on the same data
@@ -506,7 +508,7 @@ def _cadis_paper() -> Suite:
       title='CADIS vs FedAvg as the paper selects its results: tuned λ and τ₀, best accuracy; '
             'Fashion-MNIST cluster-MC, 100 clients, 10 per round',
       common=dict(_CADIS_COMMON, rounds=200, eval_last=10),
-      # 0.03: the cadis suite's tuned CADIS rate (benchmarks/cadis/tuned.json); the reference
+      # 0.03: the cadis suite's tuned CADIS rate (benchmarks/results/cadis/tuned.json); the reference
       # weights also at FedAvg's tuned rate, 0.1.
       runs=dict(cadis=dict(algorithm='cadis', client_lr=0.03),
                 cadis_reference_weights=dict(algorithm='cadis', client_lr=0.1,
@@ -600,7 +602,7 @@ SUITES = {s.name: s for s in (_fedcda(), _fedcross(), _cadis(), _fedlex(),
 
 
 def suite_dir(suite: str) -> str:
-  return os.path.join(HERE, suite)
+  return os.path.join(RESULTS, suite)
 
 
 # Suite runs checkpoint every this many rounds (and after their last, and when stopped): a
@@ -615,8 +617,9 @@ def experiment_config(fields: dict, seed: int, directory: str, name: str):
   from programs import experiment  # pylint: disable=g-import-not-at-top
   # Relative to the repository root (where `python -m benchmarks.compare` runs), so the
   # committed config.json and summary.json hold no machine-specific paths.
+  # blown_up_rounds=0: a run whose training blows up goes on, and its page says so.
   return experiment.ExperimentConfig(**fields, seed=seed, progress=False,
-                                     checkpoint_every=CHECKPOINT_EVERY,
+                                     checkpoint_every=CHECKPOINT_EVERY, blown_up_rounds=0,
                                      root_output_dir=os.path.relpath(directory),
                                      experiment_name=name)
 

@@ -29,7 +29,7 @@ What it settles:
   sampling and the batch orders of an unbroken one.
 * **Data.** Each client's dataset is read once into NumPy arrays (batched datasets are
   concatenated, unbatched ones stacked) and cached, because our processes train on
-  whole-client tensors (the fast path, benchmarks/RESULTS.md). Labels become int32, as
+  whole-client tensors (the fast path, benchmarks/results/RESULTS.md). Labels become int32, as
   every zoo model's input_spec wants; pass `label_dtype` for a model whose `y` spec is
   another dtype.
 """

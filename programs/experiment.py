@@ -53,26 +53,47 @@ SERVER_FLAGS_USED = {name: method.reads for name, method in methods.METHODS.item
 # Flags that do not change what a run computes: a resumed run may change them.
 RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last', 'data_dir', 'root_output_dir',
                      'experiment_name', 'resume', 'progress', 'workers', 'local_workers', 'worker_timeout',
-                     'resident_state', 'checkpoint_every')
+                     'resident_state', 'checkpoint_every', 'blown_up_rounds')
 
 
 # Every this many rounds the state kept in TFF's worker makes a round trip through Python,
-# which lets the worker free what it kept from the rounds before (README, "Known TFF facts").
+# which lets the worker free what it kept from the rounds before (docs/tff_0.87_notes.md).
 RESIDENT_REFRESH_ROUNDS = 10
 
 # A round's mean client training loss above this (cross-entropy starts near ln 10 = 2.3) means
-# local training blew up without overflowing: the run goes on, often stuck at chance since
-# (a FedLEx-Opt suite run lost its seed so: benchmarks/fedlex/diagnosis.md), so say so once.
+# local training blew up without overflowing. Such a model often stays at chance (a FedLEx-Prox
+# suite run lost its seed so: benchmarks/results/fedlex/diagnosis.md), so each such round is
+# announced and --blown_up_rounds of them in a row stop the run, checkpointed.
 BLOWN_UP_LOSS = 1e4
 
 
-def blown_up_warning(round_num: int, train_loss: float, client_lr: float) -> str | None:
-  """The warning for a finite round loss above BLOWN_UP_LOSS, else None."""
-  if not (math.isfinite(train_loss) and train_loss > BLOWN_UP_LOSS):
+def blew_up(train_loss: float) -> bool:
+  return math.isfinite(train_loss) and train_loss > BLOWN_UP_LOSS
+
+
+def blown_up_warning(round_num: int, train_loss: float, client_lr: float, in_a_row: int = 1,
+                     stop_after: int = 0) -> str | None:
+  """The warning for a finite round loss above BLOWN_UP_LOSS, else None; `in_a_row` counts
+  this round among the consecutive blown-up ones, `stop_after` is --blown_up_rounds."""
+  if not blew_up(train_loss):
     return None
-  return (f'warning: round {round_num}: the clients\' training loss is {train_loss:.2g}: local '
-          'training blew up, and the model may not recover (test accuracy at chance); consider '
-          f'a lower --client_lr (now {client_lr:g}) or server learning rate')
+  persists = f' ({in_a_row} rounds in a row)' if in_a_row > 1 else ''
+  stops = (f'; the run stops after {stop_after} such rounds in a row (--blown_up_rounds=0 goes '
+           'on)' if stop_after else '')
+  return (f'warning: round {round_num}: the clients\' training loss is {train_loss:.2g}{persists}: '
+          'local training blew up, and the model may not recover (test accuracy at chance); '
+          f'consider a lower --client_lr (now {client_lr:g}) or server learning rate{stops}')
+
+
+def blown_up_rounds_in_a_row(rows: list) -> int:
+  """How many of metrics.csv's last rows (dicts) had a blown-up client training loss."""
+  count = 0
+  for row in reversed(rows):
+    loss = float(row.get('client_work/train/loss') or 'nan')
+    if not blew_up(loss):
+      break
+    count += 1
+  return count
 
 
 # metrics.csv's timing columns: the only ones that differ between two makings of a run.
@@ -198,6 +219,9 @@ class _GeneralConfig:
   # the same results without sending the state to the worker every round (local runtime
   # only; on worker services every round goes through process.next).
   resident_state: bool = True
+  # Stop (one error line, exit 2, checkpointed) after this many rounds in a row whose clients'
+  # training loss is above BLOWN_UP_LOSS; 0 goes on (the reproduction suites report such runs).
+  blown_up_rounds: int = 5
 
   @property
   def experiment_dir(self) -> str:
@@ -267,8 +291,9 @@ def validate(config: ExperimentConfig) -> None:
   for name, value in positive_ints.items():
     if value < 1:
       raise ExperimentError(f'--{name} must be at least 1, got {value}')
-  if c.eval_last < 0:
-    raise ExperimentError(f'--eval_last must be at least 0, got {c.eval_last}')
+  for name in ('eval_last', 'blown_up_rounds'):
+    if getattr(c, name) < 0:
+      raise ExperimentError(f'--{name} must be at least 0, got {getattr(c, name)}')
   _validate_workers(c)
   if c.clients_per_round > c.num_clients:
     raise ExperimentError(
@@ -562,7 +587,12 @@ def _remove_unfinished_checkpoints(ckpt_dir: str) -> None:
         shutil.rmtree(os.path.join(ckpt_dir, entry), ignore_errors=True)
 
 
-def _make_output_dir(exp_dir: str) -> None:
+def _make_output_dir(exp_dir: str) -> list[str]:
+  """Makes `exp_dir`; returns the directories it created, deepest first."""
+  made, path = [], os.path.abspath(exp_dir)
+  while not os.path.exists(path):
+    made.append(path)
+    path = os.path.dirname(path)
   try:
     os.makedirs(exp_dir, exist_ok=True)
   except OSError as e:
@@ -570,6 +600,17 @@ def _make_output_dir(exp_dir: str) -> None:
                           'choose a writable --root_output_dir') from None
   if not os.access(exp_dir, os.W_OK | os.X_OK):
     raise ExperimentError(f'{exp_dir} is not writable; choose a writable --root_output_dir')
+  return made
+
+
+def _remove_empty(directories: list[str]) -> None:
+  """Removes those of `directories` (deepest first) that are still empty: a run stopped by a
+  check (bad data, impossible partition) leaves no trace of its own."""
+  for path in directories:
+    try:
+      os.rmdir(path)
+    except OSError:   # not empty (or gone): it and its parents stay
+      return
 
 
 @contextlib.contextmanager
@@ -721,7 +762,7 @@ def round_costs(rows: list[dict], name: str) -> int:
 # reuses TFF's traced and compiled computations instead of paying for them again.
 _LAST_BUILT: dict = {}
 _NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'eval_last', 'root_output_dir', 'experiment_name', 'resume',
-                     'progress', 'resident_state', 'checkpoint_every')
+                     'progress', 'resident_state', 'checkpoint_every', 'blown_up_rounds')
 
 
 def _build_computations(c: ExperimentConfig, fed, num_clients: int):
@@ -762,9 +803,13 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
   """
   log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
   validate(c)
-  _make_output_dir(c.experiment_dir)
-  with exclusive_run_directory(c.experiment_dir):
-    return _run_experiment(c, log, stop)
+  made = _make_output_dir(c.experiment_dir)
+  try:
+    with exclusive_run_directory(c.experiment_dir):
+      return _run_experiment(c, log, stop)
+  except BaseException:
+    _remove_empty(made)
+    raise
 
 
 def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
@@ -877,7 +922,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       raise Interrupted(stop.signum, last_round, exp_dir)
 
   frozen = frozen_after_eval = False
-  blew_up = None   # blown_up_warning's message, given once a run
+  in_a_row = blown_up_rounds_in_a_row(rows)   # blown-up rounds just before this one
   accuracy = float(rows[-1]['test_accuracy']) if rows and rows[-1].get('test_accuracy') else float('nan')
   try:
     for round_num in range(start_round + 1, c.rounds + 1):
@@ -917,9 +962,10 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       warnings = [f'warning: round {round_num}: {dropped} of {c.clients_per_round} clients '
                   'had non-finite updates and were left out; consider a lower --client_lr'
                   ] if dropped else []
-      if not blew_up:
-        blew_up = blown_up_warning(round_num, train_loss, c.client_lr)
-        warnings += [blew_up] if blew_up else []
+      in_a_row = in_a_row + 1 if blew_up(train_loss) else 0
+      if in_a_row:
+        warnings.append(blown_up_warning(round_num, train_loss, c.client_lr, in_a_row,
+                                         c.blown_up_rounds))
       for message in warnings:
         if progress is not None:
           progress.write(message, file=sys.stderr)
@@ -949,6 +995,15 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       last_round = round_num
       if round_num % c.checkpoint_every == 0 or round_num == c.rounds:
         checkpoint()
+      if c.blown_up_rounds and in_a_row >= c.blown_up_rounds:
+        if checkpointed < last_round:
+          checkpoint()
+        raise ExperimentError(
+            f'the clients\' training loss stayed above {BLOWN_UP_LOSS:g} for {in_a_row} rounds '
+            f'in a row (rounds {round_num - in_a_row + 1}-{round_num}): local training blew up; '
+            f'start a new run with a lower --client_lr (now {c.client_lr:g}) or server learning '
+            f'rate, or go on with --resume --blown_up_rounds=0 (rounds up to {last_round} are '
+            f'checkpointed in {ckpt_dir})')
       if refreshes and round_num % RESIDENT_REFRESH_ROUNDS == 0:
         if checkpointed != round_num:
           with execution.collector_paused():
@@ -986,7 +1041,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       dropped_clients=int(sum(int(float(r.get('dropped_clients') or 0)) for r in rows)),
       aggregator_state_bytes=int(sum(np.asarray(t).nbytes
                                      for t in tf.nest.flatten(state.aggregator))),
-      # Measured inside the worker services, not this process's tf.config (README "Accelerators").
+      # Measured inside the worker services, not this process's tf.config (docs/distributed.md, "Accelerators").
       compute_devices=execution.worker_devices(),
       # Where the program ran: seconds_per_round compares across runs only on one machine.
       host=host_description(),

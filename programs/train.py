@@ -24,7 +24,7 @@ from programs import experiment
 from programs import methods
 
 _ALGORITHM = flags.DEFINE_string('algorithm', 'fedavg', f'One of {", ".join(experiment.ALGORITHMS)}.')
-_DATASET = flags.DEFINE_string('dataset', 'fashion_mnist', 'Dataset name (see README).')
+_DATASET = flags.DEFINE_string('dataset', 'fashion_mnist', 'Dataset name (see docs/data.md).')
 _DATA_DIR = flags.DEFINE_string('data_dir', None, 'Directory of local dataset files.')
 _PARTITION = flags.DEFINE_string(
     'partition', 'dirichlet',
@@ -75,6 +75,9 @@ _RESIDENT_STATE = flags.DEFINE_bool(
     'resident_state', True, 'Keep the server state in TFF\'s local worker between rounds '
     '(same results; the state crosses to the worker only for checkpoints). Local runtime '
     'only: with --workers/--local_workers every round goes through process.next.')
+_BLOWN_UP_ROUNDS = flags.DEFINE_integer(
+    'blown_up_rounds', 5, 'Stop (exit 2, checkpointed) after this many rounds in a row whose '
+    'clients\' training loss is above 1e4 (local training blew up); 0 = go on.')
 # Each method's own flags (--fedcross_*, --fedcda_*, --cadis_*, --scaffold_*, --fedlex_*), from
 # the registry.
 _METHOD_FLAGS = methods.define_absl_flags()
@@ -99,6 +102,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       root_output_dir=_ROOT.value, experiment_name=_NAME.value, resume=_RESUME.value,
       progress=_PROGRESS.value, workers=_WORKERS.value, local_workers=_LOCAL_WORKERS.value,
       worker_timeout=_WORKER_TIMEOUT.value, resident_state=_RESIDENT_STATE.value,
+      blown_up_rounds=_BLOWN_UP_ROUNDS.value,
       **{name: holder.value for name, holder in _METHOD_FLAGS.items()})
 
 

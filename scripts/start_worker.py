@@ -6,7 +6,7 @@ The training program then reaches it with `--workers=HOST:8000,...`. The script 
 itself with the worker (exec), so the service is this process: stopping it (Ctrl-C,
 SIGTERM, a container's stop) stops the worker, and nothing is left behind. It imports
 neither TensorFlow nor TFF; the binary is TFF 0.87's own, built without CUDA (CPU only, see
-README "Accelerators"); a worker built from TFF's source with CUDA takes the same flags.
+docs/distributed.md, "Accelerators"); a worker built from TFF's source with CUDA takes the same flags.
 """
 
 import argparse

@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-  """Slow reproduction runs are skipped unless RUN_SLOW=1 (see README)."""
+  """Slow reproduction runs are skipped unless RUN_SLOW=1 (see docs/reproduction.md)."""
   del config
   if os.environ.get('RUN_SLOW') == '1':
     return

@@ -101,7 +101,7 @@ def test_freeze_long_lived_objects_hides_them_from_the_collector():
 
 def test_protobuf_is_compiled_here():
   # Under protobuf's pure-Python implementation TFF's builds and rounds are 3-9x slower
-  # (benchmarks/RESULTS.md, "protobuf"): the pinned environment must not fall back to it.
+  # (benchmarks/results/RESULTS.md, "protobuf"): the pinned environment must not fall back to it.
   assert execution.protobuf_implementation() in ('upb', 'cpp')
 
 

@@ -1,6 +1,6 @@
 """Every documented flag of programs/train.py changes what it claims to change.
 
-The flag lists come from the README's tables, programs/train.py and the method registry
+The flag lists come from the tables of README.md and docs/, programs/train.py and the method registry
 (programs/methods.py), and are checked against each other. Each flag is then shown to reach
 its target by the cheapest path:
 - a method flag (BUILDER / EXPLORATION target): the program's config -> builder path with the
@@ -101,9 +101,11 @@ TESTED_ELSEWHERE = {
         'tests/test_distributed.py::test_program_on_given_and_local_services_reproduces_local_weights',
     'worker_timeout': 'tests/test_distributed.py::test_program_worker_flags_bad_input_is_one_line',
     'resident_state': 'tests/test_resident_state.py::test_program_resident_state_flag',
+    'blown_up_rounds':
+        'tests/test_train_program.py::test_blown_up_rounds_are_announced_and_stop_the_run_checkpointed',
     'checkpoint_every': 'tests/test_resume_methods.py::'
                         'test_checkpoint_every_n_rounds_and_a_crash_between_repeats_the_same_rounds',
-    # benchmarks/round_overhead.py's flag (README, "Tests, benchmarks and slow runs").
+    # benchmarks/round_overhead.py's flag (docs/reproduction.md, "Micro-benchmarks").
     'server_share':
         'tests/benchmarks/test_benchmark_scripts.py::'
         'test_round_overhead_server_share_adds_0_epoch_rounds',
@@ -115,11 +117,24 @@ def _config(**changes):
   return experiment.ExperimentConfig(**dict(BASE, **changes))
 
 
+def _flag_rows() -> list:
+  """The --flags named in the first column of every table row of README.md and docs/."""
+  pages = [os.path.join(ROOT, 'README.md')] + sorted(
+      os.path.join(ROOT, 'docs', n) for n in os.listdir(os.path.join(ROOT, 'docs'))
+      if n.endswith('.md'))
+  rows = []
+  for page in pages:
+    with open(page) as f:
+      lines = f.read().split('\n')
+    # A table's header row (the one above its |---| line) names a column, not a flag.
+    rows += [line for line, after in zip(lines, lines[1:] + [''])
+             if line.startswith('| `--') and not after.startswith('|---')]
+  return [name for row in rows for name in re.findall(r'`--([a-z0-9_]+)', row.split(' | ')[0])]
+
+
 def _readme_flags() -> set:
-  """Every --flag named in the first column of a README table."""
-  with open(os.path.join(ROOT, 'README.md')) as f:
-    rows = [line for line in f if line.startswith('| `--')]
-  return {name for row in rows for name in re.findall(r'`--([a-z0-9_]+)', row.split(' | ')[0])}
+  """Every flag the documentation's tables name."""
+  return set(_flag_rows())
 
 
 def _program_flags() -> set:
@@ -155,11 +170,17 @@ def test_readme_tables_program_and_config_name_the_same_flags():
   assert _readme_flags() == fields
 
 
-def test_readme_method_flag_table_is_the_registrys():
-  with open(os.path.join(ROOT, 'README.md')) as f:
-    readme = f.read()
-  block = f'{methods.README_BEGIN}\n{methods.readme_table()}{methods.README_END}\n'
-  assert block in readme, 'regenerate it: python -m programs.methods'
+def test_every_flag_is_documented_once():
+  rows = _flag_rows()
+  assert not {n for n in rows if rows.count(n) > 1}, sorted({n for n in rows if rows.count(n) > 1})
+
+
+def test_docs_method_flag_table_is_the_registrys():
+  with open(methods.TABLE_PAGE) as f:
+    page = f.read()
+  block = f'{methods.TABLE_BEGIN}\n{methods.flag_table()}{methods.TABLE_END}\n'
+  assert block in page and methods.page_with_table(page) == page, (
+      'regenerate it: python -m programs.methods')
 
 
 def test_every_method_flag_has_a_changed_value():
@@ -169,7 +190,7 @@ def test_every_method_flag_has_a_changed_value():
 
 
 def test_every_flag_is_tested():
-  """Each README flag is exercised here or by a named default-suite test elsewhere."""
+  """Each documented flag is exercised here or by a named default-suite test elsewhere."""
   here = (set(CHANGED) | set(GENERAL_FLAGS_TESTED_HERE))
   assert _readme_flags() <= here | set(TESTED_ELSEWHERE), _readme_flags() - here - set(TESTED_ELSEWHERE)
   for node_id in list(TESTED_ELSEWHERE.values()) + list(KEYWORD_TESTS.values()):

@@ -87,6 +87,7 @@ BAD_INPUTS = [
     ('--partition=dirichlet --dirichlet_alpha=0', '--dirichlet_alpha must be > 0'),
     ('--checkpoint_every=0', '--checkpoint_every must be at least 1'),
     ('--eval_last=-1', '--eval_last must be at least 0'),
+    ('--blown_up_rounds=-1', '--blown_up_rounds must be at least 0'),
     ('--dataset=mnist --data_dir=/nonexistent', 'tfds build'),
     ('--partition=classes --classes_per_client=11', 'impossible partition'),
     ('--num_clients=200', 'use fewer clients'),  # names no min_size: that is not a flag
@@ -148,6 +149,18 @@ def test_bad_input_gives_one_line_and_changes_no_run_file(piped_run, bad_inputs,
   assert lines[0].startswith('error: ') and fragment in lines[0], lines[0]
   assert 'min_size' not in lines[0]
   assert (_snapshot(tmp_path), _snapshot(run_root)) == before
+
+
+@pytest.mark.parametrize('flags', ['--partition=classes --classes_per_client=11',
+                                   '--dataset=femnist_leaf --data_dir={bad}/corrupt'])
+def test_a_data_stage_error_leaves_no_experiment_directory(bad_inputs, tmp_path, flags):
+  """The data are checked after the directory is made and held: a run stopped there removes
+  what it made (here the directory and the two missing parents above it)."""
+  root = tmp_path / 'new' / 'runs'
+  result = _run(BASE + [f'--root_output_dir={root}', '--experiment_name=r'] +
+                flags.format(bad=bad_inputs).split())
+  assert result.returncode == 2 and result.stderr.startswith('error: '), result.stderr
+  assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
 
 
 def _assert_refused_in_one_line(args, fragment, unchanged):
@@ -236,19 +249,33 @@ def test_dropped_clients_are_counted_and_announced(tmp_path):
   assert json.loads((tmp_path / 'd' / 'summary.json').read_text())['dropped_clients'] == 1
 
 
-def test_a_blown_up_round_is_announced_once_and_the_run_goes_on(tmp_path):
+def test_blown_up_rounds_are_announced_and_stop_the_run_checkpointed(tmp_path):
   """--client_lr=1e6 blows local training up without overflowing (losses ~1e25 then ~1e5,
-  finite): the run finishes, and stderr says so once, naming the rate to lower."""
+  finite): each such round is announced, --blown_up_rounds=2 of them in a row stop the run in
+  one error line naming the rate, checkpointed, and --resume --blown_up_rounds=0 goes on."""
   import csv  # pylint: disable=g-import-not-at-top
-  result = _run(BASE + ['--client_lr=1e6', '--rounds=2', f'--root_output_dir={tmp_path}',
-                        '--experiment_name=b'])
-  assert result.returncode == 0, result.stderr
+  args = BASE + ['--client_lr=1e6', '--rounds=3', f'--root_output_dir={tmp_path}',
+                 '--experiment_name=b']
+  result = _run(args + ['--blown_up_rounds=2'])
+  assert result.returncode == 2, result.stderr
+  lines = [l for l in result.stderr.strip().splitlines() if l.strip()]
+  # (round 1 may also drop a client whose update overflowed: another warning line)
+  assert all(l.startswith('warning: ') for l in lines[:-1]) and lines[-1].startswith('error: ')
+  blown = [l for l in lines[:-1] if "the clients' training loss is" in l]
+  assert len(blown) == 2 and blown[0].startswith('warning: round 1: '), lines
+  assert '(2 rounds in a row)' in blown[1] and 'stops after 2 such rounds' in blown[1], lines
+  assert ('for 2 rounds in a row (rounds 1-2)' in lines[-1] and '--client_lr (now 1e+06)' in
+          lines[-1] and 'rounds up to 2 are checkpointed' in lines[-1]), lines
   with open(tmp_path / 'b' / 'metrics.csv') as f:
     losses = [float(r['client_work/train/loss']) for r in csv.DictReader(f)]
-  assert len(losses) == 2 and min(losses) > 1e4, losses   # both rounds above the threshold
-  assert result.stderr.count('local training blew up') == 1, result.stderr   # said once
-  assert ("warning: round 1: the clients' training loss is" in result.stderr and
-          '--client_lr (now 1e+06)' in result.stderr), result.stderr
+  assert len(losses) == 2 and min(losses) > 1e4, losses
+  assert not (tmp_path / 'b' / 'summary.json').exists()
+  result = _run(args + ['--resume', '--blown_up_rounds=0'])
+  assert result.returncode == 0, result.stderr
+  assert "warning: round 3: the clients' training loss is" in result.stderr, result.stderr
+  assert '(3 rounds in a row)' in result.stderr and 'stops after' not in result.stderr
+  with open(tmp_path / 'b' / 'metrics.csv') as f:
+    assert [r['round'] for r in csv.DictReader(f)] == ['1', '2', '3']
 
 
 @pytest.mark.parametrize('loss, warned', [(2.3, False), (1e4, False), (float('nan'), False),
@@ -259,6 +286,16 @@ def test_blown_up_warning_takes_finite_losses_above_the_threshold(loss, warned):
   assert (message is not None) == warned
   if warned:
     assert message.startswith("warning: round 3: the clients' training loss is 1.5e+04: ")
+
+
+def test_blown_up_rounds_in_a_row_counts_the_last_rows_only():
+  """What a resumed run counts from metrics.csv: the trailing blown-up rounds, not all."""
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  rows = [{'client_work/train/loss': v} for v in ('2e5', '1.2', '3e4', '7e8', '')]
+  assert experiment.blown_up_rounds_in_a_row(rows[:4]) == 2
+  assert experiment.blown_up_rounds_in_a_row(rows[:2]) == 0
+  assert experiment.blown_up_rounds_in_a_row(rows[:1]) == 1
+  assert experiment.blown_up_rounds_in_a_row(rows) == 0   # no loss recorded: not blown up
 
 
 @pytest.mark.parametrize('rounds,every,last', [(30, 1, 10), (30, 5, 10), (23, 7, 0),

@@ -11,12 +11,12 @@ objects, and every round leaves a few thousand in reference cycles, so the colle
 full passes over that heap (0.5 s each, measured) in the middle of `process.next`. Call
 `freeze_long_lived_objects()` once the first round (and first evaluation) has run, and wrap
 each TFF call in `collector_paused()`: the round then costs what the runtime costs
-(benchmarks/RESULTS.md, "garbage collector").
+(benchmarks/results/RESULTS.md, "garbage collector").
 
 TFF compiles every computation by rewriting protocol buffers in Python, so it needs
 protobuf's compiled (upb) implementation: under the pure-Python one (protobuf 3.20 on
 Python 3.11 has no other) building a process costs 3x more, its first round 4-5x and the
-fixed part of every later round 8-9x (benchmarks/RESULTS.md, "protobuf").
+fixed part of every later round 8-9x (benchmarks/results/RESULTS.md, "protobuf").
 `initialize_runtime` warns when that is the case.
 
 And it owns how values are serialised for the worker. Every `process.next` sends the whole

@@ -70,7 +70,7 @@ def build_fedcda(
     smoothness: L in eq. 8 (paper: 1).
     selection: 'batch_greedy' (default), 'exact' (all K^P combinations at once), 'newest'
       or 'random' (the paper's ablations). On Fashion-MNIST 'newest' ended above
-      'batch_greedy' at both skews benchmarked (benchmarks/fedcda/diagnosis.md).
+      'batch_greedy' at both skews benchmarked (benchmarks/results/fedcda/diagnosis.md).
     warmup_weighting: the warmup FedAvg's client weights: 'data_size' (example counts, the
       paper's FedAvg; default) or 'uniform'.
     seed: seeds the random batch split and the 'random' selection, with the round number.

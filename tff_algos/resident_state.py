@@ -3,7 +3,7 @@
 `process.next(state, data)` on TFF's synchronous context sends the whole server state to the
 C++ worker and brings the new one back every round: for FedCDA's cache (4·N·K·D bytes) or
 FedCross's K middleware models that transfer, and its serialisation, is most of a round
-(benchmarks/RESULTS.md, "resident state"). `ResidentProcess` runs the same computations on
+(benchmarks/results/RESULTS.md, "resident state"). `ResidentProcess` runs the same computations on
 the same worker through TFF's executor interface (`create_value`, `create_call`,
 `create_selection`), keeps the state there as a value reference, and brings back only what
 the caller asks for: the round's metrics, the model weights (for evaluation) or, when a
@@ -15,7 +15,7 @@ FedCDA's 133 MB state: the worker grew by 0.175 GB a round, about one round's st
 data, until the machine ran out of memory). So every `refresh_every` rounds the state makes
 one round trip through Python (brought back, then placed anew), which lets the worker free
 the rounds before, for one transfer each way per `refresh_every` rounds: at 10 the worker
-levels off (5.0 GB at round 60, +0.02 GB a round and slowing; benchmarks/RESULTS.md, "The
+levels off (5.0 GB at round 60, +0.02 GB a round and slowing; benchmarks/results/RESULTS.md, "The
 resident state's memory"). The training program makes that round trip itself, on round
 numbers (`programs.experiment.RESIDENT_REFRESH_ROUNDS`).
 

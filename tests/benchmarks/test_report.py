@@ -262,4 +262,4 @@ def test_the_reproduction_page_reads_in_five_minutes():
     assert section.count('\n- At the paper\'s protocol') == 1
     assert section.count('\n- Against the tuned, converged baseline') == 1
   for link in re.findall(r'\]\(([^)#]+)', _committed(report.REPRODUCTION)):
-    assert os.path.exists(os.path.join(suites.HERE, link)), link
+    assert os.path.exists(os.path.join(os.path.dirname(report.REPRODUCTION), link)), link

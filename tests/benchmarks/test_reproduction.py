@@ -1,4 +1,4 @@
-"""Slow reproduction checks (skipped unless RUN_SLOW=1; see README).
+"""Slow reproduction checks (skipped unless RUN_SLOW=1; see docs/reproduction.md).
 
 Each suite of benchmarks/suites.py: re-run the first rounds of its first compared method,
 seed 0 (or, before its runs are committed, one of its committed tuning points), from its

@@ -53,7 +53,7 @@ values: ‖w‖², the Gram matrix of eq. 8 and the new global model are all com
 mean is taken over the uploads themselves (float32), as they arrive. float16 keeps 11
 significant bits (relative error ≤ 2⁻¹¹ ≈ 4.9e-4 per weight; model weights lie far inside its
 range), bfloat16 8 bits (≤ 2⁻⁸ ≈ 3.9e-3) with float32's range. The measured effect on
-selection and accuracy: `benchmarks/RESULTS.md` ("FedCDA's cache in less memory").
+selection and accuracy: `benchmarks/results/RESULTS.md` ("FedCDA's cache in less memory").
 
 Measurements: `warmup` (1.0 in warmup), `cached_clients` (M), `uploads`, `switched` (uploaders
 that selected a model other than their newest), `objective_before` (J over all cached clients

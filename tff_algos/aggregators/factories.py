@@ -1,6 +1,6 @@
 """TFF aggregation factories on our methods: what each method's rule lets them wrap.
 
-One place for the rules (README, "Aggregators"):
+One place for the rules (docs/tff_integration.md, "Models and aggregators"):
 
 * FedAvg family (FedAvg, FedAvgM, FedAdam, FedProx, FedSGD, FedLEx on them): the model
   delta is averaged, so any `tff.aggregators` factory applies, weighted or unweighted, as in

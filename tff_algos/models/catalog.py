@@ -1,6 +1,6 @@
 """What each zoo model consumes, importable without TensorFlow.
 
-The training program checks `--model` against the dataset before TensorFlow starts (README:
+The training program checks `--model` against the dataset before TensorFlow starts (docs/training_program.md:
 flags are validated first), so the model names and the kind of input each model takes live
 here, free of any TF import. `zoo.MODELS` holds the builders under exactly these names
 (tests/test_models.py checks the two agree).
