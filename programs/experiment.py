@@ -403,6 +403,7 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
       model_fn=model_fn, client_optimizer=client_opt, server_optimizer=server_opt,
       num_clients=num_clients, true_clusters=true_clusters))
   kwargs.update(method.builder_kwargs(c))
+  kwargs.update(method.plugin_kwargs(c))
   try:
     return method.builder_function()(*args, **kwargs)
   except method.errors as e:
@@ -871,7 +872,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
 
   exploration = None
   explorers = np.zeros([0], np.int64)
-  if c.algorithm in FEDLEX_ALGORITHMS:
+  if methods.METHODS[c.algorithm].is_guided(c):
     exploration, explorers = _fedlex_exploration(c, model_fn, num_clients)
     _check_distributable(c, [exploration])
     if start_round == 0:
@@ -1051,8 +1052,9 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       accuracy_plot=os.path.join(exp_dir, 'accuracy.png'),
   )
   final_weights = process.get_model_weights(state)
-  summary.update(methods.METHODS[c.algorithm].summary(
-      methods.RunRecord(c, rows, state, final_weights, num_clients)))
+  record = methods.RunRecord(c, rows, state, final_weights, num_clients)
+  summary.update(methods.METHODS[c.algorithm].summary(record))
+  summary.update(methods.plugin_summary(methods.METHODS[c.algorithm], record))
   np.savez(os.path.join(exp_dir, 'final_weights.npz'),
            *[np.asarray(w) for w in list(final_weights.trainable) + list(final_weights.non_trainable)])
   _write_json(os.path.join(exp_dir, 'summary.json'), summary)
@@ -1068,8 +1070,7 @@ def _fedlex_exploration(c: ExperimentConfig, model_fn, num_clients: int):
   # Explorers train unguided: their rate is the base's, not a guided variant's raised one.
   client_opt = client_optimizer(c, fedlex_explorer_lr(c))
   exploration = fedlex.build_fedlex_exploration(
-      model_fn, client_opt, c.batch_size,
-      **methods.METHODS[c.algorithm].builder_kwargs(c, methods.EXPLORATION))
+      model_fn, client_opt, c.batch_size, **methods.exploration_kwargs(c))
   return exploration, fedlex_explorers(c, num_clients)
 
 

@@ -2,7 +2,9 @@
 
 One `Method` per `--algorithm`: its own flags (name, default, help, validation rule and where
 the value goes: a keyword of its builder, of FedLEx's exploration builder, or the program's
-loop), the general server flags it reads, and how its builder is called. `programs/train.py`
+loop), the general server flags it reads, and how its builder is called. The plug-in client
+stages every method takes (`--guided` with FedLEx's exploration flags, `--kd_weight`:
+`tff_algos/client_work/plugins.py`) are declared here once too, as general flags. `programs/train.py`
 defines the absl flags from it, `programs/experiment.py` validates, refuses ignored flags and
 builds the process from it, the option table of docs/methods.md is generated from it
 (`python -m programs.methods` rewrites it; tests/test_method_flags.py checks the page holds
@@ -106,7 +108,8 @@ class Method:
   types the builder raises for impossible settings, reported as `error_prefix + str(e)`.
   `note(config)`: a line the program prints before training (a valid but noteworthy
   setting), or None. `summary(run)`: the method's own entries of summary.json from the
-  finished run (a `RunRecord`).
+  finished run (a `RunRecord`). `guided`: the method is a plug-in preset, guided whatever
+  --guided says (fedlex_*). `local_steps`: False for FedSGD's one gradient (no KD there).
   """
   name: str
   builder: str               # 'module:function'
@@ -118,6 +121,8 @@ class Method:
   error_prefix: str = ''
   note: Callable[[Any], Optional[str]] = lambda c: None
   summary: Callable[[Any], dict] = lambda run: {}
+  guided: bool = False
+  local_steps: bool = True
 
   def builder_function(self) -> Callable:
     module, function = self.builder.split(':')
@@ -129,11 +134,42 @@ class Method:
             if f.target == target}
 
   def validate(self, config) -> Optional[str]:
-    for flag in self.flags:
+    for flag in self.flags + PLUGIN_FLAGS + FEDLEX_FLAGS:
       error = flag.error(getattr(config, flag.name))
       if error:
         return error
-    return self.check(config)
+    return self.check_plugins(config) or self.check(config)
+
+  def is_guided(self, config) -> bool:
+    """Whether a run of `config` trains with FedLEx's guidance (and explores first)."""
+    return self.guided or config.guided
+
+  def plugin_kwargs(self, config) -> dict:
+    """The plug-in keywords (`guided=`, `kd_weight=`) `config` adds to the builder call;
+    none when the flags are at their defaults, so a plain run's call is as it was."""
+    kwargs = {}
+    if config.guided and not self.guided:
+      kwargs['guided'] = True
+    if config.kd_weight >= 0:   # < 0: the method's own default (CADIS: --cadis_kd_weight)
+      kwargs['kd_weight'] = config.kd_weight
+    return kwargs
+
+  def check_plugins(self, config) -> Optional[str]:
+    """The plug-in flags' combinations with this method (None or a message)."""
+    if config.kd_weight > 0 and not self.local_steps:
+      return (f'--kd_weight does not apply to --algorithm={self.name}: FedSGD takes its one '
+              'gradient at the received model, where the student is the teacher and the KD '
+              'term and its gradient are 0; drop it')
+    if config.kd_weight >= 0 and any(
+        f.kwarg == 'kd_weight' and getattr(config, f.name) != f.default for f in self.flags):
+      own = next(f.name for f in self.flags if f.kwarg == 'kd_weight')
+      return f'--kd_weight and --{own} both set the KD weight; drop --{own}'
+    if not self.is_guided(config):
+      for flag in FEDLEX_FLAGS:
+        if getattr(config, flag.name) != flag.default:
+          return (f'--{flag.name} is read only by a guided run (--guided or '
+                  f'--algorithm=fedlex_*); add --guided or drop it')
+    return None
 
 
 def _lr_or(default):
@@ -327,7 +363,21 @@ def _cadis_check(c) -> Optional[str]:
   return None
 
 
-# ---- FedLEx (ALGORITHMS.md section 4) ----
+# ---- The plug-in client stages (tff_algos/client_work/plugins.py), general flags ----
+PLUGIN_FLAGS = (
+    Flag('guided', False, 'FedLEx\'s guidance on any --algorithm: an exploration phase '
+         'builds the guidance matrix G (the --fedlex_* exploration flags), and every client '
+         'gradient is multiplied by G before its step (fedlex_* are guided already).',
+         kwarg='guided'),
+    Flag('kd_weight', -1.0, 'lambda of CADIS\'s KD term on any --algorithm with local steps '
+         '(the teacher: the model the client received); 0 = off, < 0 = the method\'s '
+         'default (cadis: --cadis_kd_weight, others off).',
+         lambda v: None if math.isfinite(v) else f' must be a finite number, got {v}',
+         kwarg='kd_weight'),
+)
+
+# FedLEx's exploration (ALGORITHMS.md section 4): read by every guided run (--guided or
+# fedlex_*); general flags that kept their fedlex_ names, so recorded runs still resume.
 FEDLEX_NORMALIZE = ('per_client', 'after_mean')
 FEDLEX_FLAGS = (
     Flag('fedlex_explorer_fraction', 0.2,
@@ -355,9 +405,18 @@ FEDLEX_FLAGS = (
 )
 
 
-def _fedlex_summary(run: RunRecord) -> dict:
+def plugin_summary(method: Method, run: RunRecord) -> dict:
+  """summary.json's entries of the plug-ins: the guidance's statistics of a guided run."""
+  if not method.is_guided(run.config):
+    return {}
   from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
   return dict(guidance=fedlex.guidance_statistics(fedlex.get_guidance(run.state)))
+
+
+def exploration_kwargs(config) -> dict:
+  """The keywords of `tff_algos.fedlex.build_fedlex_exploration` from the exploration flags."""
+  return {f.kwarg: f.transform(getattr(config, f.name)) for f in FEDLEX_FLAGS
+          if f.target == EXPLORATION}
 
 
 def _baseline(builder: str):
@@ -379,8 +438,8 @@ def _fedlex(base: str, reads: tuple, kwargs: Callable) -> Method:
     if base == 'sgd':
       return (i.model_fn, None, _fedsgd_batch(c), base), kwargs(c, i)
     return (i.model_fn, i.client_optimizer, c.batch_size, base), kwargs(c, i)
-  return Method(f'fedlex_{base}', 'tff_algos.fedlex:build_fedlex', arguments,
-                flags=FEDLEX_FLAGS, reads=reads, summary=_fedlex_summary)
+  return Method(f'fedlex_{base}', 'tff_algos.fedlex:build_fedlex', arguments, reads=reads,
+                guided=True, local_steps=base != 'sgd')
 
 
 METHODS = {m.name: m for m in (
@@ -401,7 +460,7 @@ METHODS = {m.name: m for m in (
     Method('fedsgd', _baseline('build_fedsgd'),
            lambda c, i: ((i.model_fn,), dict(server_optimizer_fn=i.server_optimizer,
                                              client_batch_size=_fedsgd_batch(c))),
-           reads=OPTIMIZER_FLAGS),
+           reads=OPTIMIZER_FLAGS, local_steps=False),
     Method('fedcross', 'tff_algos.fedcross:build_fedcross',
            lambda c, i: (_head(c, i) + (c.clients_per_round,), {}),
            flags=FEDCROSS_FLAGS, check=_fedcross_check),
@@ -439,7 +498,7 @@ FEDLEX_ALGORITHMS = tuple(name for name in METHODS if name.startswith('fedlex_')
 
 
 def all_flags() -> tuple:
-  """Every method flag once, in declaration order."""
+  """Every method's own flag once, in declaration order (docs/methods.md's table)."""
   seen = {}
   for method in METHODS.values():
     for flag in method.flags:
@@ -447,17 +506,24 @@ def all_flags() -> tuple:
   return tuple(seen.values())
 
 
+def registry_flags() -> tuple:
+  """Every flag declared here: the methods' own, the plug-ins' and the exploration's (the
+  last two are general flags, documented in docs/training_program.md)."""
+  return all_flags() + PLUGIN_FLAGS + FEDLEX_FLAGS
+
+
 def config_fields() -> list:
-  """(name, type, dataclasses.field) of every method flag, for ExperimentConfig."""
-  return [(f.name, type(f.default), dataclasses.field(default=f.default)) for f in all_flags()]
+  """(name, type, dataclasses.field) of every flag declared here, for ExperimentConfig."""
+  return [(f.name, type(f.default), dataclasses.field(default=f.default))
+          for f in registry_flags()]
 
 
 def define_absl_flags() -> dict:
-  """Defines every method flag with absl; returns {name: FlagHolder}."""
+  """Defines every flag declared here with absl; returns {name: FlagHolder}."""
   from absl import flags  # pylint: disable=g-import-not-at-top
   define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
             str: flags.DEFINE_string}
-  return {f.name: define[type(f.default)](f.name, f.default, f.help) for f in all_flags()}
+  return {f.name: define[type(f.default)](f.name, f.default, f.help) for f in registry_flags()}
 
 
 def _table_default(flag: Flag) -> str:

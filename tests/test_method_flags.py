@@ -49,6 +49,13 @@ CHANGED = dict(
     fedlex_explorer_fraction=0.5, fedlex_exploration_epochs=2, fedlex_exploration_lr=0.05,
     fedlex_exploration_patience=3, fedlex_normalize='after_mean', fedlex_guidance_floor=0.1, fedlex_refresh=True)
 
+# The plug-in flags' builder keywords (every builder takes them) -> the default-suite test
+# showing that the keyword changes every client work's upload.
+PLUGIN_KEYWORD_TESTS = {
+    'guided': 'tests/test_plugins.py::test_each_option_changes_every_client_works_upload',
+    'kd_weight': 'tests/test_plugins.py::test_each_option_changes_every_client_works_upload',
+}
+
 # (method, builder keyword) -> the default-suite unit test showing that the keyword changes
 # the computation (against numpy or a reference), as 'file::test'.
 KEYWORD_TESTS = {
@@ -184,8 +191,9 @@ def test_docs_method_flag_table_is_the_registrys():
 
 
 def test_every_method_flag_has_a_changed_value():
-  assert set(CHANGED) == {f.name for f in methods.all_flags()}
-  for flag in methods.all_flags():
+  """... and every exploration flag (general, read by guided runs)."""
+  assert set(CHANGED) == {f.name for f in methods.all_flags() + methods.FEDLEX_FLAGS}
+  for flag in methods.all_flags() + methods.FEDLEX_FLAGS:
     assert CHANGED[flag.name] != flag.default and type(CHANGED[flag.name]) is type(flag.default)
 
 
@@ -193,7 +201,8 @@ def test_every_flag_is_tested():
   """Each documented flag is exercised here or by a named default-suite test elsewhere."""
   here = (set(CHANGED) | set(GENERAL_FLAGS_TESTED_HERE))
   assert _readme_flags() <= here | set(TESTED_ELSEWHERE), _readme_flags() - here - set(TESTED_ELSEWHERE)
-  for node_id in list(TESTED_ELSEWHERE.values()) + list(KEYWORD_TESTS.values()):
+  for node_id in (list(TESTED_ELSEWHERE.values()) + list(KEYWORD_TESTS.values())
+                  + list(PLUGIN_KEYWORD_TESTS.values())):
     assert _test_exists_in_default_suite(node_id), node_id
 
 
@@ -202,7 +211,9 @@ def test_every_builder_keyword_has_a_test_of_its_effect():
   for method in methods.METHODS.values():
     family = 'fedlex' if method.name in methods.FEDLEX_ALGORITHMS else method.name
     keywords |= {(family, f.kwarg) for f in method.flags if f.kwarg}
+  keywords |= {('fedlex', f.kwarg) for f in methods.FEDLEX_FLAGS if f.kwarg}
   assert keywords <= set(KEYWORD_TESTS), keywords - set(KEYWORD_TESTS)
+  assert {f.kwarg for f in methods.PLUGIN_FLAGS} == set(PLUGIN_KEYWORD_TESTS)
 
 
 # --------------------------------------------------------------------------- #
@@ -253,24 +264,79 @@ def test_method_flag_reaches_its_builder_keyword(monkeypatch, algorithm, name):
       k: v for k, v in default_kwargs.items() if k != flag.kwarg}
 
 
-@pytest.mark.parametrize('algorithm', methods.FEDLEX_ALGORITHMS)
+# Every guided run explores: the fedlex_* presets, and every other method with --guided.
+GUIDED_RUNS = [dict(algorithm=a) for a in methods.FEDLEX_ALGORITHMS] + [
+    dict(helpers.METHOD_SETTINGS.get(a, {}), algorithm=a, guided=True)
+    for a in methods.ALGORITHMS if a not in methods.FEDLEX_ALGORITHMS]
+GUIDED_IDS = [r['algorithm'] + ('-guided' if r.get('guided') else '') for r in GUIDED_RUNS]
+
+
+@pytest.mark.parametrize('run', GUIDED_RUNS, ids=GUIDED_IDS)
 @pytest.mark.parametrize('name', EXPLORATION_FLAGS)
-def test_fedlex_flag_reaches_the_exploration_builder(monkeypatch, algorithm, name):
+def test_fedlex_flag_reaches_the_exploration_builder(monkeypatch, run, name):
   flag = next(f for f in methods.FEDLEX_FLAGS if f.name == name)
   calls = _record_builder(monkeypatch, 'tff_algos.fedlex:build_fedlex_exploration')
-  for config in (_config(algorithm=algorithm), _config(algorithm=algorithm, **{name: CHANGED[name]})):
+  for config in (_config(**run), _config(**run, **{name: CHANGED[name]})):
     experiment.validate(config)
     experiment._fedlex_exploration(config, lambda: None, NUM_CLIENTS)  # pylint: disable=protected-access
   (_, default_kwargs), (_, kwargs) = calls
   assert kwargs[flag.kwarg] == flag.transform(CHANGED[name]) != default_kwargs[flag.kwarg]
 
 
-@pytest.mark.parametrize('algorithm', methods.FEDLEX_ALGORITHMS)
-def test_exploration_lr_is_the_explorers_rate(monkeypatch, algorithm):
+@pytest.mark.parametrize('algorithm', [a for a in methods.ALGORITHMS
+                                       if a not in methods.FEDLEX_ALGORITHMS])
+def test_exploration_flags_need_a_guided_run(algorithm):
+  """Without --guided (and not fedlex_*) an exploration flag would be ignored: refused."""
+  settings = dict(helpers.METHOD_SETTINGS.get(algorithm, {}), algorithm=algorithm)
+  for flag in methods.FEDLEX_FLAGS:
+    changed = {flag.name: CHANGED[flag.name]}
+    with pytest.raises(experiment.ExperimentError, match=(
+        f'^--{flag.name} is read only by a guided run \\(--guided or --algorithm=fedlex_\\*\\); '
+        'add --guided or drop it$')):
+      experiment.validate(_config(**settings, **changed))
+    experiment.validate(_config(**settings, **changed, guided=True))
+
+
+@pytest.mark.parametrize('algorithm', methods.ALGORITHMS)
+def test_plugin_flags_reach_every_builder(monkeypatch, algorithm):
+  """--guided and --kd_weight arrive as the builder's guided= / kd_weight= (with nothing else
+  changed); the defaults add neither. fedlex_* are guided by their builder's default;
+  FedSGD's single gradient refuses KD in one line; CADIS's own λ is --cadis_kd_weight
+  unless --kd_weight is given, never both."""
+  method = methods.METHODS[algorithm]
+  settings = dict(helpers.METHOD_SETTINGS.get(algorithm, {}), algorithm=algorithm)
+  _, default_kwargs = _built_call(monkeypatch, _config(**settings))
+  assert 'guided' not in default_kwargs
+  assert default_kwargs.get('kd_weight', 0.0) == (1.0 if algorithm == 'cadis' else 0.0)
+  _, kwargs = _built_call(monkeypatch, _config(**settings, guided=True))
+  if method.guided:
+    assert kwargs == default_kwargs and method.is_guided(_config())
+  else:
+    assert kwargs == dict(default_kwargs, guided=True) and not method.is_guided(_config())
+  if not method.local_steps:
+    with pytest.raises(experiment.ExperimentError, match=(
+        f'^--kd_weight does not apply to --algorithm={algorithm}: FedSGD takes its one '
+        'gradient at the received model, .*; drop it$')):
+      experiment.validate(_config(**settings, kd_weight=0.5))
+    return
+  _, kwargs = _built_call(monkeypatch, _config(**settings, kd_weight=0.5))
+  assert kwargs == dict(default_kwargs, kd_weight=0.5)
+  _, kwargs = _built_call(monkeypatch, _config(**settings, kd_weight=0.0))
+  assert kwargs == dict(default_kwargs, kd_weight=0.0)
+  if algorithm == 'cadis':
+    with pytest.raises(experiment.ExperimentError, match=(
+        '^--kd_weight and --cadis_kd_weight both set the KD weight; drop --cadis_kd_weight$')):
+      experiment.validate(_config(**settings, kd_weight=0.5, cadis_kd_weight=0.3))
+  with pytest.raises(experiment.ExperimentError, match='^--kd_weight must be a finite number'):
+    experiment.validate(_config(**settings, kd_weight=float('nan')))
+
+
+@pytest.mark.parametrize('run', GUIDED_RUNS, ids=GUIDED_IDS)
+def test_exploration_lr_is_the_explorers_rate(monkeypatch, run):
   """--fedlex_exploration_lr sets the explorers' SGD rate; 0 (the default) = --client_lr."""
   calls = _record_builder(monkeypatch, 'tff_algos.fedlex:build_fedlex_exploration')
   for changes in ({}, dict(fedlex_exploration_lr=CHANGED['fedlex_exploration_lr'])):
-    config = _config(algorithm=algorithm, **changes)
+    config = _config(**run, **changes)
     experiment.validate(config)
     experiment._fedlex_exploration(config, lambda: None, NUM_CLIENTS)  # pylint: disable=protected-access
   rates = [args[1].initialize(())['learning_rate'] for args, _ in calls]
@@ -278,7 +344,7 @@ def test_exploration_lr_is_the_explorers_rate(monkeypatch, algorithm):
   for bad in (-0.1, float('inf'), float('nan')):
     with pytest.raises(experiment.ExperimentError,
                        match=f'^--fedlex_exploration_lr must be >= 0 and finite, got {bad}$'):
-      experiment.validate(_config(algorithm=algorithm, fedlex_exploration_lr=bad))
+      experiment.validate(_config(**run, fedlex_exploration_lr=bad))
 
 
 def test_a_run_recorded_before_exploration_lr_existed_is_the_same_run():
@@ -546,7 +612,7 @@ GENERAL_FLAGS_TESTED_HERE = (
     'local_epochs', 'batch_size', 'client_lr', 'client_momentum', 'client_optimizer',
     'client_weight_decay', 'server_optimizer', 'server_lr',
     'server_momentum', 'proximal_strength', 'model', 'seed', 'eval_every', 'eval_last', 'root_output_dir',
-    'experiment_name', 'progress')
+    'experiment_name', 'progress', 'guided', 'kd_weight')
 
 
 def test_every_compare_suite_run_is_a_valid_configuration():

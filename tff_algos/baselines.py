@@ -49,6 +49,8 @@ def build_fedavg(
     client_weighting: Optional[str] = None,
     model_aggregator: Optional[ModelAggregator] = None,
     guided: bool = False,
+    kd_weight: float = 0.0,
+    kd_reduction: str = 'sum',
 ) -> tff.learning.templates.LearningProcess:
   """FedAvg (McMahan et al. 2017): server SGD with learning rate 1.0 by default.
 
@@ -64,11 +66,14 @@ def build_fedavg(
       (default `MeanFactory`): TFF's DP, clipping, zeroing, compression and robust
       wrappers apply to the averaged model deltas as in TFF's FedAvg builders.
     guided: FedLEx guidance in the client work state (see `tff_algos.fedlex`).
+    kd_weight: λ of CADIS's KD term on the clients (0 = off), teacher = the received model.
+    kd_reduction: 'sum' or 'mean' (`tff_algos.client_work.distillation`).
+    (The three plug-ins are `tff_algos.client_work.plugins`'s, as on every builder.)
   """
   client_work = model_delta.build_model_delta_client_work(
       model_fn, client_optimizer_fn, client_batch_size,
       client_weighting=factories.resolve_client_weighting(client_weighting, model_aggregator),
-      guided=guided)
+      guided=guided, kd_weight=kd_weight, kd_reduction=kd_reduction)
   return compose_with_client_work(
       model_fn, client_work,
       server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=1.0),
@@ -80,7 +85,8 @@ def build_fedavgm(model_fn, client_optimizer_fn, client_batch_size, *,
                   **kwargs) -> tff.learning.templates.LearningProcess:
   """FedAvgM (Hsu et al. 2019): FedAvg with server SGD momentum (default lr 1.0, m 0.9).
 
-  `**kwargs` go to `build_fedavg`: client_weighting, model_aggregator, guided.
+  `**kwargs` go to `build_fedavg`: client_weighting, model_aggregator, guided,
+  kd_weight, kd_reduction.
   """
   return build_fedavg(
       model_fn, client_optimizer_fn, client_batch_size,
@@ -94,7 +100,8 @@ def build_fedadam(model_fn, client_optimizer_fn, client_batch_size, *,
                   **kwargs) -> tff.learning.templates.LearningProcess:
   """FedAdam / FedOpt (Reddi et al. 2021): FedAvg with a server Adam optimiser.
 
-  `**kwargs` go to `build_fedavg`: client_weighting, model_aggregator, guided.
+  `**kwargs` go to `build_fedavg`: client_weighting, model_aggregator, guided,
+  kd_weight, kd_reduction.
   """
   return build_fedavg(
       model_fn, client_optimizer_fn, client_batch_size,
@@ -109,8 +116,10 @@ def build_fedprox(
     client_weighting: Optional[str] = None,
     model_aggregator: Optional[ModelAggregator] = None,
     guided: bool = False,
+    kd_weight: float = 0.0,
+    kd_reduction: str = 'sum',
 ) -> tff.learning.templates.LearningProcess:
-  """FedProx (Li et al. 2020): local loss + (mu/2)||w - w_t||^2.
+  """FedProx (Li et al. 2020): local loss + (mu/2)||w - w_t||^2 (plug-ins as `build_fedavg`).
 
   Note: TFF 0.87's `build_weighted_fed_prox` adds mu * (w_t - w) to the gradient, the
   negative of the proximal term's gradient, so it pushes clients away from the global
@@ -122,7 +131,7 @@ def build_fedprox(
       model_fn, client_optimizer_fn, client_batch_size,
       proximal_strength=proximal_strength,
       client_weighting=factories.resolve_client_weighting(client_weighting, model_aggregator),
-      guided=guided)
+      guided=guided, kd_weight=kd_weight, kd_reduction=kd_reduction)
   return compose_with_client_work(
       model_fn, client_work,
       server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=1.0),
@@ -135,13 +144,16 @@ def build_fedsgd(
     client_weighting: Optional[str] = None,
     model_aggregator: Optional[ModelAggregator] = None,
     guided: bool = False,
+    kd_weight: float = 0.0,
 ) -> tff.learning.templates.LearningProcess:
   """FedSGD: each client uploads its full-batch mean gradient; server SGD (lr 0.1 default,
-  as `tff.learning.algorithms.build_fed_sgd`). `client_batch_size` only bounds memory."""
+  as `tff.learning.algorithms.build_fed_sgd`). `client_batch_size` only bounds memory.
+  `guided` as `build_fedavg` (the upload is G*g); `kd_weight` > 0 is refused with the
+  reason (`tff_algos.client_work.plugins`: no local step, so no KD term)."""
   client_work = model_delta.build_model_delta_client_work(
       model_fn, None, client_batch_size, full_gradient=True,
       client_weighting=factories.resolve_client_weighting(client_weighting, model_aggregator),
-      guided=guided)
+      guided=guided, kd_weight=kd_weight)
   return compose_with_client_work(
       model_fn, client_work,
       server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=0.1),

@@ -36,7 +36,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos.aggregators import clustered_aggregation, factories
-from tff_algos.client_work import distillation, local_training, model_delta
+from tff_algos.client_work import local_training, model_delta, plugins
 from tff_algos.models import model_fns, representation
 
 
@@ -69,6 +69,7 @@ def build_cadis(
     true_clusters: Optional[Sequence[int]] = None,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     model_aggregator=None,
+    guided: bool = False,
 ) -> tff.learning.templates.LearningProcess:
   """Builds a learning process for CADIS (clustered aggregation + KD regularisation).
 
@@ -109,6 +110,8 @@ def build_cadis(
       refuses them). None (default): Σ p_i Δ_i on the server's accumulator in one
       aggregation, as before. State gains `aggregator.delta_aggregator` (the factory's
       state), metrics `aggregator/delta_aggregator` (its measurements).
+    guided: FedLEx's guidance on the clients' gradients (`tff_algos.client_work.plugins`;
+      `state.client_work['guidance']`, set by `tff_algos.fedlex.set_guidance`).
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -120,12 +123,8 @@ def build_cadis(
   factories.check_model_aggregator(model_aggregator)
   model_fn = model_fns.as_model_fn(model_fn)
   local_training.check_client_training(client_optimizer_fn, client_batch_size)
-  if kd_reduction not in distillation.REDUCTIONS:
-    raise ValueError(
-        f'kd_reduction must be one of {distillation.REDUCTIONS}, got {kd_reduction!r}')
-  if isinstance(kd_weight, bool) or not isinstance(kd_weight, (int, float, np.floating)) \
-      or not np.isfinite(kd_weight) or kd_weight < 0:
-    raise ValueError(f'kd_weight must be a finite number >= 0, got {kd_weight!r}')
+  # The plug-ins' own checks, before the (slower) factory is built.
+  plugins.ClientStages(guided, kd_weight, kd_reduction)
   # The factory validates num_clients, clients_per_round, thresholds, closure, layer and
   # true_clusters; the similarity tensor's position comes from the model itself.
   factory = clustered_aggregation.ClusteredAggregator(
@@ -139,7 +138,7 @@ def build_cadis(
   weights_type = initial_weights.type_signature.result
   client_work = model_delta.build_model_delta_client_work(
       model_fn, client_optimizer_fn, int(client_batch_size), keyed=True,
-      kd_weight=float(kd_weight), kd_reduction=kd_reduction)
+      kd_weight=kd_weight, kd_reduction=kd_reduction, guided=guided)
   distributor = tff.learning.templates.build_broadcast_process(weights_type)
   aggregator = factory.create(model_delta.keyed_update_type(weights_type.trainable),
                               tff.TensorType(np.float32))

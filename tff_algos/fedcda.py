@@ -54,6 +54,9 @@ def build_fedcda(
     max_cache_gib: Optional[float] = 4.0,
     cache_dtype: str = 'float32',
     model_aggregator=None,
+    guided: bool = False,
+    kd_weight: float = 0.0,
+    kd_reduction: str = 'sum',
 ) -> tff.learning.templates.LearningProcess:
   """FedCDA as a `tff.learning.templates.LearningProcess`.
 
@@ -80,6 +83,10 @@ def build_fedcda(
       memory; uploads are rounded as they enter it (`cross_round_cache` module doc).
     model_aggregator: must be None (accepted for TFF-style call sites; a factory is refused
       with the reason, see `tff_algos.aggregators.factories`).
+    guided: FedLEx's guidance on the clients' gradients (`tff_algos.client_work.plugins`;
+      `state.client_work['guidance']`, set by `tff_algos.fedlex.set_guidance`).
+    kd_weight: λ of CADIS's KD term on the clients (0 = off), teacher = the global model.
+    kd_reduction: 'sum' or 'mean' (`tff_algos.client_work.distillation`).
 
   Returns:
     A LearningProcess; `next(state, client_data)` takes the P clients' one-element
@@ -104,7 +111,8 @@ def build_fedcda(
   return tff.learning.templates.compose_learning_process(
       initial_weights,
       tff.learning.templates.build_broadcast_process(weights_type),
-      model_upload.build_model_upload_client_work(model_fn, client_optimizer_fn,
-                                                  client_batch_size),
+      model_upload.build_model_upload_client_work(
+          model_fn, client_optimizer_fn, client_batch_size, guided=guided,
+          kd_weight=kd_weight, kd_reduction=kd_reduction),
       aggregator,
       cross_round_cache.build_replace_finalizer(weights_type))

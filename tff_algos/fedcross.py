@@ -58,6 +58,9 @@ def build_fedcross(
     num_propellers: int = 1,
     accel_rounds: int = 0,
     model_aggregator=None,
+    guided: bool = False,
+    kd_weight: float = 0.0,
+    kd_reduction: str = 'sum',
 ) -> tff.learning.templates.LearningProcess:
   """FedCross (multi-model cross-aggregation) as a `tff.learning.templates.LearningProcess`.
 
@@ -75,6 +78,11 @@ def build_fedcross(
     accel_rounds: length of the acceleration phase (0 = off).
     model_aggregator: must be None (accepted for TFF-style call sites; a factory is refused
       with the reason, see `tff_algos.aggregators.factories`).
+    guided: FedLEx's guidance on the clients' gradients (`tff_algos.client_work.plugins`;
+      `state.client_work['guidance']`, set by `tff_algos.fedlex.set_guidance`).
+    kd_weight: λ of CADIS's KD term on the clients (0 = off); the teacher is the
+      middleware model the client received.
+    kd_reduction: 'sum' or 'mean' (`tff_algos.client_work.distillation`).
 
   Returns:
     A LearningProcess; `next(state, client_data)` takes the K clients' one-element
@@ -93,8 +101,9 @@ def build_fedcross(
   initial_weights = model_delta.initial_model_weights_fn(model_fn)
   weights_type = initial_weights.type_signature.result
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
-  client_work = model_upload.build_model_upload_client_work(model_fn, client_optimizer_fn,
-                                                            client_batch_size)
+  client_work = model_upload.build_model_upload_client_work(
+      model_fn, client_optimizer_fn, client_batch_size, guided=guided, kd_weight=kd_weight,
+      kd_reduction=kd_reduction)
   aggregator = cross_aggregation.build_cross_aggregation_process(
       weights_type, k, alpha=alpha, selection=selection, alpha_schedule=alpha_schedule,
       num_propellers=num_propellers, accel_rounds=accel_rounds,

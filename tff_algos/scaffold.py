@@ -69,6 +69,9 @@ def build_scaffold(
     client_weighting: str = 'uniform',
     max_control_gib: Optional[float] = 4.0,
     model_aggregator=None,
+    guided: bool = False,
+    kd_weight: float = 0.0,
+    kd_reduction: str = 'sum',
 ) -> tff.learning.templates.LearningProcess:
   """SCAFFOLD (option II control variates) as a `tff.learning.templates.LearningProcess`.
 
@@ -88,6 +91,11 @@ def build_scaffold(
       4·D + 4·N) exceed this many GiB (None: no limit).
     model_aggregator: must be None (accepted for TFF-style call sites; a factory is refused
       with the reason, see `tff_algos.aggregators.factories`).
+    guided: FedLEx's guidance on the clients' gradients, applied before the control-variate
+      correction: each step is y -= eta_l * (G * g + c - c_i), so the control variates
+      track guided gradients (`corrected_training`'s module doc says why).
+    kd_weight: λ of CADIS's KD term on the clients (0 = off), teacher = the global model x.
+    kd_reduction: 'sum' or 'mean' (`tff_algos.client_work.distillation`).
 
   Returns:
     A LearningProcess; `next(state, client_data)` takes the round's clients' one-element
@@ -114,7 +122,8 @@ def build_scaffold(
   aggregator = control_variates.build_control_variate_aggregation(
       weights_type, num_clients, clients_per_round, max_control_gib=max_control_gib)
   client_work = corrected_training.build_corrected_client_work(
-      model_fn, client_optimizer_fn, client_batch_size, client_weighting=client_weighting)
+      model_fn, client_optimizer_fn, client_batch_size, client_weighting=client_weighting,
+      guided=guided, kd_weight=kd_weight, kd_reduction=kd_reduction)
   finalizer = model_delta.build_update_finalizer(
       tff.learning.optimizers.build_sgdm(learning_rate=float(server_learning_rate)),
       weights_type)

@@ -34,6 +34,20 @@ beta = 0.5 (the project's default client momentum) and the control variates drif
 tracking the clients' gradients; Adam's per-coordinate steps have no single eta_l at all.
 Coupled weight decay (`tff_algos.optimizers.with_weight_decay`) on SGD is accepted: the
 formula is then exact for the regularised loss.
+
+Plug-ins (`tff_algos.client_work.plugins`). KD (`kd_weight`) adds λ·KD to the local loss,
+so g is that loss's gradient and c_i+ its mean, as with weight decay. Guidance (`guided`)
+composes with the correction in this order, at every step:
+
+    1. g = gradient of the local loss at y (with KD when on);
+    2. guidance: g <- G * g (elementwise);
+    3. correction: y <- y - eta_l * (G * g + c - c_i).
+
+The guided gradient G * g is the gradient SCAFFOLD controls: option II's formula then gives
+c_i+ = the mean of G * g over the K_i steps, and c - c_i estimates the drift of guided
+gradients, so the control variates keep their meaning. Guiding the corrected direction
+instead (G * (g + c - c_i)) would give c_i+ = G * mean(g) + (1 - G) * (c_i - c), which is
+no client's mean gradient, and the variates would drift wherever G < 1.
 """
 
 from __future__ import annotations
@@ -46,7 +60,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos import optimizers
-from tff_algos.client_work import local_training, model_delta
+from tff_algos.client_work import local_training, model_delta, plugins
 from tff_algos.models import model_fns
 
 # The hparams of plain SGD (`tff.learning.optimizers.build_sgdm` without momentum), with or
@@ -90,6 +104,9 @@ def build_corrected_client_work(
     client_batch_size: int,
     *,
     client_weighting: str = 'uniform',
+    guided: bool = False,
+    kd_weight: float = 0.0,
+    kd_reduction: str = 'sum',
 ) -> tff.learning.templates.ClientWorkProcess:
   """SCAFFOLD's client work (see the module doc).
 
@@ -99,6 +116,10 @@ def build_corrected_client_work(
       (optionally with `tff_algos.optimizers.with_weight_decay`); anything else is refused.
     client_batch_size: local batch size.
     client_weighting: 'uniform' (the paper) or 'num_examples': the upload's weight.
+    guided: FedLEx's guidance in the client work state, applied before the correction
+      (module doc).
+    kd_weight: λ of CADIS's KD term (`plugins`; 0 = off).
+    kd_reduction: 'sum' or 'mean' (`distillation`).
 
   Returns:
     A `ClientWorkProcess` whose state is the client optimizer's hparams (TFF's hparams API),
@@ -113,10 +134,12 @@ def build_corrected_client_work(
   if client_weighting not in model_delta.CLIENT_WEIGHTINGS:
     raise ValueError(f'client_weighting must be one of {model_delta.CLIENT_WEIGHTINGS}, '
                      f'got {client_weighting!r}')
+  stages = plugins.ClientStages(guided, kd_weight, kd_reduction)
   weights_type = model_delta.model_weights_type(model_fn)
   with_non_trainable = bool(weights_type.non_trainable)
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
-  work_state = model_delta.build_client_work_state(client_optimizer_fn)
+  work_state = model_delta.build_client_work_state(client_optimizer_fn,
+                                                   stages.guidance_type(weights_type))
   state_type = work_state.init_fn.type_signature.result.member
   metric_finalizers = model_delta.model_metric_finalizers(model_fn)
 
@@ -130,10 +153,15 @@ def build_corrected_client_work(
     server_control = list(received['server_control'])
     # c - c_i: the same every step of this round.
     correction = [c - ci for c, ci in zip(server_control, received['client_control'])]
-    train = local_training.build_local_training(model_fn(), client_optimizer_fn,
-                                                client_batch_size, gradient_transform=corrected)
+    model = model_fn()
+    hooks = stages.hooks(model, state, initial, element, client_batch_size,
+                         context=collections.OrderedDict(correction=correction),
+                         gradient_transform=corrected)
+    train = local_training.build_local_training(
+        model, client_optimizer_fn, client_batch_size,
+        gradient_transform=hooks.gradient_transform, extra_loss=hooks.extra_loss)
     hparams = work_state.optimizer_hparams(state)
-    out = train(initial, element, collections.OrderedDict(correction=correction), hparams)
+    out = train(initial, element, hooks.context, hparams)
     delta = [w0 - w for w0, w in zip(initial.trainable, out.model_weights.trainable)]
     # Option II: c_i+ - c_i = (x - y_i) / (K_i * eta_l) - c.
     steps_times_lr = out.steps_trained * tf.cast(hparams['learning_rate'], tf.float32)

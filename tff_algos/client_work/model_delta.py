@@ -1,9 +1,10 @@
 """Client work processes on the shared local-training path.
 
-`build_model_delta_client_work` is FedAvg's / FedProx's / FedSGD's client side (and, with
-`guided=True`, FedLEx's guided variant of each; with `kd_weight > 0` and `keyed=True`,
-CADIS's KD-regularised client side): a `tff.learning.templates.ClientWorkProcess` that plugs
-into `compose_learning_process` beside TFF's stock distributor, aggregators and finalizer.
+`build_model_delta_client_work` is FedAvg's / FedProx's / FedSGD's client side (with
+`keyed=True`, CADIS's): a `tff.learning.templates.ClientWorkProcess` that plugs into
+`compose_learning_process` beside TFF's stock distributor, aggregators and finalizer. Its
+plug-ins (`guided`: FedLEx's guidance; `kd_weight`: CADIS's KD term) are
+`tff_algos.client_work.plugins`'s, as in every client work here.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.client_work import distillation
 from tff_algos.client_work import local_training
+from tff_algos.client_work import plugins
 from tff_algos.models import model_fns
 
 CLIENT_WEIGHTINGS = ('num_examples', 'uniform')
@@ -265,17 +266,15 @@ def build_model_delta_client_work(
     proximal_strength: FedProx's mu (0 = FedAvg).
     full_gradient: FedSGD: upload the mean full-batch gradient at the received weights.
     client_weighting: 'num_examples' (FedAvg) or 'uniform'.
-    guided: FedLEx: the process state holds a guidance structure shaped like the trainable
-      weights (initialised to ones; `ClientWorkState`), broadcast each round; every
-      gradient is multiplied by it elementwise before the optimiser step (before upload
-      for FedSGD).
+    guided: FedLEx's guidance (`plugins`): the state holds G (ones at first;
+      `ClientWorkState`), every gradient is multiplied by it before the optimiser step
+      (before upload for FedSGD).
     keyed: upload `OrderedDict(client_index=int32, delta=<the update>)`, the client's index
       from its input travelling with its update (for aggregators with per-client state,
       e.g. `tff_algos.aggregators.clustered_aggregation`).
-    kd_weight: CADIS's λ: adds λ·KL(teacher ‖ student) of the representations' kernel
-      conditionals (`tff_algos.client_work.distillation`) to every batch loss, the teacher
-      being the received model. 0 (default) builds no teacher: plain local training.
-      Needs a Keras-backed model with a 'classifier' layer, and local steps (not FedSGD).
+    kd_weight: CADIS's λ (`plugins`): adds λ·KL(teacher ‖ student) to every batch loss, the
+      teacher being the received model. 0 (default) builds no teacher. Needs a
+      Keras-backed model with a 'classifier' layer, and local steps (not FedSGD).
     kd_reduction: 'sum' (default, the reference code) or 'mean' (see `distillation`).
 
   Returns:
@@ -293,14 +292,8 @@ def build_model_delta_client_work(
     raise ValueError(f'client_weighting must be one of {CLIENT_WEIGHTINGS}, got {client_weighting!r}')
   if proximal_strength < 0:
     raise ValueError(f'proximal_strength must be >= 0, got {proximal_strength}')
-  if kd_reduction not in distillation.REDUCTIONS:
-    raise ValueError(
-        f'kd_reduction must be one of {distillation.REDUCTIONS}, got {kd_reduction!r}')
-  if isinstance(kd_weight, bool) or not np.isfinite(kd_weight) or kd_weight < 0:
-    raise ValueError(f'kd_weight must be a finite number >= 0, got {kd_weight!r}')
-  if kd_weight and full_gradient:
-    raise ValueError('kd_weight > 0 needs local training steps; it is not defined for '
-                     'full_gradient (FedSGD)')
+  stages = plugins.ClientStages(guided, kd_weight, kd_reduction)
+  stages.check_local_steps(full_gradient)
   weights_type = model_weights_type(model_fn)
   if keyed and weights_type.non_trainable:
     raise ValueError(
@@ -313,34 +306,22 @@ def build_model_delta_client_work(
   data_type = local_training.client_data_type(model_input_spec(model_fn))
   work_state = build_client_work_state(
       None if full_gradient else client_optimizer_fn,
-      weights_type.trainable if guided else None)
+      stages.guidance_type(weights_type))
   state_type = work_state.init_fn.type_signature.result.member
   metric_finalizers = model_metric_finalizers(model_fn)
-
-  def multiply_by_guidance(grads, context):
-    return [g * m for g, m in zip(grads, context['guidance'])]
 
   @tff.tensorflow.computation(state_type, weights_type, data_type)
   def client_update(state, initial_weights, dataset):
     model = model_fn()
     element = local_training.single_element(dataset)
-    context = collections.OrderedDict()
-    if guided:
-      context['guidance'] = list(state['guidance'])
-    extra_loss = None
-    if kd_weight:
-      kd = distillation.build_kd_loss(model, kd_weight, kd_reduction, client_batch_size)
-      # Runs before training (training takes its result), at the received weights.
-      context['teacher_representations'] = kd.teacher_representations(
-          initial_weights, element['x'])
-      extra_loss = kd.extra_loss
+    hooks = stages.hooks(model, state, initial_weights, element, client_batch_size)
     train = local_training.build_local_training(
         model, client_optimizer_fn, client_batch_size,
         proximal_strength=proximal_strength,
         full_gradient=full_gradient,
-        gradient_transform=multiply_by_guidance if guided else None,
-        extra_loss=extra_loss)
-    out = train(initial_weights, element, context or None,
+        gradient_transform=hooks.gradient_transform,
+        extra_loss=hooks.extra_loss)
+    out = train(initial_weights, element, hooks.context,
                 work_state.optimizer_hparams(state))
     if full_gradient:
       # The per-batch gradients were already multiplied by G inside the loop: G·g, once.

@@ -10,6 +10,9 @@ with weight = its example count. A client with no data trains zero steps; a clie
 training went non-finite uploads the model it received, unchanged and finite, so no NaN
 reaches a server accumulator. Both get weight 0, which tells the aggregator to ignore the
 upload, and the latter is counted in `train/non_finite_clients`.
+
+The plug-ins (`guided`: FedLEx's guidance, `kd_weight`: CADIS's KD term with the received
+model as the teacher) are `tff_algos.client_work.plugins`'s, as in every client work here.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.client_work import local_training, model_delta
+from tff_algos.client_work import local_training, model_delta, plugins
 from tff_algos.models import model_fns
 
 
@@ -37,6 +40,10 @@ def build_model_upload_client_work(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     client_optimizer_fn: tff.learning.optimizers.Optimizer,
     client_batch_size: int,
+    *,
+    guided: bool = False,
+    kd_weight: float = 0.0,
+    kd_reduction: str = 'sum',
 ) -> tff.learning.templates.ClientWorkProcess:
   """Local training on the shared fast loop that uploads the trained model (see module doc).
 
@@ -44,29 +51,38 @@ def build_model_upload_client_work(
     model_fn: no-arg function returning a `tff.learning.models.VariableModel`.
     client_optimizer_fn: a `tff.learning.optimizers.Optimizer` for local steps.
     client_batch_size: local batch size.
+    guided: FedLEx's guidance in the client work state (`plugins`).
+    kd_weight: λ of CADIS's KD term (`plugins`; 0 = off).
+    kd_reduction: 'sum' or 'mean' (`distillation`).
 
   Returns:
     A `ClientWorkProcess` whose state is the client optimizer's hparams (TFF's hparams API:
-    `get_hparams` / `set_hparams` change the client learning rate);
+    `get_hparams` / `set_hparams` change the client learning rate; guided: beside the
+    guidance, `model_delta.ClientWorkState`);
     `ClientResult(update=<upload>, update_weight=float32)`, measurements `train` (loss,
     accuracy, last_epoch_loss, num_examples, num_clients, non_finite_clients, and the
     model's own metrics).
   """
   model_fn = model_fns.as_model_fn(model_fn)
   local_training.check_client_training(client_optimizer_fn, client_batch_size)
+  stages = plugins.ClientStages(guided, kd_weight, kd_reduction)
   weights_type = model_delta.model_weights_type(model_fn)
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
 
-  work_state = model_delta.build_client_work_state(client_optimizer_fn)
+  work_state = model_delta.build_client_work_state(client_optimizer_fn,
+                                                   stages.guidance_type(weights_type))
   state_type = work_state.init_fn.type_signature.result.member
   metric_finalizers = model_delta.model_metric_finalizers(model_fn)
 
   @tff.tensorflow.computation(state_type, weights_type, data_type)
   def client_update(state, initial_weights, dataset):
-    train = local_training.build_local_training(model_fn(), client_optimizer_fn,
-                                                client_batch_size)
+    model = model_fn()
     element = local_training.single_element(dataset)
-    out = train(initial_weights, element, None,
+    hooks = stages.hooks(model, state, initial_weights, element, client_batch_size)
+    train = local_training.build_local_training(
+        model, client_optimizer_fn, client_batch_size,
+        gradient_transform=hooks.gradient_transform, extra_loss=hooks.extra_loss)
+    out = train(initial_weights, element, hooks.context,
                 work_state.optimizer_hparams(state))
     trained = tff.learning.models.ModelWeights(
         trainable=list(out.model_weights.trainable),

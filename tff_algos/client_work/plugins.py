@@ -1,0 +1,108 @@
+"""The plug-in client stages every client work accepts: FedLEx's guidance and CADIS's KD term.
+
+Both change how a client trains, never what the server does with its upload
+(ARCHITECTURE.md, "Plug-ins are client-work options, not methods"), so each is written once
+here and every client work of the package (`model_delta`: the FedAvg family, FedSGD and
+CADIS; `model_upload`: FedCross and FedCDA; `corrected_training`: SCAFFOLD) takes its hooks
+into the shared local-training loop from `ClientStages.hooks`:
+
+* guidance (`guided=True`, FedLEx, ALGORITHMS.md section 4): the client work's state holds
+  the guidance matrix G, shaped like the trainable weights and all ones after `initialize`
+  (bit for bit the unguided method; `tff_algos.fedlex.set_guidance` /
+  `explore_and_initialize` install an explored one), broadcast every round. Every gradient
+  of the client's local objective is multiplied by G elementwise before the optimizer step
+  (FedSGD: before it is averaged and uploaded, so the upload is G*g once). The local
+  objective includes FedProx's proximal term and the KD term, so their gradients are
+  guided too. A method's own gradient transform comes after the guidance: SCAFFOLD's
+  correction is added to G*g (see `corrected_training`).
+* knowledge distillation (`kd_weight=λ > 0`, CADIS, ALGORITHMS.md section 3): λ·KL(teacher ‖
+  student) of the kernel similarity distributions of the representations is added to every
+  batch loss, the teacher being the model the client received this round
+  (`distillation.build_kd_loss`). It needs local steps: at FedSGD's single gradient the
+  student is the teacher, where the KL term and its gradient are 0, so it is refused there.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, NamedTuple, Optional
+
+import numpy as np
+
+from tff_algos.client_work import distillation
+
+
+class TrainingHooks(NamedTuple):
+  """What `build_local_training` and its `train` call take from the stages."""
+  context: Any                 # OrderedDict for `train(..., context)`, or None
+  gradient_transform: Any      # for `build_local_training(gradient_transform=)`, or None
+  extra_loss: Any              # for `build_local_training(extra_loss=)`, or None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientStages:
+  """The plug-ins of one client work (see the module doc); the defaults are none at all."""
+  guided: bool = False
+  kd_weight: float = 0.0
+  kd_reduction: str = 'sum'
+
+  def __post_init__(self):
+    if not isinstance(self.guided, (bool, np.bool_)):
+      raise TypeError(f'guided must be True or False, got {self.guided!r}')
+    if isinstance(self.kd_weight, bool) or not isinstance(
+        self.kd_weight, (int, float, np.integer, np.floating)) or not np.isfinite(
+            self.kd_weight) or self.kd_weight < 0:
+      raise ValueError(f'kd_weight must be a finite number >= 0, got {self.kd_weight!r}')
+    if self.kd_reduction not in distillation.REDUCTIONS:
+      raise ValueError(f'kd_reduction must be one of {distillation.REDUCTIONS}, got '
+                       f'{self.kd_reduction!r}')
+    object.__setattr__(self, 'guided', bool(self.guided))
+    object.__setattr__(self, 'kd_weight', float(self.kd_weight))
+
+  def check_local_steps(self, full_gradient: bool) -> None:
+    """One ValueError when KD is asked of a client work without local steps (FedSGD)."""
+    if self.kd_weight and full_gradient:
+      raise ValueError(
+          'kd_weight > 0 needs local training steps: FedSGD takes its one gradient at the '
+          'received model, where the student is the teacher and the KD term and its gradient '
+          'are 0')
+
+  def guidance_type(self, weights_type):
+    """The guidance's type in the client work state (`model_delta.build_client_work_state`),
+    or None when unguided."""
+    return weights_type.trainable if self.guided else None
+
+  def hooks(self, model, state, initial_weights, element, batch_size: int, *,
+            context: Optional[dict] = None, gradient_transform=None) -> TrainingHooks:
+    """The local-training hooks, inside the client's TF computation.
+
+    Args:
+      model: the student model the client trains (built in this computation).
+      state: the client work state (holds `guidance` when guided).
+      initial_weights: the weights the client received (KD's teacher).
+      element: the client's whole-data structure (`local_training.single_element`).
+      batch_size: the local batch size.
+      context: the method's own entries of the loop's context (SCAFFOLD's correction).
+      gradient_transform: the method's own transform, applied after the guidance.
+    """
+    context = collections.OrderedDict(context or {})
+    transform = gradient_transform
+    if self.guided:
+      context['guidance'] = list(state['guidance'])
+      transform = _after_guidance(gradient_transform)
+    extra_loss = None
+    if self.kd_weight:
+      kd = distillation.build_kd_loss(model, self.kd_weight, self.kd_reduction, batch_size)
+      # Computed before training (training takes its result), at the received weights.
+      context['teacher_representations'] = kd.teacher_representations(
+          initial_weights, element['x'])
+      extra_loss = kd.extra_loss
+    return TrainingHooks(context or None, transform, extra_loss)
+
+
+def _after_guidance(then):
+  def transform(grads, context):
+    guided = [g * m for g, m in zip(grads, context['guidance'])]
+    return guided if then is None else then(guided, context)
+  return transform
