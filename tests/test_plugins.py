@@ -286,7 +286,7 @@ PLUGIN_RUNS = {'guided': dict(guided=True, client_lr=0.3), 'kd': dict(kd_weight=
 def test_digits_run_with_the_option_learns(tmp_path, method, option):
   """A few rounds with the option on reach an accuracy far above chance (0.1), and the run
   shows the option was on: the explored guidance, or the KD term in every round."""
-  summary, _, rows = _run(tmp_path, 'r', rounds=6,
+  summary, _, rows = _run(tmp_path, 'r', rounds=8,
                           **dict(LEARNING_RUNS[method], **PLUGIN_RUNS[option]))
   assert summary['final_accuracy'] > 0.6, summary
   if option == 'guided':
