@@ -158,8 +158,9 @@ def test_every_builder_takes_both_options_into_its_client_work(name):
   kd_weight > 0 makes the clients report the KD term, i.e. it reached their training.
   FedSGD refuses KD with the reason (no local step)."""
   if name == 'fedsgd':
-    with pytest.raises(ValueError, match='^kd_weight > 0 needs local training steps: FedSGD '
-                       'takes its one gradient at the received model'):
+    with pytest.raises(ValueError, match='^kd_weight > 0 needs local training steps, which '
+                       r'full_gradient \(FedSGD\) does not take: its one gradient is at the '
+                       'received model'):
       BUILDERS[name](kd_weight=0.5)
     process = BUILDERS[name](guided=True)
   else:

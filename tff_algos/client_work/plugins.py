@@ -64,9 +64,9 @@ class ClientStages:
     """One ValueError when KD is asked of a client work without local steps (FedSGD)."""
     if self.kd_weight and full_gradient:
       raise ValueError(
-          'kd_weight > 0 needs local training steps: FedSGD takes its one gradient at the '
-          'received model, where the student is the teacher and the KD term and its gradient '
-          'are 0')
+          'kd_weight > 0 needs local training steps, which full_gradient (FedSGD) does not '
+          'take: its one gradient is at the received model, where the student is the teacher '
+          'and the KD term and its gradient are 0')
 
   def guidance_type(self, weights_type):
     """The guidance's type in the client work state (`model_delta.build_client_work_state`),
