@@ -4,8 +4,8 @@ One `Method` per `--algorithm`: its own flags (name, default, help, validation r
 the value goes: a keyword of its builder, of FedLEx's exploration builder, or the program's
 loop), the general server flags it reads, and how its builder is called. The plug-in client
 stages every method takes (`--guided` with FedLEx's exploration flags, `--kd_weight`:
-`tff_algos/client_work/plugins.py`) are declared here once too, as general flags. `programs/train.py`
-defines the absl flags from it, `programs/experiment.py` validates, refuses ignored flags and
+`tff_algos/client_work/plugins.py`) are declared here once too, as general flags.
+`programs/train.py` defines the absl flags from it, `programs/experiment.py` validates, refuses ignored flags and
 builds the process from it, the option table of docs/methods.md is generated from it
 (`python -m programs.methods` rewrites it; tests/test_method_flags.py checks the page holds
 it) and the
@@ -307,7 +307,8 @@ CADIS_FLAGS = (
     Flag('cadis_threshold', 0.975, 'CADIS: initial clustering threshold tau_0.',
          kwarg='threshold'),
     Flag('cadis_threshold_max', 0.985, 'CADIS: largest threshold.', kwarg='threshold_max'),
-    Flag('cadis_kd_weight', 1.0, 'CADIS: lambda of the KD term (0 = off).',
+    Flag('cadis_kd_weight', 1.0, 'CADIS: lambda of the KD term (0 = off); the general '
+         '--kd_weight, when given, sets it instead.',
          lambda v: None if v >= 0 and math.isfinite(v) else f' must be >= 0, got {v}',
          kwarg='kd_weight'),
     Flag('cadis_kd_reduction', 'sum', 'CADIS KD: sum or mean.', one_of(CADIS_REDUCTIONS),

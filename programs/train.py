@@ -78,8 +78,8 @@ _RESIDENT_STATE = flags.DEFINE_bool(
 _BLOWN_UP_ROUNDS = flags.DEFINE_integer(
     'blown_up_rounds', 5, 'Stop (exit 2, checkpointed) after this many rounds in a row whose '
     'clients\' training loss is above 1e4 (local training blew up); 0 = go on.')
-# Each method's own flags (--fedcross_*, --fedcda_*, --cadis_*, --scaffold_*, --fedlex_*), from
-# the registry.
+# Each method's own flags (--fedcross_*, --fedcda_*, --cadis_*, --scaffold_*), the plug-ins'
+# (--guided, --kd_weight) and FedLEx's exploration flags (--fedlex_*), from the registry.
 _METHOD_FLAGS = methods.define_absl_flags()
 flags.adopt_module_key_flags(methods)  # so that --help lists them with this program's flags
 

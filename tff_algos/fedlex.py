@@ -11,7 +11,9 @@ Two pieces, both ordinary TFF objects:
   [guidance_floor, 1]) and reports the exploration's cost in client-epochs.
 
 * `build_fedlex(..., base='avgm'|'sgd'|'opt'|'prox')`: the base algorithm of
-  `tff_algos.baselines` built with guided client work: the guidance lives in
+  `tff_algos.baselines` built with `guided=True` (the guidance is a plug-in client stage,
+  `tff_algos.client_work.plugins`, that every builder takes: FedCross, FedCDA, SCAFFOLD and
+  CADIS are guided the same way, and these helpers work on their states too): the guidance lives in
   `state.client_work`, is broadcast every round and multiplies every gradient elementwise
   before the client optimiser step (for FedSGD, the uploaded full-batch gradient). It
   starts as all ones, which is bit-for-bit the unguided base; `set_guidance` or
@@ -295,8 +297,8 @@ def build_fedlex(
 def _guidance_of(state) -> list:
   work = state.client_work
   if not isinstance(work, collections.abc.Mapping) or 'guidance' not in work:
-    raise ValueError('state carries no guidance: build the process with build_fedlex '
-                     '(guided=True)')
+    raise ValueError('state carries no guidance: build the process with guided=True '
+                     '(build_fedlex, or any builder)')
   return list(work['guidance'])
 
 
