@@ -170,7 +170,7 @@ def test_every_builder_takes_both_options_into_its_client_work(name):
                                              (CLASSES,)]
   assert all(np.all(np.asarray(g) == 1.0) for g in guidance)
   train_metrics = process.next.type_signature.result.metrics.member['client_work']['train']
-  assert ('extra_loss' in dir(train_metrics)) == (name != 'fedsgd')
+  assert ('extra_loss' in tff.structure.name_list(train_metrics)) == (name != 'fedsgd')
 
 
 def test_bad_plugin_arguments_are_refused_in_one_line():
