@@ -22,6 +22,8 @@ import math
 import os
 from typing import Any, Callable, Optional
 
+from programs import pages
+
 # Where a method flag's value goes.
 BUILDER = 'builder'          # a keyword argument of the method's builder
 EXPLORATION = 'exploration'  # a keyword of tff_algos.fedlex.build_fedlex_exploration
@@ -491,9 +493,7 @@ TABLE_PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 
 def page_with_table(text: str) -> str:
   """`text` (docs/methods.md) with the block between the table markers rewritten."""
-  head, rest = text.split(TABLE_BEGIN, 1)
-  _, tail = rest.split(TABLE_END, 1)
-  return f'{head}{TABLE_BEGIN}\n{flag_table()}{TABLE_END}{tail}'
+  return pages.with_block(text, TABLE_BEGIN, TABLE_END, flag_table())
 
 
 if __name__ == '__main__':
@@ -501,7 +501,6 @@ if __name__ == '__main__':
     before = f.read()
   after = page_with_table(before)
   if after != before:
-    with open(TABLE_PAGE, 'w') as f:
-      f.write(after)
+    pages.write_text(TABLE_PAGE, after)
   print(f'{os.path.relpath(TABLE_PAGE)}: method flag table '
         f'{"rewritten" if after != before else "already current"}')
