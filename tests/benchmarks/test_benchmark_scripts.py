@@ -60,7 +60,7 @@ def test_parallel_runs_alone_makes_the_suite_run_and_reports_its_round():
   assert 'alone         throughput 1.00x alone' in stdout
 
 
-def test_round_overhead_server_share_adds_0_epoch_rounds():
+def test_round_overhead_server_share_adds_0_epoch_rounds(tmp_path):
   """--server_share: each TFF variant also runs 0-epoch rounds, timed beside the full ones
   and tabulated as the server step's share; no client step was taken in them (the model
   ends where it started); were the flag ignored, none of it would be printed. Small enough for
@@ -68,7 +68,9 @@ def test_round_overhead_server_share_adds_0_epoch_rounds():
   not built)."""
   flags = ['--dataset=digits', '--model=tiny_cnn', '--clients=2', '--examples_per_client=10',
            '--batch_size=10', '--rounds=1', '--warmup_rounds=1', '--variants=plain_tf,ours']
-  stdout = _run('round_overhead', *flags, '--server_share', timeout=600).stdout
+  figures = tmp_path / 'figures.json'
+  stdout = _run('round_overhead', *flags, '--server_share', f'--json={figures}',
+                timeout=600).stdout
   rounds = [l for l in stdout.splitlines() if l.startswith('round ')]
   assert len(rounds) == 2 and all(re.search(r'\bours@0 [0-9.]+s', l) for l in rounds), stdout
   (row,) = _table_rows(stdout, 'ours')
@@ -77,6 +79,16 @@ def test_round_overhead_server_share_adds_0_epoch_rounds():
   moved = re.search(r'^0-epoch rounds: max \|final - initial weights\| ours (\S+)$', stdout,
                     re.M)
   assert moved and float(moved.group(1)) == 0.0, stdout
+  # --json: the same medians, and each variant's ratio to plain_tf, for a script to read.
+  written = json.loads(figures.read_text())
+  assert written['setup']['clients'] == 2 and written['setup']['rounds'] == 1
+  assert sorted(written['variants']) == ['ours', 'ours@0', 'plain_tf']
+  medians = dict(re.findall(r'(\S+) ([0-9.]+)', stdout.split('median s/round: ')[1].split('\n')[0]))
+  for v in ('plain_tf', 'ours'):
+    assert written['variants'][v]['median_s'] == pytest.approx(float(medians[v]), abs=6e-4)
+  ours = written['variants']['ours']
+  assert ours['ratio_to_plain_tf'] == pytest.approx(
+      ours['median_s'] / written['variants']['plain_tf']['median_s'])
 
 
 @pytest.mark.slow
@@ -164,3 +176,27 @@ def test_worker_memory_reports_each_variant_round_by_round():
   for row in never + direct:
     gb = [float(c.split()[0]) for c in row[1:-1]]
     assert gb and all(g > 0.1 for g in gb), row   # the worker holds at least the model
+
+
+def test_linear_fit_of_round_time_over_clients():
+  from benchmarks import clients_per_round  # absl flags only; no TFF run
+  fit = clients_per_round.linear_fit([10, 50, 100], [0.5 + 0.002 * p for p in (10, 50, 100)])
+  assert fit['slope_ms'] == pytest.approx(2.0)
+  assert fit['intercept_s'] == pytest.approx(0.5)
+  assert fit['max_relative_gap'] == pytest.approx(0.0, abs=1e-9)
+  bent = clients_per_round.linear_fit([1, 2, 3], [1.0, 1.0, 2.0])
+  assert bent['max_relative_gap'] > 0.1
+
+
+@pytest.mark.slow
+def test_clients_per_round_fits_each_variant_over_p(tmp_path):
+  out = tmp_path / 'sweep.json'
+  stdout = _run('clients_per_round', '--clients=2,3', '--variants=plain_tf,ours,tff',
+                '--rounds=1', '--warmup_rounds=1', f'--json={out}').stdout
+  written = json.loads(out.read_text())
+  assert sorted(written['runs']) == ['2', '3']
+  assert sorted(written['fits']) == ['ours', 'plain_tf', 'tff']
+  rows = {v: _table_rows(stdout, v) for v in ('plain_tf', 'ours', 'tff')}
+  assert all(len(r) == 1 for r in rows.values()), stdout
+  (tff_row,) = rows['tff']
+  assert float(tff_row[-1]) == pytest.approx(1.0)   # TFF's slope against itself
