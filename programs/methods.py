@@ -228,7 +228,7 @@ def _fedcda_summary(run: RunRecord) -> dict:
           run.num_clients, c.fedcda_cache_size, d, c.fedcda_cache_dtype),
       fedcda_cache_formula=(
           f'{b}*N*K*D = {b}*{run.num_clients}*{c.fedcda_cache_size}*{d} bytes '
-          f'({c.fedcda_cache_dtype}) + 4*(3NK+2N+1) bookkeeping'))
+          f'({c.fedcda_cache_dtype}) + 8*D running sum + 4*(3NK+2N+1) bookkeeping'))
 
 
 # ---- SCAFFOLD (Karimireddy et al. 2020, option II; tff_algos/scaffold.py) ----

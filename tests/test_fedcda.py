@@ -124,6 +124,9 @@ def zero_state(n, k, dtype=tf.float32):
   return collections.OrderedDict(
       cache=cache, losses=tf.zeros([n, k]), sq_norms=tf.zeros([n, k], tf.float64),
       count=tf.zeros([n], tf.int32), selected=tf.zeros([n], tf.int32),
+      selected_sum=tff.learning.models.ModelWeights(
+          trainable=[tf.zeros(s, tf.float64) for s in SHAPES_TRAINABLE],
+          non_trainable=[tf.zeros(s, tf.float64) for s in SHAPES_NON_TRAINABLE]),
       round_num=tf.constant(0, tf.int32))
 
 
