@@ -39,6 +39,18 @@ from tff_algos.models import model_fns
 SELECTIONS = cross_round_cache.SELECTIONS
 
 
+def legacy_state_structure(state: tff.learning.templates.LearningAlgorithmState):
+  """`state` (this process's) in the layout FedCDA states had before the aggregator kept the
+  running `selected_sum`: the structure to load such a checkpoint with."""
+  return state._replace(aggregator=cross_round_cache.without_selected_sum(state.aggregator))
+
+
+def upgrade_legacy_state(state: tff.learning.templates.LearningAlgorithmState):
+  """A state loaded in that older layout, with `selected_sum` recomputed once from its cache
+  (the run then continues as if it had always kept the sum)."""
+  return state._replace(aggregator=cross_round_cache.add_selected_sum(state.aggregator))
+
+
 def build_fedcda(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     client_optimizer_fn: tff.learning.optimizers.Optimizer,
