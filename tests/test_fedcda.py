@@ -735,6 +735,10 @@ def test_duplicate_slots_fail_the_round():
   past = collections.OrderedDict(other, slot=np.int32(2))  # a third client, P = 2
   with pytest.raises(Exception, match=r'outside \[0, clients_per_round=2\).*at most 2'):
     proc.next(proc.initialize(), [value, past], [np.float32(1.0), np.float32(1.0)])
+  # one client in two slots would take its previous selection out of selected_sum twice
+  again = collections.OrderedDict(value, slot=np.int32(1))
+  with pytest.raises(Exception, match='same client_index'):
+    proc.next(proc.initialize(), [value, again], [np.float32(1.0), np.float32(1.0)])
 
 
 def test_builder_refuses_a_cache_above_the_limit():

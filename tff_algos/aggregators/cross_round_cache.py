@@ -362,7 +362,8 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
   n, p, k = num_clients, clients_per_round, cache_size
   valid = acc['valid'] > 0.0
   clients = acc['client_index']
-  writers = tf.boolean_mask(clients, valid)
+  # One upload per client: a second would subtract its previous selection twice.
+  writers = server_state.checked_distinct_clients(tf.boolean_mask(clients, valid))
   # 0. The fixed clients' sum = the running sum minus the uploaders' previous selections.
   #    Those are read from the cache as it was before this round's push, which may
   #    overwrite exactly the selected slot (FIFO eviction). O(P·D), not O(N·D).
