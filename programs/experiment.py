@@ -765,6 +765,23 @@ _NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'eval_last', 'root_output_dir', 'ex
                      'progress', 'resident_state', 'checkpoint_every', 'blown_up_rounds')
 
 
+def _load_checkpoint(loop, manager, program_state, method: methods.Method, log):
+  """The latest checkpoint, loaded as `program_state`'s structure or, failing that, in the
+  method's older layout (`Method.legacy_state`) and upgraded; raises if neither matches."""
+  try:
+    restored, _ = loop.run_until_complete(manager.load_latest(program_state))
+    return restored
+  except Exception:  # pylint: disable=broad-except
+    if not method.legacy_state:
+      raise
+  to_legacy, upgrade = (methods.named_function(name) for name in method.legacy_state)
+  legacy = collections.OrderedDict(program_state, state=to_legacy(program_state['state']))
+  restored, _ = loop.run_until_complete(manager.load_latest(legacy))
+  log(f'the checkpoint holds an earlier {method.name} version\'s state layout; upgraded it '
+      f'({upgrade.__module__}.{upgrade.__name__})')
+  return collections.OrderedDict(restored, state=upgrade(restored['state']))
+
+
 def _build_computations(c: ExperimentConfig, fed, num_clients: int):
   """(model name, model_fn, LearningProcess, Evaluator) of the config and loaded data."""
   from tff_algos import models  # pylint: disable=g-import-not-at-top
@@ -851,7 +868,8 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   _remove_unfinished_checkpoints(ckpt_dir)
   if start_round:
     try:
-      restored, _ = loop.run_until_complete(manager.load_latest(program_state))
+      restored = _load_checkpoint(loop, manager, program_state, methods.METHODS[c.algorithm],
+                                  log)
     except Exception as e:  # pylint: disable=broad-except
       raise ExperimentError(
           f'cannot resume {exp_dir}: its checkpoint does not match this program\'s state '

@@ -108,7 +108,9 @@ class Method:
   types the builder raises for impossible settings, reported as `error_prefix + str(e)`.
   `note(config)`: a line the program prints before training (a valid but noteworthy
   setting), or None. `summary(run)`: the method's own entries of summary.json from the
-  finished run (a `RunRecord`).
+  finished run (a `RunRecord`). `legacy_state`: ('module:function', 'module:function') for a
+  state layout an earlier version checkpointed: the first maps the current state to the
+  old layout (the structure to load with), the second upgrades a state loaded that way.
   """
   name: str
   builder: str               # 'module:function'
@@ -120,10 +122,10 @@ class Method:
   error_prefix: str = ''
   note: Callable[[Any], Optional[str]] = lambda c: None
   summary: Callable[[Any], dict] = lambda run: {}
+  legacy_state: tuple = ()
 
   def builder_function(self) -> Callable:
-    module, function = self.builder.split(':')
-    return getattr(importlib.import_module(module), function)
+    return named_function(self.builder)
 
   def builder_kwargs(self, config, target: str = BUILDER) -> dict:
     """{keyword: value} of this method's flags that go to `target`."""
@@ -136,6 +138,12 @@ class Method:
       if error:
         return error
     return self.check(config)
+
+
+def named_function(name: str) -> Callable:
+  """The function named 'module:function' (imported now)."""
+  module, function = name.split(':')
+  return getattr(importlib.import_module(module), function)
 
 
 def _lr_or(default):
@@ -230,7 +238,7 @@ def _fedcda_summary(run: RunRecord) -> dict:
           run.num_clients, c.fedcda_cache_size, d, c.fedcda_cache_dtype),
       fedcda_cache_formula=(
           f'{b}*N*K*D = {b}*{run.num_clients}*{c.fedcda_cache_size}*{d} bytes '
-          f'({c.fedcda_cache_dtype}) + 4*(3NK+2N+1) bookkeeping'))
+          f'({c.fedcda_cache_dtype}) + 8*D running sum + 4*(3NK+2N+1) bookkeeping'))
 
 
 # ---- SCAFFOLD (Karimireddy et al. 2020, option II; tff_algos/scaffold.py) ----
@@ -411,7 +419,10 @@ METHODS = {m.name: m for m in (
            lambda c, i: (_head(c, i) + (i.num_clients, c.clients_per_round),
                          dict(seed=c.seed)),
            flags=FEDCDA_FLAGS, check=_fedcda_check, errors=(ValueError,),
-           note=_fedcda_note, summary=_fedcda_summary),
+           note=_fedcda_note, summary=_fedcda_summary,
+           # checkpoints from before the aggregator kept its running selected_sum
+           legacy_state=('tff_algos.fedcda:legacy_state_structure',
+                         'tff_algos.fedcda:upgrade_legacy_state')),
     Method('cadis', 'tff_algos.cadis:build_cadis',
            lambda c, i: (_head(c, i) + (i.num_clients,),
                          dict(clients_per_round=c.clients_per_round,

@@ -160,6 +160,31 @@ def test_server_scale_reports_a_row_per_n():
 
 
 @pytest.mark.slow
+def test_server_scale_server_step_times_fedcda_step_per_n_with_ratios():
+  """--server_step: one row per N (interleaved tf.function calls of FedCDA's cache_round),
+  each with its ratio to the first N's step; the state holds the cache and selected_sum.
+  Tiny (N = 20 and 40, 3 uploaders, 1 timed call each), but it starts TFF's runtime."""
+  stdout = _run('server_scale', '--method=fedcda', '--server_step', '--num_clients=20,40',
+                '--clients_per_round=3', '--rounds=1', timeout=600).stdout
+  assert re.search(r'^setup: FedCDA server step alone .*\(D=9658\), P=3, K=3', stdout, re.M)
+  steps, state_mb = {}, {}
+  for n in ('20', '40'):
+    (row,) = _table_rows(stdout, n)
+    state_mb[n] = float(row[1])
+    step_min, step_median = map(float, row[2].split(' / '))
+    assert 0 < step_min <= step_median and float(row[4]) > 0 and float(row[5]) > 0
+    steps[n] = (step_min, float(row[3]))
+  assert steps['20'][1] == 1.0
+  assert steps['40'][1] == pytest.approx(steps['40'][0] / steps['20'][0], abs=0.01)
+  # K = 3 float32 models per client plus the 8·D-byte selected_sum and bookkeeping
+  d = 9658
+  for n in ('20', '40'):
+    assert state_mb[n] == pytest.approx((4 * int(n) * 3 * d + 8 * d) / 2**20, rel=0.02)
+  out = _run('server_scale', '--method=cadis', '--server_step', expect_code=1, timeout=300)
+  assert 'pass --method=fedcda' in out.stderr
+
+
+@pytest.mark.slow
 def test_value_transfer_moves_each_size_and_times_both_serialisers():
   stdout = _run('value_transfer', '--megabytes=1,4', '--repeats=1').stdout
   for mb in ('1', '4'):
