@@ -460,7 +460,7 @@ class ClientEvaluator:
       ClientEvaluator._last = (model_fn, len(client_test), self.computation)
     # Clients without test data stay out of the call (they would count nothing).
     self._inputs = [i for i in evaluation.client_evaluation_inputs(client_test)
-                    if i['y'].shape[0]]
+                    if i[0]['y'].shape[0]]
 
   def __call__(self, model_weights) -> dict:
     from tff_algos import evaluation  # pylint: disable=g-import-not-at-top

@@ -76,9 +76,11 @@ def build_per_client_evaluation(model_fn, num_clients: int,
                                 batch_size: int = 1000) -> tff.Computation:
   """`(model_weights@SERVER, client data@CLIENTS) -> per-client accuracies@SERVER`.
 
-  Each client's data is `OrderedDict(x, y, index)`: its held-out examples as whole tensors
-  (`x`, `y` as the model's input_spec, with any number of rows) and its int32 client index in
-  [0, num_clients) (`client_evaluation_inputs` builds them from (x, y) arrays). The weights
+  Each client's data is a one-element sequence (as in our processes' `next`; TFF's
+  `tff.program` native context passes client values only as sequences) of
+  `OrderedDict(x, y, index)`: its held-out examples as whole tensors (`x`, `y` as the model's
+  input_spec, with any number of rows) and its int32 client index in [0, num_clients)
+  (`client_evaluation_inputs` builds them from (x, y) arrays). The weights
   are broadcast, every client counts its correct predictions (as `build_central_evaluation`:
   for sequence models, the positions whose label is not padding), and the counts travel to
   the server keyed by index (a `federated_aggregate` into [num_clients] vectors: identity is
@@ -101,12 +103,13 @@ def build_per_client_evaluation(model_fn, num_clients: int,
       [('correct', tff.TensorType(np.float32, [num_clients])),
        ('count', tff.TensorType(np.float32, [num_clients]))], collections.OrderedDict)
 
-  @tff.tensorflow.computation(weights_type, client_type)
-  def client_counts(model_weights, data):
+  @tff.tensorflow.computation(weights_type, tff.SequenceType(client_type))
+  def client_counts(model_weights, dataset):
     model = model_fn()
 
     @tf.function
     def run():
+      data = local_training.single_element(dataset)
       hits, counted, _ = _evaluate_in_batches(model, model_weights, data['x'], data['y'],
                                               batch_size)
       return collections.OrderedDict(index=data['index'], correct=hits, count=counted)
@@ -139,7 +142,7 @@ def build_per_client_evaluation(model_fn, num_clients: int,
                                    count=totals['count'])
 
   @tff.federated_computation(tff.FederatedType(weights_type, tff.SERVER),
-                             tff.FederatedType(client_type, tff.CLIENTS))
+                             tff.FederatedType(tff.SequenceType(client_type), tff.CLIENTS))
   def evaluate(model_weights, client_data):
     counts = tff.federated_map(
         client_counts, (tff.federated_broadcast(model_weights), client_data))
@@ -149,7 +152,8 @@ def build_per_client_evaluation(model_fn, num_clients: int,
 
 
 def client_evaluation_inputs(client_arrays: Sequence[tuple]) -> list:
-  """The client data of `build_per_client_evaluation`: client n's (x, y) arrays with index n.
+  """The client data of `build_per_client_evaluation`: client n's (x, y) arrays with index n,
+  each client's as a one-element list (its sequence).
 
   Labels become int32 (the zoo's input_spec); pass each client's held-out examples, e.g.
   `data.ClientDataInputs(test_client_data).client_arrays(n)` for a ClientData of your own.
@@ -159,8 +163,8 @@ def client_evaluation_inputs(client_arrays: Sequence[tuple]) -> list:
     x, y = np.asarray(x), np.asarray(y)
     if x.shape[0] != y.shape[0]:
       raise ValueError(f'client {n}: {x.shape[0]} inputs but {y.shape[0]} labels')
-    inputs.append(collections.OrderedDict(x=x, y=y.astype(np.int32, copy=False),
-                                          index=np.int32(n)))
+    inputs.append([collections.OrderedDict(x=x, y=y.astype(np.int32, copy=False),
+                                           index=np.int32(n))])
   return inputs
 
 
