@@ -303,6 +303,8 @@ def test_per_client_accuracies_and_their_figures_match_numpy(cnn_case):
     assert figures[name] == pytest.approx(value, abs=1e-6), name
   # An array of accuracies (NaN = no data) gives the same figures.
   assert evaluation.summarize_client_accuracies(result['accuracy']) == figures
+  with pytest.raises(ValueError, match='build it with num_clients=8'):
+    evaluation.client_evaluation_inputs(clients, num_clients=7)
 
 
 def test_per_client_figures_are_unweighted_over_clients():

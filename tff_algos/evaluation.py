@@ -11,7 +11,7 @@ process (eager Keras models and TFF's graph-built ones do not mix in TF 2.14).
 from __future__ import annotations
 
 import collections
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -123,7 +123,7 @@ def build_per_client_evaluation(model_fn, num_clients: int,
 
   @tff.tensorflow.computation(counts_type, client_counts.type_signature.result)
   def accumulate(totals, value):
-    at = [[value['index']]]   # out of range: the scatter fails rather than drop the client
+    at = [[value['index']]]   # out of range: the call fails (in the worker), no client dropped
     return collections.OrderedDict(
         correct=tf.tensor_scatter_nd_add(totals['correct'], at, [value['correct']]),
         count=tf.tensor_scatter_nd_add(totals['count'], at, [value['count']]))
@@ -151,13 +151,20 @@ def build_per_client_evaluation(model_fn, num_clients: int,
   return evaluate
 
 
-def client_evaluation_inputs(client_arrays: Sequence[tuple]) -> list:
+def client_evaluation_inputs(client_arrays: Sequence[tuple],
+                             num_clients: Optional[int] = None) -> list:
   """The client data of `build_per_client_evaluation`: client n's (x, y) arrays with index n,
   each client's as a one-element list (its sequence).
 
   Labels become int32 (the zoo's input_spec); pass each client's held-out examples, e.g.
   `data.ClientDataInputs(test_client_data).client_arrays(n)` for a ClientData of your own.
+  With `num_clients` (the computation's), more clients than that are refused here, in one
+  line, instead of failing inside TFF's worker.
   """
+  if num_clients is not None and len(client_arrays) > num_clients:
+    raise ValueError(f'{len(client_arrays)} clients but the evaluation was built for '
+                     f'num_clients={num_clients}; build it with num_clients='
+                     f'{len(client_arrays)}')
   inputs = []
   for n, (x, y) in enumerate(client_arrays):
     x, y = np.asarray(x), np.asarray(y)
