@@ -47,6 +47,14 @@ A client has been *seen* when F_ii > 0. One round:
    client is in its own cluster. |C_i| = number of seen clients j with i ~ j (1 for a client
    never seen). With 'two_hop' the relation need not be transitive; `num_clusters` then
    counts the distinct sets C_i.
+   Cost at scale (issue 58: under 1 s at N = 10,000): no [N, N] relation is formed for the
+   weights. 'two_hop' needs |C_i| of the round's P rows only: P rows of A'^T A' (a [P, N] x
+   [N, N] product, `two_hop_sizes`); 'components' and 'oracle' label the clients
+   (`component_labels`: min-label propagation; the true clusters) and take sizes, counts and
+   agreement from the labels. Building A is a few [N, N] passes (`threshold_adjacency`).
+   With 'two_hop' the metrics `num_clusters`, `cluster_pair_accuracy` and `clusters_match`
+   need the whole relation (4 N^3 flops), so they are computed only for N <=
+   `two_hop_metrics_max_clients` (default 1000) and read −1 / NaN above it.
 7. p_i ∝ (1/|C_i|)·(n_i/n) over this round's participants (n = their total examples;
    `sample_weighted=False`: p_i ∝ 1/|C_i|), normalised to sum 1. Result = Σ p_i Δ_i, a delta,
    so an apply-optimizer finalizer with server SGD at learning rate 1.0 yields Σ p_i w_i.
@@ -56,7 +64,8 @@ A client has been *seen* when F_ii > 0. One round:
 Measurements (per round): `participants` int32 [C] (client indices of the uploads in
 canonical order, −1 for empty rows), `cluster_sizes` int32 [C] (|C_i| of each row, 0 for an
 excluded client or empty row), `aggregation_weights` float32 [C] (p_i), `num_clusters` int32
-(clusters among all clients seen so far), `seen_clients` int32, `tau` float32 (the τ used
+(clusters among all clients seen so far; −1 = not computed: 'two_hop' above
+`two_hop_metrics_max_clients`), `seen_clients` int32, `tau` float32 (the τ used
 this round). With `true_clusters` (int [N]) given at build time, also:
 `q_matrix_mse` float32 = mean over off-diagonal pairs with F > 0 of (Q-matrix_ij − I_ij)²,
 I_ij = 1 when i and j share a true cluster else 0 (0 when no such pair; the distance of the
@@ -64,7 +73,7 @@ paper's Figure 10); `cluster_pair_accuracy` float32 = fraction of pairs i < j of
 on which "i ~ j" agrees with "same true cluster" (1 when fewer than two are seen);
 `clusters_match` float32 = 1.0 iff that fraction is 1 (the recovered clustering of the seen
 clients equals the true one; read "rounds until clusters match" together with
-`seen_clients`).
+`seen_clients`); both NaN where `num_clusters` is not computed.
 
 A TFF factory on the deltas (`delta_aggregator=`, keyed mode; `build_cadis(model_aggregator=
 ...)`). Steps 2-8 need only each client's similarity vector, and the result is a weighted mean
