@@ -27,6 +27,17 @@ alive, so `tensor_scatter_nd_update` writes a new one) and O(N·K) bookkeeping.
       --dataset=fashion_mnist --num_clients=10,25,50
   .venv/bin/python benchmarks/server_scale.py --method=fedcda --server_step \
       --num_clients=100,300,1000 --rounds=10
+
+--method=cadis_step times CADIS's server clustering step alone (issue 58 goal 4: under 1 s
+at N = 10,000): `clustered_aggregation.clustering_step` as one `tf.function` in this process
+(the same TF ops the worker runs, without TFF's dispatch), for each N and closure, all
+(N, closure) pairs interleaved round by round in one process. Its input is a synthetic state
+in which every client has been seen: 5 true clusters, co-participation for a fraction
+(--pair_fraction) of the pairs, average similarity U(0.95, 1) within a cluster and
+U(-0.2, 0.6) across; P uploads of 10-dim similarity vectors near their cluster's centre.
+
+  .venv/bin/python benchmarks/server_scale.py --method=cadis_step \
+      --num_clients=1000,3000,10000 --rounds=5
 """
 
 from __future__ import annotations
@@ -45,7 +56,9 @@ from absl import logging
 import numpy as np
 import tensorflow as tf  # before app.run parses flags (see round_overhead.py)
 
-_METHOD = flags.DEFINE_enum('method', 'cadis', ['cadis', 'fedcda'], 'Method whose server side to scale.')
+_METHOD = flags.DEFINE_enum('method', 'cadis', ['cadis', 'fedcda', 'cadis_step'],
+                            'Method whose server side to scale (cadis_step: the clustering '
+                            'step alone, see the module doc).')
 _NUM_CLIENTS = flags.DEFINE_list('num_clients', ['100', '300', '1000'], 'Values of N.')
 _MODEL = flags.DEFINE_string('model', 'tiny_cnn', 'tff_algos.models zoo model.')
 _DATASET = flags.DEFINE_enum('dataset', 'digits', ['fashion_mnist', 'digits'], 'Client data.')
@@ -58,6 +71,91 @@ _MAX_GIB = flags.DEFINE_float('fedcda_max_cache_gib', 16.0, 'FedCDA refusal thre
 _SERVER_STEP = flags.DEFINE_bool(
     'server_step', False, 'FedCDA only: time the server step alone (cache_round as a '
     'tf.function on full caches), interleaved over N, with ratios to the first N.')
+_CLOSURES = flags.DEFINE_list('closures', ['two_hop', 'components'],
+                              'cadis_step: closures to time.')
+_PAIR_FRACTION = flags.DEFINE_float('pair_fraction', 0.5,
+                                    'cadis_step: fraction of client pairs seen together.')
+_TRUE_CLUSTERS = flags.DEFINE_bool('with_true_clusters', False,
+                                   'cadis_step: also compute the true-cluster metrics.')
+
+
+def synthetic_cadis_state(n: int, pair_fraction: float, true_clusters: np.ndarray):
+  """(q, f) float32 [N, N] with every client seen (module doc), built in TF without float64
+  N x N temporaries."""
+  from tff_algos.aggregators import clustered_aggregation as cla  # pylint: disable=g-import-not-at-top
+
+  @tf.function
+  def make():
+    tc = tf.constant(true_clusters, tf.int32)
+    same = tf.equal(tc[:, None], tc[None, :])
+    u = tf.random.stateless_uniform([n, n], [n, 1])
+    avg = tf.where(same, 0.95 + 0.05 * u, -0.2 + 0.8 * u)
+    avg = tf.linalg.band_part(avg, 0, -1)
+    avg = avg + tf.transpose(avg)
+    pairs = tf.cast(tf.random.stateless_uniform([n, n], [n, 2]) < pair_fraction, tf.float32)
+    pairs = tf.linalg.band_part(pairs, 0, -1)
+    f = tf.linalg.set_diag(pairs + tf.transpose(pairs), tf.ones([n]))
+    q = tf.linalg.set_diag(f * avg, tf.ones([n]))
+    return q, f
+
+  q, f = make()
+  assert bool(tf.reduce_all(cla.seen_clients(f)))
+  return q, f
+
+
+def time_clustering_step():
+  """--method=cadis_step: seconds of `clustering_step` per (N, closure), interleaved."""
+  from tff_algos.aggregators import clustered_aggregation as cla  # pylint: disable=g-import-not-at-top
+  per_round = _PER_ROUND.value
+  sizes = [int(v) for v in _NUM_CLIENTS.value]
+  print(f'setup: CADIS clustering_step alone (tf.function in this process), P={per_round} '
+        f'uploads, every client seen, {_PAIR_FRACTION.value:.2f} of pairs seen together, '
+        f'true-cluster metrics {"on" if _TRUE_CLUSTERS.value else "off"}, {_ROUNDS.value} '
+        'timed calls per (N, closure) after 1 warm-up, interleaved', flush=True)
+  print(f'load average at start: {os.getloadavg()[0]:.1f} (2 cores; shared machine)')
+  cases = {}
+  for n in sizes:
+    rng = np.random.default_rng(n)
+    truth = rng.integers(0, 5, n).astype(np.int32)
+    q, f = synthetic_cadis_state(n, _PAIR_FRACTION.value, truth)
+    ids = rng.choice(n, per_round, replace=False).astype(np.int32)
+    centers = rng.normal(size=[5, 10])
+    sim = (centers[truth[ids]] + 0.05 * rng.normal(size=[per_round, 10])).astype(np.float32)
+    weights = rng.integers(10, 100, per_round).astype(np.float32)
+    for closure in _CLOSURES.value:
+      options = cla.ClusteringOptions(closure=closure)
+      tc = truth if (_TRUE_CLUSTERS.value or closure == 'oracle') else None
+
+      def step(q, f, options=options, tc=tc, ids=ids, weights=weights, sim=sim):
+        state = dict(q=q, f=f, tau=tf.constant(0.975), round_num=tf.constant(5))
+        return cla.clustering_step(state, ids, weights, sim, options, tc)
+
+      cases[n, closure] = (tf.function(step), q, f)
+  times = {key: [] for key in cases}
+  cpu = {key: [] for key in cases}   # this process's CPU seconds (all its threads)
+  results = {}
+  keys = list(cases)
+  for r in range(_ROUNDS.value + 1):
+    for key in (keys if r % 2 == 0 else keys[::-1]):
+      fn, q, f = cases[key]
+      t0, c0 = time.perf_counter(), time.process_time()
+      new_state, _, meas = fn(q, f)   # a tf.function call returns when all of it has run
+      meas = {k: v.numpy() for k, v in meas.items()}
+      if r:
+        times[key].append(time.perf_counter() - t0)
+        cpu[key].append(time.process_time() - c0)
+      results[key] = meas
+      del new_state
+  print('| N | closure | state MB | step s (min / median) | CPU s (min) | '
+        'cluster sizes of the uploads | num_clusters |')
+  print('|---|---|---|---|---|---|---|')
+  for (n, closure), ts in times.items():
+    meas = results[n, closure]
+    print(f'| {n} | {closure} | {2 * 4 * n * n / 2**20:.1f} | {min(ts):.3f} / '
+          f'{statistics.median(ts):.3f} | {min(cpu[n, closure]):.3f} | '
+          f'{" ".join(str(int(v)) for v in meas["cluster_sizes"])} | '
+          f'{int(meas["num_clusters"])} |', flush=True)
+  print(f'load average at end: {os.getloadavg()[0]:.1f}')
 
 
 def worker_peak_bytes() -> int:
@@ -177,6 +275,9 @@ def main(argv):
   if _SERVER_STEP.value and _METHOD.value != 'fedcda':
     raise app.UsageError('--server_step times FedCDA\'s server step: pass --method=fedcda')
   logging.set_verbosity(logging.WARNING)
+  if _METHOD.value == 'cadis_step':
+    time_clustering_step()
+    return
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   execution.initialize_runtime()
   import data  # pylint: disable=g-import-not-at-top

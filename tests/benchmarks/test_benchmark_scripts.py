@@ -159,6 +159,25 @@ def test_server_scale_reports_a_row_per_n():
   assert state_mb['40'] == pytest.approx(2 * state_mb['20'], rel=0.1)
 
 
+def test_server_scale_times_the_cadis_clustering_step_per_n_and_closure():
+  """--method=cadis_step at tiny N (no TFF process is built: fast, default suite): one row
+  per (N, closure) with positive times, the uploads' cluster sizes and a cluster count
+  (two_hop's is computed at these N)."""
+  stdout = _run('server_scale', '--method=cadis_step', '--num_clients=12,30',
+                '--clients_per_round=4', '--rounds=2', '--closures=two_hop,components',
+                '--with_true_clusters', timeout=600).stdout
+  for n in ('12', '30'):
+    rows = _table_rows(stdout, n)
+    assert [r[1] for r in rows] == ['two_hop', 'components'], stdout
+    for row in rows:
+      step_min, step_median = map(float, row[3].split(' / '))
+      assert 0 < step_min <= step_median and float(row[4]) >= 0
+      sizes = [int(v) for v in row[5].split()]
+      assert len(sizes) == 4 and all(1 <= v <= int(n) for v in sizes)
+      assert 1 <= int(row[6]) <= int(n)
+  assert 'load average at end' in stdout
+
+
 @pytest.mark.slow
 def test_server_scale_server_step_times_fedcda_step_per_n_with_ratios():
   """--server_step: one row per N (interleaved tf.function calls of FedCDA's cache_round),
