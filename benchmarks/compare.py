@@ -35,6 +35,7 @@ import numpy as np
 from benchmarks import report
 from benchmarks import runs as rd
 from benchmarks import suites
+from programs import pages
 
 _SUITE = flags.DEFINE_enum('suite', None, list(suites.SUITES), 'Which comparison to run.')
 _SEEDS = flags.DEFINE_list('seeds', [str(s) for s in suites.SEEDS],
@@ -509,7 +510,7 @@ def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
         print(f'error: suite {suite.name} has no tuning grid', file=sys.stderr)
         return 2
       tuned = tune(suite)
-      rd.write_text(suites.tuned_path(suite.name),
+      pages.write_text(suites.tuned_path(suite.name),
                         json.dumps(tuned, indent=1, sort_keys=True) + '\n')
     elif not _REPORT.value:
       tuned = suites.load_tuned(suite.name)

@@ -72,7 +72,10 @@ def _replayed_round(prev, new, slots_clients, dtype, options):
       c.shape[0], c.shape[1], -1)), axis=2) for c in tf.nest.flatten(cache))
   state = collections.OrderedDict(
       cache=cache, losses=prev['losses'], sq_norms=tf.constant(sq, tf.float64),
-      count=prev['count'], selected=prev['selected'], round_num=prev['round_num'])
+      count=prev['count'], selected=prev['selected'],
+      selected_sum=cross_round_cache.selected_sum_from_cache(cache, prev['count'],
+                                                             prev['selected']),
+      round_num=prev['round_num'])
   replay, _, m = cross_round_cache.cache_round(state, acc, **options)
   return (np.asarray(replay['selected'])[slots_clients],
           np.asarray(new['selected'])[slots_clients], float(m['objective_after']))

@@ -27,6 +27,7 @@ import numpy as np
 
 from benchmarks import runs as rd
 from benchmarks import suites
+from programs import pages
 
 SUITE = suites.SUITES['fedcda']
 PAPER_SUITE = suites.SUITES['fedcda_paper']
@@ -341,7 +342,7 @@ def record_loss_reading(checkpoints, out: str = LOSS_READING) -> dict:
     recorded.setdefault(os.path.basename(run_dir), {})[str(state['round'])] = figures
     print(f'{os.path.basename(run_dir)} round {state["round"]}: {figures}')
   os.makedirs(os.path.dirname(out), exist_ok=True)
-  rd.write_text(out, json.dumps(recorded, indent=1, sort_keys=True) + '\n')
+  pages.write_text(out, json.dumps(recorded, indent=1, sort_keys=True) + '\n')
   return recorded
 
 

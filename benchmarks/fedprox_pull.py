@@ -25,6 +25,7 @@ import numpy as np
 
 from benchmarks import runs as rd
 from benchmarks import suites
+from programs import pages
 
 OUT = os.path.join(suites.RESULTS, 'fedprox_pull.md')
 OUT_JSON = os.path.join(suites.RESULTS, 'fedprox_pull.json')   # the measurements the page shows
@@ -137,7 +138,7 @@ def page(results: list) -> str:
 
 def main() -> int:
   results = [measure(*pair) for pair in PAIRS]
-  rd.write_text(OUT_JSON, json.dumps(results, indent=1) + '\n')
+  pages.write_text(OUT_JSON, json.dumps(results, indent=1) + '\n')
   return rd.write_diagnosis(OUT, lambda: page(results))
 
 

@@ -33,6 +33,7 @@ from scipy import stats
 from benchmarks import runs as rd
 from benchmarks import suites
 from programs import experiment
+from programs import pages
 
 REPRODUCTION = os.path.join(suites.RESULTS, 'REPRODUCTION.md')
 PROVENANCE = os.path.join(suites.RESULTS, 'PROVENANCE.md')
@@ -401,7 +402,7 @@ def plot(path: str, groups: list) -> None:
   axes[0][0].set_ylabel('test accuracy (%), mean ± std', fontsize=8)
   fig.tight_layout()
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  with rd._replacing(path) as tmp:  # pylint: disable=protected-access
+  with pages.replacing(path) as tmp:
     fig.savefig(tmp, format='png', dpi=100, metadata={'Software': None})
   plt.close(fig)
 
@@ -578,8 +579,8 @@ def write_suite_page(suite: suites.Suite) -> None:
   out = suites.suite_dir(suite.name)
   page, data, loaded = suite_page(suite)
   os.makedirs(out, exist_ok=True)
-  rd.write_text(os.path.join(out, 'results.md'), page)
-  rd.write_text(os.path.join(out, 'results.json'), data)
+  pages.write_text(os.path.join(out, 'results.md'), page)
+  pages.write_text(os.path.join(out, 'results.json'), data)
   plot(os.path.join(out, 'curves.png'), suite_groups(suite, loaded))
 
 
@@ -740,21 +741,20 @@ def status_lines() -> list:
 
 def readme_with_status(text: str) -> str:
   """`text` (README.md) with the block between the status markers rewritten."""
-  begin, end = text.index(STATUS_BEGIN), text.index(STATUS_END)
-  return (text[:begin + len(STATUS_BEGIN)] + '\n' + ''.join(f'{line}\n' for line in status_lines())
-          + text[end:])
+  return pages.with_block(text, STATUS_BEGIN, STATUS_END,
+                          ''.join(f'{line}\n' for line in status_lines()))
 
 
 def write_all() -> None:
   """Every suite's page, REPRODUCTION.md, PROVENANCE.md and README.md's status block."""
   for suite in suites.SUITES.values():
     write_suite_page(suite)
-  rd.write_text(REPRODUCTION, reproduction_page())
+  pages.write_text(REPRODUCTION, reproduction_page())
   write_method_figures()
-  rd.write_text(PROVENANCE, provenance_page())
+  pages.write_text(PROVENANCE, provenance_page())
   with open(README) as f:
     text = f.read()
-  rd.write_text(README, readme_with_status(text))
+  pages.write_text(README, readme_with_status(text))
 
 
 def main() -> int:

@@ -32,6 +32,8 @@ weights; then the checkpoint the training program makes of the resident state (b
 back and writing it, as `--checkpoint_every` does every N rounds) is timed.
 
   .venv/bin/python benchmarks/round_overhead.py --examples_per_client=200 --rounds=3
+
+--json=PATH also writes the figures for a script to read (benchmarks/clients_per_round.py).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import os
 import statistics
 import sys
@@ -58,6 +61,7 @@ import tensorflow as tf
 
 from benchmarks.method_builds import build_method  # pylint: disable=g-import-not-at-top
 from benchmarks.method_builds import load_data  # pylint: disable=g-import-not-at-top
+from programs import pages  # pylint: disable=g-import-not-at-top
 from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
 
 _MODEL = flags.DEFINE_string('model', 'fedavg_cnn', 'tff_algos.models zoo model.')
@@ -87,6 +91,9 @@ _RESIDENT = flags.DEFINE_bool(
     'resident', False, 'Also run each TFF variant with its server state resident in the '
     'worker (tff_algos.ResidentProcess; variant <name>@resident), interleaved with the '
     'same process through process.next, and check both end on the same weights.')
+_JSON = flags.DEFINE_string(
+    'json', None, 'Also write the figures to this JSON file: the setup, and for each variant '
+    'its median and least s/round over the timed rounds and its median ratio to plain_tf.')
 _MAX_CALLS = flags.DEFINE_integer(
     'max_concurrent_computation_calls', -1, 'Passed to the TFF runtime (-1 = no limit).')
 
@@ -284,6 +291,16 @@ def main(argv):
   for v in variants:
     if v != 'plain_tf':
       print(f'ratio {v} / plain_tf: {med[v] / med["plain_tf"]:.2f}x')
+  if _JSON.value:
+    figures = dict(
+        setup=dict(dataset=ds.name, model=_MODEL.value, num_params=num_params,
+                   clients=num_clients, examples_per_client=per_client, batch_size=batch,
+                   epochs=epochs, warmup_rounds=_WARMUP.value, rounds=_ROUNDS.value,
+                   load_average=os.getloadavg()[0]),
+        variants={v: dict(median_s=med[v], min_s=low[v],
+                          ratio_to_plain_tf=med[v] / med['plain_tf'])
+                  for v in times})
+    pages.write_text(_JSON.value, json.dumps(figures, indent=1, sort_keys=True) + '\n')
   if empty_variants:
     print('\n| variant | s/round median (min) | / plain_tf median (min) | 0-epoch round s median '
           '(min) | server share, upper bound, median (min) |')

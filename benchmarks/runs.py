@@ -11,7 +11,6 @@ evaluations (or its best, `CRITERION_KEYS`); across seeds: mean ± sample standa
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import glob
 import itertools
@@ -39,25 +38,6 @@ PLATEAU_POINTS = 0.5      # a curve has plateaued when its last window moved les
 def grid_points(grid: dict) -> list:
   keys = sorted(grid)
   return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
-
-
-@contextlib.contextmanager
-def _replacing(path: str):
-  """A temporary path (this process's own) that replaces `path` when the block ends: a
-  reader, or another `compare` writing the same page, never sees half a file."""
-  tmp = f'{path}.{os.getpid()}.tmp'
-  try:
-    yield tmp
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-
-
-def write_text(path: str, text: str) -> None:
-  with _replacing(path) as tmp:
-    with open(tmp, 'w') as f:
-      f.write(text)
 
 
 def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:

@@ -12,9 +12,32 @@ Python every round inside the process state) and the TFF worker's peak resident 
 (VmHWM of the worker_binary children, cumulative over the run, so read it per N in
 increasing N).
 
+With --server_step (FedCDA only) it times FedCDA's server step alone instead: the
+aggregator's `cache_round` as one tf.function on a state whose N clients all hold full
+caches (selection on, P random uploaders), with no TFF round around it, interleaved over the
+Ns in one process, with each N's time as a ratio to the first N's. Beside it, the O(N·D)
+mean over every cached client's selected model that the running `selected_sum` replaced,
+timed the same way (a reference, not part of the step), and the step's cache update
+(`tensor_scatter_nd_update` of the P uploads) alone. The step's arithmetic is O(P·K·D);
+what still grows with N is the cache update's copy of the cache (the input state stays
+alive, so `tensor_scatter_nd_update` writes a new one) and O(N·K) bookkeeping.
+
   .venv/bin/python benchmarks/server_scale.py --method=cadis --num_clients=100,300,1000
   .venv/bin/python benchmarks/server_scale.py --method=fedcda --model=fedavg_cnn \
       --dataset=fashion_mnist --num_clients=10,25,50
+  .venv/bin/python benchmarks/server_scale.py --method=fedcda --server_step \
+      --num_clients=100,300,1000 --rounds=10
+
+--method=cadis_step times CADIS's server clustering step alone (issue 58 goal 4: under 1 s
+at N = 10,000): `clustered_aggregation.clustering_step` as one `tf.function` in this process
+(the same TF ops the worker runs, without TFF's dispatch), for each N and closure, all
+(N, closure) pairs interleaved round by round in one process. Its input is a synthetic state
+in which every client has been seen: 5 true clusters, co-participation for a fraction
+(--pair_fraction) of the pairs, average similarity U(0.95, 1) within a cluster and
+U(-0.2, 0.6) across; P uploads of 10-dim similarity vectors near their cluster's centre.
+
+  .venv/bin/python benchmarks/server_scale.py --method=cadis_step \
+      --num_clients=1000,3000,10000 --rounds=5
 """
 
 from __future__ import annotations
@@ -33,7 +56,9 @@ from absl import logging
 import numpy as np
 import tensorflow as tf  # before app.run parses flags (see round_overhead.py)
 
-_METHOD = flags.DEFINE_enum('method', 'cadis', ['cadis', 'fedcda'], 'Method whose server side to scale.')
+_METHOD = flags.DEFINE_enum('method', 'cadis', ['cadis', 'fedcda', 'cadis_step'],
+                            'Method whose server side to scale (cadis_step: the clustering '
+                            'step alone, see the module doc).')
 _NUM_CLIENTS = flags.DEFINE_list('num_clients', ['100', '300', '1000'], 'Values of N.')
 _MODEL = flags.DEFINE_string('model', 'tiny_cnn', 'tff_algos.models zoo model.')
 _DATASET = flags.DEFINE_enum('dataset', 'digits', ['fashion_mnist', 'digits'], 'Client data.')
@@ -43,6 +68,94 @@ _BATCH = flags.DEFINE_integer('batch_size', 25, 'Local batch size.')
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds per variant.')
 _CACHE = flags.DEFINE_integer('fedcda_cache_size', 3, 'FedCDA K.')
 _MAX_GIB = flags.DEFINE_float('fedcda_max_cache_gib', 16.0, 'FedCDA refusal threshold.')
+_SERVER_STEP = flags.DEFINE_bool(
+    'server_step', False, 'FedCDA only: time the server step alone (cache_round as a '
+    'tf.function on full caches), interleaved over N, with ratios to the first N.')
+_CLOSURES = flags.DEFINE_list('closures', ['two_hop', 'components'],
+                              'cadis_step: closures to time.')
+_PAIR_FRACTION = flags.DEFINE_float('pair_fraction', 0.5,
+                                    'cadis_step: fraction of client pairs seen together.')
+_TRUE_CLUSTERS = flags.DEFINE_bool('with_true_clusters', False,
+                                   'cadis_step: also compute the true-cluster metrics.')
+
+
+def synthetic_cadis_state(n: int, pair_fraction: float, true_clusters: np.ndarray):
+  """(q, f) float32 [N, N] with every client seen (module doc), built in TF without float64
+  N x N temporaries."""
+  from tff_algos.aggregators import clustered_aggregation as cla  # pylint: disable=g-import-not-at-top
+
+  @tf.function
+  def make():
+    tc = tf.constant(true_clusters, tf.int32)
+    same = tf.equal(tc[:, None], tc[None, :])
+    u = tf.random.stateless_uniform([n, n], [n, 1])
+    avg = tf.where(same, 0.95 + 0.05 * u, -0.2 + 0.8 * u)
+    avg = tf.linalg.band_part(avg, 0, -1)
+    avg = avg + tf.transpose(avg)
+    pairs = tf.cast(tf.random.stateless_uniform([n, n], [n, 2]) < pair_fraction, tf.float32)
+    pairs = tf.linalg.band_part(pairs, 0, -1)
+    f = tf.linalg.set_diag(pairs + tf.transpose(pairs), tf.ones([n]))
+    q = tf.linalg.set_diag(f * avg, tf.ones([n]))
+    return q, f
+
+  q, f = make()
+  assert bool(tf.reduce_all(cla.seen_clients(f)))
+  return q, f
+
+
+def time_clustering_step():
+  """--method=cadis_step: seconds of `clustering_step` per (N, closure), interleaved."""
+  from tff_algos.aggregators import clustered_aggregation as cla  # pylint: disable=g-import-not-at-top
+  per_round = _PER_ROUND.value
+  sizes = [int(v) for v in _NUM_CLIENTS.value]
+  print(f'setup: CADIS clustering_step alone (tf.function in this process), P={per_round} '
+        f'uploads, every client seen, {_PAIR_FRACTION.value:.2f} of pairs seen together, '
+        f'true-cluster metrics {"on" if _TRUE_CLUSTERS.value else "off"}, {_ROUNDS.value} '
+        'timed calls per (N, closure) after 1 warm-up, interleaved', flush=True)
+  print(f'load average at start: {os.getloadavg()[0]:.1f} (2 cores; shared machine)')
+  cases = {}
+  for n in sizes:
+    rng = np.random.default_rng(n)
+    truth = rng.integers(0, 5, n).astype(np.int32)
+    q, f = synthetic_cadis_state(n, _PAIR_FRACTION.value, truth)
+    ids = rng.choice(n, per_round, replace=False).astype(np.int32)
+    centers = rng.normal(size=[5, 10])
+    sim = (centers[truth[ids]] + 0.05 * rng.normal(size=[per_round, 10])).astype(np.float32)
+    weights = rng.integers(10, 100, per_round).astype(np.float32)
+    for closure in _CLOSURES.value:
+      options = cla.ClusteringOptions(closure=closure)
+      tc = truth if (_TRUE_CLUSTERS.value or closure == 'oracle') else None
+
+      def step(q, f, options=options, tc=tc, ids=ids, weights=weights, sim=sim):
+        state = dict(q=q, f=f, tau=tf.constant(0.975), round_num=tf.constant(5))
+        return cla.clustering_step(state, ids, weights, sim, options, tc)
+
+      cases[n, closure] = (tf.function(step), q, f)
+  times = {key: [] for key in cases}
+  cpu = {key: [] for key in cases}   # this process's CPU seconds (all its threads)
+  results = {}
+  keys = list(cases)
+  for r in range(_ROUNDS.value + 1):
+    for key in (keys if r % 2 == 0 else keys[::-1]):
+      fn, q, f = cases[key]
+      t0, c0 = time.perf_counter(), time.process_time()
+      new_state, _, meas = fn(q, f)   # a tf.function call returns when all of it has run
+      meas = {k: v.numpy() for k, v in meas.items()}
+      if r:
+        times[key].append(time.perf_counter() - t0)
+        cpu[key].append(time.process_time() - c0)
+      results[key] = meas
+      del new_state
+  print('| N | closure | state MB | step s (min / median) | CPU s (min) | '
+        'cluster sizes of the uploads | num_clusters |')
+  print('|---|---|---|---|---|---|---|')
+  for (n, closure), ts in times.items():
+    meas = results[n, closure]
+    print(f'| {n} | {closure} | {2 * 4 * n * n / 2**20:.1f} | {min(ts):.3f} / '
+          f'{statistics.median(ts):.3f} | {min(cpu[n, closure]):.3f} | '
+          f'{" ".join(str(int(v)) for v in meas["cluster_sizes"])} | '
+          f'{int(meas["num_clusters"])} |', flush=True)
+  print(f'load average at end: {os.getloadavg()[0]:.1f}')
 
 
 def worker_peak_bytes() -> int:
@@ -56,9 +169,115 @@ def worker_peak_bytes() -> int:
   return peak
 
 
+def _full_caches(n, k, weights, rng):
+  """A FedCDA aggregator state in which all n clients have uploaded 2K-ish times (random
+  ring positions and selections) and its selected_sum, from random models like `weights`."""
+  import collections  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
+  stacked = lambda t: (rng.normal(size=(n, k, *np.shape(t))) * 0.1).astype(np.float32)  # noqa: E731
+  cache = tff.learning.models.ModelWeights(
+      trainable=[stacked(t) for t in weights.trainable],
+      non_trainable=[stacked(t) for t in weights.non_trainable])
+  count = rng.integers(k, 3 * k, size=n).astype(np.int32)
+  selected = rng.integers(0, k, size=n).astype(np.int32)
+  sq_norms = sum(np.sum(np.square(c.reshape(n, k, -1).astype(np.float64)), axis=2)
+                 for c in tf.nest.flatten(cache))
+  return collections.OrderedDict(
+      cache=cache, losses=rng.uniform(0.1, 2.0, size=(n, k)).astype(np.float32),
+      sq_norms=sq_norms, count=count, selected=selected,
+      selected_sum=cross_round_cache.selected_sum_from_cache(cache, count, selected),
+      round_num=np.int32(1))
+
+
+def _uploads(n, p, weights, rng):
+  """A round's accumulator: P distinct random clients' random models."""
+  import collections  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  model = lambda t: (rng.normal(size=(p, *np.shape(t))) * 0.1).astype(np.float32)  # noqa: E731
+  return collections.OrderedDict(
+      models=tff.learning.models.ModelWeights(
+          trainable=[model(t) for t in weights.trainable],
+          non_trainable=[model(t) for t in weights.non_trainable]),
+      client_index=rng.choice(n, p, replace=False).astype(np.int32),
+      loss=rng.uniform(0.1, 2.0, size=p).astype(np.float32),
+      valid=np.ones([p], np.float32), weight=np.ones([p], np.float32))
+
+
+def server_step_table(model_fn):
+  """Prints FedCDA's server-step time per N (module doc, --server_step)."""
+  import functools  # pylint: disable=g-import-not-at-top
+  from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
+  from tff_algos.client_work import model_delta  # pylint: disable=g-import-not-at-top
+  weights = model_delta.initial_model_weights_fn(model_fn)()
+  d = cross_round_cache.num_weights(
+      model_delta.initial_model_weights_fn(model_fn).type_signature.result)
+  ns, p, k = [int(v) for v in _NUM_CLIENTS.value], _PER_ROUND.value, _CACHE.value
+  rng = np.random.default_rng(0)
+  cases = {}
+  for n in ns:
+    state = tf.nest.map_structure(tf.constant, _full_caches(n, k, weights, rng))
+    step = tf.function(functools.partial(
+        cross_round_cache.cache_round, num_clients=n, clients_per_round=p, cache_size=k,
+        num_batches=min(3, p), warmup_rounds=0, smoothness=1.0, selection='batch_greedy',
+        seed=0))
+    rows = tf.stack([tf.range(n, dtype=tf.int32), state['selected']], axis=1)
+
+    @tf.function
+    def full_mean(cache, rows=rows):   # what every round computed before selected_sum
+      return [tf.reduce_sum(tf.cast(tf.gather_nd(c, rows), tf.float64), axis=0) / len(rows)
+              for c in tf.nest.flatten(cache)]
+
+    acc = tf.nest.map_structure(tf.constant, _uploads(n, p, weights, rng))
+    at = tf.stack([acc['client_index'], tf.zeros([p], tf.int32)], axis=1)
+
+    @tf.function
+    def cache_write(cache, models, at=at):   # the step's cache update alone
+      return tf.nest.map_structure(lambda c, u: tf.tensor_scatter_nd_update(c, at, u),
+                                   cache, models)
+
+    cases[n] = dict(state=state, acc=acc, step=step, full_mean=full_mean,
+                    cache_write=cache_write, times=[], mean=[], write=[])
+  print(f'setup: FedCDA server step alone (cache_round as a tf.function), model '
+        f'{_MODEL.value} (D={d}), P={p}, K={k}, B={min(3, p)}, batch_greedy, all N clients '
+        f'cached; {_ROUNDS.value} timed calls per N after 1 untimed, Ns interleaved')
+  print(f'load average at start: {os.getloadavg()[0]:.1f} (2 cores; shared machine)')
+  for r in range(_ROUNDS.value + 1):
+    for n in (ns if r % 2 else ns[::-1]):
+      case = cases[n]
+      t0 = time.perf_counter()
+      _, result, _ = case['step'](case['state'], case['acc'])
+      float(result['has_result'])
+      t1 = time.perf_counter()
+      float(case['full_mean'](case['state']['cache'])[0][0].numpy().flat[0])
+      t2 = time.perf_counter()
+      tf.nest.flatten(case['cache_write'](case['state']['cache'], case['acc']['models']))
+      t3 = time.perf_counter()
+      if r:
+        case['times'].append(t1 - t0)
+        case['mean'].append(t2 - t1)
+        case['write'].append(t3 - t2)
+  first = min(cases[ns[0]]['times'])
+  print(f'| N | state MB | server step s (min / median) | step / step at N={ns[0]} (min) | '
+        'of which cache update s (min) | from-scratch mean s (min) |')
+  print('|---|---|---|---|---|---|')
+  for n in ns:
+    case = cases[n]
+    state_mb = sum(np.asarray(t).nbytes for t in tf.nest.flatten(case['state'])) / 2**20
+    print(f'| {n} | {state_mb:.1f} | {min(case["times"]):.4f} / '
+          f'{statistics.median(case["times"]):.4f} | {min(case["times"]) / first:.2f} | '
+          f'{min(case["write"]):.4f} | {min(case["mean"]):.4f} |', flush=True)
+  print(f'load average at end: {os.getloadavg()[0]:.1f}')
+
+
 def main(argv):
   del argv
+  if _SERVER_STEP.value and _METHOD.value != 'fedcda':
+    raise app.UsageError('--server_step times FedCDA\'s server step: pass --method=fedcda')
   logging.set_verbosity(logging.WARNING)
+  if _METHOD.value == 'cadis_step':
+    time_clustering_step()
+    return
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   execution.initialize_runtime()
   import data  # pylint: disable=g-import-not-at-top
@@ -70,6 +289,9 @@ def main(argv):
   xs = np.split(ds.x_train[:per_round * per_client], per_round)
   ys = np.split(ds.y_train[:per_round * per_client], per_round)
   model_fn = models.make_model_fn(_MODEL.value, ds.input_shape, ds.num_classes, seed=0)
+  if _SERVER_STEP.value:
+    server_step_table(model_fn)
+    return
   print(f'setup: {_METHOD.value}, {ds.name}, model {_MODEL.value}, P={per_round} clients x '
         f'{per_client} examples per round, batch {_BATCH.value}, {_ROUNDS.value} timed rounds '
         'per variant after 1 warm-up, full and empty rounds interleaved', flush=True)

@@ -39,7 +39,8 @@ _EXPORTS = {
         'ClientDataInputs', 'ClientDataSource', 'ClientDataSourceIterator',
         'client_selection_fn', 'federated_data_source', 'load_client_ids',
     ),
-    'data.datasets': ('ArrayDataset', 'ArrayClientData', 'FederatedDataset', 'federate'),
+    'data.datasets': ('ArrayDataset', 'ArrayClientData', 'FederatedDataset', 'federate',
+                      'hold_out_client_test', 'held_out_count'),
     'data.loaders': (
         'DatasetNotFoundError', 'DatasetFormatError', 'FASHION_MNIST_DIR', 'read_idx', 'load_fashion_mnist',
         'load_digits', 'TFDS_NAMES', 'load_tfds', 'load_tff_emnist', 'load_tff_shakespeare',
@@ -69,7 +70,9 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
       ClientDataInputs, ClientDataSource, ClientDataSourceIterator, client_selection_fn,
       federated_data_source, load_client_ids)
   from .client_inputs import client_input, round_inputs, sample_clients  # noqa: F401
-  from .datasets import ArrayClientData, ArrayDataset, FederatedDataset, federate  # noqa: F401
+  from .datasets import (  # noqa: F401
+      ArrayClientData, ArrayDataset, FederatedDataset, federate, held_out_count,
+      hold_out_client_test)
   from .loaders import (  # noqa: F401
       DATASETS, FASHION_MNIST_DIR, LEAF_LETTERS, NATURALLY_FEDERATED, TFDS_NAMES,
       DatasetFormatError, DatasetNotFoundError, load_dataset, load_digits, load_fashion_mnist, load_leaf,

@@ -24,7 +24,8 @@ import tensorflow_federated as tff
 
 from .partitioners import Partition, Partitioner
 
-__all__ = ['ArrayDataset', 'ArrayClientData', 'FederatedDataset', 'federate']
+__all__ = ['ArrayDataset', 'ArrayClientData', 'FederatedDataset', 'federate',
+           'hold_out_client_test', 'held_out_count']
 
 
 def _check_xy(x: np.ndarray, y: np.ndarray, what: str) -> None:
@@ -189,6 +190,9 @@ class FederatedDataset:
       federated datasets).
     info: extras: vocab_size, sequence_length, vocab, client_names
       (source writer/user ids in client order), ...
+    client_test: each client's own test data, (x, y) per client in client order, or None:
+      the users' own test split for the naturally federated loaders (LEAF, TFF's SQLite;
+      empty arrays for a user without test data), or what `hold_out_client_test` held out.
   """
 
   name: str
@@ -199,6 +203,7 @@ class FederatedDataset:
   true_clusters: Optional[np.ndarray] = None
   partition: Optional[Partition] = None
   info: dict = dataclasses.field(default_factory=dict)
+  client_test: Optional[list] = None
 
   @property
   def num_clients(self) -> int:
@@ -224,3 +229,39 @@ def federate(dataset: ArrayDataset, partitioner: Partitioner) -> FederatedDatase
       true_clusters=partition.true_clusters,
       partition=partition,
   )
+
+
+def held_out_count(num_examples: int, fraction: float) -> int:
+  """How many of a client's `num_examples` `hold_out_client_test` holds out: `fraction` of
+  them rounded half up, at least 1 and at most all but one, so every client with 2 or more
+  examples has test data and keeps training data; a client with 0 or 1 keeps them all for
+  training (and has no test data)."""
+  if num_examples < 2:
+    return 0
+  return int(min(num_examples - 1, max(1, np.floor(fraction * num_examples + 0.5))))
+
+
+def hold_out_client_test(fed: FederatedDataset, fraction: float, seed: int) -> FederatedDataset:
+  """`fed` with `held_out_count(n, fraction)` of each client's examples moved out of its
+  training data into `client_test`.
+
+  Client n's held-out examples are drawn without replacement by
+  `np.random.default_rng([seed, n, 57])` (its own stream: the choice depends on the seed and
+  the client only, and differs from the sampling and batch-order streams); both parts keep
+  the examples' original order. The central test set, partition and info are kept.
+  """
+  if not 0 < fraction < 1:
+    raise ValueError(f'fraction must be in (0, 1), got {fraction}')
+  if fed.client_test is not None:
+    raise ValueError(f'{fed.name} already has per-client test data (client_test): use it '
+                     'instead of holding out a fraction')
+  train, test = {}, []
+  for n in range(fed.num_clients):
+    x, y = fed.client_arrays(n)
+    size = y.shape[0]
+    held = np.zeros(size, bool)
+    held[np.random.default_rng([int(seed), n, 57]).choice(
+        size, held_out_count(size, fraction), replace=False)] = True
+    train[str(n)] = (x[~held], y[~held])
+    test.append((x[held], y[held]))
+  return dataclasses.replace(fed, client_data=ArrayClientData(train), client_test=test)

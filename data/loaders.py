@@ -370,6 +370,8 @@ def load_tff_emnist(cache_dir: Optional[str] = None, only_digits: bool = False,
       y_test=y_test,
       num_classes=10 if only_digits else 62,
       info={'client_names': list(client_ids), 'source': path},
+      client_test=_client_slices(x_test, y_test,
+                                 [len(test.get(cid, [])) for cid in client_ids]),
   )
 
 
@@ -428,7 +430,11 @@ def load_tff_shakespeare(cache_dir: Optional[str] = None,
     count = len(train.get(cid, []))
     clients[str(n)] = _shakespeare_windows(all_snippets[start:start + count], sequence_length)
     start += count
-  x_test, y_test = to_arrays([p for cid in client_ids for p in test.get(cid, [])])
+  # Windowed per writer (a window never spans two snippets), so per-client test windows
+  # concatenate to the central test set.
+  client_test = [to_arrays(test.get(cid, [])) for cid in client_ids]
+  x_test = np.concatenate([x for x, _ in client_test])
+  y_test = np.concatenate([y for _, y in client_test])
   vocab, _ = _tff_char_vocab()
   vocab_size = len(vocab) + 4
   return FederatedDataset(
@@ -439,6 +445,7 @@ def load_tff_shakespeare(cache_dir: Optional[str] = None,
       num_classes=vocab_size,
       info={'client_names': list(client_ids), 'vocab_size': vocab_size,
             'sequence_length': sequence_length, 'pad_id': 0, 'source': path},
+      client_test=client_test,
   )
 
 
@@ -645,6 +652,8 @@ def load_leaf(root: str, dataset: str = 'femnist', seed: int = 0,
   clients = {str(n): encode(train_users[u]['x'], train_users[u]['y'])
              for n, u in enumerate(users)}
   x_test, y_test = encode(test_x, test_y)
+  # The clients' own test data are the first rows of the central test set, in client order.
+  sizes = [len(test_users[u]['y']) if u in test_users else 0 for u in users]
   return FederatedDataset(
       name=f'{dataset}_leaf',
       client_data=ArrayClientData(clients),
@@ -652,7 +661,15 @@ def load_leaf(root: str, dataset: str = 'femnist', seed: int = 0,
       y_test=y_test,
       num_classes=num_classes,
       info=info,
+      client_test=_client_slices(x_test, y_test, sizes),
   )
+
+
+def _client_slices(x: np.ndarray, y: np.ndarray, sizes: Sequence[int]) -> list:
+  """(x, y) views of consecutive rows: client n's are the `sizes[n]` after the clients
+  before it."""
+  ends = np.cumsum(sizes, dtype=np.int64)
+  return [(x[end - size:end], y[end - size:end]) for end, size in zip(ends, sizes)]
 
 
 def _tokens(record) -> list:

@@ -96,6 +96,11 @@ def blown_up_rounds_in_a_row(rows: list) -> int:
   return count
 
 
+# The per-client evaluation's columns (tff_algos.evaluation.CLIENT_ACCURACY_FIGURES; not
+# imported from there, which would start TensorFlow before the flags are checked).
+CLIENT_ACCURACY_FIGURES = ('client_accuracy_mean', 'client_accuracy_std',
+                           'client_accuracy_p10', 'client_accuracy_min')
+
 # metrics.csv's timing columns: the only ones that differ between two makings of a run.
 TIMING_COLUMNS = ('seconds', 'round_seconds')
 
@@ -201,6 +206,10 @@ class _GeneralConfig:
   model: str = ''              # '' = the dataset's default model
   seed: int = 0
   eval_every: int = 1
+  # Per-client evaluation: this fraction of each client's examples is held out of its
+  # training (the users' own test split on naturally federated datasets), and the global
+  # model is evaluated on every client's held-out data whenever the test set is.
+  client_test_fraction: float = 0.0
   # ... and each of the last this many rounds: summary.json's last-10 mean (and the reports')
   # is then over the run's last rounds, not over its last evaluations wherever they fell.
   eval_last: int = 10
@@ -319,6 +328,9 @@ def validate(config: ExperimentConfig) -> None:
         f'--server_optimizer={c.server_optimizer!r} is unknown; choose one of {", ".join(SERVER_OPTIMIZERS)}')
   if c.proximal_strength < 0:
     raise ExperimentError(f'--proximal_strength must be >= 0, got {c.proximal_strength}')
+  if not 0 <= c.client_test_fraction < 1:
+    raise ExperimentError(f'--client_test_fraction must be in [0, 1) (0 = off), got '
+                          f'{c.client_test_fraction}')
   error = methods.METHODS[c.algorithm].validate(c)
   if error:
     raise ExperimentError(error)
@@ -408,6 +420,52 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
     return method.builder_function()(*args, **kwargs)
   except method.errors as e:
     raise ExperimentError(f'{method.error_prefix}{e}') from None
+
+
+def with_client_test(c: ExperimentConfig, fed, num_clients: int):
+  """(the data the clients train on, each of the first `num_clients` clients' test data or
+  None when --client_test_fraction is 0).
+
+  A dataset whose users come with their own test split (LEAF, TFF's SQLite) uses it, and its
+  clients train on all their training data; any other holds --client_test_fraction of each
+  client's examples out of training (`data.hold_out_client_test`, seeded by --seed).
+  """
+  import data  # pylint: disable=g-import-not-at-top
+  if not c.client_test_fraction:
+    return fed, None
+  if fed.client_test is None:
+    fed = data.hold_out_client_test(fed, c.client_test_fraction, c.seed)
+  client_test = fed.client_test[:num_clients]
+  if not any(len(y) for _, y in client_test):
+    raise ExperimentError(
+        f'--client_test_fraction: none of the {num_clients} clients of {c.dataset} has test '
+        'data of its own; give the users\' test split in --data_dir or drop the flag')
+  return fed, client_test
+
+
+class ClientEvaluator:
+  """The four per-client figures (`tff_algos.evaluation.CLIENT_ACCURACY_FIGURES`) of a
+  process's global model on each client's test data."""
+
+  # The last one built: a rerun in this process (a notebook cell, a resume after an
+  # interrupt) reuses TFF's traced computation, as _LAST_BUILT does.
+  _last = None
+
+  def __init__(self, model_fn, client_test: list):
+    from tff_algos import evaluation  # pylint: disable=g-import-not-at-top
+    last = ClientEvaluator._last
+    if last is not None and last[0] is model_fn and last[1] == len(client_test):
+      self.computation = last[2]
+    else:
+      self.computation = evaluation.build_per_client_evaluation(model_fn, len(client_test))
+      ClientEvaluator._last = (model_fn, len(client_test), self.computation)
+    # Clients without test data stay out of the call (they would count nothing).
+    self._inputs = [i for i in evaluation.client_evaluation_inputs(client_test)
+                    if i[0]['y'].shape[0]]
+
+  def __call__(self, model_weights) -> dict:
+    from tff_algos import evaluation  # pylint: disable=g-import-not-at-top
+    return evaluation.summarize_client_accuracies(self.computation(model_weights, self._inputs))
 
 
 class Evaluator:
@@ -558,7 +616,16 @@ def plot_accuracy(rows: list[dict], path: str, title: str) -> None:
             if r.get('test_accuracy') not in (None, '')]
   fig, ax = plt.subplots(figsize=(6, 4))
   if points:
-    ax.plot(*zip(*points), marker='.')
+    ax.plot(*zip(*points), marker='.', label='central test set')
+  spread = [(int(r['round']), *(float(r[k]) for k in CLIENT_ACCURACY_FIGURES))
+            for r in rows if r.get('client_accuracy_mean') not in (None, '')]
+  if spread:   # per-client evaluation: the mean over clients, the band down to p10, the min
+    rounds, mean, _, p10, lowest = zip(*spread)
+    ax.plot(rounds, mean, color='tab:orange', label='clients: mean')
+    ax.fill_between(rounds, p10, mean, color='tab:orange', alpha=0.25,
+                    label='clients: 10th percentile to mean')
+    ax.plot(rounds, lowest, color='tab:orange', linestyle=':', label='clients: min')
+    ax.legend(loc='lower right', fontsize='small')
   ax.set_xlabel('round')
   ax.set_ylabel('test accuracy')
   ax.set_title(title)
@@ -766,6 +833,23 @@ _NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'eval_last', 'root_output_dir', 'ex
                      'progress', 'resident_state', 'checkpoint_every', 'blown_up_rounds')
 
 
+def _load_checkpoint(loop, manager, program_state, method: methods.Method, log):
+  """The latest checkpoint, loaded as `program_state`'s structure or, failing that, in the
+  method's older layout (`Method.legacy_state`) and upgraded; raises if neither matches."""
+  try:
+    restored, _ = loop.run_until_complete(manager.load_latest(program_state))
+    return restored
+  except Exception:  # pylint: disable=broad-except
+    if not method.legacy_state:
+      raise
+  to_legacy, upgrade = (methods.named_function(name) for name in method.legacy_state)
+  legacy = collections.OrderedDict(program_state, state=to_legacy(program_state['state']))
+  restored, _ = loop.run_until_complete(manager.load_latest(legacy))
+  log(f'the checkpoint holds an earlier {method.name} version\'s state layout; upgraded it '
+      f'({upgrade.__module__}.{upgrade.__name__})')
+  return collections.OrderedDict(restored, state=upgrade(restored['state']))
+
+
 def _build_computations(c: ExperimentConfig, fed, num_clients: int):
   """(model name, model_fn, LearningProcess, Evaluator) of the config and loaded data."""
   from tff_algos import models  # pylint: disable=g-import-not-at-top
@@ -838,8 +922,11 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
         f'{c.dataset} has no central test examples (no accuracy can be measured); give its '
         'test split data (LEAF: test/*.json) in --data_dir')
   num_clients = min(c.num_clients, fed.num_clients)
+  fed, client_test = with_client_test(c, fed, num_clients)
   model_name, model_fn, process, evaluator = _build_computations(c, fed, num_clients)
-  _check_distributable(c, [process.next])
+  client_evaluator = ClientEvaluator(model_fn, client_test) if client_test else None
+  _check_distributable(c, [process.next] + (
+      [client_evaluator.computation] if client_evaluator else []))
   note = methods.METHODS[c.algorithm].note(c)
   if note:
     log(note)
@@ -852,7 +939,8 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   _remove_unfinished_checkpoints(ckpt_dir)
   if start_round:
     try:
-      restored, _ = loop.run_until_complete(manager.load_latest(program_state))
+      restored = _load_checkpoint(loop, manager, program_state, methods.METHODS[c.algorithm],
+                                  log)
     except Exception as e:  # pylint: disable=broad-except
       raise ExperimentError(
           f'cannot resume {exp_dir}: its checkpoint does not match this program\'s state '
@@ -982,10 +1070,13 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       evaluated = evaluated_round(round_num, c)
       if evaluated:
         with execution.collector_paused():
-          accuracy, test_loss = evaluator(runner.get_model_weights(held))
+          weights = runner.get_model_weights(held)
+          accuracy, test_loss = evaluator(weights)
+          client_figures = client_evaluator(weights) if client_evaluator else {}
         best = max(best, accuracy)
         row['test_accuracy'] = accuracy
         row['test_loss'] = test_loss
+        row.update((k, client_figures[k]) for k in CLIENT_ACCURACY_FIGURES if client_figures)
       row['round_seconds'] = round(time.time() - t0, 4)
       rows.append(row)
       _write_csv(csv_path, rows)
@@ -1051,6 +1142,10 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       experiment_dir=exp_dir,
       accuracy_plot=os.path.join(exp_dir, 'accuracy.png'),
   )
+  if client_evaluator:   # the last evaluation's, as final_accuracy
+    last = [r for r in rows if r.get('client_accuracy_mean') not in (None, '')]
+    summary.update((k, float(last[-1][k]) if last else None) for k in CLIENT_ACCURACY_FIGURES)
+    summary['clients_evaluated'] = sum(1 for _, y in client_test if len(y))
   final_weights = process.get_model_weights(state)
   record = methods.RunRecord(c, rows, state, final_weights, num_clients)
   summary.update(methods.METHODS[c.algorithm].summary(record))

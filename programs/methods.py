@@ -24,6 +24,8 @@ import math
 import os
 from typing import Any, Callable, Optional
 
+from programs import pages
+
 # Where a method flag's value goes.
 BUILDER = 'builder'          # a keyword argument of the method's builder
 EXPLORATION = 'exploration'  # a keyword of tff_algos.fedlex.build_fedlex_exploration
@@ -108,8 +110,11 @@ class Method:
   types the builder raises for impossible settings, reported as `error_prefix + str(e)`.
   `note(config)`: a line the program prints before training (a valid but noteworthy
   setting), or None. `summary(run)`: the method's own entries of summary.json from the
-  finished run (a `RunRecord`). `guided`: the method is a plug-in preset, guided whatever
-  --guided says (fedlex_*). `local_steps`: False for FedSGD's one gradient (no KD there).
+  finished run (a `RunRecord`). `legacy_state`: ('module:function', 'module:function') for a
+  state layout an earlier version checkpointed: the first maps the current state to the
+  old layout (the structure to load with), the second upgrades a state loaded that way.
+  `guided`: the method is a plug-in preset, guided whatever --guided says (fedlex_*).
+  `local_steps`: False for FedSGD's one gradient (no KD there).
   """
   name: str
   builder: str               # 'module:function'
@@ -121,12 +126,12 @@ class Method:
   error_prefix: str = ''
   note: Callable[[Any], Optional[str]] = lambda c: None
   summary: Callable[[Any], dict] = lambda run: {}
+  legacy_state: tuple = ()
   guided: bool = False
   local_steps: bool = True
 
   def builder_function(self) -> Callable:
-    module, function = self.builder.split(':')
-    return getattr(importlib.import_module(module), function)
+    return named_function(self.builder)
 
   def builder_kwargs(self, config, target: str = BUILDER) -> dict:
     """{keyword: value} of this method's flags that go to `target`."""
@@ -170,6 +175,12 @@ class Method:
           return (f'--{flag.name} is read only by a guided run (--guided or '
                   f'--algorithm=fedlex_*); add --guided or drop it')
     return None
+
+
+def named_function(name: str) -> Callable:
+  """The function named 'module:function' (imported now)."""
+  module, function = name.split(':')
+  return getattr(importlib.import_module(module), function)
 
 
 def _lr_or(default):
@@ -264,7 +275,7 @@ def _fedcda_summary(run: RunRecord) -> dict:
           run.num_clients, c.fedcda_cache_size, d, c.fedcda_cache_dtype),
       fedcda_cache_formula=(
           f'{b}*N*K*D = {b}*{run.num_clients}*{c.fedcda_cache_size}*{d} bytes '
-          f'({c.fedcda_cache_dtype}) + 4*(3NK+2N+1) bookkeeping'))
+          f'({c.fedcda_cache_dtype}) + 8*D running sum + 4*(3NK+2N+1) bookkeeping'))
 
 
 # ---- SCAFFOLD (Karimireddy et al. 2020, option II; tff_algos/scaffold.py) ----
@@ -469,7 +480,10 @@ METHODS = {m.name: m for m in (
            lambda c, i: (_head(c, i) + (i.num_clients, c.clients_per_round),
                          dict(seed=c.seed)),
            flags=FEDCDA_FLAGS, check=_fedcda_check, errors=(ValueError,),
-           note=_fedcda_note, summary=_fedcda_summary),
+           note=_fedcda_note, summary=_fedcda_summary,
+           # checkpoints from before the aggregator kept its running selected_sum
+           legacy_state=('tff_algos.fedcda:legacy_state_structure',
+                         'tff_algos.fedcda:upgrade_legacy_state')),
     Method('cadis', 'tff_algos.cadis:build_cadis',
            lambda c, i: (_head(c, i) + (i.num_clients,),
                          dict(clients_per_round=c.clients_per_round,
@@ -558,9 +572,7 @@ TABLE_PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 
 def page_with_table(text: str) -> str:
   """`text` (docs/methods.md) with the block between the table markers rewritten."""
-  head, rest = text.split(TABLE_BEGIN, 1)
-  _, tail = rest.split(TABLE_END, 1)
-  return f'{head}{TABLE_BEGIN}\n{flag_table()}{TABLE_END}{tail}'
+  return pages.with_block(text, TABLE_BEGIN, TABLE_END, flag_table())
 
 
 if __name__ == '__main__':
@@ -568,7 +580,6 @@ if __name__ == '__main__':
     before = f.read()
   after = page_with_table(before)
   if after != before:
-    with open(TABLE_PAGE, 'w') as f:
-      f.write(after)
+    pages.write_text(TABLE_PAGE, after)
   print(f'{os.path.relpath(TABLE_PAGE)}: method flag table '
         f'{"rewritten" if after != before else "already current"}')

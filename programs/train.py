@@ -57,6 +57,11 @@ _EVAL_EVERY = flags.DEFINE_integer('eval_every', 1, 'Evaluate every this many ro
 _EVAL_LAST = flags.DEFINE_integer(
     'eval_last', 10, 'Also evaluate each of the last this many rounds (the last-10 mean '
     'summary.json reports is then over the last 10 rounds).')
+_CLIENT_TEST_FRACTION = flags.DEFINE_float(
+    'client_test_fraction', 0.0, 'Per-client evaluation: hold out this fraction of each '
+    'client\'s examples (seeded; LEAF and TFF SQLite data: any value > 0 uses the users\' '
+    'own test split) and evaluate the global model on every client\'s held-out data '
+    'whenever the test set is; 0 = off.')
 _CHECKPOINT_EVERY = flags.DEFINE_integer(
     'checkpoint_every', 1, 'Checkpoint every this many rounds (always after the last round '
     'and on SIGTERM/SIGINT; a crash repeats the rounds since the last checkpoint on --resume).')
@@ -99,6 +104,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       model=_MODEL.value, seed=_SEED.value, eval_every=_EVAL_EVERY.value,
       eval_last=_EVAL_LAST.value,
       checkpoint_every=_CHECKPOINT_EVERY.value,
+      client_test_fraction=_CLIENT_TEST_FRACTION.value,
       root_output_dir=_ROOT.value, experiment_name=_NAME.value, resume=_RESUME.value,
       progress=_PROGRESS.value, workers=_WORKERS.value, local_workers=_LOCAL_WORKERS.value,
       worker_timeout=_WORKER_TIMEOUT.value, resident_state=_RESIDENT_STATE.value,

@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from data.datasets import ArrayClientData, ArrayDataset, FederatedDataset, federate
+from data.datasets import (
+    ArrayClientData, ArrayDataset, FederatedDataset, federate, hold_out_client_test)
 from data.partitioners import ClusterSkewPartitioner, DirichletPartitioner, IidPartitioner
 
 
@@ -99,3 +100,54 @@ def test_federate():
   assert np.array_equal(x, ds.x_train[fed.partition.client_indices[3]])
   assert set(np.unique(y).tolist()) == {2 * fed.true_clusters[3], 2 * fed.true_clusters[3] + 1}
   assert fed.client_sizes().sum() == fed.partition.all_indices().size
+
+
+def _numbered_clients(sizes):
+  """A FederatedDataset whose example ids (0, 1, ...) are their x values and labels."""
+  starts = np.concatenate([[0], np.cumsum(sizes)])
+  clients = {str(n): (np.arange(a, a + s, dtype=np.float32).reshape(s, 1),
+                      np.arange(a, a + s, dtype=np.int32))
+             for n, (a, s) in enumerate(zip(starts, sizes))}
+  return FederatedDataset(name='numbered', client_data=ArrayClientData(clients),
+                          x_test=np.zeros([1, 1], np.float32), y_test=np.zeros([1], np.int32),
+                          num_classes=10)
+
+
+# (fraction, client size) -> examples held out: fraction x size rounded half up, at least one
+# from a client of 2 or more, never all of them; clients of 0 or 1 keep theirs for training.
+HELD_OUT = {(0.2, 0): 0, (0.2, 1): 0, (0.2, 2): 1, (0.2, 3): 1, (0.2, 10): 2, (0.2, 57): 11,
+            (0.5, 3): 2, (0.5, 5): 3, (0.9, 2): 1, (0.9, 10): 9, (0.01, 40): 1}
+
+
+@pytest.mark.parametrize('fraction', sorted({f for f, _ in HELD_OUT}))
+def test_hold_out_client_test_is_seeded_disjoint_and_of_the_right_size(fraction):
+  sizes = [n for f, n in HELD_OUT if f == fraction]
+  fed = _numbered_clients(sizes)
+  split = hold_out_client_test(fed, fraction, seed=3)
+  assert split.x_test is fed.x_test and split.num_clients == fed.num_clients
+  for n, size in enumerate(sizes):
+    original = fed.client_arrays(n)[1]
+    train_x, train_y = split.client_arrays(n)
+    test_x, test_y = split.client_test[n]
+    assert len(test_y) == HELD_OUT[(fraction, size)], (fraction, size)
+    # Disjoint, together the client's examples, each part in the original order, x with its y.
+    assert not set(train_y) & set(test_y)
+    assert sorted([*train_y, *test_y]) == list(original)
+    assert list(train_y) == sorted(train_y) and list(test_y) == sorted(test_y)
+    np.testing.assert_array_equal(train_x[:, 0], train_y)
+    np.testing.assert_array_equal(test_x[:, 0], test_y)
+  again = hold_out_client_test(fed, fraction, seed=3)
+  for n in range(len(sizes)):
+    np.testing.assert_array_equal(again.client_test[n][1], split.client_test[n][1])
+
+
+def test_hold_out_client_test_depends_on_the_seed_and_refuses_existing_test_data():
+  fed = _numbered_clients([50, 50])
+  a, b = (hold_out_client_test(fed, 0.2, seed=s) for s in (0, 1))
+  assert list(a.client_test[0][1]) != list(b.client_test[0][1])
+  # Each client its own stream: two equal-sized clients do not hold out the same positions.
+  assert list(a.client_test[0][1]) != [i - 50 for i in a.client_test[1][1]]
+  with pytest.raises(ValueError, match='already has per-client test data'):
+    hold_out_client_test(a, 0.2, seed=0)
+  with pytest.raises(ValueError, match=r'fraction must be in \(0, 1\)'):
+    hold_out_client_test(fed, 1.0, seed=0)

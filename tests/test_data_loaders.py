@@ -302,6 +302,16 @@ def test_tff_emnist_matches_tff_parsing(emnist_sqlite):
     np.testing.assert_array_equal(x[order], ref_x[ref_order])
     np.testing.assert_array_equal(y[order], ref_y[ref_order])
   assert fed.x_test.shape == (6, 28, 28, 1) and fed.y_test.shape == (6,)
+  # Each client's own test data is its writer's test split in TFF's parsing.
+  test_reference = tff.simulation.datasets.SqlClientData(path, 'all_test').preprocess(
+      tff.simulation.datasets.emnist._add_proto_parsing)  # pylint: disable=protected-access
+  assert sum(len(y) for _, y in fed.client_test) == 6
+  for n, writer in enumerate(fed.info['client_names']):
+    x, y = fed.client_test[n]
+    ref = list(test_reference.create_tf_dataset_for_client(writer).as_numpy_iterator())
+    assert sorted(y) == sorted(e['label'] for e in ref)
+    np.testing.assert_allclose(np.sort(x.sum(axis=(1, 2, 3))),
+                               np.sort([e['pixels'].sum() for e in ref]), rtol=1e-6)
 
 
 def test_tff_emnist_digits_and_max_clients(emnist_sqlite):
@@ -355,6 +365,18 @@ def test_tff_shakespeare_matches_tff_preprocessing(shakespeare_sqlite):
     np.testing.assert_array_equal(y, ref_y.numpy())
   assert fed.client_arrays(0)[0].shape[0] == 3  # long snippet spans two windows
   np.testing.assert_array_equal(fed.x_test[:, 1:], fed.y_test[:, :-1])  # shifted by one
+  # Each client's own test windows: its role's test split, TFF's preprocessing.
+  test_reference = tff.simulation.datasets.load_and_parse_sql_client_data(
+      path, collections.OrderedDict(snippets=tf.TensorSpec([], tf.string)), split_name='test')
+  for n, name in enumerate(fed.info['client_names']):
+    x, y = fed.client_test[n]
+    if name not in test_reference.client_ids:
+      assert x.shape == (0, 80)
+      continue
+    ref_x, ref_y = next(iter(preprocess(test_reference.create_tf_dataset_for_client(name))))
+    np.testing.assert_array_equal(x, ref_x.numpy())
+    np.testing.assert_array_equal(y, ref_y.numpy())
+  np.testing.assert_array_equal(np.concatenate([x for x, _ in fed.client_test]), fed.x_test)
 
 
 def test_tff_missing_and_malformed(tmp_path):
@@ -398,6 +420,27 @@ def test_leaf_femnist_train_test(tmp_path):
   np.testing.assert_array_equal(fed.y_test, test['f_a']['y'] + test['f_b']['y'])
   one = loaders.load_leaf(str(tmp_path), 'femnist', max_clients=1)
   assert one.num_clients == 1 and one.y_test.shape == (1,)
+  # Each client's own test data (per-client evaluation), in client order.
+  for n, user in enumerate(['f_a', 'f_b']):
+    cx, cy = fed.client_test[n]
+    np.testing.assert_allclose(cx.reshape(-1, 784), np.array(test[user]['x'], np.float32))
+    np.testing.assert_array_equal(cy, test[user]['y'])
+
+
+def test_leaf_client_test_is_each_users_own_test_data(tmp_path):
+  # A training user without test data gets an empty one; a test-only user (LEAF's user
+  # split) is in the central test set but no client's.
+  rng = np.random.default_rng(1)
+  train = {'a': _femnist_user(rng, 3), 'b': _femnist_user(rng, 4), 'c': _femnist_user(rng, 2)}
+  test = {'c': _femnist_user(rng, 2), 'a': _femnist_user(rng, 1), 'z': _femnist_user(rng, 5)}
+  write_leaf_json(str(tmp_path / 'train' / 'tr.json'), train)
+  write_leaf_json(str(tmp_path / 'test' / 'te.json'), test)
+  fed = loaders.load_leaf(str(tmp_path), 'femnist')
+  assert [len(y) for _, y in fed.client_test] == [1, 0, 2]
+  np.testing.assert_array_equal(fed.client_test[0][1], test['a']['y'])
+  np.testing.assert_array_equal(fed.client_test[2][1], test['c']['y'])
+  assert fed.client_test[1][0].shape == (0, 28, 28, 1)
+  np.testing.assert_array_equal(fed.y_test, test['a']['y'] + test['c']['y'] + test['z']['y'])
 
 
 def test_leaf_all_data_split(tmp_path):

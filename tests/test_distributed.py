@@ -29,6 +29,7 @@ import data
 from programs import experiment
 from tests import helpers
 import tff_algos
+from tff_algos import evaluation
 from tff_algos import execution
 from tff_algos import fedlex
 from tff_algos import models
@@ -152,6 +153,25 @@ def test_method_on_2_and_3_services_matches_local_mode(contexts, fed, algorithm)
   local = _train(config, fed, process)
   for n in (2, 3):
     _assert_same(local, _in_context(contexts[n], _train, config, fed, process))
+
+
+def test_per_client_evaluation_on_2_services_matches_local_mode(contexts, fed):
+  # The program's --client_test_fraction evaluation: each client's counts keyed by index
+  # arrive whole whichever service evaluated the client.
+  config = _config('fedavg', client_test_fraction=0.2)
+  split, client_test = experiment.with_client_test(config, fed, NUM_CLIENTS)
+  evaluate = evaluation.build_per_client_evaluation(MODEL_FN, NUM_CLIENTS)
+  execution.check_mergeable(evaluate, 'per-client evaluation')
+  process = _build('fedavg')
+  state = process.next(process.initialize(), [[x] for x in data.round_inputs(
+      split, 1, CLIENTS_PER_ROUND, 1, 0)[1]]).state
+  weights = process.get_model_weights(state)
+  inputs = evaluation.client_evaluation_inputs(client_test)
+  local = evaluate(weights, inputs)
+  assert list(local['count']) == [len(y) for _, y in client_test]
+  distributed = _in_context(contexts[2], evaluate, weights, inputs)
+  for key in ('correct', 'count'):
+    np.testing.assert_array_equal(distributed[key], local[key])
 
 
 def test_dependent_aggregations_are_refused_with_the_reason():

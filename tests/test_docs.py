@@ -1,8 +1,8 @@
 """README.md and docs/: short pages, every relative link resolves, the examples run.
 
 README.md is the quick start (at most 200 lines); each docs/ page starts with a title and
-what it is for, and holds at most 400 lines. The minimal-call block of
-docs/tff_integration.md runs in a fresh interpreter (README's own example runs from an
+what it is for, and holds at most 400 lines. The minimal-call and per-client evaluation
+blocks of docs/tff_integration.md run in a fresh interpreter (README's own example runs from an
 installed wheel in tests/test_packaging.py).
 """
 
@@ -91,3 +91,16 @@ def test_each_builders_minimal_call_runs(tmp_path):
   assert out.returncode == 0, out.stderr[-3000:]
   accuracy, loss = map(float, out.stdout.split())
   assert 0 <= accuracy <= 1 and loss > 0
+
+
+def test_per_client_evaluation_example_runs(tmp_path):
+  code = _python_block('tff_integration.md', 'Per-client evaluation')
+  env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='3')
+  out = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  counts, figures = out.stdout.strip().split('\n')[-2:]
+  # Every example of every client counted (its batches read back whole), each at its index.
+  assert counts.split() == [str(12 + 4 * i) for i in range(6)]
+  mean, p10, evaluated = figures.split()
+  assert 0 <= float(p10) <= float(mean) <= 1 and evaluated == '6'

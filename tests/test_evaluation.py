@@ -247,3 +247,99 @@ def test_sequence_training_loss_skips_padding_as_evaluation_does(lstm_case):
   scored = y != 0
   assert float(training_loss(weights, x, y)) == pytest.approx(
       cross_entropy(logits, y)[scored].mean(), rel=1e-5)
+
+
+# --------------------------------------------------------------------------- #
+# Per-client evaluation
+# --------------------------------------------------------------------------- #
+
+def reference_client_figures(accuracies):
+  """The four figures written out by hand: unweighted mean, population std, the 10th
+  percentile interpolated between the ranks around (n - 1) / 10, and the minimum."""
+  a = sorted(accuracies)
+  mean = sum(a) / len(a)
+  std = (sum((v - mean) ** 2 for v in a) / len(a)) ** 0.5
+  h = (len(a) - 1) * 0.1
+  lo = int(np.floor(h))
+  hi = min(lo + 1, len(a) - 1)
+  p10 = a[lo] + (h - lo) * (a[hi] - a[lo])
+  return dict(client_accuracy_mean=mean, client_accuracy_std=std, client_accuracy_p10=p10,
+              client_accuracy_min=a[0])
+
+
+def test_per_client_accuracies_and_their_figures_match_numpy(cnn_case):
+  _, weights, x, y = cnn_case
+  rng = np.random.default_rng(1)
+  # Random clients of the test images: sizes from 0 (no data: left out of the figures) to
+  # more than one evaluation batch, so each client's batching loop runs too.
+  sizes = [0, 1, 5, 17, 40, 70, 90, 137]
+  order = rng.permutation(x.shape[0])
+  cuts = np.cumsum(sizes)
+  clients = [(x[order[a - s:a]], y[order[a - s:a]]) for a, s in zip(cuts, sizes)]
+  num_clients = len(clients) + 1   # index 8 gets no data at all: count 0 as well
+  evaluate = evaluation.build_per_client_evaluation(CNN_FN, num_clients, batch_size=EVAL_BATCH)
+  inputs = evaluation.client_evaluation_inputs(clients)
+  shuffled = [inputs[i] for i in rng.permutation(len(inputs))]   # keyed by index, not order
+  result = evaluate(weights, shuffled)
+
+  logits = tiny_cnn_features(weights.trainable, x) @ weights.trainable[-2] + weights.trainable[-1]
+  expected = []
+  for n, (cx, cy) in enumerate(clients):
+    assert result['count'][n] == len(cy)
+    if not len(cy):
+      assert np.isnan(result['accuracy'][n])
+      continue
+    client_logits = logits[order[cuts[n] - sizes[n]:cuts[n]]]
+    lowest, highest = accuracy_bounds(client_logits, cy) if len(cy) > 1 else (
+        float(client_logits.argmax() == cy[0]),) * 2
+    assert lowest - 1e-6 <= result['accuracy'][n] <= highest + 1e-6
+    expected.append(float(np.mean(client_logits.argmax(axis=-1) == cy)))
+  assert result['count'][8] == 0 and np.isnan(result['accuracy'][8])
+  assert len(set(np.round(expected, 3))) >= 5   # the clients differ: the spread means something
+
+  figures = evaluation.summarize_client_accuracies(result)
+  assert figures['clients_evaluated'] == 7
+  for name, value in reference_client_figures(expected).items():
+    assert figures[name] == pytest.approx(value, abs=1e-6), name
+  # An array of accuracies (NaN = no data) gives the same figures.
+  assert evaluation.summarize_client_accuracies(result['accuracy']) == figures
+  with pytest.raises(ValueError, match='build it with num_clients=8'):
+    evaluation.client_evaluation_inputs(clients, num_clients=7)
+
+
+def test_per_client_figures_are_unweighted_over_clients():
+  # Two clients, 1 of 1 and 1 of 9 right: the mean over clients is (1 + 1/9) / 2, not 2/10.
+  figures = evaluation.summarize_client_accuracies(
+      dict(accuracy=np.array([1.0, 1 / 9, np.nan]), count=np.array([1.0, 9.0, 0.0])))
+  assert figures['client_accuracy_mean'] == pytest.approx((1 + 1 / 9) / 2)
+  assert figures['client_accuracy_min'] == pytest.approx(1 / 9)
+  assert figures['client_accuracy_p10'] == pytest.approx(1 / 9 + 0.1 * (1 - 1 / 9))
+  assert figures['clients_evaluated'] == 2
+  empty = evaluation.summarize_client_accuracies(np.array([np.nan]))
+  assert empty['clients_evaluated'] == 0 and np.isnan(empty['client_accuracy_mean'])
+  # The training program names its metrics.csv columns without importing TensorFlow.
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  assert experiment.CLIENT_ACCURACY_FIGURES == evaluation.CLIENT_ACCURACY_FIGURES
+  assert tuple(figures)[:4] == evaluation.CLIENT_ACCURACY_FIGURES
+
+
+def test_per_client_evaluation_of_sequences_counts_non_padding_labels(lstm_case):
+  _, weights, x, y = lstm_case
+  clients = [(x[:60], y[:60]), (x[60:], y[60:])]
+  evaluate = evaluation.build_per_client_evaluation(LSTM_FN, 2, batch_size=EVAL_BATCH)
+  result = evaluate(weights, evaluation.client_evaluation_inputs(clients))
+  logits = (char_lstm_features(weights.trainable, x) @ weights.trainable[-2]
+            + weights.trainable[-1])
+  for n, (start, end) in enumerate([(0, 60), (60, len(y))]):
+    scored = y[start:end] != 0
+    assert result['count'][n] == scored.sum()
+    lowest, highest = accuracy_bounds(logits[start:end][scored], y[start:end][scored])
+    assert lowest - 1e-6 <= result['accuracy'][n] <= highest + 1e-6
+
+
+def test_per_client_evaluation_splits_across_worker_services():
+  # Server-placed and one aggregation: the mergeable form the training program's
+  # --workers/--local_workers runs need.
+  evaluate = evaluation.build_per_client_evaluation(CNN_FN, 3)
+  execution.check_mergeable(evaluate, 'per-client evaluation')
+  assert evaluate.type_signature.result.placement is tff.SERVER

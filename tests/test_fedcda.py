@@ -58,8 +58,10 @@ class NpFedCDA:
   def model(self, n, age=None):
     return self.cache[n][self.age[n] if age is None else age]
 
-  def step(self, uploads, batches, selection='batch_greedy'):
-    """uploads: list (by slot) of (client, flat model, loss) or None; batches: lists of slots.
+  def step(self, uploads, batches, selection='batch_greedy', random_ages=None):
+    """uploads: list (by slot) of (client, flat model, loss) or None; batches: lists of slots;
+    random_ages: for selection='random', the age each slot draws (from its cache as it is
+    after this round's push).
 
     Returns (result, measurements) like the TF implementation.
     """
@@ -97,6 +99,8 @@ class NpFedCDA:
             best, best_val = combo, val
         for s, a in zip(members, best or ()):
           choice[s] = a
+    if not warm and selection == 'random':
+      choice = [a if v else 0 for a, v in zip(random_ages, valid)]
     after = objective(choice)
     for s, u in enumerate(uploads):
       if u is not None:
@@ -124,6 +128,9 @@ def zero_state(n, k, dtype=tf.float32):
   return collections.OrderedDict(
       cache=cache, losses=tf.zeros([n, k]), sq_norms=tf.zeros([n, k], tf.float64),
       count=tf.zeros([n], tf.int32), selected=tf.zeros([n], tf.int32),
+      selected_sum=tff.learning.models.ModelWeights(
+          trainable=[tf.zeros(s, tf.float64) for s in SHAPES_TRAINABLE],
+          non_trainable=[tf.zeros(s, tf.float64) for s in SHAPES_NON_TRAINABLE]),
       round_num=tf.constant(0, tf.int32))
 
 
@@ -216,6 +223,79 @@ def test_cache_round_matches_numpy_brute_force(n, p, k, b, selection, dropout):
       if ref.cache[c]:
         assert (count[c] - 1 - selected[c]) % k == ref.age[c]
   assert int(state['round_num']) == 7
+
+
+def random_ages(ref, uploads, seed, round_num):
+  """The ages 'random' selection draws, drawn as the aggregator does (one stateless uniform
+  per slot from (seed, round)) over each uploader's cache as it is after this round's push."""
+  draw = tf.random.stateless_uniform([len(uploads)],
+                                     seed=tf.constant([seed, round_num], tf.int32)).numpy()
+  ages = []
+  for s, u in enumerate(uploads):
+    held = 0 if u is None else min(len(ref.cache[u[0]]) + 1, ref.k)
+    ages.append(min(int(draw[s] * np.float32(held)), max(held - 1, 0)))
+  return ages
+
+
+RUNNING_SUM_CONFIGS = [
+    # (K, selection, cache dtype)
+    (2, 'batch_greedy', 'float32'),
+    (3, 'batch_greedy', 'float32'),
+    (3, 'exact', 'float32'),
+    (2, 'newest', 'float32'),
+    (3, 'random', 'float32'),
+    (3, 'batch_greedy', 'bfloat16'),
+]
+
+
+@pytest.mark.parametrize('k,selection,cache_dtype', RUNNING_SUM_CONFIGS)
+def test_running_sum_over_many_rounds_is_the_mean_recomputed_from_scratch(k, selection,
+                                                                          cache_dtype):
+  """40 rounds of N = 7, P = 3: clients come back often, so FIFO pushes evict models, some of
+  them selected ones. Each round the reference recomputes the mean over every cached
+  client's selected model; the aggregator's result must equal it, and its running
+  `selected_sum` must be the sum of those models to float64 precision (a float32 sum, or an
+  evicted selection never subtracted, would fail 1e-12)."""
+  n, p, warmup, seed = 7, 3, 4, 5
+  np_dtype = tf.as_dtype(cache_dtype).as_numpy_dtype
+  as_cached = lambda vec: np.asarray(vec, np.float32).astype(np_dtype).astype(np.float64)
+  nb = 1 if selection == 'exact' else 2
+  rng = np.random.default_rng([k, nb, len(selection), len(cache_dtype)])
+  state = zero_state(n, k, tf.as_dtype(cache_dtype))
+  ref = NpFedCDA(n, k, 1.0, warmup)
+  evicted_selected = switched = 0
+  for t in range(40):
+    uploads = random_uploads(rng, n, p, 0.0)
+    if t % 6 == 5:
+      uploads[-1] = None  # a slot without an upload: that client keeps its selection
+    valid = [u is not None for u in uploads]
+    batches = [list(np.asarray(x)) for x in crc.random_batches(
+        p, nb, tf.constant([seed, t], tf.int32), valid)]
+    ages = random_ages(ref, uploads, seed, t)
+    evicted_selected += sum(1 for u in uploads if u is not None
+                            and len(ref.cache[u[0]]) == k and ref.age[u[0]] == k - 1)
+    state, result, m = crc.cache_round(
+        state, accumulator(uploads, p), num_clients=n, clients_per_round=p, cache_size=k,
+        num_batches=nb, warmup_rounds=warmup, smoothness=1.0, selection=selection, seed=seed)
+    want, want_m = ref.step([None if u is None else (u[0], as_cached(u[1]), *u[2:])
+                             for u in uploads], batches, selection, ages)
+    if t < warmup:  # FedAvg over the uploads as they arrive (float32), not the cache
+      kept = [u for u in uploads if u is not None]
+      want = np.average([as_cached(u[1]) if cache_dtype == 'float32' else
+                         np.float32(u[1]) for u in kept], 0, weights=[u[3] for u in kept])
+    np.testing.assert_allclose(flat(result['model']), want, rtol=1e-5, atol=1e-6)
+    assert float(result['has_result']) == 1.0
+    assert float(m['switched']) == want_m['switched']
+    switched += want_m['switched']
+    count, selected = state['count'].numpy(), state['selected'].numpy()
+    cached = [c for c in range(n) if ref.cache[c]]
+    for c in cached:
+      assert (count[c] - 1 - selected[c]) % k == ref.age[c], (t, c)
+    np.testing.assert_allclose(flat(state['selected_sum']),
+                               np.sum([ref.model(c)[0] for c in cached], axis=0),
+                               rtol=1e-12, atol=1e-12)
+  if selection != 'newest':  # the cases this test is for did happen
+    assert switched > 0 and evicted_selected > 0, (switched, evicted_selected)
 
 
 @pytest.mark.parametrize('cache_dtype', ['float16', 'bfloat16'])
@@ -655,6 +735,10 @@ def test_duplicate_slots_fail_the_round():
   past = collections.OrderedDict(other, slot=np.int32(2))  # a third client, P = 2
   with pytest.raises(Exception, match=r'outside \[0, clients_per_round=2\).*at most 2'):
     proc.next(proc.initialize(), [value, past], [np.float32(1.0), np.float32(1.0)])
+  # one client in two slots would take its previous selection out of selected_sum twice
+  again = collections.OrderedDict(value, slot=np.int32(1))
+  with pytest.raises(Exception, match='same client_index'):
+    proc.next(proc.initialize(), [value, again], [np.float32(1.0), np.float32(1.0)])
 
 
 def test_builder_refuses_a_cache_above_the_limit():

@@ -513,3 +513,35 @@ def test_batchnorm_statistics_are_averaged(client_data):
   moving_mean = new.non_trainable[0]
   np.testing.assert_allclose(moving_mean, [np.average(means, weights=sizes)], rtol=1e-5)
   assert not np.allclose(new.non_trainable[1], 1.0)  # the moving variance moved too
+
+
+def test_per_client_evaluation_is_tffs_fed_eval_client_by_client(model_fn, client_data):
+  """Each client's accuracy is what TFF's own build_fed_eval reports on that client alone,
+  and the computation runs in a tff.program context too (which refuses CLIENTS-placed
+  results: ours are server-placed)."""
+  process = tff_algos.build_fedavg(model_fn, sgd(), BATCH)
+  state = process.initialize()
+  state = process.next(state, data.client_selection_fn(client_data, P)(1)).state
+  weights = process.get_model_weights(state)
+  inputs = data.ClientDataInputs(client_data)
+  evaluate = tff_algos.build_per_client_evaluation(model_fn, inputs.num_clients)
+  client_inputs = tff_algos.client_evaluation_inputs(
+      [inputs.client_arrays(n) for n in range(inputs.num_clients)])
+  ours = evaluate(weights, client_inputs)
+  fed_eval = tff.learning.algorithms.build_fed_eval(model_fn)
+  eval_state = fed_eval.set_model_weights(fed_eval.initialize(), weights)
+  theirs = []
+  for n, cid in enumerate(inputs.client_ids):
+    out = fed_eval.next(eval_state, [client_data.create_tf_dataset_for_client(cid)])
+    theirs.append(float(out.metrics['client_work']['eval']['current_round_metrics'][
+        'sparse_categorical_accuracy']))
+    assert ours['count'][n] == PER_CLIENT
+  np.testing.assert_allclose(ours['accuracy'], theirs, atol=1e-6)
+  assert len(set(theirs)) > 1   # the clients differ
+
+  async def in_a_program():   # the native context invokes on the running loop
+    return await tff.program.materialize_value(evaluate(weights, client_inputs))
+
+  with tff.framework.get_context_stack().install(execution.program_context()):
+    in_program = helpers.run_async(in_a_program())
+  np.testing.assert_allclose(in_program['accuracy'], ours['accuracy'], atol=1e-6)

@@ -63,6 +63,12 @@ def bad_inputs(tmp_path_factory):
       (tmp / case / split / 'a.json').write_text(content)
     write_leaf_json(str(tmp / 'pixels700' / split / 'a.json'),
                     {'u': {'x': [[0.5] * 700] * 2, 'y': [1, 2]}})
+  # LEAF user split whose test users are none of the training users: a central test set,
+  # but no client has test data of its own (per-client evaluation has nothing to evaluate).
+  write_leaf_json(str(tmp / 'test_users_only' / 'train' / 'a.json'),
+                  {'u': {'x': [[0.5] * 784] * 2, 'y': [1, 2]}})
+  write_leaf_json(str(tmp / 'test_users_only' / 'test' / 'a.json'),
+                  {'v': {'x': [[0.5] * 784] * 2, 'y': [1, 2]}})
   # LEAF all_data whose users have one sample each: all go to training, none to the test set.
   write_leaf_json(str(tmp / 'no_test' / 'all_data' / 'a.json'),
                   {f'u{i}': {'x': [[0.5] * 784], 'y': [i]} for i in range(12)})
@@ -88,6 +94,7 @@ BAD_INPUTS = [
     ('--checkpoint_every=0', '--checkpoint_every must be at least 1'),
     ('--eval_last=-1', '--eval_last must be at least 0'),
     ('--blown_up_rounds=-1', '--blown_up_rounds must be at least 0'),
+    ('--client_test_fraction=1', '--client_test_fraction must be in [0, 1)'),
     ('--dataset=mnist --data_dir=/nonexistent', 'tfds build'),
     ('--partition=classes --classes_per_client=11', 'impossible partition'),
     ('--num_clients=200', 'use fewer clients'),  # names no min_size: that is not a flag
@@ -115,6 +122,8 @@ BAD_INPUTS = [
     ('--dataset=femnist_leaf --data_dir={bad}/no_user_data', 'no "user_data"'),
     ('--dataset=femnist_leaf --data_dir={bad}/pixels700', '784 pixels'),
     ('--dataset=femnist_leaf --data_dir={bad}/no_test', 'no central test examples'),
+    ('--dataset=femnist_leaf --data_dir={bad}/test_users_only --num_clients=1 '
+     '--clients_per_round=1 --client_test_fraction=0.5', 'has test data of its own'),
     ('--dataset=fashion_mnist --data_dir={bad}/fmnist', 'truncated or corrupt gzip'),
     # output directories
     ('--root_output_dir={bad}/a_file', 'cannot create the experiment directory'),
@@ -124,6 +133,9 @@ BAD_INPUTS = [
      'run with --seed=0 (now --seed=1)'),
     ('--root_output_dir={run} --experiment_name=p --resume --rounds=2 --algorithm=fedcross',
      '--algorithm=fedavg (now --algorithm=fedcross)'),
+    # per-client evaluation changes what the clients train on: a build input
+    ('--root_output_dir={run} --experiment_name=p --resume --rounds=2 --client_test_fraction=0.2',
+     'run with --client_test_fraction=0.0 (now --client_test_fraction=0.2)'),
     ('--root_output_dir={run} --experiment_name=p --resume --rounds=1',
      'already finished round 2; pass --rounds=2 or more'),
     ('--root_output_dir={run} --experiment_name=p --rounds=2', 'pass --resume to continue'),
@@ -404,6 +416,80 @@ def test_outputs_and_pipe_termination(piped_run):
     rows = list(csv.DictReader(f))
   assert list(rows[0])[:3] == ['round', 'seconds', 'round_seconds']
   assert all(float(r['round_seconds']) > float(r['seconds']) > 0 for r in rows), rows
+  # Without --client_test_fraction there is no per-client evaluation.
+  assert not set(experiment.CLIENT_ACCURACY_FIGURES) & (set(rows[0]) | set(summary))
+
+
+def _client_figures_are_consistent(record):
+  mean, std, p10, lowest = (float(record[k]) for k in experiment.CLIENT_ACCURACY_FIGURES)
+  assert 0 <= lowest <= p10 <= mean <= 1 and 0 <= std <= 0.5, record
+
+
+def test_client_test_fraction_holds_out_examples_and_evaluates_every_client(tmp_path):
+  """--client_test_fraction=0.2: the clients train on what is not held out (the round's
+  num_examples, from the partition and the rule written out here), the four figures are
+  written whenever the test set is evaluated, and a resume with the flag unchanged goes on."""
+  import csv  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  import data  # pylint: disable=g-import-not-at-top
+  args = [*BASE, '--client_test_fraction=0.2', '--eval_every=2', '--eval_last=0',
+          f'--root_output_dir={tmp_path}', '--experiment_name=c']
+  first = _run([*args, '--rounds=2'], timeout=600)
+  assert first.returncode == 0, first.stderr[-3000:]
+  resumed = _run([*args, '--rounds=3', '--resume'], timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  with open(tmp_path / 'c' / 'metrics.csv') as f:
+    rows = list(csv.DictReader(f))
+  summary = json.loads((tmp_path / 'c' / 'summary.json').read_text())
+  # Evaluated after rounds 2 and 3 (the last), not after round 1: the figures with the test set.
+  for row in rows:
+    evaluated = row['test_accuracy'] != ''
+    assert evaluated == (row['round'] != '1')
+    assert all((row[k] != '') == evaluated for k in experiment.CLIENT_ACCURACY_FIGURES), row
+  for row in rows[1:]:
+    _client_figures_are_consistent(row)
+  for k in experiment.CLIENT_ACCURACY_FIGURES:
+    assert summary[k] == float(rows[-1][k]), k
+  assert summary['clients_evaluated'] == 10
+
+  fed = experiment.load_federated_data(experiment.ExperimentConfig(
+      dataset='digits', num_clients=10, clients_per_round=4))
+  sizes = fed.client_sizes()
+  held_out = [0 if n < 2 else min(n - 1, max(1, int(np.floor(0.2 * n + 0.5)))) for n in sizes]
+  for row in rows:
+    sampled = data.sample_clients(10, 4, int(row['round']), 0)
+    trained = float(row['client_work/train/num_examples'])
+    assert trained == sum(sizes[i] - held_out[i] for i in sampled), row['round']
+    assert trained < sum(sizes[i] for i in sampled)
+
+
+def test_leaf_client_test_fraction_uses_the_users_own_test_data(tmp_path):
+  """On LEAF data any --client_test_fraction > 0 evaluates each client on its user's own test
+  split: nothing is held out of training, and a user without test data is not counted."""
+  import json  # pylint: disable=g-import-not-at-top
+  from tests.helpers import leaf_femnist_users, write_leaf_json  # pylint: disable=g-import-not-at-top
+  write_leaf_json(str(tmp_path / 'leaf' / 'train' / 'a.json'),
+                  leaf_femnist_users(['a', 'b', 'c'], 8))
+  test = {**leaf_femnist_users(['a'], 3, seed=1), **leaf_femnist_users(['c'], 2, seed=2)}
+  write_leaf_json(str(tmp_path / 'leaf' / 'test' / 'a.json'), test)
+  result = _run(['--dataset=femnist_leaf', f'--data_dir={tmp_path / "leaf"}', '--num_clients=3',
+                 '--clients_per_round=3', '--rounds=1', '--batch_size=8', '--progress=false',
+                 '--client_test_fraction=0.5', f'--root_output_dir={tmp_path}',
+                 '--experiment_name=l'], timeout=600)
+  assert result.returncode == 0, result.stderr[-3000:]
+  import csv  # pylint: disable=g-import-not-at-top
+  with open(tmp_path / 'l' / 'metrics.csv') as f:
+    (row,) = list(csv.DictReader(f))
+  assert float(row['client_work/train/num_examples']) == 24.0   # all 3 x 8 trained on
+  _client_figures_are_consistent(row)
+  summary = json.loads((tmp_path / 'l' / 'summary.json').read_text())
+  assert summary['clients_evaluated'] == 2
+  # Two clients, of 3 and 2 test examples (accuracies k/3 and j/2): mean - population std is
+  # the lower one, p10 a tenth of the way up to the higher, and 6 x min is a whole number.
+  mean, std, p10, lowest = (float(row[k]) for k in experiment.CLIENT_ACCURACY_FIGURES)
+  assert mean - std == pytest.approx(lowest, abs=1e-6)
+  assert p10 == pytest.approx(lowest + 0.2 * std, abs=1e-6)
+  assert lowest * 6 == pytest.approx(round(lowest * 6), abs=1e-5)
 
 
 def test_host_description_names_the_microarchitecture_from_cpuinfo(tmp_path):

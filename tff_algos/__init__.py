@@ -18,6 +18,8 @@ _EXPORTS = {
         'BASELINES', 'build_baseline', 'build_fedadam', 'build_fedavg', 'build_fedavgm',
         'build_fedprox', 'build_fedsgd'),
     'tff_algos.cadis': ('build_cadis',),
+    'tff_algos.evaluation': ('build_per_client_evaluation', 'client_evaluation_inputs',
+                             'summarize_client_accuracies'),
     'tff_algos.fedcda': ('build_fedcda',),
     'tff_algos.fedcross': ('build_fedcross',),
     'tff_algos.fedlex': ('build_fedlex', 'build_fedlex_exploration'),
@@ -34,6 +36,8 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
       BASELINES, build_baseline, build_fedadam, build_fedavg, build_fedavgm, build_fedprox,
       build_fedsgd)
   from tff_algos.cadis import build_cadis  # noqa: F401
+  from tff_algos.evaluation import (  # noqa: F401
+      build_per_client_evaluation, client_evaluation_inputs, summarize_client_accuracies)
   from tff_algos.fedcda import build_fedcda  # noqa: F401
   from tff_algos.fedcross import build_fedcross  # noqa: F401
   from tff_algos.fedlex import build_fedlex, build_fedlex_exploration  # noqa: F401

@@ -16,7 +16,9 @@ Composed from TFF's templates with `tff.learning.templates.compose_learning_proc
 
 Memory is FedCDA's real cost: the cache holds N·K·D floats (4·N·K·D bytes, e.g. 20 clients ×
 3 × 1,663,370 weights of FedAvg's CNN = 381 MiB); `cross_round_cache.state_size_bytes` gives
-the whole state, and `build_fedcda` refuses a configuration above `max_cache_gib`.
+the whole state (the cache, the float64 running sum of the selected models that keeps the
+server's work per round O(P·K·D), and bookkeeping), and `build_fedcda` refuses a
+configuration above `max_cache_gib`.
 
 Client inputs carry the client's index (cache row) and slot (position in the round's
 sample, in [0, P)): `data.client_selection_fn(client_data, P)(round_num)` builds a round of
@@ -35,6 +37,18 @@ from tff_algos.client_work import model_delta, model_upload
 from tff_algos.models import model_fns
 
 SELECTIONS = cross_round_cache.SELECTIONS
+
+
+def legacy_state_structure(state: tff.learning.templates.LearningAlgorithmState):
+  """`state` (this process's) in the layout FedCDA states had before the aggregator kept the
+  running `selected_sum`: the structure to load such a checkpoint with."""
+  return state._replace(aggregator=cross_round_cache.without_selected_sum(state.aggregator))
+
+
+def upgrade_legacy_state(state: tff.learning.templates.LearningAlgorithmState):
+  """A state loaded in that older layout, with `selected_sum` recomputed once from its cache
+  (the run then continues as if it had always kept the sum)."""
+  return state._replace(aggregator=cross_round_cache.add_selected_sum(state.aggregator))
 
 
 def build_fedcda(
@@ -78,7 +92,8 @@ def build_fedcda(
       paper's FedAvg; default) or 'uniform'.
     seed: seeds the random batch split and the 'random' selection, with the round number.
     max_cache_gib: refuse configurations whose aggregator state exceeds this (None: no
-      limit). The state is 4·N·K·D bytes of cache plus 4·(3NK + 2N + 1) of bookkeeping.
+      limit). The state is 4·N·K·D bytes of cache, 8·D of the selected models' running sum
+      and 4·(3NK + 2N + 1) of bookkeeping.
     cache_dtype: 'float32' (default), or 'float16' / 'bfloat16': the cache in half the
       memory; uploads are rounded as they enter it (`cross_round_cache` module doc).
     model_aggregator: must be None (accepted for TFF-style call sites; a factory is refused

@@ -60,7 +60,7 @@ def test_parallel_runs_alone_makes_the_suite_run_and_reports_its_round():
   assert 'alone         throughput 1.00x alone' in stdout
 
 
-def test_round_overhead_server_share_adds_0_epoch_rounds():
+def test_round_overhead_server_share_adds_0_epoch_rounds(tmp_path):
   """--server_share: each TFF variant also runs 0-epoch rounds, timed beside the full ones
   and tabulated as the server step's share; no client step was taken in them (the model
   ends where it started); were the flag ignored, none of it would be printed. Small enough for
@@ -68,7 +68,9 @@ def test_round_overhead_server_share_adds_0_epoch_rounds():
   not built)."""
   flags = ['--dataset=digits', '--model=tiny_cnn', '--clients=2', '--examples_per_client=10',
            '--batch_size=10', '--rounds=1', '--warmup_rounds=1', '--variants=plain_tf,ours']
-  stdout = _run('round_overhead', *flags, '--server_share', timeout=600).stdout
+  figures = tmp_path / 'figures.json'
+  stdout = _run('round_overhead', *flags, '--server_share', f'--json={figures}',
+                timeout=600).stdout
   rounds = [l for l in stdout.splitlines() if l.startswith('round ')]
   assert len(rounds) == 2 and all(re.search(r'\bours@0 [0-9.]+s', l) for l in rounds), stdout
   (row,) = _table_rows(stdout, 'ours')
@@ -77,6 +79,16 @@ def test_round_overhead_server_share_adds_0_epoch_rounds():
   moved = re.search(r'^0-epoch rounds: max \|final - initial weights\| ours (\S+)$', stdout,
                     re.M)
   assert moved and float(moved.group(1)) == 0.0, stdout
+  # --json: the same medians, and each variant's ratio to plain_tf, for a script to read.
+  written = json.loads(figures.read_text())
+  assert written['setup']['clients'] == 2 and written['setup']['rounds'] == 1
+  assert sorted(written['variants']) == ['ours', 'ours@0', 'plain_tf']
+  medians = dict(re.findall(r'(\S+) ([0-9.]+)', stdout.split('median s/round: ')[1].split('\n')[0]))
+  for v in ('plain_tf', 'ours'):
+    assert written['variants'][v]['median_s'] == pytest.approx(float(medians[v]), abs=6e-4)
+  ours = written['variants']['ours']
+  assert ours['ratio_to_plain_tf'] == pytest.approx(
+      ours['median_s'] / written['variants']['plain_tf']['median_s'])
 
 
 @pytest.mark.slow
@@ -147,6 +159,50 @@ def test_server_scale_reports_a_row_per_n():
   assert state_mb['40'] == pytest.approx(2 * state_mb['20'], rel=0.1)
 
 
+def test_server_scale_times_the_cadis_clustering_step_per_n_and_closure():
+  """--method=cadis_step at tiny N (no TFF process is built: fast, default suite): one row
+  per (N, closure) with positive times, the uploads' cluster sizes and a cluster count
+  (two_hop's is computed at these N)."""
+  stdout = _run('server_scale', '--method=cadis_step', '--num_clients=12,30',
+                '--clients_per_round=4', '--rounds=2', '--closures=two_hop,components',
+                '--with_true_clusters', timeout=600).stdout
+  for n in ('12', '30'):
+    rows = _table_rows(stdout, n)
+    assert [r[1] for r in rows] == ['two_hop', 'components'], stdout
+    for row in rows:
+      step_min, step_median = map(float, row[3].split(' / '))
+      assert 0 < step_min <= step_median and float(row[4]) >= 0
+      sizes = [int(v) for v in row[5].split()]
+      assert len(sizes) == 4 and all(1 <= v <= int(n) for v in sizes)
+      assert 1 <= int(row[6]) <= int(n)
+  assert 'load average at end' in stdout
+
+
+@pytest.mark.slow
+def test_server_scale_server_step_times_fedcda_step_per_n_with_ratios():
+  """--server_step: one row per N (interleaved tf.function calls of FedCDA's cache_round),
+  each with its ratio to the first N's step; the state holds the cache and selected_sum.
+  Tiny (N = 20 and 40, 3 uploaders, 1 timed call each), but it starts TFF's runtime."""
+  stdout = _run('server_scale', '--method=fedcda', '--server_step', '--num_clients=20,40',
+                '--clients_per_round=3', '--rounds=1', timeout=600).stdout
+  assert re.search(r'^setup: FedCDA server step alone .*\(D=9658\), P=3, K=3', stdout, re.M)
+  steps, state_mb = {}, {}
+  for n in ('20', '40'):
+    (row,) = _table_rows(stdout, n)
+    state_mb[n] = float(row[1])
+    step_min, step_median = map(float, row[2].split(' / '))
+    assert 0 < step_min <= step_median and float(row[4]) > 0 and float(row[5]) > 0
+    steps[n] = (step_min, float(row[3]))
+  assert steps['20'][1] == 1.0
+  assert steps['40'][1] == pytest.approx(steps['40'][0] / steps['20'][0], abs=0.01)
+  # K = 3 float32 models per client plus the 8·D-byte selected_sum and bookkeeping
+  d = 9658
+  for n in ('20', '40'):
+    assert state_mb[n] == pytest.approx((4 * int(n) * 3 * d + 8 * d) / 2**20, rel=0.02)
+  out = _run('server_scale', '--method=cadis', '--server_step', expect_code=1, timeout=300)
+  assert 'pass --method=fedcda' in out.stderr
+
+
 @pytest.mark.slow
 def test_value_transfer_moves_each_size_and_times_both_serialisers():
   stdout = _run('value_transfer', '--megabytes=1,4', '--repeats=1').stdout
@@ -164,3 +220,27 @@ def test_worker_memory_reports_each_variant_round_by_round():
   for row in never + direct:
     gb = [float(c.split()[0]) for c in row[1:-1]]
     assert gb and all(g > 0.1 for g in gb), row   # the worker holds at least the model
+
+
+def test_linear_fit_of_round_time_over_clients():
+  from benchmarks import clients_per_round  # absl flags only; no TFF run
+  fit = clients_per_round.linear_fit([10, 50, 100], [0.5 + 0.002 * p for p in (10, 50, 100)])
+  assert fit['slope_ms'] == pytest.approx(2.0)
+  assert fit['intercept_s'] == pytest.approx(0.5)
+  assert fit['max_relative_gap'] == pytest.approx(0.0, abs=1e-9)
+  bent = clients_per_round.linear_fit([1, 2, 3], [1.0, 1.0, 2.0])
+  assert bent['max_relative_gap'] > 0.1
+
+
+@pytest.mark.slow
+def test_clients_per_round_fits_each_variant_over_p(tmp_path):
+  out = tmp_path / 'sweep.json'
+  stdout = _run('clients_per_round', '--clients=2,3', '--variants=plain_tf,ours,tff',
+                '--rounds=1', '--warmup_rounds=1', f'--json={out}').stdout
+  written = json.loads(out.read_text())
+  assert sorted(written['runs']) == ['2', '3']
+  assert sorted(written['fits']) == ['ours', 'plain_tf', 'tff']
+  rows = {v: _table_rows(stdout, v) for v in ('plain_tf', 'ours', 'tff')}
+  assert all(len(r) == 1 for r in rows.values()), stdout
+  (tff_row,) = rows['tff']
+  assert float(tff_row[-1]) == pytest.approx(1.0)   # TFF's slope against itself

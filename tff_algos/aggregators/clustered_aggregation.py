@@ -47,6 +47,14 @@ A client has been *seen* when F_ii > 0. One round:
    client is in its own cluster. |C_i| = number of seen clients j with i ~ j (1 for a client
    never seen). With 'two_hop' the relation need not be transitive; `num_clusters` then
    counts the distinct sets C_i.
+   Cost at scale (issue 58: under 1 s at N = 10,000): no [N, N] relation is formed for the
+   weights. 'two_hop' needs |C_i| of the round's P rows only: P rows of A'^T A' (a [P, N] x
+   [N, N] product, `two_hop_sizes`); 'components' and 'oracle' label the clients
+   (`component_labels`: min-label propagation; the true clusters) and take sizes, counts and
+   agreement from the labels. Building A is a few [N, N] passes (`threshold_adjacency`).
+   With 'two_hop' the metrics `num_clusters`, `cluster_pair_accuracy` and `clusters_match`
+   need the whole relation (4 N^3 flops), so they are computed only for N <=
+   `two_hop_metrics_max_clients` (default 1000) and read −1 / NaN above it.
 7. p_i ∝ (1/|C_i|)·(n_i/n) over this round's participants (n = their total examples;
    `sample_weighted=False`: p_i ∝ 1/|C_i|), normalised to sum 1. Result = Σ p_i Δ_i, a delta,
    so an apply-optimizer finalizer with server SGD at learning rate 1.0 yields Σ p_i w_i.
@@ -56,7 +64,8 @@ A client has been *seen* when F_ii > 0. One round:
 Measurements (per round): `participants` int32 [C] (client indices of the uploads in
 canonical order, −1 for empty rows), `cluster_sizes` int32 [C] (|C_i| of each row, 0 for an
 excluded client or empty row), `aggregation_weights` float32 [C] (p_i), `num_clusters` int32
-(clusters among all clients seen so far), `seen_clients` int32, `tau` float32 (the τ used
+(clusters among all clients seen so far; −1 = not computed: 'two_hop' above
+`two_hop_metrics_max_clients`), `seen_clients` int32, `tau` float32 (the τ used
 this round). With `true_clusters` (int [N]) given at build time, also:
 `q_matrix_mse` float32 = mean over off-diagonal pairs with F > 0 of (Q-matrix_ij − I_ij)²,
 I_ij = 1 when i and j share a true cluster else 0 (0 when no such pair; the distance of the
@@ -64,7 +73,7 @@ paper's Figure 10); `cluster_pair_accuracy` float32 = fraction of pairs i < j of
 on which "i ~ j" agrees with "same true cluster" (1 when fewer than two are seen);
 `clusters_match` float32 = 1.0 iff that fraction is 1 (the recovered clustering of the seen
 clients equals the true one; read "rounds until clusters match" together with
-`seen_clients`).
+`seen_clients`); both NaN where `num_clusters` is not computed.
 
 A TFF factory on the deltas (`delta_aggregator=`, keyed mode; `build_cadis(model_aggregator=
 ...)`). Steps 2-8 need only each client's similarity vector, and the result is a weighted mean
@@ -123,6 +132,8 @@ DEFAULT_THRESHOLD = 0.975
 DEFAULT_THRESHOLD_MAX = 0.985
 DEFAULT_THRESHOLD_GROWTH = 1.0005
 DEFAULT_TRANSITIVE_HALF_WIDTH = 0.02
+# Above this N, 'two_hop' skips the metrics that need its whole [N, N] relation (module doc).
+DEFAULT_TWO_HOP_METRICS_MAX_CLIENTS = 1000
 KEYED_FIELDS = ('client_index', 'delta')
 
 
@@ -144,7 +155,10 @@ def update_similarity(q, f, client_index, similarity, valid):
   Args:
     q, f: float32 [N, N].
     client_index: int32 [C] client index of each row (ignored where not `valid`).
-    similarity: float32 [C, C] s_ij between rows.
+    similarity: float32 [C, C] s_ij between rows; only its upper triangle is read (s_ji :=
+      s_ij), so Q stays exactly symmetric, which `component_labels` relies on. The cosine
+      matrix of `cross_aggregation.cosine_similarity_matrix` was symmetric bit for bit in
+      every case tried, so this changes nothing there; it makes the invariant certain.
     valid: bool [C], the rows that take part (distinct client indices).
   """
   q = tf.convert_to_tensor(q, tf.float32)
@@ -155,6 +169,8 @@ def update_similarity(q, f, client_index, similarity, valid):
   pair = tf.logical_and(valid[:, None], valid[None, :])
   eye = tf.eye(c, dtype=tf.bool)
   similarity = tf.convert_to_tensor(similarity, tf.float32)
+  upper = tf.range(c)[:, None] <= tf.range(c)[None, :]
+  similarity = tf.where(upper, similarity, tf.transpose(similarity))
   add_q = tf.where(pair, tf.where(eye, tf.ones_like(similarity), similarity),
                    tf.zeros_like(similarity))
   add_f = tf.cast(pair, tf.float32)
@@ -174,14 +190,13 @@ def rescale_similarity(q_avg, f) -> tf.Tensor:
   entries 0; equal entries rescale to 1."""
   q_avg = tf.convert_to_tensor(q_avg, tf.float32)
   positive = tf.logical_and(tf.convert_to_tensor(f, tf.float32) > 0.0, q_avg > 0.0)
-  big = tf.fill(tf.shape(q_avg), np.float32(np.inf))
-  lo = tf.reduce_min(tf.where(positive, q_avg, big))
-  hi = tf.reduce_max(tf.where(positive, q_avg, -big))
+  # Scalars broadcast and a tf.cond on the scalar span, rather than [N, N] fills and
+  # selects: the same values with fewer 400 MB temporaries at N = 10,000.
+  lo = tf.reduce_min(tf.where(positive, q_avg, np.float32(np.inf)))
+  hi = tf.reduce_max(tf.where(positive, q_avg, np.float32(-np.inf)))
   span = hi - lo
-  has_span = span > 0.0
-  scaled = tf.where(has_span, (q_avg - lo) / tf.where(has_span, span, 1.0),
-                    tf.ones_like(q_avg))
-  return tf.where(positive, scaled, tf.zeros_like(q_avg))
+  scaled = tf.cond(span > 0.0, lambda: (q_avg - lo) / span, lambda: tf.ones_like(q_avg))
+  return tf.where(positive, scaled, np.float32(0.0))
 
 
 def transitive_update(q, f, tau, half_width: float = DEFAULT_TRANSITIVE_HALF_WIDTH):
@@ -224,6 +239,55 @@ def adjacency(q_matrix, f, tau) -> tf.Tensor:
   """bool [N, N]: A = (Q-matrix > τ) among seen clients."""
   seen = seen_clients(f)
   a = tf.convert_to_tensor(q_matrix, tf.float32) > tf.cast(tau, tf.float32)
+  return a & seen[:, None] & seen[None, :]
+
+
+def threshold_adjacency(q_avg, f, tau) -> tf.Tensor:
+  """bool [N, N]: `adjacency(rescale_similarity(q_avg, f), f, tau)`, bit for bit, for
+  q_avg = `average_similarity(q, f)`, in a few [N, N] passes instead of a dozen (at
+  N = 10,000 each pass over a float32 matrix moves 400 MB).
+
+  q_avg is 0 where F = 0, so "positive" (F > 0 and Q* > 0) is just Q* > 0, and the largest
+  positive entry is the largest entry. The rescaled entry of a positive x is compared with
+  τ as fl(fl(x − lo) / span) > τ, which is non-decreasing in x (IEEE subtraction and
+  division by span > 0 round monotonically), so it holds exactly for x >= x_min, the
+  smallest positive float32 for which it holds: a bisection over the float32 bit patterns
+  (positive floats order as their bits) evaluates the very same expression on scalars, and
+  one comparison with x_min replaces the subtract, divide and compare passes. A non-positive
+  entry has Q-matrix 0: an edge iff 0 > τ.
+  """
+  q_avg = tf.convert_to_tensor(q_avg, tf.float32)
+  tau = tf.cast(tau, tf.float32)
+  seen = seen_clients(f)
+  hi = tf.reduce_max(q_avg)
+  lo = tf.reduce_min(tf.where(q_avg > 0.0, q_avg, np.float32(np.inf)))
+  span = hi - lo
+
+  def holds(bits):  # the rescaled entry of the positive float with these bits is > τ
+    x = tf.bitcast(bits, tf.float32)
+    return tf.where(span > 0.0, (x - lo) / span, 1.0) > tau
+
+  def smallest_passing():
+    top = tf.bitcast(hi, tf.int32)
+
+    def body(low, high):  # holds(high); not holds(low), or low = 0 (below every positive)
+      mid = low + (high - low) // 2
+      passing = holds(mid)
+      return tf.where(passing, low, mid), tf.where(passing, mid, high)
+
+    _, first = tf.while_loop(lambda low, high: high - low > 1, body,
+                             (tf.constant(0, tf.int32), top))
+    return tf.bitcast(first, tf.float32)
+
+  x_min = tf.cond(tf.logical_and(hi > 0.0, holds(tf.bitcast(hi, tf.int32))),
+                  smallest_passing, lambda: tf.constant(np.inf, tf.float32))
+  # A subnormal x_min may be read as 0 where TF flushes denormals (then `>= x_min` would take
+  # zeros in), so that rare case also asks for x > 0, as `rescale_similarity` does.
+  tiny = tf.constant(np.finfo(np.float32).tiny, tf.float32)
+  a = tf.cond(tf.constant(0.0, tf.float32) > tau,
+              lambda: tf.ones(tf.shape(q_avg), tf.bool),
+              lambda: tf.cond(x_min >= tiny, lambda: q_avg >= x_min,
+                              lambda: tf.logical_and(q_avg >= x_min, q_avg > 0.0)))
   return a & seen[:, None] & seen[None, :]
 
 
@@ -279,6 +343,122 @@ def count_clusters(relation, seen) -> tf.Tensor:
   earlier = ids[None, :] < ids[:, None]
   duplicate = tf.reduce_any(same & earlier & seen[None, :], axis=1)
   return tf.reduce_sum(tf.cast(seen & tf.logical_not(duplicate), tf.int32))
+
+
+def two_hop_sizes(adj, seen, rows) -> tf.Tensor:
+  """int32 [P]: |C_i| under 'two_hop' for the clients `rows` (int32 [P]), equal to
+  `tf.gather(cluster_sizes(cluster_relation(adj, seen, 'two_hop')), rows)` without the
+  [N, N] x [N, N] product.
+
+  Row i of the relation is the union of the rows A'_k. over the k with A'_ki = 1 (A' = A
+  with self-loops on seen clients), i.e. row i of A'^T A' > 0: for P rows that is a
+  [P, N] x [N, N] product, 2 P N^2 flops (2 GFLOP at P = 10, N = 10,000) instead of 2 N^3.
+  The 0/1 products and sums are exact in float32 (they count at most N < 2^24).
+  """
+  seen = tf.convert_to_tensor(seen, tf.bool)
+  rows = tf.convert_to_tensor(rows, tf.int32)
+  af = tf.cast(tf.convert_to_tensor(adj, tf.bool), tf.float32)
+  seen_f = tf.cast(seen, tf.float32)
+  p = tf.shape(rows)[0]
+  # cols[:, r] = column rows[r] of A' (the self-loop added where that client is seen).
+  cols = tf.gather(af, rows, axis=1)
+  cols = tf.tensor_scatter_nd_max(cols, tf.stack([rows, tf.range(p)], axis=1),
+                                  tf.gather(seen_f, rows))
+  # cols^T A' = cols^T A + cols^T diag(seen).
+  reach = tf.matmul(cols, af, transpose_a=True) + tf.transpose(cols) * seen_f[None, :]
+  sizes = tf.reduce_sum(tf.cast(reach > 0.0, tf.int32), axis=1)
+  return tf.maximum(sizes, 1)
+
+
+def component_labels(adj, seen) -> tf.Tensor:
+  """int32 [N]: connected-component labels of A: two seen clients have the same label iff a
+  path of A joins them (the 'components' relation of `cluster_relation`); a never-seen
+  client keeps its own index. Each label is the index of a client of its component.
+
+  Needs A symmetric (Q is, see `update_similarity`) and zero outside seen clients (as
+  `adjacency` gives it). Min-label propagation with hooking and pointer jumping instead of
+  dense N^3 reach products: a pass gives every client the smallest label of its closed
+  neighbourhood (one vectorised [N, N] select and row min), hooks the client's old label
+  onto that smaller one, and follows labels to their roots; it repeats until no edge joins
+  two labels (a cheaper [N, N] compare). Labels only decrease and stay inside their
+  component, and a pass that leaves an edge between two labels lowers the larger, so the
+  loop ends with labels constant on components and (being members) distinct across them.
+  Dense clusters take one pass; a long chain about log N.
+  """
+  adj = tf.convert_to_tensor(adj, tf.bool)
+  n = tf.shape(adj)[0]
+  # The row min runs on float32 labels (a vectorised reduction, about 1.5x faster than int32
+  # here); labels < N <= 2^24 are exact in float32.
+  no_label = tf.cast(n, tf.float32)
+
+  def pointer_jump(labels):
+    return tf.while_loop(lambda x: tf.reduce_any(tf.not_equal(tf.gather(x, x), x)),
+                         lambda x: (tf.gather(x, x),), (labels,))[0]
+
+  def body(labels, done):
+    del done
+    low = tf.reduce_min(tf.where(adj, tf.cast(labels, tf.float32)[None, :], no_label), axis=1)
+    low = tf.minimum(tf.cast(low, tf.int32), labels)  # the client itself is in the min
+    hooked = tf.minimum(tf.tensor_scatter_nd_min(labels, labels[:, None], low), low)
+    new = pointer_jump(hooked)
+    split = tf.reduce_any(tf.logical_and(adj, tf.not_equal(new[:, None], new[None, :])))
+    return new, tf.logical_not(split)
+
+  labels, _ = tf.while_loop(lambda labels, done: tf.logical_not(done), body,
+                            (tf.range(n), tf.constant(False)))
+  return labels
+
+
+def oracle_labels(true_clusters) -> tf.Tensor:
+  """int32 [N]: the true clusters renumbered 0..K-1 (the 'oracle' relation as labels)."""
+  return tf.unique(tf.convert_to_tensor(true_clusters, tf.int32))[1]
+
+
+def label_cluster_sizes(labels, seen) -> tf.Tensor:
+  """int32 [N]: |C_i| when i ~ j iff both are seen and share a label (labels in [0, N));
+  1 for a never-seen client, as `cluster_sizes`."""
+  labels = tf.convert_to_tensor(labels, tf.int32)
+  seen = tf.convert_to_tensor(seen, tf.bool)
+  counts = tf.math.unsorted_segment_sum(tf.cast(seen, tf.int32), labels, tf.size(labels))
+  return tf.where(seen, tf.gather(counts, labels), 1)
+
+
+def count_label_clusters(labels, seen) -> tf.Tensor:
+  """int32: distinct labels among seen clients (= `count_clusters` of the label relation)."""
+  labels = tf.convert_to_tensor(labels, tf.int32)
+  counts = tf.math.unsorted_segment_sum(tf.cast(tf.convert_to_tensor(seen, tf.bool), tf.int32),
+                                        labels, tf.size(labels))
+  return tf.reduce_sum(tf.cast(counts > 0, tf.int32))
+
+
+def label_agreement(labels, seen, true_clusters):
+  """`cluster_agreement` of the label relation, from counts instead of [N, N] matrices.
+
+  Over pairs of seen clients, "same label" and "same true cluster" disagree on
+  same_label + same_true − 2·both pairs, each a sum of m(m−1)/2 over the group sizes m of
+  the labels, the true clusters and their (label, true cluster) pairs; counted in int64
+  (exact), then divided in float32 as `cluster_agreement` does (whose float32 sums of ones
+  are exact while the pair count is below 2^24, i.e. up to ~5,800 seen clients; beyond
+  that this one is the exact one).
+  """
+  labels = tf.cast(tf.convert_to_tensor(labels, tf.int32), tf.int64)
+  seen = tf.convert_to_tensor(seen, tf.bool)
+  truth = tf.cast(oracle_labels(true_clusters), tf.int64)
+  n = tf.size(labels)
+  one = tf.cast(seen, tf.int64)
+
+  def pairs(group_sizes):
+    return tf.reduce_sum(group_sizes * (group_sizes - 1) // 2)
+
+  num = pairs(tf.reduce_sum(one)[None])
+  same_label = pairs(tf.math.unsorted_segment_sum(one, labels, n))
+  same_true = pairs(tf.math.unsorted_segment_sum(one, truth, n))
+  key = tf.boolean_mask(labels * tf.cast(n, tf.int64) + truth, seen)
+  both = pairs(tf.cast(tf.unique_with_counts(key)[2], tf.int64))
+  hits = num - (same_label + same_true - 2 * both)
+  hits_f, num_f = tf.cast(hits, tf.float32), tf.cast(num, tf.float32)
+  accuracy = tf.where(num > 0, tf.math.divide_no_nan(hits_f, num_f), 1.0)
+  return accuracy, tf.cast(tf.equal(hits, num), tf.float32)
 
 
 def aggregation_weights(sizes, num_examples, valid, sample_weighted: bool = True):
@@ -403,6 +583,15 @@ class ClusteringOptions:
   transitive_half_width: float = DEFAULT_TRANSITIVE_HALF_WIDTH
   threshold_max: float = DEFAULT_THRESHOLD_MAX
   threshold_growth: float = DEFAULT_THRESHOLD_GROWTH
+  two_hop_metrics_max_clients: Optional[int] = DEFAULT_TWO_HOP_METRICS_MAX_CLIENTS
+
+
+def two_hop_metrics_computed(num_clients, options: ClusteringOptions) -> bool:
+  """Whether `clustering_step` computes the metrics that need the whole 'two_hop' relation
+  (`num_clusters`, `cluster_pair_accuracy`, `clusters_match`): N is known statically and at
+  most `options.two_hop_metrics_max_clients` (None: always)."""
+  limit = options.two_hop_metrics_max_clients
+  return limit is None or (num_clients is not None and int(num_clients) <= limit)
 
 
 def clustering_step(state, client_index, weights, similarity,
@@ -425,25 +614,47 @@ def clustering_step(state, client_index, weights, similarity,
   q, f = update_similarity(state['q'], state['f'], client_index, sim, valid)
   if options.transitive:
     q, f = transitive_update(q, f, tau, options.transitive_half_width)
-  q_matrix = rescale_similarity(average_similarity(q, f), f)
+  q_avg = average_similarity(q, f)
   seen = seen_clients(f)
+  rows = tf.where(valid, client_index, 0)
+  # Only |C_i| of this round's rows and the metrics are needed, so no [N, N] relation is
+  # built at scale: 'two_hop' takes P rows of A'^T A', 'components' and 'oracle' take labels.
+  relation = labels = None
   if options.closure == 'oracle':
-    relation = oracle_relation(true_clusters, seen)
+    labels = oracle_labels(true_clusters)
   else:
-    relation = cluster_relation(adjacency(q_matrix, f, tau), seen, options.closure)
-  sizes_all = cluster_sizes(relation)
-  sizes = tf.where(valid, tf.gather(sizes_all, tf.where(valid, client_index, 0)), 0)
+    adj = threshold_adjacency(q_avg, f, tau)
+    if options.closure == 'components':
+      labels = component_labels(adj, seen)
+    elif two_hop_metrics_computed(q.shape[0], options):
+      relation = cluster_relation(adj, seen, 'two_hop')
+  if labels is not None:
+    sizes_rows = tf.gather(label_cluster_sizes(labels, seen), rows)
+    num_clusters = count_label_clusters(labels, seen)
+  else:
+    sizes_rows = two_hop_sizes(adj, seen, rows)
+    # A set C_i per client, possibly overlapping: counting the distinct ones and comparing
+    # the relation with the truth need all of it (2 N^3 flops each), so only up to the size
+    # limit; above it the metrics read -1 / NaN ("not computed").
+    num_clusters = (count_clusters(relation, seen) if relation is not None
+                    else tf.constant(-1, tf.int32))
+  sizes = tf.where(valid, sizes_rows, 0)
   p = aggregation_weights(sizes, weights, valid, options.sample_weighted)
   measurements = collections.OrderedDict(
       participants=tf.where(client_index >= 0, client_index, -1),
       cluster_sizes=sizes,
       aggregation_weights=p,
-      num_clusters=count_clusters(relation, seen),
+      num_clusters=num_clusters,
       seen_clients=tf.reduce_sum(tf.cast(seen, tf.int32)),
       tau=tau)
   if true_clusters is not None:
-    accuracy, match = cluster_agreement(relation, seen, true_clusters)
-    measurements['q_matrix_mse'] = q_matrix_mse(q_matrix, f, true_clusters)
+    if labels is not None:
+      accuracy, match = label_agreement(labels, seen, true_clusters)
+    elif relation is not None:
+      accuracy, match = cluster_agreement(relation, seen, true_clusters)
+    else:
+      accuracy = match = tf.constant(np.nan, tf.float32)
+    measurements['q_matrix_mse'] = q_matrix_mse(rescale_similarity(q_avg, f), f, true_clusters)
     measurements['cluster_pair_accuracy'] = accuracy
     measurements['clusters_match'] = match
   new_state = collections.OrderedDict(
@@ -518,7 +729,8 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
                transitive: bool = False,
                transitive_half_width: float = DEFAULT_TRANSITIVE_HALF_WIDTH,
                true_clusters: Optional[Sequence[int]] = None,
-               delta_aggregator: Optional[factories.ModelAggregator] = None):
+               delta_aggregator: Optional[factories.ModelAggregator] = None,
+               two_hop_metrics_max_clients: Optional[int] = DEFAULT_TWO_HOP_METRICS_MAX_CLIENTS):
     """Args:
       num_clients: N, the size of the Q and F matrices (client indices lie in [0, N));
         must be None for anonymous mode (uploads without client_index; `create` refuses
@@ -541,6 +753,10 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
       delta_aggregator: optional TFF aggregation factory (weighted or unweighted) that
         aggregates the deltas with the weights p_i, keyed mode only (module doc, "A TFF
         factory on the deltas"); None: Σ p_i Δ_i on the server's accumulator.
+      two_hop_metrics_max_clients: with closure 'two_hop', `num_clusters`,
+        `cluster_pair_accuracy` and `clusters_match` need the whole [N, N] relation (4 N^3
+        flops); they are computed for N up to this (default 1000; None: any N) and read
+        −1 / NaN above it. The weights never depend on it.
     """
     if num_clients is not None:
       num_clients = _check_int(num_clients, 'num_clients', 1)
@@ -583,7 +799,11 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
     self._delta_aggregator = delta_aggregator
     self._similarity_layer = similarity_layer
     self._similarity_index = None if similarity_index is None else int(similarity_index)
+    if two_hop_metrics_max_clients is not None:
+      two_hop_metrics_max_clients = _check_int(two_hop_metrics_max_clients,
+                                               'two_hop_metrics_max_clients', 0)
     self._options = dict(closure=closure, sample_weighted=bool(sample_weighted),
+                         two_hop_metrics_max_clients=two_hop_metrics_max_clients,
                          transitive=bool(transitive),
                          transitive_half_width=float(transitive_half_width),
                          threshold_max=threshold_max, threshold_growth=float(threshold_growth))

@@ -62,13 +62,8 @@ def control_round(state, acc, num_clients: int):
   """
   n = num_clients
   valid = acc['valid'] > 0.0
-  writers = tf.boolean_mask(acc['client_index'], valid)
-  distinct = tf.debugging.assert_equal(
-      tf.size(tf.unique(writers).y), tf.size(writers),
-      message='two uploads of one round have the same client_index: a round samples '
-      'distinct clients')
-  with tf.control_dependencies([distinct]):
-    rows = tf.expand_dims(writers, 1)
+  writers = server_state.checked_distinct_clients(tf.boolean_mask(acc['client_index'], valid))
+  rows = tf.expand_dims(writers, 1)
   deltas = [tf.boolean_mask(d, valid) for d in acc['control_deltas']]
   client_controls = [tf.tensor_scatter_nd_add(c, rows, d)
                      for c, d in zip(state['client_controls'], deltas)]

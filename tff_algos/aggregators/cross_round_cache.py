@@ -11,15 +11,31 @@ managers checkpoint the cache:
     sq_norms  float64 [N, K] ‖w‖² of each cached model (eq. 8 needs them; kept, not recomputed)
     count     int32 [N]      uploads so far (cache holds min(count, K) models)
     selected  int32 [N]      ring slot of the selected model
+    selected_sum  ModelWeights of float64 tensors (one model's shapes): the running sum,
+                  over every cached client, of its selected model
     round_num int32
 
 **Memory** = b·N·K·D bytes for the cache (b = 4 bytes per weight in float32, the default; 2
-with `cache_dtype='float16'` or `'bfloat16'`) plus 4·(3·N·K + 2·N + 1) bytes of bookkeeping
-(`state_size_bytes`). A round adds transient buffers of O(P·K·D) (the participants'
-candidates) and O(P·D) (the upload accumulator); no second copy of the cache is kept from
-one round to the next. Within the server step, writing the uploads into the cache
-(`tf.tensor_scatter_nd_update`) may allocate the new cache beside the input one when the
-runtime still holds the input, so budget up to 2× the cache at that moment.
+with `cache_dtype='float16'` or `'bfloat16'`) plus 8·D bytes for `selected_sum` and
+4·(3·N·K + 2·N + 1) bytes of bookkeeping (`state_size_bytes`). A round adds transient
+buffers of O(P·K·D) (the participants' candidates) and O(P·D) (the upload accumulator); no
+second copy of the cache is kept from one round to the next. Within the server step, writing
+the uploads into the cache (`tf.tensor_scatter_nd_update`) may allocate the new cache beside
+the input one when the runtime still holds the input, so budget up to 2× the cache at that
+moment.
+
+**Server work per round** is O(P·K·D) arithmetic (plus O(N·K) scalar bookkeeping), not
+O(N·D): nothing sums over the N cached models. The fixed clients' sum that eq. 8 needs is
+`selected_sum` minus the uploaders' previous selections (read from the cache before this
+round's uploads overwrite them: a FIFO push may evict exactly the selected slot), and the
+new `selected_sum` adds the uploaders' new selections back; the global model is
+`selected_sum / M`. The sum is float64 because it is updated, never recomputed: the models
+(float32 or lower) are exact in float64 and each update rounds by at most 2⁻⁵³ of the
+partial sum (≤ M·max|w|), so after U updates the mean is off by at most about
+U·2⁻⁵³·max|w| (1e-10·max|w| at U = 10⁶), far below float32's resolution of the result,
+where a float32 sum would drift by up to U·6e-8·max|w|. The only O(N·K·D) cost left is the
+copy the cache update may make (above). A state saved before `selected_sum` existed gets
+it once from the cache (`add_selected_sum`).
 
 One `next(state, value@CLIENTS, weight@CLIENTS)`:
 
@@ -39,20 +55,21 @@ One `next(state, value@CLIENTS, weight@CLIENTS)`:
         J_b = (1/M_b) Σ_{n∈S_b} [F_n(w_n) + (L/2)‖w_n‖²] − (L/2)‖w̄_b‖²
     over S_b = every cached client not in a later batch (non-uploaders at their fixed
     selection, earlier batches at their new choice). J_b is evaluated from a Gram matrix of
-    the uploaders' candidates and their inner products with the fixed clients' sum, never by
-    materialising a candidate average;
+    the uploaders' candidates and their inner products with the fixed clients' sum (from
+    `selected_sum`), never by materialising a candidate average;
   - 'exact': one batch of all P uploaders (K^P combinations);
   - 'newest' / 'random': the paper's ablations (random: uniform over a client's cache).
-  The result is the uniform mean over every cached client of its selected model.
+  The result is the uniform mean over every cached client of its selected model,
+  `selected_sum / M` (M = clients with a cache).
 * Ties go to the combination whose candidates are newest (lexicographic in age order).
 
 **Lower-precision cache** (`cache_dtype`, `CACHE_DTYPES`): the uploads are rounded to the
 cache's dtype as they enter it, and from then on the cached models *are* those rounded
-values: ‖w‖², the Gram matrix of eq. 8 and the new global model are all computed from them
-(in float64 / float32), so the objective stays exact for the models actually kept. The warmup
-mean is taken over the uploads themselves (float32), as they arrive. float16 keeps 11
-significant bits (relative error ≤ 2⁻¹¹ ≈ 4.9e-4 per weight; model weights lie far inside its
-range), bfloat16 8 bits (≤ 2⁻⁸ ≈ 3.9e-3) with float32's range. The measured effect on
+values: ‖w‖², the Gram matrix of eq. 8, `selected_sum` and the new global model are all
+computed from them (in float64), so the objective stays exact for the models actually kept.
+The warmup mean is taken over the uploads themselves (float32), as they arrive. float16
+keeps 11 significant bits (relative error ≤ 2⁻¹¹ ≈ 4.9e-4 per weight; model weights lie far
+inside its range), bfloat16 8 bits (≤ 2⁻⁸ ≈ 3.9e-3) with float32's range. The measured effect on
 selection and accuracy: `benchmarks/results/RESULTS.md` ("FedCDA's cache in less memory").
 
 Measurements: `warmup` (1.0 in warmup), `cached_clients` (M), `uploads`, `switched` (uploaders
@@ -102,9 +119,11 @@ def cache_size_bytes(num_clients: int, cache_size: int, num_params: int,
 
 def state_size_bytes(num_clients: int, cache_size: int, num_params: int,
                      cache_dtype: str = 'float32') -> int:
-  """Bytes of the whole aggregator state: the cache plus losses, counts, selections, round."""
+  """Bytes of the whole aggregator state: the cache, the float64 `selected_sum` (8·D), and
+  losses, squared norms, counts, selections, round (4·(3NK + 2N + 1))."""
   n, k = int(num_clients), int(cache_size)
-  return cache_size_bytes(n, k, num_params, cache_dtype) + 4 * (3 * n * k + 2 * n + 1)
+  return (cache_size_bytes(n, k, num_params, cache_dtype) + 8 * int(num_params)
+          + 4 * (3 * n * k + 2 * n + 1))
 
 
 def batch_sizes(num_uploads: int, num_batches: int) -> list[int]:
@@ -154,30 +173,44 @@ def candidate_slots(count, cache_size: int):
   return tf.math.floormod(count[..., None] - 1 - ages, cache_size)
 
 
-def weighted_cache_sum(cache, weights):
-  """Σ_{n,k} weights[n, k] · cache[n, k] for each [N, K, ...] tensor, without a gather.
+def selected_sum_from_cache(cache, count, selected):
+  """Σ over cached clients (count > 0) of cache[n, selected[n]], from scratch, in float64.
 
-  A float32 cache is summed in place. A lower-precision one (where `weights` is one-hot per
-  row, as for every caller) gathers each row's weighted model and sums in float32, so only
-  N·D float32 values are materialised, never a float32 copy of the whole cache.
+  NumPy, O(N·D) time and O(D) extra memory (one client's model at a time): what the running
+  `selected_sum` replaces each round; used once for a state saved without it
+  (`add_selected_sum`) and by benchmarks and tests as the reference.
+  Returns a ModelWeights (like `cache`) of float64 arrays with the model's shapes.
   """
-  weights = tf.convert_to_tensor(weights, tf.float32)
-
-  def low_precision(t):
-    rows = tf.range(tf.shape(weights)[0], dtype=tf.int32)
-    picked = tf.gather_nd(t, tf.stack([rows, tf.argmax(weights, 1, output_type=tf.int32)], 1))
-    row_weight = tf.reduce_sum(weights, axis=1)
-    return tf.tensordot(row_weight, tf.cast(picked, tf.float32), axes=1)
+  rows = np.flatnonzero(np.asarray(count) > 0)
+  selected = np.asarray(selected)
 
   def one(t):
-    if t.dtype != tf.float32:
-      return low_precision(t)
-    flat = tf.reshape(t, [tf.shape(weights)[0] * tf.shape(weights)[1], -1])
-    summed = tf.linalg.matvec(flat, tf.reshape(tf.cast(weights, t.dtype), [-1]),
-                              transpose_a=True)
-    return tf.reshape(summed, tf.shape(t)[2:])
+    t = np.asarray(t)
+    total = np.zeros(t.shape[2:], np.float64)
+    for n in rows:
+      total += t[n, selected[n]].astype(np.float64)
+    return total
 
   return tf.nest.map_structure(one, cache)
+
+
+def add_selected_sum(state):
+  """An aggregator state saved before `selected_sum` existed, with it recomputed once from
+  the cache (NumPy values in, the current layout's field order out)."""
+  if 'selected_sum' in state:
+    return state
+  out = collections.OrderedDict()
+  for key, value in state.items():
+    out[key] = value
+    if key == 'selected':
+      out['selected_sum'] = selected_sum_from_cache(state['cache'], state['count'], value)
+  return out
+
+
+def without_selected_sum(state):
+  """The layout of a state saved before `selected_sum` existed (a structure to load such a
+  checkpoint with, then `add_selected_sum`)."""
+  return collections.OrderedDict((k, v) for k, v in state.items() if k != 'selected_sum')
 
 
 def gather_candidates(cache, clients, count, cache_size: int):
@@ -322,13 +355,24 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
 
   `acc` = OrderedDict(models=ModelWeights of [P, ...], client_index int32 [P], loss float32
   [P], valid float32 [P], weight float32 [P]) as gathered by the process (an invalid slot
-  has a zero model and weight); `num_batches` is 1 for 'exact'.
+  has a zero model and weight); `num_batches` is 1 for 'exact'. `state['selected_sum']` must
+  be the sum of the cached clients' selected models (it is kept so, never recomputed).
   Returns (new state, OrderedDict(model, has_result), measurements).
   """
   n, p, k = num_clients, clients_per_round, cache_size
   valid = acc['valid'] > 0.0
   clients = acc['client_index']
-  writers = tf.boolean_mask(clients, valid)
+  # One upload per client: a second would subtract its previous selection twice.
+  writers = server_state.checked_distinct_clients(tf.boolean_mask(clients, valid))
+  # 0. The fixed clients' sum = the running sum minus the uploaders' previous selections.
+  #    Those are read from the cache as it was before this round's push, which may
+  #    overwrite exactly the selected slot (FIFO eviction). O(P·D), not O(N·D).
+  had_model = tf.cast(tf.gather(state['count'], writers) > 0, tf.float64)
+  previous_at = tf.stack([writers, tf.gather(state['selected'], writers)], axis=1)
+  fixed_sum = tf.nest.map_structure(
+      lambda total, c: total - tf.tensordot(
+          had_model, tf.cast(tf.gather_nd(c, previous_at), tf.float64), axes=1),
+      state['selected_sum'], state['cache'])
   # 1. push uploads into the ring buffers.
   ring = tf.math.floormod(tf.gather(state['count'], writers), k)
   at = tf.stack([writers, ring], axis=1)
@@ -355,9 +399,9 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
   upload_sq = tf.linalg.diag_part(gram)[::k]
   sq_norms = tf.tensor_scatter_nd_update(state['sq_norms'], at,
                                          tf.boolean_mask(upload_sq, valid))
+  # O(N·K) scalars: the fixed clients' losses and squared norms (no D factor).
   fixed_onehot = tf.one_hot(state['selected'], k) * tf.cast(fixed_mask, tf.float32)[:, None]
-  fixed_sum = weighted_cache_sum(cache, fixed_onehot)
-  fixed_flat = [tf.cast(tf.reshape(t, [-1]), tf.float64) for t in tf.nest.flatten(fixed_sum)]
+  fixed_flat = [tf.reshape(t, [-1]) for t in tf.nest.flatten(fixed_sum)]
   fixed_dot = tf.add_n([tf.linalg.matvec(c, f) for c, f in zip(cands, fixed_flat)])
   cand_slots = candidate_slots(tf.gather(count, safe_clients), k)       # [P, K]
   cand_losses = tf.cast(tf.reshape(
@@ -392,6 +436,11 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
   chosen_slot = tf.gather(cand_slots, choice, batch_dims=1)
   selected = tf.tensor_scatter_nd_update(state['selected'], writers[:, None],
                                          tf.boolean_mask(chosen_slot, valid))
+  # The uploaders' new selections are rows of their candidates: add them back.
+  chosen_rows = tf.boolean_mask(tf.range(p, dtype=tf.int32) * k + choice, valid)
+  selected_sum = tf.nest.pack_sequence_as(fixed_sum, [
+      f + tf.reshape(tf.reduce_sum(tf.gather(c, chosen_rows), axis=0), f.shape)
+      for f, c in zip(tf.nest.flatten(fixed_sum), cands)])
   # 3. the new global model.
   uploads = tf.reduce_sum(acc['valid'])
   warmup_weight = acc['weight'] if warmup_weighting == 'data_size' else acc['valid']
@@ -399,17 +448,17 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
       lambda t: tf.math.divide_no_nan(tf.tensordot(warmup_weight, t, axes=1),
                                       tf.reduce_sum(warmup_weight)), acc['models'])
   cached_count = tf.reduce_sum(tf.cast(cached, tf.float32))
-  cached_onehot = tf.one_hot(selected, k) * tf.cast(cached, tf.float32)[:, None]
   cache_mean = tf.nest.map_structure(
-      lambda t: tf.math.divide_no_nan(t, cached_count),
-      weighted_cache_sum(cache, cached_onehot))
+      lambda total, like: tf.cast(tf.math.divide_no_nan(
+          total, tf.cast(cached_count, tf.float64)), like.dtype),
+      selected_sum, acc['models'])
   model = tf.nest.map_structure(lambda a, b: tf.where(in_warmup, a, b),
                                 upload_mean, cache_mean)
   has_result = tf.where(in_warmup, tf.cast(uploads > 0, tf.float32),
                         tf.cast(cached_count > 0, tf.float32))
   new_state = collections.OrderedDict(cache=cache, losses=losses, sq_norms=sq_norms,
-                                      count=count,
-                                      selected=selected, round_num=round_num + 1)
+                                      count=count, selected=selected,
+                                      selected_sum=selected_sum, round_num=round_num + 1)
   measurements = collections.OrderedDict(
       warmup=tf.cast(in_warmup, tf.float32),
       cached_clients=cached_count,
@@ -490,6 +539,8 @@ def build_cross_round_cache_process(
         sq_norms=tf.zeros([n, k], tf.float64),
         count=tf.zeros([n], tf.int32),
         selected=tf.zeros([n], tf.int32),
+        selected_sum=tf.nest.map_structure(lambda t: tf.zeros(t.shape, tf.float64),
+                                           server_state.zero_model_weights(weights_type)),
         round_num=tf.constant(0, tf.int32))
 
   def zero_accumulator():

@@ -96,6 +96,18 @@ def assert_client_indices(acc, client_index, valid, num_clients: int):
     return tf.nest.map_structure(tf.identity, acc)
 
 
+def checked_distinct_clients(writers):
+  """`writers` (int32 [W], the client indices of a round's valid uploads) behind a check that
+  no index occurs twice: per-client state updated from uploads (a cache row, a control
+  variate, a running sum) assumes one upload per client and round."""
+  check = tf.debugging.assert_equal(
+      tf.size(tf.unique(writers).y), tf.size(writers),
+      message='two uploads of one round have the same client_index: a round samples '
+      'distinct clients')
+  with tf.control_dependencies([check]):
+    return tf.identity(writers)
+
+
 def count_slot(received, slot):
   """`received` (float32 [P], uploads counted per slot) with one more upload at `slot`.
 
