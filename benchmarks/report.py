@@ -671,6 +671,8 @@ def reproduction_page() -> str:
     lines += [f'## Beyond the papers: {suite.method}', ''] + prose(
         f'[{suite.name}/results.md]({suite.name}/results.md): ' + suite.scaled) + [
             '', verdicts_line('Our runs', results), '']
+    if suite.bottom_line:
+      lines += [f'Bottom line: {suite.bottom_line}', '']
   return '\n'.join(lines)
 
 
@@ -735,6 +737,13 @@ def status_lines() -> list:
     anchor = suites.SUITES[method].method.lower()
     lines.append(f'- {suites.SUITES[method].method}: ' + '. '.join(parts) +
                  f'. {finished} of {expected} runs finished '
+                 f'([REPRODUCTION.md](benchmarks/results/REPRODUCTION.md#{anchor})).')
+  for suite in other_suites():   # methods beyond the papers: their one comparison line
+    loaded = rd.collect(suite)
+    finished = sum(rd.usable(r) for seeds in loaded.values() for r in seeds.values())
+    anchor = f'beyond-the-papers-{suite.method.lower()}'
+    lines.append(verdicts_line(suite.method, comparisons(suite, loaded))[:-1] +
+                 f'. {finished} of {len(loaded) * len(suites.SEEDS)} runs finished '
                  f'([REPRODUCTION.md](benchmarks/results/REPRODUCTION.md#{anchor})).')
   return lines
 
