@@ -37,6 +37,14 @@ def runtime():
   execution.initialize_runtime()
 
 
+def _as_tff_model(keras_model):
+  """A TFF model of `keras_model` on [None, FEATURES] float features and int labels."""
+  return tff.learning.models.from_keras_model(
+      keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      input_spec=collections.OrderedDict(x=tf.TensorSpec([None, FEATURES], tf.float32),
+                                         y=tf.TensorSpec([None], tf.int32)))
+
+
 def hidden_model_fn():
   """A hidden layer before the classifier: KD's representation is that layer's output, which
   the student's training moves (a classifier on the raw input would give KD no gradient)."""
@@ -46,10 +54,7 @@ def hidden_model_fn():
                             tf.keras.initializers.RandomNormal(stddev=0.7, seed=1)),
       tf.keras.layers.Dense(CLASSES, name='classifier', kernel_initializer=
                             tf.keras.initializers.RandomNormal(stddev=0.5, seed=2))])
-  return tff.learning.models.from_keras_model(
-      keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-      input_spec=collections.OrderedDict(x=tf.TensorSpec([None, FEATURES], tf.float32),
-                                         y=tf.TensorSpec([None], tf.int32)))
+  return _as_tff_model(keras_model)
 
 
 def sgd():
@@ -192,10 +197,7 @@ def _linear_model_fn():
       tf.keras.layers.InputLayer(input_shape=(FEATURES,)),
       tf.keras.layers.Dense(CLASSES, name='classifier', kernel_initializer=
                             tf.keras.initializers.RandomNormal(stddev=0.5, seed=1))])
-  return tff.learning.models.from_keras_model(
-      keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-      input_spec=collections.OrderedDict(x=tf.TensorSpec([None, FEATURES], tf.float32),
-                                         y=tf.TensorSpec([None], tf.int32)))
+  return _as_tff_model(keras_model)
 
 
 def _np_gradient(kernel, bias, x, y):

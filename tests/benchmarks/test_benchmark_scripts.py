@@ -223,12 +223,17 @@ def test_worker_memory_reports_each_variant_round_by_round():
 
 
 def test_linear_fit_of_round_time_over_clients():
-  from benchmarks import clients_per_round  # absl flags only; no TFF run
-  fit = clients_per_round.linear_fit([10, 50, 100], [0.5 + 0.002 * p for p in (10, 50, 100)])
+  # In a fresh interpreter: importing the script defines its absl flags (--rounds, ...), which
+  # would clash with the training program's in this test process.
+  code = ('import json; from benchmarks import clients_per_round as c; print(json.dumps(['
+          'c.linear_fit([10, 50, 100], [0.5 + 0.002 * p for p in (10, 50, 100)]), '
+          'c.linear_fit([1, 2, 3], [1.0, 1.0, 2.0])]))')
+  out = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, check=True)
+  fit, bent = json.loads(out.stdout.strip().splitlines()[-1])
   assert fit['slope_ms'] == pytest.approx(2.0)
   assert fit['intercept_s'] == pytest.approx(0.5)
   assert fit['max_relative_gap'] == pytest.approx(0.0, abs=1e-9)
-  bent = clients_per_round.linear_fit([1, 2, 3], [1.0, 1.0, 2.0])
   assert bent['max_relative_gap'] > 0.1
 
 
