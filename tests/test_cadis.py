@@ -1001,6 +1001,20 @@ def test_build_cadis_refuses_bad_arguments():
   assert classifier_similarity_index(MODEL_FN, 'kernel') == 4
 
 
+def test_build_cadis_passes_the_two_hop_metrics_limit(cadis_process, fed):
+  # Below N the whole-relation metrics are skipped (-1); sizes and weights stay the same.
+  limited = build_cadis(MODEL_FN, sgd(), BATCH, N_CLIENTS, clients_per_round=PER_ROUND,
+                        threshold=0.9, threshold_max=0.95, true_clusters=fed.true_clusters,
+                        two_hop_metrics_max_clients=N_CLIENTS - 1)
+  _, inputs = data.round_inputs(fed, 0, PER_ROUND, 1, seed=0)
+  full = cadis_process.next(cadis_process.initialize(), [[x] for x in inputs]).metrics
+  cut = limited.next(limited.initialize(), [[x] for x in inputs]).metrics
+  assert int(full['aggregator']['num_clusters']) >= 1
+  assert int(cut['aggregator']['num_clusters']) == -1
+  for key in ('cluster_sizes', 'aggregation_weights'):
+    np.testing.assert_array_equal(cut['aggregator'][key], full['aggregator'][key])
+
+
 def test_build_cadis_type_signature(cadis_process):
   proc = cadis_process
   assert isinstance(proc, tff.learning.templates.LearningProcess)

@@ -70,6 +70,8 @@ def build_cadis(
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     model_aggregator=None,
     guided: bool = False,
+    two_hop_metrics_max_clients: Optional[int] = (
+        clustered_aggregation.DEFAULT_TWO_HOP_METRICS_MAX_CLIENTS),
 ) -> tff.learning.templates.LearningProcess:
   """Builds a learning process for CADIS (clustered aggregation + KD regularisation).
 
@@ -112,6 +114,10 @@ def build_cadis(
       state), metrics `aggregator/delta_aggregator` (its measurements).
     guided: FedLEx's guidance on the clients' gradients (`tff_algos.client_work.plugins`;
       `state.client_work['guidance']`, set by `tff_algos.fedlex.set_guidance`).
+    two_hop_metrics_max_clients: with closure 'two_hop', the whole-relation metrics
+      (`num_clusters`, `cluster_pair_accuracy`, `clusters_match`: 4·N³ flops) are computed
+      while N is at most this (default 1000; None: always), and read -1 / NaN above it.
+      Cluster sizes and weights never depend on it.
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -132,7 +138,8 @@ def build_cadis(
       similarity_layer=similarity_layer,
       similarity_index=classifier_similarity_index(model_fn, similarity_layer),
       sample_weighted=sample_weighted, closure=closure, transitive=transitive,
-      true_clusters=true_clusters, delta_aggregator=model_aggregator)
+      true_clusters=true_clusters, delta_aggregator=model_aggregator,
+      two_hop_metrics_max_clients=two_hop_metrics_max_clients)
 
   initial_weights = model_delta.initial_model_weights_fn(model_fn)
   weights_type = initial_weights.type_signature.result
