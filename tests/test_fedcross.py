@@ -352,7 +352,9 @@ def test_one_model_down_and_one_up_per_client(process5):
   assert uploaded[0]['model'].is_equivalent_to(weights_type)  # one model up per client
   assert uploaded[0]['slot'].dtype == np.int32
   acc = aggregates[0].parameter[1]
-  assert acc['models'].trainable[0].shape[0] == 5  # O(K·D) accumulator
+  # O(K·D) accumulator: K separate rows of one model each (server_state.put_row)
+  assert len(acc['models']) == 5
+  assert all(row.is_equivalent_to(weights_type) for row in acc['models'])
   # and the stage's own signature
   agg = ca.build_cross_aggregation_process(weights_type, 5)
   assert isinstance(agg, tff.templates.AggregationProcess)

@@ -140,7 +140,7 @@ def build_control_variate_aggregation(
     return collections.OrderedDict(
         model_delta_sum=zero_update(),
         weight_sum=tf.constant(0.0),
-        control_deltas=zeros([p]),
+        control_deltas=server_state.zero_rows(zeros(), p),
         client_index=tf.zeros([p], tf.int32),
         valid=tf.zeros([p], tf.float32),
         received=tf.zeros([p], tf.float32))
@@ -153,8 +153,8 @@ def build_control_variate_aggregation(
         model_delta_sum=tf.nest.map_structure(lambda s, v: s + kept * v,
                                               acc['model_delta_sum'], value['model_delta']),
         weight_sum=acc['weight_sum'] + kept,
-        control_deltas=[server_state.scatter_row(a, slot, v * ok)
-                        for a, v in zip(acc['control_deltas'], value['control_delta'])],
+        control_deltas=server_state.put_row(acc['control_deltas'], slot,
+                                            [v * ok for v in value['control_delta']]),
         client_index=server_state.scatter_row(acc['client_index'], slot,
                                               value['client_index']),
         valid=server_state.scatter_row(acc['valid'], slot, ok),
@@ -163,6 +163,7 @@ def build_control_variate_aggregation(
   def server_step(state, acc):
     acc = server_state.assert_distinct_slots(acc, p)
     acc = server_state.assert_client_indices(acc, acc['client_index'], acc['valid'] > 0.0, n)
+    acc['control_deltas'] = server_state.stack_rows(acc['control_deltas'])
     return control_round(state, acc, n)
 
   return server_state.build_server_state_aggregation(

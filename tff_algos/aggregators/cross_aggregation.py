@@ -10,9 +10,10 @@ One `next(state, value@CLIENTS, weight@CLIENTS)`:
   (`tff_algos.client_work.model_upload`): the model a client trained, and the slot
   (middleware model index, in [0, K)) it trained. `weight` = float32; a weight <= 0 marks
   a client that did not train (empty dataset, or non-finite update reverted on the client).
-* Uploads are gathered keyed by slot with `tff.federated_aggregate` into a zero `[K, ...]`
-  accumulator (`tf.tensor_scatter_nd_update` by slot, merge = add), so server memory is
-  O(K·D) whatever the number of clients. A slot nobody uploaded keeps its previous model.
+* Uploads are gathered keyed by slot with `tff.federated_aggregate` into K zero rows
+  (`server_state.put_row`: O(D) per upload, merge = add) stacked once into `[K, ...]`, so
+  server memory is O(K·D) whatever the number of clients. A slot nobody uploaded keeps its
+  previous model.
 * CoModelSel picks a collaborator c(k) != k per model from the uploaded set (`in_order`,
   `highest_similarity`, `lowest_similarity`; cosine of whole flattened models, trainable +
   non-trainable; ties -> lowest index).
@@ -138,7 +139,8 @@ def cross_aggregate(models, collaborators, alpha):
     a = tf.cast(alpha, v.dtype)
     mixed = a * v + (1 - a) * tf.gather(v, safe)
     mask = tf.reshape(has, [-1] + [1] * (v.shape.rank - 1))
-    return tf.where(mask, mixed, v)
+    # Every model has a collaborator when K > 1: skip that K·D pass then.
+    return tf.cond(tf.reduce_all(has), lambda: mixed, lambda: tf.where(mask, mixed, v))
 
   return tf.nest.map_structure(fuse, models)
 
@@ -270,7 +272,6 @@ def build_cross_aggregation_process(
   """
   k = int(num_models) if isinstance(num_models, (int, np.integer)) else num_models
   validate_options(k, alpha, selection, num_propellers, accel_rounds)
-  model_type = server_state.stacked_type(weights_type, k)
   value_type = model_upload.model_upload_type(weights_type)
   weight_type = tff.TensorType(np.float32)
   options = dict(num_models=k, alpha=alpha, selection=selection,
@@ -287,15 +288,14 @@ def build_cross_aggregation_process(
 
   def zero_accumulator():
     return collections.OrderedDict(
-        models=server_state.zero_model_weights(model_type),
+        models=server_state.zero_rows(server_state.zero_model_weights(weights_type), k),
         received=tf.zeros([k], tf.float32),
         weight=tf.zeros([k], tf.float32))
 
   def accumulate(acc, value, weight):
     slot = server_state.checked_slot(value['slot'], k, 'num_models')
     return collections.OrderedDict(
-        models=tf.nest.map_structure(lambda a, v: server_state.scatter_row(a, slot, v),
-                                     acc['models'], value['model']),
+        models=server_state.put_row(acc['models'], slot, value['model']),
         received=server_state.count_slot(acc['received'], slot),
         weight=server_state.scatter_row(acc['weight'], slot, weight))
 
@@ -307,7 +307,11 @@ def build_cross_aggregation_process(
       mask = tf.reshape(received, [-1] + [1] * (new.shape.rank - 1))
       return tf.where(mask, new, old)
 
-    uploaded = tf.nest.map_structure(keep_missing, acc['models'], state['models'])
+    stacked = server_state.stack_rows(acc['models'])
+    # Every slot uploads in a full round: skip the K·D pass that keeps missing ones.
+    uploaded = tf.cond(
+        tf.reduce_all(received), lambda: stacked,
+        lambda: tf.nest.map_structure(keep_missing, stacked, state['models']))
     eligible = tf.logical_and(received, acc['weight'] > 0.0)
     new_models, measurements = cross_aggregation_step(
         uploaded, state['round_num'], eligible=eligible, **options)

@@ -42,8 +42,8 @@ One `next(state, value@CLIENTS, weight@CLIENTS)`:
 * `value` = OrderedDict(client_index, slot, model, last_epoch_loss) (see
   `tff_algos.client_work.model_upload`); weight <= 0 marks a client whose upload must not
   enter the cache (no data, or training went non-finite). Uploads are gathered keyed by slot
-  with `tff.federated_aggregate` into a dense [P, ...] accumulator, then pushed into the
-  uploaders' caches.
+  with `tff.federated_aggregate` into P rows (`server_state.put_row`: O(D) per upload),
+  stacked into [P, ...] once, then pushed into the uploaders' caches.
 * Warmup (`round_num < warmup_rounds`): every uploader selects its newest model and the
   result is FedAvg of this round's uploads: weighted by the uploads' weights (the clients'
   example counts, the paper's "ratio of the data size"; `warmup_weighting='data_size'`,
@@ -528,7 +528,6 @@ def build_cross_round_cache_process(
       'raise max_cache_gib (--fedcda_max_cache_gib)')
   cache_type = server_state.stacked_type(weights_type, n, k,
                                          dtype=tf.as_dtype(cache_dtype).as_numpy_dtype)
-  slots_type = server_state.stacked_type(weights_type, p)
   smoothness = float(smoothness)
   batches_b = 1 if selection == 'exact' else int(num_batches)
 
@@ -545,7 +544,7 @@ def build_cross_round_cache_process(
 
   def zero_accumulator():
     return collections.OrderedDict(
-        models=server_state.zero_model_weights(slots_type),
+        models=server_state.zero_rows(server_state.zero_model_weights(weights_type), p),
         client_index=tf.zeros([p], tf.int32),
         loss=tf.zeros([p], tf.float32),
         valid=tf.zeros([p], tf.float32),
@@ -556,8 +555,8 @@ def build_cross_round_cache_process(
     slot = server_state.checked_slot(value['slot'], p)
     ok = tf.cast(weight > 0.0, tf.float32)
     return collections.OrderedDict(
-        models=tf.nest.map_structure(lambda a, v: server_state.scatter_row(a, slot, v * ok),
-                                     acc['models'], value['model']),
+        models=server_state.put_row(acc['models'], slot,
+                                    tf.nest.map_structure(lambda v: v * ok, value['model'])),
         client_index=server_state.scatter_row(acc['client_index'], slot,
                                               value['client_index']),
         loss=server_state.scatter_row(acc['loss'], slot, value['last_epoch_loss'] * ok),
@@ -572,6 +571,7 @@ def build_cross_round_cache_process(
   def server_step(state, acc):
     acc = server_state.assert_distinct_slots(acc, p)
     acc = server_state.assert_client_indices(acc, acc['client_index'], acc['valid'] > 0.0, n)
+    acc['models'] = server_state.stack_rows(acc['models'])
     return cache_round(state, acc, **options)
 
   return server_state.build_server_state_aggregation(

@@ -62,6 +62,31 @@ def scatter_row(tensor, row, value):
                                      tf.expand_dims(tf.convert_to_tensor(value, tensor.dtype), 0))
 
 
+def zero_rows(zero_row, num_rows: int) -> list:
+  """An accumulator of `num_rows` separate rows, each the structure of zero tensors
+  `zero_row` (e.g. `zero_model_weights(weights_type)`), written with `put_row` and stacked
+  once with `stack_rows`."""
+  return [zero_row] * int(num_rows)
+
+
+def put_row(rows: list, slot, value) -> list:
+  """`rows` with row `slot` (int32 scalar) replaced by `value` (cast to the rows' dtypes).
+
+  Why not `scatter_row` into a stacked [R, ...] tensor: the runtime still holds the
+  accumulator it passes in, so a scatter allocates and copies all R rows for every upload
+  (O(R²·D) a round). Here each row is its own tensor and a `tf.cond` passes the R - 1 other
+  rows through without touching them: O(D) per upload, and R small ops.
+  """
+  value = tf.nest.map_structure(lambda r, v: tf.cast(v, r.dtype), rows[0], value)
+  return [tf.cond(tf.equal(slot, i), lambda: value, lambda row=row: row)
+          for i, row in enumerate(rows)]
+
+
+def stack_rows(rows: list):
+  """The rows of a `zero_rows` accumulator as one structure of [R, ...] tensors."""
+  return tf.nest.map_structure(lambda *row: tf.stack(row), *rows)
+
+
 def checked_slot(slot, num_slots: int, name: str = 'clients_per_round'):
   """`slot` behind a check that it is in [0, num_slots): a round given more clients than
   the process was built for fails with this message, not with a gather's index error."""

@@ -1,0 +1,38 @@
+"""The slot-keyed row accumulator every stateful aggregator uses (server_state.put_row)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tff_algos.aggregators import server_state
+
+
+@pytest.mark.parametrize('seed', range(4))
+def test_rows_written_by_slot_and_merged_are_the_numpy_stack(seed):
+  rng = np.random.default_rng(seed)
+  num_rows = int(rng.integers(1, 7))
+  shapes = [(3, 2), (5,)]
+  # A random subset of the slots uploads, in random order, split over two partial
+  # accumulators that a merge adds (as TFF may do); missing slots stay zero.
+  slots = rng.permutation(num_rows)[:int(rng.integers(0, num_rows + 1))]
+  values = {int(s): [rng.normal(size=sh).astype(np.float32) for sh in shapes] for s in slots}
+  zero = [tf.zeros(sh, tf.float32) for sh in shapes]
+  parts = [server_state.zero_rows(zero, num_rows), server_state.zero_rows(zero, num_rows)]
+  for i, s in enumerate(slots):
+    parts[i % 2] = server_state.put_row(parts[i % 2], tf.constant(int(s)), values[int(s)])
+  merged = tf.nest.map_structure(tf.add, parts[0], parts[1])
+  stacked = server_state.stack_rows(merged)
+  for j, sh in enumerate(shapes):
+    want = np.zeros((num_rows,) + sh, np.float32)
+    for s, v in values.items():
+      want[s] = v[j]
+    np.testing.assert_array_equal(stacked[j].numpy(), want)
+
+
+def test_put_row_casts_to_the_rows_dtype_and_replaces_rather_than_adds():
+  rows = server_state.zero_rows([tf.zeros([2], tf.float64)], 3)
+  rows = server_state.put_row(rows, tf.constant(1), [tf.constant([1.5, 2.0], tf.float32)])
+  rows = server_state.put_row(rows, tf.constant(1), [tf.constant([4.0, 5.0], tf.float32)])
+  stacked = server_state.stack_rows(rows)
+  assert stacked[0].dtype == tf.float64
+  np.testing.assert_array_equal(stacked[0].numpy(), [[0, 0], [4, 5], [0, 0]])
