@@ -91,6 +91,31 @@ def test_round_overhead_server_share_adds_0_epoch_rounds(tmp_path):
       ours['median_s'] / written['variants']['plain_tf']['median_s'])
 
 
+def test_round_overhead_resident_gives_the_round_as_the_program_runs_it(tmp_path):
+  """--resident --checkpoint_every=N: each TFF variant also runs with its state resident (the
+  same weights as through process.next), its checkpoint is timed, and the round "as the
+  program runs it" is the resident round plus one checkpoint per N rounds, printed and in
+  --json. N = 4 here, not the default 10: were --checkpoint_every ignored, the figure would
+  differ."""
+  figures = tmp_path / 'figures.json'
+  stdout = _run('round_overhead', '--dataset=digits', '--model=tiny_cnn', '--clients=2',
+                '--examples_per_client=10', '--batch_size=10', '--rounds=1',
+                '--warmup_rounds=1', '--variants=plain_tf,ours', '--resident',
+                '--checkpoint_every=4', f'--json={figures}', timeout=600).stdout
+  diff = re.search(r'^final weights max \|ours@resident - ours\| (\S+);', stdout, re.M)
+  assert diff and float(diff.group(1)) == 0.0, stdout
+  written = json.loads(figures.read_text())['variants']
+  resident, plain = written['ours@resident'], written['plain_tf']['median_s']
+  assert resident['checkpoint_every'] == 4 and resident['checkpoint_s'] > 0
+  assert resident['program_s'] == pytest.approx(
+      resident['median_s'] + resident['checkpoint_s'] / 4)
+  assert resident['program_ratio_to_plain_tf'] == pytest.approx(resident['program_s'] / plain)
+  line = re.search(r'^as the program runs it \(ours, resident, --checkpoint_every=4\): '
+                   r'([0-9.]+) s/round, ([0-9.]+)x plain_tf$', stdout, re.M)
+  assert line, stdout
+  assert float(line.group(1)) == pytest.approx(resident['program_s'], abs=6e-4)
+
+
 @pytest.mark.slow
 def test_round_overhead_times_each_variant_against_plain_tf():
   variants = ['plain_tf', 'ours', 'tff', 'fedcross']
