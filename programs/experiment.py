@@ -892,6 +892,11 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
   try:
     with exclusive_run_directory(c.experiment_dir):
       return _run_experiment(c, log, stop)
+  except RunDirectoryBusy:
+    # The directory is the other process's, made by it between our look and our makedirs
+    # (empty while that process checks its data): removing it would leave that process
+    # writing into a path a third one then makes anew.
+    raise
   except BaseException:
     _remove_empty(made)
     raise

@@ -539,3 +539,20 @@ def test_a_run_directory_replaced_while_waiting_is_locked_anew(tmp_path):
     os.close(fd)
     done.set()
     thread.join()
+
+
+def test_a_refused_run_leaves_the_other_process_its_directory(tmp_path, monkeypatch):
+  """Two processes starting one run: both find no directory, both make it (makedirs with
+  exist_ok), one takes the lock. The refused one must not remove the directory as one it
+  made and left empty (the holder writes nothing while it checks its data): the holder
+  would then write into a path a third process makes anew, two runs in one directory."""
+  config = experiment.ExperimentConfig(dataset='digits', root_output_dir=str(tmp_path),
+                                       experiment_name='shared')
+  run_dir = config.experiment_dir
+  os.makedirs(run_dir)
+  # As the refused process sees it: the directory did not exist when it looked.
+  monkeypatch.setattr(experiment, '_make_output_dir', lambda path: [os.path.abspath(path)])
+  with experiment.exclusive_run_directory(run_dir):   # the other process's lock
+    with pytest.raises(experiment.RunDirectoryBusy):
+      experiment.run_experiment(config)
+    assert os.path.isdir(run_dir)
