@@ -360,6 +360,25 @@ def _check_distributable(c: ExperimentConfig, computations) -> None:
       raise ExperimentError(f'{e}; run it without --workers/--local_workers') from None
 
 
+# How to shrink a server state that cannot cross to the worker, per method.
+_SMALLER_STATE = dict(
+    fedcda='hold the cache in bfloat16 (--fedcda_cache_dtype=bfloat16, half the bytes), or '
+    'lower --fedcda_cache_size or --num_clients',
+    scaffold='lower --num_clients (the control variates are N copies of the model)')
+
+
+def _check_state_crosses(c: ExperimentConfig, process) -> None:
+  """The server state must fit in one of the runtime's messages (it crosses at `initialize`,
+  at every checkpoint, and every round without --resident_state)."""
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  try:
+    execution.check_value_fits(
+        process.initialize.type_signature.result, f'the {c.algorithm} server state',
+        _SMALLER_STATE.get(c.algorithm, 'lower --num_clients or use a smaller --model'))
+  except execution.ValueTooLargeError as e:
+    raise ExperimentError(str(e)) from None
+
+
 def load_federated_data(c: ExperimentConfig):
   """The FederatedDataset of the config (loaders and partitioners from data/)."""
   import data  # pylint: disable=g-import-not-at-top
@@ -932,6 +951,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   client_evaluator = ClientEvaluator(model_fn, client_test) if client_test else None
   _check_distributable(c, [process.next] + (
       [client_evaluator.computation] if client_evaluator else []))
+  _check_state_crosses(c, process)
   note = methods.METHODS[c.algorithm].note(c)
   if note:
     log(note)

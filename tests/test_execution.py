@@ -199,3 +199,24 @@ def test_closing_remote_executors_does_not_wake_lazy_proxies(monkeypatch):
   execution._close_remote_executors()  # pylint: disable=protected-access
   assert RemoteExecutor.closed == 2 and LazyProxy.woken == 0
   del held
+
+
+def test_value_bytes_counts_every_tensor_of_a_nested_placed_type_and_the_limit_is_one_line():
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  dtypes = [np.float32, np.float64, np.int32, np.float16, np.int64]
+  leaves = [(dtypes[rng.integers(len(dtypes))], tuple(int(d) for d in rng.integers(1, 9, rng.integers(0, 4))))
+            for _ in range(7)]
+  expected = sum(int(np.prod(shape, dtype=np.int64)) * np.dtype(dt).itemsize
+                 for dt, shape in leaves)
+  tensors = [tff.TensorType(dt, shape) for dt, shape in leaves]
+  nested = tff.FederatedType(tff.StructType([
+      ('a', tensors[0]), ('b', tff.StructType(tensors[1:4])),
+      ('c', tff.StructType([('d', tff.StructType(tensors[4:]))]))]), tff.SERVER)
+  assert execution.value_bytes(nested) == expected
+  execution.check_value_fits(nested, 'small', 'no fix needed')   # far below the limit
+  big = tff.TensorType(np.float32, [execution.MAX_VALUE_BYTES // 4 + 1])
+  with pytest.raises(execution.ValueTooLargeError) as info:
+    execution.check_value_fits(big, 'the state', 'shrink it')
+  assert '\n' not in str(info.value) and str(info.value).endswith('; shrink it')
