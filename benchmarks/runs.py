@@ -23,6 +23,7 @@ import numpy as np
 
 from benchmarks import suites
 from programs import experiment
+from programs import pages
 
 
 LAST = 10                 # rounds in the headline mean
@@ -104,7 +105,7 @@ def diagnosis_header(title: str, module) -> list:
 
 def write_diagnosis(out: str, page: Callable[[], str]) -> int:
   """A diagnosis script's main: writes its page to `out` and says so."""
-  write_text(out, page())
+  pages.write_text(out, page())
   print(f'wrote {os.path.relpath(out)}')
   return 0
 

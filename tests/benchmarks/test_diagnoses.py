@@ -30,6 +30,19 @@ def test_fedcross_diagnosis_regenerates_byte_for_byte():
     assert f.read() == fedcross_diagnosis.page(), 'run python -m benchmarks.fedcross_diagnosis'
 
 
+@pytest.mark.parametrize('module', [cadis_diagnosis, fedcda_diagnosis, fedcross_diagnosis, fd],
+                         ids=lambda m: m.__name__.split('.')[-1])
+def test_each_diagnosis_main_writes_its_page(module, tmp_path, monkeypatch, capsys):
+  """`python -m benchmarks.<method>_diagnosis` (what reproduce.sh runs after each suite)
+  writes the page that `page()` makes, and says where."""
+  out = tmp_path / 'diagnosis.md'
+  monkeypatch.setattr(module, 'OUT', str(out))
+  monkeypatch.setattr('sys.argv', ['diagnosis'])
+  assert module.main() == 0
+  assert out.read_text() == module.page()
+  assert 'wrote ' in capsys.readouterr().out
+
+
 def test_fedcda_diagnosis_regenerates_byte_for_byte():
   with open(fedcda_diagnosis.OUT) as f:
     assert f.read() == fedcda_diagnosis.page(), 'run python -m benchmarks.fedcda_diagnosis'
@@ -678,3 +691,4 @@ def test_every_committed_table_row_has_its_headers_cells():
         if cells and cells != header:
           bad.append(f'{os.path.relpath(page, suites.HERE)}:{number}')
   assert not bad, bad
+
