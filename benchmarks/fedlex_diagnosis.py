@@ -1,6 +1,8 @@
 """What FedLEx's guidance G is here, what sets it, and how far it scales the guided steps.
 
   python -m benchmarks.fedlex_diagnosis     # writes benchmarks/results/fedlex/diagnosis.md
+  python -m benchmarks.fedlex_diagnosis --adam_steps   # first measures G under client Adam
+      # (~5 min), into benchmarks/results/fedlex_adam_tuned/adam_steps.json
 
 FedLEx explores once, before training: a fifth of the clients train unguided from w_0, and
 G is their squared deviations, min-max normalised per tensor and averaged (ALGORITHMS.md,
@@ -11,12 +13,14 @@ coordinate, even less of its size survives). This script reads every FedLEx run 
 recorded G (the reported runs, the tuning grid and the superseded first tuning points under
 `earlier_runs/tuning`): G's statistics by the explorers' rate, the guided variants' best
 tuning points under each exploration rule, the reported runs' steps and margins over rounds,
-the probe that floors G, and every superseded point.
+the probe that floors G, what G does to a client Adam step (the reference code's optimizer),
+and every superseded point.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import sys
 
@@ -25,6 +29,9 @@ import numpy as np
 from benchmarks import runs as rd
 from benchmarks import suites
 from programs import experiment
+from programs import pages
+
+FEDLEX_REFERENCE_ADAM_LR = suites.FEDLEX_REFERENCE_ADAM_LR
 
 SUITE = suites.SUITES['fedlex']
 OUT = os.path.join(suites.suite_dir('fedlex'), 'diagnosis.md')
@@ -404,17 +411,173 @@ def _superseded_lines(runs) -> list:
   return lines + ['']
 
 
+# What G does to a client Adam step (issue "Replicate each paper at its own protocol", run 4):
+# Adam divides each coordinate's step by the root of its squared-gradient average, so a fixed
+# per-coordinate factor on the gradient largely cancels (all but where G*|g| nears eps).
+ADAM_SUITE = suites.SUITES['fedlex_adam_tuned']
+ADAM_STEPS = os.path.join(suites.suite_dir(ADAM_SUITE.name), 'adam_steps.json')
+
+
+def _norm(tensors) -> float:
+  return float(np.sqrt(sum(np.sum(np.square(np.asarray(t, np.float64))) for t in tensors)))
+
+
+def _cosine(a, b) -> float:
+  dot = sum(float(np.sum(np.asarray(x, np.float64) * np.asarray(y, np.float64)))
+            for x, y in zip(a, b))
+  return dot / (_norm(a) * _norm(b))
+
+
+def local_epoch(keras_model, loss_fn, optimizer, initial, element, batch_size: int,
+                guidance=None) -> tuple:
+  """(first step, whole-epoch update) of one client epoch from `initial` (trainable weights),
+  in the batch order of `element['order'][0]`, every gradient times `guidance` when given:
+  the client work's loop (`local_training`) written out in eager TF."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  weights = [tf.constant(w) for w in initial]
+  state = optimizer.initialize([tf.TensorSpec(w.shape, w.dtype) for w in weights])
+  order = element['order'][0]
+  first = None
+  for start in range(0, len(order), batch_size):
+    idx = order[start:start + batch_size]
+    for v, w in zip(keras_model.trainable_variables, weights):
+      v.assign(w)
+    with tf.GradientTape() as tape:
+      loss = loss_fn(element['y'][idx], keras_model(element['x'][idx], training=True))
+    grads = tape.gradient(loss, keras_model.trainable_variables)
+    if guidance is not None:
+      grads = [g * m for g, m in zip(grads, guidance)]
+    state, new = optimizer.next(state, weights, grads)
+    if first is None:
+      first = [n - w for n, w in zip(new, weights)]
+    weights = list(new)
+  return first, [w - w0 for w, w0 in zip(weights, initial)]
+
+
+def adam_steps(seed: int) -> dict:
+  """FedLEx-AvgM's G at the fedlex_adam_tuned suite's settings (the exploration its run
+  makes before round 1, recomputed) and what it does to round 1's client steps from w_0:
+  each participant's first step and one-epoch update under client Adam at the suite's
+  rates, guided over unguided (norm ratio, cosine), beside the SGD step's ratio |G*g|/|g|."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import execution, fedlex  # pylint: disable=g-import-not-at-top
+  from tff_algos.models import model_fns, zoo  # pylint: disable=g-import-not-at-top
+  execution.initialize_runtime()
+  tuned = suites.load_tuned(ADAM_SUITE.name) or {}
+  c = suites.experiment_config(ADAM_SUITE.config_overrides('fedlex_avgm', tuned), seed,
+                               '/nonexistent', 'adam_steps')
+  fed = experiment.load_federated_data(c)
+  model_name, model_fn, process, _ = experiment._build_computations(  # pylint: disable=protected-access
+      c, fed, c.num_clients)
+  exploration, explorers = experiment._fedlex_exploration(  # pylint: disable=protected-access
+      c, model_fn, c.num_clients)
+  state, stats = experiment._explore(  # pylint: disable=protected-access
+      c, fed, process, exploration, explorers, process.initialize(), 0)
+  g = [np.asarray(t) for t in fedlex.get_guidance(state)]
+  w0 = [np.asarray(t) for t in process.get_model_weights(state).trainable]
+  x0, _ = fed.client_arrays(0)
+  keras_model = zoo.build_keras_model(model_name, tuple(x0.shape[1:]), fed.num_classes,
+                                      seed=c.seed)
+  loss_fn = model_fns.model_loss(model_name)
+  _, inputs = data.round_inputs(fed, 1, c.clients_per_round, 1, c.seed)
+  rates = sorted({c.client_lr, FEDLEX_REFERENCE_ADAM_LR})
+  by_rate = {}
+  for rate in rates:
+    rows = []
+    for element in inputs:
+      opt = experiment.client_optimizer(c, rate)
+      first_u, epoch_u = local_epoch(keras_model, loss_fn, opt, w0, element, c.batch_size)
+      first_g, epoch_g = local_epoch(keras_model, loss_fn, opt, w0, element, c.batch_size, g)
+      rows.append(dict(first_step=_norm(first_g) / _norm(first_u),
+                       epoch=_norm(epoch_g) / _norm(epoch_u),
+                       epoch_cosine=_cosine(epoch_g, epoch_u)))
+    by_rate[f'{rate:g}'] = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+  # Under SGD the step is the rate times the (guided) gradient: the first batch's ratio.
+  element = inputs[0]
+  idx = element['order'][0][:c.batch_size]
+  for v, w in zip(keras_model.trainable_variables, w0):
+    v.assign(w)
+  with tf.GradientTape() as tape:
+    loss = loss_fn(element['y'][idx], keras_model(element['x'][idx], training=True))
+  grads = [np.asarray(t) for t in tape.gradient(loss, keras_model.trainable_variables)]
+  return dict(guidance={k: v for k, v in stats.items() if k.startswith('guidance_')},
+              adam=by_rate, sgd_first_step=_norm([a * b for a, b in zip(grads, g)]) / _norm(grads),
+              participants=len(inputs))
+
+
+def record_adam_steps(out: str = ADAM_STEPS) -> dict:
+  recorded = {str(seed): adam_steps(seed) for seed in suites.SEEDS}
+  os.makedirs(os.path.dirname(out), exist_ok=True)
+  pages.write_text(out, json.dumps(recorded, indent=1, sort_keys=True) + '\n')
+  return recorded
+
+
+def _adam_step_lines() -> list:
+  if not os.path.exists(ADAM_STEPS):
+    return []
+  with open(ADAM_STEPS) as f:
+    recorded = json.load(f)
+  dirs = {seed: os.path.join(suites.suite_dir(ADAM_SUITE.name), 'runs',
+                             suites.run_name('fedlex_avgm', int(seed))) for seed in recorded}
+  runs = {seed: rd.load_run(d) if os.path.exists(os.path.join(d, 'config.json')) else None
+          for seed, d in dirs.items()}
+  rates = sorted({r for m in recorded.values() for r in m['adam']}, key=float)
+  lines = ['## Under client Adam (the reference code\'s optimizer)', '',
+           'The fedlex_adam_tuned suite\'s FedLEx-AvgM (explorers on Adam at '
+           f'{FEDLEX_REFERENCE_ADAM_LR:g}): its G, recomputed as the run computes it before round '
+           '1 (`python -m benchmarks.fedlex_diagnosis --adam_steps`), and what G does to round '
+           '1\'s client steps from w_0, averaged over its participants: the guided over the '
+           'unguided norm of the first Adam step and of the one-epoch update, and their cosine. '
+           'Adam divides each coordinate by its own gradient scale, so a fixed factor per '
+           'coordinate cancels except where G·|g| nears eps (1e-8); under SGD the step is scaled '
+           'by G itself (last column, first batch).', '',
+           '| seed | G as its run recorded | G mean | G median | share < 0.01 | '
+           + ' | '.join(f'Adam {r}: first step | epoch | cosine' for r in rates)
+           + ' | SGD step |', '|---|---|---|---|---|' + '---|---|---|' * len(rates) + '---|']
+  for seed, m in sorted(recorded.items()):
+    g = m['guidance']
+    run_g = guidance(runs[seed]) if runs[seed] else {}
+    same = ('not run yet' if not run_g else 'same' if all(
+        np.isclose(run_g.get(k, np.nan), v, rtol=1e-5) for k, v in g.items()) else 'differs')
+    cells = ''.join(f' {m["adam"][r]["first_step"]:.3f} | {m["adam"][r]["epoch"]:.3f} | '
+                    f'{m["adam"][r]["epoch_cosine"]:.3f} |' for r in rates)
+    lines.append(f'| {seed} | {same} | {g["guidance_mean"]:.2g} | {g["guidance_median"]:.2g} | '
+                 f'{g["guidance_below_0_01"]:.3f} |{cells} {m["sgd_first_step"]:.3g} |')
+
+  def span(values, spec='.2f') -> str:
+    return f'{min(values):{spec}} to {max(values):{spec}}'
+  adam = [a for m in recorded.values() for a in m['adam'].values()]
+  zero = [m['guidance']['guidance_zero_fraction'] for m in recorded.values()]
+  lines += ['', 'So under Adam G leaves a step nearly as it is: the guided first step has '
+            f'{span([a["first_step"] for a in adam])} of the unguided one\'s norm and the epoch\'s '
+            f'update {span([a["epoch"] for a in adam])}, pointing the same way (cosine '
+            f'{span([a["epoch_cosine"] for a in adam])}); what it removes are the coordinates '
+            f'where G is 0 ({span(zero, ".1%")} of them) or G·|g| is as small as eps. Under SGD '
+            f'the same G shrinks the step to {span([m["sgd_first_step"] for m in recorded.values()])}'
+            ' of its norm: the "G freezes coordinates" reading of the SGD runs does not carry '
+            'over to Adam, where G is close to no guidance at all.']
+  return lines + ['']
+
+
 def page() -> str:
   runs = recorded_runs()
   lines = rd.diagnosis_header(f'{SUITE.title}: what the guidance G is',
                                   sys.modules[__name__])
   lines += (_g_by_rate_lines(runs) + _tuning_lines(runs) + _equal_step_lines(runs) +
-            _runs_lines() + _floor_probe_lines() +
+            _runs_lines() + _floor_probe_lines() + _adam_step_lines() +
             _superseded_lines(runs))
   return '\n'.join(lines).rstrip('\n') + '\n'
 
 
-def main() -> int:
+def main(argv=None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if argv == ['--adam_steps']:
+    record_adam_steps()
+  elif argv:
+    print(f'unknown arguments {argv}: run it without any, or with --adam_steps',
+          file=sys.stderr)
+    return 2
   return rd.write_diagnosis(OUT, page)
 
 

@@ -692,3 +692,64 @@ def test_every_committed_table_row_has_its_headers_cells():
           bad.append(f'{os.path.relpath(page, suites.HERE)}:{number}')
   assert not bad, bad
 
+
+def _numpy_linear_epoch(w, b, x, y, order, batch, lr, adam, guidance):
+  """One epoch of a softmax-regression client in NumPy: SGD or Adam (PyTorch's betas and
+  eps, bias-corrected), every gradient times `guidance` when given. (first step, update)."""
+  params, m, v, first = [w.copy(), b.copy()], [0.0, 0.0], [0.0, 0.0], None
+  for t, start in enumerate(range(0, len(order), batch), 1):
+    idx = order[start:start + batch]
+    logits = x[idx] @ params[0] + params[1]
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    p[np.arange(len(idx)), y[idx]] -= 1.0
+    grads = [x[idx].T @ p / len(idx), p.mean(0)]
+    if guidance is not None:
+      grads = [g * s for g, s in zip(grads, guidance)]
+    new = []
+    for i, (q, g) in enumerate(zip(params, grads)):
+      if adam:
+        m[i] = 0.9 * m[i] + 0.1 * g
+        v[i] = 0.999 * v[i] + 0.001 * g * g
+        step = lr * (m[i] / (1 - 0.9 ** t)) / (np.sqrt(v[i] / (1 - 0.999 ** t)) + 1e-8)
+      else:
+        step = lr * g
+      new.append(q - step)
+    if first is None:
+      first = [a - q for a, q in zip(new, params)]
+    params = new
+  return first, [params[0] - w, params[1] - b]
+
+
+@pytest.mark.parametrize('adam', [True, False])
+def test_fedlex_local_epoch_equals_numpy_and_adam_cancels_a_positive_guidance(adam):
+  """`local_epoch` (the Adam-step measurement's client loop) against NumPy, guided and not;
+  under Adam a guidance bounded away from 0 leaves the first step nearly unchanged, under SGD
+  it scales the step by G (what the page's columns measure)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(23, 6)).astype(np.float32)
+  y = rng.integers(0, 4, 23).astype(np.int32)
+  order = rng.permutation(23).astype(np.int32)
+  model = tf.keras.Sequential([tf.keras.layers.Dense(4, input_shape=(6,))])
+  w0 = [rng.normal(size=(6, 4)).astype(np.float32), rng.normal(size=4).astype(np.float32)]
+  guidance = [rng.uniform(0.1, 1.0, size=t.shape).astype(np.float32) for t in w0]
+  loss = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  opt = (tff.learning.optimizers.build_adam(learning_rate=0.01, epsilon=1e-8) if adam else
+         tff.learning.optimizers.build_sgdm(learning_rate=0.1))
+  element = dict(x=x, y=y, order=order[None])
+  for g in (None, guidance):
+    first, epoch = fd.local_epoch(model, loss, opt, w0, element, 5, g)
+    want_first, want_epoch = _numpy_linear_epoch(*w0, x, y, order, 5, 0.01 if adam else 0.1,
+                                                 adam, g)
+    for got, want in zip(first + epoch, want_first + want_epoch):
+      np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=1e-6)
+  first_u, _ = fd.local_epoch(model, loss, opt, w0, element, 5)
+  first_g, _ = fd.local_epoch(model, loss, opt, w0, element, 5, guidance)
+  ratio = fd._norm(first_g) / fd._norm(first_u)  # pylint: disable=protected-access
+  if adam:   # Adam's first step is lr * sign(g) up to eps: G cancels
+    assert abs(ratio - 1) < 1e-4 and fd._cosine(first_g, first_u) > 1 - 1e-6  # pylint: disable=protected-access
+  else:
+    assert ratio == pytest.approx(fd._norm([a * s for a, s in zip(first_u, guidance)])  # pylint: disable=protected-access
+                                  / fd._norm(first_u), rel=1e-5)  # pylint: disable=protected-access
