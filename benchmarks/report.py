@@ -637,7 +637,7 @@ def reproduction_page() -> str:
   for method in METHODS:
     columns = method_suites(method)
     tuned = suites.SUITES[method]
-    lines += [f'## {tuned.method}', '', ' · '.join(
+    lines += [f'## {tuned.method}', ' · '.join(
         f'[{s.name}/results.md]({s.name}/results.md)' for _, s in columns) + (
             f' · [diagnosis]({method}/diagnosis.md)' if os.path.exists(
                 os.path.join(suites.HERE, f'{method}_diagnosis.py')) else ''), '']
@@ -663,7 +663,7 @@ def reproduction_page() -> str:
       if verdicts[protocol]:   # one line each
         lines.append(verdicts_line(words, verdicts[protocol]))
     if tuned.bottom_line:
-      lines += ['', f'Bottom line: {tuned.bottom_line}']
+      lines.append(f'- Bottom line: {tuned.bottom_line}')
     lines += ['', f'![{tuned.method}: paper protocol and tuned, one panel per setting]'
               f'(figures/{method}.png)', '']
   for suite in other_suites():

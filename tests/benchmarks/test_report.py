@@ -252,7 +252,7 @@ def test_committed_reproduction_and_provenance_pages_regenerate_byte_for_byte():
 
 def test_the_reproduction_page_reads_in_five_minutes():
   """At most 150 lines, no prose line over 400 characters, one line per verdict, both
-  protocols for every method, and every page it links to exists."""
+  protocols and a bottom line for every method, and every page it links to exists."""
   lines = _committed(report.REPRODUCTION).split('\n')
   assert len(lines) <= 150
   assert not [line for line in lines if len(line) > 400 and not line.startswith('|')]
@@ -261,5 +261,6 @@ def test_the_reproduction_page_reads_in_five_minutes():
     section = section.split('\n## ')[0]
     assert section.count('\n- At the paper\'s protocol') == 1
     assert section.count('\n- Against the tuned, converged baseline') == 1
+    assert section.count('\n- Bottom line: ') == 1
   for link in re.findall(r'\]\(([^)#]+)', _committed(report.REPRODUCTION)):
     assert os.path.exists(os.path.join(os.path.dirname(report.REPRODUCTION), link)), link
