@@ -33,6 +33,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from programs import methods
+from tff_algos.constants import CLIENT_ACCURACY_FIGURES  # no TensorFlow: flags come first
 
 ALGORITHMS = methods.ALGORITHMS
 BASELINE_ALGORITHMS = methods.BASELINE_ALGORITHMS
@@ -95,11 +96,6 @@ def blown_up_rounds_in_a_row(rows: list) -> int:
     count += 1
   return count
 
-
-# The per-client evaluation's columns (tff_algos.evaluation.CLIENT_ACCURACY_FIGURES; not
-# imported from there, which would start TensorFlow before the flags are checked).
-CLIENT_ACCURACY_FIGURES = ('client_accuracy_mean', 'client_accuracy_std',
-                           'client_accuracy_p10', 'client_accuracy_min')
 
 # metrics.csv's timing columns: the only ones that differ between two makings of a run.
 TIMING_COLUMNS = ('seconds', 'round_seconds')
@@ -463,7 +459,7 @@ def with_client_test(c: ExperimentConfig, fed, num_clients: int):
 
 
 class ClientEvaluator:
-  """The four per-client figures (`tff_algos.evaluation.CLIENT_ACCURACY_FIGURES`) of a
+  """The four per-client figures (`tff_algos.constants.CLIENT_ACCURACY_FIGURES`) of a
   process's global model on each client's test data.
 
   `computation` is `evaluation.build_per_client_evaluation(model_fn, len(client_test))`
