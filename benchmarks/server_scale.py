@@ -12,7 +12,7 @@ Python every round inside the process state) and the TFF worker's peak resident 
 (VmHWM of the worker_binary children, cumulative over the run, so read it per N in
 increasing N).
 
-With --server_step (FedCDA only) it times FedCDA's server step alone instead: the
+With --server_step it times the method's server step alone instead. For FedCDA: the
 aggregator's `cache_round` as one tf.function on a state whose N clients all hold full
 caches (selection on, P random uploaders), with no TFF round around it, interleaved over the
 Ns in one process, with each N's time as a ratio to the first N's. Beside it, the O(N·D)
@@ -28,7 +28,7 @@ alive, so `tensor_scatter_nd_update` writes a new one) and O(N·K) bookkeeping.
   .venv/bin/python benchmarks/server_scale.py --method=fedcda --server_step \
       --num_clients=100,300,1000 --rounds=10
 
---method=cadis_step times CADIS's server clustering step alone (issue 58 goal 4: under 1 s
+For CADIS, --server_step times its server clustering step alone (issue 58 goal 4: under 1 s
 at N = 10,000): `clustered_aggregation.clustering_step` as one `tf.function` in this process
 (the same TF ops the worker runs, without TFF's dispatch), for each N and closure, all
 (N, closure) pairs interleaved round by round in one process. Its input is a synthetic state
@@ -36,7 +36,7 @@ in which every client has been seen: 5 true clusters, co-participation for a fra
 (--pair_fraction) of the pairs, average similarity U(0.95, 1) within a cluster and
 U(-0.2, 0.6) across; P uploads of 10-dim similarity vectors near their cluster's centre.
 
-  .venv/bin/python benchmarks/server_scale.py --method=cadis_step \
+  .venv/bin/python benchmarks/server_scale.py --method=cadis --server_step \
       --num_clients=1000,3000,10000 --rounds=5
 """
 
@@ -56,9 +56,8 @@ from absl import logging
 import numpy as np
 import tensorflow as tf  # before app.run parses flags (see round_overhead.py)
 
-_METHOD = flags.DEFINE_enum('method', 'cadis', ['cadis', 'fedcda', 'cadis_step'],
-                            'Method whose server side to scale (cadis_step: the clustering '
-                            'step alone, see the module doc).')
+_METHOD = flags.DEFINE_enum('method', 'cadis', ['cadis', 'fedcda'],
+                            'Method whose server side to scale.')
 _NUM_CLIENTS = flags.DEFINE_list('num_clients', ['100', '300', '1000'], 'Values of N.')
 _MODEL = flags.DEFINE_string('model', 'tiny_cnn', 'tff_algos.models zoo model.')
 _DATASET = flags.DEFINE_enum('dataset', 'digits', ['fashion_mnist', 'digits'], 'Client data.')
@@ -69,14 +68,17 @@ _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds per variant.')
 _CACHE = flags.DEFINE_integer('fedcda_cache_size', 3, 'FedCDA K.')
 _MAX_GIB = flags.DEFINE_float('fedcda_max_cache_gib', 16.0, 'FedCDA refusal threshold.')
 _SERVER_STEP = flags.DEFINE_bool(
-    'server_step', False, 'FedCDA only: time the server step alone (cache_round as a '
-    'tf.function on full caches), interleaved over N, with ratios to the first N.')
+    'server_step', False, 'Time the server step alone (module doc): CADIS\'s clustering_step '
+    'per (N, closure); FedCDA\'s cache_round on full caches, with ratios to the first N.')
 _CLOSURES = flags.DEFINE_list('closures', ['two_hop', 'components'],
-                              'cadis_step: closures to time.')
-_PAIR_FRACTION = flags.DEFINE_float('pair_fraction', 0.5,
-                                    'cadis_step: fraction of client pairs seen together.')
+                              'cadis --server_step: closures to time.')
+_PAIR_FRACTION = flags.DEFINE_float(
+    'pair_fraction', 0.5, 'cadis --server_step: fraction of client pairs seen together.')
 _TRUE_CLUSTERS = flags.DEFINE_bool('with_true_clusters', False,
-                                   'cadis_step: also compute the true-cluster metrics.')
+                                   'cadis --server_step: also compute the true-cluster metrics.')
+
+# --method values this script no longer takes -> the flags that replaced them.
+_REMOVED_METHODS = {'cadis_step': '--method=cadis --server_step'}
 
 
 def synthetic_cadis_state(n: int, pair_fraction: float, true_clusters: np.ndarray):
@@ -104,7 +106,7 @@ def synthetic_cadis_state(n: int, pair_fraction: float, true_clusters: np.ndarra
 
 
 def time_clustering_step():
-  """--method=cadis_step: seconds of `clustering_step` per (N, closure), interleaved."""
+  """--method=cadis --server_step: seconds of `clustering_step` per (N, closure), interleaved."""
   from tff_algos.aggregators import clustered_aggregation as cla  # pylint: disable=g-import-not-at-top
   per_round = _PER_ROUND.value
   sizes = [int(v) for v in _NUM_CLIENTS.value]
@@ -270,12 +272,21 @@ def server_step_table(model_fn):
   print(f'load average at end: {os.getloadavg()[0]:.1f}')
 
 
+def parse_flags(argv):
+  """absl's flag parsing, except that a removed --method value stops the script with one
+  error line naming what replaced it."""
+  method = flags.FlagValues()
+  flags.DEFINE_string('method', None, '', flag_values=method)
+  method(argv, known_only=True)
+  if method.method in _REMOVED_METHODS:
+    sys.exit(f'error: --method={method.method} is now {_REMOVED_METHODS[method.method]}')
+  return app.parse_flags_with_usage(argv)
+
+
 def main(argv):
   del argv
-  if _SERVER_STEP.value and _METHOD.value != 'fedcda':
-    raise app.UsageError('--server_step times FedCDA\'s server step: pass --method=fedcda')
   logging.set_verbosity(logging.WARNING)
-  if _METHOD.value == 'cadis_step':
+  if _SERVER_STEP.value and _METHOD.value == 'cadis':
     time_clustering_step()
     return
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
@@ -334,4 +345,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

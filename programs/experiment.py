@@ -33,6 +33,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from programs import methods
+from tff_algos.constants import CLIENT_ACCURACY_FIGURES  # no TensorFlow: flags come first
 
 ALGORITHMS = methods.ALGORITHMS
 BASELINE_ALGORITHMS = methods.BASELINE_ALGORITHMS
@@ -95,11 +96,6 @@ def blown_up_rounds_in_a_row(rows: list) -> int:
     count += 1
   return count
 
-
-# The per-client evaluation's columns (tff_algos.evaluation.CLIENT_ACCURACY_FIGURES; not
-# imported from there, which would start TensorFlow before the flags are checked).
-CLIENT_ACCURACY_FIGURES = ('client_accuracy_mean', 'client_accuracy_std',
-                           'client_accuracy_p10', 'client_accuracy_min')
 
 # metrics.csv's timing columns: the only ones that differ between two makings of a run.
 TIMING_COLUMNS = ('seconds', 'round_seconds')
@@ -463,21 +459,15 @@ def with_client_test(c: ExperimentConfig, fed, num_clients: int):
 
 
 class ClientEvaluator:
-  """The four per-client figures (`tff_algos.evaluation.CLIENT_ACCURACY_FIGURES`) of a
-  process's global model on each client's test data."""
+  """The four per-client figures (`tff_algos.constants.CLIENT_ACCURACY_FIGURES`) of a
+  process's global model on each client's test data.
 
-  # The last one built: a rerun in this process (a notebook cell, a resume after an
-  # interrupt) reuses TFF's traced computation, as _LAST_BUILT does.
-  _last = None
+  `computation` is `evaluation.build_per_client_evaluation(model_fn, len(client_test))`
+  (`_per_client_evaluation` keeps it with the run's other computations)."""
 
-  def __init__(self, model_fn, client_test: list):
+  def __init__(self, computation, client_test: list):
     from tff_algos import evaluation  # pylint: disable=g-import-not-at-top
-    last = ClientEvaluator._last
-    if last is not None and last[0] is model_fn and last[1] == len(client_test):
-      self.computation = last[2]
-    else:
-      self.computation = evaluation.build_per_client_evaluation(model_fn, len(client_test))
-      ClientEvaluator._last = (model_fn, len(client_test), self.computation)
+    self.computation = computation
     # Clients without test data stay out of the call (they would count nothing).
     self._inputs = [i for i in evaluation.client_evaluation_inputs(client_test)
                     if i[0]['y'].shape[0]]
@@ -846,7 +836,9 @@ def round_costs(rows: list[dict], name: str) -> int:
 
 # The computations of the last configuration run in this Python process, keyed by the flags
 # they depend on: running it again (a notebook cell re-run, a resume after an interrupt)
-# reuses TFF's traced and compiled computations instead of paying for them again.
+# reuses TFF's traced and compiled computations instead of paying for them again. The entry
+# is a dict: model_name, model_fn, process, evaluator (_build_computations) and, once a run
+# has evaluated on its clients' test data, per_client (_per_client_evaluation).
 _LAST_BUILT: dict = {}
 _NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'eval_last', 'root_output_dir', 'experiment_name', 'resume',
                      'progress', 'resident_state', 'checkpoint_every', 'blown_up_rounds')
@@ -869,18 +861,25 @@ def _load_checkpoint(loop, manager, program_state, method: methods.Method, log):
   return collections.OrderedDict(restored, state=upgrade(restored['state']))
 
 
-def _build_computations(c: ExperimentConfig, fed, num_clients: int):
-  """(model name, model_fn, LearningProcess, Evaluator) of the config and loaded data."""
-  from tff_algos import models  # pylint: disable=g-import-not-at-top
+def _build_key(c: ExperimentConfig, fed, num_clients: int) -> str:
+  """_LAST_BUILT's key of the config and loaded data."""
   x0, _ = fed.client_arrays(0)
-  key = json.dumps(
+  return json.dumps(
       [{k: v for k, v in dataclasses.asdict(c).items() if k not in _NOT_BUILD_INPUTS},
        x0.shape[1:], str(x0.dtype), fed.num_classes, fed.info.get('vocab_size'), num_clients],
       sort_keys=True)
+
+
+def _build_computations(c: ExperimentConfig, fed, num_clients: int):
+  """(model name, model_fn, LearningProcess, Evaluator) of the config and loaded data."""
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+  key = _build_key(c, fed, num_clients)
   if key in _LAST_BUILT:
-    model_name, model_fn, process, evaluator = _LAST_BUILT[key]
-    return model_name, model_fn, process, evaluator.on(fed.x_test, fed.y_test)
+    built = _LAST_BUILT[key]
+    return (built['model_name'], built['model_fn'], built['process'],
+            built['evaluator'].on(fed.x_test, fed.y_test))
   model_name = c.model or DEFAULT_MODELS[c.dataset]
+  x0, _ = fed.client_arrays(0)
   try:
     model_fn = models.make_model_fn(model_name, tuple(x0.shape[1:]), fed.num_classes,
                                     seed=c.seed, vocab_size=fed.info.get('vocab_size'))
@@ -890,10 +889,23 @@ def _build_computations(c: ExperimentConfig, fed, num_clients: int):
   if true_clusters is not None:
     true_clusters = np.asarray(true_clusters)[:num_clients]
   process = build_process(c, model_fn, num_clients, true_clusters)
-  built = (model_name, model_fn, process, Evaluator(model_fn, fed.x_test, fed.y_test))
+  evaluator = Evaluator(model_fn, fed.x_test, fed.y_test)
   _LAST_BUILT.clear()
-  _LAST_BUILT[key] = built
-  return built
+  _LAST_BUILT[key] = dict(model_name=model_name, model_fn=model_fn, process=process,
+                          evaluator=evaluator)
+  return model_name, model_fn, process, evaluator
+
+
+def _per_client_evaluation(c: ExperimentConfig, fed, num_clients: int, num_test_clients: int):
+  """`evaluation.build_per_client_evaluation` of the run's model_fn for `num_test_clients`
+  clients, kept in the run's _LAST_BUILT entry (made by _build_computations just before):
+  a rerun in this process reuses TFF's traced computation."""
+  built = _LAST_BUILT[_build_key(c, fed, num_clients)]
+  if built.get('per_client', (None, None))[0] != num_test_clients:
+    from tff_algos import evaluation  # pylint: disable=g-import-not-at-top
+    built['per_client'] = (num_test_clients, evaluation.build_per_client_evaluation(
+        built['model_fn'], num_test_clients))
+  return built['per_client'][1]
 
 
 def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
@@ -948,7 +960,9 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   num_clients = min(c.num_clients, fed.num_clients)
   fed, client_test = with_client_test(c, fed, num_clients)
   model_name, model_fn, process, evaluator = _build_computations(c, fed, num_clients)
-  client_evaluator = ClientEvaluator(model_fn, client_test) if client_test else None
+  client_evaluator = ClientEvaluator(
+      _per_client_evaluation(c, fed, num_clients, len(client_test)),
+      client_test) if client_test else None
   _check_distributable(c, [process.next] + (
       [client_evaluator.computation] if client_evaluator else []))
   _check_state_crosses(c, process)

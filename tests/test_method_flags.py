@@ -533,6 +533,39 @@ def test_model_flag_chooses_the_model(monkeypatch):
   assert set(sizes) == {'tiny_cnn', 'mlp_2nn'} and sizes['tiny_cnn'] != sizes['mlp_2nn']
 
 
+def test_a_rerun_reuses_the_per_client_evaluation(monkeypatch):
+  """--client_test_fraction's computation is kept in the run's _LAST_BUILT entry: a rerun of
+  the configuration in this process reuses it; another configuration builds its own."""
+  from tff_algos import evaluation  # pylint: disable=g-import-not-at-top
+
+  class Evaluator:
+    def __init__(self, *args):
+      pass
+
+    def on(self, *args):
+      return self
+
+  made = []
+  monkeypatch.setattr(experiment, '_LAST_BUILT', {})
+  monkeypatch.setattr(experiment, 'build_process', lambda *args: 'built')
+  monkeypatch.setattr(experiment, 'Evaluator', Evaluator)
+  monkeypatch.setattr(evaluation, 'build_per_client_evaluation',
+                      lambda model_fn, n: made.append((model_fn, n)) or object())
+  config = _config(client_test_fraction=0.2)
+  fed, client_test = experiment.with_client_test(
+      config, experiment.load_federated_data(config), NUM_CLIENTS)
+
+  def run(c):
+    _, model_fn, _, _ = experiment._build_computations(c, fed, NUM_CLIENTS)  # pylint: disable=protected-access
+    return model_fn, experiment._per_client_evaluation(c, fed, NUM_CLIENTS, len(client_test))  # pylint: disable=protected-access
+
+  first = run(config)
+  assert run(dataclasses.replace(config, rounds=config.rounds + 5)) == first
+  assert made == [(first[0], len(client_test))]
+  other = run(dataclasses.replace(config, seed=1))
+  assert other[1] is not first[1] and made[1] == (other[0], len(client_test))
+
+
 # --------------------------------------------------------------------------- #
 # The loop's flags: one short run
 # --------------------------------------------------------------------------- #

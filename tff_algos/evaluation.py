@@ -18,6 +18,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos.client_work import local_training, model_delta
+from tff_algos.constants import CLIENT_ACCURACY_FIGURES
 from tff_algos.models import model_fns
 
 
@@ -173,11 +174,6 @@ def client_evaluation_inputs(client_arrays: Sequence[tuple],
     inputs.append([collections.OrderedDict(x=x, y=y.astype(np.int32, copy=False),
                                            index=np.int32(n))])
   return inputs
-
-
-# The four figures over clients, in summarize_client_accuracies' order.
-CLIENT_ACCURACY_FIGURES = ('client_accuracy_mean', 'client_accuracy_std',
-                           'client_accuracy_p10', 'client_accuracy_min')
 
 
 def summarize_client_accuracies(result) -> collections.OrderedDict:

@@ -185,10 +185,10 @@ def test_server_scale_reports_a_row_per_n():
 
 
 def test_server_scale_times_the_cadis_clustering_step_per_n_and_closure():
-  """--method=cadis_step at tiny N (no TFF process is built: fast, default suite): one row
-  per (N, closure) with positive times, the uploads' cluster sizes and a cluster count
-  (two_hop's is computed at these N)."""
-  stdout = _run('server_scale', '--method=cadis_step', '--num_clients=12,30',
+  """--method=cadis --server_step at tiny N (no TFF process is built: fast, default suite):
+  one row per (N, closure) with positive times, the uploads' cluster sizes and a cluster
+  count (two_hop's is computed at these N)."""
+  stdout = _run('server_scale', '--method=cadis', '--server_step', '--num_clients=12,30',
                 '--clients_per_round=4', '--rounds=2', '--closures=two_hop,components',
                 '--with_true_clusters', timeout=600).stdout
   for n in ('12', '30'):
@@ -201,6 +201,12 @@ def test_server_scale_times_the_cadis_clustering_step_per_n_and_closure():
       assert len(sizes) == 4 and all(1 <= v <= int(n) for v in sizes)
       assert 1 <= int(row[6]) <= int(n)
   assert 'load average at end' in stdout
+
+
+def test_server_scale_refuses_the_removed_cadis_step_spelling_in_one_line():
+  out = _run('server_scale', '--method=cadis_step', '--num_clients=12', expect_code=1,
+             timeout=300)
+  assert out.stderr.strip() == 'error: --method=cadis_step is now --method=cadis --server_step'
 
 
 @pytest.mark.slow
@@ -224,8 +230,6 @@ def test_server_scale_server_step_times_fedcda_step_per_n_with_ratios():
   d = 9658
   for n in ('20', '40'):
     assert state_mb[n] == pytest.approx((4 * int(n) * 3 * d + 8 * d) / 2**20, rel=0.02)
-  out = _run('server_scale', '--method=cadis', '--server_step', expect_code=1, timeout=300)
-  assert 'pass --method=fedcda' in out.stderr
 
 
 @pytest.mark.slow
