@@ -510,8 +510,7 @@ def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
         print(f'error: suite {suite.name} has no tuning grid', file=sys.stderr)
         return 2
       tuned = tune(suite)
-      pages.write_text(suites.tuned_path(suite.name),
-                        json.dumps(tuned, indent=1, sort_keys=True) + '\n')
+      pages.write_json(suites.tuned_path(suite.name), tuned)
     elif not _REPORT.value:
       tuned = suites.load_tuned(suite.name)
       if suite.needs_tuning() and tuned is None:

@@ -342,7 +342,7 @@ def record_loss_reading(checkpoints, out: str = LOSS_READING) -> dict:
     recorded.setdefault(os.path.basename(run_dir), {})[str(state['round'])] = figures
     print(f'{os.path.basename(run_dir)} round {state["round"]}: {figures}')
   os.makedirs(os.path.dirname(out), exist_ok=True)
-  pages.write_text(out, json.dumps(recorded, indent=1, sort_keys=True) + '\n')
+  pages.write_json(out, recorded)
   return recorded
 
 

@@ -509,7 +509,7 @@ def adam_steps(seed: int) -> dict:
 def record_adam_steps(out: str = ADAM_STEPS) -> dict:
   recorded = {str(seed): adam_steps(seed) for seed in suites.SEEDS}
   os.makedirs(os.path.dirname(out), exist_ok=True)
-  pages.write_text(out, json.dumps(recorded, indent=1, sort_keys=True) + '\n')
+  pages.write_json(out, recorded)
   return recorded
 
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -370,7 +369,7 @@ def main(argv):
           f's/round, {program / med["plain_tf"]:.2f}x plain_tf')
   loop.close()
   if _JSON.value:
-    pages.write_text(_JSON.value, json.dumps(figures, indent=1, sort_keys=True) + '\n')
+    pages.write_json(_JSON.value, figures)
   print(f'total wall time {time.perf_counter() - t_start:.0f} s')
 
 

@@ -9,6 +9,7 @@ neither TensorFlow nor TFF.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 
 
@@ -29,6 +30,12 @@ def write_text(path: str, text: str) -> None:
   with replacing(path) as tmp:
     with open(tmp, 'w') as f:
       f.write(text)
+
+
+def write_json(path: str, value) -> None:
+  """Writes `value` to `path` atomically as JSON (indented, keys sorted, a final newline): the
+  form of every committed record (tuned.json, the diagnoses' measurements, --json figures)."""
+  write_text(path, json.dumps(value, indent=1, sort_keys=True) + '\n')
 
 
 def with_block(text: str, begin: str, end: str, body: str) -> str:
