@@ -59,19 +59,23 @@ def _replayed_round(prev, new, slots_clients, dtype, options):
   k = options['cache_size']
   count = np.asarray(new['count'])
   ring = (count[slots_clients] - 1) % k
-  models = tf.nest.map_structure(lambda c: np.asarray(c)[slots_clients, ring], new['cache'])
+  models = tf.nest.map_structure(lambda c: c[slots_clients, ring],
+                                 cross_round_cache.stacked_cache(new['cache'], new['selected_sum']))
   p = len(slots_clients)
   acc = collections.OrderedDict(
       models=models, client_index=np.asarray(slots_clients, np.int32),
       loss=np.asarray(new['losses'])[slots_clients, ring].astype(np.float32),
       valid=np.ones([p], np.float32), weight=np.ones([p], np.float32))
   low = tf.as_dtype(dtype)
-  cache = tf.nest.map_structure(lambda c: tf.cast(c, low), prev['cache'])
+  cache = tf.nest.map_structure(
+      lambda c: np.asarray(tf.cast(c, low)),
+      cross_round_cache.stacked_cache(prev['cache'], prev['selected_sum']))
   # ‖w‖² of the models as the low-precision cache holds them.
   sq = sum(np.sum(np.square(np.asarray(tf.cast(c, tf.float64)).reshape(
       c.shape[0], c.shape[1], -1)), axis=2) for c in tf.nest.flatten(cache))
   state = collections.OrderedDict(
-      cache=cache, losses=prev['losses'], sq_norms=tf.constant(sq, tf.float64),
+      cache=cross_round_cache.chunked_cache(cache, len(prev['cache'][0])),
+      losses=prev['losses'], sq_norms=tf.constant(sq, tf.float64),
       count=prev['count'], selected=prev['selected'],
       selected_sum=cross_round_cache.selected_sum_from_cache(cache, prev['count'],
                                                              prev['selected']),

@@ -17,16 +17,24 @@ aggregator's `cache_round` as one tf.function on a state whose N clients all hol
 caches (selection on, P random uploaders), with no TFF round around it, interleaved over the
 Ns in one process, with each N's time as a ratio to the first N's. Beside it, the O(N·D)
 mean over every cached client's selected model that the running `selected_sum` replaced,
-timed the same way (a reference, not part of the step), and the step's cache update
-(`tensor_scatter_nd_update` of the P uploads) alone. The step's arithmetic is O(P·K·D);
-what still grows with N is the cache update's copy of the cache (the input state stays
-alive, so `tensor_scatter_nd_update` writes a new one) and O(N·K) bookkeeping.
+timed the same way (a reference, not part of the step), and the update of one stacked
+[N, K, ...] cache (`tensor_scatter_nd_update` of the P uploads: what the step did before the
+cache was chunked; the input stays alive, so it writes a whole new cache). The step itself
+runs on the chunked cache the process keeps (`cross_round_cache.push_and_read`): O(P·K·D)
+arithmetic and copies, plus O(N·K) bookkeeping and one `tf.cond` per chunk.
 
   .venv/bin/python benchmarks/server_scale.py --method=cadis --num_clients=100,300,1000
   .venv/bin/python benchmarks/server_scale.py --method=fedcda --model=fedavg_cnn \
       --dataset=fashion_mnist --num_clients=10,25,50
   .venv/bin/python benchmarks/server_scale.py --method=fedcda --server_step \
       --num_clients=100,300,1000 --rounds=10
+
+With --resident the rounds run through `tff_algos.ResidentProcess`, as the training program
+runs them: the state stays in the worker, so a round no longer moves it (the round time
+against N is then the server step's growth and nothing else):
+
+  .venv/bin/python benchmarks/server_scale.py --method=fedcda --resident \
+      --num_clients=100,300,1000 --rounds=5
 
 For CADIS, --server_step times its server clustering step alone (issue 58 goal 4: under 1 s
 at N = 10,000): `clustered_aggregation.clustering_step` as one `tf.function` in this process
@@ -67,6 +75,9 @@ _BATCH = flags.DEFINE_integer('batch_size', 25, 'Local batch size.')
 _ROUNDS = flags.DEFINE_integer('rounds', 3, 'Timed rounds per variant.')
 _CACHE = flags.DEFINE_integer('fedcda_cache_size', 3, 'FedCDA K.')
 _MAX_GIB = flags.DEFINE_float('fedcda_max_cache_gib', 16.0, 'FedCDA refusal threshold.')
+_RESIDENT = flags.DEFINE_bool(
+    'resident', False, 'Run the rounds through tff_algos.ResidentProcess (the server state '
+    'kept in the worker, as the training program does) instead of process.next.')
 _SERVER_STEP = flags.DEFINE_bool(
     'server_step', False, 'Time the server step alone (module doc): CADIS\'s clustering_step '
     'per (N, closure); FedCDA\'s cache_round on full caches, with ratios to the first N.')
@@ -208,6 +219,7 @@ def _uploads(n, p, weights, rng):
 
 def server_step_table(model_fn):
   """Prints FedCDA's server-step time per N (module doc, --server_step)."""
+  import collections  # pylint: disable=g-import-not-at-top
   import functools  # pylint: disable=g-import-not-at-top
   from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
   from tff_algos.client_work import model_delta  # pylint: disable=g-import-not-at-top
@@ -218,7 +230,11 @@ def server_step_table(model_fn):
   rng = np.random.default_rng(0)
   cases = {}
   for n in ns:
-    state = tf.nest.map_structure(tf.constant, _full_caches(n, k, weights, rng))
+    stacked = _full_caches(n, k, weights, rng)
+    state = tf.nest.map_structure(tf.constant, collections.OrderedDict(
+        stacked, cache=cross_round_cache.chunked_cache(
+            stacked['cache'], cross_round_cache.chunk_clients(n, k, d))))
+    stacked_cache = tf.nest.map_structure(tf.constant, stacked['cache'])
     step = tf.function(functools.partial(
         cross_round_cache.cache_round, num_clients=n, clients_per_round=p, cache_size=k,
         num_batches=min(3, p), warmup_rounds=0, smoothness=1.0, selection='batch_greedy',
@@ -234,11 +250,12 @@ def server_step_table(model_fn):
     at = tf.stack([acc['client_index'], tf.zeros([p], tf.int32)], axis=1)
 
     @tf.function
-    def cache_write(cache, models, at=at):   # the step's cache update alone
+    def cache_write(cache, models, at=at):   # a stacked cache's update (before chunks)
       return tf.nest.map_structure(lambda c, u: tf.tensor_scatter_nd_update(c, at, u),
                                    cache, models)
 
-    cases[n] = dict(state=state, acc=acc, step=step, full_mean=full_mean,
+    cases[n] = dict(state=state, stacked=stacked_cache, acc=acc, step=step,
+                    full_mean=full_mean,
                     cache_write=cache_write, times=[], mean=[], write=[])
   print(f'setup: FedCDA server step alone (cache_round as a tf.function), model '
         f'{_MODEL.value} (D={d}), P={p}, K={k}, B={min(3, p)}, batch_greedy, all N clients '
@@ -251,9 +268,9 @@ def server_step_table(model_fn):
       _, result, _ = case['step'](case['state'], case['acc'])
       float(result['has_result'])
       t1 = time.perf_counter()
-      float(case['full_mean'](case['state']['cache'])[0][0].numpy().flat[0])
+      float(case['full_mean'](case['stacked'])[0][0].numpy().flat[0])
       t2 = time.perf_counter()
-      tf.nest.flatten(case['cache_write'](case['state']['cache'], case['acc']['models']))
+      tf.nest.flatten(case['cache_write'](case['stacked'], case['acc']['models']))
       t3 = time.perf_counter()
       if r:
         case['times'].append(t1 - t0)
@@ -261,7 +278,7 @@ def server_step_table(model_fn):
         case['write'].append(t3 - t2)
   first = min(cases[ns[0]]['times'])
   print(f'| N | state MB | server step s (min / median) | step / step at N={ns[0]} (min) | '
-        'of which cache update s (min) | from-scratch mean s (min) |')
+        'a stacked cache\'s update s (min) | from-scratch mean s (min) |')
   print('|---|---|---|---|---|---|')
   for n in ns:
     case = cases[n]
@@ -294,6 +311,7 @@ def main(argv):
   import data  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
   from tff_algos import models  # pylint: disable=g-import-not-at-top
+  from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
 
   ds = data.load_fashion_mnist() if _DATASET.value == 'fashion_mnist' else data.load_digits()
   per_round, per_client = _PER_ROUND.value, _EXAMPLES.value
@@ -304,8 +322,10 @@ def main(argv):
     server_step_table(model_fn)
     return
   print(f'setup: {_METHOD.value}, {ds.name}, model {_MODEL.value}, P={per_round} clients x '
-        f'{per_client} examples per round, batch {_BATCH.value}, {_ROUNDS.value} timed rounds '
-        'per variant after 1 warm-up, full and empty rounds interleaved', flush=True)
+        f'{per_client} examples per round, rounds through '
+        f'{"ResidentProcess (state kept in the worker)" if _RESIDENT.value else "process.next"}, '
+        f'batch {_BATCH.value}, {_ROUNDS.value} timed rounds per variant after 1 warm-up, full '
+        'and empty rounds interleaved', flush=True)
   print(f'load average at start: {os.getloadavg()[0]:.1f} (2 cores; shared machine)')
   print('| N | state MB | full round s (min / median) | empty round s (min / median) | '
         'empty / full (min) | worker peak RSS MB |')
@@ -321,8 +341,11 @@ def main(argv):
     except experiment.ExperimentError as e:
       print(f'| {n} | refused: {e} | | | | |', flush=True)
       continue
-    states = dict(full=process.initialize(), empty=process.initialize())
-    state_bytes = sum(np.asarray(t).nbytes for t in tf.nest.flatten(states['full'].aggregator))
+    runner = (resident_state.ResidentProcess(process, per_round, refresh_every=0)
+              if _RESIDENT.value else resident_state.DirectProcess(process))
+    states = dict(full=runner.initial_state()[0], empty=runner.initial_state()[0])
+    state_bytes = execution.value_bytes(
+        process.initialize.type_signature.result.member.aggregator)
     times = dict(full=[], empty=[])
     for r in range(_ROUNDS.value + 1):
       ids = np.random.default_rng([n, r]).choice(n, per_round, replace=False)
@@ -332,7 +355,7 @@ def main(argv):
                                      int(ids[s]), s)] for s in range(per_round)]
         t0 = time.perf_counter()
         with execution.collector_paused():
-          states[variant] = process.next(states[variant], inputs).state
+          states[variant] = runner.next(states[variant], inputs).state
         if r:
           times[variant].append(time.perf_counter() - t0)
       if r == 0:

@@ -363,14 +363,21 @@ _SMALLER_STATE = dict(
     scaffold='lower --num_clients (the control variates are N copies of the model)')
 
 
-def _check_state_crosses(c: ExperimentConfig, process) -> None:
-  """The server state must fit in one of the runtime's messages (it crosses at `initialize`,
-  at every checkpoint, and every round without --resident_state)."""
+def _check_state_crosses(c: ExperimentConfig, process, resident: bool) -> None:
+  """The server state must fit in the runtime's messages: whole without --resident_state
+  (it crosses every round), each of its tensors with it (a resident state crosses, at
+  `initialize`, checkpoints and resumes, in parts: `ResidentProcess(part_bytes=...)`)."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  state_type = process.initialize.type_signature.result
+  what = f'the {c.algorithm} server state'
+  if resident:
+    state_type = max(tff.structure.flatten(state_type.member), key=execution.value_bytes)
+    what = f'the largest tensor of the {c.algorithm} server state'
   try:
     execution.check_value_fits(
-        process.initialize.type_signature.result, f'the {c.algorithm} server state',
-        _SMALLER_STATE.get(c.algorithm, 'lower --num_clients or use a smaller --model'))
+        state_type, what, _SMALLER_STATE.get(c.algorithm,
+                                             'lower --num_clients or use a smaller --model'))
   except execution.ValueTooLargeError as e:
     raise ExperimentError(str(e)) from None
 
@@ -845,20 +852,25 @@ _NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'eval_last', 'root_output_dir', 'ex
 
 
 def _load_checkpoint(loop, manager, program_state, method: methods.Method, log):
-  """The latest checkpoint, loaded as `program_state`'s structure or, failing that, in the
-  method's older layout (`Method.legacy_state`) and upgraded; raises if neither matches."""
+  """The latest checkpoint, loaded as `program_state`'s structure or, failing that, in one
+  of the method's older layouts (`Method.legacy_state`, newest first) and upgraded; raises
+  the first error if none matches."""
   try:
     restored, _ = loop.run_until_complete(manager.load_latest(program_state))
     return restored
-  except Exception:  # pylint: disable=broad-except
-    if not method.legacy_state:
-      raise
-  to_legacy, upgrade = (methods.named_function(name) for name in method.legacy_state)
-  legacy = collections.OrderedDict(program_state, state=to_legacy(program_state['state']))
-  restored, _ = loop.run_until_complete(manager.load_latest(legacy))
-  log(f'the checkpoint holds an earlier {method.name} version\'s state layout; upgraded it '
-      f'({upgrade.__module__}.{upgrade.__name__})')
-  return collections.OrderedDict(restored, state=upgrade(restored['state']))
+  except Exception as error:  # pylint: disable=broad-except
+    first = error
+  for to_legacy, upgrade in ((methods.named_function(a), methods.named_function(b))
+                             for a, b in method.legacy_state):
+    legacy = collections.OrderedDict(program_state, state=to_legacy(program_state['state']))
+    try:
+      restored, _ = loop.run_until_complete(manager.load_latest(legacy))
+    except Exception:  # pylint: disable=broad-except
+      continue
+    log(f'the checkpoint holds an earlier {method.name} version\'s state layout; upgraded it '
+        f'({upgrade.__module__}.{upgrade.__name__})')
+    return collections.OrderedDict(restored, state=upgrade(restored['state']))
+  raise first
 
 
 def _build_key(c: ExperimentConfig, fed, num_clients: int) -> str:
@@ -965,14 +977,23 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       client_test) if client_test else None
   _check_distributable(c, [process.next] + (
       [client_evaluator.computation] if client_evaluator else []))
-  _check_state_crosses(c, process)
+  resident = c.resident_state and not (c.workers or c.local_workers)
+  _check_state_crosses(c, process, resident)
   note = methods.METHODS[c.algorithm].note(c)
   if note:
     log(note)
 
+  # With --resident_state (local runtime) the server state stays in TFF's worker between
+  # rounds (`held`); `state` is its copy in Python, brought back for each checkpoint. On
+  # worker services both are the same Python value.
+  from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
+  # Its round trip through Python (resident_state's module doc) is made here, on round
+  # numbers, so that it falls on checkpoint rounds whatever round a run resumed at.
+  runner = (resident_state.ResidentProcess(process, c.clients_per_round, refresh_every=0)
+            if resident else resident_state.DirectProcess(process))
   loop = asyncio.new_event_loop()
   manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=2)
-  state = process.initialize()
+  held, state = runner.initial_state()   # (a resume or FedLEx's exploration replaces both)
   program_state = collections.OrderedDict(state=state, round=0, best_accuracy=-1.0,
                                           exploration_client_epochs=0.0)
   _remove_unfinished_checkpoints(ckpt_dir)
@@ -985,7 +1006,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
           f'cannot resume {exp_dir}: its checkpoint does not match this program\'s state '
           f'({type(e).__name__}); choose another --experiment_name') from None
     program_state = restored
-    state = restored['state']
+    state, held = restored['state'], None
     start_round = int(restored['round'])
     log(f'resuming {exp_dir} after round {start_round}')
   # The run is known valid from here on: only now is its record (re)written.
@@ -1004,20 +1025,13 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
     _check_distributable(c, [exploration])
     if start_round == 0:
       state, explore_metrics = _explore(c, fed, process, exploration, explorers, state, 0)
+      held = None
       program_state['exploration_client_epochs'] = explore_metrics['exploration_client_epochs']
       log(f'FedLEx exploration: {len(explorers)} explorers, '
           f'{explore_metrics["exploration_client_epochs"]:.0f} client-epochs')
-  # With --resident_state (local runtime) the server state stays in TFF's worker between
-  # rounds (`held`); `state` is its copy in Python, brought back for each checkpoint. On
-  # worker services both are the same Python value.
-  from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
-  # Its round trip through Python (resident_state's module doc) is made here, on round
-  # numbers, so that it falls on checkpoint rounds whatever round a run resumed at.
-  runner = (resident_state.ResidentProcess(process, c.clients_per_round, refresh_every=0)
-            if c.resident_state and not (c.workers or c.local_workers)
-            else resident_state.DirectProcess(process))
   refreshes = not (exploration is not None and c.fedlex_refresh)   # (that adopts every round)
-  held = runner.adopt(state)
+  if held is None:
+    held = runner.adopt(state)
   rows = [r for r in _csv_rows(csv_path) if int(r['round']) <= start_round]
   best = float(program_state['best_accuracy'])
   writer = tf.summary.create_file_writer(os.path.join(exp_dir, 'tensorboard'))

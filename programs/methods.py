@@ -110,9 +110,10 @@ class Method:
   types the builder raises for impossible settings, reported as `error_prefix + str(e)`.
   `note(config)`: a line the program prints before training (a valid but noteworthy
   setting), or None. `summary(run)`: the method's own entries of summary.json from the
-  finished run (a `RunRecord`). `legacy_state`: ('module:function', 'module:function') for a
-  state layout an earlier version checkpointed: the first maps the current state to the
-  old layout (the structure to load with), the second upgrades a state loaded that way.
+  finished run (a `RunRecord`). `legacy_state`: for each state layout an earlier version
+  checkpointed (newest first), a pair ('module:function', 'module:function'): the first maps
+  the current state to the old layout (the structure to load with), the second upgrades a
+  state loaded that way.
   `guided`: the method is a plug-in preset, guided whatever --guided says (fedlex_*).
   `local_steps`: False for FedSGD's one gradient (no KD there).
   """
@@ -482,8 +483,10 @@ METHODS = {m.name: m for m in (
            flags=FEDCDA_FLAGS, check=_fedcda_check, errors=(ValueError,),
            note=_fedcda_note, summary=_fedcda_summary,
            # checkpoints from before the aggregator kept its running selected_sum
-           legacy_state=('tff_algos.fedcda:legacy_state_structure',
-                         'tff_algos.fedcda:upgrade_legacy_state')),
+           legacy_state=(('tff_algos.fedcda:stacked_cache_structure',
+                          'tff_algos.fedcda:upgrade_stacked_cache'),
+                         ('tff_algos.fedcda:legacy_state_structure',
+                          'tff_algos.fedcda:upgrade_legacy_state'))),
     Method('cadis', 'tff_algos.cadis:build_cadis',
            lambda c, i: (_head(c, i) + (i.num_clients,),
                          dict(clients_per_round=c.clients_per_round,

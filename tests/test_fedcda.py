@@ -121,12 +121,15 @@ class NpFedCDA:
 # --------------------------------------------------------------------------- #
 
 
-def zero_state(n, k, dtype=tf.float32):
+def zero_state(n, k, dtype=tf.float32, clients_per_chunk=3):
+  """An empty aggregator state; its cache in chunks of `clients_per_chunk` clients (3 by
+  default, so every reference test also runs uploads across several chunks)."""
   cache = tff.learning.models.ModelWeights(
       trainable=[tf.zeros([n, k, *s], dtype) for s in SHAPES_TRAINABLE],
       non_trainable=[tf.zeros([n, k, *s], dtype) for s in SHAPES_NON_TRAINABLE])
   return collections.OrderedDict(
-      cache=cache, losses=tf.zeros([n, k]), sq_norms=tf.zeros([n, k], tf.float64),
+      cache=[tf.convert_to_tensor(c) for c in crc.chunked_cache(cache, clients_per_chunk)],
+      losses=tf.zeros([n, k]), sq_norms=tf.zeros([n, k], tf.float64),
       count=tf.zeros([n], tf.int32), selected=tf.zeros([n], tf.int32),
       selected_sum=tff.learning.models.ModelWeights(
           trainable=[tf.zeros(s, tf.float64) for s in SHAPES_TRAINABLE],
@@ -317,7 +320,7 @@ def test_lower_precision_cache_is_the_reference_on_rounded_uploads(cache_dtype):
     state, result, m = crc.cache_round(
         state, accumulator(uploads, p), num_clients=n, clients_per_round=p, cache_size=k,
         num_batches=b, warmup_rounds=warmup, smoothness=1.0, selection='batch_greedy', seed=3)
-    assert state['cache'].trainable[0].dtype == tf.as_dtype(cache_dtype)
+    assert {t.dtype for t in tf.nest.flatten(state['cache'])} == {tf.as_dtype(cache_dtype)}
     want, want_m = ref.step([(c, rounded(w), loss, count) for c, w, loss, count in uploads],
                             batches)
     if t < warmup:
@@ -331,7 +334,8 @@ def test_lower_precision_cache_is_the_reference_on_rounded_uploads(cache_dtype):
     for c in range(n):
       if ref.cache[c]:
         assert (count[c] - 1 - selected[c]) % k == ref.age[c]
-        newest = state['cache'].trainable[0].numpy()[c, (count[c] - 1) % k]
+        newest = crc.stacked_cache(state['cache'], state['selected_sum']).trainable[0][
+            c, (count[c] - 1) % k]
         np.testing.assert_array_equal(newest.astype(np.float64), ref.cache[c][0][0][:3])
   assert switched > 0  # the selection did pick older models from the rounded cache
 
@@ -361,7 +365,7 @@ def test_lower_precision_cache_halves_the_state_inside_tff(cache_dtype):
   want = np.mean([np.asarray(u[1], np.float32).astype(np_dtype).astype(np.float64)
                   for u in uploads], 0)
   np.testing.assert_allclose(flat(out.result['model']), want, rtol=1e-6, atol=1e-6)
-  assert np.asarray(out.state['cache'].trainable[0]).dtype == np_dtype
+  assert {np.asarray(c).dtype for c in out.state['cache']} == {np.dtype(np_dtype)}
   with pytest.raises(ValueError, match='cache_dtype'):
     crc.validate_options(n, p, k, 1, 1, 1.0, 'exact', 'data_size', 'float64')
   from programs import methods  # pylint: disable=g-import-not-at-top
@@ -465,15 +469,16 @@ def test_fifo_cache_keeps_the_newest_k_in_age_order():
   count = state['count'].numpy()
   assert list(count) == [0, 5, 0]
   slots = crc.candidate_slots(count, k).numpy()[1]  # newest first
+  stacked = crc.stacked_cache(state['cache'], state['selected_sum'])
   cache_flat = np.concatenate(
-      [np.reshape(t.numpy()[1], [k, -1]) for t in tf.nest.flatten(state['cache'])], axis=1)
+      [np.reshape(t[1], [k, -1]) for t in tf.nest.flatten(stacked)], axis=1)
   for age, slot in enumerate(slots):
     np.testing.assert_array_equal(cache_flat[slot], vecs[4 - age])
     assert state['losses'].numpy()[1, slot] == 14.0 - age
     np.testing.assert_allclose(state['sq_norms'].numpy()[1, slot], 8 * (5.0 - age) ** 2)
   # other clients' rows were never written
-  for t in tf.nest.flatten(state['cache']):
-    assert not np.any(t.numpy()[[0, 2]])
+  for t in tf.nest.flatten(stacked):
+    assert not np.any(t[[0, 2]])
 
 
 def test_cold_clients_are_left_out_of_the_mean():
@@ -628,7 +633,8 @@ def test_type_signature(fedcda):
   assert str(sig.parameter[1]) == (
       '{<x=float32[?,8,8,1],y=int32[?],order=int32[?,?],index=int32,slot=int32>*}@CLIENTS')
   agg = sig.result.state.member.aggregator
-  assert agg.cache.trainable[0].shape == (8, 2, 3, 3, 1, 8)
+  # The tiny CNN's 8 clients' caches are under MIN_CHUNK_BYTES: one chunk of [N, K, D].
+  assert [str(c) for c in agg.cache] == [f'float32[8,2,{crc.num_weights(agg.selected_sum)}]']
   assert str(agg.losses) == 'float32[8,2]'
   assert tff.structure.name_list(sig.result.metrics.member.aggregator) == [
       'warmup', 'cached_clients', 'uploads', 'switched', 'objective_before',
@@ -677,7 +683,8 @@ def test_end_to_end_learns_and_checkpoint_roundtrip(fedcda, fed, tmp_path):
   # the global model is the uniform mean of the cached clients' selected models
   count, sel = np.asarray(agg['count']), np.asarray(agg['selected'])
   cached = np.flatnonzero(count > 0)
-  for g, c in zip(fedcda.get_model_weights(state).trainable, agg['cache'].trainable):
+  stacked = crc.stacked_cache(agg['cache'], agg['selected_sum'])
+  for g, c in zip(fedcda.get_model_weights(state).trainable, stacked.trainable):
     np.testing.assert_allclose(g, np.mean([np.asarray(c)[i, sel[i]] for i in cached], 0),
                                rtol=1e-5, atol=1e-6)
 

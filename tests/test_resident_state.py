@@ -110,6 +110,34 @@ def test_a_state_materialized_and_adopted_continues_exactly():
   _assert_close(resident.materialize(unbroken), resident.materialize(direct))
 
 
+@pytest.mark.parametrize('algorithm', ['fedcda', 'fedcross'])
+def test_a_state_crossing_in_parts_is_the_state_crossing_whole(algorithm):
+  """Above `part_bytes` the state crosses between Python and the worker in parts (each a
+  message of its own): what comes back is the whole-message state, to the bit and in the same
+  containers, and rounds on a state placed in parts go on exactly."""
+  process = _process(algorithm)
+  whole = resident_state.ResidentProcess(process, P, part_bytes=0)
+  parts = resident_state.ResidentProcess(process, P, part_bytes=4096)
+  assert len(parts._parts) > 3  # pylint: disable=protected-access
+  held = whole.initialize()
+  for round_num in (1, 2):
+    held, _ = whole.next(held, _inputs(round_num))
+  state = whole.materialize(held)
+  placed = parts.adopt(state)
+  placed._python = None   # pylint: disable=protected-access  (fetch it back, in parts)
+  back = parts.materialize(placed)
+  tf.nest.assert_same_structure(state, back)
+  assert type(back) is type(state)
+  for a, b in zip(tf.nest.flatten(state), tf.nest.flatten(back)):
+    assert np.asarray(a).dtype == np.asarray(b).dtype
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  unbroken, _ = whole.next(held, _inputs(3))
+  resumed, _ = parts.next(placed, _inputs(3))
+  _assert_close(whole.materialize(unbroken), parts.materialize(resumed))
+  assert resident_state.state_parts(process.initialize.type_signature.result.member,
+                                    1 << 40) is None
+
+
 @pytest.mark.parametrize('refresh_every, placed_from_python', [
     (2, [False, True, False, True]), (3, [False, False, True, False]),
     (0, [False, False, False, False])])
@@ -142,6 +170,8 @@ def test_misuse_is_refused_with_the_reason():
     resident_state.ResidentProcess(process, 0)
   with pytest.raises(ValueError, match='refresh_every must be >= 0'):
     resident_state.ResidentProcess(process, P, refresh_every=-1)
+  with pytest.raises(ValueError, match='part_bytes must be >= 0'):
+    resident_state.ResidentProcess(process, P, part_bytes=-1)
   placed = resident.adopt(process.initialize())
   with pytest.raises(ValueError, match='held by another ResidentProcess'):
     other.materialize(placed)

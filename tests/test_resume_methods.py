@@ -139,7 +139,7 @@ def test_the_resident_state_round_trip_on_round_numbers_keeps_runs_exact(tmp_pat
                                rounds=7, **METHODS['fedcda'])
   log = lambda msg: None  # noqa: E731
   experiment.run_experiment(dataclasses.replace(config, experiment_name='unbroken'), log)
-  assert len(adopted) == 3   # the initial state, then after rounds 3 and 6
+  assert len(adopted) == 2   # after rounds 3 and 6 (the initial state starts in the worker)
   experiment.run_experiment(dataclasses.replace(config, experiment_name='broken', rounds=4),
                             log)
   experiment.run_experiment(dataclasses.replace(config, experiment_name='broken', resume=True),
@@ -166,10 +166,13 @@ def _rewrite_checkpoint(path, change_aggregator):
   loop.close()
 
 
-def test_a_fedcda_checkpoint_without_the_running_sum_resumes_with_it_recomputed(tmp_path):
-  """A FedCDA checkpoint saved before the aggregator kept `selected_sum` resumes: the sum is
-  recomputed once from its cache and the run ends where the unbroken run ends. A checkpoint
-  that matches neither layout is still refused in one line."""
+@pytest.mark.parametrize('layout', ['stacked_cache', 'stacked_cache_without_running_sum'])
+def test_a_fedcda_checkpoint_of_an_earlier_layout_resumes_upgraded(tmp_path, layout):
+  """FedCDA checkpoints saved before the cache was chunked (one [N, K, ...] tensor per weight)
+  and, earlier, before the aggregator kept `selected_sum` resume: the cache is chunked and
+  the sum recomputed once, and the run ends where the unbroken run ends. A checkpoint that
+  matches no layout is still refused in one line."""
+  from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
   config = dataclasses.replace(BASE, algorithm='fedcda', root_output_dir=str(tmp_path),
                                **METHODS['fedcda'])
   quiet = lambda msg: None  # noqa: E731
@@ -177,14 +180,23 @@ def test_a_fedcda_checkpoint_without_the_running_sum_resumes_with_it_recomputed(
   for name in ('old', 'bad'):
     experiment.run_experiment(dataclasses.replace(config, experiment_name=name, rounds=2),
                               quiet)
-  drop = lambda field: lambda agg: {k: v for k, v in agg.items() if k != field}  # noqa: E731
+
+  def old_layout(agg):
+    agg = cross_round_cache.with_stacked_cache(agg)
+    assert hasattr(agg['cache'], 'trainable')  # one [N, K, ...] tensor per weight
+    if layout == 'stacked_cache':
+      return agg
+    return {k: v for k, v in agg.items() if k != 'selected_sum'}
+
   ckpt = lambda name: os.path.join(tmp_path, name, 'checkpoints', 'program_state_2')  # noqa: E731
-  _rewrite_checkpoint(ckpt('old'), drop('selected_sum'))
-  _rewrite_checkpoint(ckpt('bad'), drop('losses'))
+  _rewrite_checkpoint(ckpt('old'), old_layout)
+  _rewrite_checkpoint(ckpt('bad'), lambda agg: {k: v for k, v in agg.items() if k != 'losses'})
   messages = []
   experiment.run_experiment(dataclasses.replace(config, experiment_name='old', resume=True),
                             messages.append)
-  assert any('upgraded it (tff_algos.fedcda.upgrade_legacy_state)' in m for m in messages)
+  upgrade = dict(stacked_cache='upgrade_stacked_cache',
+                 stacked_cache_without_running_sum='upgrade_legacy_state')[layout]
+  assert any(f'upgraded it (tff_algos.fedcda.{upgrade})' in m for m in messages), messages
   a = np.load(os.path.join(tmp_path, 'unbroken', 'final_weights.npz'))
   b = np.load(os.path.join(tmp_path, 'old', 'final_weights.npz'))
   for key in a.files:   # the recomputed sum differs from the running one in rounding only

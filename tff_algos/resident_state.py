@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Optional
 
+import numpy as np
 import tensorflow_federated as tff
 # TFF's executor-level pieces, as its AsyncExecutionContext uses them (TFF 0.87).
 from tensorflow_federated.python.common_libs import structure
@@ -44,6 +45,74 @@ from tensorflow_federated.python.core.impl.execution_contexts import sync_execut
 from tensorflow_federated.python.core.impl.types import type_conversions
 
 from tff_algos import execution
+
+
+# A state larger than this crosses between Python and the worker in parts of about this
+# size. Whole, a value is one gRPC message: the worker holds the message and the parsed value
+# besides the tensors (about 3x a FedCDA cache of 1 GB at once), and TFF 0.87 refuses a
+# message over 2 GB; in parts, each part's copies are made and freed in turn.
+PART_BYTES = 64 << 20
+
+
+def state_parts(member_type, part_bytes: int):
+  """[(start, stop)] ranges of the flattened tensors of `member_type` (in TFF's order),
+  consecutive tensors grouped up to `part_bytes` each; None if the whole is that small."""
+  sizes = [int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
+           for t in structure.flatten(member_type)]
+  if sum(sizes) <= part_bytes:
+    return None
+  parts, start, total = [], 0, 0
+  for i, size in enumerate(sizes):
+    if i > start and total + size > part_bytes:
+      parts.append((start, i))
+      start, total = i, 0
+    total += size
+  parts.append((start, len(sizes)))
+  return parts
+
+
+def _part_type(member_type, start, stop):
+  return tff.StructType([(None, t) for t in structure.flatten(member_type)[start:stop]])
+
+
+def split_computation(state_type, parts):
+  """state@SERVER -> <part_0@SERVER, ...>: each part a tuple of the state's tensors."""
+  member = state_type.member
+
+  def picker(start, stop):
+    @tff.tensorflow.computation(member)
+    def pick(state):
+      leaves = structure.flatten(structure.from_container(state, recursive=True))
+      return tuple(leaves[start:stop])
+    return pick
+
+  pickers = [picker(start, stop) for start, stop in parts]
+
+  @tff.federated_computation(state_type)
+  def split(state):
+    return [tff.federated_map(pick, state) for pick in pickers]
+
+  return split
+
+
+def join_computation(state_type, parts):
+  """<part_0@SERVER, ...> -> state@SERVER (the inverse of `split_computation`)."""
+  member = state_type.member
+  part_types = [_part_type(member, start, stop) for start, stop in parts]
+  zipped_type = tff.StructType([(None, t) for t in part_types])
+
+  @tff.tensorflow.computation(zipped_type)
+  def pack(zipped):
+    leaves = [leaf for part in zipped for leaf in part]
+    return type_conversions.type_to_py_container(
+        structure.pack_sequence_as(member, leaves), member)
+
+  @tff.federated_computation(
+      tff.StructType([(None, tff.FederatedType(t, tff.SERVER)) for t in part_types]))
+  def join(parts_at_server):
+    return tff.federated_map(pack, tff.federated_zip(parts_at_server))
+
+  return join
 
 
 class ResidentValue:
@@ -74,11 +143,14 @@ class ResidentProcess:
       `execution.initialize_runtime()` installed).
     refresh_every: every this many rounds of this process, `next` brings the new state back
       to Python and places it in the worker anew (see the module doc; 0 = never).
+    part_bytes: a state larger than this crosses between Python and the worker (`adopt`,
+      `materialize`) in parts of about this size, its tensors grouped in order (a tensor
+      larger than it goes alone), instead of as one message (0 = always whole).
   """
 
   def __init__(self, process: tff.learning.templates.LearningProcess, clients_per_round: int,
                context: Optional[sync_execution_context.SyncExecutionContext] = None,
-               refresh_every: int = 10):
+               refresh_every: int = 10, part_bytes: int = PART_BYTES):
     if context is None:
       execution.initialize_runtime()
       context = execution.installed_context()
@@ -91,6 +163,8 @@ class ResidentProcess:
       raise ValueError(f'clients_per_round must be >= 1, got {clients_per_round}')
     if refresh_every < 0:
       raise ValueError(f'refresh_every must be >= 0, got {refresh_every}')
+    if part_bytes < 0:
+      raise ValueError(f'part_bytes must be >= 0, got {part_bytes}')
     self._refresh_every = int(refresh_every)
     self._rounds = 0
     self._process = process
@@ -113,6 +187,10 @@ class ResidentProcess:
     self._computations = dict(initialize=process.initialize, next=process.next,
                               get_model_weights=weights_at_server)
     self._embedded = {}
+    self._parts = state_parts(self._state_type.member, part_bytes) if part_bytes else None
+    if self._parts is not None:
+      self._computations.update(split=split_computation(self._state_type, self._parts),
+                                join=join_computation(self._state_type, self._parts))
 
   # -- helpers ------------------------------------------------------------------------------
 
@@ -155,6 +233,13 @@ class ResidentProcess:
       return await self._executor.create_call(await self._function('initialize'))
     return ResidentValue(self._run(run()), self)
 
+  def initial_state(self) -> tuple:
+    """(the initial state in the worker, its copy in Python): `initialize` computed in the
+    worker and brought back once (in parts if large), never sent whole."""
+    held = self.initialize()
+    python = self.materialize(held)
+    return ResidentValue(held._value, self, python=python), python  # pylint: disable=protected-access
+
   def next(self, state, client_data) -> ResidentOutput:
     """One round: `process.next(state, client_data)`, the new state left in the worker."""
     if len(client_data) != self._clients_per_round:
@@ -195,6 +280,19 @@ class ResidentProcess:
     if isinstance(state, ResidentValue) and state._python is not None:  # pylint: disable=protected-access
       self._resident_check(state)
       return state._python  # pylint: disable=protected-access  (placed from it: no transfer)
+    if self._parts is not None and not isinstance(state, ResidentValue):
+      return state   # a Python state: nothing to bring back
+    if self._parts is not None:
+      async def run_parts():
+        split = await self._executor.create_call(await self._function('split'),
+                                                 await self._resident(state))
+        leaves = []
+        for i in range(len(self._parts)):
+          part = await (await self._executor.create_selection(split, i)).compute()
+          leaves.extend(structure.flatten(part))
+        return structure.pack_sequence_as(self._state_type.member, leaves)
+      return self._python(self._run(run_parts()), self._state_type.member)
+
     async def run():
       return await (await self._resident(state)).compute()
     return self._python(self._run(run()), self._state_type.member)
@@ -204,6 +302,20 @@ class ResidentProcess:
     if isinstance(state, ResidentValue):
       self._resident_check(state)
       return state
+    if self._parts is not None:
+      async def run_parts():
+        value = self._transform_args(state) if self._transform_args is not None else state
+        leaves = structure.flatten(structure.from_container(value, recursive=True))
+        join = await self._function('join')
+        parts = []
+        for start, stop in self._parts:
+          parts.append(await self._ingest(
+              structure.Struct.unnamed(*leaves[start:stop]),
+              tff.FederatedType(_part_type(self._state_type.member, start, stop), tff.SERVER)))
+        return await self._executor.create_call(
+            join, await self._executor.create_struct(structure.Struct.unnamed(*parts)))
+      return ResidentValue(self._run(run_parts()), self, python=state)
+
     async def run():
       return await self._resident(state)
     return ResidentValue(self._run(run()), self, python=state)
@@ -219,6 +331,10 @@ class DirectProcess:
 
   def initialize(self):
     return self._process.initialize()
+
+  def initial_state(self):
+    state = self._process.initialize()
+    return state, state
 
   def next(self, state, client_data) -> ResidentOutput:
     output = self._process.next(state, client_data)

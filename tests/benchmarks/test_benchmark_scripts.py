@@ -169,9 +169,12 @@ def test_fedcda_cache_precision_writes_its_summary(tmp_path):
 
 
 @pytest.mark.slow
-def test_server_scale_reports_a_row_per_n():
+@pytest.mark.parametrize('resident', [False, True])
+def test_server_scale_reports_a_row_per_n(resident):
   stdout = _run('server_scale', '--method=fedcda', '--num_clients=20,40',
-                '--clients_per_round=3', '--rounds=1', '--examples_per_client=10').stdout
+                '--clients_per_round=3', '--rounds=1', '--examples_per_client=10',
+                f'--{"" if resident else "no"}resident').stdout
+  assert ('rounds through ResidentProcess' in stdout) == resident, stdout[:500]
   state_mb = {}
   for n in ('20', '40'):
     rows = _table_rows(stdout, n)
@@ -282,3 +285,23 @@ def test_clients_per_round_fits_each_variant_over_p(tmp_path):
   assert all(len(r) == 1 for r in rows.values()), stdout
   (tff_row,) = rows['tff']
   assert float(tff_row[-1]) == pytest.approx(1.0)   # TFF's slope against itself
+
+
+def test_worker_peak_reports_the_workers_peak_memory_and_the_exit_code(tmp_path):
+  """worker_peak.sh runs a command, keeps its output and appends its exit code and the TFF
+  worker's peak memory (a small TFF computation: its worker has a nonzero VmHWM)."""
+  log = tmp_path / 'run.log'
+  code = ('import time, tensorflow_federated as tff; from tff_algos import execution; '
+          'execution.initialize_runtime(); '
+          'print(tff.tensorflow.computation(lambda: 1)()); time.sleep(2)')
+  out = subprocess.run(['bash', 'benchmarks/worker_peak.sh', str(log), '--', sys.executable,
+                        '-c', code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       check=False)
+  assert out.returncode == 0, out.stderr
+  text = log.read_text()
+  assert '1\n' in text
+  peak = re.search(r'^rc=0 worker_peak_kB=(\d+)$', text, re.M)
+  assert peak and int(peak.group(1)) > 10_000, text[-500:]
+  failing = subprocess.run(['bash', 'benchmarks/worker_peak.sh', str(log), '--', sys.executable,
+                            '-c', 'raise SystemExit(3)'], cwd=ROOT, timeout=60, check=False)
+  assert failing.returncode == 3 and 'rc=3 worker_peak_kB=0' in log.read_text()

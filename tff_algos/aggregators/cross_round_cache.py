@@ -6,7 +6,8 @@ last local epoch for each, and the ring slot `selected[n]` of its currently sele
 All of it lives in this `tff.templates.AggregationProcess`'s state, so `tff.program` state
 managers checkpoint the cache:
 
-    cache     ModelWeights of [N, K, ...] tensors    N·K·D floats (D = all model weights)
+    cache     a list of chunks, [G_c, K, D] tensors   N·K·D floats (D = all model weights,
+              one client's model one row, in `tf.nest.flatten` order; `stacked_cache`)
     losses    float32 [N, K]
     sq_norms  float64 [N, K] ‖w‖² of each cached model (eq. 8 needs them; kept, not recomputed)
     count     int32 [N]      uploads so far (cache holds min(count, K) models)
@@ -18,11 +19,17 @@ managers checkpoint the cache:
 **Memory** = b·N·K·D bytes for the cache (b = 4 bytes per weight in float32, the default; 2
 with `cache_dtype='float16'` or `'bfloat16'`) plus 8·D bytes for `selected_sum` and
 4·(3·N·K + 2·N + 1) bytes of bookkeeping (`state_size_bytes`). A round adds transient
-buffers of O(P·K·D) (the participants' candidates) and O(P·D) (the upload accumulator); no
-second copy of the cache is kept from one round to the next. Within the server step, writing
-the uploads into the cache (`tf.tensor_scatter_nd_update`) may allocate the new cache beside
-the input one when the runtime still holds the input, so budget up to 2× the cache at that
-moment.
+buffers of O(P·K·D) (the participants' candidates, in float64) and O(P·D) (the upload
+accumulator); no second copy of the cache is made or kept from one round to the next.
+
+**Chunks** (`chunk_clients`, `push_and_read`): the cache is split into chunks of G clients
+(the fewest whose caches hold 1 MiB: one client per chunk for any real model). The runtime
+holds the state it passes in, so writing into one stacked [N, K, D] tensor would allocate
+and copy the whole cache every round, and TFF's worker keeps every round's copy alive
+until the state next visits Python (`tff_algos.ResidentProcess`); a `tf.cond` per chunk
+passes every chunk without an upload through untouched, so a round writes O(P·G·K·D) bytes.
+A checkpoint of the earlier stacked layout is loaded with `with_stacked_cache` and upgraded
+with `with_chunked_cache`.
 
 **Server work per round** is O(P·K·D) arithmetic (plus O(N·K) scalar bookkeeping), not
 O(N·D): nothing sums over the N cached models. The fixed clients' sum that eq. 8 needs is
@@ -33,9 +40,9 @@ new `selected_sum` adds the uploaders' new selections back; the global model is
 (float32 or lower) are exact in float64 and each update rounds by at most 2⁻⁵³ of the
 partial sum (≤ M·max|w|), so after U updates the mean is off by at most about
 U·2⁻⁵³·max|w| (1e-10·max|w| at U = 10⁶), far below float32's resolution of the result,
-where a float32 sum would drift by up to U·6e-8·max|w|. The only O(N·K·D) cost left is the
-copy the cache update may make (above). A state saved before `selected_sum` existed gets
-it once from the cache (`add_selected_sum`).
+where a float32 sum would drift by up to U·6e-8·max|w|. Nothing is O(N·K·D): what grows
+with N is O(N·K) bookkeeping and one `tf.cond` per chunk (`push_and_read`). A state saved before `selected_sum` existed gets it once from
+the cache (`add_selected_sum`).
 
 One `next(state, value@CLIENTS, weight@CLIENTS)`:
 
@@ -126,6 +133,62 @@ def state_size_bytes(num_clients: int, cache_size: int, num_params: int,
           + 4 * (3 * n * k + 2 * n + 1))
 
 
+# A cache chunk holds at least this many bytes (unless the whole cache is smaller): a round
+# passes every chunk without an upload through one `tf.cond` (about 0.1 ms each, measured
+# by benchmarks/server_scale.py --server_step) and copies every chunk with one (about as
+# long for 1 MiB), so smaller chunks would cost more in conditionals than they save.
+MIN_CHUNK_BYTES = 1 << 20
+
+
+def chunk_clients(num_clients: int, cache_size: int, num_params: int,
+                  cache_dtype: str = 'float32') -> int:
+  """G: the clients per cache chunk, the fewest whose caches hold `MIN_CHUNK_BYTES` (one
+  client per chunk for any real model: FedAvg's CNN caches 20 MB per client at K = 3)."""
+  per_client = cache_size_bytes(1, cache_size, num_params, cache_dtype)
+  return int(min(int(num_clients), max(1, -(-MIN_CHUNK_BYTES // per_client))))
+
+
+def chunk_sizes(num_clients: int, clients_per_chunk: int) -> list[int]:
+  """The clients of each chunk, in client order: [G, G, ..., the rest]."""
+  n, g = int(num_clients), int(clients_per_chunk)
+  return [min(g, n - start) for start in range(0, n, g)]
+
+
+def flat_rows(weights, num_rows: int):
+  """A structure of [R, ...] tensors as one [R, D] tensor (its tensors' values in
+  `tf.nest.flatten` order: the cache's layout of one model)."""
+  return tf.concat([tf.reshape(t, [num_rows, -1]) for t in tf.nest.flatten(weights)], axis=1)
+
+
+def unflat(vector, like):
+  """A [D] tensor as the structure `like` (of tensors with one model's shapes)."""
+  shapes = [t.shape for t in tf.nest.flatten(like)]
+  parts = tf.split(vector, [int(np.prod(s)) for s in shapes])
+  return tf.nest.pack_sequence_as(like, [tf.reshape(v, s) for v, s in zip(parts, shapes)])
+
+
+def stacked_cache(cache, like):
+  """The chunked cache (a list of [G_c, K, D] tensors) as a ModelWeights of NumPy [N, K, ...]
+  arrays shaped like the model `like` (e.g. the state's `selected_sum`): client n's ring slot
+  j at [n, j] (tests, benchmarks, checkpoints of the earlier layout)."""
+  flat = np.concatenate([np.asarray(c) for c in cache])
+  n, k = flat.shape[:2]
+  shapes = [np.shape(t) for t in tf.nest.flatten(like)]
+  ends = np.cumsum([int(np.prod(s)) for s in shapes])
+  return tf.nest.pack_sequence_as(like, [
+      flat[:, :, end - int(np.prod(s)):end].reshape(n, k, *s) for s, end in zip(shapes, ends)])
+
+
+def chunked_cache(stacked, clients_per_chunk: int) -> list:
+  """A ModelWeights of [N, K, ...] arrays as the state's chunked cache: a list of NumPy
+  [G_c, K, D] arrays of `clients_per_chunk` clients each (the last may hold fewer)."""
+  tensors = [np.asarray(t) for t in tf.nest.flatten(stacked)]
+  n, k = tensors[0].shape[:2]
+  flat = np.concatenate([t.reshape(n, k, -1) for t in tensors], axis=2)
+  ends = np.cumsum(chunk_sizes(n, clients_per_chunk))
+  return [flat[end - size:end] for size, end in zip(chunk_sizes(n, clients_per_chunk), ends)]
+
+
 def batch_sizes(num_uploads: int, num_batches: int) -> list[int]:
   """Sizes of the B batches P uploaders are split into (differ by at most one; may be 0)."""
   p, b = int(num_uploads), int(num_batches)
@@ -178,7 +241,8 @@ def selected_sum_from_cache(cache, count, selected):
 
   NumPy, O(N·D) time and O(D) extra memory (one client's model at a time): what the running
   `selected_sum` replaces each round; used once for a state saved without it
-  (`add_selected_sum`) and by benchmarks and tests as the reference.
+  (`add_selected_sum`) and by benchmarks and tests as the reference. `cache` is a
+  ModelWeights of [N, K, ...] (`stacked_cache` of the state's chunks).
   Returns a ModelWeights (like `cache`) of float64 arrays with the model's shapes.
   """
   rows = np.flatnonzero(np.asarray(count) > 0)
@@ -213,20 +277,89 @@ def without_selected_sum(state):
   return collections.OrderedDict((k, v) for k, v in state.items() if k != 'selected_sum')
 
 
-def gather_candidates(cache, clients, count, cache_size: int):
-  """Flattened candidates of `clients` [P]: a list (one per weight tensor) of [P·K, d_t],
-  row p·K + j = client p's j-th newest cached model."""
-  clients = tf.convert_to_tensor(clients, tf.int32)
-  slots = candidate_slots(tf.gather(count, clients), cache_size)  # [P, K]
-  index = tf.stack([tf.broadcast_to(clients[:, None], tf.shape(slots)), slots], axis=-1)
-  return [tf.reshape(tf.gather_nd(t, index), [-1, int(np.prod(t.shape[2:]))])
-          for t in tf.nest.flatten(cache)]
+def with_stacked_cache(state):
+  """The layout of a state saved before the cache was chunked (one ModelWeights of
+  [N, K, ...]): a structure to load such a checkpoint with, then `with_chunked_cache`."""
+  return collections.OrderedDict(state, cache=stacked_cache(state['cache'],
+                                                            state['selected_sum']))
 
 
-def structure_dot(a, b):
-  """Σ over tensors of <a_t, b_t> for two structures of equal shapes, in float64."""
-  return tf.add_n([tf.reduce_sum(tf.cast(x, tf.float64) * tf.cast(y, tf.float64))
-                   for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b))])
+def with_chunked_cache(state):
+  """A state loaded with one stacked cache, in the chunked layout the process builds
+  (`chunk_clients` of its N, K, D and dtype); a chunked state is returned as it is."""
+  stacked = state['cache']
+  if isinstance(stacked, list):   # already chunks (a stacked cache is a ModelWeights)
+    return state
+  tensors = [np.asarray(t) for t in tf.nest.flatten(stacked)]
+  n, k = tensors[0].shape[:2]
+  d = sum(int(np.prod(t.shape[2:])) for t in tensors)
+  dtype = tf.as_dtype(tensors[0].dtype).name
+  return collections.OrderedDict(
+      state, cache=chunked_cache(stacked, chunk_clients(n, k, d, dtype)))
+
+
+def push_and_read(cache, valid, clients, ring, previous, uploads, candidate_ages):
+  """The FIFO push of a round's uploads into the chunked cache, and what the step reads.
+
+  Args:
+    cache: the state's list of chunks, [G_c, K, D] tensors of the cache's dtype (chunk c
+      holds clients G_0 + ... + G_{c-1} onwards; a client's model is one row of D values).
+    valid: bool [P], the slots whose upload enters the cache.
+    clients: int32 [P], each slot's client index.
+    ring: int32 [P], the ring slot each upload is written to.
+    previous: int32 [P], each slot's client's selected ring slot before this round.
+    uploads: float32 [P, D], the round's models (`flat_rows`).
+    candidate_ages: int32 [P, K], the ring slot of each slot's client's j-th newest model
+      after the push.
+
+  Returns:
+    (new cache, previous: float64 [P, D], each valid slot's client's selected model before
+    the push, candidates: float64 [P·K, D], row p·K + j = slot p's client's j-th newest model
+    after the push; zero rows for invalid slots).
+
+  Why chunks: the runtime still holds the input state, so writing into one stacked
+  [N, K, D] cache allocates and copies all of it every round, and TFF's worker keeps each
+  round's copy alive until the state next visits Python (about one state of memory a
+  round). Here each chunk is its own tensor and a `tf.cond` passes every chunk without an
+  upload through untouched: a round copies and reads O(P·G·K·D), not O(N·K·D).
+  """
+  p, k = int(valid.shape[0]), int(candidate_ages.shape[1])
+  new_chunks, order, previous_rows, candidate_rows = [], [], [], []
+  start = 0
+  for chunk in cache:
+    size, d = int(chunk.shape[0]), int(chunk.shape[2])
+    here = tf.logical_and(valid, tf.logical_and(clients >= start, clients < start + size))
+
+    def write(chunk=chunk, here=here, start=start):
+      slots = tf.cast(tf.where(here)[:, 0], tf.int32)                     # [m]
+      rows = tf.gather(clients, slots) - start
+      ages = tf.gather(candidate_ages, slots)                              # [m, K]
+      old = tf.gather_nd(chunk, tf.stack([rows, tf.gather(previous, slots)], axis=1))
+      new = tf.tensor_scatter_nd_update(
+          chunk, tf.stack([rows, tf.gather(ring, slots)], axis=1),
+          tf.cast(tf.gather(uploads, slots), chunk.dtype))
+      candidates = tf.gather_nd(
+          new, tf.stack([tf.broadcast_to(rows[:, None], tf.shape(ages)), ages], axis=-1))
+      return new, slots, old, candidates
+
+    def keep(chunk=chunk, d=d):
+      return (chunk, tf.zeros([0], tf.int32), tf.zeros([0, d], chunk.dtype),
+              tf.zeros([0, k, d], chunk.dtype))
+
+    new, slots, old, candidates = tf.cond(tf.reduce_any(here), write, keep)
+    new_chunks.append(new)
+    order.append(slots)
+    previous_rows.append(old)
+    candidate_rows.append(candidates)
+    start += size
+  # Back to slot order, float64 (eq. 8 and the running sum need it), zeros elsewhere.
+  at = tf.concat(order, axis=0)[:, None]
+  d = int(cache[0].shape[2])
+  previous_models = tf.scatter_nd(
+      at, tf.cast(tf.concat(previous_rows, axis=0), tf.float64), [p, d])
+  candidates = tf.reshape(tf.scatter_nd(
+      at, tf.cast(tf.concat(candidate_rows, axis=0), tf.float64), [p, k, d]), [p * k, d])
+  return new_chunks, previous_models, candidates
 
 
 def divergence_objective(loss_sum, sq_norm_sum, sum_sq_norm, count, smoothness):
@@ -364,46 +497,41 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
   clients = acc['client_index']
   # One upload per client: a second would subtract its previous selection twice.
   writers = server_state.checked_distinct_clients(tf.boolean_mask(clients, valid))
-  # 0. The fixed clients' sum = the running sum minus the uploaders' previous selections.
-  #    Those are read from the cache as it was before this round's push, which may
-  #    overwrite exactly the selected slot (FIFO eviction). O(P·D), not O(N·D).
-  had_model = tf.cast(tf.gather(state['count'], writers) > 0, tf.float64)
-  previous_at = tf.stack([writers, tf.gather(state['selected'], writers)], axis=1)
-  fixed_sum = tf.nest.map_structure(
-      lambda total, c: total - tf.tensordot(
-          had_model, tf.cast(tf.gather_nd(c, previous_at), tf.float64), axes=1),
-      state['selected_sum'], state['cache'])
-  # 1. push uploads into the ring buffers.
-  ring = tf.math.floormod(tf.gather(state['count'], writers), k)
-  at = tf.stack([writers, ring], axis=1)
-  # Uploads are rounded to the cache's dtype here (a no-op for float32); everything below
-  # uses the cached values.
-  cache = tf.nest.map_structure(
-      lambda c, u: tf.tensor_scatter_nd_update(c, at, tf.cast(tf.boolean_mask(u, valid),
-                                                              c.dtype)),
-      state['cache'], acc['models'])
-  losses = tf.tensor_scatter_nd_update(state['losses'], at,
-                                       tf.boolean_mask(acc['loss'], valid))
+  # 1. Push the uploads into the ring buffers, reading on the way the uploaders' previous
+  #    selections (before the push, which may overwrite exactly the selected slot: FIFO
+  #    eviction) and their candidates (after it). Uploads are rounded to the cache's dtype
+  #    as they enter it (a no-op for float32); everything below uses the cached values.
+  safe_clients = tf.where(valid, clients, 0)
+  ring = tf.math.floormod(tf.gather(state['count'], safe_clients), k)
   count = tf.tensor_scatter_nd_add(state['count'], writers[:, None],
                                    tf.ones_like(writers))
+  cand_slots = candidate_slots(tf.gather(count, safe_clients), k)       # [P, K]
+  cache, previous_models, cands = push_and_read(
+      state['cache'], valid, clients, ring, tf.gather(state['selected'], safe_clients),
+      flat_rows(acc['models'], p), cand_slots)
+  at = tf.stack([writers, tf.boolean_mask(ring, valid)], axis=1)
+  # 2. The fixed clients' sum = the running sum minus the uploaders' previous selections:
+  #    O(P·D), not O(N·D). (The previous models are zero for invalid slots.)
+  had_model = tf.cast(tf.logical_and(valid, tf.gather(state['count'], safe_clients) > 0),
+                      tf.float64)
+  fixed_flat = (flat_rows(state['selected_sum'], 1)[0]
+                - tf.linalg.matvec(previous_models, had_model, transpose_a=True))
+  losses = tf.tensor_scatter_nd_update(state['losses'], at,
+                                       tf.boolean_mask(acc['loss'], valid))
   uploader = tf.scatter_nd(writers[:, None], tf.ones_like(writers), [n]) > 0
   cached = count > 0
   fixed_mask = tf.logical_and(cached, tf.logical_not(uploader))
-  # 2. candidates of the uploaders and their inner products (all in P·K space).
-  safe_clients = tf.where(valid, clients, 0)
-  cands = gather_candidates(cache, safe_clients, count, k)
-  # Eq. 8's divergence is a small difference of large sums of squares: float64 from here on.
-  cands = [tf.cast(c, tf.float64) for c in cands]
-  gram = tf.add_n([tf.matmul(c, c, transpose_b=True) for c in cands])
+  # 3. The uploaders' candidates' inner products (all in P·K space). Eq. 8's divergence is
+  #    a small difference of large sums of squares: float64 from here on (push_and_read
+  #    returns the candidates so).
+  gram = tf.matmul(cands, cands, transpose_b=True)
   # ‖w‖² of each upload = its newest candidate's Gram diagonal entry (row p·K).
   upload_sq = tf.linalg.diag_part(gram)[::k]
   sq_norms = tf.tensor_scatter_nd_update(state['sq_norms'], at,
                                          tf.boolean_mask(upload_sq, valid))
   # O(N·K) scalars: the fixed clients' losses and squared norms (no D factor).
   fixed_onehot = tf.one_hot(state['selected'], k) * tf.cast(fixed_mask, tf.float32)[:, None]
-  fixed_flat = [tf.reshape(t, [-1]) for t in tf.nest.flatten(fixed_sum)]
-  fixed_dot = tf.add_n([tf.linalg.matvec(c, f) for c, f in zip(cands, fixed_flat)])
-  cand_slots = candidate_slots(tf.gather(count, safe_clients), k)       # [P, K]
+  fixed_dot = tf.linalg.matvec(cands, fixed_flat)
   cand_losses = tf.cast(tf.reshape(
       tf.gather_nd(losses, tf.stack(
           [tf.broadcast_to(safe_clients[:, None], [p, k]), cand_slots], -1)), [-1]), tf.float64)
@@ -411,7 +539,7 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
   fixed = collections.OrderedDict(
       loss_sum=tf.reduce_sum(tf.cast(fixed_onehot * losses, tf.float64)),
       sq_norm_sum=tf.reduce_sum(tf.cast(fixed_onehot, tf.float64) * sq_norms),
-      sum_sq_norm=structure_dot(fixed_sum, fixed_sum),
+      sum_sq_norm=tf.reduce_sum(tf.square(fixed_flat)),
       count=tf.reduce_sum(tf.cast(fixed_mask, tf.int32)))
   newest = tf.zeros([p], tf.int32)
   before = objective_of_choice(gram, fixed_dot, fixed, cand_losses, newest, valid,
@@ -438,10 +566,9 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
                                          tf.boolean_mask(chosen_slot, valid))
   # The uploaders' new selections are rows of their candidates: add them back.
   chosen_rows = tf.boolean_mask(tf.range(p, dtype=tf.int32) * k + choice, valid)
-  selected_sum = tf.nest.pack_sequence_as(fixed_sum, [
-      f + tf.reshape(tf.reduce_sum(tf.gather(c, chosen_rows), axis=0), f.shape)
-      for f, c in zip(tf.nest.flatten(fixed_sum), cands)])
-  # 3. the new global model.
+  selected_sum = unflat(fixed_flat + tf.reduce_sum(tf.gather(cands, chosen_rows), axis=0),
+                        state['selected_sum'])
+  # 4. the new global model.
   uploads = tf.reduce_sum(acc['valid'])
   warmup_weight = acc['weight'] if warmup_weighting == 'data_size' else acc['valid']
   upload_mean = tf.nest.map_structure(
@@ -526,14 +653,14 @@ def build_cross_round_cache_process(
       f'D={num_weights(weights_type)} weights, {cache_dtype}',
       f'lower the cache size (--fedcda_cache_size) or the number of clients{smaller}, or '
       'raise max_cache_gib (--fedcda_max_cache_gib)')
-  cache_type = server_state.stacked_type(weights_type, n, k,
-                                         dtype=tf.as_dtype(cache_dtype).as_numpy_dtype)
+  d = num_weights(weights_type)
+  chunks = chunk_sizes(n, chunk_clients(n, k, d, cache_dtype))
   smoothness = float(smoothness)
   batches_b = 1 if selection == 'exact' else int(num_batches)
 
   def initial_state():
     return collections.OrderedDict(
-        cache=server_state.zero_model_weights(cache_type),
+        cache=[tf.zeros([size, k, d], cache_dtype) for size in chunks],
         losses=tf.zeros([n, k], tf.float32),
         sq_norms=tf.zeros([n, k], tf.float64),
         count=tf.zeros([n], tf.int32),
