@@ -1199,7 +1199,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
     last = [r for r in rows if r.get('client_accuracy_mean') not in (None, '')]
     summary.update((k, float(last[-1][k]) if last else None) for k in CLIENT_ACCURACY_FIGURES)
     summary['clients_evaluated'] = sum(1 for _, y in client_test if len(y))
-  final_weights = process.get_model_weights(state)
+  final_weights = runner.get_model_weights(held)   # (only the weights leave the worker)
   record = methods.RunRecord(c, rows, state, final_weights, num_clients)
   summary.update(methods.METHODS[c.algorithm].summary(record))
   summary.update(methods.plugin_summary(methods.METHODS[c.algorithm], record))
