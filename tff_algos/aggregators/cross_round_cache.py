@@ -352,13 +352,18 @@ def push_and_read(cache, valid, clients, ring, previous, uploads, candidate_ages
     previous_rows.append(old)
     candidate_rows.append(candidates)
     start += size
-  # Back to slot order, float64 (eq. 8 and the running sum need it), zeros elsewhere.
-  at = tf.concat(order, axis=0)[:, None]
+  # Back to slot order (a gather in the cache's dtype, then one cast: eq. 8 and the running
+  # sum need float64); an invalid slot reads the zero row appended to the concatenation.
+  order = tf.concat(order, axis=0)                                          # [W]
   d = int(cache[0].shape[2])
-  previous_models = tf.scatter_nd(
-      at, tf.cast(tf.concat(previous_rows, axis=0), tf.float64), [p, d])
-  candidates = tf.reshape(tf.scatter_nd(
-      at, tf.cast(tf.concat(candidate_rows, axis=0), tf.float64), [p, k, d]), [p * k, d])
+  row_of_slot = tf.tensor_scatter_nd_update(tf.fill([p], tf.size(order)), order[:, None],
+                                            tf.range(tf.size(order)))
+  dtype = cache[0].dtype
+  previous_models = tf.cast(tf.gather(
+      tf.concat(previous_rows + [tf.zeros([1, d], dtype)], axis=0), row_of_slot), tf.float64)
+  candidates = tf.cast(tf.reshape(tf.gather(
+      tf.concat(candidate_rows + [tf.zeros([1, k, d], dtype)], axis=0), row_of_slot),
+      [p * k, d]), tf.float64)
   return new_chunks, previous_models, candidates
 
 
