@@ -343,7 +343,7 @@ def main(argv):
       continue
     runner = (resident_state.ResidentProcess(process, per_round, refresh_every=0)
               if _RESIDENT.value else resident_state.DirectProcess(process))
-    states = dict(full=runner.initial_state()[0], empty=runner.initial_state()[0])
+    states = dict(full=runner.initialize(), empty=runner.initialize())
     state_bytes = execution.value_bytes(
         process.initialize.type_signature.result.member.aggregator)
     times = dict(full=[], empty=[])

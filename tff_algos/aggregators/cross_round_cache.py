@@ -41,8 +41,8 @@ new `selected_sum` adds the uploaders' new selections back; the global model is
 partial sum (≤ M·max|w|), so after U updates the mean is off by at most about
 U·2⁻⁵³·max|w| (1e-10·max|w| at U = 10⁶), far below float32's resolution of the result,
 where a float32 sum would drift by up to U·6e-8·max|w|. Nothing is O(N·K·D): what grows
-with N is O(N·K) bookkeeping and one `tf.cond` per chunk (`push_and_read`). A state saved before `selected_sum` existed gets it once from
-the cache (`add_selected_sum`).
+with N is O(N·K) bookkeeping and one `tf.cond` per chunk (`push_and_read`). A state saved
+before `selected_sum` existed gets it once from the cache (`add_selected_sum`).
 
 One `next(state, value@CLIENTS, weight@CLIENTS)`:
 
@@ -174,9 +174,9 @@ def stacked_cache(cache, like):
   flat = np.concatenate([np.asarray(c) for c in cache])
   n, k = flat.shape[:2]
   shapes = [np.shape(t) for t in tf.nest.flatten(like)]
-  ends = np.cumsum([int(np.prod(s)) for s in shapes])
+  parts = np.split(flat, np.cumsum([int(np.prod(s)) for s in shapes])[:-1], axis=2)
   return tf.nest.pack_sequence_as(like, [
-      flat[:, :, end - int(np.prod(s)):end].reshape(n, k, *s) for s, end in zip(shapes, ends)])
+      part.reshape(n, k, *s) for part, s in zip(parts, shapes)])
 
 
 def chunked_cache(stacked, clients_per_chunk: int) -> list:
@@ -185,8 +185,8 @@ def chunked_cache(stacked, clients_per_chunk: int) -> list:
   tensors = [np.asarray(t) for t in tf.nest.flatten(stacked)]
   n, k = tensors[0].shape[:2]
   flat = np.concatenate([t.reshape(n, k, -1) for t in tensors], axis=2)
-  ends = np.cumsum(chunk_sizes(n, clients_per_chunk))
-  return [flat[end - size:end] for size, end in zip(chunk_sizes(n, clients_per_chunk), ends)]
+  sizes = chunk_sizes(n, clients_per_chunk)
+  return [flat[end - size:end] for size, end in zip(sizes, np.cumsum(sizes))]
 
 
 def batch_sizes(num_uploads: int, num_batches: int) -> list[int]:
