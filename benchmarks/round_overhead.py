@@ -31,13 +31,14 @@ between rounds instead of crossing to it and back), and both copies must end on 
 weights; then the checkpoint the training program makes of the resident state (bringing it
 back and writing it, as `--checkpoint_every` does every N rounds) is timed, and each is
 given "as the program runs it": its resident round plus one checkpoint per --checkpoint_every
-rounds.
+rounds and one placing of the state anew (the program's refresh) every 10 rounds.
 
   .venv/bin/python benchmarks/round_overhead.py --examples_per_client=200 --rounds=3
 
 --json=PATH also writes the figures for a script to read (benchmarks/clients_per_round.py):
 each variant's median and least s/round and median ratio to plain_tf; with --resident, each
-@resident variant's checkpoint_s, program_s and program_ratio_to_plain_tf too.
+@resident variant's checkpoint_s (materialize_s of it), refresh_s, program_s and
+program_ratio_to_plain_tf too.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ import tensorflow as tf
 from benchmarks.method_builds import build_method  # pylint: disable=g-import-not-at-top
 from benchmarks.method_builds import load_data  # pylint: disable=g-import-not-at-top
 from programs import pages  # pylint: disable=g-import-not-at-top
+from programs.experiment import RESIDENT_REFRESH_ROUNDS  # pylint: disable=g-import-not-at-top
 from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
 
 _MODEL = flags.DEFINE_string('model', 'fedavg_cnn', 'tff_algos.models zoo model.')
@@ -240,12 +242,18 @@ def main(argv):
                                                    refresh_every=0)
                  for v in variants if v in processes and v != 'ours_w'}
     variants += tuple(f'{v}@resident' for v in residents)
-  times = {v: [] for v in variants + tuple(f'{v}@0' for v in empty_variants)}
+  # With --resident too, the 0-epoch rounds also run resident (<name>@resident@0): the
+  # server step's share of the round as the program runs it.
+  empty_runs = tuple(f'{v}@0' for v in empty_variants) + tuple(
+      f'{v}@resident@0' for v in empty_variants if v in residents)
+  times = {v: [] for v in variants + empty_runs}
   state = dict(plain=plain_weights, tff=state_tff)
   state.update({name: p.initialize() for name, p in processes.items() if name != 'ours'})
   state['ours'] = state_ours
   state.update({f'{name}@0': processes[name].initialize() for name in empty_variants})
   state.update({f'{name}@resident': r.initialize() for name, r in residents.items()})
+  state.update({f'{name}@resident@0': residents[name].initialize()
+                for name in empty_variants if name in residents})
 
   def run_variant(variant):
     if variant == 'plain_tf':
@@ -253,9 +261,10 @@ def main(argv):
       _ = [w.numpy() for w in state['plain']]  # wait for the values
     elif variant == 'tff':
       state['tff'] = stock.next(state['tff'], datasets).state
-    elif variant.endswith('@resident'):
+    elif '@resident' in variant:
       state[variant] = residents[variant.split('@')[0]].next(
-          state[variant], [[inp] for inp in inputs]).state
+          state[variant], [[inp] for inp in (empty_inputs if variant.endswith('@0')
+                                             else inputs)]).state
     else:
       name, empty = variant.split('@')[0], variant.endswith('@0')
       context = contexts.get(name)
@@ -273,7 +282,7 @@ def main(argv):
     empty_inputs = [data.client_input(xs[c], ys[c], 0, np.random.default_rng(0), c, c)
                     for c in range(num_clients)]
     datasets = [tff_dataset(inp) for inp in inputs]
-    timed = variants + tuple(f'{v}@0' for v in empty_variants)
+    timed = variants + empty_runs
     shift = r % len(timed)
     order = timed[shift:] + timed[:shift]
     line = []
@@ -310,7 +319,8 @@ def main(argv):
     print('\n| variant | s/round median (min) | / plain_tf median (min) | 0-epoch round s median '
           '(min) | server share, upper bound, median (min) |')
     print('|---|---|---|---|---|')
-    for v in empty_variants:
+    for v in empty_variants + tuple(f'{v}@resident' for v in empty_variants
+                                    if v in residents):
       e = v + '@0'
       print(f'| {v} | {med[v]:.3f} ({low[v]:.3f}) | {med[v] / med["plain_tf"]:.2f}x '
             f'({low[v] / low["plain_tf"]:.2f}x) | {med[e]:.3f} ({low[e]:.3f}) | '
@@ -319,6 +329,12 @@ def main(argv):
     moved = {v: max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
         tf.nest.flatten(processes[v].get_model_weights(state[f'{v}@0'])),
         tf.nest.flatten(w0))) for v in empty_variants}
+    moved.update({f'{v}@resident': max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                                       for a, b in zip(tf.nest.flatten(
+                                           residents[v].get_model_weights(
+                                               state[f'{v}@resident@0'])),
+                                           tf.nest.flatten(w0)))
+                  for v in empty_variants if v in residents})
     print('0-epoch rounds: max |final - initial weights| ' +
           ', '.join(f'{v} {d:.2e}' for v, d in moved.items()))
 
@@ -342,7 +358,9 @@ def main(argv):
     # The training program brings the state back for each checkpoint and writes it
     # (TFF's FileProgramStateManager, as programs/experiment.py): once a round with
     # --checkpoint_every=1, once every N rounds with N.
-    back, write = [], []
+    # The training program also places the state anew every RESIDENT_REFRESH_ROUNDS rounds
+    # (from the copy it brought back), so that TFF's worker frees the rounds before.
+    back, write, place = [], [], []
     with tempfile.TemporaryDirectory() as ckpt_dir:
       manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=2)
       for version in range(1, 4):
@@ -351,22 +369,29 @@ def main(argv):
         t1 = time.perf_counter()
         loop.run_until_complete(manager.save(
             collections.OrderedDict(state=python_state, round=version), version))
+        t2 = time.perf_counter()
+        state[f'{name}@resident'] = resident.adopt(python_state)
         back.append(t1 - t0)
-        write.append(time.perf_counter() - t1)
-    back, write = statistics.median(back), statistics.median(write)
+        write.append(t2 - t1)
+        place.append(time.perf_counter() - t2)
+    back, write, place = (statistics.median(x) for x in (back, write, place))
     every_round = med[name + '@resident'] + back + write
-    # As programs/train.py runs it: resident rounds, one checkpoint every N of them.
-    n = _CHECKPOINT_EVERY.value
-    program = med[name + '@resident'] + (back + write) / n
+    # As programs/train.py runs it: resident rounds, one checkpoint every N of them, and a
+    # refresh every R (bringing the state back unless that round also checkpoints).
+    n, r = _CHECKPOINT_EVERY.value, RESIDENT_REFRESH_ROUNDS
+    program = (med[name + '@resident'] + (back + write) / n
+               + (place + (0.0 if r % n == 0 else back)) / r)
     figures['variants'][name + '@resident'].update(
-        checkpoint_s=back + write, checkpoint_every=n, program_s=program,
-        program_ratio_to_plain_tf=program / med['plain_tf'])
+        checkpoint_s=back + write, materialize_s=back, refresh_s=place, checkpoint_every=n,
+        refresh_every=r,
+        program_s=program, program_ratio_to_plain_tf=program / med['plain_tf'])
     print(f'final weights max |{name}@resident - {name}| {diff:.2e}; checkpoint: materialize '
           f'{back:.3f} s + write {write:.3f} s, so a round checkpointed every round ~ '
           f'{every_round:.3f} s ({every_round / med["plain_tf"]:.2f}x plain_tf, against '
-          f'{med[name] / med["plain_tf"]:.2f}x through process.next)')
-    print(f'as the program runs it ({name}, resident, --checkpoint_every={n}): {program:.3f} '
-          f's/round, {program / med["plain_tf"]:.2f}x plain_tf')
+          f'{med[name] / med["plain_tf"]:.2f}x through process.next); placing it anew '
+          f'{place:.3f} s')
+    print(f'as the program runs it ({name}, resident, --checkpoint_every={n}, refresh every '
+          f'{r}): {program:.3f} s/round, {program / med["plain_tf"]:.2f}x plain_tf')
   loop.close()
   if _JSON.value:
     pages.write_json(_JSON.value, figures)

@@ -96,22 +96,33 @@ def test_round_overhead_resident_gives_the_round_as_the_program_runs_it(tmp_path
   same weights as through process.next), its checkpoint is timed, and the round "as the
   program runs it" is the resident round plus one checkpoint per N rounds, printed and in
   --json. N = 4 here, not the default 10: were --checkpoint_every ignored, the figure would
-  differ."""
+  differ. With --server_share too, the 0-epoch rounds also run resident (the server step's
+  share as the program runs it) and leave the model where it started."""
   figures = tmp_path / 'figures.json'
   stdout = _run('round_overhead', '--dataset=digits', '--model=tiny_cnn', '--clients=2',
                 '--examples_per_client=10', '--batch_size=10', '--rounds=1',
                 '--warmup_rounds=1', '--variants=plain_tf,ours', '--resident',
-                '--checkpoint_every=4', f'--json={figures}', timeout=600).stdout
+                '--server_share', '--checkpoint_every=4', f'--json={figures}',
+                timeout=600).stdout
+  assert re.search(r'\bours@resident@0 [0-9.]+s', stdout), stdout
+  assert len(_table_rows(stdout, 'ours@resident')) == 1, stdout
+  moved = re.search(r'^0-epoch rounds: max \|final - initial weights\| .*ours@resident (\S+)$',
+                    stdout, re.M)
+  assert moved and float(moved.group(1)) == 0.0, stdout
   diff = re.search(r'^final weights max \|ours@resident - ours\| (\S+);', stdout, re.M)
   assert diff and float(diff.group(1)) == 0.0, stdout
   written = json.loads(figures.read_text())['variants']
   resident, plain = written['ours@resident'], written['plain_tf']['median_s']
   assert resident['checkpoint_every'] == 4 and resident['checkpoint_s'] > 0
+  assert resident['refresh_every'] == 10 and resident['refresh_s'] > 0
+  # A checkpoint every 4 rounds, a refresh every 10 (which brings the state back itself,
+  # 10 not being a multiple of 4).
   assert resident['program_s'] == pytest.approx(
-      resident['median_s'] + resident['checkpoint_s'] / 4)
+      resident['median_s'] + resident['checkpoint_s'] / 4
+      + (resident['refresh_s'] + resident['materialize_s']) / 10)
   assert resident['program_ratio_to_plain_tf'] == pytest.approx(resident['program_s'] / plain)
-  line = re.search(r'^as the program runs it \(ours, resident, --checkpoint_every=4\): '
-                   r'([0-9.]+) s/round, ([0-9.]+)x plain_tf$', stdout, re.M)
+  line = re.search(r'^as the program runs it \(ours, resident, --checkpoint_every=4, refresh '
+                   r'every 10\): ([0-9.]+) s/round, ([0-9.]+)x plain_tf$', stdout, re.M)
   assert line, stdout
   assert float(line.group(1)) == pytest.approx(resident['program_s'], abs=6e-4)
 

@@ -19,8 +19,9 @@ managers checkpoint the cache:
 **Memory** = b·N·K·D bytes for the cache (b = 4 bytes per weight in float32, the default; 2
 with `cache_dtype='float16'` or `'bfloat16'`) plus 8·D bytes for `selected_sum` and
 4·(3·N·K + 2·N + 1) bytes of bookkeeping (`state_size_bytes`). A round adds transient
-buffers of O(P·K·D) (the participants' candidates, in float64) and O(P·D) (the upload
-accumulator); no second copy of the cache is made or kept from one round to the next.
+buffers of O(P·K·D) (the participants' candidates, in the cache's dtype and, measured from
+the round's mean upload, in float32) and O(P·D) (the upload accumulator); no second copy of
+the cache is made or kept from one round to the next.
 
 **Chunks** (`chunk_clients`, `push_and_read`): the cache is split into chunks of G clients
 (the fewest whose caches hold 1 MiB: one client per chunk for any real model). The runtime
@@ -30,6 +31,14 @@ until the state next visits Python (`tff_algos.ResidentProcess`); a `tf.cond` pe
 passes every chunk without an upload through untouched, so a round writes O(P·G·K·D) bytes.
 A checkpoint of the earlier stacked layout is loaded with `with_stacked_cache` and upgraded
 with `with_chunked_cache`.
+
+**Precision**: eq. 8's divergence is a small difference of large sums of squares (‖w‖² ≫
+the spread of the models), so it is evaluated on the models measured from the round's mean
+upload, where nothing cancels: the candidates' Gram matrix is then taken in float32 (half
+the bytes of float64 and a faster kernel; relative error ~2e-6 of ‖w − mean‖², measured at
+D = 1.66M) and the choices are the float64 brute force's (tested at that size; the
+objective agrees to 2e-5). ‖w‖² of each cached model, the fixed clients' sums and
+`selected_sum` stay float64.
 
 **Server work per round** is O(P·K·D) arithmetic (plus O(N·K) scalar bookkeeping), not
 O(N·D): nothing sums over the N cached models. The fixed clients' sum that eq. 8 needs is
@@ -73,7 +82,7 @@ One `next(state, value@CLIENTS, weight@CLIENTS)`:
 **Lower-precision cache** (`cache_dtype`, `CACHE_DTYPES`): the uploads are rounded to the
 cache's dtype as they enter it, and from then on the cached models *are* those rounded
 values: ‖w‖², the Gram matrix of eq. 8, `selected_sum` and the new global model are all
-computed from them (in float64), so the objective stays exact for the models actually kept.
+computed from them, so the objective is that of the models actually kept.
 The warmup mean is taken over the uploads themselves (float32), as they arrive. float16
 keeps 11 significant bits (relative error ≤ 2⁻¹¹ ≈ 4.9e-4 per weight; model weights lie far
 inside its range), bfloat16 8 bits (≤ 2⁻⁸ ≈ 3.9e-3) with float32's range. The measured effect on
@@ -313,9 +322,12 @@ def push_and_read(cache, valid, clients, ring, previous, uploads, candidate_ages
       after the push.
 
   Returns:
-    (new cache, previous: float64 [P, D], each valid slot's client's selected model before
-    the push, candidates: float64 [P·K, D], row p·K + j = slot p's client's j-th newest model
-    after the push; zero rows for invalid slots).
+    (new cache, previous, candidates, row_of_slot), in the order the chunks were written
+    (putting them in slot order would copy O(P·K·D) more; the caller reorders its small
+    results instead): `previous` [W + 1, D] holds each uploader's selected model before the
+    push, `candidates` [(W + 1)·K, D] each uploader's K models after it (row w·K + j = its
+    j-th newest), both in the cache's dtype with a zero last row (block); `row_of_slot`
+    int32 [P] is slot p's row w there (W, the zero row, for an invalid slot).
 
   Why chunks: the runtime still holds the input state, so writing into one stacked
   [N, K, D] cache allocates and copies all of it every round, and TFF's worker keeps each
@@ -352,19 +364,23 @@ def push_and_read(cache, valid, clients, ring, previous, uploads, candidate_ages
     previous_rows.append(old)
     candidate_rows.append(candidates)
     start += size
-  # Back to slot order (a gather in the cache's dtype, then one cast: eq. 8 and the running
-  # sum need float64); an invalid slot reads the zero row appended to the concatenation.
+  # An invalid slot reads the zero row appended to the concatenations.
   order = tf.concat(order, axis=0)                                          # [W]
   d = int(cache[0].shape[2])
   row_of_slot = tf.tensor_scatter_nd_update(tf.fill([p], tf.size(order)), order[:, None],
                                             tf.range(tf.size(order)))
   dtype = cache[0].dtype
-  previous_models = tf.cast(tf.gather(
-      tf.concat(previous_rows + [tf.zeros([1, d], dtype)], axis=0), row_of_slot), tf.float64)
-  candidates = tf.cast(tf.reshape(tf.gather(
-      tf.concat(candidate_rows + [tf.zeros([1, k, d], dtype)], axis=0), row_of_slot),
-      [p * k, d]), tf.float64)
-  return new_chunks, previous_models, candidates
+  previous_models = tf.concat(previous_rows + [tf.zeros([1, d], dtype)], axis=0)
+  candidates = tf.reshape(tf.concat(candidate_rows + [tf.zeros([1, k, d], dtype)], axis=0),
+                          [-1, d])
+  return new_chunks, previous_models, candidates, row_of_slot
+
+
+def weighted_row_sum(weights, rows):
+  """Σ_r weights[r]·rows[r] ([R] and [R, D] -> [D]) as a row vector times the matrix (a
+  transposed matvec computes the same in a slower kernel on CPU: 40 ms against 10 ms for
+  11 x 1.66M float64 rows, measured)."""
+  return tf.matmul(weights[None, :], rows)[0]
 
 
 def divergence_objective(loss_sum, sq_norm_sum, sum_sq_norm, count, smoothness):
@@ -511,41 +527,60 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
   count = tf.tensor_scatter_nd_add(state['count'], writers[:, None],
                                    tf.ones_like(writers))
   cand_slots = candidate_slots(tf.gather(count, safe_clients), k)       # [P, K]
-  cache, previous_models, cands = push_and_read(
+  uploads_flat = flat_rows(acc['models'], p)                             # [P, D] float32
+  cache, previous_models, written_cands, row_of_slot = push_and_read(
       state['cache'], valid, clients, ring, tf.gather(state['selected'], safe_clients),
-      flat_rows(acc['models'], p), cand_slots)
+      uploads_flat, cand_slots)
+  # Row of candidate p·K + j (slot order) among the written candidates.
+  cand_rows = tf.reshape(row_of_slot[:, None] * k + tf.range(k)[None, :], [-1])
   at = tf.stack([writers, tf.boolean_mask(ring, valid)], axis=1)
   # 2. The fixed clients' sum = the running sum minus the uploaders' previous selections:
-  #    O(P·D), not O(N·D). (The previous models are zero for invalid slots.)
+  #    O(P·D), not O(N·D), in float64.
   had_model = tf.cast(tf.logical_and(valid, tf.gather(state['count'], safe_clients) > 0),
                       tf.float64)
+  had_model_written = tf.tensor_scatter_nd_add(
+      tf.zeros([tf.shape(previous_models)[0]], tf.float64), row_of_slot[:, None], had_model)
   fixed_flat = (flat_rows(state['selected_sum'], 1)[0]
-                - tf.linalg.matvec(previous_models, had_model, transpose_a=True))
+                - weighted_row_sum(had_model_written, tf.cast(previous_models, tf.float64)))
   losses = tf.tensor_scatter_nd_update(state['losses'], at,
                                        tf.boolean_mask(acc['loss'], valid))
   uploader = tf.scatter_nd(writers[:, None], tf.ones_like(writers), [n]) > 0
   cached = count > 0
   fixed_mask = tf.logical_and(cached, tf.logical_not(uploader))
-  # 3. The uploaders' candidates' inner products (all in P·K space). Eq. 8's divergence is
-  #    a small difference of large sums of squares: float64 from here on (push_and_read
-  #    returns the candidates so).
-  gram = tf.matmul(cands, cands, transpose_b=True)
-  # ‖w‖² of each upload = its newest candidate's Gram diagonal entry (row p·K).
-  upload_sq = tf.linalg.diag_part(gram)[::k]
+  fixed_count = tf.reduce_sum(tf.cast(fixed_mask, tf.int32))
+  # ‖w‖² of each upload as cached (the state keeps them for later rounds' fixed sums).
+  upload_sq = tf.reduce_sum(tf.square(tf.cast(tf.cast(uploads_flat, cache[0].dtype),
+                                               tf.float64)), axis=1)
   sq_norms = tf.tensor_scatter_nd_update(state['sq_norms'], at,
                                          tf.boolean_mask(upload_sq, valid))
-  # O(N·K) scalars: the fixed clients' losses and squared norms (no D factor).
+  # 3. Eq. 8 from inner products in the uploaders' candidates' space, every model measured
+  #    from a reference point inside the round's models (the valid uploads' mean): J is
+  #    unchanged by moving all models by one vector, and so measured its sums of squares do
+  #    not cancel, so the Gram matrix is taken in float32 ("Precision" above).
+  valid_f = tf.cast(valid, tf.float32)
+  ref = weighted_row_sum(valid_f / tf.maximum(tf.reduce_sum(valid_f), 1.0),
+                         uploads_flat)                                    # [D] float32
+  ref64 = tf.cast(ref, tf.float64)
+  centered = tf.cast(written_cands, tf.float32) - ref
+  gram = tf.gather(tf.gather(tf.cast(tf.matmul(centered, centered, transpose_b=True),
+                                     tf.float64), cand_rows), cand_rows, axis=1)  # [P·K, P·K]
+  fixed_centered = fixed_flat - tf.cast(fixed_count, tf.float64) * ref64  # Σ (w_n − ref)
+  fixed_dot = tf.gather(tf.cast(tf.linalg.matvec(
+      centered, tf.cast(fixed_centered, tf.float32)), tf.float64), cand_rows)
+  # O(N·K) scalars: the fixed clients' losses and squared norms (no D factor); their
+  # Σ‖w_n − ref‖² = Σ‖w_n‖² − 2 ref·Σw_n + M_f‖ref‖² (float64, exact ‖w_n‖² from the state).
   fixed_onehot = tf.one_hot(state['selected'], k) * tf.cast(fixed_mask, tf.float32)[:, None]
-  fixed_dot = tf.linalg.matvec(cands, fixed_flat)
   cand_losses = tf.cast(tf.reshape(
       tf.gather_nd(losses, tf.stack(
           [tf.broadcast_to(safe_clients[:, None], [p, k]), cand_slots], -1)), [-1]), tf.float64)
   num_cands = tf.minimum(tf.gather(count, safe_clients), k)
   fixed = collections.OrderedDict(
       loss_sum=tf.reduce_sum(tf.cast(fixed_onehot * losses, tf.float64)),
-      sq_norm_sum=tf.reduce_sum(tf.cast(fixed_onehot, tf.float64) * sq_norms),
-      sum_sq_norm=tf.reduce_sum(tf.square(fixed_flat)),
-      count=tf.reduce_sum(tf.cast(fixed_mask, tf.int32)))
+      sq_norm_sum=(tf.reduce_sum(tf.cast(fixed_onehot, tf.float64) * sq_norms)
+                   - 2.0 * tf.tensordot(ref64, fixed_flat, 1)
+                   + tf.cast(fixed_count, tf.float64) * tf.tensordot(ref64, ref64, 1)),
+      sum_sq_norm=tf.reduce_sum(tf.square(fixed_centered)),
+      count=fixed_count)
   newest = tf.zeros([p], tf.int32)
   before = objective_of_choice(gram, fixed_dot, fixed, cand_losses, newest, valid,
                                smoothness, k)
@@ -571,8 +606,9 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
                                          tf.boolean_mask(chosen_slot, valid))
   # The uploaders' new selections are rows of their candidates: add them back.
   chosen_rows = tf.boolean_mask(tf.range(p, dtype=tf.int32) * k + choice, valid)
-  selected_sum = unflat(fixed_flat + tf.reduce_sum(tf.gather(cands, chosen_rows), axis=0),
-                        state['selected_sum'])
+  selected_sum = unflat(
+      fixed_flat + tf.reduce_sum(tf.cast(tf.gather(written_cands, tf.gather(
+          cand_rows, chosen_rows)), tf.float64), axis=0), state['selected_sum'])
   # 4. the new global model.
   uploads = tf.reduce_sum(acc['valid'])
   warmup_weight = acc['weight'] if warmup_weighting == 'data_size' else acc['valid']
