@@ -110,7 +110,7 @@ def stack_rows(rows: list, zero_row):
       return row
     # Zero-padded to the row's size: a written row is passed through (no padding), an empty
     # one becomes zeros. (A tf.cond choosing between the two returned the empty row under
-    # TFF's runtime, measured.)
+    # TFF's runtime: observed, cause not found.)
     flat = tf.reshape(row, [-1])
     return tf.reshape(tf.pad(flat, [[0, like.shape.num_elements() - tf.size(flat)]]),
                       like.shape)
