@@ -428,6 +428,17 @@ def _cosine(a, b) -> float:
   return dot / (_norm(a) * _norm(b))
 
 
+def batch_gradient(keras_model, loss_fn, weights, element, idx) -> list:
+  """The loss's gradient at `weights` (the trainable ones) on the examples `idx` of
+  `element`, through `keras_model` in training mode."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  for v, w in zip(keras_model.trainable_variables, weights):
+    v.assign(w)
+  with tf.GradientTape() as tape:
+    loss = loss_fn(element['y'][idx], keras_model(element['x'][idx], training=True))
+  return tape.gradient(loss, keras_model.trainable_variables)
+
+
 def local_epoch(keras_model, loss_fn, optimizer, initial, element, batch_size: int,
                 guidance=None) -> tuple:
   """(first step, whole-epoch update) of one client epoch from `initial` (trainable weights),
@@ -439,12 +450,8 @@ def local_epoch(keras_model, loss_fn, optimizer, initial, element, batch_size: i
   order = element['order'][0]
   first = None
   for start in range(0, len(order), batch_size):
-    idx = order[start:start + batch_size]
-    for v, w in zip(keras_model.trainable_variables, weights):
-      v.assign(w)
-    with tf.GradientTape() as tape:
-      loss = loss_fn(element['y'][idx], keras_model(element['x'][idx], training=True))
-    grads = tape.gradient(loss, keras_model.trainable_variables)
+    grads = batch_gradient(keras_model, loss_fn, weights, element,
+                           order[start:start + batch_size])
     if guidance is not None:
       grads = [g * m for g, m in zip(grads, guidance)]
     state, new = optimizer.next(state, weights, grads)
@@ -459,7 +466,6 @@ def adam_steps(seed: int) -> dict:
   makes before round 1, recomputed) and what it does to round 1's client steps from w_0:
   each participant's first step and one-epoch update under client Adam at the suite's
   rates, guided over unguided (norm ratio, cosine), beside the SGD step's ratio |G*g|/|g|."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import data  # pylint: disable=g-import-not-at-top
   from tff_algos import execution, fedlex  # pylint: disable=g-import-not-at-top
   from tff_algos.models import model_fns, zoo  # pylint: disable=g-import-not-at-top
@@ -468,12 +474,8 @@ def adam_steps(seed: int) -> dict:
   c = suites.experiment_config(ADAM_SUITE.config_overrides('fedlex_avgm', tuned), seed,
                                '/nonexistent', 'adam_steps')
   fed = experiment.load_federated_data(c)
-  model_name, model_fn, process, _ = experiment._build_computations(  # pylint: disable=protected-access
-      c, fed, c.num_clients)
-  exploration, explorers = experiment._fedlex_exploration(  # pylint: disable=protected-access
-      c, model_fn, c.num_clients)
-  state, stats = experiment._explore(  # pylint: disable=protected-access
-      c, fed, process, exploration, explorers, process.initialize(), 0)
+  model_name, model_fn, process, _ = experiment.build_computations(c, fed, c.num_clients)
+  state, stats = experiment.explored_initial_state(c, fed, process, model_fn, c.num_clients)
   g = [np.asarray(t) for t in fedlex.get_guidance(state)]
   w0 = [np.asarray(t) for t in process.get_model_weights(state).trainable]
   x0, _ = fed.client_arrays(0)
@@ -495,12 +497,8 @@ def adam_steps(seed: int) -> dict:
     by_rate[f'{rate:g}'] = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
   # Under SGD the step is the rate times the (guided) gradient: the first batch's ratio.
   element = inputs[0]
-  idx = element['order'][0][:c.batch_size]
-  for v, w in zip(keras_model.trainable_variables, w0):
-    v.assign(w)
-  with tf.GradientTape() as tape:
-    loss = loss_fn(element['y'][idx], keras_model(element['x'][idx], training=True))
-  grads = [np.asarray(t) for t in tape.gradient(loss, keras_model.trainable_variables)]
+  grads = [np.asarray(t) for t in batch_gradient(keras_model, loss_fn, w0, element,
+                                                 element['order'][0][:c.batch_size])]
   return dict(guidance={k: v for k, v in stats.items() if k.startswith('guidance_')},
               adam=by_rate, sgd_first_step=_norm([a * b for a, b in zip(grads, g)]) / _norm(grads),
               participants=len(inputs))

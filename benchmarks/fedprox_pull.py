@@ -75,7 +75,7 @@ def measure(suite: str, prox_run: str, avg_run: str) -> dict:
   num_clients = min(avg_c.num_clients, fed.num_clients)
   processes = {}
   for c in (avg_c, prox_c):
-    _, _, processes[c.algorithm], _ = experiment._build_computations(c, fed, num_clients)  # pylint: disable=protected-access
+    _, _, processes[c.algorithm], _ = experiment.build_computations(c, fed, num_clients)
   avg, prox = processes['fedavg'], processes['fedprox']
   avg_state, prox_state = avg.initialize(), prox.initialize()
   rows = []

@@ -50,8 +50,7 @@ def _one_variant(variant: str, rounds: int) -> list:
       dirichlet_alpha=0.1, num_clients=20, clients_per_round=4, batch_size=50,
       local_epochs=1, fedcda_warmup_rounds=2, progress=False)
   fed = experiment.load_federated_data(c)
-  # pylint: disable-next=protected-access
-  _, _, process, evaluator = experiment._build_computations(c, fed, c.num_clients)
+  _, _, process, evaluator = experiment.build_computations(c, fed, c.num_clients)
   runner = (resident_state.DirectProcess(process) if variant == 'direct' else
             resident_state.ResidentProcess(process, c.clients_per_round,
                                            refresh_every=int(variant)))

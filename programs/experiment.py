@@ -844,7 +844,7 @@ def round_costs(rows: list[dict], name: str) -> int:
 # The computations of the last configuration run in this Python process, keyed by the flags
 # they depend on: running it again (a notebook cell re-run, a resume after an interrupt)
 # reuses TFF's traced and compiled computations instead of paying for them again. The entry
-# is a dict: model_name, model_fn, process, evaluator (_build_computations) and, once a run
+# is a dict: model_name, model_fn, process, evaluator (build_computations) and, once a run
 # has evaluated on its clients' test data, per_client (_per_client_evaluation).
 _LAST_BUILT: dict = {}
 _NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'eval_last', 'root_output_dir', 'experiment_name', 'resume',
@@ -882,8 +882,10 @@ def _build_key(c: ExperimentConfig, fed, num_clients: int) -> str:
       sort_keys=True)
 
 
-def _build_computations(c: ExperimentConfig, fed, num_clients: int):
-  """(model name, model_fn, LearningProcess, Evaluator) of the config and loaded data."""
+def build_computations(c: ExperimentConfig, fed, num_clients: int):
+  """(model name, model_fn, LearningProcess, Evaluator) of the config and loaded data, as a
+  run builds them (kept for a rerun in this process, which reuses TFF's traced computations;
+  benchmarks build their processes with it)."""
   from tff_algos import models  # pylint: disable=g-import-not-at-top
   key = _build_key(c, fed, num_clients)
   if key in _LAST_BUILT:
@@ -910,7 +912,7 @@ def _build_computations(c: ExperimentConfig, fed, num_clients: int):
 
 def _per_client_evaluation(c: ExperimentConfig, fed, num_clients: int, num_test_clients: int):
   """`evaluation.build_per_client_evaluation` of the run's model_fn for `num_test_clients`
-  clients, kept in the run's _LAST_BUILT entry (made by _build_computations just before):
+  clients, kept in the run's _LAST_BUILT entry (made by build_computations just before):
   a rerun in this process reuses TFF's traced computation."""
   built = _LAST_BUILT[_build_key(c, fed, num_clients)]
   if built.get('per_client', (None, None))[0] != num_test_clients:
@@ -971,7 +973,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
         'test split data (LEAF: test/*.json) in --data_dir')
   num_clients = min(c.num_clients, fed.num_clients)
   fed, client_test = with_client_test(c, fed, num_clients)
-  model_name, model_fn, process, evaluator = _build_computations(c, fed, num_clients)
+  model_name, model_fn, process, evaluator = build_computations(c, fed, num_clients)
   client_evaluator = ClientEvaluator(
       _per_client_evaluation(c, fed, num_clients, len(client_test)),
       client_test) if client_test else None
@@ -1220,6 +1222,13 @@ def _fedlex_exploration(c: ExperimentConfig, model_fn, num_clients: int):
   exploration = fedlex.build_fedlex_exploration(
       model_fn, client_opt, c.batch_size, **methods.exploration_kwargs(c))
   return exploration, fedlex_explorers(c, num_clients)
+
+
+def explored_initial_state(c: ExperimentConfig, fed, process, model_fn, num_clients: int):
+  """(state, exploration metrics): `process.initialize()` with FedLEx's guidance explored as
+  a run does before its first round (process and model_fn from `build_computations`)."""
+  exploration, explorers = _fedlex_exploration(c, model_fn, num_clients)
+  return _explore(c, fed, process, exploration, explorers, process.initialize(), 0)
 
 
 def fedlex_explorers(c: ExperimentConfig, num_clients: int) -> np.ndarray:

@@ -528,7 +528,7 @@ def test_model_flag_chooses_the_model(monkeypatch):
   fed = experiment.load_federated_data(_config())
   sizes = {}
   for model in ('', 'mlp_2nn'):
-    name, model_fn, _, _ = experiment._build_computations(_config(model=model), fed, NUM_CLIENTS)  # pylint: disable=protected-access
+    name, model_fn, _, _ = experiment.build_computations(_config(model=model), fed, NUM_CLIENTS)
     sizes[name] = sum(int(np.prod(v.shape)) for v in model_fn().trainable_variables)
   assert set(sizes) == {'tiny_cnn', 'mlp_2nn'} and sizes['tiny_cnn'] != sizes['mlp_2nn']
 
@@ -556,7 +556,7 @@ def test_a_rerun_reuses_the_per_client_evaluation(monkeypatch):
       config, experiment.load_federated_data(config), NUM_CLIENTS)
 
   def run(c):
-    _, model_fn, _, _ = experiment._build_computations(c, fed, NUM_CLIENTS)  # pylint: disable=protected-access
+    _, model_fn, _, _ = experiment.build_computations(c, fed, NUM_CLIENTS)
     return model_fn, experiment._per_client_evaluation(c, fed, NUM_CLIENTS, len(client_test))  # pylint: disable=protected-access
 
   first = run(config)
@@ -590,6 +590,25 @@ def loop_run(tmp_path_factory):
   with open(root / 'loop' / 'metrics.csv') as f:
     rows = list(csv.DictReader(f))
   return config, summary, rows, printed, root
+
+
+def test_explored_initial_state_explores_as_a_run_does(loop_run):
+  """`experiment.explored_initial_state` (what benchmarks build on): the initial state with
+  FedLEx's guidance explored by the run's explorers, within their epoch budget, and no more
+  client-epochs than the run's first row counts (which adds its refreshes)."""
+  from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+  config, _, rows, _, _ = loop_run
+  fed = experiment.load_federated_data(config)
+  _, model_fn, process, _ = experiment.build_computations(config, fed, config.num_clients)
+  state, stats = experiment.explored_initial_state(config, fed, process, model_fn,
+                                                   config.num_clients)
+  explorers = experiment.fedlex_explorers(config, config.num_clients)
+  assert 0 < stats['exploration_client_epochs'] <= (
+      len(explorers) * config.fedlex_exploration_epochs)
+  assert stats['exploration_client_epochs'] <= float(rows[0]['exploration_client_epochs'])
+  unexplored = fedlex.get_guidance(process.initialize())
+  assert any(not np.array_equal(a, b)
+             for a, b in zip(fedlex.get_guidance(state), unexplored))
 
 
 def test_loop_flags(loop_run):
