@@ -692,9 +692,15 @@ def test_accumulator_append_and_merge_equal_sequential():
 
   whole = fold(uploads)
   for split in range(len(uploads) + 1):
-    merged = cla.merge_accumulators(fold(uploads[:split]), fold(uploads[split:]), cap)
-    for a, b in zip(tf.nest.flatten(whole), tf.nest.flatten(merged)):
+    merged = cla.merge_accumulators(fold(uploads[:split]), fold(uploads[split:]), cap, specs)
+    for key in ('count', 'index', 'weight'):
+      np.testing.assert_array_equal(np.asarray(whole[key]), np.asarray(merged[key]))
+    for a, b in zip(tf.nest.flatten(cla.stacked_deltas(whole, specs)),
+                    tf.nest.flatten(cla.stacked_deltas(merged, specs))):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for j in range(len(specs)):   # the rows in arrival order, as uploaded
+    np.testing.assert_array_equal(cla.stacked_deltas(whole, specs)[j].numpy(),
+                                  np.stack([u[2][j] for u in uploads]))
   assert int(whole['count']) == 5
   np.testing.assert_array_equal(whole['index'].numpy(), [7, 2, 9, 4, 0])
   # overflow: rows stay, the count tells

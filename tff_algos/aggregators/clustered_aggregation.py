@@ -524,15 +524,25 @@ def cluster_agreement(relation, seen, true_clusters):
   return accuracy, tf.cast(tf.equal(hits, num), tf.float32)
 
 
+def _zero_delta(delta_specs):
+  return tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), delta_specs)
+
+
 def empty_accumulator(capacity: int, delta_specs) -> collections.OrderedDict:
   """The upload accumulator: `count` uploads so far, and per row the client index (−1 =
-  empty), its weight and its delta ([capacity, ...] per delta tensor)."""
+  empty), its weight and its delta (`server_state.zero_rows`: `capacity` separate rows, each
+  empty until written, so the zero accumulator TFF serialises every round holds no delta and
+  an upload writes its own row, not a copy of all of them)."""
   return collections.OrderedDict(
       count=tf.constant(0, tf.int32),
       index=tf.fill([capacity], -1),
       weight=tf.zeros([capacity], tf.float32),
-      delta=tf.nest.map_structure(lambda s: tf.zeros([capacity, *s.shape], s.dtype),
-                                  delta_specs))
+      delta=server_state.zero_rows(_zero_delta(delta_specs), capacity))
+
+
+def stacked_deltas(acc, delta_specs):
+  """The accumulator's delta rows as [capacity, ...] tensors (unwritten rows zero)."""
+  return server_state.stack_rows(acc['delta'], _zero_delta(delta_specs))
 
 
 def append_upload(acc, index, weight, delta, capacity: int) -> collections.OrderedDict:
@@ -542,20 +552,17 @@ def append_upload(acc, index, weight, delta, capacity: int) -> collections.Order
   def put():
     at = tf.reshape(pos, [1, 1])
     return (tf.tensor_scatter_nd_update(acc['index'], at, tf.reshape(index, [1])),
-            tf.tensor_scatter_nd_update(acc['weight'], at, tf.reshape(weight, [1])),
-            tf.nest.map_structure(
-                lambda a, v: tf.tensor_scatter_nd_update(a, at, tf.expand_dims(v, 0)),
-                acc['delta'], delta))
+            tf.tensor_scatter_nd_update(acc['weight'], at, tf.reshape(weight, [1])))
 
   def full():
-    return acc['index'], acc['weight'], acc['delta']
+    return acc['index'], acc['weight']
 
-  new_index, new_weight, new_delta = tf.cond(pos < capacity, put, full)
+  new_index, new_weight = tf.cond(pos < capacity, put, full)
   return collections.OrderedDict(count=pos + 1, index=new_index, weight=new_weight,
-                                 delta=new_delta)
+                                 delta=server_state.put_row(acc['delta'], pos, delta))
 
 
-def merge_accumulators(a, b, capacity: int) -> collections.OrderedDict:
+def merge_accumulators(a, b, capacity: int, delta_specs) -> collections.OrderedDict:
   """`a` with `b`'s rows appended after its own (as far as they fit); counts add."""
   k = tf.range(capacity)
   dest = a['count'] + k
@@ -566,11 +573,14 @@ def merge_accumulators(a, b, capacity: int) -> collections.OrderedDict:
   def insert(x, y):
     return tf.tensor_scatter_nd_update(x, at, tf.gather(y, src))
 
+  merged = tf.nest.map_structure(insert, stacked_deltas(a, delta_specs),
+                                 stacked_deltas(b, delta_specs))
   return collections.OrderedDict(
       count=a['count'] + b['count'],
       index=insert(a['index'], b['index']),
       weight=insert(a['weight'], b['weight']),
-      delta=tf.nest.map_structure(insert, a['delta'], b['delta']))
+      delta=[tf.nest.map_structure(lambda t, i=i: server_state.open_shape(t[i]), merged)
+             for i in range(capacity)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -887,7 +897,7 @@ def _initial_state_fn(keyed: bool, n: int, threshold: float):
   return initial_state
 
 
-def _canonical_rows(acc, keyed: bool, n: int, c: int):
+def _canonical_rows(acc, keyed: bool, n: int, c: int, delta_specs):
   """(client index [C] with −1 for empty rows, weight [C], delta rows) of the accumulator in
   canonical order (keyed: by client index, empty rows last, so arrival order is irrelevant;
   anonymous: arrival order, the index being the row), behind the round's checks."""
@@ -907,7 +917,8 @@ def _canonical_rows(acc, keyed: bool, n: int, c: int):
   with tf.control_dependencies(checks):
     index = tf.gather(index, order)
   weight = tf.gather(tf.where(received, acc['weight'], 0.0), order)
-  delta = tf.nest.map_structure(lambda t: tf.gather(t, order), acc['delta'])
+  delta = tf.nest.map_structure(lambda t: tf.gather(t, order),
+                                stacked_deltas(acc, delta_specs))
   return index, weight, delta
 
 
@@ -926,10 +937,10 @@ def _build_process(value_type, weight_type, delta_specs, keyed: bool, num_client
     return append_upload(acc, acc['count'], weight, value, c)
 
   def merge(a, b):
-    return merge_accumulators(a, b, c)
+    return merge_accumulators(a, b, c, delta_specs)
 
   def server_step(state, acc):
-    index, weight, delta = _canonical_rows(acc, keyed, n, c)
+    index, weight, delta = _canonical_rows(acc, keyed, n, c, delta_specs)
     if keyed:
       q, f = state['q'], state['f']
     else:
@@ -989,7 +1000,7 @@ def _build_delta_aggregator_process(value_type, weight_type, delta_specs, num_cl
 
   @tff.tensorflow.computation(acc_type, acc_type)
   def merge_fn(a, b):
-    return merge_accumulators(a, b, c)
+    return merge_accumulators(a, b, c, similarity_spec)
 
   @tff.tensorflow.computation(acc_type)
   def report_fn(acc):
@@ -997,7 +1008,7 @@ def _build_delta_aggregator_process(value_type, weight_type, delta_specs, num_cl
 
   @tff.tensorflow.computation(clustering_state_type, acc_type)
   def clustering_fn(state, acc):
-    index, weight, similarity = _canonical_rows(acc, True, n, c)
+    index, weight, similarity = _canonical_rows(acc, True, n, c, similarity_spec)
     new_state, p, measurements = clustering_step(state, index, weight, similarity, options,
                                                  true_clusters)
     # What each client needs to find its own weight: the rows' indices and p, and the

@@ -83,8 +83,15 @@ def _empty_like(t):
   t = tf.convert_to_tensor(t)
   if t.shape.rank == 0:
     return t
-  return tf.compat.v1.placeholder_with_default(tf.zeros([0] * t.shape.rank, t.dtype),
-                                               [None] * t.shape.rank)
+  return open_shape(tf.zeros([0] * t.shape.rank, t.dtype))
+
+
+def open_shape(t):
+  """`t` with every dimension of its static shape unknown (the type of a `zero_rows` row)."""
+  t = tf.convert_to_tensor(t)
+  if t.shape.rank == 0:
+    return t
+  return tf.compat.v1.placeholder_with_default(t, [None] * t.shape.rank)
 
 
 def put_row(rows: list, slot, value) -> list:
