@@ -15,8 +15,9 @@ state, all dense tensors so `tff.program` state managers checkpoint it:
 
 A client has been *seen* when F_ii > 0. One round:
 
-1. Uploads reach the server through `tff.federated_aggregate` into a dense [C, ...]
-   accumulator, C = `clients_per_round` (upload memory O(C·D) whatever N is). Each client
+1. Uploads reach the server through `tff.federated_aggregate` into an accumulator of C
+   rows, C = `clients_per_round` (upload memory O(C·D) whatever N is; each row its own
+   tensor, empty until written: `server_state.zero_rows`, `put_row`). Each client
    is appended at the next free row (accumulate writes row `count`; merge appends the other
    partial accumulator's rows after its own), so the aggregator needs no slot and works with
    any client work that uploads the client index. More than C uploads in a round is an
