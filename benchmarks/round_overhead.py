@@ -111,6 +111,12 @@ METHODS = ('fedcross', 'fedcda', 'cadis', 'cadis_nokd', 'fedlex_avgm', 'fedlex_s
 VARIANTS = ('plain_tf', 'ours', 'tff') + METHODS
 
 
+def max_abs_difference(a, b) -> float:
+  """The largest |a - b| over two structures of the same tensors (e.g. two models)."""
+  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+             for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)))
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # TFF logs every Keras model it wraps
@@ -326,35 +332,28 @@ def main(argv):
             f'({low[v] / low["plain_tf"]:.2f}x) | {med[e]:.3f} ({low[e]:.3f}) | '
             f'{100 * med[e] / med[v]:.1f}% ({100 * low[e] / low[v]:.1f}%) |')
     # No client took a step in those rounds: each model must be where it started.
-    moved = {v: max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
-        tf.nest.flatten(processes[v].get_model_weights(state[f'{v}@0'])),
-        tf.nest.flatten(w0))) for v in empty_variants}
-    moved.update({f'{v}@resident': max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-                                       for a, b in zip(tf.nest.flatten(
-                                           residents[v].get_model_weights(
-                                               state[f'{v}@resident@0'])),
-                                           tf.nest.flatten(w0)))
+    moved = {v: max_abs_difference(processes[v].get_model_weights(state[f'{v}@0']), w0)
+             for v in empty_variants}
+    moved.update({f'{v}@resident': max_abs_difference(
+        residents[v].get_model_weights(state[f'{v}@resident@0']), w0)
                   for v in empty_variants if v in residents})
     print('0-epoch rounds: max |final - initial weights| ' +
           ', '.join(f'{v} {d:.2e}' for v, d in moved.items()))
 
   plain_weights, state_ours, state_tff = state['plain'], state['ours'], state['tff']
   w_ours = ours.get_model_weights(state_ours).trainable
-  diff_plain = max(float(np.max(np.abs(np.asarray(a) - b.numpy())))
-                   for a, b in zip(w_ours, plain_weights))
+  diff_plain = max_abs_difference(w_ours, plain_weights)
   line = f'final weights max |ours - plain_tf| {diff_plain:.2e}'
   if 'tff' in variants and 'ours' in variants:
     w_tff = stock.get_model_weights(state_tff).trainable
-    diff_tff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
-                   for a, b in zip(w_ours, w_tff))
+    diff_tff = max_abs_difference(w_ours, w_tff)
     line += f', max |ours - tff| {diff_tff:.2e}'
   if 'ours' in variants:
     print(line)
   loop = asyncio.new_event_loop()
   for name, resident in residents.items():
-    diff = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
-        tf.nest.flatten(resident.get_model_weights(state[f'{name}@resident'])),
-        tf.nest.flatten(processes[name].get_model_weights(state[name]))))
+    diff = max_abs_difference(resident.get_model_weights(state[f'{name}@resident']),
+                              processes[name].get_model_weights(state[name]))
     # The training program brings the state back for each checkpoint and writes it
     # (TFF's FileProgramStateManager, as programs/experiment.py): once a round with
     # --checkpoint_every=1, once every N rounds with N.
