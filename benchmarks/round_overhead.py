@@ -354,44 +354,75 @@ def main(argv):
   for name, resident in residents.items():
     diff = max_abs_difference(resident.get_model_weights(state[f'{name}@resident']),
                               processes[name].get_model_weights(state[name]))
-    # The training program brings the state back for each checkpoint and writes it
-    # (TFF's FileProgramStateManager, as programs/experiment.py): once a round with
-    # --checkpoint_every=1, once every N rounds with N.
-    # The training program also places the state anew every RESIDENT_REFRESH_ROUNDS rounds
-    # (from the copy it brought back), so that TFF's worker frees the rounds before.
-    back, write, place = [], [], []
-    with tempfile.TemporaryDirectory() as ckpt_dir:
-      manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=2)
-      for version in range(1, 4):
-        t0 = time.perf_counter()
-        python_state = resident.materialize(state[f'{name}@resident'])
-        t1 = time.perf_counter()
-        loop.run_until_complete(manager.save(
-            collections.OrderedDict(state=python_state, round=version), version))
-        back.append(t1 - t0)
-        write.append(time.perf_counter() - t1)
-      for _ in range(3):   # (a placed state would come back at no cost: place it last)
-        t0 = time.perf_counter()
-        resident.adopt(python_state)
-        place.append(time.perf_counter() - t0)
-    back, write, place = (statistics.median(x) for x in (back, write, place))
-    every_round = med[name + '@resident'] + back + write
-    # As programs/train.py runs it: resident rounds, one checkpoint every N of them, and a
-    # refresh every R (bringing the state back unless that round also checkpoints).
-    n, r = _CHECKPOINT_EVERY.value, RESIDENT_REFRESH_ROUNDS
-    program = (med[name + '@resident'] + (back + write) / n
-               + (place + (0.0 if r % n == 0 else back)) / r)
-    figures['variants'][name + '@resident'].update(
-        checkpoint_s=back + write, materialize_s=back, refresh_s=place, checkpoint_every=n,
-        refresh_every=r,
-        program_s=program, program_ratio_to_plain_tf=program / med['plain_tf'])
+    # The training program brings the state back for each checkpoint and writes it (TFF's
+    # FileProgramStateManager, as programs/experiment.py): once a round with
+    # --checkpoint_every=1, once every N rounds with N. Every RESIDENT_REFRESH_ROUNDS rounds
+    # it also places the state anew (`refresh`), so that TFF's worker frees the rounds before:
+    # with the default transfer='files' the worker writes the state to a file and reads it
+    # back, and only reads it on a round whose checkpoint has just written it. The same is
+    # timed with transfer='values' (the state through TFF's gRPC values; a refresh is a round
+    # trip through Python), from the same state.
+    by_transfer = {}
+    for transfer in resident_state.TRANSFERS:
+      if transfer == 'files':
+        runner, held = resident, state[f'{name}@resident']
+      else:
+        runner = resident_state.ResidentProcess(processes[name], num_clients, refresh_every=0,
+                                                transfer=transfer)
+        # A state computed in the worker (one placed from Python would come back at no cost).
+        held = runner.next(runner.adopt(resident.materialize(state[f'{name}@resident'])),
+                           [[inp] for inp in inputs]).state
+      back, write, after_checkpoint, alone = [], [], [], []
+      with tempfile.TemporaryDirectory() as ckpt_dir:
+        manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=2)
+        for version in range(1, 4):
+          t0 = time.perf_counter()
+          python_state = runner.materialize(held)
+          t1 = time.perf_counter()
+          loop.run_until_complete(manager.save(
+              collections.OrderedDict(state=python_state, round=version), version))
+          t2 = time.perf_counter()
+          held = runner.refresh(held)     # a refresh round that has just checkpointed
+          back.append(t1 - t0)
+          write.append(t2 - t1)
+          after_checkpoint.append(time.perf_counter() - t2)
+          if transfer == 'files':
+            t3 = time.perf_counter()
+            held = runner.refresh(held)   # a refresh round without a checkpoint
+            alone.append(time.perf_counter() - t3)
+          else:   # placed from Python, it would come back at no cost: compute it anew
+            held = runner.next(held, [[inp] for inp in inputs]).state
+      back, write, after_checkpoint = (
+          statistics.median(x) for x in (back, write, after_checkpoint))
+      # Without a checkpoint just made, 'values' brings the state back to place it anew.
+      alone = statistics.median(alone) if alone else back + after_checkpoint
+      # As programs/train.py runs it: resident rounds, one checkpoint every N of them, and a
+      # refresh every R (the cheaper one when each refresh round also checkpoints).
+      n, r = _CHECKPOINT_EVERY.value, RESIDENT_REFRESH_ROUNDS
+      program = (med[name + '@resident'] + (back + write) / n
+                 + (after_checkpoint if r % n == 0 else alone) / r)
+      by_transfer[transfer] = dict(
+          checkpoint_s=back + write, materialize_s=back, refresh_s=alone,
+          refresh_after_checkpoint_s=after_checkpoint, checkpoint_every=n, refresh_every=r,
+          program_s=program, program_ratio_to_plain_tf=program / med['plain_tf'])
+    figures['variants'][name + '@resident'].update(by_transfer['files'])
+    figures['variants'][name + '@resident']['transfer_values'] = by_transfer['values']
+    files, values = by_transfer['files'], by_transfer['values']
+    every_round = med[name + '@resident'] + files['checkpoint_s']
     print(f'final weights max |{name}@resident - {name}| {diff:.2e}; checkpoint: materialize '
-          f'{back:.3f} s + write {write:.3f} s, so a round checkpointed every round ~ '
-          f'{every_round:.3f} s ({every_round / med["plain_tf"]:.2f}x plain_tf, against '
+          f'{files["materialize_s"]:.3f} s + write {files["checkpoint_s"] - files["materialize_s"]:.3f} s, '
+          f'so a round checkpointed every round ~ {every_round:.3f} s '
+          f'({every_round / med["plain_tf"]:.2f}x plain_tf, against '
           f'{med[name] / med["plain_tf"]:.2f}x through process.next); placing it anew '
-          f'{place:.3f} s')
+          f'{files["refresh_s"]:.3f} s ({files["refresh_after_checkpoint_s"]:.3f} s after a '
+          'checkpoint)')
+    print(f'  with transfer=\'values\' (TFF values through gRPC): materialize '
+          f'{values["materialize_s"]:.3f} s, placing it anew {values["refresh_after_checkpoint_s"]:.3f} s '
+          f'after a checkpoint, as the program runs it {values["program_s"]:.3f} s/round, '
+          f'{values["program_ratio_to_plain_tf"]:.2f}x plain_tf')
     print(f'as the program runs it ({name}, resident, --checkpoint_every={n}, refresh every '
-          f'{r}): {program:.3f} s/round, {program / med["plain_tf"]:.2f}x plain_tf')
+          f'{r}): {files["program_s"]:.3f} s/round, {files["program_ratio_to_plain_tf"]:.2f}x '
+          'plain_tf')
   loop.close()
   if _JSON.value:
     pages.write_json(_JSON.value, figures)

@@ -57,8 +57,9 @@ RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last', 'data_dir', 'root_outp
                      'resident_state', 'checkpoint_every', 'blown_up_rounds')
 
 
-# Every this many rounds the state kept in TFF's worker makes a round trip through Python,
-# which lets the worker free what it kept from the rounds before (docs/tff_0.87_notes.md).
+# Every this many rounds the state kept in TFF's worker is placed anew (written to a file by
+# the worker and read back: `ResidentProcess.refresh`), which lets the worker free what it
+# kept from the rounds before (docs/tff_0.87_notes.md).
 RESIDENT_REFRESH_ROUNDS = 10
 
 # A round's mean client training loss above this (cross-entropy starts near ln 10 = 2.3) means
@@ -364,20 +365,16 @@ _SMALLER_STATE = dict(
 
 
 def _check_state_crosses(c: ExperimentConfig, process, resident: bool) -> None:
-  """The server state must fit in the runtime's messages: whole without --resident_state
-  (it crosses every round), each of its tensors with it (a resident state crosses, at
-  `initialize`, checkpoints and resumes, in parts: `ResidentProcess(part_bytes=...)`)."""
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  """Without --resident_state the server state crosses to TFF's worker and back every round
+  as one gRPC message, so it must fit in one. (A resident state crosses as a file:
+  `ResidentProcess`'s transfer='files'.)"""
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
-  state_type = process.initialize.type_signature.result
-  what = f'the {c.algorithm} server state'
   if resident:
-    state_type = max(tff.structure.flatten(state_type.member), key=execution.value_bytes)
-    what = f'the largest tensor of the {c.algorithm} server state'
+    return
   try:
     execution.check_value_fits(
-        state_type, what, _SMALLER_STATE.get(c.algorithm,
-                                             'lower --num_clients or use a smaller --model'))
+        process.initialize.type_signature.result, f'the {c.algorithm} server state',
+        _SMALLER_STATE.get(c.algorithm, 'lower --num_clients or use a smaller --model'))
   except execution.ValueTooLargeError as e:
     raise ExperimentError(str(e)) from None
 
@@ -989,9 +986,16 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   # rounds (`held`); `state` is its copy in Python, brought back for each checkpoint. On
   # worker services both are the same Python value.
   from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
-  # Its round trip through Python (resident_state's module doc) is made here, on round
-  # numbers, so that it falls on checkpoint rounds whatever round a run resumed at.
-  runner = (resident_state.ResidentProcess(process, c.clients_per_round, refresh_every=0)
+  # Its refresh (resident_state's module doc) is made here, on round numbers, so that it
+  # falls on checkpoint rounds (where it only reads the checkpoint's file back) whatever
+  # round a run resumed at.
+  # Its files go in the experiment's directory (the checkpoints' file system); a killed run
+  # leaves its scratch directory behind, removed here.
+  for entry in os.listdir(exp_dir):
+    if entry.startswith(resident_state.SCRATCH_PREFIX):
+      shutil.rmtree(os.path.join(exp_dir, entry), ignore_errors=True)
+  runner = (resident_state.ResidentProcess(process, c.clients_per_round, refresh_every=0,
+                                           scratch_dir=exp_dir)
             if resident else resident_state.DirectProcess(process))
   loop = asyncio.new_event_loop()
   manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=2)
@@ -1152,10 +1156,8 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
             f'rate, or go on with --resume --blown_up_rounds=0 (rounds up to {last_round} are '
             f'checkpointed in {ckpt_dir})')
       if refreshes and round_num % RESIDENT_REFRESH_ROUNDS == 0:
-        if checkpointed != round_num:
-          with execution.collector_paused():
-            state = runner.materialize(held)
-        held = runner.adopt(state)   # lets TFF's worker free the rounds before
+        with execution.collector_paused():
+          held = runner.refresh(held)   # lets TFF's worker free the rounds before
       if not frozen or (evaluated and not frozen_after_eval):
         # Everything alive now (TFF's compiled computations, ~1M objects) lives as long as
         # the run: keep the garbage collector from re-traversing it every round.
@@ -1202,6 +1204,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
     summary.update((k, float(last[-1][k]) if last else None) for k in CLIENT_ACCURACY_FIGURES)
     summary['clients_evaluated'] = sum(1 for _, y in client_test if len(y))
   final_weights = runner.get_model_weights(held)   # (only the weights leave the worker)
+  runner.close()
   record = methods.RunRecord(c, rows, state, final_weights, num_clients)
   summary.update(methods.METHODS[c.algorithm].summary(record))
   summary.update(methods.plugin_summary(methods.METHODS[c.algorithm], record))

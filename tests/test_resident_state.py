@@ -111,49 +111,89 @@ def test_a_state_materialized_and_adopted_continues_exactly():
 
 
 @pytest.mark.parametrize('algorithm', ['fedcda', 'fedcross'])
-def test_a_state_crossing_in_parts_is_the_state_crossing_whole(algorithm):
-  """Above `part_bytes` the state crosses between Python and the worker in parts (each a
-  message of its own): what comes back is the whole-message state, to the bit and in the same
-  containers, and rounds on a state placed in parts go on exactly."""
+def test_every_way_the_state_crosses_gives_the_same_state(algorithm):
+  """The state crosses between Python and the worker as a checkpoint file (transfer='files',
+  the default), as one TFF value, or above `part_bytes` in parts (each a message of its own):
+  what comes back is the same state, to the bit and in the same containers, and rounds on a
+  state placed any way go on exactly."""
   process = _process(algorithm)
-  whole = resident_state.ResidentProcess(process, P, part_bytes=0)
-  parts = resident_state.ResidentProcess(process, P, part_bytes=4096)
-  assert len(parts._parts) > 3  # pylint: disable=protected-access
+  whole = resident_state.ResidentProcess(process, P, transfer='values', part_bytes=0)
+  ways = dict(parts=resident_state.ResidentProcess(process, P, transfer='values',
+                                                   part_bytes=4096),
+              files=resident_state.ResidentProcess(process, P))
+  assert len(ways['parts']._parts) > 3  # pylint: disable=protected-access
+  assert ways['files']._parts is None  # pylint: disable=protected-access
   held = whole.initialize()
   for round_num in (1, 2):
     held, _ = whole.next(held, _inputs(round_num))
   state = whole.materialize(held)
-  placed = parts.adopt(state)
-  placed._python = None   # pylint: disable=protected-access  (fetch it back, in parts)
-  back = parts.materialize(placed)
-  tf.nest.assert_same_structure(state, back)
-  assert type(back) is type(state)
-  for a, b in zip(tf.nest.flatten(state), tf.nest.flatten(back)):
-    assert np.asarray(a).dtype == np.asarray(b).dtype
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  unbroken, _ = whole.next(held, _inputs(3))
-  resumed, _ = parts.next(placed, _inputs(3))
-  _assert_close(whole.materialize(unbroken), parts.materialize(resumed))
+  unbroken = whole.materialize(whole.next(held, _inputs(3)).state)
+  for way, resident in ways.items():
+    placed = resident.adopt(state)
+    placed._python = None   # pylint: disable=protected-access  (fetch it back, that way)
+    back = resident.materialize(placed)
+    tf.nest.assert_same_structure(state, back)
+    assert type(back) is type(state), way
+    for a, b in zip(tf.nest.flatten(state), tf.nest.flatten(back)):
+      assert type(a) is type(b) and np.asarray(a).dtype == np.asarray(b).dtype, way
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    resumed, _ = resident.next(placed, _inputs(3))
+    _assert_close(unbroken, resident.materialize(resumed))
   assert resident_state.state_parts(process.initialize.type_signature.result.member,
                                     1 << 40) is None
 
 
-@pytest.mark.parametrize('refresh_every, placed_from_python', [
+@pytest.mark.parametrize('transfer', resident_state.TRANSFERS)
+@pytest.mark.parametrize('refresh_every, refreshed', [
     (2, [False, True, False, True]), (3, [False, False, True, False]),
     (0, [False, False, False, False])])
-def test_the_state_is_refreshed_through_python_every_n_rounds(refresh_every,
-                                                                placed_from_python):
-  """Every `refresh_every` rounds the new state is brought back and placed anew (so the
-  worker can free the earlier rounds); materialize then needs no transfer."""
+def test_the_state_is_placed_anew_every_n_rounds(transfer, refresh_every, refreshed):
+  """Every `refresh_every` rounds the new state is placed in the worker anew (so the worker
+  can free the earlier rounds), by a file the worker writes and reads (transfer='files') or
+  through Python ('values'); the rounds are those without refreshes."""
   process = _process('fedavg')
-  resident = resident_state.ResidentProcess(process, P, refresh_every=refresh_every)
-  held, seen = resident.initialize(), []
+  resident = resident_state.ResidentProcess(process, P, refresh_every=refresh_every,
+                                            transfer=transfer)
+  never = resident_state.ResidentProcess(process, P, refresh_every=0, transfer=transfer)
+  calls = []
+  refresh = resident.refresh
+  resident.refresh = lambda state: calls.append(state) or refresh(state)
+  held, plain, seen = resident.initialize(), never.initialize(), []
   for round_num in range(1, 5):
+    calls.clear()
     held, _ = resident.next(held, _inputs(round_num))
-    seen.append(held._python is not None)  # pylint: disable=protected-access
-    if seen[-1]:
-      assert resident.materialize(held) is held._python  # pylint: disable=protected-access
-  assert seen == placed_from_python
+    plain, _ = never.next(plain, _inputs(round_num))
+    seen.append(bool(calls))
+    if calls:
+      assert held is not calls[0]
+    _assert_close(never.materialize(plain), resident.materialize(held))
+  assert seen == refreshed
+  if transfer == 'files':   # nothing left behind but the last materialized state's file
+    assert len(os.listdir(resident._scratch)) <= 2  # pylint: disable=protected-access
+
+
+def test_a_refresh_right_after_materialize_reads_its_file(monkeypatch):
+  """The program's checkpoint rounds: `materialize` has the worker write the state, and a
+  `refresh` of that state only reads the file back (no second write)."""
+  process = _process('fedcda')
+  resident = resident_state.ResidentProcess(process, P, refresh_every=0)
+  held, _ = resident.next(resident.initialize(), _inputs(1))
+  saves = []
+  real_save = resident._save  # pylint: disable=protected-access
+  monkeypatch.setattr(resident, '_save', lambda *a: saves.append(1) or real_save(*a))
+  state = resident.materialize(held)
+  refreshed = resident.refresh(held)
+  assert len(saves) == 1 and refreshed is not held
+  assert os.listdir(resident._scratch) == []  # pylint: disable=protected-access
+  _assert_close(state, resident.materialize(refreshed))
+  assert resident.refresh(resident.adopt(state))._python is state  # pylint: disable=protected-access
+  _assert_close(resident.materialize(resident.next(held, _inputs(2)).state),
+                resident.materialize(resident.next(refreshed, _inputs(2)).state))
+  assert len(saves) == 4
+  scratch = resident._scratch  # pylint: disable=protected-access
+  assert os.listdir(scratch)   # the last materialized state's file
+  resident.close()
+  assert not os.path.exists(scratch)
 
 
 def test_misuse_is_refused_with_the_reason():
@@ -172,6 +212,8 @@ def test_misuse_is_refused_with_the_reason():
     resident_state.ResidentProcess(process, P, refresh_every=-1)
   with pytest.raises(ValueError, match='part_bytes must be >= 0'):
     resident_state.ResidentProcess(process, P, part_bytes=-1)
+  with pytest.raises(ValueError, match="transfer must be one of .*got 'disk'"):
+    resident_state.ResidentProcess(process, P, transfer='disk')
   placed = resident.adopt(process.initialize())
   with pytest.raises(ValueError, match='held by another ResidentProcess'):
     other.materialize(placed)

@@ -122,28 +122,31 @@ def test_checkpoint_every_n_rounds_and_a_crash_between_repeats_the_same_rounds(t
 
 def test_the_resident_state_round_trip_on_round_numbers_keeps_runs_exact(tmp_path,
                                                                           monkeypatch):
-  """The program's round trip of the resident state (every RESIDENT_REFRESH_ROUNDS rounds,
-  here 3) happens on round numbers, also after a resume at another round, and changes
-  nothing: a run stopped at round 4 and resumed to 7 equals the unbroken run exactly."""
+  """The program's refresh of the resident state (placed anew every
+  RESIDENT_REFRESH_ROUNDS rounds, here 3) happens on round numbers, also after a resume at
+  another round, and changes nothing: a run stopped at round 4 and resumed to 7 equals the
+  unbroken run exactly."""
   from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(experiment, 'RESIDENT_REFRESH_ROUNDS', 3)
-  adopted = []
-  adopt = resident_state.ResidentProcess.adopt
+  refreshed = []
+  refresh = resident_state.ResidentProcess.refresh
 
-  def counting_adopt(self, state):
-    adopted.append(state)
-    return adopt(self, state)
+  def counting_refresh(self, state):
+    refreshed.append(state)
+    return refresh(self, state)
 
-  monkeypatch.setattr(resident_state.ResidentProcess, 'adopt', counting_adopt)
+  monkeypatch.setattr(resident_state.ResidentProcess, 'refresh', counting_refresh)
   config = dataclasses.replace(BASE, algorithm='fedcda', root_output_dir=str(tmp_path),
                                rounds=7, **METHODS['fedcda'])
   log = lambda msg: None  # noqa: E731
   experiment.run_experiment(dataclasses.replace(config, experiment_name='unbroken'), log)
-  assert len(adopted) == 2   # after rounds 3 and 6 (the initial state starts in the worker)
+  assert len(refreshed) == 2   # after rounds 3 and 6
   experiment.run_experiment(dataclasses.replace(config, experiment_name='broken', rounds=4),
                             log)
+  refreshed.clear()
   experiment.run_experiment(dataclasses.replace(config, experiment_name='broken', resume=True),
                             log)
+  assert len(refreshed) == 1   # after round 6, not 3 rounds after the resume at 4
   a = np.load(os.path.join(tmp_path, 'unbroken', 'final_weights.npz'))
   b = np.load(os.path.join(tmp_path, 'broken', 'final_weights.npz'))
   for key in a.files:

@@ -100,9 +100,14 @@ def test_every_signal_stops_the_run_at_a_round_boundary(tmp_path):
     tf.summary.scalar('client_work/train/loss', 1.0)
   stale = os.path.join(ckpt_dir, f'program_state_{last + 1}_temp1234')
   os.makedirs(stale)
+  # and the resident state's scratch directory (tff_algos.ResidentProcess), a file in it
+  scratch = os.path.join(config.experiment_dir, 'tff_algos_resident_x1y2')
+  os.makedirs(scratch)
+  open(os.path.join(scratch, 'state_7.index'), 'w').close()
   config.resume, config.rounds = True, last + 2
   summary = experiment.run_experiment(config, log=lambda msg: None)
   assert summary['rounds'] == last + 2 and not os.path.exists(stale)
+  assert not [e for e in os.listdir(config.experiment_dir) if e.startswith('tff_algos_res')]
   assert _csv_rounds(csv_path) == list(range(1, last + 3))
   steps = {}
   tb_dir = os.path.join(config.experiment_dir, 'tensorboard')

@@ -12,11 +12,10 @@ method).
 
 A value TFF's C++ worker computes keeps the values it was computed from alive (measured on
 FedCDA's 133 MB state: the worker grew by 0.175 GB a round, about one round's state and
-data, until the machine ran out of memory). So every `refresh_every` rounds the state makes
-one round trip through Python (brought back, then placed anew), which lets the worker free
-the rounds before, for one transfer each way per `refresh_every` rounds: at 10 the worker
-levels off (5.0 GB at round 60, +0.02 GB a round and slowing; benchmarks/results/RESULTS.md, "The
-resident state's memory"). The training program makes that round trip itself, on round
+data, until the machine ran out of memory). So every `refresh_every` rounds the state is
+placed anew (`refresh`), which lets the worker free the rounds before: at 10 the worker
+levels off (5.0 GB at round 60, +0.02 GB a round and slowing; benchmarks/results/RESULTS.md,
+"The resident state's memory"). The training program refreshes the state itself, on round
 numbers (`programs.experiment.RESIDENT_REFRESH_ROUNDS`).
 
     resident = ResidentProcess(process, clients_per_round=10)
@@ -27,11 +26,18 @@ numbers (`programs.experiment.RESIDENT_REFRESH_ROUNDS`).
     python_state = resident.materialize(state)       # e.g. to checkpoint it
     state = resident.adopt(python_state)             # e.g. after loading a checkpoint
 
-A state above `part_bytes` (64 MiB) crosses between Python and the worker in parts, each its
-own message (a computation splits the state into tuples of its tensors, another joins
-them): bit-identical to the whole, no message larger than a part (or its largest tensor) against TFF's 2 GB limit, and a smaller
-peak in the worker. `initial_state()` computes `initialize` in the worker and brings back
-one copy, so a large state is never sent whole.
+How the state crosses (`transfer`): by default ('files') as a TensorFlow checkpoint in a
+scratch directory, written by the worker (a TF computation running `SaveV2`) and read by
+Python, or written by Python and read by the worker (`RestoreV2`); a refresh has the worker
+write it and read it back, and never passes through Python. A TFF value crossing gRPC is
+serialised, copied into a message, parsed and held by the worker with its message (a
+placed state cost the worker about two states' worth, a refresh of FedCDA's 200 MB state
+1.3 s against 0.2 s from a file; benchmarks/results/RESULTS.md). With 'values' the state
+crosses as TFF values, and above `part_bytes` (64 MiB) in parts, each its own message (a
+computation splits the state into tuples of its tensors, another joins them), so that no
+message exceeds TFF's 2 GB limit. Every way gives the same state to the bit, in the same
+containers (tested). `initial_state()` computes `initialize` in the worker and brings back
+one copy.
 
 It needs TFF's local runtime (the context `execution.initialize_runtime()` installs without
 workers): on several worker services each round's state is split and merged by TFF's
@@ -40,9 +46,15 @@ mergeable context, which holds no value between calls.
 
 from __future__ import annotations
 
+import itertools
+import os
+import shutil
+import tempfile
 from typing import Any, NamedTuple, Optional
+import weakref
 
 import numpy as np
+import tensorflow as tf
 import tensorflow_federated as tff
 # TFF's executor-level pieces, as its AsyncExecutionContext uses them (TFF 0.87).
 from tensorflow_federated.python.common_libs import structure
@@ -59,6 +71,11 @@ from tff_algos import execution
 # fetching it whole raised the worker's peak by 1.6 GB, in parts by 0.1 GB; placing it,
 # +2.9 GB whole, +2.2 GB in parts).
 PART_BYTES = 64 << 20
+# How the state crosses between Python and the worker (ResidentProcess's `transfer`).
+TRANSFERS = ('files', 'values')
+# The name of the scratch directory transfer='files' makes in its `scratch_dir` (removed
+# when the ResidentProcess is; one a kill left behind is the caller's to remove).
+SCRATCH_PREFIX = 'tff_algos_resident_'
 
 
 def state_parts(member_type, part_bytes: int):
@@ -122,6 +139,102 @@ def join_computation(state_type, parts):
   return join
 
 
+def _leaves(value, member_type) -> list:
+  """The tensors of a state (of type `member_type`, a struct or one tensor) in TFF's order."""
+  if isinstance(member_type, tff.StructType):
+    return structure.flatten(structure.from_container(value, recursive=True))
+  return [value]
+
+
+def _leaf_names(member_type) -> list[str]:
+  return [f'state/{i}' for i in range(len(structure.flatten(member_type)))]
+
+
+def save_computation(state_type):
+  """<state@SERVER, path@SERVER> -> path@SERVER: the worker writes the state's tensors (in
+  TFF's flattened order) as a TensorFlow checkpoint at `path` (its .index and .data files)
+  and returns `path` once they are written."""
+  member = state_type.member
+  names = _leaf_names(member)
+
+  @tff.tensorflow.computation(member, np.str_)
+  def save(state, path):
+    leaves = _leaves(state, member)
+    written = tf.raw_ops.SaveV2(prefix=path, tensor_names=names,
+                                shape_and_slices=[''] * len(names), tensors=leaves)
+    with tf.control_dependencies([written]):
+      return tf.identity(path)
+
+  @tff.federated_computation(state_type, tff.FederatedType(np.str_, tff.SERVER))
+  def save_at_server(state, path):
+    return tff.federated_map(save, tff.federated_zip((state, path)))
+
+  return save_at_server
+
+
+def restore_computation(state_type):
+  """path@SERVER -> <state@SERVER, size@SERVER>: the state read from a checkpoint that
+  `save_computation` (or `write_state_file`) wrote; `size` (of its first tensor) is there to
+  be fetched: once it has arrived, the file has been read."""
+  member = state_type.member
+  types = structure.flatten(member)
+  names = _leaf_names(member)
+
+  @tff.tensorflow.computation(np.str_)
+  def restore(path):
+    leaves = tf.raw_ops.RestoreV2(prefix=path, tensor_names=names,
+                                  shape_and_slices=[''] * len(names),
+                                  dtypes=[tf.as_dtype(t.dtype) for t in types])
+    leaves = [tf.ensure_shape(leaf, t.shape) for leaf, t in zip(leaves, types)]
+    state = type_conversions.type_to_py_container(
+        structure.pack_sequence_as(member, leaves), member)
+    return state, tf.size(leaves[0])
+
+  @tff.tensorflow.computation(restore.type_signature.result)
+  def state_of(restored):
+    return restored[0]
+
+  @tff.tensorflow.computation(restore.type_signature.result)
+  def size_of(restored):
+    return restored[1]
+
+  @tff.federated_computation(tff.FederatedType(np.str_, tff.SERVER))
+  def restore_at_server(path):
+    restored = tff.federated_map(restore, path)
+    return tff.federated_map(state_of, restored), tff.federated_map(size_of, restored)
+
+  return restore_at_server
+
+
+def write_state_file(path: str, leaves, member_type) -> None:
+  """Writes a state's flattened tensors (TFF's order) where `restore_computation` reads them;
+  each converted to its type's dtype, its shape checked."""
+  tensors = []
+  for i, (leaf, t) in enumerate(zip(leaves, structure.flatten(member_type))):
+    array = np.asarray(leaf, dtype=t.dtype)
+    if not tf.TensorShape(t.shape).is_compatible_with(array.shape):
+      raise ValueError(f'the state\'s tensor {i} has shape {array.shape}; its type is {t}')
+    tensors.append(tf.convert_to_tensor(array))
+  tf.raw_ops.SaveV2(prefix=path, tensor_names=_leaf_names(member_type),
+                    shape_and_slices=[''] * len(tensors), tensors=tensors)
+
+
+def read_state_file(path: str, member_type) -> list[np.ndarray]:
+  """The flattened tensors (TFF's order) of a state `save_computation` wrote at `path`."""
+  types = structure.flatten(member_type)
+  leaves = tf.raw_ops.RestoreV2(prefix=path, tensor_names=_leaf_names(member_type),
+                                shape_and_slices=[''] * len(types),
+                                dtypes=[tf.as_dtype(t.dtype) for t in types])
+  return [leaf.numpy() for leaf in leaves]
+
+
+def _remove_state_file(path: str) -> None:
+  directory, name = os.path.split(path)
+  for entry in os.listdir(directory):
+    if entry.startswith(name + '.'):
+      os.remove(os.path.join(directory, entry))
+
+
 class ResidentValue:
   """A server state held in the worker by one `ResidentProcess` (opaque to callers)."""
 
@@ -150,14 +263,21 @@ class ResidentProcess:
       `execution.initialize_runtime()` installed).
     refresh_every: every this many rounds of this process, `next` brings the new state back
       to Python and places it in the worker anew (see the module doc; 0 = never).
-    part_bytes: a state larger than this crosses between Python and the worker (`adopt`,
-      `materialize`) in parts of about this size, its tensors grouped in order (a tensor
-      larger than it goes alone), instead of as one message (0 = always whole).
+    transfer: how the state crosses between Python and the worker (`materialize`, `adopt`)
+      and is placed anew (`refresh`): 'files' (default): as a TensorFlow checkpoint in
+      `scratch_dir` that one side writes and the other reads (a refresh never leaves the
+      worker); 'values': as TFF values through the worker's gRPC interface.
+    part_bytes: with transfer='values', a state larger than this crosses in parts of about
+      this size, its tensors grouped in order (a tensor larger than it goes alone), instead
+      of as one message (0 = always whole).
+    scratch_dir: where transfer='files' makes its directory (default: the system's temp
+      directory); the worker must see the same file system (TFF's local runtime does).
   """
 
   def __init__(self, process: tff.learning.templates.LearningProcess, clients_per_round: int,
                context: Optional[sync_execution_context.SyncExecutionContext] = None,
-               refresh_every: int = 10, part_bytes: int = PART_BYTES):
+               refresh_every: int = 10, part_bytes: int = PART_BYTES,
+               transfer: str = 'files', scratch_dir: Optional[str] = None):
     if context is None:
       execution.initialize_runtime()
       context = execution.installed_context()
@@ -172,6 +292,9 @@ class ResidentProcess:
       raise ValueError(f'refresh_every must be >= 0, got {refresh_every}')
     if part_bytes < 0:
       raise ValueError(f'part_bytes must be >= 0, got {part_bytes}')
+    if transfer not in TRANSFERS:
+      raise ValueError(f'transfer must be one of {TRANSFERS}, got {transfer!r}')
+    self._transfer = transfer
     self._refresh_every = int(refresh_every)
     self._rounds = 0
     self._process = process
@@ -194,7 +317,18 @@ class ResidentProcess:
     self._computations = dict(initialize=process.initialize, next=process.next,
                               get_model_weights=weights_at_server)
     self._embedded = {}
-    self._parts = state_parts(self._state_type.member, part_bytes) if part_bytes else None
+    # (a weak reference to the ResidentValue, its file or Python copy) of the last
+    # `materialize`: a `refresh` of that state right after it (the program's checkpoint
+    # rounds) only places what it brought back.
+    self._saved = None
+    if transfer == 'files':
+      self._computations.update(save=save_computation(self._state_type),
+                                restore=restore_computation(self._state_type))
+      self._scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_dir)
+      self._remove_scratch = weakref.finalize(self, shutil.rmtree, self._scratch, True)
+      self._file_names = itertools.count()
+    self._parts = (state_parts(self._state_type.member, part_bytes)
+                   if part_bytes and transfer == 'values' else None)
     if self._parts is not None:
       self._computations.update(split=split_computation(self._state_type, self._parts),
                                 join=join_computation(self._state_type, self._parts))
@@ -233,6 +367,35 @@ class ResidentProcess:
       return state._value  # pylint: disable=protected-access
     return await self._ingest(state, self._state_type)
 
+  # -- the state's files (transfer='files') -------------------------------------------------
+
+  def _new_file(self) -> str:
+    self._forget_saved()
+    return os.path.join(self._scratch, f'state_{next(self._file_names)}')
+
+  def _forget_saved(self) -> None:
+    if self._saved is not None and self._transfer == 'files':
+      _remove_state_file(self._saved[1])
+    self._saved = None
+
+  async def _server_path(self, path: str):
+    return await self._ingest(path, tff.FederatedType(np.str_, tff.SERVER))
+
+  async def _save(self, value, path: str) -> None:
+    """The worker writes `value` (the state) at `path`; returns once it is written."""
+    argument = await self._executor.create_struct(
+        structure.Struct.unnamed(value, await self._server_path(path)))
+    written = await self._executor.create_call(await self._function('save'), argument)
+    await written.compute()
+
+  async def _restore(self, path: str):
+    """The state the worker reads from `path`, once it has read it."""
+    output = await self._executor.create_call(await self._function('restore'),
+                                              await self._server_path(path))
+    state = await self._executor.create_selection(output, 0)
+    await (await self._executor.create_selection(output, 1)).compute()
+    return state
+
   # -- the LearningProcess's calls ----------------------------------------------------------
 
   def initialize(self) -> ResidentValue:
@@ -270,7 +433,7 @@ class ResidentProcess:
     held = ResidentValue(new_state, self)
     self._rounds += 1
     if self._refresh_every and self._rounds % self._refresh_every == 0:
-      held = self.adopt(self.materialize(held))   # frees the earlier rounds in the worker
+      held = self.refresh(held)   # frees the earlier rounds in the worker
     return ResidentOutput(held, metrics)
 
   def get_model_weights(self, state):
@@ -284,31 +447,50 @@ class ResidentProcess:
 
   def materialize(self, state):
     """The whole state as `process.next` would have returned it (e.g. to checkpoint it)."""
-    if isinstance(state, ResidentValue) and state._python is not None:  # pylint: disable=protected-access
-      self._resident_check(state)
-      return state._python  # pylint: disable=protected-access  (placed from it: no transfer)
-    if self._parts is not None and not isinstance(state, ResidentValue):
+    if not isinstance(state, ResidentValue):
       return state   # a Python state: nothing to bring back
-    if self._parts is not None:
-      async def run_parts():
-        split = await self._executor.create_call(await self._function('split'),
-                                                 await self._resident(state))
-        leaves = []
-        for i in range(len(self._parts)):
-          part = await (await self._executor.create_selection(split, i)).compute()
-          leaves.extend(structure.flatten(part))
-        return structure.pack_sequence_as(self._state_type.member, leaves)
-      return self._python(self._run(run_parts()), self._state_type.member)
+    self._resident_check(state)
+    if state._python is not None:  # pylint: disable=protected-access
+      return state._python  # pylint: disable=protected-access  (placed from it: no transfer)
+    member = self._state_type.member
+    if self._transfer == 'files':
+      path = self._new_file()
+      self._run(self._save(state._value, path))  # pylint: disable=protected-access
+      self._saved = (weakref.ref(state), path)
+      return self._python(structure.pack_sequence_as(member, read_state_file(path, member)),
+                          member)
 
-    async def run():
+    async def run_parts():
+      split = await self._executor.create_call(await self._function('split'),
+                                               await self._resident(state))
+      leaves = []
+      for i in range(len(self._parts)):
+        part = await (await self._executor.create_selection(split, i)).compute()
+        leaves.extend(structure.flatten(part))
+      return structure.pack_sequence_as(member, leaves)
+
+    async def run_whole():
       return await (await self._resident(state)).compute()
-    return self._python(self._run(run()), self._state_type.member)
+
+    python = self._python(self._run(run_parts() if self._parts is not None else run_whole()),
+                          member)
+    self._saved = (weakref.ref(state), python)
+    return python
 
   def adopt(self, state) -> ResidentValue:
     """A state held in Python (e.g. loaded from a checkpoint) placed in the worker."""
     if isinstance(state, ResidentValue):
       self._resident_check(state)
       return state
+    if self._transfer == 'files':
+      member = self._state_type.member
+      value = self._transform_args(state) if self._transform_args is not None else state
+      path = self._new_file()
+      write_state_file(path, _leaves(value, member), member)
+      try:
+        return ResidentValue(self._run(self._restore(path)), self, python=state)
+      finally:
+        _remove_state_file(path)
     if self._parts is not None:
       async def run_parts():
         value = self._transform_args(state) if self._transform_args is not None else state
@@ -326,6 +508,34 @@ class ResidentProcess:
     async def run():
       return await self._resident(state)
     return ResidentValue(self._run(run()), self, python=state)
+
+  def close(self) -> None:
+    """Removes the scratch directory (also done when this object is collected, or at exit);
+    states already fetched stay valid, no transfer may follow."""
+    if self._transfer == 'files':
+      self._saved = None
+      self._remove_scratch()
+
+  def refresh(self, state: ResidentValue) -> ResidentValue:
+    """`state` placed in the worker anew, so that the worker can free the values it was
+    computed from (the module doc): with transfer='files' the worker writes it and reads it
+    back, with 'values' it makes a round trip through Python; a state `materialize` has
+    just brought back is only placed again. A state placed from Python has nothing to free."""
+    self._resident_check(state)
+    if state._python is not None:  # pylint: disable=protected-access
+      return state
+    saved = self._saved[1] if self._saved is not None and self._saved[0]() is state else None
+    if self._transfer == 'values':
+      return self.adopt(saved if saved is not None else self.materialize(state))
+    path = saved
+    if path is None:
+      path = self._new_file()
+      self._run(self._save(state._value, path))  # pylint: disable=protected-access
+    self._saved = None
+    try:
+      return ResidentValue(self._run(self._restore(path)), self)
+    finally:
+      _remove_state_file(path)
 
 
 class DirectProcess:
@@ -355,4 +565,10 @@ class DirectProcess:
 
   def adopt(self, state):
     return state
+
+  def refresh(self, state):
+    return state
+
+  def close(self):
+    pass
 
