@@ -31,14 +31,17 @@ between rounds instead of crossing to it and back), and both copies must end on 
 weights; then the checkpoint the training program makes of the resident state (bringing it
 back and writing it, as `--checkpoint_every` does every N rounds) is timed, and each is
 given "as the program runs it": its resident round plus one checkpoint per --checkpoint_every
-rounds and one placing of the state anew (the program's refresh) every 10 rounds.
+rounds and one placing of the state anew (the program's refresh) every 10 rounds, with the
+state crossing as a file (ResidentProcess's default transfer) and, for comparison, as TFF
+values (`transfer='values'`, timed from the same state).
 
   .venv/bin/python benchmarks/round_overhead.py --examples_per_client=200 --rounds=3
 
 --json=PATH also writes the figures for a script to read (benchmarks/clients_per_round.py):
 each variant's median and least s/round and median ratio to plain_tf; with --resident, each
-@resident variant's checkpoint_s (materialize_s of it), refresh_s, program_s and
-program_ratio_to_plain_tf too.
+@resident variant's checkpoint_s (materialize_s of it), refresh_s (refresh_after_checkpoint_s
+on a round that has just checkpointed), program_s and program_ratio_to_plain_tf too, and
+the same under transfer_values.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A value TFF 0.87's C++ worker computes keeps the values it was computed from alive, so a
 state kept in the worker (`tff_algos.ResidentProcess`) carries every earlier round with it
-unless it makes a round trip through Python now and then (`refresh_every`). This runs
+unless it is placed anew now and then (`refresh_every`). This runs
 FedCDA at the reproduction's Dir 0.1 setting (20 clients, 4 per round, its 133 MB cache)
 through ResidentProcess for each `--refresh_every` (or through `process.next`: "direct"),
 each in its own process (a fresh worker), evaluating and checkpoint-materializing every

@@ -30,9 +30,10 @@ How the state crosses (`transfer`): by default ('files') as a TensorFlow checkpo
 scratch directory, written by the worker (a TF computation running `SaveV2`) and read by
 Python, or written by Python and read by the worker (`RestoreV2`); a refresh has the worker
 write it and read it back, and never passes through Python. A TFF value crossing gRPC is
-serialised, copied into a message, parsed and held by the worker with its message (a
-placed state cost the worker about two states' worth, a refresh of FedCDA's 200 MB state
-1.3 s against 0.2 s from a file; benchmarks/results/RESULTS.md). With 'values' the state
+serialised, copied into a message, parsed and held by the worker with its message: placing
+FedCDA's 2 GB state from a checkpoint raised the worker's peak to 4.3 states' worth against
+3.2 from a file, and its 200 MB state took 1.4-1.5 s to place against 0.2 s for the worker
+to write and read it (benchmarks/results/RESULTS.md). With 'values' the state
 crosses as TFF values, and above `part_bytes` (64 MiB) in parts, each its own message (a
 computation splits the state into tuples of its tensors, another joins them), so that no
 message exceeds TFF's 2 GB limit. Every way gives the same state to the bit, in the same
