@@ -78,7 +78,8 @@ _WORKER_TIMEOUT = flags.DEFINE_float(
     'worker_timeout', 60.0, 'Seconds a worker service may stay unreachable before the run stops.')
 _RESIDENT_STATE = flags.DEFINE_bool(
     'resident_state', True, 'Keep the server state in TFF\'s local worker between rounds '
-    '(same results; the state crosses to the worker only for checkpoints). Local runtime '
+    '(same results; the state leaves it only for checkpoints, as a file in the experiment '
+    'directory). Local runtime '
     'only: with --workers/--local_workers every round goes through process.next.')
 _BLOWN_UP_ROUNDS = flags.DEFINE_integer(
     'blown_up_rounds', 5, 'Stop (exit 2, checkpointed) after this many rounds in a row whose '
