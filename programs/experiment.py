@@ -932,8 +932,8 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
   validate(c)
   made = _make_output_dir(c.experiment_dir)
   try:
-    with exclusive_run_directory(c.experiment_dir):
-      return _run_experiment(c, log, stop)
+    with exclusive_run_directory(c.experiment_dir), contextlib.ExitStack() as closing:
+      return _run_experiment(c, log, stop, closing)
   except RunDirectoryBusy:
     # The directory is the other process's, made by it between our look and our makedirs
     # (empty while that process checks its data): removing it would leave that process
@@ -945,8 +945,9 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
 
 
 def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
-                    stop: Optional[StopRequests]) -> dict:
-  """run_experiment, with the experiment directory made and held."""
+                    stop: Optional[StopRequests], closing: contextlib.ExitStack) -> dict:
+  """run_experiment, with the experiment directory made and held; `closing` releases what
+  the run holds (the resident state's scratch directory) however it ends."""
   start_round = resume_point(c, log)
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   try:
@@ -987,8 +988,8 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   # worker services both are the same Python value.
   from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
   # Its refresh (resident_state's module doc) is made here, on round numbers, so that it
-  # falls on checkpoint rounds (where it only reads the checkpoint's file back) whatever
-  # round a run resumed at.
+  # falls on checkpoint rounds (where it only reads back the file the checkpoint's
+  # materialize left) whatever round a run resumed at.
   # Its files go in the experiment's directory (the checkpoints' file system); a killed run
   # leaves its scratch directory behind, removed here.
   for entry in os.listdir(exp_dir):
@@ -997,6 +998,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   runner = (resident_state.ResidentProcess(process, c.clients_per_round, refresh_every=0,
                                            scratch_dir=exp_dir)
             if resident else resident_state.DirectProcess(process))
+  closing.callback(runner.close)
   loop = asyncio.new_event_loop()
   manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=2)
   held, state = runner.initial_state()   # (a resume or FedLEx's exploration replaces both)
@@ -1204,7 +1206,6 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
     summary.update((k, float(last[-1][k]) if last else None) for k in CLIENT_ACCURACY_FIGURES)
     summary['clients_evaluated'] = sum(1 for _, y in client_test if len(y))
   final_weights = runner.get_model_weights(held)   # (only the weights leave the worker)
-  runner.close()
   record = methods.RunRecord(c, rows, state, final_weights, num_clients)
   summary.update(methods.METHODS[c.algorithm].summary(record))
   summary.update(methods.plugin_summary(methods.METHODS[c.algorithm], record))

@@ -2,6 +2,7 @@
 method's rounds give what `process.next` gives (weights, whole state, metrics)."""
 
 import csv
+import dataclasses
 import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -43,7 +44,12 @@ def _fed():
 
 @functools.lru_cache(maxsize=None)
 def _process(algorithm):
-  return experiment.build_process(_config(algorithm), MODEL_FN, NUM_CLIENTS)
+  """The process of `algorithm`; 'fedcda@bfloat16': FedCDA with its cache in bfloat16."""
+  name, _, cache_dtype = algorithm.partition('@')
+  config = _config(name)
+  if cache_dtype:
+    config = dataclasses.replace(config, fedcda_cache_dtype=cache_dtype)
+  return experiment.build_process(config, MODEL_FN, NUM_CLIENTS)
 
 
 def _inputs(round_num):
@@ -65,8 +71,11 @@ def _initial_state(algorithm, process):
 def _assert_close(expected, actual):
   expected, actual = tf.nest.flatten(expected), tf.nest.flatten(actual)
   assert len(expected) == len(actual)
+  def comparable(x):   # (numpy's allclose takes no bfloat16)
+    x = np.asarray(x)
+    return x.astype(np.float64) if x.dtype.name == 'bfloat16' else x
   for e, a in zip(expected, actual):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(comparable(a), comparable(e), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize('algorithm',
@@ -74,7 +83,7 @@ def _assert_close(expected, actual):
 def test_rounds_match_process_next(algorithm):
   process = _process(algorithm)
   state = _initial_state(algorithm, process)
-  # refresh_every=2: round 2's state makes its round trip through Python (module doc).
+  # refresh_every=2: round 2's state is placed anew (module doc).
   resident = resident_state.ResidentProcess(process, P, refresh_every=2)
   # FedLEx's exploration sets the state in Python: it is adopted; the others start in the
   # worker.
@@ -110,7 +119,7 @@ def test_a_state_materialized_and_adopted_continues_exactly():
   _assert_close(resident.materialize(unbroken), resident.materialize(direct))
 
 
-@pytest.mark.parametrize('algorithm', ['fedcda', 'fedcross'])
+@pytest.mark.parametrize('algorithm', ['fedcda', 'fedcross', 'fedcda@bfloat16'])
 def test_every_way_the_state_crosses_gives_the_same_state(algorithm):
   """The state crosses between Python and the worker as a checkpoint file (transfer='files',
   the default), as one TFF value, or above `part_bytes` in parts (each a message of its own):
@@ -141,6 +150,34 @@ def test_every_way_the_state_crosses_gives_the_same_state(algorithm):
     _assert_close(unbroken, resident.materialize(resumed))
   assert resident_state.state_parts(process.initialize.type_signature.result.member,
                                     1 << 40) is None
+  if algorithm == 'fedcda@bfloat16':
+    assert str(process.initialize.type_signature.result.member.aggregator.cache[0].dtype) == 'bfloat16'
+
+
+def test_a_state_that_does_not_fit_its_type_is_refused_by_name():
+  """Placed from Python through a file, a state is held to TFF's own rules for a value sent
+  to the worker: each tensor's dtype and shape, and their number."""
+  process = _process('fedcda')
+  resident = resident_state.ResidentProcess(process, P)
+  state = process.initialize()
+  leaves = tf.nest.flatten(state)
+  member = process.initialize.type_signature.result.member
+  widened = [np.asarray(x, np.float64) if np.asarray(x).dtype == np.float32 else x
+             for x in leaves]
+  with pytest.raises(ValueError, match=r"tensor 0 \(float64\) does not fit its type float32"):
+    resident_state.write_state_file('/nonexistent/x', widened, member)
+  with pytest.raises(ValueError, match=f'the state has {len(leaves) - 1} tensors; its type has'):
+    resident_state.write_state_file('/nonexistent/x', leaves[:-1], member)
+  reshaped = [np.zeros([2]) if i == 0 else x for i, x in enumerate(leaves)]
+  with pytest.raises(ValueError, match='tensor 0 .*does not fit|tensor 0 has shape'):
+    resident_state.write_state_file('/nonexistent/x', reshaped, member)
+  with pytest.raises(ValueError, match='tensor 0 has shape'):
+    resident_state.write_state_file(
+        '/nonexistent/x', [np.zeros([2], np.float32) if i == 0 else x
+                           for i, x in enumerate(leaves)], member)
+  resident.close()
+  with pytest.raises(ValueError, match='this ResidentProcess is closed'):
+    resident.adopt(state)
 
 
 @pytest.mark.parametrize('transfer', resident_state.TRANSFERS)

@@ -59,6 +59,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 # TFF's executor-level pieces, as its AsyncExecutionContext uses them (TFF 0.87).
 from tensorflow_federated.python.common_libs import structure
+from tensorflow_federated.python.core.impl.compiler import array
 from tensorflow_federated.python.core.impl.execution_contexts import async_execution_context
 from tensorflow_federated.python.core.impl.execution_contexts import sync_execution_context
 from tensorflow_federated.python.core.impl.types import type_conversions
@@ -161,6 +162,8 @@ def save_computation(state_type):
   @tff.tensorflow.computation(member, np.str_)
   def save(state, path):
     leaves = _leaves(state, member)
+    if not leaves:   # nothing to write (read_state_file and restore expect no file)
+      return tf.identity(path)
     written = tf.raw_ops.SaveV2(prefix=path, tensor_names=names,
                                 shape_and_slices=[''] * len(names), tensors=leaves)
     with tf.control_dependencies([written]):
@@ -183,6 +186,8 @@ def restore_computation(state_type):
 
   @tff.tensorflow.computation(np.str_)
   def restore(path):
+    if not types:
+      return type_conversions.type_to_py_container(structure.Struct([]), member), tf.size(path)
     leaves = tf.raw_ops.RestoreV2(prefix=path, tensor_names=names,
                                   shape_and_slices=[''] * len(names),
                                   dtypes=[tf.as_dtype(t.dtype) for t in types])
@@ -208,21 +213,33 @@ def restore_computation(state_type):
 
 
 def write_state_file(path: str, leaves, member_type) -> None:
-  """Writes a state's flattened tensors (TFF's order) where `restore_computation` reads them;
-  each converted to its type's dtype, its shape checked."""
+  """Writes a state's flattened tensors (TFF's order) where `restore_computation` reads them.
+  A leaf must have its type's shape and a dtype TFF would take for it (as when a value is
+  sent to the worker); raises ValueError naming the leaf otherwise."""
+  types = structure.flatten(member_type)
+  if len(leaves) != len(types):
+    raise ValueError(f'the state has {len(leaves)} tensors; its type has {len(types)}')
   tensors = []
-  for i, (leaf, t) in enumerate(zip(leaves, structure.flatten(member_type))):
-    array = np.asarray(leaf, dtype=t.dtype)
-    if not tf.TensorShape(t.shape).is_compatible_with(array.shape):
-      raise ValueError(f'the state\'s tensor {i} has shape {array.shape}; its type is {t}')
-    tensors.append(tf.convert_to_tensor(array))
-  tf.raw_ops.SaveV2(prefix=path, tensor_names=_leaf_names(member_type),
-                    shape_and_slices=[''] * len(tensors), tensors=tensors)
+  for i, (leaf, t) in enumerate(zip(leaves, types)):
+    if t.dtype.type is np.str_:
+      tensors.append(tf.constant(np.asarray(leaf, dtype=object), tf.string))
+    else:
+      if not array.is_compatible_dtype(leaf, t.dtype.type):
+        raise ValueError(f'the state\'s tensor {i} ({np.asarray(leaf).dtype}) does not fit its '
+                         f'type {t}')
+      tensors.append(tf.convert_to_tensor(np.asarray(leaf, dtype=t.dtype)))
+    if not tf.TensorShape(t.shape).is_compatible_with(tensors[-1].shape):
+      raise ValueError(f'the state\'s tensor {i} has shape {tensors[-1].shape}; its type is {t}')
+  if tensors:
+    tf.raw_ops.SaveV2(prefix=path, tensor_names=_leaf_names(member_type),
+                      shape_and_slices=[''] * len(tensors), tensors=tensors)
 
 
 def read_state_file(path: str, member_type) -> list[np.ndarray]:
   """The flattened tensors (TFF's order) of a state `save_computation` wrote at `path`."""
   types = structure.flatten(member_type)
+  if not types:
+    return []
   leaves = tf.raw_ops.RestoreV2(prefix=path, tensor_names=_leaf_names(member_type),
                                 shape_and_slices=[''] * len(types),
                                 dtypes=[tf.as_dtype(t.dtype) for t in types])
@@ -230,8 +247,13 @@ def read_state_file(path: str, member_type) -> list[np.ndarray]:
 
 
 def _remove_state_file(path: str) -> None:
+  """Removes the files of the checkpoint at `path` (none if its directory is gone)."""
   directory, name = os.path.split(path)
-  for entry in os.listdir(directory):
+  try:
+    entries = os.listdir(directory)
+  except FileNotFoundError:
+    return
+  for entry in entries:
     if entry.startswith(name + '.'):
       os.remove(os.path.join(directory, entry))
 
@@ -245,6 +267,17 @@ class ResidentValue:
     # The Python state it was placed from (`adopt`), shared with the caller, who must not
     # change its arrays in place: `materialize` returns it instead of fetching the value.
     self._python = python
+    # What `materialize` brought back of a computed state, kept while the state lives for a
+    # `refresh` (or another `materialize`) to use: with transfer='files' its file (a
+    # weakref.finalize that removes it), with 'values' the Python copy.
+    self._file = None
+    self._fetched = None
+
+
+def _file_of(state: ResidentValue) -> Optional[str]:
+  """The file `materialize` left of `state` (transfer='files'), if any is left."""
+  kept = state._file.peek() if state._file is not None else None  # pylint: disable=protected-access
+  return kept[2][0] if kept else None   # (state, _remove_state_file, (path,), {})
 
 
 class ResidentOutput(NamedTuple):
@@ -262,8 +295,8 @@ class ResidentProcess:
       is created for that cardinality once).
     context: TFF's local synchronous execution context (default: the one
       `execution.initialize_runtime()` installed).
-    refresh_every: every this many rounds of this process, `next` brings the new state back
-      to Python and places it in the worker anew (see the module doc; 0 = never).
+    refresh_every: every this many rounds of this process, `next` places the new state in
+      the worker anew (`refresh`; see the module doc; 0 = never).
     transfer: how the state crosses between Python and the worker (`materialize`, `adopt`)
       and is placed anew (`refresh`): 'files' (default): as a TensorFlow checkpoint in
       `scratch_dir` that one side writes and the other reads (a refresh never leaves the
@@ -271,8 +304,10 @@ class ResidentProcess:
     part_bytes: with transfer='values', a state larger than this crosses in parts of about
       this size, its tensors grouped in order (a tensor larger than it goes alone), instead
       of as one message (0 = always whole).
-    scratch_dir: where transfer='files' makes its directory (default: the system's temp
-      directory); the worker must see the same file system (TFF's local runtime does).
+    scratch_dir: where transfer='files' makes its directory, at the first transfer (default:
+      the system's temp directory); the worker must see the same file system (TFF's local
+      runtime does). A state's file lives as long as the state (or until it is refreshed);
+      `close()` removes the directory.
   """
 
   def __init__(self, process: tff.learning.templates.LearningProcess, clients_per_round: int,
@@ -318,15 +353,13 @@ class ResidentProcess:
     self._computations = dict(initialize=process.initialize, next=process.next,
                               get_model_weights=weights_at_server)
     self._embedded = {}
-    # (a weak reference to the ResidentValue, its file or Python copy) of the last
-    # `materialize`: a `refresh` of that state right after it (the program's checkpoint
-    # rounds) only places what it brought back.
-    self._saved = None
+    self._scratch_dir = os.path.abspath(scratch_dir or tempfile.gettempdir())
+    self._scratch = None        # made at the first transfer
+    self._remove_scratch = None
+    self._closed = False
     if transfer == 'files':
       self._computations.update(save=save_computation(self._state_type),
                                 restore=restore_computation(self._state_type))
-      self._scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=scratch_dir)
-      self._remove_scratch = weakref.finalize(self, shutil.rmtree, self._scratch, True)
       self._file_names = itertools.count()
     self._parts = (state_parts(self._state_type.member, part_bytes)
                    if part_bytes and transfer == 'values' else None)
@@ -371,13 +404,22 @@ class ResidentProcess:
   # -- the state's files (transfer='files') -------------------------------------------------
 
   def _new_file(self) -> str:
-    self._forget_saved()
+    if self._closed:
+      raise ValueError('this ResidentProcess is closed')
+    if self._scratch is None:
+      self._scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=self._scratch_dir)
+      self._remove_scratch = weakref.finalize(self, shutil.rmtree, self._scratch, True)
     return os.path.join(self._scratch, f'state_{next(self._file_names)}')
 
-  def _forget_saved(self) -> None:
-    if self._saved is not None and self._transfer == 'files':
-      _remove_state_file(self._saved[1])
-    self._saved = None
+  def _write_in_worker(self, state: ResidentValue) -> str:
+    """A new file the worker has written `state` to (removed if the write fails)."""
+    path = self._new_file()
+    try:
+      self._run(self._save(state._value, path))  # pylint: disable=protected-access
+    except BaseException:
+      _remove_state_file(path)
+      raise
+    return path
 
   async def _server_path(self, path: str):
     return await self._ingest(path, tff.FederatedType(np.str_, tff.SERVER))
@@ -406,7 +448,7 @@ class ResidentProcess:
 
   def initial_state(self) -> tuple:
     """(the initial state in the worker, its copy in Python): `initialize` computed in the
-    worker and brought back once (in parts if large), never sent whole."""
+    worker and brought back once (never sent to it)."""
     held = self.initialize()
     python = self.materialize(held)
     return ResidentValue(held._value, self, python=python), python  # pylint: disable=protected-access
@@ -455,11 +497,14 @@ class ResidentProcess:
       return state._python  # pylint: disable=protected-access  (placed from it: no transfer)
     member = self._state_type.member
     if self._transfer == 'files':
-      path = self._new_file()
-      self._run(self._save(state._value, path))  # pylint: disable=protected-access
-      self._saved = (weakref.ref(state), path)
+      path = _file_of(state)
+      if path is None:
+        path = self._write_in_worker(state)
+        state._file = weakref.finalize(state, _remove_state_file, path)  # pylint: disable=protected-access
       return self._python(structure.pack_sequence_as(member, read_state_file(path, member)),
                           member)
+    if state._fetched is not None:  # pylint: disable=protected-access
+      return state._fetched  # pylint: disable=protected-access
 
     async def run_parts():
       split = await self._executor.create_call(await self._function('split'),
@@ -473,10 +518,9 @@ class ResidentProcess:
     async def run_whole():
       return await (await self._resident(state)).compute()
 
-    python = self._python(self._run(run_parts() if self._parts is not None else run_whole()),
-                          member)
-    self._saved = (weakref.ref(state), python)
-    return python
+    state._fetched = self._python(  # pylint: disable=protected-access
+        self._run(run_parts() if self._parts is not None else run_whole()), member)
+    return state._fetched  # pylint: disable=protected-access
 
   def adopt(self, state) -> ResidentValue:
     """A state held in Python (e.g. loaded from a checkpoint) placed in the worker."""
@@ -513,30 +557,30 @@ class ResidentProcess:
   def close(self) -> None:
     """Removes the scratch directory (also done when this object is collected, or at exit);
     states already fetched stay valid, no transfer may follow."""
-    if self._transfer == 'files':
-      self._saved = None
+    self._closed = True
+    if self._remove_scratch is not None:
       self._remove_scratch()
 
   def refresh(self, state: ResidentValue) -> ResidentValue:
     """`state` placed in the worker anew, so that the worker can free the values it was
     computed from (the module doc): with transfer='files' the worker writes it and reads it
-    back, with 'values' it makes a round trip through Python; a state `materialize` has
-    just brought back is only placed again. A state placed from Python has nothing to free."""
+    back, with 'values' it makes a round trip through Python; of a state `materialize` has
+    brought back, the file (or copy) is only placed again. A state placed from Python has
+    nothing to free."""
     self._resident_check(state)
     if state._python is not None:  # pylint: disable=protected-access
       return state
-    saved = self._saved[1] if self._saved is not None and self._saved[0]() is state else None
     if self._transfer == 'values':
-      return self.adopt(saved if saved is not None else self.materialize(state))
-    path = saved
+      return self.adopt(self.materialize(state))
+    path = _file_of(state)
     if path is None:
-      path = self._new_file()
-      self._run(self._save(state._value, path))  # pylint: disable=protected-access
-    self._saved = None
+      path = self._write_in_worker(state)
     try:
       return ResidentValue(self._run(self._restore(path)), self)
     finally:
       _remove_state_file(path)
+      if state._file is not None:  # pylint: disable=protected-access
+        state._file.detach()  # pylint: disable=protected-access
 
 
 class DirectProcess:
