@@ -284,3 +284,17 @@ def test_program_resident_state_flag(tmp_path, monkeypatch):
   assert runs[True]['csv'] == runs[False]['csv']
   for name in runs[True]['weights'].files:
     np.testing.assert_array_equal(runs[True]['weights'][name], runs[False]['weights'][name])
+
+
+def test_an_empty_state_crosses_without_a_file(tmp_path):
+  """A state with no tensors: the worker writes no file and reads none back."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  state_type = tff.FederatedType(tff.StructType([]), tff.SERVER)
+  path = str(tmp_path / 'state')
+  resident_state.save_computation(state_type)((), path)
+  assert os.listdir(tmp_path) == []
+  restored, size = resident_state.restore_computation(state_type)(path)
+  assert len(restored) == 0 and size == 1
+  assert resident_state.read_state_file(path, state_type.member) == []
+  resident_state.write_state_file(path, [], state_type.member)
+  assert os.listdir(tmp_path) == []
