@@ -992,9 +992,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   # materialize left) whatever round a run resumed at.
   # Its files go in the experiment's directory (the checkpoints' file system); a killed run
   # leaves its scratch directory behind, removed here.
-  for entry in os.listdir(exp_dir):
-    if entry.startswith(resident_state.SCRATCH_PREFIX):
-      shutil.rmtree(os.path.join(exp_dir, entry), ignore_errors=True)
+  resident_state.remove_scratch_directories(exp_dir)
   runner = (resident_state.ResidentProcess(process, c.clients_per_round, refresh_every=0,
                                            scratch_dir=exp_dir)
             if resident else resident_state.DirectProcess(process))

@@ -76,8 +76,16 @@ PART_BYTES = 64 << 20
 # How the state crosses between Python and the worker (ResidentProcess's `transfer`).
 TRANSFERS = ('files', 'values')
 # The name of the scratch directory transfer='files' makes in its `scratch_dir` (removed
-# when the ResidentProcess is; one a kill left behind is the caller's to remove).
+# when the ResidentProcess is; one a kill left behind: `remove_scratch_directories`).
 SCRATCH_PREFIX = 'tff_algos_resident_'
+
+
+def remove_scratch_directories(directory: str) -> None:
+  """Removes the scratch directories ResidentProcesses made in `directory` (e.g. one a
+  killed run left); none may be in use."""
+  for entry in os.listdir(directory):
+    if entry.startswith(SCRATCH_PREFIX):
+      shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
 
 
 def state_parts(member_type, part_bytes: int):
@@ -101,6 +109,13 @@ def _part_type(member_type, start, stop):
   return tff.StructType([(None, t) for t in structure.flatten(member_type)[start:stop]])
 
 
+def _leaves(value, member_type) -> list:
+  """The tensors of a state (of type `member_type`, a struct or one tensor) in TFF's order."""
+  if isinstance(member_type, tff.StructType):
+    return structure.flatten(structure.from_container(value, recursive=True))
+  return [value]
+
+
 def split_computation(state_type, parts):
   """state@SERVER -> <part_0@SERVER, ...>: each part a tuple of the state's tensors."""
   member = state_type.member
@@ -108,8 +123,7 @@ def split_computation(state_type, parts):
   def picker(start, stop):
     @tff.tensorflow.computation(member)
     def pick(state):
-      leaves = structure.flatten(structure.from_container(state, recursive=True))
-      return tuple(leaves[start:stop])
+      return tuple(_leaves(state, member)[start:stop])
     return pick
 
   pickers = [picker(start, stop) for start, stop in parts]
@@ -141,15 +155,18 @@ def join_computation(state_type, parts):
   return join
 
 
-def _leaves(value, member_type) -> list:
-  """The tensors of a state (of type `member_type`, a struct or one tensor) in TFF's order."""
-  if isinstance(member_type, tff.StructType):
-    return structure.flatten(structure.from_container(value, recursive=True))
-  return [value]
+def _write_leaves(path, leaves):
+  """SaveV2 of a state's tensors at `path` (in a TF computation or eagerly)."""
+  return tf.raw_ops.SaveV2(prefix=path, tensor_names=[f'state/{i}' for i in range(len(leaves))],
+                           shape_and_slices=[''] * len(leaves), tensors=leaves)
 
 
-def _leaf_names(member_type) -> list[str]:
-  return [f'state/{i}' for i in range(len(structure.flatten(member_type)))]
+def _read_leaves(path, member_type) -> list:
+  """RestoreV2 of the tensors `_write_leaves` wrote for a state of `member_type`."""
+  types = structure.flatten(member_type)
+  return tf.raw_ops.RestoreV2(prefix=path, tensor_names=[f'state/{i}' for i in range(len(types))],
+                              shape_and_slices=[''] * len(types),
+                              dtypes=[tf.as_dtype(t.dtype) for t in types])
 
 
 def save_computation(state_type):
@@ -157,16 +174,13 @@ def save_computation(state_type):
   TFF's flattened order) as a TensorFlow checkpoint at `path` (its .index and .data files)
   and returns `path` once they are written."""
   member = state_type.member
-  names = _leaf_names(member)
 
   @tff.tensorflow.computation(member, np.str_)
   def save(state, path):
     leaves = _leaves(state, member)
     if not leaves:   # nothing to write (read_state_file and restore expect no file)
       return tf.identity(path)
-    written = tf.raw_ops.SaveV2(prefix=path, tensor_names=names,
-                                shape_and_slices=[''] * len(names), tensors=leaves)
-    with tf.control_dependencies([written]):
+    with tf.control_dependencies([_write_leaves(path, leaves)]):
       return tf.identity(path)
 
   @tff.federated_computation(state_type, tff.FederatedType(np.str_, tff.SERVER))
@@ -182,32 +196,21 @@ def restore_computation(state_type):
   be fetched: once it has arrived, the file has been read."""
   member = state_type.member
   types = structure.flatten(member)
-  names = _leaf_names(member)
 
   @tff.tensorflow.computation(np.str_)
   def restore(path):
     if not types:
       return type_conversions.type_to_py_container(structure.Struct([]), member), tf.size(path)
-    leaves = tf.raw_ops.RestoreV2(prefix=path, tensor_names=names,
-                                  shape_and_slices=[''] * len(names),
-                                  dtypes=[tf.as_dtype(t.dtype) for t in types])
-    leaves = [tf.ensure_shape(leaf, t.shape) for leaf, t in zip(leaves, types)]
+    leaves = [tf.ensure_shape(leaf, t.shape)
+              for leaf, t in zip(_read_leaves(path, member), types)]
     state = type_conversions.type_to_py_container(
         structure.pack_sequence_as(member, leaves), member)
     return state, tf.size(leaves[0])
 
-  @tff.tensorflow.computation(restore.type_signature.result)
-  def state_of(restored):
-    return restored[0]
-
-  @tff.tensorflow.computation(restore.type_signature.result)
-  def size_of(restored):
-    return restored[1]
-
   @tff.federated_computation(tff.FederatedType(np.str_, tff.SERVER))
   def restore_at_server(path):
     restored = tff.federated_map(restore, path)
-    return tff.federated_map(state_of, restored), tff.federated_map(size_of, restored)
+    return restored[0], restored[1]
 
   return restore_at_server
 
@@ -231,19 +234,14 @@ def write_state_file(path: str, leaves, member_type) -> None:
     if not tf.TensorShape(t.shape).is_compatible_with(tensors[-1].shape):
       raise ValueError(f'the state\'s tensor {i} has shape {tensors[-1].shape}; its type is {t}')
   if tensors:
-    tf.raw_ops.SaveV2(prefix=path, tensor_names=_leaf_names(member_type),
-                      shape_and_slices=[''] * len(tensors), tensors=tensors)
+    _write_leaves(path, tensors)
 
 
 def read_state_file(path: str, member_type) -> list[np.ndarray]:
   """The flattened tensors (TFF's order) of a state `save_computation` wrote at `path`."""
-  types = structure.flatten(member_type)
-  if not types:
+  if not structure.flatten(member_type):
     return []
-  leaves = tf.raw_ops.RestoreV2(prefix=path, tensor_names=_leaf_names(member_type),
-                                shape_and_slices=[''] * len(types),
-                                dtypes=[tf.as_dtype(t.dtype) for t in types])
-  return [leaf.numpy() for leaf in leaves]
+  return [leaf.numpy() for leaf in _read_leaves(path, member_type)]
 
 
 def _remove_state_file(path: str) -> None:
@@ -539,7 +537,7 @@ class ResidentProcess:
     if self._parts is not None:
       async def run_parts():
         value = self._transform_args(state) if self._transform_args is not None else state
-        leaves = structure.flatten(structure.from_container(value, recursive=True))
+        leaves = _leaves(value, self._state_type.member)
         join = await self._function('join')
         parts = []
         for start, stop in self._parts:
