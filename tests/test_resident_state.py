@@ -298,3 +298,25 @@ def test_an_empty_state_crosses_without_a_file(tmp_path):
   assert resident_state.read_state_file(path, state_type.member) == []
   resident_state.write_state_file(path, [], state_type.member)
   assert os.listdir(tmp_path) == []
+
+
+
+def test_a_state_without_fields_is_not_detached():
+  """`detach_computations` needs a struct of fields to pick out and zip again."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  assert resident_state.detach_computations(
+      tff.FederatedType(tff.TensorType(np.float32, [3]), tff.SERVER)) is None
+  assert resident_state.detach_computations(
+      tff.FederatedType(tff.StructType([]), tff.SERVER)) is None
+
+
+def test_a_detached_state_is_the_state():
+  """The fields picked out and zipped again give the state itself (same values, same type)."""
+  process = _process('fedcda')
+  state = process.initialize()
+  split, join = resident_state.detach_computations(process.initialize.type_signature.result)
+  parts = split(state)
+  assert bool(parts[-1])
+  rejoined = join(parts[:-1])
+  _assert_close(state, rejoined)
+  assert type(rejoined) is type(state)

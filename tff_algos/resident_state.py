@@ -10,13 +10,17 @@ the caller asks for: the round's metrics, the model weights (for evaluation) or,
 checkpoint needs it, the whole state. Results are those of `process.next` (tested for every
 method).
 
-A value TFF's C++ worker computes keeps the values it was computed from alive (measured on
-FedCDA's 133 MB state: the worker grew by 0.175 GB a round, about one round's state and
-data, until the machine ran out of memory). So every `refresh_every` rounds the state is
-placed anew (`refresh`), which lets the worker free the rounds before: at 10 the worker
-levels off (5.0 GB at round 60, +0.02 GB a round and slowing; benchmarks/results/RESULTS.md,
-"The resident state's memory"). The training program refreshes the state itself, on round
-numbers (`programs.experiment.RESIDENT_REFRESH_ROUNDS`).
+A value TFF's C++ worker computes keeps the values it was computed from alive (a TF call's
+result holds its argument: `detach_computations`), so a state computed round after round
+would keep every earlier round (measured on FedCDA's 133 MB state: the worker grew by
+0.175 GB a round until the machine ran out of memory). `next` therefore detaches each new
+state: once it is computed, its top-level fields are picked out and zipped again in the
+worker, which holds their tensors and nothing else (no copy; 0.01 s a round for FedCDA's
+1 GB state), and the disposals of the values Python has dropped are sent at the start of
+each round rather than in TFF's batches of 20. A round then leaves nothing of the rounds
+before in the worker (benchmarks/results/RESULTS.md, "The resident state's memory").
+`refresh` (placing the state anew) does the same by a write and a read of the whole state;
+`refresh_every` is kept for callers that want it (default 0, never).
 
     resident = ResidentProcess(process, clients_per_round=10)
     state = resident.initialize()                    # a ResidentValue, in the worker
@@ -57,6 +61,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
+from tensorflow_federated.proto.v0 import executor_pb2
 # TFF's executor-level pieces, as its AsyncExecutionContext uses them (TFF 0.87).
 from tensorflow_federated.python.common_libs import structure
 from tensorflow_federated.python.core.impl.compiler import array
@@ -215,6 +220,56 @@ def restore_computation(state_type):
   return restore_at_server
 
 
+def detach_computations(state_type):
+  """(split, join) that give a state the worker has computed a value of its own, holding its
+  tensors and nothing of the rounds that computed it (`ResidentProcess.next` runs both after
+  every round); None for a state that is not a struct of fields.
+
+  TFF 0.87's worker runs each TensorFlow call on a `std::packaged_task`, whose shared state,
+  which the result's future shares, keeps the task's lambda and with it the call's argument:
+  a state computed round after round keeps every earlier round alive (TFF's
+  TensorFlowExecutor::CreateCall and ThreadRun). A struct or a selection the worker makes of
+  values already computed is made at once and holds only their tensors. So `split`
+  (state@SERVER -> <field_0@SERVER, ..., ready@SERVER>) picks out the state's top-level
+  fields, one TF call each that returns its input's tensors (no copy), and `ready` is
+  computed once they all are; `join` (<field_0@SERVER, ...> -> state@SERVER) then zips the
+  computed fields into the state again.
+  """
+  member = state_type.member
+  if not isinstance(member, tff.StructType) or not len(member):
+    return None
+  names = [name for name, _ in structure.iter_elements(member)]
+  field_types = [t for _, t in structure.iter_elements(member)]
+
+  def picker(index):
+    @tff.tensorflow.computation(member)
+    def pick(state):
+      return state[index]
+    return pick
+
+  pickers = [picker(i) for i in range(len(field_types))]
+
+  @tff.tensorflow.computation(tff.StructType([(None, t) for t in field_types]))
+  def ready(fields):
+    del fields   # an argument: computed once every field is
+    return tf.constant(True)
+
+  @tff.federated_computation(state_type)
+  def split(state):
+    fields = [tff.federated_map(pick, state) for pick in pickers]
+    return fields + [tff.federated_map(ready, tff.federated_zip(fields))]
+
+  @tff.federated_computation(
+      tff.StructType([(None, tff.FederatedType(t, tff.SERVER)) for t in field_types]))
+  def join(fields):
+    named = structure.Struct(list(zip(names, fields)))
+    return tff.federated_zip(type_conversions.type_to_py_container(named, member))
+
+  if not join.type_signature.result.is_equivalent_to(state_type):
+    return None   # a container federated_zip does not rebuild as it was: keep the state
+  return split, join
+
+
 def write_state_file(path: str, leaves, member_type) -> None:
   """Writes a state's flattened tensors (TFF's order) where `restore_computation` reads them.
   A leaf must have its type's shape and a dtype TFF would take for it (as when a value is
@@ -294,7 +349,8 @@ class ResidentProcess:
     context: TFF's local synchronous execution context (default: the one
       `execution.initialize_runtime()` installed).
     refresh_every: every this many rounds of this process, `next` places the new state in
-      the worker anew (`refresh`; see the module doc; 0 = never).
+      the worker anew (`refresh`; 0 = never, the default: `next` detaches every new state,
+      see the module doc).
     transfer: how the state crosses between Python and the worker (`materialize`, `adopt`)
       and is placed anew (`refresh`): 'files' (default): as a TensorFlow checkpoint in
       `scratch_dir` that one side writes and the other reads (a refresh never leaves the
@@ -310,7 +366,7 @@ class ResidentProcess:
 
   def __init__(self, process: tff.learning.templates.LearningProcess, clients_per_round: int,
                context: Optional[sync_execution_context.SyncExecutionContext] = None,
-               refresh_every: int = 10, part_bytes: int = PART_BYTES,
+               refresh_every: int = 0, part_bytes: int = PART_BYTES,
                transfer: str = 'files', scratch_dir: Optional[str] = None):
     if context is None:
       execution.initialize_runtime()
@@ -350,6 +406,10 @@ class ResidentProcess:
 
     self._computations = dict(initialize=process.initialize, next=process.next,
                               get_model_weights=weights_at_server)
+    detach = detach_computations(self._state_type)
+    self._detached_fields = 0 if detach is None else len(self._state_type.member)
+    if detach is not None:
+      self._computations.update(detach_split=detach[0], detach_join=detach[1])
     self._embedded = {}
     self._scratch_dir = os.path.abspath(scratch_dir or tempfile.gettempdir())
     self._scratch = None        # made at the first transfer
@@ -386,6 +446,27 @@ class ResidentProcess:
     if self._transform_args is not None:
       value = self._transform_args(value)
     return await async_execution_context._ingest(self._executor, value, type_spec)  # pylint: disable=protected-access
+
+  def _flush_disposals(self) -> None:
+    """Sends now the disposals of the worker's values Python has dropped, which TFF's
+    RemoteExecutor sends in batches of 20: the states of earlier rounds are among them."""
+    executor = self._executor
+    pending = getattr(executor, '_dispose_request', None)
+    if pending is not None and len(pending.value_ref):
+      executor._dispose_request = executor_pb2.DisposeRequest(executor=executor._executor_id)  # pylint: disable=protected-access
+      executor._stub.dispose(pending)  # pylint: disable=protected-access
+
+  async def _detached(self, value):
+    """`value` (a state the worker has computed) as a value holding only its tensors
+    (`detach_computations`); as it is if the state has no fields to detach."""
+    if not self._detached_fields:
+      return value
+    executor = self._executor
+    split = await executor.create_call(await self._function('detach_split'), value)
+    await (await executor.create_selection(split, self._detached_fields)).compute()
+    fields = [await executor.create_selection(split, i) for i in range(self._detached_fields)]
+    return await executor.create_call(await self._function('detach_join'),
+                                      await executor.create_struct(structure.Struct.unnamed(*fields)))
 
   def _resident_check(self, state: ResidentValue) -> None:
     if state._owner is not self:  # pylint: disable=protected-access
@@ -457,6 +538,7 @@ class ResidentProcess:
       raise ValueError(f'this ResidentProcess runs rounds of {self._clients_per_round} '
                        f'clients; got {len(client_data)}')
     signature = self._process.next.type_signature
+    self._flush_disposals()
 
     async def run():
       function = await self._function('next')
@@ -468,7 +550,7 @@ class ResidentProcess:
       output = await self._executor.create_call(function, argument)
       new_state = await self._executor.create_selection(output, 0)
       metrics = await (await self._executor.create_selection(output, 1)).compute()
-      return new_state, self._python(metrics, signature.result[1])
+      return await self._detached(new_state), self._python(metrics, signature.result[1])
 
     new_state, metrics = self._run(run())
     held = ResidentValue(new_state, self)
