@@ -30,8 +30,8 @@ variant also runs through `tff_algos.ResidentProcess` (its server state kept in 
 between rounds instead of crossing to it and back), and both copies must end on the same
 weights; then the checkpoint the training program makes of the resident state (bringing it
 back and writing it, as `--checkpoint_every` does every N rounds) is timed, and each is
-given "as the program runs it": its resident round plus one checkpoint per --checkpoint_every
-rounds and one placing of the state anew (the program's refresh) every 10 rounds, with the
+given "as the program runs it": its resident round (which detaches the new state in the
+worker, `ResidentProcess.next`) plus one checkpoint per --checkpoint_every rounds, with the
 state crossing as a file (ResidentProcess's default transfer) and, for comparison, as TFF
 values (`transfer='values'`, timed from the same state).
 
@@ -39,9 +39,8 @@ values (`transfer='values'`, timed from the same state).
 
 --json=PATH also writes the figures for a script to read (benchmarks/clients_per_round.py):
 each variant's median and least s/round and median ratio to plain_tf; with --resident, each
-@resident variant's checkpoint_s (materialize_s of it), refresh_s (refresh_after_checkpoint_s
-on a round that has just checkpointed), program_s and program_ratio_to_plain_tf too, and
-the same under transfer_values.
+@resident variant's checkpoint_s (materialize_s of it), program_s and
+program_ratio_to_plain_tf too, and the same under transfer_values.
 """
 
 from __future__ import annotations
@@ -69,7 +68,6 @@ import tensorflow as tf
 from benchmarks.method_builds import build_method  # pylint: disable=g-import-not-at-top
 from benchmarks.method_builds import load_data  # pylint: disable=g-import-not-at-top
 from programs import pages  # pylint: disable=g-import-not-at-top
-from programs.experiment import RESIDENT_REFRESH_ROUNDS  # pylint: disable=g-import-not-at-top
 from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
 
 _MODEL = flags.DEFINE_string('model', 'fedavg_cnn', 'tff_algos.models zoo model.')
@@ -359,12 +357,9 @@ def main(argv):
                               processes[name].get_model_weights(state[name]))
     # The training program brings the state back for each checkpoint and writes it (TFF's
     # FileProgramStateManager, as programs/experiment.py): once a round with
-    # --checkpoint_every=1, once every N rounds with N. Every RESIDENT_REFRESH_ROUNDS rounds
-    # it also places the state anew (`refresh`), so that TFF's worker frees the rounds before:
-    # with the default transfer='files' the worker writes the state to a file and reads it
-    # back, and only reads it on a round whose checkpoint has just written it. The same is
-    # timed with transfer='values' (the state through TFF's gRPC values; a refresh is a round
-    # trip through Python), from the same state.
+    # --checkpoint_every=1, once every N rounds with N: with the default transfer='files' the
+    # worker writes the state to a file that Python reads. The same is timed with
+    # transfer='values' (the state through TFF's gRPC values), from the same state.
     by_transfer = {}
     for transfer in resident_state.TRANSFERS:
       if transfer == 'files':
@@ -375,7 +370,7 @@ def main(argv):
         # A state computed in the worker (one placed from Python would come back at no cost).
         held = runner.next(runner.adopt(resident.materialize(state[f'{name}@resident'])),
                            [[inp] for inp in inputs]).state
-      back, write, after_checkpoint, alone = [], [], [], []
+      back, write = [], []
       with tempfile.TemporaryDirectory() as ckpt_dir:
         manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=2)
         for version in range(1, 4):
@@ -385,28 +380,16 @@ def main(argv):
           loop.run_until_complete(manager.save(
               collections.OrderedDict(state=python_state, round=version), version))
           t2 = time.perf_counter()
-          held = runner.refresh(held)     # a refresh round that has just checkpointed
           back.append(t1 - t0)
           write.append(t2 - t1)
-          after_checkpoint.append(time.perf_counter() - t2)
-          if transfer == 'files':
-            t3 = time.perf_counter()
-            held = runner.refresh(held)   # a refresh round without a checkpoint
-            alone.append(time.perf_counter() - t3)
-          else:   # placed from Python, it would come back at no cost: compute it anew
-            held = runner.next(held, [[inp] for inp in inputs]).state
-      back, write, after_checkpoint = (
-          statistics.median(x) for x in (back, write, after_checkpoint))
-      # Without a checkpoint just made, 'values' brings the state back to place it anew.
-      alone = statistics.median(alone) if alone else back + after_checkpoint
-      # As programs/train.py runs it: resident rounds, one checkpoint every N of them, and a
-      # refresh every R (the cheaper one when each refresh round also checkpoints).
-      n, r = _CHECKPOINT_EVERY.value, RESIDENT_REFRESH_ROUNDS
-      program = (med[name + '@resident'] + (back + write) / n
-                 + (after_checkpoint if r % n == 0 else alone) / r)
+          # A new round's state (a state already brought back would come back at no cost).
+          held = runner.next(held, [[inp] for inp in inputs]).state
+      back, write = statistics.median(back), statistics.median(write)
+      # As programs/train.py runs it: resident rounds and one checkpoint every N of them.
+      n = _CHECKPOINT_EVERY.value
+      program = med[name + '@resident'] + (back + write) / n
       by_transfer[transfer] = dict(
-          checkpoint_s=back + write, materialize_s=back, refresh_s=alone,
-          refresh_after_checkpoint_s=after_checkpoint, checkpoint_every=n, refresh_every=r,
+          checkpoint_s=back + write, materialize_s=back, checkpoint_every=n,
           program_s=program, program_ratio_to_plain_tf=program / med['plain_tf'])
     figures['variants'][name + '@resident'].update(by_transfer['files'])
     figures['variants'][name + '@resident']['transfer_values'] = by_transfer['values']
@@ -416,15 +399,12 @@ def main(argv):
           f'{files["materialize_s"]:.3f} s + write {files["checkpoint_s"] - files["materialize_s"]:.3f} s, '
           f'so a round checkpointed every round ~ {every_round:.3f} s '
           f'({every_round / med["plain_tf"]:.2f}x plain_tf, against '
-          f'{med[name] / med["plain_tf"]:.2f}x through process.next); placing it anew '
-          f'{files["refresh_s"]:.3f} s ({files["refresh_after_checkpoint_s"]:.3f} s after a '
-          'checkpoint)')
+          f'{med[name] / med["plain_tf"]:.2f}x through process.next)')
     print(f'  with transfer=\'values\' (TFF values through gRPC): materialize '
-          f'{values["materialize_s"]:.3f} s, placing it anew {values["refresh_after_checkpoint_s"]:.3f} s '
-          f'after a checkpoint, as the program runs it {values["program_s"]:.3f} s/round, '
+          f'{values["materialize_s"]:.3f} s, as the program runs it {values["program_s"]:.3f} s/round, '
           f'{values["program_ratio_to_plain_tf"]:.2f}x plain_tf')
-    print(f'as the program runs it ({name}, resident, --checkpoint_every={n}, refresh every '
-          f'{r}): {files["program_s"]:.3f} s/round, {files["program_ratio_to_plain_tf"]:.2f}x '
+    print(f'as the program runs it ({name}, resident, --checkpoint_every={n}): '
+          f'{files["program_s"]:.3f} s/round, {files["program_ratio_to_plain_tf"]:.2f}x '
           'plain_tf')
   loop.close()
   if _JSON.value:

@@ -57,11 +57,6 @@ RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last', 'data_dir', 'root_outp
                      'resident_state', 'checkpoint_every', 'blown_up_rounds')
 
 
-# Every this many rounds the state kept in TFF's worker is placed anew (written to a file by
-# the worker and read back: `ResidentProcess.refresh`), which lets the worker free what it
-# kept from the rounds before (docs/tff_0.87_notes.md).
-RESIDENT_REFRESH_ROUNDS = 10
-
 # A round's mean client training loss above this (cross-entropy starts near ln 10 = 2.3) means
 # local training blew up without overflowing. Such a model often stays at chance (a FedLEx-Prox
 # suite run lost its seed so: benchmarks/results/fedlex/diagnosis.md), so each such round is
@@ -987,14 +982,10 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   # rounds (`held`); `state` is its copy in Python, brought back for each checkpoint. On
   # worker services both are the same Python value.
   from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
-  # Its refresh (resident_state's module doc) is made here, on round numbers, so that it
-  # falls on checkpoint rounds (where it only reads back the file the checkpoint's
-  # materialize left) whatever round a run resumed at.
   # Its files go in the experiment's directory (the checkpoints' file system); a killed run
   # leaves its scratch directory behind, removed here.
   resident_state.remove_scratch_directories(exp_dir)
-  runner = (resident_state.ResidentProcess(process, c.clients_per_round, refresh_every=0,
-                                           scratch_dir=exp_dir)
+  runner = (resident_state.ResidentProcess(process, c.clients_per_round, scratch_dir=exp_dir)
             if resident else resident_state.DirectProcess(process))
   closing.callback(runner.close)
   loop = asyncio.new_event_loop()
@@ -1035,7 +1026,6 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       program_state['exploration_client_epochs'] = explore_metrics['exploration_client_epochs']
       log(f'FedLEx exploration: {len(explorers)} explorers, '
           f'{explore_metrics["exploration_client_epochs"]:.0f} client-epochs')
-  refreshes = not (exploration is not None and c.fedlex_refresh)   # (that adopts every round)
   if held is None:
     held = runner.adopt(state)
   rows = [r for r in _csv_rows(csv_path) if int(r['round']) <= start_round]
@@ -1155,9 +1145,6 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
             f'start a new run with a lower --client_lr (now {c.client_lr:g}) or server learning '
             f'rate, or go on with --resume --blown_up_rounds=0 (rounds up to {last_round} are '
             f'checkpointed in {ckpt_dir})')
-      if refreshes and round_num % RESIDENT_REFRESH_ROUNDS == 0:
-        with execution.collector_paused():
-          held = runner.refresh(held)   # lets TFF's worker free the rounds before
       if not frozen or (evaluated and not frozen_after_eval):
         # Everything alive now (TFF's compiled computations, ~1M objects) lives as long as
         # the run: keep the garbage collector from re-traversing it every round.

@@ -5,6 +5,7 @@ Q/F/τ, FedLEx's guidance, SCAFFOLD's control variates) is checkpointed and rest
 process (the program's build cache), so each method compiles once.
 (FedAvg's resume through a killed subprocess: tests/test_train_program.py.)"""
 
+import collections
 import dataclasses
 import os
 
@@ -120,33 +121,37 @@ def test_checkpoint_every_n_rounds_and_a_crash_between_repeats_the_same_rounds(t
     np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
-def test_the_resident_state_round_trip_on_round_numbers_keeps_runs_exact(tmp_path,
-                                                                          monkeypatch):
-  """The program's refresh of the resident state (placed anew every
-  RESIDENT_REFRESH_ROUNDS rounds, here 3) happens on round numbers, also after a resume at
-  another round, and changes nothing: a run stopped at round 4 and resumed to 7 equals the
-  unbroken run exactly."""
+def test_the_resident_state_is_detached_every_round_and_resumes_exactly(tmp_path,
+                                                                       monkeypatch):
+  """With the state resident, every round's new state is detached in the worker
+  (`ResidentProcess.next`) and none is placed anew (`refresh`, a write and read of the whole
+  state, is not needed): a run stopped at round 4 and resumed to 7 equals the unbroken run
+  exactly."""
   from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
-  monkeypatch.setattr(experiment, 'RESIDENT_REFRESH_ROUNDS', 3)
-  refreshed = []
-  refresh = resident_state.ResidentProcess.refresh
+  calls = collections.Counter()
+  detached, refresh = resident_state.ResidentProcess._detached, resident_state.ResidentProcess.refresh  # pylint: disable=protected-access
+
+  async def counting_detached(self, value):
+    calls['detached'] += 1
+    return await detached(self, value)
 
   def counting_refresh(self, state):
-    refreshed.append(state)
+    calls['refresh'] += 1
     return refresh(self, state)
 
+  monkeypatch.setattr(resident_state.ResidentProcess, '_detached', counting_detached)
   monkeypatch.setattr(resident_state.ResidentProcess, 'refresh', counting_refresh)
   config = dataclasses.replace(BASE, algorithm='fedcda', root_output_dir=str(tmp_path),
                                rounds=7, **METHODS['fedcda'])
   log = lambda msg: None  # noqa: E731
   experiment.run_experiment(dataclasses.replace(config, experiment_name='unbroken'), log)
-  assert len(refreshed) == 2   # after rounds 3 and 6
+  assert calls == {'detached': 7}
   experiment.run_experiment(dataclasses.replace(config, experiment_name='broken', rounds=4),
                             log)
-  refreshed.clear()
+  calls.clear()
   experiment.run_experiment(dataclasses.replace(config, experiment_name='broken', resume=True),
                             log)
-  assert len(refreshed) == 1   # after round 6, not 3 rounds after the resume at 4
+  assert calls == {'detached': 3}
   a = np.load(os.path.join(tmp_path, 'unbroken', 'final_weights.npz'))
   b = np.load(os.path.join(tmp_path, 'broken', 'final_weights.npz'))
   for key in a.files:
