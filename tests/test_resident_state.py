@@ -83,8 +83,9 @@ def _assert_close(expected, actual):
 def test_rounds_match_process_next(algorithm):
   process = _process(algorithm)
   state = _initial_state(algorithm, process)
-  # refresh_every=2: round 2's state is placed anew (module doc).
+  # refresh_every=2: round 2's state is placed anew (module doc); every round's is detached.
   resident = resident_state.ResidentProcess(process, P, refresh_every=2)
+  assert resident._detached_fields == len(state)  # pylint: disable=protected-access
   # FedLEx's exploration sets the state in Python: it is adopted; the others start in the
   # worker.
   held = (resident.adopt(state) if algorithm in experiment.FEDLEX_ALGORITHMS
