@@ -244,7 +244,7 @@ def main(argv):
   empty_variants = tuple(v for v in variants if v in processes) if _SERVER_SHARE.value else ()
   residents = {}
   if _RESIDENT.value:
-    # refresh_every=0: the periodic refresh would fall into the timed rounds.
+    # refresh_every=0: no refresh falls into the timed rounds (each round detaches its state).
     residents = {v: resident_state.ResidentProcess(processes[v], num_clients,
                                                    refresh_every=0)
                  for v in variants if v in processes and v != 'ours_w'}

@@ -1,8 +1,9 @@
 """The memory of TFF's worker over rounds with the server state resident in it.
 
 A value TFF 0.87's C++ worker computes keeps the values it was computed from alive, so a
-state kept in the worker (`tff_algos.ResidentProcess`) carries every earlier round with it
-unless it is placed anew now and then (`refresh_every`). This runs
+state kept in the worker (`tff_algos.ResidentProcess`) would carry every earlier round with
+it; `ResidentProcess.next` detaches each new state, and `refresh_every` places it anew every
+so many rounds besides (0 = never, the default). This runs
 FedCDA at the reproduction's Dir 0.1 setting (20 clients, 4 per round, its 133 MB cache)
 through ResidentProcess for each `--refresh_every` (or through `process.next`: "direct"),
 each in its own process (a fresh worker), evaluating and checkpoint-materializing every

@@ -301,7 +301,6 @@ def test_an_empty_state_crosses_without_a_file(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
-
 def test_a_state_without_fields_is_not_detached():
   """`detach_computations` needs a struct of fields to pick out and zip again."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
@@ -319,5 +318,37 @@ def test_a_detached_state_is_the_state():
   parts = split(state)
   assert bool(parts[-1])
   rejoined = join(parts[:-1])
-  _assert_close(state, rejoined)
+  for a, b in zip(tf.nest.flatten(state), tf.nest.flatten(rejoined)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert type(rejoined) is type(state)
+
+
+def test_a_state_that_cannot_be_detached_is_refreshed_every_10_rounds(monkeypatch):
+  process = _process('fedavg')
+  assert resident_state.ResidentProcess(process, P)._refresh_every == 0  # pylint: disable=protected-access
+  monkeypatch.setattr(resident_state, 'detach_computations', lambda state_type: None)
+  undetached = resident_state.ResidentProcess(process, P)
+  assert undetached._detached_fields == 0  # pylint: disable=protected-access
+  assert undetached._refresh_every == resident_state.UNDETACHED_REFRESH_ROUNDS == 10  # pylint: disable=protected-access
+
+
+def test_each_round_sends_the_disposals_python_has_queued():
+  """TFF's RemoteExecutor disposes of the worker's values in batches of 20; `next` sends
+  what is queued at the start of each round (earlier rounds' states among it)."""
+  process = _process('fedcda')
+  resident = resident_state.ResidentProcess(process, P)
+  stub = resident._executor._stub  # pylint: disable=protected-access
+  sent, dispose = [], stub.dispose
+
+  def recording_dispose(request):
+    sent.append(len(request.value_ref))
+    return dispose(request)
+
+  stub.dispose = recording_dispose
+  try:
+    held = resident.initialize()
+    for round_num in range(1, 4):
+      held, _ = resident.next(held, _inputs(round_num))
+  finally:
+    stub.dispose = dispose
+  assert len(sent) >= 2 and all(0 < n < 20 for n in sent), sent

@@ -17,10 +17,11 @@ would keep every earlier round (measured on FedCDA's 133 MB state: the worker gr
 state: once it is computed, its top-level fields are picked out and zipped again in the
 worker, which holds their tensors and nothing else (no copy; 0.01 s a round for FedCDA's
 1 GB state), and the disposals of the values Python has dropped are sent at the start of
-each round rather than in TFF's batches of 20. A round then leaves nothing of the rounds
-before in the worker (benchmarks/results/RESULTS.md, "The resident state's memory").
-`refresh` (placing the state anew) does the same by a write and a read of the whole state;
-`refresh_every` is kept for callers that want it (default 0, never).
+each round rather than in TFF's batches of 20. The worker then no longer carries the
+earlier rounds' states (benchmarks/results/RESULTS.md, "The resident state's memory").
+`refresh` (placing the state anew) cuts the history by a write and a read of the whole
+state; `refresh_every` does it periodically (by default only for a state `next` cannot
+detach).
 
     resident = ResidentProcess(process, clients_per_round=10)
     state = resident.initialize()                    # a ResidentValue, in the worker
@@ -83,6 +84,8 @@ TRANSFERS = ('files', 'values')
 # The name of the scratch directory transfer='files' makes in its `scratch_dir` (removed
 # when the ResidentProcess is; one a kill left behind: `remove_scratch_directories`).
 SCRATCH_PREFIX = 'tff_algos_resident_'
+# A state `next` cannot detach (`detach_computations`) is placed anew this often by default.
+UNDETACHED_REFRESH_ROUNDS = 10
 
 
 def remove_scratch_directories(directory: str) -> None:
@@ -235,6 +238,13 @@ def detach_computations(state_type):
   computed once they all are; `join` (<field_0@SERVER, ...> -> state@SERVER) then zips the
   computed fields into the state again.
   """
+  try:
+    return _detach_computations(state_type)
+  except (TypeError, ValueError):   # e.g. fields partly named: nothing to rebuild it from
+    return None
+
+
+def _detach_computations(state_type):
   member = state_type.member
   if not isinstance(member, tff.StructType) or not len(member):
     return None
@@ -266,7 +276,7 @@ def detach_computations(state_type):
     return tff.federated_zip(type_conversions.type_to_py_container(named, member))
 
   if not join.type_signature.result.is_equivalent_to(state_type):
-    return None   # a container federated_zip does not rebuild as it was: keep the state
+    return None   # (containers aside, which `materialize` restores from the state's type)
   return split, join
 
 
@@ -349,8 +359,8 @@ class ResidentProcess:
     context: TFF's local synchronous execution context (default: the one
       `execution.initialize_runtime()` installed).
     refresh_every: every this many rounds of this process, `next` places the new state in
-      the worker anew (`refresh`; 0 = never, the default: `next` detaches every new state,
-      see the module doc).
+      the worker anew (`refresh`; 0 = never). Default: never, since `next` detaches every new
+      state (module doc); 10 for a state it cannot detach (not a struct of fields).
     transfer: how the state crosses between Python and the worker (`materialize`, `adopt`)
       and is placed anew (`refresh`): 'files' (default): as a TensorFlow checkpoint in
       `scratch_dir` that one side writes and the other reads (a refresh never leaves the
@@ -366,7 +376,7 @@ class ResidentProcess:
 
   def __init__(self, process: tff.learning.templates.LearningProcess, clients_per_round: int,
                context: Optional[sync_execution_context.SyncExecutionContext] = None,
-               refresh_every: int = 0, part_bytes: int = PART_BYTES,
+               refresh_every: Optional[int] = None, part_bytes: int = PART_BYTES,
                transfer: str = 'files', scratch_dir: Optional[str] = None):
     if context is None:
       execution.initialize_runtime()
@@ -378,14 +388,13 @@ class ResidentProcess:
           'and merged by TFF\'s mergeable context, which holds no value between calls')
     if clients_per_round < 1:
       raise ValueError(f'clients_per_round must be >= 1, got {clients_per_round}')
-    if refresh_every < 0:
+    if refresh_every is not None and refresh_every < 0:
       raise ValueError(f'refresh_every must be >= 0, got {refresh_every}')
     if part_bytes < 0:
       raise ValueError(f'part_bytes must be >= 0, got {part_bytes}')
     if transfer not in TRANSFERS:
       raise ValueError(f'transfer must be one of {TRANSFERS}, got {transfer!r}')
     self._transfer = transfer
-    self._refresh_every = int(refresh_every)
     self._rounds = 0
     self._process = process
     self._clients_per_round = int(clients_per_round)
@@ -410,6 +419,9 @@ class ResidentProcess:
     self._detached_fields = 0 if detach is None else len(self._state_type.member)
     if detach is not None:
       self._computations.update(detach_split=detach[0], detach_join=detach[1])
+    if refresh_every is None:
+      refresh_every = 0 if detach is not None else UNDETACHED_REFRESH_ROUNDS
+    self._refresh_every = int(refresh_every)
     self._embedded = {}
     self._scratch_dir = os.path.abspath(scratch_dir or tempfile.gettempdir())
     self._scratch = None        # made at the first transfer
@@ -449,12 +461,19 @@ class ResidentProcess:
 
   def _flush_disposals(self) -> None:
     """Sends now the disposals of the worker's values Python has dropped, which TFF's
-    RemoteExecutor sends in batches of 20: the states of earlier rounds are among them."""
+    RemoteExecutor sends in batches of 20: the states of earlier rounds are among them.
+    (Runs on the runner's thread, as TFF's own executor calls do.)"""
     executor = self._executor
     pending = getattr(executor, '_dispose_request', None)
-    if pending is not None and len(pending.value_ref):
-      executor._dispose_request = executor_pb2.DisposeRequest(executor=executor._executor_id)  # pylint: disable=protected-access
+    if pending is None or not len(pending.value_ref):
+      return
+    executor._dispose_request = executor_pb2.DisposeRequest(executor=executor._executor_id)  # pylint: disable=protected-access
+    try:
       executor._stub.dispose(pending)  # pylint: disable=protected-access
+    except Exception:  # pylint: disable=broad-except
+      # Not fatal here: TFF sends them again with its next batch (the round itself will
+      # report a worker that does not answer).
+      executor._dispose_request.value_ref.extend(pending.value_ref)  # pylint: disable=protected-access
 
   async def _detached(self, value):
     """`value` (a state the worker has computed) as a value holding only its tensors
@@ -538,9 +557,9 @@ class ResidentProcess:
       raise ValueError(f'this ResidentProcess runs rounds of {self._clients_per_round} '
                        f'clients; got {len(client_data)}')
     signature = self._process.next.type_signature
-    self._flush_disposals()
 
     async def run():
+      self._flush_disposals()
       function = await self._function('next')
       state_value = await self._resident(state)
       data_value = await self._ingest(client_data, signature.parameter[1])

@@ -26,8 +26,8 @@ the cache is made or kept from one round to the next.
 **Chunks** (`chunk_clients`, `push_and_read`): the cache is split into chunks of G clients
 (the fewest whose caches hold 1 MiB: one client per chunk for any real model). The runtime
 holds the state it passes in, so writing into one stacked [N, K, D] tensor would allocate
-and copy the whole cache every round, and TFF's worker keeps every round's copy alive
-until the state next visits Python (`tff_algos.ResidentProcess`); a `tf.cond` per chunk
+and copy the whole cache every round (and TFF's worker kept every round's copy alive
+until `tff_algos.ResidentProcess` came to detach each round's state); a `tf.cond` per chunk
 passes every chunk without an upload through untouched, so a round writes O(P·G·K·D) bytes.
 A checkpoint of the earlier stacked layout is loaded with `with_stacked_cache` and upgraded
 with `with_chunked_cache`.
@@ -330,9 +330,8 @@ def push_and_read(cache, valid, clients, ring, previous, uploads, candidate_ages
     int32 [P] is slot p's row w there (W, the zero row, for an invalid slot).
 
   Why chunks: the runtime still holds the input state, so writing into one stacked
-  [N, K, D] cache allocates and copies all of it every round, and TFF's worker keeps each
-  round's copy alive until the state next visits Python (about one state of memory a
-  round). Here each chunk is its own tensor and a `tf.cond` passes every chunk without an
+  [N, K, D] cache allocates and copies all of it every round (a whole state's worth of
+  copying and, while TFF's worker kept each round alive, of memory). Here each chunk is its own tensor and a `tf.cond` passes every chunk without an
   upload through untouched: a round copies and reads O(P·G·K·D), not O(N·K·D).
   """
   p, k = int(valid.shape[0]), int(candidate_ages.shape[1])
