@@ -191,6 +191,7 @@ class _GeneralConfig:
   client_momentum: float = 0.5
   client_optimizer: str = 'sgdm'  # CLIENT_OPTIMIZERS
   client_weight_decay: float = 0.0  # L2, as PyTorch's weight_decay (tff_algos.optimizers)
+  client_lr_decay: float = 1.0  # the client rate times this each round (tff_algos.client_lr_decay)
   server_optimizer: str = ''   # '' = the algorithm's own default
   server_lr: float = -1.0      # < 0 = the algorithm's own default
   server_momentum: float = 0.9
@@ -313,6 +314,14 @@ def validate(config: ExperimentConfig) -> None:
   if not (0 <= c.client_weight_decay < math.inf):
     raise ExperimentError(
         f'--client_weight_decay must be a number >= 0, got {c.client_weight_decay}')
+  if not (0 < c.client_lr_decay < math.inf):
+    raise ExperimentError(
+        f'--client_lr_decay must be a number > 0 (1 = no decay), got {c.client_lr_decay}')
+  if c.client_lr_decay != 1 and not methods.METHODS[c.algorithm].local_steps:
+    raise ExperimentError(
+        f'--client_lr_decay: {c.algorithm} takes no local step (one full-batch gradient per '
+        'client), so it has no client learning rate to decay; drop the flag or decay '
+        '--server_lr instead')
   if c.partition == 'dirichlet' and not c.dirichlet_alpha > 0:
     raise ExperimentError(f'--dirichlet_alpha must be > 0, got {c.dirichlet_alpha}')
   if c.server_optimizer and c.server_optimizer not in SERVER_OPTIMIZERS:
@@ -431,9 +440,13 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
   kwargs.update(method.builder_kwargs(c))
   kwargs.update(method.plugin_kwargs(c))
   try:
-    return method.builder_function()(*args, **kwargs)
+    process = method.builder_function()(*args, **kwargs)
   except method.errors as e:
     raise ExperimentError(f'{method.error_prefix}{e}') from None
+  if c.client_lr_decay != 1:
+    from tff_algos import client_lr_decay  # pylint: disable=g-import-not-at-top
+    process = client_lr_decay.with_client_lr_decay(process, c.client_lr_decay)
+  return process
 
 
 def with_client_test(c: ExperimentConfig, fed, num_clients: int):

@@ -46,6 +46,9 @@ _CLIENT_OPTIMIZER = flags.DEFINE_string(
 _CLIENT_WEIGHT_DECAY = flags.DEFINE_float(
     'client_weight_decay', 0.0, 'L2 weight decay of the client optimizer, as PyTorch\'s '
     'weight_decay: adds this times the weights to every gradient.')
+_CLIENT_LR_DECAY = flags.DEFINE_float(
+    'client_lr_decay', 1.0, 'Multiply the client learning rate by this after every round '
+    '(round t trains at --client_lr times this to the power t - 1; 1 = constant).')
 _SERVER_OPTIMIZER = flags.DEFINE_string(
     'server_optimizer', '', 'sgd, sgdm or adam; empty = the algorithm\'s default.')
 _SERVER_LR = flags.DEFINE_float('server_lr', -1.0, 'Server learning rate; < 0 = default.')
@@ -100,6 +103,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       local_epochs=_LOCAL_EPOCHS.value, batch_size=_BATCH_SIZE.value,
       client_lr=_CLIENT_LR.value, client_momentum=_CLIENT_MOMENTUM.value,
       client_optimizer=_CLIENT_OPTIMIZER.value, client_weight_decay=_CLIENT_WEIGHT_DECAY.value,
+      client_lr_decay=_CLIENT_LR_DECAY.value,
       server_optimizer=_SERVER_OPTIMIZER.value, server_lr=_SERVER_LR.value,
       server_momentum=_SERVER_MOMENTUM.value, proximal_strength=_PROXIMAL.value,
       model=_MODEL.value, seed=_SEED.value, eval_every=_EVAL_EVERY.value,

@@ -471,8 +471,30 @@ def test_client_optimizer_and_weight_decay_reach_the_builder(monkeypatch):
   assert _hparams(explorer)['learning_rate'] == 0.2 and _hparams(explorer)['weight_decay'] == 1e-4
 
 
+@pytest.mark.parametrize('algorithm', [a for a in methods.ALGORITHMS
+                                       if methods.METHODS[a].local_steps])
+def test_client_lr_decay_wraps_every_method_with_local_steps(monkeypatch, algorithm):
+  """--client_lr_decay wraps the built process (tff_algos.client_lr_decay, whose effect
+  tests/test_client_lr_decay.py checks against rates set by hand); 1 leaves it unwrapped."""
+  from tff_algos import client_lr_decay  # pylint: disable=g-import-not-at-top
+  wrapped = []
+  monkeypatch.setattr(client_lr_decay, 'with_client_lr_decay',
+                      lambda process, decay: wrapped.append((process, decay)) or 'decayed')
+  config = _config(algorithm=algorithm, **helpers.METHOD_SETTINGS.get(algorithm, {}))
+  _record_builder(monkeypatch, methods.METHODS[algorithm].builder)
+  assert experiment.build_process(config, lambda: None, NUM_CLIENTS) == 'built'
+  decayed = dataclasses.replace(config, client_lr_decay=0.99)
+  experiment.validate(decayed)
+  assert experiment.build_process(decayed, lambda: None, NUM_CLIENTS) == 'decayed'
+  assert wrapped[-1] == ('built', 0.99)
+
+
 @pytest.mark.parametrize('changes, message', [
     (dict(client_optimizer='rmsprop'), '--client_optimizer=\'rmsprop\' is unknown'),
+    (dict(client_lr_decay=0.0), '--client_lr_decay must be a number > 0'),
+    (dict(client_lr_decay=float('inf')), '--client_lr_decay must be a number > 0'),
+    (dict(algorithm='fedsgd', client_lr_decay=0.99), '--client_lr_decay: fedsgd takes no local'),
+    (dict(algorithm='fedlex_sgd', client_lr_decay=0.99), 'fedlex_sgd takes no local step'),
     (dict(client_optimizer='adam', client_momentum=0.9), '--client_momentum is used only'),
     (dict(client_weight_decay=-1.0), '--client_weight_decay must be a number >= 0'),
     (dict(algorithm='cadis', cadis_closure='oracle'),
@@ -664,7 +686,7 @@ GENERAL_FLAGS_TESTED_HERE = (
     'algorithm', 'dataset', 'data_dir', 'partition', 'dirichlet_alpha', 'shards_per_client',
     'classes_per_client', 'quantity_alpha', 'num_clients', 'clients_per_round', 'rounds',
     'local_epochs', 'batch_size', 'client_lr', 'client_momentum', 'client_optimizer',
-    'client_weight_decay', 'server_optimizer', 'server_lr',
+    'client_weight_decay', 'client_lr_decay', 'server_optimizer', 'server_lr',
     'server_momentum', 'proximal_strength', 'model', 'seed', 'eval_every', 'eval_last', 'root_output_dir',
     'experiment_name', 'progress', 'guided', 'kd_weight')
 

@@ -18,6 +18,7 @@ _EXPORTS = {
         'BASELINES', 'build_baseline', 'build_fedadam', 'build_fedavg', 'build_fedavgm',
         'build_fedprox', 'build_fedsgd'),
     'tff_algos.cadis': ('build_cadis',),
+    'tff_algos.client_lr_decay': ('with_client_lr_decay',),
     'tff_algos.evaluation': ('build_per_client_evaluation', 'client_evaluation_inputs',
                              'summarize_client_accuracies'),
     'tff_algos.fedcda': ('build_fedcda',),
@@ -26,7 +27,7 @@ _EXPORTS = {
     'tff_algos.resident_state': ('ResidentProcess',),
     'tff_algos.scaffold': ('build_scaffold',),
 }
-_SUBMODULES = ('aggregators', 'baselines', 'cadis', 'client_work', 'evaluation', 'fedcda',
+_SUBMODULES = ('aggregators', 'baselines', 'cadis', 'client_lr_decay', 'client_work', 'evaluation', 'fedcda',
                'fedcross', 'fedlex', 'models', 'optimizers', 'resident_state', 'scaffold')
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 __all__ = __all__ + ['execution']
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
       BASELINES, build_baseline, build_fedadam, build_fedavg, build_fedavgm, build_fedprox,
       build_fedsgd)
   from tff_algos.cadis import build_cadis  # noqa: F401
+  from tff_algos.client_lr_decay import with_client_lr_decay  # noqa: F401
   from tff_algos.evaluation import (  # noqa: F401
       build_per_client_evaluation, client_evaluation_inputs, summarize_client_accuracies)
   from tff_algos.fedcda import build_fedcda  # noqa: F401
