@@ -1,6 +1,7 @@
 """FedCross: the cross-aggregation rules against NumPy, and the LearningProcess end to end."""
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -180,6 +181,17 @@ def test_layerwise_and_model_similarity_choose_differently():
       models, 0, num_models=k, alpha=0.9, selection='lowest_similarity', alpha_schedule=False,
       num_propellers=1, accel_rounds=0)
   np.testing.assert_allclose(meas['similarity'].numpy(), np_cosine(flat_np(models)), atol=1e-5)
+
+
+def test_program_refuses_layerwise_similarity_with_in_order():
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  config = experiment.ExperimentConfig(
+      algorithm='fedcross', dataset='digits', fedcross_similarity='layerwise')
+  experiment.validate(config)
+  with pytest.raises(experiment.ExperimentError, match=(
+      '^--fedcross_similarity=layerwise is read only by the similarity rules, not by '
+      '--fedcross_selection=in_order; drop it')):
+    experiment.validate(dataclasses.replace(config, fedcross_selection='in_order'))
 
 
 def test_ties_go_to_lowest_index_and_eligibility():
