@@ -263,7 +263,9 @@ def _method_settings(c) -> str:
   if a == 'fedcross':
     accel = (f'dynamic α and {c.fedcross_num_propellers} propellers over '
              f'{c.fedcross_accel_rounds} rounds' if c.fedcross_accel_rounds else 'no acceleration')
-    return f'α {c.fedcross_alpha:g}, {c.fedcross_selection.replace("_", " ")}, {accel}'
+    similarity = (' (layer-wise sum)' if c.fedcross_similarity == 'layerwise' else '')
+    return (f'α {c.fedcross_alpha:g}, {c.fedcross_selection.replace("_", " ")}{similarity}, '
+            f'{accel}')
   if a == 'cadis':
     weights = 'eq. 1 weights' if c.cadis_sample_weighted else 'weights 1/\\|C_i\\|'
     return (f'λ {c.cadis_kd_weight:g}, τ₀ {c.cadis_threshold:g} → {c.cadis_threshold_max:g}, '

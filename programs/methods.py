@@ -191,12 +191,17 @@ def _lr_or(default):
 
 # ---- FedCross (ALGORITHMS.md section 1) ----
 FEDCROSS_SELECTIONS = ('lowest_similarity', 'highest_similarity', 'in_order')
+FEDCROSS_SIMILARITIES = ('model', 'layerwise')  # cross_aggregation.SIMILARITIES
 FEDCROSS_FLAGS = (
     Flag('fedcross_alpha', 0.99, 'FedCross alpha in [0.5, 1).',
          in_interval('[0.5, 1)', lambda v: 0.5 <= v < 1), kwarg='alpha'),
     Flag('fedcross_selection', 'lowest_similarity',
          'FedCross collaborator rule: lowest_similarity, highest_similarity, in_order.',
          one_of(FEDCROSS_SELECTIONS), kwarg='selection'),
+    Flag('fedcross_similarity', 'model',
+         'FedCross similarity of the similarity rules: model (cosine of whole models, the '
+         'paper) or layerwise (sum of per-layer cosines, the authors\' code).',
+         one_of(FEDCROSS_SIMILARITIES), kwarg='similarity'),
     Flag('fedcross_alpha_schedule', False,
          'FedCross dynamic alpha: 0.5 -> alpha over accel rounds.', kwarg='alpha_schedule'),
     Flag('fedcross_num_propellers', 1,
@@ -211,6 +216,10 @@ def _fedcross_check(c) -> Optional[str]:
   if not 1 <= c.fedcross_num_propellers < max(c.clients_per_round, 2):
     return (f'--fedcross_num_propellers must be in [1, clients_per_round - 1], got '
             f'{c.fedcross_num_propellers}')
+  if c.fedcross_similarity != 'model' and c.fedcross_selection == 'in_order':
+    return (f'--fedcross_similarity={c.fedcross_similarity} is read only by the similarity '
+            'rules, not by --fedcross_selection=in_order; drop it or choose lowest_similarity '
+            'or highest_similarity')
   return None
 
 

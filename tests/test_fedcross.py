@@ -1,6 +1,7 @@
 """FedCross: the cross-aggregation rules against NumPy, and the LearningProcess end to end."""
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
@@ -36,6 +37,26 @@ def np_cosine(flat):
   return sim
 
 
+def np_layerwise(models):
+  """The authors' code's similarity (PFLlib servercross.py), pair of models by pair: the
+  tensors taken in order, every second one closing a group of two whose cosine is added; after
+  the loop the last group (a pair, or a lone last tensor) is added once more."""
+  k = models[0].shape[0]
+  sim = np.zeros([k, k])
+  for i in range(k):
+    for j in range(k):
+      s, sub_a, sub_b = 0.0, None, None
+      for cnt, m in enumerate(models):
+        a, b = m[i].reshape(-1).astype(np.float64), m[j].reshape(-1).astype(np.float64)
+        if cnt % 2 == 0:
+          sub_a, sub_b = a, b
+        else:
+          sub_a, sub_b = np.concatenate([sub_a, a]), np.concatenate([sub_b, b])
+          s += np_cosine(np.stack([sub_a, sub_b]))[0, 1]
+      sim[i, j] = s + np_cosine(np.stack([sub_a, sub_b]))[0, 1]
+  return sim
+
+
 def np_select(sim, rule, t, eligible=None):
   k = sim.shape[0]
   if k == 1:
@@ -60,6 +81,14 @@ def np_select(sim, rule, t, eligible=None):
 def np_cross(models, collab, alpha):
   return [np.stack([m[i] if c < 0 else alpha * m[i] + (1 - alpha) * m[c]
                     for i, c in enumerate(collab)]) for m in models]
+
+
+def random_layers(rng, k, odd=False):
+  """[K, ...] uploads of a small two-layer model (kernel, bias per layer; with `odd` a
+  trailing scalar), each tensor at its own scale so that layers weigh differently."""
+  shapes = [[3, 4], [4], [4, 2], [2]] + ([[]] if odd else [])
+  return [(rng.normal(size=[k] + shape) * rng.uniform(0.1, 3.0) + rng.normal(size=shape))
+          .astype(np.float32) for shape in shapes]
 
 
 def random_models(rng, k):
@@ -100,6 +129,69 @@ def test_rules_and_cross_aggregate_match_numpy(k, rule, alpha):
     for got, want in zip(stepped, new):
       np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
     models = [m.numpy() for m in new]
+
+
+@pytest.mark.parametrize('k', [2, 3, 5])
+@pytest.mark.parametrize('odd', [False, True])
+def test_layerwise_similarity_and_choice_match_numpy(k, odd):
+  rng = np.random.default_rng([k, odd])
+  for t in range(3):
+    models = random_layers(rng, k, odd)
+    sim = np_layerwise(models)
+    got = ca.layerwise_similarity_matrix(models).numpy()
+    np.testing.assert_allclose(got, sim, atol=1e-5)
+    # 2 pairs, the last counted twice (3), or 2 pairs and a lone scalar counted once (3)
+    np.testing.assert_allclose(np.diag(got), 3.0, atol=1e-5)
+    for rule in RULES:
+      _, meas = ca.cross_aggregation_step(
+          models, t, num_models=k, alpha=0.9, selection=rule, alpha_schedule=False,
+          num_propellers=1, accel_rounds=0, similarity='layerwise')
+      np.testing.assert_allclose(meas['similarity'].numpy(), sim, atol=1e-5)
+      np.testing.assert_array_equal(meas['collaborators'].numpy(), np_select(sim, rule, t))
+  # one tensor: its cosine, counted once
+  one = models[:1]
+  np.testing.assert_allclose(ca.layerwise_similarity_matrix(one).numpy(),
+                             np_cosine(flat_np(one)), atol=1e-6)
+  # a zero pair has cosine 0
+  zeros = [np.zeros_like(m) for m in models[:2]] + models[2:]
+  np.testing.assert_allclose(ca.layerwise_similarity_matrix(zeros).numpy(),
+                             np_layerwise(zeros), atol=1e-5)
+
+
+def test_layerwise_and_model_similarity_choose_differently():
+  """The option is read: on random uploads the two similarities pick other collaborators."""
+  k = 5
+  differ = []
+  for seed in range(10):
+    models = random_layers(np.random.default_rng(seed), k)
+    picks = {}
+    for similarity in ca.SIMILARITIES:
+      _, meas = ca.cross_aggregation_step(
+          models, 0, num_models=k, alpha=0.9, selection='lowest_similarity',
+          alpha_schedule=False, num_propellers=1, accel_rounds=0, similarity=similarity)
+      picks[similarity] = meas['collaborators'].numpy()
+    np.testing.assert_array_equal(
+        picks['model'], np_select(np_cosine(flat_np(models)), 'lowest_similarity', 0))
+    np.testing.assert_array_equal(
+        picks['layerwise'], np_select(np_layerwise(models), 'lowest_similarity', 0))
+    differ.append(not np.array_equal(picks['model'], picks['layerwise']))
+  assert differ[0] and sum(differ) >= 3, differ
+  # the default step is the whole-model cosine
+  _, meas = ca.cross_aggregation_step(
+      models, 0, num_models=k, alpha=0.9, selection='lowest_similarity', alpha_schedule=False,
+      num_propellers=1, accel_rounds=0)
+  np.testing.assert_allclose(meas['similarity'].numpy(), np_cosine(flat_np(models)), atol=1e-5)
+
+
+def test_program_refuses_layerwise_similarity_with_in_order():
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  config = experiment.ExperimentConfig(
+      algorithm='fedcross', dataset='digits', fedcross_similarity='layerwise')
+  experiment.validate(config)
+  with pytest.raises(experiment.ExperimentError, match=(
+      '^--fedcross_similarity=layerwise is read only by the similarity rules, not by '
+      '--fedcross_selection=in_order; drop it')):
+    experiment.validate(dataclasses.replace(config, fedcross_selection='in_order'))
 
 
 def test_ties_go_to_lowest_index_and_eligibility():
@@ -199,7 +291,7 @@ def test_bad_options_are_refused():
   mf = make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
   opt = tff.learning.optimizers.build_sgdm(0.1)
   for kwargs in (dict(selection='random'), dict(alpha=1.5), dict(num_propellers=5),
-                 dict(accel_rounds=-1)):
+                 dict(accel_rounds=-1), dict(similarity='cosine')):
     with pytest.raises(ValueError):
       build_fedcross(mf, opt, 16, 5, **kwargs)
   with pytest.raises(ValueError):
@@ -255,6 +347,16 @@ def test_aggregation_process_on_its_own():
   for r, w in zip(result, want):
     np.testing.assert_allclose(r, w.mean(axis=0), rtol=1e-5, atol=1e-6)
   assert out.state['round_num'] == 1
+  # the layer-wise similarity, same uploads
+  proc_lw = ca.build_cross_aggregation_process(
+      weights_type, k, alpha=alpha, selection='lowest_similarity', initial_weights_fn=initial,
+      similarity='layerwise')
+  out_lw = proc_lw.next(proc_lw.initialize(), [value(2), value(0)],
+                        [np.float32(0.0), np.float32(5.0)])
+  sim_lw = np_layerwise(uploaded)
+  np.testing.assert_allclose(out_lw.measurements['similarity'], sim_lw, atol=1e-5)
+  np.testing.assert_array_equal(out_lw.measurements['collaborators'],
+                                np_select(sim_lw, 'lowest_similarity', 0, eligible))
   # two uploads to one slot would overwrite one model and skip another: the round fails
   with pytest.raises(Exception, match='same slot'):
     proc.next(state, [value(0), collections.OrderedDict(value(1), slot=np.int32(0))],
@@ -477,6 +579,19 @@ def test_dispatch_upload_and_cross_match_reference(process5, fed, local_train):
     assert out.metrics['client_work']['train']['num_examples'] == sum(
         len(inputs[s]['y']) for s in range(k))
     state = out.state
+
+
+def test_build_fedcross_layerwise_similarity(fed):
+  """The builder's `similarity` reaches the stage: tiny_cnn has 3 kernel/bias pairs, so a
+  model's layer-wise similarity with itself is 3 + 1 (the last pair twice), not 1."""
+  k = 3
+  proc = build_fedcross(MODEL_FN, optimizer(), BATCH, k, similarity='layerwise')
+  _, inputs = data.round_inputs(fed, 0, k, 1, seed=0)
+  meas = proc.next(proc.initialize(), [[x] for x in inputs]).metrics['aggregator']
+  sim = np.asarray(meas['similarity'])
+  np.testing.assert_allclose(np.diag(sim), 4.0, atol=1e-5)
+  np.testing.assert_array_equal(meas['collaborators'],
+                                np_select(sim, 'lowest_similarity', 0))
 
 
 def test_k1_equals_local_training(fed, local_train):

@@ -37,7 +37,7 @@ NUM_CLIENTS = 10
 # without one (test_every_method_flag_has_a_changed_value).
 CHANGED = dict(
     fedcross_alpha=0.7, fedcross_selection='in_order', fedcross_alpha_schedule=True,
-    fedcross_num_propellers=2, fedcross_accel_rounds=5,
+    fedcross_num_propellers=2, fedcross_accel_rounds=5, fedcross_similarity='layerwise',
     fedcda_cache_size=2, fedcda_batches=2, fedcda_warmup_rounds=7, fedcda_smoothness=0.5,
     fedcda_selection='newest', fedcda_warmup_weighting='uniform', fedcda_max_cache_gib=1.5,
     fedcda_cache_dtype='float16',
@@ -62,6 +62,8 @@ KEYWORD_TESTS = {
     ('fedcross', 'alpha'): 'tests/test_fedcross.py::test_rules_and_cross_aggregate_match_numpy',
     ('fedcross', 'selection'):
         'tests/test_fedcross.py::test_rules_and_cross_aggregate_match_numpy',
+    ('fedcross', 'similarity'):
+        'tests/test_fedcross.py::test_layerwise_and_model_similarity_choose_differently',
     ('fedcross', 'alpha_schedule'): 'tests/test_fedcross.py::test_alpha_schedule_and_propellers',
     ('fedcross', 'num_propellers'): 'tests/test_fedcross.py::test_alpha_schedule_and_propellers',
     ('fedcross', 'accel_rounds'): 'tests/test_fedcross.py::test_alpha_schedule_and_propellers',

@@ -54,6 +54,7 @@ def build_fedcross(
     *,
     alpha: float = 0.99,
     selection: str = 'lowest_similarity',
+    similarity: str = 'model',
     alpha_schedule: bool = False,
     num_propellers: int = 1,
     accel_rounds: int = 0,
@@ -72,6 +73,10 @@ def build_fedcross(
       (`data.round_inputs`) carry `slot` in [0, K): the middleware model that client trains.
     alpha: CrossAggr weight of a model's own upload, in [0.5, 1) in the paper (0.99).
     selection: 'lowest_similarity' (default), 'highest_similarity' or 'in_order'.
+    similarity: what the similarity rules compare: 'model' (default), the cosine of whole
+      flattened models (the paper's), or 'layerwise', the sum of per-layer cosines the
+      authors' code computes (`cross_aggregation.layerwise_similarity_matrix`). 'in_order'
+      does not read it; the `similarity` measurement reports it under every rule.
     alpha_schedule: alpha rises linearly from 0.5 to `alpha` over `accel_rounds` rounds.
     num_propellers: > 1: during the first `accel_rounds` rounds each model is fused with
       the mean of this many in-order collaborators (see cross_aggregation's module doc).
@@ -96,7 +101,7 @@ def build_fedcross(
       'clients) does not deliver')
   model_fn = model_fns.as_model_fn(model_fn)
   cross_aggregation.validate_options(num_models, alpha, selection, num_propellers,
-                                     accel_rounds)
+                                     accel_rounds, similarity)
   k = int(num_models)
   initial_weights = model_delta.initial_model_weights_fn(model_fn)
   weights_type = initial_weights.type_signature.result
@@ -107,7 +112,7 @@ def build_fedcross(
   aggregator = cross_aggregation.build_cross_aggregation_process(
       weights_type, k, alpha=alpha, selection=selection, alpha_schedule=alpha_schedule,
       num_propellers=num_propellers, accel_rounds=accel_rounds,
-      initial_weights_fn=initial_weights)
+      initial_weights_fn=initial_weights, similarity=similarity)
   agg_state_type = aggregator.initialize.type_signature.result.member
 
   @tff.tensorflow.computation(agg_state_type)

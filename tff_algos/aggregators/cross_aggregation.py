@@ -15,8 +15,10 @@ One `next(state, value@CLIENTS, weight@CLIENTS)`:
   server memory is O(K·D) whatever the number of clients. A slot nobody uploaded keeps its
   previous model.
 * CoModelSel picks a collaborator c(k) != k per model from the uploaded set (`in_order`,
-  `highest_similarity`, `lowest_similarity`; cosine of whole flattened models, trainable +
-  non-trainable; ties -> lowest index).
+  `highest_similarity`, `lowest_similarity`; ties -> lowest index). The similarity
+  (`similarity`): 'model' = cosine of whole flattened models, trainable + non-trainable (the
+  paper's); 'layerwise' = the sum of per-layer cosines the authors' code computes
+  (`layerwise_similarity_matrix`). `in_order` does not read it (it is still reported).
 * CrossAggr: w^k <- alpha * v^k + (1 - alpha) * v^{c(k)} from the uploaded copies.
 * Acceleration (paper §III-D): dynamic alpha (`alpha_schedule`) and propeller models
   (`num_propellers` > 1) during the first `accel_rounds` rounds.
@@ -54,6 +56,7 @@ from tff_algos.aggregators import server_state
 from tff_algos.client_work import model_upload
 
 SELECTIONS = ('lowest_similarity', 'highest_similarity', 'in_order')
+SIMILARITIES = ('model', 'layerwise')
 
 
 # --------------------------------------------------------------------------- #
@@ -75,6 +78,41 @@ def cosine_similarity_matrix(flat_models) -> tf.Tensor:
   norms = tf.norm(flat, axis=1)
   dots = tf.matmul(flat, flat, transpose_b=True)
   return tf.math.divide_no_nan(dots, norms[:, None] * norms[None, :])
+
+
+def layerwise_similarity_matrix(stacked_models) -> tf.Tensor:
+  """[K, K] similarity as the FedCross authors' code computes it (PFLlib, servercross.py).
+
+  The model's tensors, in structure order (trainable, then non-trainable), are taken two at
+  a time (a layer's kernel and bias); each pair's concatenation gives one cosine, and the
+  cosines are summed, the last pair counted twice as that code does. With an odd number of
+  tensors the last one stands alone and counts once. Pairs are layers for models whose
+  layers all have a kernel and a bias and no non-trainable variables; otherwise (BatchNorm,
+  bias-free or LSTM layers) the pairing follows our tensor order, not PyTorch's. A zero pair
+  has cosine 0. Each pair's Gram matrix is summed from its tensors' (no concatenation).
+  """
+  flat = [tf.reshape(tf.cast(t, tf.float32), [tf.shape(t)[0], -1])
+          for t in tf.nest.flatten(stacked_models)]
+  if not flat:
+    raise ValueError('the models have no tensors')
+  cosines = []
+  for i in range(0, len(flat), 2):
+    pair = flat[i:i + 2]
+    dots = tf.add_n([tf.matmul(t, t, transpose_b=True) for t in pair])
+    norms = tf.sqrt(tf.add_n([tf.reduce_sum(tf.square(t), axis=1) for t in pair]))
+    cosines.append(tf.math.divide_no_nan(dots, norms[:, None] * norms[None, :]))
+  if len(flat) % 2 == 0:
+    cosines.append(cosines[-1])
+  return tf.add_n(cosines)
+
+
+def similarity_matrix(stacked_models, similarity: str = 'model') -> tf.Tensor:
+  """[K, K] similarity of the models [K, ...] by `similarity`, one of `SIMILARITIES`."""
+  if similarity == 'model':
+    return cosine_similarity_matrix(flatten_models(stacked_models))
+  if similarity == 'layerwise':
+    return layerwise_similarity_matrix(stacked_models)
+  raise ValueError(f'similarity must be one of {SIMILARITIES}, got {similarity!r}')
 
 
 def in_order_collaborators(num_models: int, round_num) -> tf.Tensor:
@@ -195,7 +233,7 @@ def mean_model(stacked):
 
 
 def validate_options(num_models: int, alpha: float, selection: str, num_propellers: int,
-                     accel_rounds: int) -> None:
+                     accel_rounds: int, similarity: str = 'model') -> None:
   if isinstance(num_models, bool) or not isinstance(num_models, (int, np.integer)) \
       or num_models < 1:
     raise ValueError(f'num_models must be an integer >= 1, got {num_models!r}')
@@ -203,6 +241,8 @@ def validate_options(num_models: int, alpha: float, selection: str, num_propelle
     raise ValueError(f'alpha must be in [0, 1] (paper: [0.5, 1)), got {alpha}')
   if selection not in SELECTIONS:
     raise ValueError(f'selection must be one of {SELECTIONS}, got {selection!r}')
+  if similarity not in SIMILARITIES:
+    raise ValueError(f'similarity must be one of {SIMILARITIES}, got {similarity!r}')
   if num_propellers < 1 or (num_models > 1 and num_propellers > num_models - 1):
     raise ValueError(
         f'num_propellers must be in [1, max(1, K-1)={max(1, num_models - 1)}], '
@@ -213,10 +253,10 @@ def validate_options(num_models: int, alpha: float, selection: str, num_propelle
 
 def cross_aggregation_step(uploaded, round_num, *, num_models: int, alpha: float,
                            selection: str, alpha_schedule: bool, num_propellers: int,
-                           accel_rounds: int, eligible=None):
+                           accel_rounds: int, eligible=None, similarity: str = 'model'):
   """One server step from uploaded models [K, ...]: (new models, measurements dict)."""
   k = int(num_models)
-  sim = cosine_similarity_matrix(flatten_models(uploaded))
+  sim = similarity_matrix(uploaded, similarity)
   a = alpha_for_round(alpha, round_num, accel_rounds, alpha_schedule)
   collaborators = select_collaborators(sim, selection, round_num, eligible)
   crossed = cross_aggregate(uploaded, collaborators, a)
@@ -251,6 +291,7 @@ def build_cross_aggregation_process(
     num_propellers: int = 1,
     accel_rounds: int = 0,
     initial_weights_fn: Optional[tff.Computation] = None,
+    similarity: str = 'model',
 ) -> tff.templates.AggregationProcess:
   """FedCross's cross-aggregation as a stateful weighted `tff.templates.AggregationProcess`.
 
@@ -264,6 +305,8 @@ def build_cross_aggregation_process(
     accel_rounds: length of the acceleration phase.
     initial_weights_fn: no-arg TF computation returning the initial `ModelWeights`; the K
       middleware models start as copies of it (default: zeros).
+    similarity: 'model' (whole-model cosine) or 'layerwise' (the authors' code's sum of
+      per-layer cosines); read by the similarity rules, reported under every rule.
 
   Returns:
     An AggregationProcess: state = OrderedDict(models=ModelWeights of [K, ...] tensors,
@@ -271,12 +314,12 @@ def build_cross_aggregation_process(
     result = mean of the new middleware models @SERVER, measurements (see module doc).
   """
   k = int(num_models) if isinstance(num_models, (int, np.integer)) else num_models
-  validate_options(k, alpha, selection, num_propellers, accel_rounds)
+  validate_options(k, alpha, selection, num_propellers, accel_rounds, similarity)
   value_type = model_upload.model_upload_type(weights_type)
   weight_type = tff.TensorType(np.float32)
   options = dict(num_models=k, alpha=alpha, selection=selection,
                  alpha_schedule=alpha_schedule, num_propellers=num_propellers,
-                 accel_rounds=accel_rounds)
+                 accel_rounds=accel_rounds, similarity=similarity)
 
   def initial_state():
     if initial_weights_fn is None:
