@@ -587,7 +587,8 @@ FEDLEX_REFERENCE_ADAM_LR = 3e-4
 
 def _fedlex_adam(name: str, title: str, rates: dict, protocol: str, **tuning) -> Suite:
   """FedLEx-AvgM against FedAvgM on the fedlex suite's layout with the reference code's
-  client optimizer, Adam (PyTorch's betas and eps), at `rates` ({run: client lr})."""
+  client optimizer, Adam, here TFF's (`--client_optimizer=adam`), at `rates` ({run: client
+  lr})."""
   return Suite(
       name=name,
       title=f'FedLEx-AvgM vs FedAvgM with client Adam {title}: Fashion-MNIST, 2 classes per '
@@ -604,9 +605,11 @@ def _fedlex_adam(name: str, title: str, rates: dict, protocol: str, **tuning) ->
       comparisons=(Comparison('fedlex_avgm', 'fedavgm', 'fedlex_avgm',
                               f'fedlex_avgm vs fedavgm (Adam {title})'),),
       scaled=('The fedlex suite\'s layout (2 classes per client, 20 clients, 5 per round, E = 1, '
-              'batch 50) with the reference code\'s client optimizer, Adam (PyTorch\'s betas and '
-              'eps), without its 0.99-a-round rate decay; its K = 10 clients, E = 5, B = 350 and '
-              'every-client 150-epoch exploration are not copied.'),
+              'batch 50) with the reference code\'s client optimizer, Adam, as TFF\'s '
+              '(`build_adam` with PyTorch\'s betas and eps, but eps added to the uncorrected '
+              'sqrt(v), so larger in effect than PyTorch\'s: `--client_optimizer=torch_adam` is '
+              'PyTorch\'s), without its 0.99-a-round rate decay; its K = 10 clients, E = 5, '
+              'B = 350 and every-client 150-epoch exploration are not copied.'),
       summary_columns=FEDLEX_SUMMARY_COLUMNS,
       paper_of='fedlex', protocol=protocol, **tuning)
 

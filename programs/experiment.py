@@ -39,7 +39,7 @@ ALGORITHMS = methods.ALGORITHMS
 BASELINE_ALGORITHMS = methods.BASELINE_ALGORITHMS
 FEDLEX_ALGORITHMS = methods.FEDLEX_ALGORITHMS
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
-CLIENT_OPTIMIZERS = ('sgdm', 'adam')
+CLIENT_OPTIMIZERS = ('sgdm', 'adam', 'torch_adam')
 # The model each dataset trains by default (its benchmark's model); a --model must take the
 # same kind of input (tff_algos.models.catalog) as this one.
 DEFAULT_MODELS = {
@@ -538,13 +538,17 @@ def evaluated_round(round_num: int, c: ExperimentConfig) -> bool:
 
 def client_optimizer(c: ExperimentConfig, learning_rate: float):
   """The clients' `tff.learning.optimizers.Optimizer` at `learning_rate`: --client_optimizer
-  (SGD with --client_momentum, or Adam with PyTorch's defaults, as the FedLEx reference
-  code), with --client_weight_decay added to every gradient (L2, coupled)."""
+  (sgdm: SGD with --client_momentum; adam: TFF's `build_adam`, whose eps is added to the
+  uncorrected sqrt(v); torch_adam: PyTorch's Adam, `tff_algos.optimizers.build_torch_adam`;
+  both Adams with PyTorch's betas 0.9, 0.999 and eps 1e-8), with --client_weight_decay added
+  to every gradient (L2, coupled)."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_algos import optimizers  # pylint: disable=g-import-not-at-top
   if c.client_optimizer == 'adam':
-    # torch.optim.Adam's betas (0.9, 0.999) and eps 1e-8 (TFF's default eps is 1e-7).
+    # TFF's default eps is 1e-7; its eps acts as sqrt(1 / (1 - 0.999^t)) times PyTorch's.
     opt = tff.learning.optimizers.build_adam(learning_rate=learning_rate, epsilon=1e-8)
+  elif c.client_optimizer == 'torch_adam':
+    opt = optimizers.build_torch_adam(learning_rate=learning_rate)
   else:
     opt = tff.learning.optimizers.build_sgdm(learning_rate=learning_rate,
                                              momentum=c.client_momentum or None)

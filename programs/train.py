@@ -41,8 +41,9 @@ _BATCH_SIZE = flags.DEFINE_integer('batch_size', 50, 'Local batch size.')
 _CLIENT_LR = flags.DEFINE_float('client_lr', 0.01, 'Client SGD learning rate.')
 _CLIENT_MOMENTUM = flags.DEFINE_float('client_momentum', 0.5, 'Client SGD momentum.')
 _CLIENT_OPTIMIZER = flags.DEFINE_string(
-    'client_optimizer', 'sgdm', 'sgdm (SGD with --client_momentum) or adam (PyTorch\'s '
-    'defaults: betas 0.9, 0.999, eps 1e-8), at --client_lr.')
+    'client_optimizer', 'sgdm', 'sgdm (SGD with --client_momentum), adam (TFF\'s build_adam, '
+    'eps added to the uncorrected sqrt(v)) or torch_adam (PyTorch\'s Adam), at --client_lr; '
+    'both Adams with betas 0.9, 0.999, eps 1e-8.')
 _CLIENT_WEIGHT_DECAY = flags.DEFINE_float(
     'client_weight_decay', 0.0, 'L2 weight decay of the client optimizer, as PyTorch\'s '
     'weight_decay: adds this times the weights to every gradient.')

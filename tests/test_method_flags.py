@@ -457,20 +457,41 @@ def test_client_flags_reach_the_builder(monkeypatch):
   assert (args[3], args[4], kwargs['seed']) == (NUM_CLIENTS, 4, 4)
 
 
-def test_client_optimizer_and_weight_decay_reach_the_builder(monkeypatch):
-  """--client_optimizer=adam builds Adam (PyTorch's eps) at --client_lr; --client_weight_decay
-  wraps the client optimizer (tff_algos.optimizers); FedLEx's explorers get the same one."""
-  args, _ = _built_call(monkeypatch, _config(client_optimizer='adam', client_lr=3e-4))
+def _first_step(optimizer, gradient):
+  """The step `optimizer` takes from 0 on one float32 gradient."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  hparams = args[1].get_hparams(args[1].initialize((tf.TensorSpec([2], tf.float32),)))
-  assert {k: float(v) for k, v in hparams.items()} == pytest.approx(
-      dict(learning_rate=3e-4, beta_1=0.9, beta_2=0.999, epsilon=1e-8), rel=1e-6)
+  w = tf.zeros([len(gradient)])
+  _, updated = optimizer.next(optimizer.initialize(tf.TensorSpec(w.shape, tf.float32)), w,
+                              tf.constant(gradient, tf.float32))
+  return np.asarray(updated)
+
+
+def test_client_optimizer_and_weight_decay_reach_the_builder(monkeypatch):
+  """--client_optimizer=adam builds TFF's Adam and torch_adam PyTorch's (both with PyTorch's
+  eps), at --client_lr; --client_weight_decay wraps the client optimizer (tff_algos.optimizers);
+  FedLEx's explorers get the same one."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  steps = {}
+  for name in ('adam', 'torch_adam'):
+    args, _ = _built_call(monkeypatch, _config(client_optimizer=name, client_lr=3e-4))
+    hparams = args[1].get_hparams(args[1].initialize((tf.TensorSpec([2], tf.float32),)))
+    assert {k: float(v) for k, v in hparams.items()} == pytest.approx(
+        dict(learning_rate=3e-4, beta_1=0.9, beta_2=0.999, epsilon=1e-8), rel=1e-6)
+    steps[name] = _first_step(args[1], [1e-9, 1.0])
+  # The first step on a gradient g: PyTorch's lr * g / (|g| + eps); TFF's adds eps to
+  # sqrt(v) = sqrt(1 - 0.999) |g| before the correction, i.e. eps about 31.6 times larger.
+  np.testing.assert_allclose(steps['torch_adam'], [-3e-4 / 11, -3e-4], rtol=1e-5)
+  tff_eps = 1e-8 / np.sqrt(1 - 0.999)
+  np.testing.assert_allclose(steps['adam'], [-3e-4 * 1e-9 / (1e-9 + tff_eps), -3e-4], rtol=1e-5)
   args, _ = _built_call(monkeypatch, _config(client_lr=0.05, client_momentum=0.0,
                                              client_weight_decay=1e-5))
   assert _hparams(args[1]) == dict(learning_rate=0.05, weight_decay=1e-5)
-  explorer = experiment.client_optimizer(
-      _config(algorithm='fedlex_avgm', client_optimizer='adam', client_weight_decay=1e-4), 0.2)
-  assert _hparams(explorer)['learning_rate'] == 0.2 and _hparams(explorer)['weight_decay'] == 1e-4
+  for name in ('adam', 'torch_adam'):
+    explorer = experiment.client_optimizer(
+        _config(algorithm='fedlex_avgm', client_optimizer=name, client_weight_decay=1e-4), 0.2)
+    assert _hparams(explorer)['learning_rate'] == 0.2
+    assert _hparams(explorer)['weight_decay'] == 1e-4
+  np.testing.assert_allclose(_first_step(explorer, [1e-9]), [-0.2 * 1e-9 / 1.1e-8], rtol=1e-5)
 
 
 @pytest.mark.parametrize('algorithm', [a for a in methods.ALGORITHMS
@@ -498,13 +519,15 @@ def test_client_lr_decay_wraps_every_method_with_local_steps(monkeypatch, algori
     (dict(algorithm='fedsgd', client_lr_decay=0.99), '--client_lr_decay: fedsgd takes no local'),
     (dict(algorithm='fedlex_sgd', client_lr_decay=0.99), 'fedlex_sgd takes no local step'),
     (dict(client_optimizer='adam', client_momentum=0.9), '--client_momentum is used only'),
+    (dict(client_optimizer='torch_adam', client_momentum=0.9), '--client_momentum is used only'),
     (dict(client_weight_decay=-1.0), '--client_weight_decay must be a number >= 0'),
     (dict(algorithm='cadis', cadis_closure='oracle'),
      '--cadis_closure=oracle takes the clusters from a cluster-skewed partition'),
     # SCAFFOLD's option II holds for plain SGD only (tff_algos/client_work/corrected_training.py)
     (dict(algorithm='scaffold'), '--algorithm=scaffold needs plain client SGD .* add '
      '--client_momentum=0'),
-    (dict(algorithm='scaffold', client_optimizer='adam'), 'needs plain client SGD')])
+    (dict(algorithm='scaffold', client_optimizer='adam'), 'needs plain client SGD'),
+    (dict(algorithm='scaffold', client_optimizer='torch_adam'), 'needs plain client SGD')])
 def test_bad_client_optimizer_flags_are_refused(changes, message):
   with pytest.raises(experiment.ExperimentError, match=message):
     experiment.validate(_config(**changes))
