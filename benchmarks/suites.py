@@ -520,7 +520,13 @@ def _fedcross_paper() -> Suite:
               'the lowest-similarity collaborator and no acceleration; E = 1 instead of 5 and '
               '600 of its 2,000 rounds (the fedcross suite\'s length), on Fashion-MNIST with '
               'the simple CNN.'),
-      paper_of='fedcross')
+      paper_of='fedcross',
+      probes=(Probe('layerwise_similarity',
+                    'with the authors\' code\'s similarity (cosines of consecutive parameter '
+                    'pairs summed, the last pair counted twice) in place of the whole-model '
+                    'cosine, does FedCross choose other collaborators and end elsewhere?',
+                    dict(fedcross_similarity='layerwise'), ('fedcross',), seeds=(0,),
+                    unchanged=('fedavg',)),))
 
 
 def _cadis_paper() -> Suite:
