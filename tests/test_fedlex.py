@@ -245,6 +245,50 @@ def test_patience_not_reached_equals_no_patience(env):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def adam_explorer_plain_tf(element, epochs, lr, b1=0.9, b2=0.999, eps=1e-7):
+  """One explorer's weights after `epochs` epochs of its batch order with one Adam (moments
+  and step count running on across epochs), on the Keras tiny_cnn in plain TF."""
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+  keras = models.build_keras_model('tiny_cnn', (8, 8, 1), 10, seed=0)
+  w = keras.trainable_variables
+  w0 = [v.numpy() for v in w]
+  m = [np.zeros_like(a) for a in w0]
+  v2 = [np.zeros_like(a) for a in w0]
+  loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  x, y, order = element['x'], element['y'], element['order']
+  t = 0
+  for e in range(epochs):
+    for start in range(0, order.shape[1], BATCH):
+      idx = order[e, start:start + BATCH]
+      with tf.GradientTape() as tape:
+        loss = loss_fn(y[idx], keras(x[idx], training=True))
+      grads = [g.numpy() for g in tape.gradient(loss, w)]
+      t += 1
+      rate = lr * np.sqrt(1 - b2**t) / (1 - b1**t)
+      for i, (var, g) in enumerate(zip(w, grads)):
+        m[i] = b1 * m[i] + (1 - b1) * g
+        v2[i] = b2 * v2[i] + (1 - b2) * g * g
+        var.assign(var.numpy() - rate * m[i] / (np.sqrt(v2[i]) + eps))
+  return w0, [v.numpy() for v in w]
+
+
+def test_patient_explorer_keeps_its_adam_moments(env):
+  # Patience 5 never stops 3 epochs: epoch by epoch must be one continuous Adam run (its
+  # moments and step count are not re-initialised each epoch), as computed in plain TF.
+  adam = tff.learning.optimizers.build_adam(learning_rate=0.01)
+  explorer = env['explorer_inputs'][:1]
+  w0, wk = adam_explorer_plain_tf(explorer[0][0], EXPLORATION_EPOCHS, 0.01)
+  want = [np_normalize((a - b) ** 2) for a, b in zip(w0, wk)]
+  proc = process(env, 'avgm', True)
+  w = proc.get_model_weights(proc.initialize())
+  for patience in (None, 5):
+    result = fedlex.build_fedlex_exploration(env['model_fn'], adam, BATCH,
+                                             exploration_patience=patience)(w, explorer)
+    assert float(result['client_epochs']) == EXPLORATION_EPOCHS
+    for g, target in zip(result['guidance'], want):
+      np.testing.assert_allclose(g, target, atol=2e-3)
+
+
 # ------------------------------------------------------------------------------------------
 # Guided bases
 # ------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ EXPECTED = {
     'fedavg_cnn': ((28, 28, 1), 10, 1_663_370),
     'simple_cnn': ((28, 28, 1), 10, 582_026),
     'mlp_2nn': ((28, 28, 1), 10, 199_210),
+    'mlp_2nn_dropout': ((28, 28, 1), 10, 199_210),
     'resnet20': ((32, 32, 3), 10, 271_098),
     'vgg16': ((32, 32, 3), 10, 15_257_802),
     'char_lstm': ((80,), 86, 819_462),
@@ -339,3 +340,45 @@ def test_seed_validation():
     models.tiny_cnn(seed=1.5)
   with pytest.raises(ValueError):
     models.tiny_cnn(seed=-1)
+
+
+def test_mlp_2nn_dropout_layers():
+  """Flatten, fc1 ReLU, dropout1, fc2 ReLU, dropout2, classifier; 0.1 dropout, same weights."""
+  model = models.build_keras_model('mlp_2nn_dropout', (28, 28, 1), 10, seed=0)
+  assert [type(l).__name__ for l in model.layers[1:]] == [
+      'Flatten', 'Dense', 'Dropout', 'Dense', 'Dropout', 'Dense']
+  assert [l.name for l in model.layers[1:]] == [
+      'flatten', 'fc1', 'dropout1', 'fc2', 'dropout2', 'classifier']
+  assert [l.rate for l in model.layers if isinstance(l, tf.keras.layers.Dropout)] == [0.1, 0.1]
+  assert all(l.activation is tf.keras.activations.relu for l in (model.layers[2], model.layers[4]))
+  plain = models.mlp_2nn(seed=0)   # dropout=0.0: no Dropout layer, unchanged builder
+  assert not any(isinstance(l, tf.keras.layers.Dropout) for l in plain.layers)
+  with pytest.raises(ValueError, match='dropout'):
+    models.mlp_2nn(dropout=1.0)
+
+
+def test_mlp_2nn_dropout_training_and_evaluation_numpy():
+  """Through the TFF model: training=True zeroes ~the rate of the hidden activations (scaled
+  by 1/(1 - rate) otherwise); training=False is the NumPy forward pass of the weights."""
+  rate = models.zoo.MLP_2NN_DROPOUT
+  model_fn = models.make_model_fn('mlp_2nn_dropout', (8, 8, 1), 4, seed=3)
+  model = model_fn()
+  keras = models.keras_model_of(model)
+  x = np.random.default_rng(0).standard_normal((4000, 8, 8, 1)).astype(np.float32)
+  y = np.zeros([4000], np.int32)
+  w1, b1, w2, b2, w3, b3 = [v.numpy() for v in model.trainable_variables]
+  relu = lambda a: np.maximum(a, 0.0)
+  h1 = relu(x.reshape(4000, -1) @ w1 + b1)
+  h2 = relu(h1 @ w2 + b2)
+  evaluated = model.forward_pass(collections.OrderedDict(x=x, y=y), training=False)
+  np.testing.assert_allclose(evaluated.predictions.numpy(), h2 @ w3 + b3, rtol=1e-4, atol=1e-4)
+
+  dropped = tf.keras.Model(keras.inputs, keras.get_layer('dropout1').output)(x, training=True)
+  dropped = dropped.numpy()
+  live = h1 > 0
+  zeroed = np.mean(dropped[live] == 0.0)
+  assert abs(zeroed - rate) < 0.01, zeroed
+  kept = live & (dropped != 0.0)
+  np.testing.assert_allclose(dropped[kept], h1[kept] / (1.0 - rate), rtol=1e-5)
+  trained = model.forward_pass(collections.OrderedDict(x=x, y=y), training=True)
+  assert not np.allclose(trained.predictions.numpy(), h2 @ w3 + b3, atol=1e-3)

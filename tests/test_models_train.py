@@ -34,6 +34,7 @@ SEQ_LEN, VOCAB = 6, 10
 INPUT_SHAPES = {
     'tiny_cnn': (8, 8, 1),
     'mlp_2nn': (8, 8, 1),
+    'mlp_2nn_dropout': (8, 8, 1),
     'fedavg_cnn': (8, 8, 1),
     'simple_cnn': (16, 16, 1),   # two 'valid' 5x5 convolutions and two poolings
     'resnet20': (8, 8, 3),

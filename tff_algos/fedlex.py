@@ -32,9 +32,9 @@ Definitions this module settles (document of record: ALGORITHMS.md section 4):
   * Early stopping (`exploration_patience=p`): the explorer runs one epoch at a time and
     stops once its mean epoch training loss has not strictly improved on its best for p
     consecutive epochs (or the epochs in `order` run out); the deviation uses the weights
-    at the stop. The client optimiser is re-initialised at each epoch in this mode
-    (identical for plain SGD; momentum restarts every epoch). Without patience all epochs
-    run in one pass of the shared loop.
+    at the stop. The explorer's optimiser state (momentum, Adam's moments and step count)
+    runs on across its epochs, so until the stop it trains exactly as the same epochs
+    without patience (one pass of the shared loop).
   * Cost: `client_epochs` = epochs actually run, summed over explorers.
   * An explorer whose deviation is not finite is dropped from the mean (reported as
     `finite_explorers`); if none is finite, G is all ones.
@@ -136,8 +136,11 @@ def _check_floor(floor):
 # ------------------------------------------------------------------------------------------
 
 
-def _explore_fn(train, patience: Optional[int]):
-  """(final ModelWeights, epochs run as float32) for one explorer, as a tf.function."""
+def _explore_fn(train, optimizer, patience: Optional[int]):
+  """(final ModelWeights, epochs run as float32) for one explorer, as a tf.function. With
+  patience it trains one epoch per `train` call, handing each call the optimizer state the
+  previous one ended with: one continuous optimizer (Adam's moments and step count), as the
+  same epochs in one call."""
 
   @tf.function
   def explore(initial_weights, element):
@@ -150,13 +153,16 @@ def _explore_fn(train, patience: Optional[int]):
     weights = tff.learning.models.ModelWeights(
         trainable=[tf.identity(t) for t in initial_weights.trainable],
         non_trainable=[tf.identity(t) for t in initial_weights.non_trainable])
+    opt_state = optimizer.initialize(
+        tuple(tf.TensorSpec(t.shape, t.dtype) for t in weights.trainable))
     best = tf.constant(np.inf, tf.float32)
     since_best = tf.constant(0)
     epoch = tf.constant(0)
     while epoch < total and since_best < patience:
       one_epoch = collections.OrderedDict(element)
       one_epoch['order'] = order[epoch:epoch + 1]
-      out = train(weights, one_epoch)
+      out = train(weights, one_epoch, optimizer_state=opt_state)
+      opt_state = out.optimizer_state
       weights = tff.learning.models.ModelWeights(
           trainable=list(out.model_weights.trainable),
           non_trainable=list(out.model_weights.non_trainable))
@@ -217,7 +223,7 @@ def build_fedlex_exploration(
     model = model_fn()
     train = local_training.build_local_training(model, client_optimizer_fn,
                                                 client_batch_size)
-    explore = _explore_fn(train, exploration_patience)
+    explore = _explore_fn(train, client_optimizer_fn, exploration_patience)
     element = local_training.single_element(dataset)
     final_weights, epochs = explore(initial_weights, element)
     devs = deviations(initial_weights.trainable, final_weights.trainable)

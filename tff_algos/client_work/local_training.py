@@ -92,6 +92,8 @@ class LocalTrainingOutput(NamedTuple):
                             # λ·KD) x batch size, when the loop has one; else ()
   proximal_loss_sum: Any = ()  # float32, sum over all steps of FedProx's (mu/2)||w - w_t||^2
                                # (at the step's weights) x batch size, when mu != 0; else ()
+  optimizer_state: Any = ()  # the client optimiser's state after the last step (() for
+                             # FedSGD): continues training where this call stopped
 
 
 # Hooks a method adds to the shared loop, all optional:
@@ -159,8 +161,10 @@ def build_local_training(
     gradient_transform: Optional[GradientTransform] = None,
     extra_loss: Optional[ExtraLoss] = None,
 ) -> Callable[..., LocalTrainingOutput]:
-  """Returns `train(initial_weights, element, context=None, optimizer_hparams=None)` as a
-  `tf.function` (`optimizer_hparams`: set on the optimizer after its initialisation).
+  """Returns `train(initial_weights, element, context=None, optimizer_hparams=None,
+  optimizer_state=None)` as a `tf.function` (`optimizer_hparams`: set on the optimizer after
+  its initialisation; `optimizer_state`, e.g. an earlier call's output, replaces that
+  initialisation, so consecutive calls train as one run: FedLEx's early-stopped explorers).
 
   Call inside a `tff.tensorflow.computation`, with `model` built there too.
 
@@ -180,7 +184,8 @@ def build_local_training(
   check_client_training(optimizer, batch_size, needs_optimizer=not full_gradient)
 
   @tf.function
-  def train(initial_weights, element, context=None, optimizer_hparams=None):
+  def train(initial_weights, element, context=None, optimizer_hparams=None,
+            optimizer_state=None):
     weights = tff.learning.models.ModelWeights.from_model(model)
     tf.nest.map_structure(lambda v, t: v.assign(t), weights, initial_weights)
     trainable = list(weights.trainable)
@@ -195,6 +200,8 @@ def build_local_training(
 
     if full_gradient:
       opt_state = ()
+    elif optimizer_state is not None:
+      opt_state = optimizer_state
     else:
       specs = tuple(tf.TensorSpec(v.shape, v.dtype) for v in trainable)
       opt_state = optimizer.initialize(specs)
@@ -283,7 +290,8 @@ def build_local_training(
         # here, after the loop (a fresh model per client starts them at zero).
         model_metrics=model.report_local_unfinalized_metrics(),
         extra_loss_sum=extra_sum if extra_loss is not None else (),
-        proximal_loss_sum=proximal_sum if proximal_strength else ())
+        proximal_loss_sum=proximal_sum if proximal_strength else (),
+        optimizer_state=opt_state)
 
   return train
 

@@ -16,8 +16,8 @@ _EXPORTS = {
     'tff_algos.models.zoo': (
         'build_keras_model', 'char_lstm', 'check_model_name', 'CLASSIFIER_LAYER',
         'DEFAULT_INPUT_SHAPES', 'DEFAULT_NUM_CLASSES', 'DEFAULT_VOCAB_SIZES', 'fedavg_cnn',
-        'leaf_char_lstm', 'mlp_2nn', 'MODELS', 'resnet20', 'SEQUENCE_MODELS', 'sent140_lstm',
-        'ShortcutA', 'simple_cnn', 'tiny_cnn', 'TOKEN_MODELS', 'vgg16'),
+        'leaf_char_lstm', 'mlp_2nn', 'mlp_2nn_dropout', 'MODELS', 'resnet20', 'SEQUENCE_MODELS',
+        'sent140_lstm', 'ShortcutA', 'simple_cnn', 'tiny_cnn', 'TOKEN_MODELS', 'vgg16'),
 }
 _SUBMODULES = ('catalog', 'model_fns', 'representation', 'zoo')
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
@@ -31,4 +31,5 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
   from tff_algos.models.zoo import (  # noqa: F401
       CLASSIFIER_LAYER, DEFAULT_INPUT_SHAPES, DEFAULT_NUM_CLASSES, DEFAULT_VOCAB_SIZES, MODELS,
       SEQUENCE_MODELS, TOKEN_MODELS, ShortcutA, build_keras_model, char_lstm, check_model_name,
-      fedavg_cnn, leaf_char_lstm, mlp_2nn, resnet20, sent140_lstm, simple_cnn, tiny_cnn, vgg16)
+      fedavg_cnn, leaf_char_lstm, mlp_2nn, mlp_2nn_dropout, resnet20, sent140_lstm, simple_cnn,
+      tiny_cnn, vgg16)

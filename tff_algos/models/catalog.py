@@ -22,6 +22,7 @@ MODEL_INPUTS = {
     'fedavg_cnn': IMAGE,
     'simple_cnn': IMAGE,
     'mlp_2nn': IMAGE,
+    'mlp_2nn_dropout': IMAGE,
     'resnet20': IMAGE,
     'vgg16': IMAGE,
     'char_lstm': TOKENS_PER_POSITION,

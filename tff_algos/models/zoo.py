@@ -17,6 +17,10 @@ Models:
   PyTorch default, ``nn.Conv2d(..., 5)``, and keeps the two builders distinct). 582,026
   parameters for 28x28x1 inputs and 10 classes.
 * `mlp_2nn`: the "2NN" of McMahan et al.: two hidden ReLU layers of 200 units.
+* `mlp_2nn_dropout`: `mlp_2nn` with dropout at rate `MLP_2NN_DROPOUT` (0.1) after each hidden
+  ReLU, active only in training (`forward_pass(training=True)`). The rate is the one the FedLEx
+  reference's README passes (`--dropout 0.1`); its own TwoNN (Flatten, Linear-ReLU,
+  Linear-ReLU, Linear) takes no dropout argument, so that run trains the plain `mlp_2nn`.
 * `resnet20`: He et al. 2016's CIFAR ResNet-20: a 3x3 16-channel stem, 3 stages x 3 basic
   blocks (16/32/64 filters, the first block of stages 2 and 3 has stride 2), BatchNorm after
   every convolution, global average pooling and the classifier. Shortcuts that change shape use
@@ -100,6 +104,9 @@ class _Initializers:
   def orthogonal(self):
     return tf.keras.initializers.Orthogonal(seed=self._next_seed())
 
+  def dropout_seed(self) -> Optional[int]:
+    return self._next_seed()
+
   def embedding_uniform(self):
     # Keras' Embedding default is RandomUniform(-0.05, 0.05).
     return tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=self._next_seed())
@@ -157,21 +164,38 @@ def simple_cnn(input_shape: Shape = (28, 28, 1), num_classes: int = 10,
 
 
 def mlp_2nn(input_shape: Shape = (28, 28, 1), num_classes: int = 10, hidden: int = 200,
-            seed: Optional[int] = None) -> tf.keras.Model:
-  """McMahan et al.'s 2NN: Flatten, two hidden ReLU layers of `hidden` units, classifier."""
+            seed: Optional[int] = None, dropout: float = 0.0) -> tf.keras.Model:
+  """McMahan et al.'s 2NN: Flatten, two hidden ReLU layers of `hidden` units, classifier.
+
+  `dropout` > 0 puts a Dropout layer of that rate after each hidden ReLU ('dropout1',
+  'dropout2'; Keras applies it only when called with training=True).
+  """
   shape = tuple(int(d) for d in input_shape)
   if not shape or any(d <= 0 for d in shape):
     raise ValueError(f'mlp_2nn expects a non-empty input_shape of positive sizes, got {shape}')
+  if not 0.0 <= float(dropout) < 1.0:
+    raise ValueError(f'mlp_2nn dropout must be in [0, 1), got {dropout}')
   num_classes = _check_num_classes(num_classes)
   init = _Initializers(seed)
   inputs = tf.keras.Input(shape=shape, name='x')
   h = tf.keras.layers.Flatten(name='flatten')(inputs)
-  h = tf.keras.layers.Dense(hidden, activation='relu', kernel_initializer=init.glorot_uniform(),
-                            name='fc1')(h)
-  h = tf.keras.layers.Dense(hidden, activation='relu', kernel_initializer=init.glorot_uniform(),
-                            name='fc2')(h)
+  for i in (1, 2):
+    h = tf.keras.layers.Dense(hidden, activation='relu',
+                              kernel_initializer=init.glorot_uniform(), name=f'fc{i}')(h)
+    if dropout:
+      h = tf.keras.layers.Dropout(float(dropout), seed=init.dropout_seed(),
+                                  name=f'dropout{i}')(h)
   outputs = _classifier(num_classes, init)(h)
-  return tf.keras.Model(inputs, outputs, name='mlp_2nn')
+  return tf.keras.Model(inputs, outputs, name='mlp_2nn_dropout' if dropout else 'mlp_2nn')
+
+
+MLP_2NN_DROPOUT = 0.1
+
+
+def mlp_2nn_dropout(input_shape: Shape = (28, 28, 1), num_classes: int = 10,
+                    hidden: int = 200, seed: Optional[int] = None) -> tf.keras.Model:
+  """`mlp_2nn` with dropout `MLP_2NN_DROPOUT` after each hidden ReLU (module docstring)."""
+  return mlp_2nn(input_shape, num_classes, hidden, seed, dropout=MLP_2NN_DROPOUT)
 
 
 @tf.keras.utils.register_keras_serializable(package='tff_algos')
@@ -382,6 +406,7 @@ MODELS: dict[str, Callable[..., tf.keras.Model]] = {
     'fedavg_cnn': fedavg_cnn,
     'simple_cnn': simple_cnn,
     'mlp_2nn': mlp_2nn,
+    'mlp_2nn_dropout': mlp_2nn_dropout,
     'resnet20': resnet20,
     'vgg16': vgg16,
     'char_lstm': char_lstm,
@@ -396,6 +421,7 @@ DEFAULT_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     'fedavg_cnn': (28, 28, 1),
     'simple_cnn': (28, 28, 1),
     'mlp_2nn': (28, 28, 1),
+    'mlp_2nn_dropout': (28, 28, 1),
     'resnet20': (32, 32, 3),
     'vgg16': (32, 32, 3),
     'char_lstm': (80,),
@@ -404,7 +430,7 @@ DEFAULT_INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     'sent140_lstm': (25,),
 }
 DEFAULT_NUM_CLASSES: dict[str, int] = {
-    'fedavg_cnn': 10, 'simple_cnn': 10, 'mlp_2nn': 10, 'resnet20': 10, 'vgg16': 10,
+    'fedavg_cnn': 10, 'simple_cnn': 10, 'mlp_2nn': 10, 'mlp_2nn_dropout': 10, 'resnet20': 10, 'vgg16': 10,
     'char_lstm': 86, 'tiny_cnn': 10, 'leaf_char_lstm': 81, 'sent140_lstm': 2,
 }
 # Vocabulary of the token models whose vocabulary is not their class count.
