@@ -33,15 +33,16 @@ def sgd():
 # --------------------------------------------------------------------------- #
 
 
-def np_kd(teacher, student, reduction='sum'):
-  """KL(teacher ‖ student) of the kernel conditionals, float64, explicit loops."""
+def np_kd(teacher, student, reduction='sum', ddof=0):
+  """KL(teacher ‖ student) of the kernel conditionals, float64, explicit loops; σ with
+  `ddof` (0: population, 1: sample) over the m(m−1) ordered distances."""
 
   def conditionals(r):
     r = np.asarray(r, np.float64).reshape(len(r), -1)
     m = len(r)
     d = np.array([[np.linalg.norm(r[i] - r[j]) for j in range(m)] for i in range(m)])
     off = [d[i, j] for i in range(m) for j in range(m) if i != j]
-    mu, sigma = np.mean(off), np.std(off)
+    mu, sigma = np.mean(off), np.std(off, ddof=ddof)
     k = np.exp(-0.5 * (d - mu) ** 2 / (sigma ** 2 + 1e-3))
     p = np.zeros([m, m])
     for i in range(m):
@@ -247,6 +248,23 @@ def test_kd_loss_matches_numpy(m, reduction):
         pytest.approx(0.0, abs=1e-6)
 
 
+@pytest.mark.parametrize('m', [2, 3, 5, 8])
+@pytest.mark.parametrize('reduction', ['sum', 'mean'])
+def test_kd_sample_std_matches_numpy_ddof_1(m, reduction):
+  rng = np.random.default_rng([m, len(reduction), 1])
+  teacher = rng.normal(size=[m, 6]).astype(np.float32)
+  student = (teacher + rng.normal(scale=0.7, size=[m, 6])).astype(np.float32)
+  got = distillation.kde_similarity_kl(teacher, student, reduction, 'sample').numpy()
+  assert got == pytest.approx(np_kd(teacher, student, reduction, ddof=1), rel=1e-4, abs=1e-6)
+  population = distillation.kde_similarity_kl(teacher, student, reduction).numpy()
+  if m > 2:   # m = 2: one distance, p = 1 either way
+    assert abs(got - population) > 1e-4 * abs(population)
+  else:
+    assert got == population == 0.0
+  with pytest.raises(ValueError, match='kd_std must be one of'):
+    distillation.kde_similarity_kl(teacher, student, reduction, 'bessel')
+
+
 def test_kd_loss_far_apart_points_and_duplicates_stay_finite():
   rng = np.random.default_rng(7)
   teacher = rng.normal(size=[6, 5]).astype(np.float32)
@@ -319,6 +337,7 @@ def client_inputs(ds):
 def test_kd_options_are_validated():
   for kwargs, match in ((dict(kd_weight=-1.0), 'kd_weight'), (dict(kd_weight=np.nan), 'kd_weight'),
                         (dict(kd_reduction='max'), 'kd_reduction'),
+                        (dict(kd_std='bessel'), 'kd_std'),
                         (dict(kd_weight=1.0, full_gradient=True), 'full_gradient')):
     with pytest.raises(ValueError, match=match):
       model_delta.build_model_delta_client_work(MODEL_FN, sgd(), BATCH, **kwargs)
@@ -341,7 +360,7 @@ def test_lambda_zero_equals_plain_client_work_bit_for_bit(client_works, digits,
   assert out_p.measurements == out_k.measurements
 
 
-def reference_kd_training(initial, inp, kd_weight, reduction):
+def reference_kd_training(initial, inp, kd_weight, reduction, std='population'):
   """Plain eager TF: CE + λ·KL with the student's representation from a second forward
   pass and the teacher a separate frozen Keras model; SGD; returns (initial − final,
   Σ over steps of λ·KL × batch size, examples trained)."""
@@ -363,7 +382,7 @@ def reference_kd_training(initial, inp, kd_weight, reduction):
       with tf.GradientTape() as tape:
         loss = ce(yb, student(xb, training=True))
         kl = distillation.kde_similarity_kl(t_rep(xb, training=False),
-                                            s_rep(xb, training=True), reduction)
+                                            s_rep(xb, training=True), reduction, std)
         loss = loss + kd_weight * kl
       extra_sum += kd_weight * float(kl) * len(idx)
       trained += len(idx)
@@ -403,6 +422,21 @@ def test_kd_client_work_matches_plain_tf_reference(client_works, digits, initial
   assert float(out.measurements['train']['extra_loss']) == pytest.approx(
       extra_sum / trained, rel=1e-3)
   assert 'extra_loss' not in out_plain.measurements['train']
+
+
+def test_kd_std_sample_reaches_the_client_work(client_works, digits, initial_weights):
+  _, _, kd = client_works   # kd_reduction='mean', σ population
+  sample = model_delta.build_model_delta_client_work(
+      MODEL_FN, sgd(), BATCH, keyed=True, kd_weight=0.5, kd_reduction='mean', kd_std='sample')
+  inp = client_inputs(digits)[0]
+  w = [initial_weights]
+  got = [np.asarray(t) for t in sample.next(sample.initialize(), w, [[inp]]).result[0]
+         .update['delta']]
+  want, _, _ = reference_kd_training(initial_weights, inp, 0.5, 'mean', 'sample')
+  for g, ww in zip(got, want):
+    np.testing.assert_allclose(g, ww, rtol=2e-4, atol=2e-6)
+  population = kd.next(kd.initialize(), w, [[inp]]).result[0].update['delta']
+  assert max(np.abs(g - np.asarray(p)).max() for g, p in zip(got, population)) > 1e-6
 
 
 # --------------------------------------------------------------------------- #

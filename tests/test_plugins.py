@@ -182,6 +182,7 @@ def test_bad_plugin_arguments_are_refused_in_one_line():
   for kwargs, message in ((dict(kd_weight=-1.0), 'kd_weight must be a finite number >= 0'),
                           (dict(kd_weight=float('nan')), 'kd_weight must be a finite number'),
                           (dict(kd_reduction='max'), 'kd_reduction must be one of'),
+                          (dict(kd_std='bessel'), 'kd_std must be one of'),
                           (dict(guided='yes'), 'guided must be True or False')):
     with pytest.raises((ValueError, TypeError), match=message):
       plugins.ClientStages(**kwargs)

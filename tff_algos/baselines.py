@@ -51,6 +51,7 @@ def build_fedavg(
     guided: bool = False,
     kd_weight: float = 0.0,
     kd_reduction: str = 'sum',
+    kd_std: str = 'population',
 ) -> tff.learning.templates.LearningProcess:
   """FedAvg (McMahan et al. 2017): server SGD with learning rate 1.0 by default.
 
@@ -68,12 +69,14 @@ def build_fedavg(
     guided: FedLEx guidance in the client work state (see `tff_algos.fedlex`).
     kd_weight: λ of CADIS's KD term on the clients (0 = off), teacher = the received model.
     kd_reduction: 'sum' or 'mean' (`tff_algos.client_work.distillation`).
+    kd_std: 'population' (default) or 'sample' (reference code): σ of the KD
+      kernel (`tff_algos.client_work.distillation`).
     (The three plug-ins are `tff_algos.client_work.plugins`'s, as on every builder.)
   """
   client_work = model_delta.build_model_delta_client_work(
       model_fn, client_optimizer_fn, client_batch_size,
       client_weighting=factories.resolve_client_weighting(client_weighting, model_aggregator),
-      guided=guided, kd_weight=kd_weight, kd_reduction=kd_reduction)
+      guided=guided, kd_weight=kd_weight, kd_reduction=kd_reduction, kd_std=kd_std)
   return compose_with_client_work(
       model_fn, client_work,
       server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=1.0),
@@ -86,7 +89,7 @@ def build_fedavgm(model_fn, client_optimizer_fn, client_batch_size, *,
   """FedAvgM (Hsu et al. 2019): FedAvg with server SGD momentum (default lr 1.0, m 0.9).
 
   `**kwargs` go to `build_fedavg`: client_weighting, model_aggregator, guided,
-  kd_weight, kd_reduction.
+  kd_weight, kd_reduction, kd_std.
   """
   return build_fedavg(
       model_fn, client_optimizer_fn, client_batch_size,
@@ -101,7 +104,7 @@ def build_fedadam(model_fn, client_optimizer_fn, client_batch_size, *,
   """FedAdam / FedOpt (Reddi et al. 2021): FedAvg with a server Adam optimiser.
 
   `**kwargs` go to `build_fedavg`: client_weighting, model_aggregator, guided,
-  kd_weight, kd_reduction.
+  kd_weight, kd_reduction, kd_std.
   """
   return build_fedavg(
       model_fn, client_optimizer_fn, client_batch_size,
@@ -118,6 +121,7 @@ def build_fedprox(
     guided: bool = False,
     kd_weight: float = 0.0,
     kd_reduction: str = 'sum',
+    kd_std: str = 'population',
 ) -> tff.learning.templates.LearningProcess:
   """FedProx (Li et al. 2020): local loss + (mu/2)||w - w_t||^2 (plug-ins as `build_fedavg`).
 
@@ -131,7 +135,7 @@ def build_fedprox(
       model_fn, client_optimizer_fn, client_batch_size,
       proximal_strength=proximal_strength,
       client_weighting=factories.resolve_client_weighting(client_weighting, model_aggregator),
-      guided=guided, kd_weight=kd_weight, kd_reduction=kd_reduction)
+      guided=guided, kd_weight=kd_weight, kd_reduction=kd_reduction, kd_std=kd_std)
   return compose_with_client_work(
       model_fn, client_work,
       server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=1.0),

@@ -60,6 +60,7 @@ def build_cadis(
     clients_per_round: int,
     kd_weight: float = 1.0,
     kd_reduction: str = 'sum',
+    kd_std: str = 'population',
     threshold: float = clustered_aggregation.DEFAULT_THRESHOLD,
     threshold_max: float = clustered_aggregation.DEFAULT_THRESHOLD_MAX,
     similarity_layer: str = 'bias',
@@ -86,6 +87,8 @@ def build_cadis(
       rows; a round with more clients fails).
     kd_weight: λ of the KD term (default 1.0; 0 = plain local SGD, no teacher built).
     kd_reduction: 'sum' (default, reference code) or 'mean' (sum / batch size).
+    kd_std: σ of the KD kernel over the batch's pairwise distances: 'population' (default)
+      or 'sample' (n − 1, the reference code's `torch.std`; `distillation`).
     threshold: τ_0, the clustering threshold on the rescaled Q-matrix (0.975).
     threshold_max: τ_max of the schedule τ_{t+1} = min(τ_t·1.0005^t, τ_max) (0.985).
     similarity_layer: 'bias' (default) or 'kernel' of the final classifier: whose delta's
@@ -130,7 +133,7 @@ def build_cadis(
   model_fn = model_fns.as_model_fn(model_fn)
   local_training.check_client_training(client_optimizer_fn, client_batch_size)
   # The plug-ins' own checks, before the (slower) factory is built.
-  plugins.ClientStages(guided, kd_weight, kd_reduction)
+  plugins.ClientStages(guided, kd_weight, kd_reduction, kd_std)
   # The factory validates num_clients, clients_per_round, thresholds, closure, layer and
   # true_clusters; the similarity tensor's position comes from the model itself.
   factory = clustered_aggregation.ClusteredAggregator(
@@ -145,7 +148,7 @@ def build_cadis(
   weights_type = initial_weights.type_signature.result
   client_work = model_delta.build_model_delta_client_work(
       model_fn, client_optimizer_fn, int(client_batch_size), keyed=True,
-      kd_weight=kd_weight, kd_reduction=kd_reduction, guided=guided)
+      kd_weight=kd_weight, kd_reduction=kd_reduction, kd_std=kd_std, guided=guided)
   distributor = tff.learning.templates.build_broadcast_process(weights_type)
   aggregator = factory.create(model_delta.keyed_update_type(weights_type.trainable),
                               tff.TensorType(np.float32))

@@ -85,6 +85,7 @@ def build_fedcda(
     guided: bool = False,
     kd_weight: float = 0.0,
     kd_reduction: str = 'sum',
+    kd_std: str = 'population',
 ) -> tff.learning.templates.LearningProcess:
   """FedCDA as a `tff.learning.templates.LearningProcess`.
 
@@ -116,6 +117,8 @@ def build_fedcda(
       `state.client_work['guidance']`, set by `tff_algos.fedlex.set_guidance`).
     kd_weight: λ of CADIS's KD term on the clients (0 = off), teacher = the global model.
     kd_reduction: 'sum' or 'mean' (`tff_algos.client_work.distillation`).
+    kd_std: 'population' (default) or 'sample' (reference code): σ of the KD
+      kernel (`tff_algos.client_work.distillation`).
 
   Returns:
     A LearningProcess; `next(state, client_data)` takes the P clients' one-element
@@ -142,6 +145,6 @@ def build_fedcda(
       tff.learning.templates.build_broadcast_process(weights_type),
       model_upload.build_model_upload_client_work(
           model_fn, client_optimizer_fn, client_batch_size, guided=guided,
-          kd_weight=kd_weight, kd_reduction=kd_reduction),
+          kd_weight=kd_weight, kd_reduction=kd_reduction, kd_std=kd_std),
       aggregator,
       cross_round_cache.build_replace_finalizer(weights_type))

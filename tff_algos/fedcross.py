@@ -62,6 +62,7 @@ def build_fedcross(
     guided: bool = False,
     kd_weight: float = 0.0,
     kd_reduction: str = 'sum',
+    kd_std: str = 'population',
 ) -> tff.learning.templates.LearningProcess:
   """FedCross (multi-model cross-aggregation) as a `tff.learning.templates.LearningProcess`.
 
@@ -88,6 +89,8 @@ def build_fedcross(
     kd_weight: λ of CADIS's KD term on the clients (0 = off); the teacher is the
       middleware model the client received.
     kd_reduction: 'sum' or 'mean' (`tff_algos.client_work.distillation`).
+    kd_std: 'population' (default) or 'sample' (reference code): σ of the KD
+      kernel (`tff_algos.client_work.distillation`).
 
   Returns:
     A LearningProcess; `next(state, client_data)` takes the K clients' one-element
@@ -108,7 +111,7 @@ def build_fedcross(
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
   client_work = model_upload.build_model_upload_client_work(
       model_fn, client_optimizer_fn, client_batch_size, guided=guided, kd_weight=kd_weight,
-      kd_reduction=kd_reduction)
+      kd_reduction=kd_reduction, kd_std=kd_std)
   aggregator = cross_aggregation.build_cross_aggregation_process(
       weights_type, k, alpha=alpha, selection=selection, alpha_schedule=alpha_schedule,
       num_propellers=num_propellers, accel_rounds=accel_rounds,

@@ -72,6 +72,7 @@ def build_scaffold(
     guided: bool = False,
     kd_weight: float = 0.0,
     kd_reduction: str = 'sum',
+    kd_std: str = 'population',
 ) -> tff.learning.templates.LearningProcess:
   """SCAFFOLD (option II control variates) as a `tff.learning.templates.LearningProcess`.
 
@@ -96,6 +97,8 @@ def build_scaffold(
       track guided gradients (`corrected_training`'s module doc says why).
     kd_weight: λ of CADIS's KD term on the clients (0 = off), teacher = the global model x.
     kd_reduction: 'sum' or 'mean' (`tff_algos.client_work.distillation`).
+    kd_std: 'population' (default) or 'sample' (reference code): σ of the KD
+      kernel (`tff_algos.client_work.distillation`).
 
   Returns:
     A LearningProcess; `next(state, client_data)` takes the round's clients' one-element
@@ -123,7 +126,7 @@ def build_scaffold(
       weights_type, num_clients, clients_per_round, max_control_gib=max_control_gib)
   client_work = corrected_training.build_corrected_client_work(
       model_fn, client_optimizer_fn, client_batch_size, client_weighting=client_weighting,
-      guided=guided, kd_weight=kd_weight, kd_reduction=kd_reduction)
+      guided=guided, kd_weight=kd_weight, kd_reduction=kd_reduction, kd_std=kd_std)
   finalizer = model_delta.build_update_finalizer(
       tff.learning.optimizers.build_sgdm(learning_rate=float(server_learning_rate)),
       weights_type)

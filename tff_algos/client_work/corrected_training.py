@@ -107,6 +107,7 @@ def build_corrected_client_work(
     guided: bool = False,
     kd_weight: float = 0.0,
     kd_reduction: str = 'sum',
+    kd_std: str = 'population',
 ) -> tff.learning.templates.ClientWorkProcess:
   """SCAFFOLD's client work (see the module doc).
 
@@ -120,6 +121,8 @@ def build_corrected_client_work(
       (module doc).
     kd_weight: λ of CADIS's KD term (`plugins`; 0 = off).
     kd_reduction: 'sum' or 'mean' (`distillation`).
+    kd_std: 'population' (default) or 'sample' (reference code): σ of the KD
+      kernel (`distillation`).
 
   Returns:
     A `ClientWorkProcess` whose state is the client optimizer's hparams (TFF's hparams API),
@@ -134,7 +137,7 @@ def build_corrected_client_work(
   if client_weighting not in model_delta.CLIENT_WEIGHTINGS:
     raise ValueError(f'client_weighting must be one of {model_delta.CLIENT_WEIGHTINGS}, '
                      f'got {client_weighting!r}')
-  stages = plugins.ClientStages(guided, kd_weight, kd_reduction)
+  stages = plugins.ClientStages(guided, kd_weight, kd_reduction, kd_std)
   weights_type = model_delta.model_weights_type(model_fn)
   with_non_trainable = bool(weights_type.non_trainable)
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))

@@ -6,8 +6,8 @@ compared through the pairwise geometry of their *representations* r(x), the inpu
 final classifier (Dense) layer:
 
 * for a batch of m examples, d_ij = ‖r_i − r_j‖ for i ≠ j;
-* μ, σ = mean and (population) standard deviation of those m(m−1) distances, separately for
-  teacher and student;
+* μ, σ = mean and standard deviation of those m(m−1) distances, separately for teacher and
+  student;
 * K_ij = exp(−½ (d_ij − μ)² / (σ² + 1e-3)), row-normalised over j ≠ i to p(j|i);
 * KL = Σ_i Σ_{j≠i} p_t(j|i) · log(p_t(j|i) / p_s(j|i)).
 
@@ -16,7 +16,10 @@ Definitions this module settles:
 * `reduction='sum'` (default, the reference code) is the double sum above; `'mean'` divides
   it by m, i.e. it is the mean over anchor examples i of KL(p_t(·|i) ‖ p_s(·|i)) (like
   PyTorch's `batchmean`), so its scale does not grow with the batch size.
-* σ is the population standard deviation (divide by the number of pairs m(m−1)).
+* `std='population'` (default): σ² divides by the number of ordered pairs m(m−1);
+  `'sample'` divides by m(m−1) − 1, as the authors' code does (`torch.std`, Bessel's
+  correction, over the d_ij in `KL_divergence` of its `algorithm/cadis.py`). Each unordered
+  pair is counted twice either way.
 * Representations of rank > 2 are flattened to [m, −1]. Distances use the Gram form
   ‖a‖² + ‖b‖² − 2a·b on batch-centred representations (memory O(m² + m·d), not O(m²·d));
   a squared distance ≤ 1e-12 (duplicate points) counts as distance 0 with zero gradient, so
@@ -45,6 +48,7 @@ import tensorflow_federated as tff
 from tff_algos.models import representation
 
 REDUCTIONS = ('sum', 'mean')
+STDS = ('population', 'sample')
 KERNEL_EPSILON = 1e-3
 _MIN_SQUARED_DISTANCE = 1e-12
 # Gap (in log space) below a row's smallest kernel value at which the excluded diagonal sits:
@@ -74,8 +78,16 @@ def pairwise_distances(representations) -> tf.Tensor:
   return tf.where(positive, tf.sqrt(safe), tf.zeros_like(squared))
 
 
-def log_conditional_probabilities(representations) -> tf.Tensor:
-  """[m, m] log p(j|i) of the standardised Gaussian kernel over j != i (see module doc).
+def _check(reduction: str, std: str) -> None:
+  if reduction not in REDUCTIONS:
+    raise ValueError(f'kd_reduction must be one of {REDUCTIONS}, got {reduction!r}')
+  if std not in STDS:
+    raise ValueError(f'kd_std must be one of {STDS}, got {std!r}')
+
+
+def log_conditional_probabilities(representations, std: str = 'population') -> tf.Tensor:
+  """[m, m] log p(j|i) of the standardised Gaussian kernel over j != i (see module doc;
+  `std`: 'population' or 'sample', the divisor of σ²).
 
   The diagonal holds a finite value far below the row's entries (p(i|i) is 0 in float32);
   callers mask it out.
@@ -86,28 +98,30 @@ def log_conditional_probabilities(representations) -> tf.Tensor:
   mask = tf.cast(off_diagonal, tf.float32)
   num_pairs = tf.cast(m * (m - 1), tf.float32)
   mu = tf.math.divide_no_nan(tf.reduce_sum(d * mask), num_pairs)
-  var = tf.math.divide_no_nan(tf.reduce_sum(tf.square(d - mu) * mask), num_pairs)
+  var_divisor = num_pairs if std == 'population' else tf.maximum(num_pairs - 1.0, 0.0)
+  var = tf.math.divide_no_nan(tf.reduce_sum(tf.square(d - mu) * mask), var_divisor)
   log_kernel = -0.5 * tf.square(d - mu) / (var + KERNEL_EPSILON)
   floor = tf.stop_gradient(tf.reduce_min(log_kernel)) - _DIAGONAL_GAP
   filled = tf.where(off_diagonal, log_kernel, tf.fill(tf.shape(log_kernel), floor))
   return filled - tf.reduce_logsumexp(filled, axis=1, keepdims=True)
 
 
-def kde_similarity_kl(teacher_repr, student_repr, reduction: str = 'sum') -> tf.Tensor:
+def kde_similarity_kl(teacher_repr, student_repr, reduction: str = 'sum',
+                      std: str = 'population') -> tf.Tensor:
   """KL(teacher ‖ student) between the two batches' kernel conditionals p(j|i), j != i.
 
   Args:
     teacher_repr: [m, ...] teacher representations (no gradient flows into them).
     student_repr: [m, ...] student representations of the same m examples.
     reduction: 'sum' (Σ over i and j != i) or 'mean' (that sum / m: mean over anchors i).
+    std: 'population' (σ² over the m(m−1) distances) or 'sample' (over m(m−1) − 1).
 
   Returns:
     A float32 scalar; 0 for m <= 2.
   """
-  if reduction not in REDUCTIONS:
-    raise ValueError(f'kd_reduction must be one of {REDUCTIONS}, got {reduction!r}')
-  log_t = tf.stop_gradient(log_conditional_probabilities(tf.stop_gradient(teacher_repr)))
-  log_s = log_conditional_probabilities(student_repr)
+  _check(reduction, std)
+  log_t = tf.stop_gradient(log_conditional_probabilities(tf.stop_gradient(teacher_repr), std))
+  log_s = log_conditional_probabilities(student_repr, std)
   m = tf.shape(log_s)[0]
   off_diagonal = tf.logical_not(tf.eye(m, dtype=tf.bool))
   terms = tf.where(off_diagonal, tf.exp(log_t) * (log_t - log_s), tf.zeros_like(log_s))
@@ -168,16 +182,17 @@ class KnowledgeDistillation(NamedTuple):
 
 
 def build_kd_loss(model: tff.learning.models.VariableModel, kd_weight: float,
-                  reduction: str, batch_size: int) -> KnowledgeDistillation:
+                  reduction: str, batch_size: int,
+                  std: str = 'population') -> KnowledgeDistillation:
   """CADIS's KD term for `model` (Keras-backed, with a 'classifier' layer).
 
   Call inside a `tff.tensorflow.computation`, with `model` the student that
   `build_local_training` trains. The teacher is the same model evaluated at the received
   weights before training starts (`teacher_representations`, which must run first: pass its
-  result to training through `context`, which also orders the two calls).
+  result to training through `context`, which also orders the two calls). `reduction` and
+  `std` as `kde_similarity_kl`.
   """
-  if reduction not in REDUCTIONS:
-    raise ValueError(f'kd_reduction must be one of {REDUCTIONS}, got {reduction!r}')
+  _check(reduction, std)
   keras_model = representation.keras_model_of(model)
   rep_model = representation.representation_model(keras_model)
   rep_shape = rep_model.output_shape[1:]
@@ -206,7 +221,7 @@ def build_kd_loss(model: tff.learning.models.VariableModel, kd_weight: float,
     if tap.value is None:
       raise RuntimeError('the KD loss runs after the student forward pass')
     teacher = tf.gather(context['teacher_representations'], batch['index'])
-    kl = kde_similarity_kl(teacher, tap.value, reduction)
+    kl = kde_similarity_kl(teacher, tap.value, reduction, std)
     return tf.cast(kd_weight, kl.dtype) * kl
 
   return KnowledgeDistillation(teacher_representations, extra_loss)

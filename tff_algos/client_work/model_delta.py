@@ -256,6 +256,7 @@ def build_model_delta_client_work(
     keyed: bool = False,
     kd_weight: float = 0.0,
     kd_reduction: str = 'sum',
+    kd_std: str = 'population',
 ) -> tff.learning.templates.ClientWorkProcess:
   """Local training that uploads the model delta (or FedSGD's mean gradient).
 
@@ -276,6 +277,8 @@ def build_model_delta_client_work(
       teacher being the received model. 0 (default) builds no teacher. Needs a
       Keras-backed model with a 'classifier' layer, and local steps (not FedSGD).
     kd_reduction: 'sum' (default, the reference code) or 'mean' (see `distillation`).
+    kd_std: 'population' (default) or 'sample' (reference code): σ of the KD kernel (see
+      `distillation`).
 
   Returns:
     A `ClientWorkProcess` whose update is `initial - final` trainable weights (TFF's
@@ -292,7 +295,7 @@ def build_model_delta_client_work(
     raise ValueError(f'client_weighting must be one of {CLIENT_WEIGHTINGS}, got {client_weighting!r}')
   if proximal_strength < 0:
     raise ValueError(f'proximal_strength must be >= 0, got {proximal_strength}')
-  stages = plugins.ClientStages(guided, kd_weight, kd_reduction)
+  stages = plugins.ClientStages(guided, kd_weight, kd_reduction, kd_std)
   stages.check_local_steps(full_gradient)
   weights_type = model_weights_type(model_fn)
   if keyed and weights_type.non_trainable:

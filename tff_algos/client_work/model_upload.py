@@ -44,6 +44,7 @@ def build_model_upload_client_work(
     guided: bool = False,
     kd_weight: float = 0.0,
     kd_reduction: str = 'sum',
+    kd_std: str = 'population',
 ) -> tff.learning.templates.ClientWorkProcess:
   """Local training on the shared fast loop that uploads the trained model (see module doc).
 
@@ -54,6 +55,8 @@ def build_model_upload_client_work(
     guided: FedLEx's guidance in the client work state (`plugins`).
     kd_weight: λ of CADIS's KD term (`plugins`; 0 = off).
     kd_reduction: 'sum' or 'mean' (`distillation`).
+    kd_std: 'population' (default) or 'sample' (reference code): σ of the KD
+      kernel (`distillation`).
 
   Returns:
     A `ClientWorkProcess` whose state is the client optimizer's hparams (TFF's hparams API:
@@ -65,7 +68,7 @@ def build_model_upload_client_work(
   """
   model_fn = model_fns.as_model_fn(model_fn)
   local_training.check_client_training(client_optimizer_fn, client_batch_size)
-  stages = plugins.ClientStages(guided, kd_weight, kd_reduction)
+  stages = plugins.ClientStages(guided, kd_weight, kd_reduction, kd_std)
   weights_type = model_delta.model_weights_type(model_fn)
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
 

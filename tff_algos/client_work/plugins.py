@@ -46,6 +46,7 @@ class ClientStages:
   guided: bool = False
   kd_weight: float = 0.0
   kd_reduction: str = 'sum'
+  kd_std: str = 'population'
 
   def __post_init__(self):
     if not isinstance(self.guided, (bool, np.bool_)):
@@ -57,6 +58,8 @@ class ClientStages:
     if self.kd_reduction not in distillation.REDUCTIONS:
       raise ValueError(f'kd_reduction must be one of {distillation.REDUCTIONS}, got '
                        f'{self.kd_reduction!r}')
+    if self.kd_std not in distillation.STDS:
+      raise ValueError(f'kd_std must be one of {distillation.STDS}, got {self.kd_std!r}')
     object.__setattr__(self, 'guided', bool(self.guided))
     object.__setattr__(self, 'kd_weight', float(self.kd_weight))
 
@@ -93,7 +96,8 @@ class ClientStages:
       transform = _after_guidance(gradient_transform)
     extra_loss = None
     if self.kd_weight:
-      kd = distillation.build_kd_loss(model, self.kd_weight, self.kd_reduction, batch_size)
+      kd = distillation.build_kd_loss(model, self.kd_weight, self.kd_reduction, batch_size,
+                                      self.kd_std)
       # Computed before training (training takes its result), at the received weights.
       context['teacher_representations'] = kd.teacher_representations(
           initial_weights, element['x'])
