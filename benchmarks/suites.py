@@ -636,6 +636,39 @@ def _fedlex_adam_tuned() -> Suite:
       tuning_rounds=50)
 
 
+def _fedlex_reference() -> Suite:
+  """The reference code's own example, as far as this machine's data and our flags go."""
+  return Suite(
+      name='fedlex_reference',
+      title='FedLEx-AvgM vs FedAvgM at the reference code\'s protocol: Fashion-MNIST, 2 '
+            'classes per client, 10 clients, 2 per round, 2NN, PyTorch\'s Adam',
+      # The reference README's example and its code: a 2NN (200 hidden, dropout 0.1), E = 5,
+      # B = 350, K = 10, C = 0.2, Adam 3e-4 decayed 0.99 a round, no weight decay, a
+      # per-client 80/20 test split, 200 rounds; its FedAvgM is server SGD at lr 0.1 with
+      # momentum 0.9; every client explores up to 150 epochs with patience 40, and its
+      # server averages the raw deviations before one normalisation (after_mean).
+      common=dict(dataset='fashion_mnist', model='mlp_2nn_dropout', partition='classes',
+                  classes_per_client=2, num_clients=10, clients_per_round=2, batch_size=350,
+                  local_epochs=5, rounds=200, client_optimizer='torch_adam',
+                  client_lr=FEDLEX_REFERENCE_ADAM_LR, client_lr_decay=0.99, server_lr=0.1,
+                  client_test_fraction=0.2, eval_every=1),
+      runs=dict(fedavgm=dict(algorithm='fedavgm'),
+                fedlex_avgm=dict(algorithm='fedlex_avgm', fedlex_explorer_fraction=1.0,
+                                 fedlex_exploration_epochs=150, fedlex_exploration_patience=40,
+                                 fedlex_normalize='after_mean')),
+      comparisons=(Comparison('fedlex_avgm', 'fedavgm', 'fedlex_avgm',
+                              'fedlex_avgm vs fedavgm (reference protocol)'),),
+      scaled=('The reference code\'s example (2NN with dropout, 10 clients with 2 classes '
+              'each, 2 per round, E = 5, batch 350, PyTorch\'s Adam at 3e-4 decayed 0.99 a '
+              'round, server momentum 0.9 at lr 0.1, every client exploring up to 150 epochs '
+              'with patience 40, 200 rounds) on Fashion-MNIST at 28 px without augmentation '
+              '(the reference resizes MNIST to 24 px with flips and colour jitter); G from the '
+              'exploration as the paper describes, where the published code builds it from a '
+              'placeholder (probe `placeholder_guidance`).'),
+      summary_columns=FEDLEX_SUMMARY_COLUMNS,
+      paper_of='fedlex', protocol='reference code protocol')
+
+
 def _scaffold() -> Suite:
   return Suite(
       name='scaffold',
@@ -659,7 +692,7 @@ def _scaffold() -> Suite:
 SUITES = {s.name: s for s in (_fedcda(), _fedcross(), _cadis(), _fedlex(),
                                 _fedcda_paper(), _fedcross_paper(), _cadis_paper(),
                                 _cadis_reference(), _fedlex_paper(), _fedlex_adam_tuned(),
-                                _scaffold())}
+                                _fedlex_reference(), _scaffold())}
 
 
 def suite_dir(suite: str) -> str:
