@@ -241,17 +241,22 @@ PARTITIONS = dict(dirichlet=lambda c: f'Dir {c.dirichlet_alpha:g}',
                   cluster_bc=lambda c: 'cluster BC', iid=lambda c: 'IID',
                   quantity=lambda c: f'quantity skew {c.quantity_alpha:g}')
 DATASETS = dict(fashion_mnist='Fashion-MNIST', digits='digits')
-MODELS = dict(simple_cnn='simple CNN', fedavg_cnn='FedAvg CNN', tiny_cnn='tiny CNN')
+MODELS = dict(simple_cnn='simple CNN', fedavg_cnn='FedAvg CNN', tiny_cnn='tiny CNN',
+              mlp_2nn='2NN', mlp_2nn_dropout='2NN, dropout 0.1')
+# Which Adam a run trained with: TFF's build_adam adds eps to the un-corrected sqrt(v).
+ADAMS = dict(adam='TFF Adam', torch_adam='PyTorch Adam')
 
 
 def _optimizer(c) -> str:
   if c.algorithm in ('fedsgd', 'fedlex_sgd'):   # no local step: the server's rate is the step
     return f'one full-batch gradient, server lr {c.server_lr:g}'
-  if c.client_optimizer == 'adam':
-    text = f'Adam lr {c.client_lr:g}'
+  if c.client_optimizer in ADAMS:
+    text = f'{ADAMS[c.client_optimizer]} lr {c.client_lr:g}'
   else:
     text = f'SGD lr {c.client_lr:g}' + (f', momentum {c.client_momentum:g}'
                                         if c.client_momentum else '')
+  if c.client_lr_decay != 1:
+    text += f' (× {c.client_lr_decay:g} a round)'
   return text + (f', weight decay {c.client_weight_decay:g}' if c.client_weight_decay else '')
 
 
@@ -271,8 +276,12 @@ def _method_settings(c) -> str:
     return (f'λ {c.cadis_kd_weight:g}, τ₀ {c.cadis_threshold:g} → {c.cadis_threshold_max:g}, '
             f'{weights}')
   if a in experiment.FEDLEX_ALGORITHMS:
+    patience = (f' (patience {c.fedlex_exploration_patience})'
+                if c.fedlex_exploration_patience else '')
+    normalize = ', mean before normalising' if c.fedlex_normalize == 'after_mean' else ''
+    server = f', server lr {c.server_lr:g}' if c.server_lr >= 0 else ''
     return (f'{100 * c.fedlex_explorer_fraction:g}% of clients explore '
-            f'{c.fedlex_exploration_epochs} epochs')
+            f'{c.fedlex_exploration_epochs} epochs{patience}{normalize}{server}')
   return ''
 
 
@@ -435,6 +444,20 @@ def _settings_lines(suite: suites.Suite) -> list:
   return lines + [''] + prose('What differs from the paper: ' + suite.scaled) + ['']
 
 
+SETTINGS_BESIDE_THE_PAPER = 'Settings beside the paper\'s'
+
+
+def _beside_the_paper_lines(suite: suites.Suite) -> list:
+  """A method's tuned suite: the paper's settings beside every protocol of the method's
+  suites (the table REPRODUCTION.md links to)."""
+  if suite.name not in METHODS:
+    return []
+  return [f'## {SETTINGS_BESIDE_THE_PAPER}', ''] + prose(
+      'Every protocol we ran for the paper\'s method, beside the paper\'s own settings (and '
+      'its authors\' code\'s, where the paper is silent); bold settings differ from the '
+      'paper\'s.') + [''] + settings_table(suite.name, method_suites(suite.name)) + ['']
+
+
 def _tuning_lines(suite: suites.Suite) -> list:
   if not suite.grid:
     return []
@@ -552,7 +575,7 @@ def suite_page(suite: suites.Suite) -> tuple:
   if suite.grid:
     lines.append(f'    python -m benchmarks.compare --suite={suite.name} --tune')
   lines += [f'    python -m benchmarks.compare --suite={suite.name}', '', '## Settings', '']
-  lines += _settings_lines(suite) + _tuning_lines(suite)
+  lines += _settings_lines(suite) + _beside_the_paper_lines(suite) + _tuning_lines(suite)
   lines += ['## Results', ''] + _results_lines(suite, results)
   lines += [f'![test accuracy over rounds, one panel per setting](curves.png)', '']
   lines += ['## Every run', ''] + _every_run_lines(suite, loaded)
@@ -639,18 +662,19 @@ def reproduction_page() -> str:
   for method in METHODS:
     columns = method_suites(method)
     tuned = suites.SUITES[method]
+    anchor = re.sub(r'[^a-z0-9 -]', '', SETTINGS_BESIDE_THE_PAPER.lower()).replace(' ', '-')
     lines += [f'## {tuned.method}', ' · '.join(
         f'[{s.name}/results.md]({s.name}/results.md)' for _, s in columns) + (
             f' · [diagnosis]({method}/diagnosis.md)' if os.path.exists(
-                os.path.join(suites.HERE, f'{method}_diagnosis.py')) else ''), '']
-    lines += settings_table(method, columns) + ['']
+                os.path.join(suites.HERE, f'{method}_diagnosis.py')) else '')
+        + f' · [settings beside the paper\'s]({method}/results.md#{anchor})', '']
     lines += ['| comparison | paper | protocol | baseline (%) | method (%) | margin, last 10 | '
               'margin the verdict reads | verdict |', '|---|---|---|---|---|---|---|---|']
-    verdicts = {'paper': [], 'tuned': []}
+    verdicts = {}
     for _, suite in columns:
       protocol = protocol_of(suite)
       results = comparisons(suite, rd.collect(suite))
-      verdicts['paper' if suite.paper_of else 'tuned'] += results
+      verdicts.setdefault(protocol, []).extend(results)
       for c in results:
         key = c['verdict_key']
         margin_cells = [margin_text(c['last10'], False),
@@ -660,10 +684,13 @@ def reproduction_page() -> str:
                      f'{level(c[key]["baseline"])} | {level(c[key]["method"])} | '
                      + ' | '.join(margin_cells) + f' | {verdict_cell(c)} |')
     lines += ['']
-    for protocol, words in (('paper', 'At the paper\'s protocol'),
-                            ('tuned', 'Against the tuned, converged baseline')):
-      if verdicts[protocol]:   # one line each
-        lines.append(verdicts_line(words, verdicts[protocol]))
+    for protocol, results in verdicts.items():   # one line each
+      words = ('Against the tuned, converged baseline' if protocol == 'tuned' else
+               'At the paper\'s protocol' if protocol == 'paper protocol' else
+               f'At the {protocol}')
+      lines.append(verdicts_line(words, results))
+    if tuned.reference_line:
+      lines.append(f'- The authors\' code: {tuned.reference_line}')
     if tuned.bottom_line:
       lines.append(f'- Bottom line: {tuned.bottom_line}')
     lines += ['', f'![{tuned.method}: paper protocol and tuned, one panel per setting]'

@@ -96,6 +96,9 @@ class Suite:
   # REPRODUCTION.md's closing sentence for the method, in plain words (tuned suites; no
   # figures: the tables above it hold them).
   bottom_line: str = ''
+  # REPRODUCTION.md's line on what the authors' code does that the paper does not, and what
+  # that did in our runs (tuned suites).
+  reference_line: str = ''
 
   def __post_init__(self):
     if self.criterion not in CRITERIA:
