@@ -81,14 +81,14 @@ both replace the rules above:
       rescale to every entry with F > 0 and then takes abs(): an entry below lo becomes
       |Q* − lo| / (hi − lo), an edge once Q* < lo − τ·(hi − lo) (hi is 1, the diagonal, so
       at least every average cosine below −τ), and strongly dissimilar clients are
-      clustered together. With
-      hi = lo, positive entries still rescale to 1 and the others are edges (the reference
-      divides by zero there: +inf for the latter, NaN, i.e. no edge, for the former, which
-      would leave a client outside its own cluster).
+      clustered together. With hi = lo, positive entries still rescale to 1 and the others
+      are edges (the reference divides by zero there: +inf for the latter, NaN, i.e. no
+      edge, for the former, which would leave a client outside its own cluster).
 
-  The rest is as above (the reference's two-hop closure and weights are ours). The
-  reference's cosine of a zero vector is NaN, which then poisons that Q entry for good; here
-  it stays 0. Its multi-process variant (`algorithm/mp_cadis.py`) has (b) but not (a).
+  The rest is as above: the closure is the one chosen (the reference's is 'two_hop'), and
+  the weights follow `sample_weighted` (the reference's are 1/|C_i|, i.e. False). The
+  reference's cosine of a zero vector is NaN, after which that pair's Q* reads 0 for good;
+  here the cosine is 0. Its multi-process variant (`algorithm/mp_cadis.py`) has (b), not (a).
 
 Measurements (per round): `participants` int32 [C] (client indices of the uploads in
 canonical order, −1 for empty rows), `cluster_sizes` int32 [C] (|C_i| of each row, 0 for an
