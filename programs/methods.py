@@ -322,6 +322,7 @@ def _scaffold_summary(run: RunRecord) -> dict:
 
 # ---- CADIS (ALGORITHMS.md section 3) ----
 CADIS_REDUCTIONS = ('sum', 'mean')
+CADIS_KD_STDS = ('population', 'sample')
 CADIS_SIMILARITY_LAYERS = ('bias', 'kernel')
 CADIS_CLOSURES = ('two_hop', 'components', 'oracle')
 CADIS_FLAGS = (
@@ -334,6 +335,9 @@ CADIS_FLAGS = (
          kwarg='kd_weight'),
     Flag('cadis_kd_reduction', 'sum', 'CADIS KD: sum or mean.', one_of(CADIS_REDUCTIONS),
          kwarg='kd_reduction'),
+    Flag('cadis_kd_std', 'population', 'CADIS KD: sigma of the pairwise distances, '
+         'population or sample (n - 1, the authors\' code).', one_of(CADIS_KD_STDS),
+         kwarg='kd_std'),
     Flag('cadis_similarity_layer', 'bias',
          'CADIS: classifier bias or kernel delta for similarity.',
          one_of(CADIS_SIMILARITY_LAYERS), kwarg='similarity_layer'),
@@ -345,6 +349,9 @@ CADIS_FLAGS = (
          kwarg='closure'),
     Flag('cadis_transitive', False, 'CADIS: transitive learning of never co-sampled pairs.',
          kwarg='transitive'),
+    Flag('cadis_reference_quirks', False, 'CADIS: cluster as the authors\' code does, not as '
+         'the paper says (a pair scored with the wrong upload; abs() after the min-max '
+         'rescale): a diagnosis.', kwarg='reference_quirks'),
 )
 
 

@@ -896,6 +896,120 @@ def test_aggregation_process_matches_numpy(keyed_process):
     proc.next(state, values, [np.float32(1.0)] * 5)
 
 
+class NpReferenceCadis:
+  """The server of the authors' code (AIoT-Lab-BKAI/ORO-CCGRID2023-CADIS,
+  `algorithm/cadis.py`: `update_Q_matrix`, `get_impact_factor`, `update_threshold`),
+  transcribed in float64 NumPy: what `reference_quirks=True` must reproduce."""
+
+  def __init__(self, n, thr):
+    self.q, self.f, self.thr = np.zeros([n, n]), np.zeros([n, n]), thr
+
+  def round(self, client_idx, vectors, t):
+    """client_idx: the clients that trained, in the order the server walks them; vectors:
+    their similarity vectors. Returns (|C_i|, impact factor 1/|C_i|) of each."""
+    k = len(client_idx)
+    new_q, new_f = np.zeros_like(self.q), np.zeros_like(self.f)
+    for i, vec_i in zip(range(k), vectors):
+      new_q[client_idx[i], client_idx[i]] = 1
+      for j, vec_j in zip(range(i + 1, k), vectors):   # vec_j is upload j - i - 1
+        new_q[client_idx[i], client_idx[j]] = np_cos(vec_i, vec_j)
+        new_q[client_idx[j], client_idx[i]] = new_q[client_idx[i], client_idx[j]]
+    for i in range(k):
+      new_f[client_idx[i], client_idx[i]] = 1
+      for j in range(i + 1, k):
+        new_f[client_idx[i], client_idx[j]] = new_f[client_idx[j], client_idx[i]] = 1
+    self.f += new_f
+    self.q = self.q + new_q
+    with np.errstate(divide='ignore', invalid='ignore'):
+      q_ast = np.nan_to_num(self.q / self.f, nan=0.0, posinf=0.0, neginf=0.0)
+      lo, hi = q_ast[q_ast > 0].min(), q_ast[q_ast > 0].max()
+      q_ast = np.abs((q_ast - lo) / (hi - lo) * (self.f > 0))
+      a = (q_ast > self.thr) * 1.0
+      a = ((a.T @ a) > 0) * 1.0
+      size = a.sum(axis=0)
+      impact = np.nan_to_num(1 / size, nan=0.0, posinf=0.0)
+    self.thr = min(self.thr * (1 + 0.0005) ** t, 0.985)
+    return size[client_idx], impact[client_idx]
+
+
+def test_reference_quirks_match_a_transcription_of_the_authors_code():
+  n, c, tau0 = 12, 6, 0.9
+  proc = cla.ClusteredAggregator(n, c, threshold=tau0, sample_weighted=False,
+                                 reference_quirks=True).create(
+                                     model_delta.keyed_update_type(DELTA_TYPE),
+                                     tff.TensorType(np.float32))
+  ref = NpReferenceCadis(n, tau0)
+  true_clusters = np.repeat(np.arange(4), 3)
+  rng = np.random.default_rng(17)
+  centers = rng.normal(size=[4, 10])
+  state = proc.initialize()
+  quirky_sizes = []
+  for t in range(8):
+    k = c if t != 4 else 4   # a round with fewer clients than rows
+    ids = rng.choice(n, size=k, replace=False)
+    weights = rng.integers(1, 30, size=k).astype(np.float32)
+    if t == 2:
+      weights[1] = 0.0   # did not train: absent from the reference's list
+    deltas = clustered_deltas(rng, true_clusters, ids, [0.05, 0.3, 0.05, 1.0], centers=centers)
+    out = proc.next(state, [collections.OrderedDict(client_index=np.int32(i), delta=d)
+                            for i, d in zip(ids, deltas)], list(weights))
+    state = out.state
+    # the server walks the clients that trained in its canonical order (by client index)
+    order = [r for r in np.argsort(ids) if weights[r] > 0]
+    want_sizes, impact = ref.round([int(ids[r]) for r in order],
+                                   [np.asarray(deltas[r][-1], np.float64) for r in order], t)
+    np.testing.assert_allclose(state['q'], ref.q, atol=2e-5)
+    np.testing.assert_array_equal(state['f'], ref.f)
+    rows = out.measurements['participants'][:len(order) + (weights == 0).sum()]
+    trained = [r for r, i in enumerate(rows) if weights[list(ids).index(i)] > 0]
+    np.testing.assert_array_equal(out.measurements['cluster_sizes'][trained], want_sizes)
+    np.testing.assert_allclose(out.measurements['aggregation_weights'][trained],
+                               impact / impact.sum(), rtol=1e-5)
+    assert float(state['tau']) == pytest.approx(ref.thr, rel=1e-5)   # float32 schedule
+    quirky_sizes.extend(want_sizes)
+  assert max(quirky_sizes) > 3   # the quirks were exercised: clusters beyond the truth's 3
+
+
+def test_reference_rescale_takes_the_absolute_value_by_hand():
+  q_avg = np.array([[1.0, 0.5, -0.8], [0.5, 1.0, 0.0], [-0.8, 0.0, 1.0]], np.float32)
+  f = np.array([[2, 1, 1], [1, 2, 0], [1, 0, 2]], np.float32)
+  # lo = 0.5, hi = 1: |x - 0.5| / 0.5 where F > 0
+  np.testing.assert_allclose(cla.rescale_similarity(q_avg, f, True).numpy(),
+                             [[1, 0, 2.6], [0, 1, 0], [2.6, 0, 1]], atol=1e-6)
+  np.testing.assert_allclose(cla.rescale_similarity(q_avg, f).numpy(),
+                             [[1, 0, 0], [0, 1, 0], [0, 0, 1]], atol=1e-6)
+  # no span: positive entries 1, the other entries with F > 0 +inf (edges)
+  flat = np.where(q_avg > 0, 1.0, q_avg).astype(np.float32)
+  np.testing.assert_array_equal(cla.rescale_similarity(flat, f, True).numpy(),
+                                [[1, 1, np.inf], [1, 1, 0], [np.inf, 0, 1]])
+
+
+def test_reference_quirks_merge_mc_like_groups_into_large_clusters():
+  """Five groups of four clients whose classifier-bias deltas favour the group's own two
+  labels (similar within a group, negatively correlated across), all clients every round:
+  the paper's rules keep the groups apart, the authors' code lumps them together."""
+  n = 20
+  true_clusters = np.repeat(np.arange(5), 4)
+  centers = np.full([5, 10], -0.25)
+  for g in range(5):
+    centers[g, 2 * g:2 * g + 2] = 1.0
+  mean_size = {}
+  for quirks in (False, True):
+    options = cla.ClusteringOptions(reference_quirks=quirks)
+    state = tf_state(n, 0.975)
+    rng = np.random.default_rng(3)
+    ids = np.arange(n, dtype=np.int32)   # the canonical order of a full round
+    sizes = []
+    for _ in range(10):
+      deltas = clustered_deltas(rng, true_clusters, ids, 0.1, centers=centers)
+      state, _, meas = cla.clustered_aggregation_step(
+          state, ids, np.ones(n, np.float32), stacked(deltas), options, true_clusters)
+      sizes.append(meas['cluster_sizes'].numpy().mean())
+    mean_size[quirks] = np.mean(sizes[-5:])
+  assert mean_size[False] <= 4.0   # never beyond the true groups
+  assert mean_size[True] >= n / 2 and mean_size[True] >= 3 * mean_size[False], mean_size
+
+
 def test_anonymous_mode_clusters_each_round_alone():
   proc = cla.ClusteredAggregator(None, 5, threshold=0.5).create(DELTA_TYPE,
                                                                  tff.TensorType(np.float32))

@@ -44,6 +44,7 @@ CHANGED = dict(
     cadis_threshold=0.9, cadis_threshold_max=0.99, cadis_kd_weight=0.5,
     cadis_kd_reduction='mean', cadis_similarity_layer='kernel', cadis_sample_weighted=False,
     cadis_closure='components', cadis_transitive=True,
+    cadis_kd_std='sample', cadis_reference_quirks=True,
     scaffold_server_lr=0.5, scaffold_client_weighting='num_examples',
     scaffold_max_control_gib=1.5,
     fedlex_explorer_fraction=0.5, fedlex_exploration_epochs=2, fedlex_exploration_lr=0.05,
@@ -85,6 +86,9 @@ KEYWORD_TESTS = {
     ('cadis', 'sample_weighted'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
     ('cadis', 'closure'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
     ('cadis', 'transitive'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
+    ('cadis', 'kd_std'): 'tests/test_cadis.py::test_kd_std_sample_reaches_the_client_work',
+    ('cadis', 'reference_quirks'):
+        'tests/test_cadis.py::test_reference_quirks_match_a_transcription_of_the_authors_code',
     ('scaffold', 'server_learning_rate'):
         'tests/test_scaffold.py::test_rounds_match_numpy_scaffold',
     ('scaffold', 'client_weighting'): 'tests/test_scaffold.py::test_rounds_match_numpy_scaffold',

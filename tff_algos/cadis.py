@@ -73,6 +73,7 @@ def build_cadis(
     guided: bool = False,
     two_hop_metrics_max_clients: Optional[int] = (
         clustered_aggregation.DEFAULT_TWO_HOP_METRICS_MAX_CLIENTS),
+    reference_quirks: bool = False,
 ) -> tff.learning.templates.LearningProcess:
   """Builds a learning process for CADIS (clustered aggregation + KD regularisation).
 
@@ -121,6 +122,10 @@ def build_cadis(
       (`num_clusters`, `cluster_pair_accuracy`, `clusters_match`: 4·N³ flops) are computed
       while N is at most this (default 1000; None: always), and read -1 / NaN above it.
       Cluster sizes and weights never depend on it.
+    reference_quirks: the server clusters as the authors' code does, not as the paper says:
+      a pair scored with the wrong upload and abs() after the min-max rescale (strongly
+      dissimilar clients become neighbours; `clustered_aggregation` module doc). A diagnosis
+      of the published code, default off.
 
   Returns:
     A `tff.learning.templates.LearningProcess`.
@@ -142,7 +147,8 @@ def build_cadis(
       similarity_index=classifier_similarity_index(model_fn, similarity_layer),
       sample_weighted=sample_weighted, closure=closure, transitive=transitive,
       true_clusters=true_clusters, delta_aggregator=model_aggregator,
-      two_hop_metrics_max_clients=two_hop_metrics_max_clients)
+      two_hop_metrics_max_clients=two_hop_metrics_max_clients,
+      reference_quirks=reference_quirks)
 
   initial_weights = model_delta.initial_model_weights_fn(model_fn)
   weights_type = initial_weights.type_signature.result

@@ -62,6 +62,34 @@ A client has been *seen* when F_ii > 0. One round:
    With no participant the result is zero (the model does not move).
 8. τ_{t+1} = min(τ_t · growth^t, τ_max), t = the round just run (growth 1.0005).
 
+The authors' code (`reference_quirks=True`; a diagnosis option, never the default). What the
+public code of the paper (AIoT-Lab-BKAI/ORO-CCGRID2023-CADIS, `algorithm/cadis.py`, the module
+its run scripts select with `--algorithm cadis`) does and the paper does not; with the option
+both replace the rules above:
+
+  (a) step 3 scores a pair with the wrong model. `Server.update_Q_matrix` walks the round's
+      participants in their list order with two loops, the inner one pairing the positions
+      j = i+1, ..., K−1 with the uploads taken again from the start of the list, so pair
+      (i, j) gets the cosine of upload i with upload j−i−1 instead of upload j. j−i−1 runs
+      over 0..K−i−2, so it never wraps or goes negative; where it equals i (j = 2i+1) the
+      pair gets upload i's cosine with itself, 1. Here the positions are those of the valid
+      rows (the clients that trained; the reference's list drops the others) in canonical
+      order, i.e. by client index, where the reference takes the order of its sampled list (a
+      Python set's iteration order: ascending for small client ids, not in general).
+  (b) step 5 takes the absolute value after the min-max rescale. `Server.get_impact_factor`
+      rescales Q* with lo, hi taken over its positive entries as above, but applies the
+      rescale to every entry with F > 0 and then takes abs(): an entry below lo becomes
+      |Q* − lo| / (hi − lo), an edge once Q* < lo − τ·(hi − lo) (hi is 1, the diagonal, so
+      at least every average cosine below −τ), and strongly dissimilar clients are
+      clustered together. With hi = lo, positive entries still rescale to 1 and the others
+      are edges (the reference divides by zero there: +inf for the latter, NaN, i.e. no
+      edge, for the former, which would leave a client outside its own cluster).
+
+  The rest is as above: the closure is the one chosen (the reference's is 'two_hop'), and
+  the weights follow `sample_weighted` (the reference's are 1/|C_i|, i.e. False). The
+  reference's cosine of a zero vector is NaN, after which that pair's Q* reads 0 for good;
+  here the cosine is 0. Its multi-process variant (`algorithm/mp_cadis.py`) has (b), not (a).
+
 Measurements (per round): `participants` int32 [C] (client indices of the uploads in
 canonical order, −1 for empty rows), `cluster_sizes` int32 [C] (|C_i| of each row, 0 for an
 excluded client or empty row), `aggregation_weights` float32 [C] (p_i), `num_clusters` int32
@@ -186,10 +214,13 @@ def average_similarity(q, f) -> tf.Tensor:
                                tf.convert_to_tensor(f, tf.float32))
 
 
-def rescale_similarity(q_avg, f) -> tf.Tensor:
+def rescale_similarity(q_avg, f, reference_quirks: bool = False) -> tf.Tensor:
   """Step 5: min-max rescale of Q* over its strictly positive entries with F > 0; other
-  entries 0; equal entries rescale to 1."""
+  entries 0; equal entries rescale to 1. `reference_quirks`: the authors' code, (b) of the
+  module doc (|Q* − lo| / span on every entry with F > 0)."""
   q_avg = tf.convert_to_tensor(q_avg, tf.float32)
+  if reference_quirks:
+    return _reference_rescale(q_avg, tf.convert_to_tensor(f, tf.float32) > 0.0)
   positive = tf.logical_and(tf.convert_to_tensor(f, tf.float32) > 0.0, q_avg > 0.0)
   # Scalars broadcast and a tf.cond on the scalar span, rather than [N, N] fills and
   # selects: the same values with fewer 400 MB temporaries at N = 10,000.
@@ -198,6 +229,32 @@ def rescale_similarity(q_avg, f) -> tf.Tensor:
   span = hi - lo
   scaled = tf.cond(span > 0.0, lambda: (q_avg - lo) / span, lambda: tf.ones_like(q_avg))
   return tf.where(positive, scaled, np.float32(0.0))
+
+
+def _reference_rescale(q_avg, together) -> tf.Tensor:
+  """(b) of the module doc: |Q* − lo| / (hi − lo) where F > 0, lo and hi over Q* > 0;
+  with hi = lo, 1 on the positive entries and +inf on the other entries with F > 0."""
+  positive = q_avg > 0.0
+  lo = tf.reduce_min(tf.where(positive, q_avg, np.float32(np.inf)))
+  hi = tf.reduce_max(tf.where(positive, q_avg, np.float32(-np.inf)))
+  span = hi - lo
+  scaled = tf.cond(span > 0.0, lambda: tf.abs(q_avg - lo) / span,
+                   lambda: tf.where(positive, np.float32(1.0), np.float32(np.inf)))
+  return tf.where(together, scaled, np.float32(0.0))
+
+
+def reference_pair_similarity(similarity, valid) -> tf.Tensor:
+  """[C, C] the authors' code's pair scores, (a) of the module doc: for valid rows r < s at
+  positions a < b among the valid rows, entry [r, s] is the cosine of row r with the valid
+  row at position b − a − 1 (not row s). Only the upper triangle over valid rows is
+  meaningful (all `update_similarity` reads)."""
+  sim = cross_aggregation.cosine_similarity_matrix(similarity)
+  valid = tf.convert_to_tensor(valid, tf.bool)
+  c = tf.shape(valid)[0]
+  position = tf.cumsum(tf.cast(valid, tf.int32)) - 1
+  valid_rows = tf.argsort(tf.cast(tf.logical_not(valid), tf.int32), stable=True)
+  partner = tf.clip_by_value(position[None, :] - position[:, None] - 1, 0, c - 1)
+  return tf.gather(sim, tf.gather(valid_rows, partner), batch_dims=1)
 
 
 def transitive_update(q, f, tau, half_width: float = DEFAULT_TRANSITIVE_HALF_WIDTH):
@@ -595,6 +652,7 @@ class ClusteringOptions:
   threshold_max: float = DEFAULT_THRESHOLD_MAX
   threshold_growth: float = DEFAULT_THRESHOLD_GROWTH
   two_hop_metrics_max_clients: Optional[int] = DEFAULT_TWO_HOP_METRICS_MAX_CLIENTS
+  reference_quirks: bool = False
 
 
 def two_hop_metrics_computed(num_clients, options: ClusteringOptions) -> bool:
@@ -621,7 +679,10 @@ def clustering_step(state, client_index, weights, similarity,
   weights = tf.convert_to_tensor(weights, tf.float32)
   valid = tf.logical_and(client_index >= 0, weights > 0.0)
   tau = tf.cast(state['tau'], tf.float32)
-  sim = cross_aggregation.cosine_similarity_matrix(similarity)
+  if options.reference_quirks:
+    sim = reference_pair_similarity(similarity, valid)
+  else:
+    sim = cross_aggregation.cosine_similarity_matrix(similarity)
   q, f = update_similarity(state['q'], state['f'], client_index, sim, valid)
   if options.transitive:
     q, f = transitive_update(q, f, tau, options.transitive_half_width)
@@ -634,7 +695,10 @@ def clustering_step(state, client_index, weights, similarity,
   if options.closure == 'oracle':
     labels = oracle_labels(true_clusters)
   else:
-    adj = threshold_adjacency(q_avg, f, tau)
+    if options.reference_quirks:
+      adj = adjacency(rescale_similarity(q_avg, f, True), f, tau)
+    else:
+      adj = threshold_adjacency(q_avg, f, tau)
     if options.closure == 'components':
       labels = component_labels(adj, seen)
     elif two_hop_metrics_computed(q.shape[0], options):
@@ -665,7 +729,8 @@ def clustering_step(state, client_index, weights, similarity,
       accuracy, match = cluster_agreement(relation, seen, true_clusters)
     else:
       accuracy = match = tf.constant(np.nan, tf.float32)
-    measurements['q_matrix_mse'] = q_matrix_mse(rescale_similarity(q_avg, f), f, true_clusters)
+    measurements['q_matrix_mse'] = q_matrix_mse(
+        rescale_similarity(q_avg, f, options.reference_quirks), f, true_clusters)
     measurements['cluster_pair_accuracy'] = accuracy
     measurements['clusters_match'] = match
   new_state = collections.OrderedDict(
@@ -741,7 +806,8 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
                transitive_half_width: float = DEFAULT_TRANSITIVE_HALF_WIDTH,
                true_clusters: Optional[Sequence[int]] = None,
                delta_aggregator: Optional[factories.ModelAggregator] = None,
-               two_hop_metrics_max_clients: Optional[int] = DEFAULT_TWO_HOP_METRICS_MAX_CLIENTS):
+               two_hop_metrics_max_clients: Optional[int] = DEFAULT_TWO_HOP_METRICS_MAX_CLIENTS,
+               reference_quirks: bool = False):
     """Args:
       num_clients: N, the size of the Q and F matrices (client indices lie in [0, N));
         must be None for anonymous mode (uploads without client_index; `create` refuses
@@ -768,6 +834,9 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
         `cluster_pair_accuracy` and `clusters_match` need the whole [N, N] relation (4 N^3
         flops); they are computed for N up to this (default 1000; None: any N) and read
         −1 / NaN above it. The weights never depend on it.
+      reference_quirks: what the authors' code does, not what the paper says ((a) the pair
+        scored with the wrong upload, (b) abs() after the min-max rescale; module doc). A
+        diagnosis, off by default.
     """
     if num_clients is not None:
       num_clients = _check_int(num_clients, 'num_clients', 1)
@@ -817,7 +886,8 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
                          two_hop_metrics_max_clients=two_hop_metrics_max_clients,
                          transitive=bool(transitive),
                          transitive_half_width=float(transitive_half_width),
-                         threshold_max=threshold_max, threshold_growth=float(threshold_growth))
+                         threshold_max=threshold_max, threshold_growth=float(threshold_growth),
+                         reference_quirks=bool(reference_quirks))
 
   def _resolve_similarity_index(self, delta_specs) -> int:
     flat = tf.nest.flatten(delta_specs)
