@@ -1034,11 +1034,19 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
 
   exploration = None
   explorers = np.zeros([0], np.int64)
-  if methods.METHODS[c.algorithm].is_guided(c):
+  placeholder = None   # --fedlex_guidance=placeholder: G, installed after round 1
+  if methods.METHODS[c.algorithm].is_guided(c) and (
+      c.fedlex_guidance == 'exploration' or c.fedlex_explore_in_place):
     exploration, explorers = _fedlex_exploration(c, model_fn, num_clients)
     _check_distributable(c, [exploration])
+  if methods.METHODS[c.algorithm].is_guided(c):
     if start_round == 0:
-      state, explore_metrics = _explore(c, fed, process, exploration, explorers, state, 0)
+      state, explore_metrics = _fedlex_initial_state(c, fed, process, exploration, explorers,
+                                                     state)
+      if c.fedlex_guidance == 'placeholder':
+        from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+        placeholder = fedlex.placeholder_guidance(
+            process.get_model_weights(state).trainable, c.fedlex_guidance_floor)
       held = None
       program_state['exploration_client_epochs'] = explore_metrics['exploration_client_epochs']
       log(f'FedLEx exploration: {len(explorers)} explorers, '
@@ -1088,6 +1096,10 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
                                     client_ids=sampled)
       with execution.collector_paused():
         held, round_metrics = runner.next(held, [[element] for element in inputs])
+        if placeholder is not None and round_num == 1:
+          from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+          state = fedlex.set_guidance(process, runner.materialize(held), placeholder)
+          held = runner.adopt(state)
         if exploration is not None and c.fedlex_refresh:
           state, refresh_metrics = _explore(c, fed, process, exploration,
                                             np.intersect1d(sampled, explorers),
@@ -1241,6 +1253,32 @@ def fedlex_explorers(c: ExperimentConfig, num_clients: int) -> np.ndarray:
   """FedLEx's explorer clients: --fedlex_explorer_fraction of them, fixed by the seed."""
   count = max(1, int(round(c.fedlex_explorer_fraction * num_clients)))
   return np.sort(np.random.default_rng([c.seed, 7]).choice(num_clients, count, replace=False))
+
+
+def _fedlex_initial_state(c: ExperimentConfig, fed, process, exploration, explorers, state):
+  """(state, exploration metrics) a guided run starts round 1 from: G explored
+  (--fedlex_guidance=exploration) or not yet (placeholder: all ones), from the initial model
+  or, with --fedlex_explore_in_place, the explorers' in-place training of it."""
+  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+  if not c.fedlex_explore_in_place:
+    if exploration is None:
+      return state, collections.OrderedDict(exploration_client_epochs=0.0)
+    return _explore(c, fed, process, exploration, explorers, state, 0)
+  _, inputs = data.round_inputs(fed, 0, len(explorers), c.fedlex_exploration_epochs,
+                                c.seed + 1, client_ids=explorers)
+  kwargs = methods.exploration_kwargs(c)
+  try:
+    weights, guidance, metrics = fedlex.explore_in_place(
+        exploration, process.get_model_weights(state), [[x] for x in inputs],
+        kwargs['normalize'], kwargs['guidance_floor'])
+  except ValueError as e:
+    raise ExperimentError(f'--fedlex_explore_in_place: {e}; try a lower '
+                          '--fedlex_exploration_lr') from None
+  state = process.set_model_weights(state, weights)
+  if c.fedlex_guidance == 'exploration':
+    state = fedlex.set_guidance(process, state, guidance)
+  return state, metrics
 
 
 def _explore(c: ExperimentConfig, fed, process, exploration, explorers, state, round_num):

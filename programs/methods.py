@@ -175,7 +175,8 @@ class Method:
         if getattr(config, flag.name) != flag.default:
           return (f'--{flag.name} is read only by a guided run (--guided or '
                   f'--algorithm=fedlex_*); add --guided or drop it')
-    return None
+      return None
+    return _check_fedlex(config)
 
 
 def named_function(name: str) -> Callable:
@@ -408,6 +409,7 @@ PLUGIN_FLAGS = (
 # FedLEx's exploration (ALGORITHMS.md section 4): read by every guided run (--guided or
 # fedlex_*); general flags that kept their fedlex_ names, so recorded runs still resume.
 FEDLEX_NORMALIZE = ('per_client', 'after_mean')
+FEDLEX_GUIDANCE = ('exploration', 'placeholder')
 FEDLEX_FLAGS = (
     Flag('fedlex_explorer_fraction', 0.2,
          'Fraction of clients exploring (the program picks them with the seed).',
@@ -431,7 +433,35 @@ FEDLEX_FLAGS = (
     Flag('fedlex_refresh', False,
          'Explorers taking part in a round refresh the guidance (the program\'s loop).',
          target=PROGRAM),
+    Flag('fedlex_guidance', 'exploration',
+         'Where G comes from: exploration (the paper) or placeholder, a diagnosis option: '
+         'what the reference code at its HEAD does, G = minmax((1 - w)^2) per tensor of the '
+         'model round 1 starts from, installed after an unguided round 1, no exploration '
+         '(the program\'s loop; `fedlex.placeholder_guidance`).',
+         one_of(FEDLEX_GUIDANCE), target=PROGRAM),
+    Flag('fedlex_explore_in_place', False,
+         'Diagnosis option (the reference code): the explorers train the global model in '
+         'place one after another, so round 1 starts from the last one\'s model; G from '
+         'each one\'s deviation from its own start (the program; '
+         '`fedlex.explore_in_place`).', target=PROGRAM),
 )
+# The flags the exploration alone reads: inert when nothing explores (placeholder G without
+# --fedlex_explore_in_place), and --fedlex_normalize / --fedlex_refresh with any placeholder G.
+_EXPLORER_FLAGS = ('fedlex_explorer_fraction', 'fedlex_exploration_epochs',
+                   'fedlex_exploration_lr', 'fedlex_exploration_patience')
+
+
+def _check_fedlex(config) -> Optional[str]:
+  """A guided run's FedLEx flags that its --fedlex_guidance leaves inert (None or a message)."""
+  if config.fedlex_guidance != 'placeholder':
+    return None
+  inert = ('fedlex_normalize', 'fedlex_refresh') + (
+      () if config.fedlex_explore_in_place else _EXPLORER_FLAGS)
+  for flag in FEDLEX_FLAGS:
+    if flag.name in inert and getattr(config, flag.name) != flag.default:
+      return (f'--{flag.name} is not read with --fedlex_guidance=placeholder (no exploration '
+              'builds G); drop it')
+  return None
 
 
 def plugin_summary(method: Method, run: RunRecord) -> dict:

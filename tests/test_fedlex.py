@@ -455,3 +455,52 @@ def test_guidance_statistics_match_numpy():
   floored = [np.maximum(np.float32(rng.uniform(0, 0.05, size=20)), np.float32(0.01))]
   assert (floored[0] == np.float32(0.01)).any()
   assert fedlex.guidance_statistics(floored)['guidance_below_0_01'] == 0.0
+
+
+# ------------------------------------------------------------------------------------------
+# Diagnosis options: the reference code's behaviour
+# ------------------------------------------------------------------------------------------
+
+
+def test_placeholder_guidance_matches_numpy_and_stays_in_the_state(env):
+  """--fedlex_guidance=placeholder: G = minmax((1 - w)^2) per tensor of the model round 1
+  starts from, put in the state after round 1 and carried (and checkpointed) from there."""
+  proc = process(env, 'avgm', True)
+  state = proc.initialize()
+  w0 = trainable(proc, state)
+  got = fedlex.placeholder_guidance(w0, floor=0.05)
+  want = [np.maximum(np_normalize((1.0 - w) ** 2), 0.05) for w in w0]
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+  state, _ = run_rounds(proc, state, env['fed'], 1)   # round 1: unguided (G ones)
+  state = fedlex.set_guidance(proc, state, got)
+  state, _ = run_rounds(proc, state, env['fed'], 2, start=1)
+  for g, w in zip(fedlex.get_guidance(state), want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_explore_in_place_trains_the_explorers_in_sequence(env):
+  """--fedlex_explore_in_place: explorer i trains from explorer i - 1's model (the first from
+  w_0) and round 1 starts from the last one's; D_i = (w_{i-1} - w_i)^2. Reference: each
+  explorer's epochs as one round of the unguided FedAvgM process with it alone (its first
+  server-momentum step moves the model to the client's), started from the previous model."""
+  proc = process(env, 'avgm', False)
+  state0 = proc.initialize()
+  models = [trainable(proc, state0)]
+  for inp in env['explorer_inputs']:
+    start = proc.set_model_weights(proc.initialize(), tff.learning.models.ModelWeights(
+        trainable=models[-1], non_trainable=[]))
+    models.append(trainable(proc, proc.next(start, [inp]).state))
+  devs = [[(a - b) ** 2 for a, b in zip(w, v)] for w, v in zip(models, models[1:])]
+  for normalize in fedlex.NORMALIZATIONS:
+    weights, guidance, metrics = fedlex.explore_in_place(
+        exploration(env, normalize), proc.get_model_weights(state0), env['explorer_inputs'],
+        normalize)
+    assert metrics['exploration_client_epochs'] == len(EXPLORERS) * EXPLORATION_EPOCHS
+    for a, b in zip(weights.trainable, models[-1]):
+      np.testing.assert_allclose(a, b, atol=1e-5)
+    for g, w in zip(guidance, np_guidance(devs, normalize, 0.0)):
+      np.testing.assert_allclose(g, w, atol=2e-3)
+  # Not the parallel exploration: explorer 2 did not start from w_0.
+  parallel = exploration(env)(proc.get_model_weights(state0), env['explorer_inputs'])
+  assert not np.allclose(parallel['guidance'][0], guidance[0], atol=1e-2)

@@ -48,7 +48,8 @@ CHANGED = dict(
     scaffold_server_lr=0.5, scaffold_client_weighting='num_examples',
     scaffold_max_control_gib=1.5,
     fedlex_explorer_fraction=0.5, fedlex_exploration_epochs=2, fedlex_exploration_lr=0.05,
-    fedlex_exploration_patience=3, fedlex_normalize='after_mean', fedlex_guidance_floor=0.1, fedlex_refresh=True)
+    fedlex_exploration_patience=3, fedlex_normalize='after_mean', fedlex_guidance_floor=0.1, fedlex_refresh=True,
+    fedlex_guidance='placeholder', fedlex_explore_in_place=True)
 
 # The plug-in flags' builder keywords (every builder takes them) -> the default-suite test
 # showing that the keyword changes every client work's upload.
@@ -114,6 +115,10 @@ TESTED_ELSEWHERE = {
         'tests/test_distributed.py::test_program_on_given_and_local_services_reproduces_local_weights',
     'worker_timeout': 'tests/test_distributed.py::test_program_worker_flags_bad_input_is_one_line',
     'resident_state': 'tests/test_resident_state.py::test_program_resident_state_flag',
+    'fedlex_guidance':
+        'tests/test_fedlex.py::test_placeholder_guidance_matches_numpy_and_stays_in_the_state',
+    'fedlex_explore_in_place':
+        'tests/test_fedlex.py::test_explore_in_place_trains_the_explorers_in_sequence',
     'client_test_fraction': 'tests/test_train_program.py::'
                             'test_client_test_fraction_holds_out_examples_and_evaluates_every_client',
     'blown_up_rounds':
@@ -745,3 +750,17 @@ def test_fedcda_says_when_a_run_is_warmup_throughout():
   assert note(dataclasses.replace(config, fedcda_warmup_rounds=9)) is None
   assert all(m.note(dataclasses.replace(config, algorithm=m.name)) is None
              for m in methods.METHODS.values() if m.name != 'fedcda')
+
+
+def test_fedlex_placeholder_guidance_refuses_the_exploration_flags():
+  """--fedlex_guidance=placeholder explores nothing: the explorers' flags are refused unless
+  --fedlex_explore_in_place trains them; --fedlex_normalize and --fedlex_refresh always."""
+  config = _config(algorithm='fedlex_avgm', fedlex_guidance='placeholder')
+  experiment.validate(config)
+  for name in ('fedlex_exploration_epochs', 'fedlex_normalize', 'fedlex_refresh'):
+    with pytest.raises(experiment.ExperimentError, match=f'--{name} is not read'):
+      experiment.validate(dataclasses.replace(config, **{name: CHANGED[name]}))
+  experiment.validate(dataclasses.replace(config, fedlex_explore_in_place=True,
+                                          fedlex_exploration_epochs=2))
+  with pytest.raises(experiment.ExperimentError, match='fedlex_guidance'):
+    experiment.validate(dataclasses.replace(config, fedlex_guidance='scout'))

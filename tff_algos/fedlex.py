@@ -38,6 +38,9 @@ Definitions this module settles (document of record: ALGORITHMS.md section 4):
   * Cost: `client_epochs` = epochs actually run, summed over explorers.
   * An explorer whose deviation is not finite is dropped from the mean (reported as
     `finite_explorers`); if none is finite, G is all ones.
+  * Diagnosis options, what the authors' code does and not what the paper says (docs/methods.md,
+    FedLEx): `placeholder_guidance` (its HEAD's all-ones scouts) and `explore_in_place` (its
+    explorers train the global model in place, one after another).
   * Refresh during training (paper section III-E) is program-level: `refresh_guidance`
     re-runs the exploration from the current global model on the explorers that take
     part in a round and replaces G with the result (see its docstring).
@@ -199,7 +202,8 @@ def build_fedlex_exploration(
   Returns:
     A `tff.federated_computation` (initial ModelWeights@SERVER, explorer inputs@CLIENTS)
     -> OrderedDict(guidance=<list shaped like the trainable weights>, client_epochs=float32,
-    finite_explorers=float32)@SERVER. The explorer inputs are the project's client inputs
+    finite_explorers=float32, final_weights=<ModelWeights: the finite explorers' mean; with
+    one explorer, its weights at the stop>)@SERVER. The explorer inputs are the project's client inputs
     (one-element sequences, `data.client_input`) whose `order` has shape
     [exploration_epochs, n]. An explorer whose deviation is not finite (diverged training)
     is left out of the mean (its epochs still count); with none finite, G is all ones.
@@ -230,7 +234,7 @@ def build_fedlex_exploration(
     devs, non_finite = local_training.zero_if_non_finite(devs)
     if normalize == 'per_client':
       devs = normalize_deviations(devs)
-    return devs, 1.0 - non_finite, epochs
+    return devs, 1.0 - non_finite, epochs, final_weights
 
   deviation_type = client_explore.type_signature.result[0]
 
@@ -247,12 +251,13 @@ def build_fedlex_exploration(
                              tff.FederatedType(data_type, tff.CLIENTS))
   def exploration(initial_weights, explorer_data):
     weights_at_clients = tff.federated_broadcast(initial_weights)
-    devs, finite, epochs = tff.federated_map(client_explore,
-                                             (weights_at_clients, explorer_data))
+    devs, finite, epochs, final_weights = tff.federated_map(
+        client_explore, (weights_at_clients, explorer_data))
     guidance = tff.federated_map(server_finish, tff.federated_mean(devs, finite))
     return tff.federated_zip(collections.OrderedDict(
         guidance=guidance, client_epochs=tff.federated_sum(epochs),
-        finite_explorers=tff.federated_sum(finite)))
+        finite_explorers=tff.federated_sum(finite),
+        final_weights=tff.federated_mean(final_weights, finite)))
 
   return exploration
 
@@ -396,3 +401,61 @@ def refresh_guidance(process: tff.learning.templates.LearningProcess,
     metrics.update(guidance_statistics(get_guidance(state)))
     return state, metrics
   return explore_and_initialize(process, exploration, inputs, state)
+
+
+# ------------------------------------------------------------------------------------------
+# Diagnosis options: what the authors' code does, not what the paper says.
+# ------------------------------------------------------------------------------------------
+
+
+def placeholder_guidance(trainable, floor: float = 0.0) -> list:
+  """G = minmax((1 - w)^2) per tensor, then the floor: the reference code's guidance at its
+  HEAD (ALGORITHMS.md section 4), where each explorer's "scout" is an all-ones placeholder.
+
+  There the server's `create_mask` takes, per tensor, the mean over that round's
+  participants' scouts of (scout - w_ref)^2 and min-max normalises it; every scout is ones,
+  so the participants drop out and G = minmax((1 - w_ref)^2) every round. w_ref is the
+  `tl_base` checkpoint, the global model the explorers trained in place (saved one epoch
+  into the last explorer's turn), i.e. about the model round 1 starts from; here it is
+  exactly that model (`trainable`). Its first mask is written after round 1's local
+  training, so round 1 is unguided (the program installs G after round 1). A constant tensor
+  normalises to ones here (the reference divides 0 by 0).
+  """
+  _check_floor(floor)
+  guidance = [normalize_tensor(tf.square(1.0 - tf.cast(w, tf.float32))) for w in trainable]
+  return [g.numpy() for g in apply_floor(guidance, float(floor))]
+
+
+def explore_in_place(exploration: tff.Computation, initial_weights,
+                     explorer_inputs: Sequence[Any], normalize: str = 'per_client',
+                     floor: float = 0.0):
+  """The explorers train one global model in place, one after another (the reference code:
+  its server hands its own model to every explorer, so explorer i starts from explorer
+  i - 1's result and round 1 starts from the last one's).
+
+  Each explorer runs the exploration computation alone from the current model; its
+  deviation is taken from the model it started from, D_i = (w_{i-1} - w_i)^2, and G is
+  `global_guidance_matrix` of those (same normalisation and floor as the exploration).
+
+  Returns (final ModelWeights, guidance list, OrderedDict(exploration_client_epochs,
+  num_explorers, finite_explorers)). Raises ValueError when an explorer diverges (its
+  weights would be the run's).
+  """
+  weights = initial_weights
+  devs, epochs = [], 0.0
+  for inp in explorer_inputs:
+    result = exploration(weights, [inp if isinstance(inp, (list, tuple)) else [inp]])
+    epochs += float(result['client_epochs'])
+    if not float(result['finite_explorers']):
+      raise ValueError('an explorer training in place diverged (non-finite weights)')
+    final = result['final_weights']
+    devs.append([np.square(np.asarray(a, np.float32) - np.asarray(b, np.float32))
+                 for a, b in zip(weights.trainable, final.trainable)])
+    weights = tff.learning.models.ModelWeights(trainable=list(final.trainable),
+                                               non_trainable=list(final.non_trainable))
+  if not devs:
+    raise ValueError('at least one explorer is needed')
+  guidance = [g.numpy() for g in global_guidance_matrix(devs, normalize, floor)]
+  metrics = collections.OrderedDict(exploration_client_epochs=epochs,
+                                    num_explorers=len(devs), finite_explorers=len(devs))
+  return weights, guidance, metrics
