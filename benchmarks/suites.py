@@ -575,12 +575,20 @@ def _cadis_reference() -> Suite:
       common=dict(dataset='fashion_mnist', model='fedavg_cnn', partition='cluster_mc',
                   num_clients=100, clients_per_round=10, batch_size=8, local_epochs=5,
                   rounds=50, client_lr=1e-3, client_momentum=0.0, eval_every=1),
+      # The KD term's σ as the code takes it (torch.std, n - 1) in every CADIS run.
       runs=dict(fedavg=dict(algorithm='fedavg'),
-                cadis=dict(algorithm='cadis'),
-                cadis_reference_weights=dict(algorithm='cadis', cadis_sample_weighted=False)),
+                cadis=dict(algorithm='cadis', cadis_kd_std='sample'),
+                cadis_reference_weights=dict(algorithm='cadis', cadis_kd_std='sample',
+                                             cadis_sample_weighted=False),
+                cadis_reference_quirks=dict(algorithm='cadis', cadis_kd_std='sample',
+                                            cadis_sample_weighted=False,
+                                            cadis_reference_quirks=True)),
       comparisons=(Comparison('cadis', 'fedavg', 'MC 10/100', 'CADIS, eq. 1 weights'),
                    Comparison('cadis_reference_weights', 'fedavg', 'MC 10/100',
-                              'CADIS, weights 1/\\|C_i\\|')),
+                              'CADIS, weights 1/\\|C_i\\|'),
+                   Comparison('cadis_reference_quirks', 'fedavg', 'MC 10/100',
+                              'CADIS as the authors\' code runs (1/\\|C_i\\|, index slip, '
+                              'abs())')),
       criterion='best',
       scaled=('The reference code\'s default MNIST protocol for 100 clients (its CNN, E = 5, '
               'batch 8, plain SGD at 1e-3, 50 rounds) on Fashion-MNIST at 28 px, read at each '
@@ -645,12 +653,13 @@ def _fedlex_reference() -> Suite:
       name='fedlex_reference',
       title='FedLEx-AvgM vs FedAvgM at the reference code\'s protocol: Fashion-MNIST, 2 '
             'classes per client, 10 clients, 2 per round, 2NN, PyTorch\'s Adam',
-      # The reference README's example and its code: a 2NN (200 hidden, dropout 0.1), E = 5,
+      # The reference README's example and its code: its TwoNN (200 hidden; the README's
+      # --dropout 0.1 reaches no layer of it, so: mlp_2nn, no dropout), E = 5,
       # B = 350, K = 10, C = 0.2, Adam 3e-4 decayed 0.99 a round, no weight decay, a
       # per-client 80/20 test split, 200 rounds; its FedAvgM is server SGD at lr 0.1 with
       # momentum 0.9; every client explores up to 150 epochs with patience 40, and its
       # server averages the raw deviations before one normalisation (after_mean).
-      common=dict(dataset='fashion_mnist', model='mlp_2nn_dropout', partition='classes',
+      common=dict(dataset='fashion_mnist', model='mlp_2nn', partition='classes',
                   classes_per_client=2, num_clients=10, clients_per_round=2, batch_size=350,
                   local_epochs=5, rounds=200, client_optimizer='torch_adam',
                   client_lr=FEDLEX_REFERENCE_ADAM_LR, client_lr_decay=0.99, server_lr=0.1,
@@ -661,7 +670,7 @@ def _fedlex_reference() -> Suite:
                                  fedlex_normalize='after_mean')),
       comparisons=(Comparison('fedlex_avgm', 'fedavgm', 'fedlex_avgm',
                               'fedlex_avgm vs fedavgm (reference protocol)'),),
-      scaled=('The reference code\'s example (2NN with dropout, 10 clients with 2 classes '
+      scaled=('The reference code\'s example (its 2NN, 10 clients with 2 classes '
               'each, 2 per round, E = 5, batch 350, PyTorch\'s Adam at 3e-4 decayed 0.99 a '
               'round, server momentum 0.9 at lr 0.1, every client exploring up to 150 epochs '
               'with patience 40, 200 rounds) on Fashion-MNIST at 28 px without augmentation '
@@ -669,7 +678,23 @@ def _fedlex_reference() -> Suite:
               'exploration as the paper describes, where the published code builds it from a '
               'placeholder (probe `placeholder_guidance`).'),
       summary_columns=FEDLEX_SUMMARY_COLUMNS,
-      paper_of='fedlex', protocol='reference code protocol')
+      paper_of='fedlex', protocol='reference code protocol',
+      probes=(Probe('placeholder_guidance',
+                    'with G as the published code builds it (minmax((1 - w)^2) of the model '
+                    'round 1 starts from, after an unguided round 1; no exploration), does '
+                    'FedLEx-AvgM end elsewhere than with the explored G?',
+                    # the exploration's flags back at their defaults: nothing explores
+                    dict(fedlex_guidance='placeholder', fedlex_explorer_fraction=0.2,
+                         fedlex_exploration_epochs=5, fedlex_exploration_patience=0,
+                         fedlex_normalize='per_client'),
+                    ('fedlex_avgm',), seeds=(0,), unchanged=('fedavgm',)),
+              Probe('explore_in_place',
+                    'with the explorers training the global model in place one after another '
+                    '(an earlier version of the code), so FedLEx-AvgM starts from a model '
+                    'pre-trained on every client while FedAvgM starts from w0: how much of a '
+                    'gain is that head start?',
+                    dict(fedlex_explore_in_place=True), ('fedlex_avgm',), seeds=(0,),
+                    unchanged=('fedavgm',))))
 
 
 def _scaffold() -> Suite:
