@@ -273,8 +273,10 @@ def _method_settings(c) -> str:
             f'{accel}')
   if a == 'cadis':
     weights = 'eq. 1 weights' if c.cadis_sample_weighted else 'weights 1/\\|C_i\\|'
+    quirks = (', KD σ over n − 1' if c.cadis_kd_std == 'sample' else '') + (
+        ', the code\'s index slip and abs()' if c.cadis_reference_quirks else '')
     return (f'λ {c.cadis_kd_weight:g}, τ₀ {c.cadis_threshold:g} → {c.cadis_threshold_max:g}, '
-            f'{weights}')
+            f'{weights}{quirks}')
   if a in experiment.FEDLEX_ALGORITHMS:
     patience = (f' (patience {c.fedlex_exploration_patience})'
                 if c.fedlex_exploration_patience else '')
@@ -619,6 +621,15 @@ def protocol_of(suite: suites.Suite) -> str:
   return suite.protocol if suite.paper_of else 'tuned'
 
 
+def verdict_words(protocol: str) -> str:
+  """How REPRODUCTION.md opens the verdict line of a protocol (`protocol_of`)."""
+  if protocol == 'tuned':
+    return 'Against the tuned, converged baseline'
+  if protocol == 'paper protocol':
+    return 'At the paper\'s protocol'
+  return f'At the {protocol}' if protocol.endswith('protocol') else f'With the {protocol}'
+
+
 def method_suites(method: str) -> list:
   """[(heading, suite)]: the method's suites at its paper's protocol (if any), then the tuned
   one."""
@@ -685,10 +696,7 @@ def reproduction_page() -> str:
                      + ' | '.join(margin_cells) + f' | {verdict_cell(c)} |')
     lines += ['']
     for protocol, results in verdicts.items():   # one line each
-      words = ('Against the tuned, converged baseline' if protocol == 'tuned' else
-               'At the paper\'s protocol' if protocol == 'paper protocol' else
-               f'At the {protocol}')
-      lines.append(verdicts_line(words, results))
+      lines.append(verdicts_line(verdict_words(protocol), results))
     if tuned.reference_line:
       lines.append(f'- The authors\' code: {tuned.reference_line}')
     if tuned.bottom_line:

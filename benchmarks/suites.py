@@ -552,7 +552,7 @@ def _cadis_paper() -> Suite:
       grid=dict(cadis=dict(cadis_threshold=[0.95, 0.975, 0.985],
                            cadis_kd_weight=[0.1, 0.3, 1.0])),
       tuning_rounds=200,
-      criterion='best',
+      criterion='best', protocol='paper\'s selection of results (tuned λ and τ₀, best round)',
       scaled=('The cadis suite\'s settings for 200 rounds, with λ and τ₀ tuned on one seed by '
               'the best test accuracy of the run, and every run read at its best round, as the '
               'paper reports; its lr 1e-3, batch 8 and E = 5 (reference code) are not copied.'),
@@ -635,13 +635,14 @@ def _fedlex_paper() -> Suite:
   """The reference code's rate for both."""
   rate = dict(client_lr=FEDLEX_REFERENCE_ADAM_LR)
   return _fedlex_adam('fedlex_paper', 'at the reference rate 3e-4',
-                      dict(fedavgm=rate, fedlex_avgm=rate), 'paper protocol')
+                      dict(fedavgm=rate, fedlex_avgm=rate), 'fedlex layout and TFF\'s Adam at 3e-4')
 
 
 def _fedlex_adam_tuned() -> Suite:
   """Each at its best rate of a 3-point grid around the reference's (one seed, 50 rounds)."""
   return _fedlex_adam(
-      'fedlex_adam_tuned', 'at rates tuned on one seed', {}, 'paper protocol, Adam rates tuned',
+      'fedlex_adam_tuned', 'at rates tuned on one seed', {},
+      'fedlex layout and TFF\'s Adam at tuned rates',
       grid={run: dict(client_lr=[1e-4, FEDLEX_REFERENCE_ADAM_LR, 1e-3])
             for run in ('fedavgm', 'fedlex_avgm')},
       tuning_rounds=50)
