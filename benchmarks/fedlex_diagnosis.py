@@ -5,8 +5,8 @@
       # (~5 min), into benchmarks/results/fedlex_adam_tuned/adam_steps.json
 
 FedLEx explores once, before training: a fifth of the clients train unguided from w_0, and
-G is their squared deviations, min-max normalised per tensor and averaged (ALGORITHMS.md,
-section 4). Every guided step is then multiplied by G elementwise: with the step rate tuned
+G is their squared deviations, min-max normalised per tensor and averaged
+(docs/algorithms.md#fedlex). Every guided step is then multiplied by G elementwise: with the step rate tuned
 per method, G's overall size is made up for by the rate and what can help is its shape, how it
 weighs one coordinate against another (under FedAdam's server Adam, which rescales every
 coordinate, even less of its size survives). This script reads every FedLEx run that

@@ -342,8 +342,8 @@ def _cadis() -> Suite:
       tuned_as=dict(fedprox='fedavg'),
       scaled=("Fashion-MNIST with the simple CNN at the paper's MC layout and participation, E = "
               '1, batch 32 and the client rate tuned (momentum 0.5; the reference code: lr 1e-3, '
-              'batch 8, E = 5), λ = 1 and τ₀ = 0.975 → 0.985 (ALGORITHMS.md), 800 rounds: the '
-              'runs were lengthened until most curves levelled off.'),
+              'batch 8, E = 5), λ = 1 and τ₀ = 0.975 → 0.985 (docs/algorithms.md#cadis), 800 '
+              'rounds: the runs were lengthened until most curves levelled off.'),
       summary_columns=(('λ·KD / cross-entropy (mean over rounds)',
                         ('cadis_kd_to_cross_entropy',), '.3f'),
                        ('first round the clusters match', ('cadis_first_round_clusters_match',),
@@ -598,7 +598,7 @@ def _cadis_reference() -> Suite:
       paper_of='cadis', protocol='reference code protocol')
 
 
-# The FedLEx reference code's client optimizer: Adam at 3e-4 (ALGORITHMS.md, section 4).
+# The FedLEx reference code's client optimizer: Adam at 3e-4 (docs/algorithms.md#fedlex).
 FEDLEX_REFERENCE_ADAM_LR = 3e-4
 
 

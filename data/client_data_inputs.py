@@ -1,8 +1,8 @@
 """A TFF user's own `tff.simulation.datasets.ClientData` -> our processes' client inputs.
 
 Every `tff_algos` process takes, per sampled client, a one-element sequence holding
-`OrderedDict(x, y, order, index, slot)` (`data.client_inputs`; ARCHITECTURE.md, "Client
-identity"). A TFF user has a `ClientData` with string ids whose datasets yield `<x, y>`
+`OrderedDict(x, y, order, index, slot)` (`data.client_inputs`; docs/architecture.md,
+"Client identity"). A TFF user has a `ClientData` with string ids whose datasets yield `<x, y>`
 (an OrderedDict/dict with keys 'x' and 'y', or an `(x, y)` tuple), batched or not. This
 module is the one step between the two:
 

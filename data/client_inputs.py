@@ -2,7 +2,7 @@
 
 TFF's federated language is anonymous, so the methods that need identity
 (FedCDA's cache, CADIS's similarity matrix, FedCross's per-slot models) get it
-as client input (ARCHITECTURE.md, "Client identity"). The structure is fixed —
+as client input (docs/architecture.md, "Client identity"). The structure is fixed —
 the client-training code indexes into it:
 
   OrderedDict(x=x, y=y, order=int32[epochs, n], index=int32, slot=int32)

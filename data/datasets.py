@@ -1,8 +1,8 @@
 """In-memory dataset containers: central arrays and their federated form.
 
 Everything is materialised as NumPy arrays because the training program feeds
-clients pre-batched tensors (TFF_NOTES.md: tensors beat tf.data by ~1.5x on
-this runtime); `ArrayClientData` still is a real
+clients whole-client tensors (docs/tff_integration.md, "The ClientData adapter":
+they beat tf.data on this runtime); `ArrayClientData` still is a real
 `tff.simulation.datasets.ClientData`, so TFF utilities and users' own
 pipelines that expect ClientData keep working.
 

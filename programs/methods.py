@@ -190,7 +190,7 @@ def _lr_or(default):
   return lambda c: c.server_lr if c.server_lr >= 0 else default
 
 
-# ---- FedCross (ALGORITHMS.md section 1) ----
+# ---- FedCross (docs/algorithms.md#fedcross) ----
 FEDCROSS_SELECTIONS = ('lowest_similarity', 'highest_similarity', 'in_order')
 FEDCROSS_SIMILARITIES = ('model', 'layerwise')  # cross_aggregation.SIMILARITIES
 FEDCROSS_FLAGS = (
@@ -224,7 +224,7 @@ def _fedcross_check(c) -> Optional[str]:
   return None
 
 
-# ---- FedCDA (ALGORITHMS.md section 2) ----
+# ---- FedCDA (docs/algorithms.md#fedcda) ----
 FEDCDA_SELECTIONS = ('batch_greedy', 'exact', 'newest', 'random')
 FEDCDA_WARMUP_WEIGHTINGS = ('data_size', 'uniform')
 FEDCDA_CACHE_DTYPES = ('float32', 'float16', 'bfloat16')  # cross_round_cache.CACHE_DTYPES
@@ -321,7 +321,7 @@ def _scaffold_summary(run: RunRecord) -> dict:
                                 'variates + 4*D (c) + 4*N (update counts)'))
 
 
-# ---- CADIS (ALGORITHMS.md section 3) ----
+# ---- CADIS (docs/algorithms.md#cadis) ----
 CADIS_REDUCTIONS = ('sum', 'mean')
 CADIS_KD_STDS = ('population', 'sample')
 CADIS_SIMILARITY_LAYERS = ('bias', 'kernel')
@@ -406,7 +406,7 @@ PLUGIN_FLAGS = (
          kwarg='kd_weight'),
 )
 
-# FedLEx's exploration (ALGORITHMS.md section 4): read by every guided run (--guided or
+# FedLEx's exploration (docs/algorithms.md#fedlex): read by every guided run (--guided or
 # fedlex_*); general flags that kept their fedlex_ names, so recorded runs still resume.
 FEDLEX_NORMALIZE = ('per_client', 'after_mean')
 FEDLEX_GUIDANCE = ('exploration', 'placeholder')

@@ -67,7 +67,7 @@ def np_cos(u, v):
 
 
 class NpCadis:
-  """The CADIS server, written from ALGORITHMS.md §3 with loops and sets."""
+  """The CADIS server, written from docs/algorithms.md#cadis with loops and sets."""
 
   def __init__(self, n, tau=0.975, tau_max=0.985, closure='two_hop', transitive=False,
                sample_weighted=True, growth=1.0005, half_width=0.02):
@@ -476,7 +476,7 @@ def test_rescale_adjacency_closures_and_sizes_by_hand():
 
 
 def np_adjacency(q, f, tau):
-  """A of ALGORITHMS.md §3 steps 5-6 in float32 NumPy, and the seen mask."""
+  """A of docs/algorithms.md#cadis (steps 3-4) in float32 NumPy, and the seen mask."""
   q, f = np.asarray(q, np.float32), np.asarray(f, np.float32)
   q_avg = np.where(f > 0, q / np.where(f > 0, f, np.float32(1)), np.float32(0))
   positive = (f > 0) & (q_avg > 0)

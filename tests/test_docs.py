@@ -35,9 +35,9 @@ def relative_links(text: str) -> list:
 
 
 def test_relative_links_finds_what_a_page_links():
-  text = ('[a](docs/a.md#x) ![b](fig.png) [c](https://x.org/y) [d](#anchor)\n'
+  text = ('[a](docs/methods.md#x) ![b](fig.png) [c](https://x.org/y) [d](#anchor)\n'
           '```bash\n[e](not/a/link.md)\n```\n')
-  assert relative_links(text) == ['docs/a.md', 'fig.png']
+  assert relative_links(text) == ['docs/methods.md', 'fig.png']
 
 
 @pytest.mark.parametrize('page', PAGES, ids=[os.path.relpath(p, ROOT) for p in PAGES])
@@ -104,3 +104,85 @@ def test_per_client_evaluation_example_runs(tmp_path):
   assert counts.split() == [str(12 + 4 * i) for i in range(6)]
   mean, p10, evaluated = figures.split()
   assert 0 <= float(p10) <= float(mean) <= 1 and evaluated == '6'
+
+
+# --------------------------------------------------------------------------- #
+# The code map and the names of pages
+# --------------------------------------------------------------------------- #
+
+MAPPED_FOLDERS = ('tff_algos', 'data', 'programs', 'benchmarks', 'scripts')
+SKIPPED_DIRS = {'.venv', '.git', '__pycache__', 'node_modules'}
+
+
+def _walk(top: str):
+  """(dirpath, filenames) under `top`, skipping SKIPPED_DIRS and symlinked folders (the
+  checkout's `tff_algos/data` is `data/` again)."""
+  for dirpath, dirnames, filenames in os.walk(top):
+    dirnames[:] = sorted(d for d in dirnames if d not in SKIPPED_DIRS and not d.startswith('.')
+                         and not os.path.islink(os.path.join(dirpath, d)))
+    yield dirpath, sorted(filenames)
+
+
+def test_every_module_is_on_the_code_map():
+  """A module of the mapped folders without a line in docs/architecture.md fails."""
+  page = _read(os.path.join(DOCS, 'architecture.md'))
+  missing = []
+  for folder in MAPPED_FOLDERS:
+    for dirpath, filenames in _walk(os.path.join(ROOT, folder)):
+      for name in filenames:
+        if not name.endswith('.py'):
+          continue
+        path = os.path.relpath(os.path.join(dirpath, name), ROOT)
+        module = path[:-len('.py')].replace(os.sep, '.')
+        if f'`{path}`' not in page and f'`{module}`' not in page:
+          missing.append(path)
+  assert not missing, f'add a line for each to docs/architecture.md: {missing}'
+
+
+# A name ending in .md, as prose or code names a page.
+MD_NAME = re.compile(r'[\w./-]*\w\.md\b')
+# Names of pages that are not in the repository, each with its reason: keep it tiny.
+EXTERNAL_PAGES = {
+    'page.md': 'tests/test_pages.py writes it in a temporary folder',
+    'toy/results.md': "tests/benchmarks/test_report.py's toy suite, in a temporary folder",
+    'not/a/link.md': 'tests/test_docs.py: a link inside a code block, which must not count',
+    'benchmarks/RESULTS.md': 'an archived page under benchmarks/results/cadis/earlier_runs/, '
+                             'kept as it was written',
+}
+
+
+def _scanned_files() -> list:
+  out = []
+  for dirpath, filenames in _walk(ROOT):
+    for name in filenames:
+      if name.endswith(('.py', '.md', '.toml')) or name == 'BUILD':
+        out.append(os.path.join(dirpath, name))
+  return out
+
+
+def _resolves(name: str, source: str, basenames: set) -> bool:
+  """Beside `source`, at the root, or, for a bare file name (a generated page such as a
+  suite's results.md, named by its kind), anywhere in the repository."""
+  if any(os.path.exists(os.path.normpath(os.path.join(base, name)))
+         for base in (os.path.dirname(source), ROOT)):
+    return True
+  bare = re.sub(r'^(\.\./|\./|/)+', '', name)
+  return ('/' not in bare and bare in basenames) or bare in EXTERNAL_PAGES
+
+
+def test_md_name_finds_page_names():
+  text = 'see docs/algorithms.md#fedcda, (methods.md) and `../README.md`; not a.mdx nor b.md5'
+  assert MD_NAME.findall(text) == ['docs/algorithms.md', 'methods.md', '../README.md']
+
+
+def test_every_named_page_exists():
+  """Every `*.md` name in a .py, .md, .toml or BUILD file resolves (`_resolves`) or is in
+  EXTERNAL_PAGES."""
+  files = _scanned_files()
+  basenames = {os.path.basename(f) for f in files}
+  unresolved = []
+  for path in files:
+    for name in set(MD_NAME.findall(_read(path))):
+      if not _resolves(name, path, basenames):
+        unresolved.append(f'{os.path.relpath(path, ROOT)}: {name}')
+  assert not unresolved, sorted(unresolved)

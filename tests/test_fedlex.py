@@ -407,7 +407,7 @@ def test_fractional_guidance_scales_the_update_once(env, base):
 
 
 def test_fedlex_prox_guides_the_proximal_gradient_too(env):
-  """ALGORITHMS.md: G multiplies every gradient of the client's local objective, and
+  """docs/algorithms.md#fedlex: G multiplies every gradient of the client's local objective, and
   FedProx's objective includes (mu/2)||w - w_t||^2, so the step is w -= lr G (g + mu d).
   One client, two plain-SGD steps: the first has d = 0 (both mu give the same w1); the
   second then differs between mu = 1 and mu = 0 by lr * mu * G * (w1 - w0) exactly, where

@@ -1,10 +1,10 @@
 """The baselines the papers compare against, on the project's fast client-training path.
 
-Each builder composes `tff.learning.templates.compose_learning_process` from TFF's stock
-broadcast distributor, `tff.aggregators.MeanFactory` and apply-optimizer finalizer, with the
-shared client work (`tff_algos.client_work`), so every comparison runs the same local
-training as the new methods. Results equal TFF's own builders on the same data and
-optimisers (tests/test_baselines.py), except FedProx, see `build_fedprox`.
+FedAvg, FedAvgM, FedAdam, FedProx and FedSGD (docs/algorithms.md#baselines), each composed
+with `compose_learning_process` from TFF's broadcast, `tff.aggregators.MeanFactory` and
+apply-optimizer finalizer around the shared client work, so every comparison trains clients
+as the new methods do. Results equal TFF's own builders (tests/test_baselines.py), except
+FedProx, whose proximal term has the paper's sign (see `build_fedprox`).
 """
 
 from __future__ import annotations

@@ -1,30 +1,17 @@
-"""CADIS: clustered aggregation + knowledge-distilled regularisation (ALGORITHMS.md §3).
+"""CADIS: clustered aggregation + knowledge-distilled regularisation, as a `LearningProcess`.
 
-`build_cadis` composes a `tff.learning.templates.LearningProcess` from ordinary TFF stages
-(`tff.learning.templates.compose_learning_process`):
+Nguyen et al., "CADIS: Handling Cluster-skewed Non-IID Data in Federated Learning with
+Clustered Aggregation and Knowledge DIStilled Regularization". The rule, its defaults and
+options: docs/algorithms.md#cadis.
 
-1. distributor: TFF's stock broadcast of the global model;
-2. client work: the shared fast local-training loop with loss = cross-entropy + λ·KL
-   (`tff_algos.client_work.distillation`; the teacher is the received global model),
-   uploading OrderedDict(client_index, delta) with weight n_i
-   (`model_delta.build_model_delta_client_work(keyed=True, kd_weight=λ)`);
-3. aggregator: `tff_algos.aggregators.clustered_aggregation.ClusteredAggregator`, whose
-   state holds Q, F [N, N], τ and a round counter, and whose result is Σ p_i Δ_i with
-   p_i ∝ (1/|C_i|)(n_i/n) (with `model_aggregator`, the weighted mean of the deltas is that
-   TFF factory's, fed p_i; see `build_cadis`);
-4. finalizer: TFF's apply-optimizer finalizer with server SGD at learning rate 1.0, so the
-   new global model is Σ p_i w_i.
-
-State: a `LearningAlgorithmState`; `state.aggregator` = OrderedDict(q, f, tau, round_num).
-Metrics: client_work/train (loss, accuracy, last_epoch_loss, num_examples, num_clients,
-non_finite_clients; `loss` is the cross-entropy part only), aggregator (participants,
-cluster_sizes, aggregation_weights, num_clusters, seen_clients, tau, and with
-`true_clusters` q_matrix_mse, cluster_pair_accuracy, clusters_match), finalizer.
-
-Client inputs are the project's one-element sequences, each carrying the client's `index`
-in [0, num_clients): `data.client_selection_fn(client_data, P)(round_num)` builds a round of
-them from a TFF ClientData, ready for `next` (`data.round_inputs` returns the bare elements:
-feed `[[x] for x in inputs]`).
+Composed with `compose_learning_process`: TFF's broadcast; client work training with
+cross-entropy + λ·KL (`tff_algos.client_work.distillation`, the received model as teacher)
+and uploading OrderedDict(client_index, delta) with weight n_i; the
+`tff_algos.aggregators.clustered_aggregation.ClusteredAggregator`, whose state holds Q, F,
+τ and a round counter and whose result is Σ p_i Δ_i; TFF's apply-optimizer finalizer with
+server SGD at rate 1.0. Metrics: client_work/train (`loss` is the cross-entropy part) and the
+aggregator's clusters and weights. Client inputs carry the client's `index`:
+`data.client_selection_fn(client_data, P)(round_num)`.
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
-"""FedCDA: cross-round divergence-aware aggregation (ALGORITHMS.md §2), as a `LearningProcess`.
+"""FedCDA: cross-round divergence-aware aggregation, as a `LearningProcess`.
 
-Composed from TFF's templates with `tff.learning.templates.compose_learning_process`:
+Wang et al., "FedCDA: Federated Learning with Cross-Rounds Divergence-Aware Aggregation",
+ICLR 2024. The rule, its defaults and options: docs/algorithms.md#fedcda.
 
-1. distributor: TFF's stock broadcast of the global model;
-2. client work (`tff_algos.client_work.model_upload`): local SGD on the shared fast loop;
-   each client uploads its index, its trained model and its mean loss over its last local
-   epoch;
-3. aggregator (`tff_algos.aggregators.cross_round_cache`): every upload enters its client's
-   FIFO cache of K models in the aggregator's state; after the warmup, each participant
-   selects the cached model minimising eq. 8 (batch-greedy over B random batches by default)
-   and the result is the uniform mean over every cached client of its selected model (FedAvg
-   over this round's uploads, weighted by data size, during warmup);
-4. finalizer (`cross_round_cache.build_replace_finalizer`): the aggregate becomes the
-   global model.
-
-Memory is FedCDA's real cost: the cache holds N·K·D floats (4·N·K·D bytes, e.g. 20 clients ×
-3 × 1,663,370 weights of FedAvg's CNN = 381 MiB); `cross_round_cache.state_size_bytes` gives
-the whole state (the cache, the float64 running sum of the selected models that keeps the
-server's work per round O(P·K·D), and bookkeeping), and `build_fedcda` refuses a
-configuration above `max_cache_gib`.
-
-Client inputs carry the client's index (cache row) and slot (position in the round's
-sample, in [0, P)): `data.client_selection_fn(client_data, P)(round_num)` builds a round of
-them from a TFF ClientData, ready for `next` (`data.round_inputs` returns the bare elements:
-feed `[[x] for x in inputs]`).
+Composed with `compose_learning_process`: TFF's broadcast, client work uploading the trained
+model and its last-epoch loss keyed by client index (`tff_algos.client_work.model_upload`),
+the per-client cache and selection (`tff_algos.aggregators.cross_round_cache`) and a finalizer
+that makes the aggregate the global model. The cache is the method's cost: b·N·K·D bytes
+(`cross_round_cache.state_size_bytes`), refused above `max_cache_gib`. Client inputs carry
+the client's index and slot: `data.client_selection_fn(client_data, P)(round_num)`.
 """
 
 from __future__ import annotations

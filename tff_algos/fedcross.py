@@ -1,35 +1,16 @@
-"""FedCross: multi-model cross-aggregation (ALGORITHMS.md §1), as a `LearningProcess`.
+"""FedCross: multi-model cross-aggregation, as a `LearningProcess`.
 
-The server holds K middleware models (K = clients per round) as dense `[K, ...]` tensors in
-the cross-aggregation process's state (`tff_algos.aggregators.cross_aggregation`). A round:
+Hu et al., "FedCross: Towards Accurate Federated Learning via Multi-Model Cross-Aggregation".
+The rule, its defaults and options: docs/algorithms.md#fedcross.
 
-1. distributor: each sampled client's input carries its `slot` s in [0, K) (its position in
-   the round's random sample: the paper's shuffle). `tff.federated_select` keyed by
-   `[slot]` sends it middleware model s only (one model down per client, like FedAvg);
-2. client work (`tff_algos.client_work.model_upload`): the client trains the received model
-   on the shared fast loop and uploads it with its slot, weight = its example count (0 if it
-   has no data or its training went non-finite, in which case it uploads the received model
-   unchanged);
-3. aggregator: keyed `tff.federated_aggregate` into a [K, ...] accumulator (one model up per
-   client, O(K·D) server memory), CoModelSel + CrossAggr (+ dynamic alpha / propellers);
-4. the state's `global_model_weights` is the uniform mean of the K middleware models, which
-   is also what `get_model_weights` returns; `set_model_weights` sets all K models.
-
-The state is a `tff.learning.templates.LearningAlgorithmState` (global_model_weights,
-distributor=(), client_work=<client optimizer hparams, as TFF's; `get_hparams` /
-`set_hparams` change the client learning rate (their finalizer part is empty)>,
-aggregator=OrderedDict(models, round_num), finalizer=()).
-Metrics: distributor=OrderedDict(dispatch_select=1.0) (federated_select dispatch; the
-broadcast fallback was not needed in TFF 0.87's runtime), client_work=OrderedDict(train=...)
-(loss, accuracy, last_epoch_loss, num_examples, num_clients, non_finite_clients),
-aggregator=similarity [K,K], collaborators [K], alpha, propellers_used, eligible [K],
-finalizer=().
-
-Clients must be fed in the round's sample with slots 0..K-1
-(`data.client_selection_fn(client_data, K)(round_num)` builds such a round from a TFF
-ClientData; `data.round_inputs` returns the bare elements: feed `[[x] for x in inputs]`);
-a slot with no client keeps its middleware model for that round. With K = 1 there is no
-collaborator: FedCross is plain local training of one model.
+A hand-written process: each sampled client receives middleware model `slot` through
+`tff.federated_select`, trains it (`tff_algos.client_work.model_upload`) and uploads it keyed
+by slot to the cross-aggregation stage (`tff_algos.aggregators.cross_aggregation`), which
+holds the K models as dense `[K, ...]` tensors. `get_model_weights` is their uniform mean;
+`set_model_weights` sets all K. State: `LearningAlgorithmState` with
+aggregator=OrderedDict(models, round_num); `get_hparams` / `set_hparams` change the client
+learning rate. Clients must come in the round's sample order with slots 0..K-1
+(`data.client_selection_fn(client_data, K)(round_num)`); a slot with no client keeps its model.
 """
 
 from __future__ import annotations

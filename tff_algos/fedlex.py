@@ -1,49 +1,18 @@
-"""FedLEx: federated loss exploration (seed 002; ALGORITHMS.md section 4).
+"""FedLEx: federated loss exploration, its exploration phase and the guided base algorithms.
 
-Two pieces, both ordinary TFF objects:
+"Federated Loss Exploration for Improved Convergence on Non-IID Data", IJCNN 2024. The rule,
+its defaults and options: docs/algorithms.md#fedlex.
 
-* `build_fedlex_exploration(...)`: a `tff.federated_computation` that runs the exploration
-  phase on the explorer clients it is given. Each explorer trains from the initial global
-  model w_0 for the epochs in its `order` input ([exploration_epochs, n]), optionally with
-  early stopping by `exploration_patience`, and computes its per-parameter deviation
-  D_i = (w_0 - w_i)^2 over every trainable tensor. The server turns the deviations into the
-  Global Guidance Matrix G (same structure as the trainable weights, values in
-  [guidance_floor, 1]) and reports the exploration's cost in client-epochs.
-
-* `build_fedlex(..., base='avgm'|'sgd'|'opt'|'prox')`: the base algorithm of
-  `tff_algos.baselines` built with `guided=True` (the guidance is a plug-in client stage,
-  `tff_algos.client_work.plugins`, that every builder takes: FedCross, FedCDA, SCAFFOLD and
-  CADIS are guided the same way, and these helpers work on their states too): the guidance lives in
-  `state.client_work`, is broadcast every round and multiplies every gradient elementwise
-  before the client optimiser step (for FedSGD, the uploaded full-batch gradient). It
-  starts as all ones, which is bit-for-bit the unguided base; `set_guidance` or
-  `explore_and_initialize` put the explored matrix into the state, so `tff.program`
-  state managers checkpoint it with the model.
-
-Definitions this module settles (document of record: ALGORITHMS.md section 4):
-  * Min-max normalisation is per tensor. A tensor whose entries are all equal (max == min,
-    e.g. a parameter that never moved, or a single-entry tensor) carries no relative
-    information: it normalises to ONES, i.e. it leaves those gradients unmodulated. It
-    never produces NaN.
-  * `normalize='per_client'` (default, the paper's order): every explorer normalises its own
-    D_i, the server takes the uniform mean over explorers. `'after_mean'` (the reference
-    code's order): uniform mean of the raw D_i, then one normalisation on the server.
-  * `guidance_floor` f in [0, 1]: G = max(G, f) elementwise (default 0.0 = the paper).
-  * Early stopping (`exploration_patience=p`): the explorer runs one epoch at a time and
-    stops once its mean epoch training loss has not strictly improved on its best for p
-    consecutive epochs (or the epochs in `order` run out); the deviation uses the weights
-    at the stop. The explorer's optimiser state (momentum, Adam's moments and step count)
-    runs on across its epochs, so until the stop it trains exactly as the same epochs
-    without patience (one pass of the shared loop).
-  * Cost: `client_epochs` = epochs actually run, summed over explorers.
-  * An explorer whose deviation is not finite is dropped from the mean (reported as
-    `finite_explorers`); if none is finite, G is all ones.
-  * Diagnosis options, what the authors' code does and not what the paper says (docs/methods.md,
-    FedLEx): `placeholder_guidance` (its HEAD's all-ones scouts) and `explore_in_place` (its
-    explorers train the global model in place, one after another).
-  * Refresh during training (paper section III-E) is program-level: `refresh_guidance`
-    re-runs the exploration from the current global model on the explorers that take
-    part in a round and replaces G with the result (see its docstring).
+`build_fedlex_exploration` is a `tff.federated_computation` running the exploration on the
+explorer clients it is given and returning the guidance matrix G and the cost in
+client-epochs; `build_fedlex(base='avgm'|'sgd'|'opt'|'prox')` is the base of
+`tff_algos.baselines` with `guided=True` (the plug-in of `tff_algos.client_work.plugins`,
+which every builder takes). G lives in `state.client_work`, all ones at first (bit for bit
+the unguided base); `set_guidance`, `explore_and_initialize` and `refresh_guidance` install
+an explored one, so `tff.program` checkpoints it with the model. Early stopping
+(`exploration_patience`) runs one epoch at a time, the explorer's optimizer state running on
+across its epochs. `placeholder_guidance` and `explore_in_place` are diagnosis options: what
+the authors' code does, not what the paper says.
 """
 
 from __future__ import annotations

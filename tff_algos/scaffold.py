@@ -1,46 +1,16 @@
-"""SCAFFOLD: stochastic controlled averaging (Karimireddy et al., ICML 2020, Algorithm 1 with
-option II control variates), as a `LearningProcess`.
+"""SCAFFOLD: stochastic controlled averaging, as a `LearningProcess`.
 
-N clients, P sampled a round. The server state holds the global model x, the server control
-variate c and every client's control variate c_i (N rows shaped like the trainable weights,
-zeros at the start), dense tensors in the aggregator's state
-(`tff_algos.aggregators.control_variates`). A round:
+Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ICML
+2020, Algorithm 1 with option II control variates. The rule: docs/algorithms.md#scaffold.
 
-1. distribution: x and c are broadcast; each sampled client receives its own c_i through
-   `tff.federated_select` keyed by the client index its input carries (one row down per
-   client, whatever N is: `server_state.federated_select_rows`);
-2. client work (`tff_algos.client_work.corrected_training`): K_i local SGD steps on
-   g + c - c_i (the shared fast loop's gradient hook), then option II's
-   c_i+ = c_i - c + (x - y_i) / (K_i · eta_l), eta_l the client learning rate; the client
-   uploads x - y_i and c_i+ - c_i keyed by its index and slot;
-3. aggregator: the mean model delta over the participants (uniform, as the paper; or by
-   example count), c_i <- c_i+ for the participants only, c <- c + (1/N) Σ (c_i+ - c_i);
-4. finalizer: TFF's apply-optimizer finalizer with server SGD at rate eta_g
-   (`server_learning_rate`): x <- x - eta_g · mean(x - y_i) = x + eta_g · mean(y_i - x).
-   With non-trainable weights (BatchNorm statistics) their mean is applied as FedAvg does
-   (`model_delta.build_update_finalizer`); control variates cover the trainable weights.
-
-A client that runs no step (no data) or whose update is not finite is left out of the mean
-and its c_i stays as it was (the latter counted in `client_work/train/non_finite_clients`).
-
-**Memory**: the control variates take 4·N·D bytes (D = trainable weights; e.g. 100 clients ×
-the FedAvg CNN's 1,663,370 weights = 635 MiB), plus 4·D + 4·N; `build_scaffold` refuses a
-state above `max_control_gib` (`control_variates.state_size_bytes` is the formula).
-
-The client optimizer must be plain SGD (`corrected_training.check_plain_sgd` says why:
-option II's formula divides the model's movement by K_i · eta_l, which measures the steps'
-mean gradient only without momentum or adaptive steps).
-
-State: a `tff.learning.templates.LearningAlgorithmState` (global_model_weights,
-distributor=(), client_work=<client optimizer hparams>, aggregator=OrderedDict(
-server_control, client_controls, client_updates), finalizer=<server SGD state>);
-`get_hparams` / `set_hparams` read and change the client learning rate (and with it eta_l
-in the formula) and eta_g. Metrics: client_work/train (loss, accuracy, ...), aggregator
-(uploads, controlled_clients, server_control_norm, control_delta_norm), finalizer.
-
-Client inputs carry the client's `index` in [0, N) and `slot` in [0, P):
-`data.client_selection_fn(client_data, P)(round_num)` builds a round of them from a TFF
-ClientData (`data.round_inputs` returns the bare elements: feed `[[x] for x in inputs]`).
+Composed from TFF's templates: x and c are broadcast and each client's c_i is sent to it alone
+by `tff.federated_select` (`server_state.federated_select_rows`); the clients run
+`tff_algos.client_work.corrected_training`; `tff_algos.aggregators.control_variates` keeps c
+and every c_i (4·N·D bytes, refused above `max_control_gib`) and returns the mean model
+delta, which TFF's apply-optimizer finalizer applies with server SGD at eta_g
+(`server_learning_rate`). The client optimizer must be plain SGD
+(`corrected_training.check_plain_sgd`). Client inputs carry the client's `index` and `slot`:
+`data.client_selection_fn(client_data, P)(round_num)`.
 """
 
 from __future__ import annotations

@@ -1,66 +1,21 @@
-"""CADIS's clustered aggregation (ALGORITHMS.md §3, server steps 1-6) as an AggregationProcess.
+"""CADIS's clustered aggregation as an AggregationProcess.
 
-`ClusteredAggregator(num_clients, clients_per_round, ...)` is a
-`tff.aggregators.WeightedAggregationFactory`; `create(value_type, weight_type)` returns a
-stateful weighted `tff.templates.AggregationProcess` that can be passed as `model_aggregator`
-to `tff.learning.templates.compose_learning_process` (see `tff_algos.cadis.build_cadis`).
+The server side of CADIS (docs/algorithms.md#cadis, server steps 1-7, the factory and the
+anonymous mode). `ClusteredAggregator(num_clients, clients_per_round, ...)` is a
+`tff.aggregators.WeightedAggregationFactory` whose processes can be passed as
+`model_aggregator` to `compose_learning_process` (`tff_algos.cadis.build_cadis`) or, in
+anonymous mode, to TFF's own `build_weighted_fed_avg`.
 
-Keyed mode (the method). Each client uploads `OrderedDict(client_index=int32, delta=<its
-model delta, a structure of float tensors>)` with weight n_i (its example count; weight <= 0
-marks a client that did not train, and such a client is excluded from everything). Server
-state, all dense tensors so `tff.program` state managers checkpoint it:
-
-    OrderedDict(q=float32 [N, N] cumulative similarity, f=float32 [N, N] co-participation
-                counts, tau=float32 threshold for the coming round, round_num=int32)
-
-A client has been *seen* when F_ii > 0. One round:
-
-1. Uploads reach the server through `tff.federated_aggregate` into an accumulator of C
-   rows, C = `clients_per_round` (upload memory O(C·D) whatever N is; each row its own
-   tensor, empty until written: `server_state.zero_rows`, `put_row`). Each client
-   is appended at the next free row (accumulate writes row `count`; merge appends the other
-   partial accumulator's rows after its own), so the aggregator needs no slot and works with
-   any client work that uploads the client index. More than C uploads in a round is an
-   error (the round fails with a clear message rather than silently dropping clients). The
-   server sorts the rows by client index, so the result does not depend on arrival order.
-   A client may upload at most once per round (as `data.round_inputs` guarantees).
-2. s_ij = cosine of the participants' similarity vectors: the flattened delta tensor at
-   `similarity_index` — default: the final classifier's bias (`similarity_layer='bias'`, the
-   last delta tensor) or kernel ('kernel', the second to last), which is where the
-   classifier's tensors sit in every `tff_algos.models` zoo model; pass the index explicitly
-   for other models (`tff_algos.cadis.build_cadis` derives it from the model). A zero
-   vector has cosine 0 with everything.
-3. Q_ij += s_ij, F_ij += 1 for every ordered pair i != j of this round's participants;
-   Q_ii += 1, F_ii += 1 for each participant.
-4. Optional transitive learning (`transitive=True`, §3.6): for every pair (i, j), i != j,
-   with F_ij = 0 after step 3, and every k not in {i, j} with F_ik > 0 and F_kj > 0, let
-   a = Q*_ik, b = Q*_kj (the averages after step 3); k qualifies when
-   √((1−a²)(1−b²)) < `transitive_half_width` (0.02) and a·b > τ. If any k qualifies, the mean
-   of a·b over them is added to Q_ij and 1 to F_ij. All estimates of one round come from the
-   averages before any of them is added (an estimate never feeds another in the same round);
-   an estimated pair counts as seen together afterwards. (The paper draws a random number
-   from N(a·b, half-width); ALGORITHMS.md uses the mean.)
-5. Q* = Q / F (0 where F = 0). Q-matrix = min-max rescale of Q* over its strictly positive
-   entries with F > 0 (diagonal included, so a seen client's own entry rescales to 1); every
-   other entry is 0. If all those entries are equal they rescale to 1.
-6. A = (Q-matrix > τ) over seen clients. Closure: 'two_hop' (default, the reference code):
-   i ~ j iff some k has A_ki = A_kj = 1; 'components': connected components of A. Every seen
-   client is in its own cluster. |C_i| = number of seen clients j with i ~ j (1 for a client
-   never seen). With 'two_hop' the relation need not be transitive; `num_clusters` then
-   counts the distinct sets C_i.
-   Cost at scale (issue 58: under 1 s at N = 10,000): no [N, N] relation is formed for the
-   weights. 'two_hop' needs |C_i| of the round's P rows only: P rows of A'^T A' (a [P, N] x
-   [N, N] product, `two_hop_sizes`); 'components' and 'oracle' label the clients
-   (`component_labels`: min-label propagation; the true clusters) and take sizes, counts and
-   agreement from the labels. Building A is a few [N, N] passes (`threshold_adjacency`).
-   With 'two_hop' the metrics `num_clusters`, `cluster_pair_accuracy` and `clusters_match`
-   need the whole relation (4 N^3 flops), so they are computed only for N <=
-   `two_hop_metrics_max_clients` (default 1000) and read −1 / NaN above it.
-7. p_i ∝ (1/|C_i|)·(n_i/n) over this round's participants (n = their total examples;
-   `sample_weighted=False`: p_i ∝ 1/|C_i|), normalised to sum 1. Result = Σ p_i Δ_i, a delta,
-   so an apply-optimizer finalizer with server SGD at learning rate 1.0 yields Σ p_i w_i.
-   With no participant the result is zero (the model does not move).
-8. τ_{t+1} = min(τ_t · growth^t, τ_max), t = the round just run (growth 1.0005).
+Keyed mode: each client uploads OrderedDict(client_index, delta) with weight n_i (<= 0: left
+out); the state is OrderedDict(q [N, N], f [N, N], tau, round_num), dense so `tff.program`
+checkpoints it. Uploads fill C = `clients_per_round` rows in arrival order (more is an error;
+each client at most once a round) and are sorted by client index, so the result does not
+depend on arrival order. The similarity tensor is `similarity_index` (the classifier's bias or
+kernel in every zoo model). 'two_hop' needs |C_i| of the round's rows only, so no [N, N]
+relation is formed for the weights; `num_clusters`, `cluster_pair_accuracy` and
+`clusters_match` need it and are computed only up to `two_hop_metrics_max_clients` (−1 / NaN
+above). Measurements: participants, cluster_sizes, aggregation_weights, num_clusters,
+seen_clients, tau; with `true_clusters`, q_matrix_mse, cluster_pair_accuracy, clusters_match.
 
 The authors' code (`reference_quirks=True`; a diagnosis option, never the default). What the
 public code of the paper (AIoT-Lab-BKAI/ORO-CCGRID2023-CADIS, `algorithm/cadis.py`, the module
@@ -89,58 +44,6 @@ both replace the rules above:
   the weights follow `sample_weighted` (the reference's are 1/|C_i|, i.e. False). The
   reference's cosine of a zero vector is NaN, after which that pair's Q* reads 0 for good;
   here the cosine is 0. Its multi-process variant (`algorithm/mp_cadis.py`) has (b), not (a).
-
-Measurements (per round): `participants` int32 [C] (client indices of the uploads in
-canonical order, −1 for empty rows), `cluster_sizes` int32 [C] (|C_i| of each row, 0 for an
-excluded client or empty row), `aggregation_weights` float32 [C] (p_i), `num_clusters` int32
-(clusters among all clients seen so far; −1 = not computed: 'two_hop' above
-`two_hop_metrics_max_clients`), `seen_clients` int32, `tau` float32 (the τ used
-this round). With `true_clusters` (int [N]) given at build time, also:
-`q_matrix_mse` float32 = mean over off-diagonal pairs with F > 0 of (Q-matrix_ij − I_ij)²,
-I_ij = 1 when i and j share a true cluster else 0 (0 when no such pair; the distance of the
-paper's Figure 10); `cluster_pair_accuracy` float32 = fraction of pairs i < j of seen clients
-on which "i ~ j" agrees with "same true cluster" (1 when fewer than two are seen);
-`clusters_match` float32 = 1.0 iff that fraction is 1 (the recovered clustering of the seen
-clients equals the true one; read "rounds until clusters match" together with
-`seen_clients`); both NaN where `num_clusters` is not computed.
-
-A TFF factory on the deltas (`delta_aggregator=`, keyed mode; `build_cadis(model_aggregator=
-...)`). Steps 2-8 need only each client's similarity vector, and the result is a weighted mean
-of the deltas with weights p_i that sum to 1, so the round becomes two aggregations:
-
-  phase 1: OrderedDict(client_index, similarity vector) with weight n_i goes into the same
-           [C, b] accumulator (b = the similarity tensor's size, not the model's); the
-           server runs steps 2-6 and 8 and gets p_i per row;
-  phase 2: the rows' (client index, p_i) and K (the round's uploads) are broadcast; each
-           client picks its own p_i by its client_index, and the factory aggregates the
-           deltas: a `WeightedAggregationFactory` with weight p_i (so `MeanFactory()` gives
-           Σ p_i Δ_i / Σ p_i = Σ p_i Δ_i, the default up to float rounding, and e.g.
-           `clipping_factory(S, MeanFactory())` gives Σ p_i clip_S(Δ_i)); an
-           `UnweightedAggregationFactory` with value K·p_i·Δ_i, whose uniform mean over the K
-           uploads is Σ p_i Δ_i (its clipping bounds K·p_i·Δ_i; a fixed-denominator DP sum
-           divides by its own clients_per_round instead of K).
-
-State = OrderedDict(q, f, tau, round_num, delta_aggregator=<the factory's state>);
-measurements gain `delta_aggregator`. A DP factory protects phase 2 only: the similarity
-vectors still reach the server one by one, and p_i depends on the other clients' uploads.
-Phase 2 depends on phase 1's result, so the round has no mergeable form (it cannot be split
-across worker services); the default (no factory) keeps the single aggregation of step 1.
-
-Anonymous mode (no client identity). TFF's stock client work, e.g. inside
-`tff.learning.algorithms.build_weighted_fed_avg(model_aggregator=...)`, uploads the bare
-delta: TFF's federated language is anonymous, and nothing in that client work carries the
-client's index. `create` accepts such a plain value type too, and then clusters each
-round's participants from THAT ROUND's similarities alone: the same steps on a fresh
-[C, C] Q/F that is not kept (state = OrderedDict(tau, round_num); rows stay in arrival
-order and `participants` holds row positions). What is lost, and why
-this is not CADIS proper: the cumulative averaging over rounds that makes the paper's
-similarity estimates reliable, cluster sizes over all clients seen so far (|C_i| counts this
-round's participants only), transitive learning, and the true-cluster measurements (which
-need identities; `true_clusters` is refused in this mode). There is no honest way to do
-better with an anonymous upload: per-client memory needs an identity, and matching uploads
-to clients by content would be a guess. For the method itself, use a client work that
-uploads the client index (`tff_algos.client_work.model_delta.build_model_delta_client_work(
-..., keyed=True)`), as `tff_algos.cadis.build_cadis` does.
 """
 
 from __future__ import annotations

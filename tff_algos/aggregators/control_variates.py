@@ -1,34 +1,14 @@
 """SCAFFOLD's server side: every client's control variate, keyed by client index, and the
-mean model delta (Karimireddy et al. 2020, Algorithm 1, lines 13-17).
+mean model delta (Karimireddy et al. 2020, Algorithm 1, lines 13-17;
+docs/algorithms.md#scaffold, step 3).
 
-The state of this `tff.templates.AggregationProcess` holds, as dense fixed-shape tensors (so
-`tff.program` state managers checkpoint them):
-
-    server_control   c, a list shaped like the trainable weights     D floats
-    client_controls  c_i of every client n in [0, N): [N, ...] each   N·D floats
-    client_updates   int32 [N]: rounds in which each c_i was updated
-
-(zeros at the start). **Memory** = 4·N·D bytes of client control variates plus 4·D + 4·N
-(`state_size_bytes`; D = the trainable weights), refused above `max_control_gib`
-(`server_state.check_state_size`, as FedCDA's cache). A round adds O(P·D): the keyed
-upload accumulator; the scatter-add into the participants' rows may allocate the new
-[N, ...] tensors beside the old ones while the runtime still holds them, so budget up to 2x
-the control variates at that moment.
-
-One `next(state, upload@CLIENTS, weight@CLIENTS)` (uploads of
-`client_work.corrected_training`; weight <= 0 leaves a client out):
-
-* uploads are gathered with `tff.federated_aggregate`: the weighted sum of the model deltas
-  and, keyed by slot, each control delta c_i+ - c_i with its client index ([P, ...]);
-* result = the (weighted) mean model delta over the participants, x - mean(y_i) in TFF's
-  `initial - final` convention: a server SGD step at rate eta_g applies
-  x <- x + eta_g · mean(y_i - x) (`tff_algos.scaffold`);
-* c_i <- c_i + (c_i+ - c_i) for the participants only (a scatter-add into their rows: the
-  rows of every other client are not touched, bit for bit); c <- c + (1/N) Σ (c_i+ - c_i).
-
-Measurements: uploads (participants left in), controlled_clients (clients whose c_i was
-updated at least once), server_control_norm ‖c‖, control_delta_norm (mean ‖c_i+ - c_i‖ over
-the uploads).
+State, dense so `tff.program` checkpoints it: `server_control` c (shaped like the trainable
+weights), `client_controls` c_i ([N, ...] each) and `client_updates` (int32 [N]); 4·N·D bytes
+of c_i plus 4·D + 4·N (`state_size_bytes`), refused above `max_control_gib`. The scatter into
+the participants' rows may hold the old and new [N, ...] tensors at once: budget up to twice
+the control variates. Uploads are `client_work.corrected_training`'s; the result is the mean
+model delta in TFF's `initial - final` convention. Measurements: uploads,
+controlled_clients, server_control_norm, control_delta_norm.
 """
 
 from __future__ import annotations

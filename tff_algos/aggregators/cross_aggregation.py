@@ -1,46 +1,14 @@
-"""FedCross's cross-aggregation stage (ALGORITHMS.md §1, steps 3-5) as an AggregationProcess.
+"""FedCross's cross-aggregation stage as an AggregationProcess.
 
-The server keeps K *middleware models* as dense stacked tensors (`[K, ...]` per weight
-tensor of a `ModelWeights`) inside this process's state, plus a round counter, so
-`tff.program` state managers checkpoint everything.
-
-One `next(state, value@CLIENTS, weight@CLIENTS)`:
-
-* `value` = OrderedDict(client_index, slot, model, last_epoch_loss)
-  (`tff_algos.client_work.model_upload`): the model a client trained, and the slot
-  (middleware model index, in [0, K)) it trained. `weight` = float32; a weight <= 0 marks
-  a client that did not train (empty dataset, or non-finite update reverted on the client).
-* Uploads are gathered keyed by slot with `tff.federated_aggregate` into K zero rows
-  (`server_state.put_row`: O(D) per upload, merge = add) stacked once into `[K, ...]`, so
-  server memory is O(K·D) whatever the number of clients. A slot nobody uploaded keeps its
-  previous model.
-* CoModelSel picks a collaborator c(k) != k per model from the uploaded set (`in_order`,
-  `highest_similarity`, `lowest_similarity`; ties -> lowest index). The similarity
-  (`similarity`): 'model' = cosine of whole flattened models, trainable + non-trainable (the
-  paper's); 'layerwise' = the sum of per-layer cosines the authors' code computes
-  (`layerwise_similarity_matrix`). `in_order` does not read it (it is still reported).
-* CrossAggr: w^k <- alpha * v^k + (1 - alpha) * v^{c(k)} from the uploaded copies.
-* Acceleration (paper §III-D): dynamic alpha (`alpha_schedule`) and propeller models
-  (`num_propellers` > 1) during the first `accel_rounds` rounds.
-
-Result: the uniform mean of the new middleware models (the deployable global model) at
-SERVER. Measurements: `similarity` [K, K], `collaborators` [K] int32 (-1 = none, K = 1),
-`alpha` (the alpha used this round), `propellers_used` (1.0 if the propeller rule ran),
-`eligible` [K] (1.0 for models that trained this round).
-
-Decisions not fixed by the paper (documented, tested in tests/test_fedcross.py):
-
-* A model whose client did not train (weight <= 0) is uploaded unchanged (= the middleware
-  model it received). It is still cross-aggregated with its own collaborator, but the
-  similarity rules do not choose it as anybody's collaborator, since it carries no new
-  information — unless no trained alternative exists, then all j != k are candidates.
-  `in_order` and the propellers keep their fixed schedule regardless.
-* Propellers: model k's P propellers are the in-order collaborators of rounds t, t+1, ...,
-  t+P-1, i.e. (k + ((t + i) mod (K-1)) + 1) mod K for i in [0, P); at t = 0 they are
-  k+1, ..., k+P (mod K). They are distinct for P <= K-1 (enforced). With num_propellers = 1
-  the ordinary `selection` rule is used in every round.
-* Dynamic alpha: alpha_t = 0.5 + (alpha - 0.5) * min(t, R) / R with R = accel_rounds, so
-  round 0 uses 0.5 and rounds >= R use alpha.
+Collaborator choice and cross-aggregation over K middleware models
+(docs/algorithms.md#fedcross, steps 3-4, acceleration and the decisions the paper leaves
+open). The state holds the models as dense `[K, ...]` tensors per weight tensor and a round
+counter, so `tff.program` checkpoints them. `next(state, value@CLIENTS, weight@CLIENTS)`
+takes `client_work.model_upload`'s OrderedDict(client_index, slot, model, last_epoch_loss)
+(weight <= 0: a client that did not train), gathers the uploads keyed by slot into K rows
+(`server_state.put_row`, O(K·D) memory whatever the number of clients) and returns the mean
+of the new models. Measurements: `similarity` [K, K], `collaborators` [K] (-1 = none),
+`alpha`, `propellers_used`, `eligible` [K].
 """
 
 from __future__ import annotations

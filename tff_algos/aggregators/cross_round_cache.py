@@ -1,99 +1,13 @@
-"""FedCDA's per-client cross-round cache and divergence-aware selection (ALGORITHMS.md §2).
+"""FedCDA's per-client cross-round cache and divergence-aware selection.
 
-The server keeps, for every client n of the N, a FIFO cache of its K most recent uploaded
-models (a ring buffer: slot `count[n] mod K` is written next), the mean training loss of its
-last local epoch for each, and the ring slot `selected[n]` of its currently selected model.
-All of it lives in this `tff.templates.AggregationProcess`'s state, so `tff.program` state
-managers checkpoint the cache:
-
-    cache     a list of chunks, [G_c, K, D] tensors   N·K·D floats (D = all model weights,
-              one client's model one row, in `tf.nest.flatten` order; `stacked_cache`)
-    losses    float32 [N, K]
-    sq_norms  float64 [N, K] ‖w‖² of each cached model (eq. 8 needs them; kept, not recomputed)
-    count     int32 [N]      uploads so far (cache holds min(count, K) models)
-    selected  int32 [N]      ring slot of the selected model
-    selected_sum  ModelWeights of float64 tensors (one model's shapes): the running sum,
-                  over every cached client, of its selected model
-    round_num int32
-
-**Memory** = b·N·K·D bytes for the cache (b = 4 bytes per weight in float32, the default; 2
-with `cache_dtype='float16'` or `'bfloat16'`) plus 8·D bytes for `selected_sum` and
-4·(3·N·K + 2·N + 1) bytes of bookkeeping (`state_size_bytes`). A round adds transient
-buffers of O(P·K·D) (the participants' candidates, in the cache's dtype and, measured from
-the round's mean upload, in float32) and O(P·D) (the upload accumulator); no second copy of
-the cache is made or kept from one round to the next.
-
-**Chunks** (`chunk_clients`, `push_and_read`): the cache is split into chunks of G clients
-(the fewest whose caches hold 1 MiB: one client per chunk for any real model). The runtime
-holds the state it passes in, so writing into one stacked [N, K, D] tensor would allocate
-and copy the whole cache every round (and TFF's worker kept every round's copy alive
-until `tff_algos.ResidentProcess` came to detach each round's state); a `tf.cond` per chunk
-passes every chunk without an upload through untouched, so a round writes O(P·G·K·D) bytes.
-A checkpoint of the earlier stacked layout is loaded with `with_stacked_cache` and upgraded
-with `with_chunked_cache`.
-
-**Precision**: eq. 8's divergence is a small difference of large sums of squares (‖w‖² ≫
-the spread of the models), so it is evaluated on the models measured from the round's mean
-upload, where nothing cancels: the candidates' Gram matrix is then taken in float32 (half
-the bytes of float64 and a faster kernel; relative error ~2e-6 of ‖w − mean‖², measured at
-D = 1.66M) and the choices are the float64 brute force's (tested at that size; the
-objective agrees to 2e-5). ‖w‖² of each cached model, the fixed clients' sums and
-`selected_sum` stay float64.
-
-**Server work per round** is O(P·K·D) arithmetic (plus O(N·K) scalar bookkeeping), not
-O(N·D): nothing sums over the N cached models. The fixed clients' sum that eq. 8 needs is
-`selected_sum` minus the uploaders' previous selections (read from the cache before this
-round's uploads overwrite them: a FIFO push may evict exactly the selected slot), and the
-new `selected_sum` adds the uploaders' new selections back; the global model is
-`selected_sum / M`. The sum is float64 because it is updated, never recomputed: the models
-(float32 or lower) are exact in float64 and each update rounds by at most 2⁻⁵³ of the
-partial sum (≤ M·max|w|), so after U updates the mean is off by at most about
-U·2⁻⁵³·max|w| (1e-10·max|w| at U = 10⁶), far below float32's resolution of the result,
-where a float32 sum would drift by up to U·6e-8·max|w|. Nothing is O(N·K·D): what grows
-with N is O(N·K) bookkeeping and one `tf.cond` per chunk (`push_and_read`). A state saved
-before `selected_sum` existed gets it once from the cache (`add_selected_sum`).
-
-One `next(state, value@CLIENTS, weight@CLIENTS)`:
-
-* `value` = OrderedDict(client_index, slot, model, last_epoch_loss) (see
-  `tff_algos.client_work.model_upload`); weight <= 0 marks a client whose upload must not
-  enter the cache (no data, or training went non-finite). Uploads are gathered keyed by slot
-  with `tff.federated_aggregate` into P rows (`server_state.put_row`: O(D) per upload),
-  stacked into [P, ...] once, then pushed into the uploaders' caches.
-* Warmup (`round_num < warmup_rounds`): every uploader selects its newest model and the
-  result is FedAvg of this round's uploads: weighted by the uploads' weights (the clients'
-  example counts, the paper's "ratio of the data size"; `warmup_weighting='data_size'`,
-  default) or their uniform mean (`warmup_weighting='uniform'`).
-* After warmup, selection (`SELECTIONS`):
-  - 'batch_greedy' (default): the uploaders are split at random into B batches (sizes differ
-    by at most one); batch b picks, exhaustively over its K^{|b|} combinations, the
-    candidates minimising eq. 8
-        J_b = (1/M_b) Σ_{n∈S_b} [F_n(w_n) + (L/2)‖w_n‖²] − (L/2)‖w̄_b‖²
-    over S_b = every cached client not in a later batch (non-uploaders at their fixed
-    selection, earlier batches at their new choice). J_b is evaluated from a Gram matrix of
-    the uploaders' candidates and their inner products with the fixed clients' sum (from
-    `selected_sum`), never by materialising a candidate average;
-  - 'exact': one batch of all P uploaders (K^P combinations);
-  - 'newest' / 'random': the paper's ablations (random: uniform over a client's cache).
-  The result is the uniform mean over every cached client of its selected model,
-  `selected_sum / M` (M = clients with a cache).
-* Ties go to the combination whose candidates are newest (lexicographic in age order).
-
-**Lower-precision cache** (`cache_dtype`, `CACHE_DTYPES`): the uploads are rounded to the
-cache's dtype as they enter it, and from then on the cached models *are* those rounded
-values: ‖w‖², the Gram matrix of eq. 8, `selected_sum` and the new global model are all
-computed from them, so the objective is that of the models actually kept.
-The warmup mean is taken over the uploads themselves (float32), as they arrive. float16
-keeps 11 significant bits (relative error ≤ 2⁻¹¹ ≈ 4.9e-4 per weight; model weights lie far
-inside its range), bfloat16 8 bits (≤ 2⁻⁸ ≈ 3.9e-3) with float32's range. The measured effect on
-selection and accuracy: `benchmarks/results/RESULTS.md` ("FedCDA's cache in less memory").
-
-Measurements: `warmup` (1.0 in warmup), `cached_clients` (M), `uploads`, `switched` (uploaders
-that selected a model other than their newest), `objective_before` (J over all cached clients
-with every uploader at its newest model) and `objective_after` (with the selection made; equal
-to `objective_before` in warmup and for 'newest'), and `has_result` (0.0 when no client has a
-cache yet, in which case the result is meaningless and `has_result` tells the finalizer to keep
-the global model).
+The server side of FedCDA (docs/algorithms.md#fedcda, steps 1-4, options and cost) as a
+weighted `tff.templates.AggregationProcess`. `next(state, value@CLIENTS, weight@CLIENTS)`
+takes `client_work.model_upload`'s OrderedDict(client_index, slot, model, last_epoch_loss)
+(weight <= 0: an upload that must not enter the cache), gathers the uploads keyed by slot
+into P rows, pushes them into their clients' caches, selects, and returns the uniform mean of
+every cached client's selected model (FedAvg of the uploads in warmup). Measurements:
+`warmup`, `cached_clients`, `uploads`, `switched`, `objective_before`, `objective_after` and
+`has_result` (0.0 until some client has a cache: the finalizer then keeps the global model).
 """
 
 from __future__ import annotations
@@ -115,6 +29,33 @@ WARMUP_WEIGHTINGS = ('data_size', 'uniform')
 CACHE_DTYPES = {'float32': 4, 'float16': 2, 'bfloat16': 2}
 # The exhaustive search of one batch evaluates K^{batch size} combinations at once.
 MAX_COMBINATIONS = 1 << 20
+
+# The state, dense so `tff.program` checkpoints it:
+#   cache         chunks of [G_c, K, D] tensors, N·K·D weights in the cache's dtype (one
+#                 client's model one row, in `tf.nest.flatten` order; `stacked_cache`)
+#   losses        float32 [N, K]; sq_norms float64 [N, K] (‖w‖² of each cached model)
+#   count         int32 [N] uploads so far (slot `count[n] mod K` is written next)
+#   selected      int32 [N] ring slot of each client's selected model
+#   selected_sum  float64 model: the running sum over cached clients of their selections
+#   round_num     int32
+# A round adds O(P·K·D) of transient buffers and O(P·D) for the upload accumulator; no
+# second copy of the cache is made.
+#
+# Chunks (`chunk_clients`, `push_and_read`): the runtime keeps the state it passes in, so one
+# stacked [N, K, D] tensor would be copied whole every round; with the cache in chunks of G
+# clients (the fewest holding MIN_CHUNK_BYTES) a `tf.cond` per chunk passes every chunk
+# without an upload through untouched. `with_stacked_cache` / `with_chunked_cache` convert
+# checkpoints of the stacked layout.
+#
+# Precision: eq. 8's divergence is a small difference of large sums of squares, so it is
+# evaluated on the candidates measured from the round's mean upload, where nothing cancels;
+# their Gram matrix is then taken in float32 and the choices match a float64 brute force.
+# ‖w‖², the fixed clients' sums and `selected_sum` stay float64. `selected_sum` is updated,
+# never recomputed (minus the uploaders' previous selections, read before a FIFO push may
+# evict them, plus their new ones), so a round's work is O(P·K·D), not O(N·D); in float64
+# its drift over U updates stays about U·2⁻⁵³·max|w|, far below float32's resolution.
+# `add_selected_sum` gives an older state its sum. A lower-precision cache (`cache_dtype`)
+# rounds uploads as they enter it, and everything after is computed from the rounded models.
 
 
 # --------------------------------------------------------------------------- #

@@ -1,53 +1,14 @@
 """SCAFFOLD's client side: local SGD corrected by control variates (Karimireddy et al. 2020,
-Algorithm 1, option II), on the shared fast loop.
+Algorithm 1, option II), on the shared fast loop (docs/algorithms.md#scaffold, steps 1-2).
 
-Each sampled client i receives
-
-    OrderedDict(model=x (ModelWeights), server_control=c, client_control=c_i)
-
-(c and c_i shaped like the trainable weights; the server broadcasts x and c and sends c_i
-to client i alone, `tff_algos.scaffold`), trains K_i steps of
-
-    y <- y - eta_l * (g(y) + c - c_i)
-
-(`local_training.build_local_training`'s `gradient_transform`; K_i = epochs x batches it
-actually ran) and uploads
-
-    OrderedDict(client_index=int32, slot=int32,
-                model_delta=x - y_i (trainable; `model_delta.update_type`: with non-trainable
-                            weights such as BatchNorm statistics, also theirs),
-                control_delta=c_i+ - c_i = (x - y_i) / (K_i * eta_l) - c)
-
-where option II's c_i+ = c_i - c + (x - y_i) / (K_i * eta_l) and eta_l is the client
-optimizer's learning rate, read from the client work state's hparams each round (so
-`set_hparams` changes both the step and the formula). Under plain SGD, (x - y_i) / (K_i eta_l)
-is exactly the mean corrected gradient of the K_i steps, so c_i+ is the client's mean
-gradient along its path. Weight: 1 (the paper's uniform mean; `client_weighting='uniform'`)
-or the client's example count ('num_examples'); 0 for a client that ran no step (no data:
-K_i = 0 leaves c_i+ undefined) or whose update is not finite (counted in
-`train/non_finite_clients`), which tells the aggregator to leave it out and its c_i as it is.
-
-Only plain SGD is accepted (`check_plain_sgd`): with momentum beta the model moves about
-1/(1 - beta) times as far as the steps' gradients say, so the formula applied as is gives
-c_i+ ~ c_i - c + (mean gradient + c - c_i)/(1 - beta), about twice the mean gradient at
-beta = 0.5 (the project's default client momentum) and the control variates drift instead of
-tracking the clients' gradients; Adam's per-coordinate steps have no single eta_l at all.
-Coupled weight decay (`tff_algos.optimizers.with_weight_decay`) on SGD is accepted: the
-formula is then exact for the regularised loss.
-
-Plug-ins (`tff_algos.client_work.plugins`). KD (`kd_weight`) adds λ·KD to the local loss,
-so g is that loss's gradient and c_i+ its mean, as with weight decay. Guidance (`guided`)
-composes with the correction in this order, at every step:
-
-    1. g = gradient of the local loss at y (with KD when on);
-    2. guidance: g <- G * g (elementwise);
-    3. correction: y <- y - eta_l * (G * g + c - c_i).
-
-The guided gradient G * g is the gradient SCAFFOLD controls: option II's formula then gives
-c_i+ = the mean of G * g over the K_i steps, and c - c_i estimates the drift of guided
-gradients, so the control variates keep their meaning. Guiding the corrected direction
-instead (G * (g + c - c_i)) would give c_i+ = G * mean(g) + (1 - G) * (c_i - c), which is
-no client's mean gradient, and the variates would drift wherever G < 1.
+Each client receives OrderedDict(model=x, server_control=c, client_control=c_i), takes K_i
+steps y <- y - eta_l (g + c - c_i) through the loop's `gradient_transform`, and uploads
+OrderedDict(client_index, slot, model_delta=x - y_i, control_delta=c_i+ - c_i), eta_l read
+from the client work's hparams each round. Weight 0 (no step, or a non-finite update) leaves
+the client out. Only plain SGD is accepted (`check_plain_sgd`): with momentum the model moves
+about 1/(1 - beta) times what the gradients say and option II's c_i+ drifts. With guidance
+the step is y <- y - eta_l (G*g + c - c_i): guiding the corrected direction instead would
+make c_i+ = G*mean(g) + (1 - G)(c_i - c), no client's mean gradient.
 """
 
 from __future__ import annotations

@@ -1,41 +1,15 @@
-"""CADIS's knowledge-distillation regulariser (ALGORITHMS.md §3, client side).
+"""CADIS's knowledge-distillation regulariser (client side).
 
-Client loss = cross-entropy + λ·KL(teacher ‖ student), where the teacher is the frozen global
-model the client received this round and the student is the model being trained. Both are
-compared through the pairwise geometry of their *representations* r(x), the input of the
-final classifier (Dense) layer:
-
-* for a batch of m examples, d_ij = ‖r_i − r_j‖ for i ≠ j;
-* μ, σ = mean and standard deviation of those m(m−1) distances, separately for teacher and
-  student;
-* K_ij = exp(−½ (d_ij − μ)² / (σ² + 1e-3)), row-normalised over j ≠ i to p(j|i);
-* KL = Σ_i Σ_{j≠i} p_t(j|i) · log(p_t(j|i) / p_s(j|i)).
-
-Definitions this module settles:
-
-* `reduction='sum'` (default, the reference code) is the double sum above; `'mean'` divides
-  it by m, i.e. it is the mean over anchor examples i of KL(p_t(·|i) ‖ p_s(·|i)) (like
-  PyTorch's `batchmean`), so its scale does not grow with the batch size.
-* `std='population'` (default): σ² divides by the number of ordered pairs m(m−1);
-  `'sample'` divides by m(m−1) − 1, as the authors' code does (`torch.std`, Bessel's
-  correction, over the d_ij in `KL_divergence` of its `algorithm/cadis.py`). Each unordered
-  pair is counted twice either way.
-* Representations of rank > 2 are flattened to [m, −1]. Distances use the Gram form
-  ‖a‖² + ‖b‖² − 2a·b on batch-centred representations (memory O(m² + m·d), not O(m²·d));
-  a squared distance ≤ 1e-12 (duplicate points) counts as distance 0 with zero gradient, so
-  the square root never sees 0 and gradients stay finite.
-* p(j|i) is computed in the log domain (log-softmax of the log-kernel over j ≠ i), so a kernel
-  value that underflows in float32 does not produce log(0); this is the formula exactly,
-  without an epsilon.
-* m ≤ 2 gives 0 (with m = 2 each row has a single neighbour, p = 1 for both models).
-* The teacher side is under `tf.stop_gradient`.
-
-The client side (`build_kd_loss`): the teacher's representations are computed ONCE per client
-and round, for all n examples in inference mode (`training=False`; BatchNorm uses the global
-model's moving statistics, dropout is off), from the received weights before any local step;
-each batch gathers its rows. The student's representation is the one its own training forward
-pass computes (a tap on the classifier layer records its input), so KD costs no extra student
-forward pass and BatchNorm statistics are updated once per step, as without KD.
+λ·KL between the kernel pairwise-similarity distributions of the teacher's (the received
+global model's) and the student's representations, the input of the final classifier
+layer: docs/algorithms.md#cadis, "Client side". `build_kd_loss` computes the teacher's
+representations once per client and round in inference mode, and taps the student's own
+training forward pass, so KD costs no extra student pass. Numerics: distances in the Gram
+form on batch-centred representations (memory O(m² + m·d)), a squared distance ≤ 1e-12
+counted as 0 with zero gradient, p(j|i) in the log domain (no epsilon, no log(0)),
+representations of rank > 2 flattened, the teacher under `tf.stop_gradient`. `reduction`: 'sum' (the reference
+code's double sum) or 'mean' (over anchor examples); `std`: 'population' (σ² over the m(m−1)
+ordered-pair distances) or 'sample' (over m(m−1) − 1, the authors' `torch.std`).
 """
 
 from __future__ import annotations

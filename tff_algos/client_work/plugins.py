@@ -1,25 +1,15 @@
 """The plug-in client stages every client work accepts: FedLEx's guidance and CADIS's KD term.
 
 Both change how a client trains, never what the server does with its upload
-(ARCHITECTURE.md, "Plug-ins are client-work options, not methods"), so each is written once
-here and every client work of the package (`model_delta`: the FedAvg family, FedSGD and
-CADIS; `model_upload`: FedCross and FedCDA; `corrected_training`: SCAFFOLD) takes its hooks
-into the shared local-training loop from `ClientStages.hooks`:
-
-* guidance (`guided=True`, FedLEx, ALGORITHMS.md section 4): the client work's state holds
-  the guidance matrix G, shaped like the trainable weights and all ones after `initialize`
-  (bit for bit the unguided method; `tff_algos.fedlex.set_guidance` /
-  `explore_and_initialize` install an explored one), broadcast every round. Every gradient
-  of the client's local objective is multiplied by G elementwise before the optimizer step
-  (FedSGD: before it is averaged and uploaded, so the upload is G*g once). The local
-  objective includes FedProx's proximal term and the KD term, so their gradients are
-  guided too. A method's own gradient transform comes after the guidance: SCAFFOLD's
-  correction is added to G*g (see `corrected_training`).
-* knowledge distillation (`kd_weight=λ > 0`, CADIS, ALGORITHMS.md section 3): λ·KL(teacher ‖
-  student) of the kernel similarity distributions of the representations is added to every
-  batch loss, the teacher being the model the client received this round
-  (`distillation.build_kd_loss`). It needs local steps: at FedSGD's single gradient the
-  student is the teacher, where the KL term and its gradient are 0, so it is refused there.
+(docs/architecture.md, "Plug-ins"), so each is written once here and every client work
+(`model_delta`, `model_upload`, `corrected_training`) takes its hooks into the shared
+local-training loop from `ClientStages.hooks`. Guidance (`guided=True`,
+docs/algorithms.md#fedlex): G, in the client work's state and all ones after `initialize`,
+multiplies every gradient of the local objective (proximal and KD terms included) before the
+optimizer step; a method's own gradient transform (SCAFFOLD's correction) comes after it.
+KD (`kd_weight=λ > 0`, docs/algorithms.md#cadis): λ·KL(teacher ‖ student) added to every batch
+loss (`distillation.build_kd_loss`); refused for FedSGD, whose one gradient is taken where
+student and teacher coincide.
 """
 
 from __future__ import annotations
