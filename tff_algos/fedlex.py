@@ -379,7 +379,7 @@ def refresh_guidance(process: tff.learning.templates.LearningProcess,
 
 def placeholder_guidance(trainable, floor: float = 0.0) -> list:
   """G = minmax((1 - w)^2) per tensor, then the floor: the reference code's guidance at its
-  HEAD (ALGORITHMS.md section 4), where each explorer's "scout" is an all-ones placeholder.
+  HEAD (docs/algorithms.md#fedlex), where each explorer's "scout" is an all-ones placeholder.
 
   There the server's `create_mask` takes, per tensor, the mean over that round's
   participants' scouts of (scout - w_ref)^2 and min-max normalises it; every scout is ones,
