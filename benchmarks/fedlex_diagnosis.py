@@ -13,8 +13,9 @@ coordinate, even less of its size survives). This script reads every FedLEx run 
 recorded G (the reported runs, the tuning grid and the superseded first tuning points under
 `earlier_runs/tuning`): G's statistics by the explorers' rate, the guided variants' best
 tuning points under each exploration rule, the reported runs' steps and margins over rounds,
-the probe that floors G, what G does to a client Adam step (the reference code's optimizer),
-and every superseded point.
+the probe that floors G, what G does to a client Adam step (TFF's `build_adam`, as those runs
+trained; the reference code's is PyTorch's, `--client_optimizer=torch_adam`), and every
+superseded point.
 """
 
 from __future__ import annotations
@@ -411,9 +412,10 @@ def _superseded_lines(runs) -> list:
   return lines + ['']
 
 
-# What G does to a client Adam step (issue "Replicate each paper at its own protocol", run 4):
-# Adam divides each coordinate's step by the root of its squared-gradient average, so a fixed
-# per-coordinate factor on the gradient largely cancels (all but where G*|g| nears eps).
+# What G does to a client Adam step: Adam divides each coordinate's step by the root of its
+# squared-gradient average, so a fixed per-coordinate factor on the gradient largely cancels
+# (all but where G*|g| nears the effective eps: TFF's build_adam adds eps to the
+# un-corrected sqrt(v), i.e. eps / sqrt(1 - beta_2^t) against the bias-corrected one).
 ADAM_SUITE = suites.SUITES['fedlex_adam_tuned']
 ADAM_STEPS = os.path.join(suites.suite_dir(ADAM_SUITE.name), 'adam_steps.json')
 
@@ -521,15 +523,18 @@ def _adam_step_lines() -> list:
   runs = {seed: rd.load_run(d) if os.path.exists(os.path.join(d, 'config.json')) else None
           for seed, d in dirs.items()}
   rates = sorted({r for m in recorded.values() for r in m['adam']}, key=float)
-  lines = ['## Under client Adam (the reference code\'s optimizer)', '',
+  lines = ['## Under client Adam (TFF\'s, as these runs trained)', '',
            'The fedlex_adam_tuned suite\'s FedLEx-AvgM (explorers on Adam at '
            f'{FEDLEX_REFERENCE_ADAM_LR:g}): its G, recomputed as the run computes it before round '
            '1 (`python -m benchmarks.fedlex_diagnosis --adam_steps`), and what G does to round '
            '1\'s client steps from w_0, averaged over its participants: the guided over the '
            'unguided norm of the first Adam step and of the one-epoch update, and their cosine. '
            'Adam divides each coordinate by its own gradient scale, so a fixed factor per '
-           'coordinate cancels except where G·|g| nears eps (1e-8); under SGD the step is scaled '
-           'by G itself (last column, first batch).', '',
+           'coordinate cancels except where G·|g| nears eps; these runs used TFF\'s '
+           '`build_adam` (eps 1e-8 added to the un-corrected √v, i.e. 1e-8 / √(1 − β₂ᵗ) '
+           'against the bias-corrected √v̂: 3.2e-7 at step 1), not PyTorch\'s Adam of the '
+           'reference code (`--client_optimizer=torch_adam`). Under SGD the step is scaled by '
+           'G itself (last column, first batch).', '',
            '| seed | G as its run recorded | G mean | G median | share < 0.01 | '
            + ' | '.join(f'Adam {r}: first step | epoch | cosine' for r in rates)
            + ' | SGD step |', '|---|---|---|---|---|' + '---|---|---|' * len(rates) + '---|']
