@@ -11,7 +11,7 @@ results are identical (the implementation only changes how messages are built): 
 print a checksum of the final weights, and the parent checks they agree.
 
   .venv/bin/python benchmarks/protobuf_cost.py --methods=fedavg,fedcda --repeats=2
-  # the environment before protobuf 4 (3.20.3, pure Python only), in a second virtualenv:
+  # protobuf 3.20.3 (pure Python only) in a second virtualenv:
   .venv/bin/python benchmarks/protobuf_cost.py --python_interpreter=/tmp/pb3/bin/python
 """
 

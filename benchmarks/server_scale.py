@@ -16,10 +16,10 @@ With --server_step it times the method's server step alone instead. For FedCDA: 
 aggregator's `cache_round` as one tf.function on a state whose N clients all hold full
 caches (selection on, P random uploaders), with no TFF round around it, interleaved over the
 Ns in one process, with each N's time as a ratio to the first N's. Beside it, the O(N·D)
-mean over every cached client's selected model that the running `selected_sum` replaced,
+mean over every cached client's selected model that the running `selected_sum` avoids,
 timed the same way (a reference, not part of the step), and the update of one stacked
-[N, K, ...] cache (`tensor_scatter_nd_update` of the P uploads: what the step did before the
-cache was chunked; the input stays alive, so it writes a whole new cache). The step itself
+[N, K, ...] cache (`tensor_scatter_nd_update` of the P uploads, the unchunked alternative:
+its input stays alive, so it writes a whole new cache). The step itself
 runs on the chunked cache the process keeps (`cross_round_cache.push_and_read`): O(P·K·D)
 arithmetic and copies, plus O(N·K) bookkeeping and one `tf.cond` per chunk.
 
@@ -30,13 +30,13 @@ arithmetic and copies, plus O(N·K) bookkeeping and one `tf.cond` per chunk.
       --num_clients=100,300,1000 --rounds=10
 
 With --resident the rounds run through `tff_algos.ResidentProcess`, as the training program
-runs them: the state stays in the worker, so a round no longer moves it (the round time
+runs them: the state stays in the worker, so a round does not move it (the round time
 against N is then the server step's growth and nothing else):
 
   .venv/bin/python benchmarks/server_scale.py --method=fedcda --resident \
       --num_clients=100,300,1000 --rounds=5
 
-For CADIS, --server_step times its server clustering step alone (issue 58 goal 4: under 1 s
+For CADIS, --server_step times its server clustering step alone (its target: under a second
 at N = 10,000): `clustered_aggregation.clustering_step` as one `tf.function` in this process
 (the same TF ops the worker runs, without TFF's dispatch), for each N and closure, all
 (N, closure) pairs interleaved round by round in one process. Its input is a synthetic state
@@ -88,7 +88,7 @@ _PAIR_FRACTION = flags.DEFINE_float(
 _TRUE_CLUSTERS = flags.DEFINE_bool('with_true_clusters', False,
                                    'cadis --server_step: also compute the true-cluster metrics.')
 
-# --method values this script no longer takes -> the flags that replaced them.
+# --method values that stop the script with the flags to use instead.
 _REMOVED_METHODS = {'cadis_step': '--method=cadis --server_step'}
 
 

@@ -64,9 +64,8 @@ class Suite:
   scaled: str                      # what differs from the paper, and why (shown on the page)
   # Tuning: run name -> {field: candidate values}, on one seed (TUNING_SEED, apart from the
   # reported seeds). The best last-10 mean wins and is frozen in tuned.json for every run of
-  # that run's algorithm. A grid whose best value lies on its edge is widened (FedCDA's 0.1
-  # was added when FedAvg's best was 0.03, and 0.3 when both chose 0.1; CADIS's FedAvg grid
-  # gained 0.1, then 0.3, the same way).
+  # that run's algorithm. A grid whose best value lies on its edge is widened until the best
+  # lies inside, so a tuned rate is never the grid's choice of where to stop.
   grid: dict = dataclasses.field(default_factory=dict)
   # Algorithms without a grid of their own that take another's tuned values (FedProx is
   # FedAvg plus a proximal term: FedAvg's rate keeps the comparison about that term).
@@ -254,8 +253,8 @@ _FEDCROSS_COMMON = dict(
     dataset='fashion_mnist', model='simple_cnn', partition='dirichlet', num_clients=100,
     clients_per_round=10, batch_size=50, local_epochs=1, rounds=600, client_lr=0.01,
     client_momentum=0.5, proximal_strength=0.01,
-    # Evaluating the 10,000 test images took about half of a round: every 5th round (and
-    # each of the last 10) makes the lengthened runs ~1.7x faster.
+    # Evaluating the 10,000 test images costs about as much as a round's training: every
+    # 5th round (and each of the last 10) keeps the lengthened runs affordable.
     eval_every=5)
 
 
@@ -335,7 +334,8 @@ def _cadis() -> Suite:
                    Comparison('cadis_reference_weights_no_kd', 'fedavg', 'MC 10/100',
                               'CADIS, weights 1/\\|C_i\\|, no KD'),
                    Comparison('fedprox', 'fedavg', 'fedprox MC 10/100', 'FedProx')),
-      # FedAvg's best was the edge twice (0.03, then 0.1): widened to 0.3. CADIS's is inside.
+      # FedAvg's grid reaches 0.3 because its best lay on the edge at 0.03 and at 0.1;
+      # CADIS's best lies inside its grid.
       grid=dict(fedavg=dict(client_lr=[0.003, 0.01, 0.03, 0.1, 0.3]),
                 cadis=dict(client_lr=[0.003, 0.01, 0.03, 0.1])),
       tuning_rounds=150,   # the grid's length: the suite's rounds may grow to a plateau
@@ -382,12 +382,11 @@ FEDLEX_SUMMARY_COLUMNS = (('guidance mean', ('guidance', 'guidance_mean'), '.2g'
 def _fedlex() -> Suite:
   bases = (('fedavgm', 'fedlex_avgm'), ('fedsgd', 'fedlex_sgd'), ('fedadam', 'fedlex_opt'),
            ('fedprox', 'fedlex_prox'))
-  # G scales every gradient entry: a 2-round check of this suite measured a mean G of
-  # 0.0015 and a median of 9e-5 (97% of entries below 0.01, the largest 0.5), so the guided
-  # variants' rates reach two to three decades above their bases'.
-  # Widened after the first points (see `scaled`): FedAvgM's best was the top of its grid,
-  # FedLEx-AvgM's and FedSGD's the bottom of theirs; after the first 40 points, FedAdam's and
-  # FedLEx-Opt's best server rate was the top of theirs (0.01) and FedLEx-SGD's the bottom.
+  # G scales every gradient entry and most of its entries are far below 0.01 (diagnosis.md),
+  # so the guided variants' rates reach two to three decades above their bases'.
+  # Each grid spans its method's best rate with room on both sides: a grid whose best lay on
+  # its edge was widened (FedAvgM's and the server rates of FedAdam and FedLEx-Opt upwards,
+  # FedLEx-AvgM's, FedSGD's and FedLEx-SGD's downwards).
   base_lr = [0.01, 0.03, 0.1, 0.3]
   guided_lr = [0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0]
   grid = {}
@@ -404,13 +403,10 @@ def _fedlex() -> Suite:
   return Suite(
       name='fedlex',
       title='FedLEx on four bases: Fashion-MNIST, 2 classes per client, 20 clients, 5 per round',
-      # Each length was made again from round 1 (the shorter runs' checkpoints were gone with
-      # earlier machines), so every kept making is compared with the next ("Runs made
-      # again"). Whether they match bit for bit depends on the microarchitecture, not its
-      # name: on the Intel Xeon that made the 200-round runs and on an AMD EPYC of family 26
-      # model 2 (the 400-round ones) the shared round-1 client work (seed 0) ends at training
-      # loss 0.7030; on an earlier AMD EPYC (family not recorded) at 0.7370, where makings
-      # parted from round 1 to 3. summary.json's host records cpu_id for that reason.
+      # Each length is made from round 1 (the shorter runs kept no checkpoint), so every kept
+      # making is compared with the next ("Runs made again"). Whether two makings match bit
+      # for bit depends on the CPU's microarchitecture, not its name, so summary.json's host
+      # records cpu_id (benchmarks/results/PROVENANCE.md names the machines).
       earlier_lengths=(100, 200),
       common=dict(dataset='fashion_mnist', model='simple_cnn', partition='classes',
                   classes_per_client=2, num_clients=20, clients_per_round=5, batch_size=50,
@@ -427,7 +423,7 @@ def _fedlex() -> Suite:
       comparisons=tuple(Comparison(guided, base, guided, f'{guided} vs {base}')
                         for base, guided in bases),
       grid=grid,
-      tuning_rounds=50,   # 83 grid points at about 3 s a round: about 2 hours on 2 jobs
+      tuning_rounds=50,   # 83 grid points: a short tuning length keeps the grid affordable
       scaled=("The paper's pathological layout (2 classes per client, 20 clients, 5 per round, "
               'plain SGD) on Fashion-MNIST. Its tables and rates were lost in the text, so every '
               'base and guided variant gets its own rate from a grid (G shrinks every gradient, '
@@ -479,8 +475,7 @@ def _fedlex() -> Suite:
 
 # The papers' own protocols: each method's runs at its paper's settings (where this machine
 # allows), beside the suites above, which tune every method's rate and run to a plateau.
-# Declared before any of their runs was made; lengths and seeds fixed (issue "Replicate each
-# paper at its own protocol").
+# Declared before any of their runs was made; lengths and seeds fixed in advance.
 
 def _fedcda_paper() -> Suite:
   return Suite(
@@ -729,8 +724,9 @@ def suite_dir(suite: str) -> str:
 
 
 # Suite runs checkpoint every this many rounds (and after their last, and when stopped): a
-# checkpoint every round costs FedCDA 36% of its round time, FedCross 18% (RESULTS.md,
-# "Checkpointing every N rounds"); a crash repeats at most this many rounds, exactly.
+# checkpoint every round would cost FedCDA and FedCross a large share of their round time
+# (RESULTS.md, "Checkpointing every N rounds"); a crash repeats at most this many rounds,
+# exactly.
 CHECKPOINT_EVERY = 10
 
 

@@ -4,7 +4,7 @@ A value TFF 0.87's C++ worker computes keeps the values it was computed from ali
 state kept in the worker (`tff_algos.ResidentProcess`) would carry every earlier round with
 it; `ResidentProcess.next` detaches each new state, and `refresh_every` places it anew every
 so many rounds besides (0 = never, the default). This runs
-FedCDA at the reproduction's Dir 0.1 setting (20 clients, 4 per round, its 133 MB cache)
+FedCDA at the reproduction's Dir 0.1 setting (20 clients, 4 per round; its cache's size: benchmarks/results/RESULTS.md)
 through ResidentProcess for each `--refresh_every` (or through `process.next`: "direct"),
 each in its own process (a fresh worker), evaluating and checkpoint-materializing every
 round as the training program does, and prints the worker's resident memory (RSS) after

@@ -101,7 +101,7 @@ def build_cadis(
       one, and p_i depends on the other clients' uploads. The two dependent
       aggregations cannot be split across worker services (`execution.check_mergeable`
       refuses them). None (default): Σ p_i Δ_i on the server's accumulator in one
-      aggregation, as before. State gains `aggregator.delta_aggregator` (the factory's
+      aggregation. State gains `aggregator.delta_aggregator` (the factory's
       state), metrics `aggregator/delta_aggregator` (its measurements).
     guided: FedLEx's guidance on the clients' gradients (`tff_algos.client_work.plugins`;
       `state.client_work['guidance']`, set by `tff_algos.fedlex.set_guidance`).

@@ -70,9 +70,8 @@ def zero_rows(zero_row, num_rows: int) -> list:
   Each row starts empty (every tensor of rank > 0 has size 0 and dimensions of unknown size
   in its type), not as zeros: TFF's runtime serialises every `federated_aggregate`'s zero
   accumulator and parses it again where the clients' values are (TFF 0.87's federating
-  executor), so R zero models would cost O(R·D) bytes each way a round for nothing. With
-  empty rows an aggregate of 10 uploads of FedAvg's CNN takes 0.06 s against 0.12-0.17 s
-  (measured side by side).
+  executor), so R zero models would cost O(R·D) bytes each way a round for nothing; empty
+  rows cost nothing to move (timings: benchmarks/results/RESULTS.md).
   """
   return [tf.nest.map_structure(_empty_like, zero_row)] * int(num_rows)
 
