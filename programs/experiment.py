@@ -266,8 +266,8 @@ def validate(config: ExperimentConfig) -> None:
 
   Imports neither TensorFlow nor TFF (a flag error costs no TF start-up).
   """
-  import data  # pylint: disable=g-import-not-at-top
-  from data import partitioners  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  from tff_algos.data import partitioners  # pylint: disable=g-import-not-at-top
   from tff_algos.models import catalog  # pylint: disable=g-import-not-at-top
   c = config
   if c.algorithm not in ALGORITHMS:
@@ -385,7 +385,7 @@ def _check_state_crosses(c: ExperimentConfig, process, resident: bool) -> None:
 
 def load_federated_data(c: ExperimentConfig):
   """The FederatedDataset of the config (loaders and partitioners from data/)."""
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   try:
     loaded = data.load_dataset(c.dataset, c.data_dir)
   except (data.DatasetNotFoundError, data.DatasetFormatError) as e:
@@ -457,7 +457,7 @@ def with_client_test(c: ExperimentConfig, fed, num_clients: int):
   clients train on all their training data; any other holds --client_test_fraction of each
   client's examples out of training (`data.hold_out_client_test`, seeded by --seed).
   """
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   if not c.client_test_fraction:
     return fed, None
   if fed.client_test is None:
@@ -970,7 +970,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
     raise ExperimentError(str(e)) from None
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
 
   exp_dir = c.experiment_dir
   ckpt_dir = os.path.join(exp_dir, 'checkpoints')
@@ -1245,7 +1245,7 @@ def fedlex_explorers(c: ExperimentConfig, num_clients: int) -> np.ndarray:
 
 def _explore(c: ExperimentConfig, fed, process, exploration, explorers, state, round_num):
   """Runs FedLEx exploration on `explorers` from the state's global model."""
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
   if len(explorers) == 0:
     return fedlex.refresh_guidance(process, exploration, state, [])

@@ -5,7 +5,7 @@ import collections
 import numpy as np
 import pytest
 
-from data.client_inputs import client_input, round_inputs, sample_clients
+from tff_algos.data.client_inputs import client_input, round_inputs, sample_clients
 
 
 class _FakeFederated:

@@ -21,9 +21,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from data import loaders
-from data.datasets import ArrayDataset, FederatedDataset
-from data.loaders import DatasetNotFoundError
+from tff_algos.data import loaders
+from tff_algos.data.datasets import ArrayDataset, FederatedDataset
+from tff_algos.data.loaders import DatasetNotFoundError
 from tests.helpers import leaf_shakespeare_users, write_leaf_json
 
 
@@ -560,7 +560,7 @@ def test_truncated_gzip_idx_is_a_format_error(tmp_path):
 
 def test_loaders_import_without_tensorflow():
   """Programs check --dataset against the registry before TensorFlow starts."""
-  code = ('import sys, data; data.DATASETS; data.DatasetFormatError; '
+  code = ('import sys; from tff_algos import data; data.DATASETS; data.DatasetFormatError; '
           'from tff_algos.models import catalog; import tff_algos; '
           'assert "tensorflow" not in sys.modules, "TF imported"')
   subprocess.run([sys.executable, '-c', code], check=True, cwd=os.path.dirname(
