@@ -4,7 +4,7 @@ Imported as `tff_algos.data` only: the folder is `data/` in a checkout (linked a
 `tff_algos/data`) and `tff_algos/data` in the wheel. A top-level `data` would be a second copy
 of every class beside `tff_algos.data`'s (isinstance across them fails) and clashes with a
 user's own `data`, so importing it under that name raises ImportError.
-`tff_algos.data.client_data_inputs` turns a user's own TFF ClientData into our client inputs.
+`tff_algos.data.client_data_adapter` turns a user's own TFF ClientData into our client inputs.
 
 Public names are re-exported lazily (PEP 562): `from tff_algos.data import IidPartitioner`
 or `import tff_algos.data.partitioners` does not import TensorFlow, which the partition
@@ -34,8 +34,8 @@ _EXPORTS = {
         'QuantitySkewPartitioner', 'ClusterSkewPartitioner', 'CLUSTER_LAYOUTS',
         'PARTITIONERS', 'make_partitioner',
     ),
-    'tff_algos.data.client_inputs': ('client_input', 'sample_clients', 'round_inputs'),
-    'tff_algos.data.client_data_inputs': (
+    'tff_algos.data.round_sampling': ('client_input', 'sample_clients', 'round_inputs'),
+    'tff_algos.data.client_data_adapter': (
         'ClientDataInputs', 'ClientDataSource', 'ClientDataSourceIterator',
         'client_selection_fn', 'federated_data_source', 'load_client_ids',
     ),
@@ -50,10 +50,10 @@ _EXPORTS = {
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # static analysers and IDEs see the real names
-  from .client_data_inputs import (  # noqa: F401
+  from .client_data_adapter import (  # noqa: F401
       ClientDataInputs, ClientDataSource, ClientDataSourceIterator, client_selection_fn,
       federated_data_source, load_client_ids)
-  from .client_inputs import client_input, round_inputs, sample_clients  # noqa: F401
+  from .round_sampling import client_input, round_inputs, sample_clients  # noqa: F401
   from .datasets import (  # noqa: F401
       ArrayClientData, ArrayDataset, FederatedDataset, federate, held_out_count,
       hold_out_client_test)

@@ -56,7 +56,7 @@ def test_importing_partitioners_does_not_import_tensorflow():
   # Imported above; the partition explorer relies on staying light.
   assert 'tff_algos.data.partitioners' in sys.modules
   code = ('import sys; sys.path.insert(0, %r); import tff_algos.data.partitioners, '
-          'tff_algos.data.client_inputs; from tff_algos.data import IidPartitioner; '
+          'tff_algos.data.round_sampling; from tff_algos.data import IidPartitioner; '
           'assert "tensorflow" not in sys.modules, "TF imported"' %
           os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import subprocess
