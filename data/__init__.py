@@ -28,8 +28,9 @@ from .. import execution as _execution  # noqa: E402,F401
 from .._lazy_exports import lazy_exports  # noqa: E402
 
 _EXPORTS = {
+    'tff_algos.data.partition': ('Partition',),
     'tff_algos.data.partitioners': (
-        'PartitionError', 'Partition', 'Partitioner', 'IidPartitioner',
+        'PartitionError', 'Partitioner', 'IidPartitioner',
         'DirichletPartitioner', 'ShardPartitioner', 'ClassesPerClientPartitioner',
         'QuantitySkewPartitioner', 'ClusterSkewPartitioner', 'CLUSTER_LAYOUTS',
         'PARTITIONERS', 'make_partitioner',
@@ -41,11 +42,13 @@ _EXPORTS = {
     ),
     'tff_algos.data.datasets': ('ArrayDataset', 'ArrayClientData', 'FederatedDataset', 'federate',
                                 'hold_out_client_test', 'held_out_count'),
+    'tff_algos.data.errors': ('DatasetNotFoundError', 'DatasetFormatError'),
     'tff_algos.data.loaders': (
-        'DatasetNotFoundError', 'DatasetFormatError', 'FASHION_MNIST_DIR', 'read_idx', 'load_fashion_mnist',
-        'load_digits', 'TFDS_NAMES', 'load_tfds', 'load_tff_emnist', 'load_tff_shakespeare',
-        'LEAF_LETTERS', 'load_leaf', 'DATASETS', 'NATURALLY_FEDERATED', 'load_dataset',
+        'FASHION_MNIST_DIR', 'read_idx', 'load_fashion_mnist', 'load_digits', 'TFDS_NAMES',
+        'load_tfds', 'load_tff_emnist', 'load_tff_shakespeare', 'DATASETS', 'NATURALLY_FEDERATED',
+        'load_dataset',
     ),
+    'tff_algos.data.leaf': ('LEAF_LETTERS', 'load_leaf'),
 }
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS)
 
@@ -57,11 +60,13 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
   from .datasets import (  # noqa: F401
       ArrayClientData, ArrayDataset, FederatedDataset, federate, held_out_count,
       hold_out_client_test)
+  from .errors import DatasetFormatError, DatasetNotFoundError  # noqa: F401
+  from .leaf import LEAF_LETTERS, load_leaf  # noqa: F401
   from .loaders import (  # noqa: F401
-      DATASETS, FASHION_MNIST_DIR, LEAF_LETTERS, NATURALLY_FEDERATED, TFDS_NAMES,
-      DatasetFormatError, DatasetNotFoundError, load_dataset, load_digits, load_fashion_mnist, load_leaf,
-      load_tfds, load_tff_emnist, load_tff_shakespeare, read_idx)
+      DATASETS, FASHION_MNIST_DIR, NATURALLY_FEDERATED, TFDS_NAMES, load_dataset, load_digits,
+      load_fashion_mnist, load_tfds, load_tff_emnist, load_tff_shakespeare, read_idx)
+  from .partition import Partition  # noqa: F401
   from .partitioners import (  # noqa: F401
       CLUSTER_LAYOUTS, PARTITIONERS, ClassesPerClientPartitioner, ClusterSkewPartitioner,
-      DirichletPartitioner, IidPartitioner, Partition, PartitionError, Partitioner,
+      DirichletPartitioner, IidPartitioner, PartitionError, Partitioner,
       QuantitySkewPartitioner, ShardPartitioner, make_partitioner)
