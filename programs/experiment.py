@@ -860,26 +860,11 @@ _NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'eval_last', 'root_output_dir', 'ex
                      'progress', 'resident_state', 'checkpoint_every', 'blown_up_rounds')
 
 
-def _load_checkpoint(loop, manager, program_state, method: methods.Method, log):
-  """The latest checkpoint, loaded as `program_state`'s structure or, failing that, in one
-  of the method's older layouts (`Method.legacy_state`, newest first) and upgraded; raises
-  the first error if none matches."""
-  try:
-    restored, _ = loop.run_until_complete(manager.load_latest(program_state))
-    return restored
-  except Exception as error:  # pylint: disable=broad-except
-    first = error
-  for to_legacy, upgrade in ((methods.named_function(a), methods.named_function(b))
-                             for a, b in method.legacy_state):
-    legacy = collections.OrderedDict(program_state, state=to_legacy(program_state['state']))
-    try:
-      restored, _ = loop.run_until_complete(manager.load_latest(legacy))
-    except Exception:  # pylint: disable=broad-except
-      continue
-    log(f'the checkpoint holds an earlier {method.name} version\'s state layout; upgraded it '
-        f'({upgrade.__module__}.{upgrade.__name__})')
-    return collections.OrderedDict(restored, state=upgrade(restored['state']))
-  raise first
+def _load_checkpoint(loop, manager, program_state):
+  """The latest checkpoint, loaded as `program_state`'s structure; raises if it does not
+  match."""
+  restored, _ = loop.run_until_complete(manager.load_latest(program_state))
+  return restored
 
 
 def _build_key(c: ExperimentConfig, fed, num_clients: int) -> str:
@@ -1013,8 +998,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   _remove_unfinished_checkpoints(ckpt_dir)
   if start_round:
     try:
-      restored = _load_checkpoint(loop, manager, program_state, methods.METHODS[c.algorithm],
-                                  log)
+      restored = _load_checkpoint(loop, manager, program_state)
     except Exception as e:  # pylint: disable=broad-except
       raise ExperimentError(
           f'cannot resume {exp_dir}: its checkpoint does not match this program\'s state '

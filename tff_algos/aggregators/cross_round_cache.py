@@ -29,8 +29,6 @@ holds the state it passes in, so writing into one stacked [N, K, D] tensor would
 and copy the whole cache every round (and TFF's worker kept every round's copy alive
 until `tff_algos.ResidentProcess` came to detach each round's state); a `tf.cond` per chunk
 passes every chunk without an upload through untouched, so a round writes O(P·G·K·D) bytes.
-A checkpoint of the earlier stacked layout is loaded with `with_stacked_cache` and upgraded
-with `with_chunked_cache`.
 
 **Precision**: eq. 8's divergence is a small difference of large sums of squares (‖w‖² ≫
 the spread of the models), so it is evaluated on the models measured from the round's mean
@@ -50,8 +48,7 @@ new `selected_sum` adds the uploaders' new selections back; the global model is
 partial sum (≤ M·max|w|), so after U updates the mean is off by at most about
 U·2⁻⁵³·max|w| (1e-10·max|w| at U = 10⁶), far below float32's resolution of the result,
 where a float32 sum would drift by up to U·6e-8·max|w|. Nothing is O(N·K·D): what grows
-with N is O(N·K) bookkeeping and one `tf.cond` per chunk (`push_and_read`). A state saved
-before `selected_sum` existed gets it once from the cache (`add_selected_sum`).
+with N is O(N·K) bookkeeping and one `tf.cond` per chunk (`push_and_read`).
 
 One `next(state, value@CLIENTS, weight@CLIENTS)`:
 
@@ -179,7 +176,7 @@ def unflat(vector, like):
 def stacked_cache(cache, like):
   """The chunked cache (a list of [G_c, K, D] tensors) as a ModelWeights of NumPy [N, K, ...]
   arrays shaped like the model `like` (e.g. the state's `selected_sum`): client n's ring slot
-  j at [n, j] (tests, benchmarks, checkpoints of the earlier layout)."""
+  j at [n, j] (tests and benchmarks)."""
   flat = np.concatenate([np.asarray(c) for c in cache])
   n, k = flat.shape[:2]
   shapes = [np.shape(t) for t in tf.nest.flatten(like)]
@@ -249,8 +246,7 @@ def selected_sum_from_cache(cache, count, selected):
   """Σ over cached clients (count > 0) of cache[n, selected[n]], from scratch, in float64.
 
   NumPy, O(N·D) time and O(D) extra memory (one client's model at a time): what the running
-  `selected_sum` replaces each round; used once for a state saved without it
-  (`add_selected_sum`) and by benchmarks and tests as the reference. `cache` is a
+  `selected_sum` replaces each round; benchmarks and tests use it as the reference. `cache` is a
   ModelWeights of [N, K, ...] (`stacked_cache` of the state's chunks).
   Returns a ModelWeights (like `cache`) of float64 arrays with the model's shapes.
   """
@@ -265,46 +261,6 @@ def selected_sum_from_cache(cache, count, selected):
     return total
 
   return tf.nest.map_structure(one, cache)
-
-
-def add_selected_sum(state):
-  """An aggregator state saved before `selected_sum` existed, with it recomputed once from
-  the cache (NumPy values in, the current layout's field order out)."""
-  if 'selected_sum' in state:
-    return state
-  out = collections.OrderedDict()
-  for key, value in state.items():
-    out[key] = value
-    if key == 'selected':
-      out['selected_sum'] = selected_sum_from_cache(state['cache'], state['count'], value)
-  return out
-
-
-def without_selected_sum(state):
-  """The layout of a state saved before `selected_sum` existed (a structure to load such a
-  checkpoint with, then `add_selected_sum`)."""
-  return collections.OrderedDict((k, v) for k, v in state.items() if k != 'selected_sum')
-
-
-def with_stacked_cache(state):
-  """The layout of a state saved before the cache was chunked (one ModelWeights of
-  [N, K, ...]): a structure to load such a checkpoint with, then `with_chunked_cache`."""
-  return collections.OrderedDict(state, cache=stacked_cache(state['cache'],
-                                                            state['selected_sum']))
-
-
-def with_chunked_cache(state):
-  """A state loaded with one stacked cache, in the chunked layout the process builds
-  (`chunk_clients` of its N, K, D and dtype); a chunked state is returned as it is."""
-  stacked = state['cache']
-  if isinstance(stacked, list):   # already chunks (a stacked cache is a ModelWeights)
-    return state
-  tensors = [np.asarray(t) for t in tf.nest.flatten(stacked)]
-  n, k = tensors[0].shape[:2]
-  d = sum(int(np.prod(t.shape[2:])) for t in tensors)
-  dtype = tf.as_dtype(tensors[0].dtype).name
-  return collections.OrderedDict(
-      state, cache=chunked_cache(stacked, chunk_clients(n, k, d, dtype)))
 
 
 def push_and_read(cache, valid, clients, ring, previous, uploads, candidate_ages):
