@@ -59,7 +59,7 @@ def effective_participants(weights) -> float:
 
 def concentration(rule, rounds=ROUNDS, seed=0):
   """(mean effective participants, share of rounds whose largest weight > HEAVY)."""
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   eff, top = [], []
   for r in range(1, rounds + 1):
     w = rule(data.sample_clients(NUM_CLIENTS, PER_ROUND, r, seed))
@@ -115,7 +115,7 @@ def kd_to_cross_entropy(rows) -> float:
 
 
 def _expected_lines() -> list:
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   labels = data.load_fashion_mnist().y_train
   lines = ['## The weights a round would use, with the true clusters', '',
            f'Over rounds 1-{ROUNDS} of seed 0\'s sampling. Effective participants = 1/Σp² of '
@@ -237,7 +237,7 @@ def sampled_together(true_clusters, rounds: int, seed: int) -> tuple:
   other member of its true cluster, or NaN; [share of same-cluster pairs sampled together
   by round r] for r = 1..rounds) under the program's own client sampling. CADIS's Q-matrix
   holds a pair only once the two were sampled together."""
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   clusters = np.asarray(true_clusters)
   same = (clusters[:, None] == clusters[None, :]) & ~np.eye(clusters.size, dtype=bool)
   met = np.zeros_like(same)
@@ -255,7 +255,7 @@ def _compared_lines(runs: dict) -> list:
   """Per seed: how soon every client was sampled with a cluster-mate and how many
   same-cluster pairs were sampled together, beside the clusters each CADIS variant learned;
   then the tuning runs' clusters per client rate (one seed, the same sampling)."""
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   cadis_runs = [run for run, seeds in runs.items() if seeds and
                 all('aggregator/num_clusters' in r[0] for r in seeds.values())]
   seeds = sorted({s for run in cadis_runs for s in runs[run]})
@@ -321,7 +321,7 @@ def _tuning_cluster_lines() -> list:
 
 def true_clusters(seed: int, labels) -> np.ndarray:
   """The true clusters of the program's MC partition of `seed` (what every run of it used)."""
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   return np.asarray(data.ClusterSkewPartitioner(NUM_CLIENTS, 'mc', seed=seed)
                     .partition(labels).true_clusters)
 
@@ -342,7 +342,7 @@ def record_similarity(checkpoints, out_dir: str = SIMILARITY) -> list:
   """Adds each checkpoint's Q, F and τ to out_dir/<run>_s<seed>.npz (beside the snapshots
   already there; run and seed from the path <run>_s<seed>/[checkpoints/]program_state_N),
   with the seed's true clusters. Returns the files written."""
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   snaps = {}
   for path in checkpoints:
     parent = os.path.dirname(os.path.abspath(path))

@@ -91,7 +91,7 @@ def main(argv):
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   from tff_algos import evaluation, execution, models  # pylint: disable=g-import-not-at-top
   from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
   from tff_algos.fedcda import build_fedcda  # pylint: disable=g-import-not-at-top

@@ -468,7 +468,7 @@ def adam_steps(seed: int) -> dict:
   makes before round 1, recomputed) and what it does to round 1's client steps from w_0:
   each participant's first step and one-epoch update under client Adam at the suite's
   rates, guided over unguided (norm ratio, cosine), beside the SGD step's ratio |G*g|/|g|."""
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   from tff_algos import execution, fedlex  # pylint: disable=g-import-not-at-top
   from tff_algos.models import model_fns, zoo  # pylint: disable=g-import-not-at-top
   execution.initialize_runtime()

@@ -62,7 +62,7 @@ def measure(suite: str, prox_run: str, avg_run: str) -> dict:
   import dataclasses  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   avg_c, prox_c = _config(suite, avg_run), _config(suite, prox_run)
   # Only the algorithm and μ may differ: the measurement is of the proximal term alone.
   differing = {k for k, v in dataclasses.asdict(avg_c).items()

@@ -19,7 +19,7 @@ def build_method(name, model_fn, num_clients, batch, lr, seed):
 
 
 def load_data(name):
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   if name == 'fashion_mnist':
     try:
       return data.load_fashion_mnist()

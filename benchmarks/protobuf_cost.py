@@ -59,7 +59,7 @@ def measure(method: str) -> dict:
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from absl import logging  # pylint: disable=g-import-not-at-top
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   from benchmarks import method_builds  # pylint: disable=g-import-not-at-top
   from tff_algos import baselines, execution, models  # pylint: disable=g-import-not-at-top
   logging.set_verbosity(logging.WARNING)

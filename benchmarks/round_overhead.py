@@ -125,7 +125,7 @@ def main(argv):
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   execution.initialize_runtime(max_concurrent_computation_calls=_MAX_CALLS.value)
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   from tff_algos import baselines  # pylint: disable=g-import-not-at-top
   from tff_algos import models  # pylint: disable=g-import-not-at-top
 

@@ -308,7 +308,7 @@ def main(argv):
     return
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   execution.initialize_runtime()
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
   from tff_algos import models  # pylint: disable=g-import-not-at-top
   from tff_algos import resident_state  # pylint: disable=g-import-not-at-top

@@ -41,7 +41,7 @@ def _worker_rss_gb(execution) -> float:
 
 
 def _one_variant(variant: str, rounds: int) -> list:
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   from tff_algos import resident_state  # pylint: disable=g-import-not-at-top

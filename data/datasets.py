@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from .partitioners import Partition, Partitioner
+from .partition import Partition
+from .partitioners import Partitioner
 
 __all__ = ['ArrayDataset', 'ArrayClientData', 'FederatedDataset', 'federate',
            'hold_out_client_test', 'held_out_count']
@@ -215,6 +216,13 @@ class FederatedDataset:
 
   def client_sizes(self) -> np.ndarray:
     return self.client_data.sizes()
+
+
+def client_slices(x: np.ndarray, y: np.ndarray, sizes: Sequence[int]) -> list:
+  """A naturally federated dataset's `client_test`: (x, y) views of consecutive rows of its
+  central test set, client n's being the `sizes[n]` after the clients before it."""
+  ends = np.cumsum(sizes, dtype=np.int64)
+  return [(x[end - size:end], y[end - size:end]) for end, size in zip(ends, sizes)]
 
 
 def federate(dataset: ArrayDataset, partitioner: Partitioner) -> FederatedDataset:

@@ -266,8 +266,8 @@ def validate(config: ExperimentConfig) -> None:
 
   Imports neither TensorFlow nor TFF (a flag error costs no TF start-up).
   """
-  import data  # pylint: disable=g-import-not-at-top
-  from data import partitioners  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  from tff_algos.data import partitioners  # pylint: disable=g-import-not-at-top
   from tff_algos.models import catalog  # pylint: disable=g-import-not-at-top
   c = config
   if c.algorithm not in ALGORITHMS:
@@ -385,7 +385,7 @@ def _check_state_crosses(c: ExperimentConfig, process, resident: bool) -> None:
 
 def load_federated_data(c: ExperimentConfig):
   """The FederatedDataset of the config (loaders and partitioners from data/)."""
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   try:
     loaded = data.load_dataset(c.dataset, c.data_dir)
   except (data.DatasetNotFoundError, data.DatasetFormatError) as e:
@@ -457,7 +457,7 @@ def with_client_test(c: ExperimentConfig, fed, num_clients: int):
   clients train on all their training data; any other holds --client_test_fraction of each
   client's examples out of training (`data.hold_out_client_test`, seeded by --seed).
   """
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   if not c.client_test_fraction:
     return fed, None
   if fed.client_test is None:
@@ -860,26 +860,11 @@ _NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'eval_last', 'root_output_dir', 'ex
                      'progress', 'resident_state', 'checkpoint_every', 'blown_up_rounds')
 
 
-def _load_checkpoint(loop, manager, program_state, method: methods.Method, log):
-  """The latest checkpoint, loaded as `program_state`'s structure or, failing that, in one
-  of the method's older layouts (`Method.legacy_state`, newest first) and upgraded; raises
-  the first error if none matches."""
-  try:
-    restored, _ = loop.run_until_complete(manager.load_latest(program_state))
-    return restored
-  except Exception as error:  # pylint: disable=broad-except
-    first = error
-  for to_legacy, upgrade in ((methods.named_function(a), methods.named_function(b))
-                             for a, b in method.legacy_state):
-    legacy = collections.OrderedDict(program_state, state=to_legacy(program_state['state']))
-    try:
-      restored, _ = loop.run_until_complete(manager.load_latest(legacy))
-    except Exception:  # pylint: disable=broad-except
-      continue
-    log(f'the checkpoint holds an earlier {method.name} version\'s state layout; upgraded it '
-        f'({upgrade.__module__}.{upgrade.__name__})')
-    return collections.OrderedDict(restored, state=upgrade(restored['state']))
-  raise first
+def _load_checkpoint(loop, manager, program_state):
+  """The latest checkpoint, loaded as `program_state`'s structure; raises if it does not
+  match."""
+  restored, _ = loop.run_until_complete(manager.load_latest(program_state))
+  return restored
 
 
 def _build_key(c: ExperimentConfig, fed, num_clients: int) -> str:
@@ -970,7 +955,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
     raise ExperimentError(str(e)) from None
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
 
   exp_dir = c.experiment_dir
   ckpt_dir = os.path.join(exp_dir, 'checkpoints')
@@ -1013,8 +998,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   _remove_unfinished_checkpoints(ckpt_dir)
   if start_round:
     try:
-      restored = _load_checkpoint(loop, manager, program_state, methods.METHODS[c.algorithm],
-                                  log)
+      restored = _load_checkpoint(loop, manager, program_state)
     except Exception as e:  # pylint: disable=broad-except
       raise ExperimentError(
           f'cannot resume {exp_dir}: its checkpoint does not match this program\'s state '
@@ -1283,7 +1267,7 @@ def _fedlex_initial_state(c: ExperimentConfig, fed, process, exploration, explor
 
 def _explore(c: ExperimentConfig, fed, process, exploration, explorers, state, round_num):
   """Runs FedLEx exploration on `explorers` from the state's global model."""
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
   if len(explorers) == 0:
     return fedlex.refresh_guidance(process, exploration, state, [])

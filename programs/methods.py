@@ -110,10 +110,7 @@ class Method:
   types the builder raises for impossible settings, reported as `error_prefix + str(e)`.
   `note(config)`: a line the program prints before training (a valid but noteworthy
   setting), or None. `summary(run)`: the method's own entries of summary.json from the
-  finished run (a `RunRecord`). `legacy_state`: for each state layout an earlier version
-  checkpointed (newest first), a pair ('module:function', 'module:function'): the first maps
-  the current state to the old layout (the structure to load with), the second upgrades a
-  state loaded that way.
+  finished run (a `RunRecord`).
   `guided`: the method is a plug-in preset, guided whatever --guided says (fedlex_*).
   `local_steps`: False for FedSGD's one gradient (no KD there).
   """
@@ -127,7 +124,6 @@ class Method:
   error_prefix: str = ''
   note: Callable[[Any], Optional[str]] = lambda c: None
   summary: Callable[[Any], dict] = lambda run: {}
-  legacy_state: tuple = ()
   guided: bool = False
   local_steps: bool = True
 
@@ -527,12 +523,7 @@ METHODS = {m.name: m for m in (
            lambda c, i: (_head(c, i) + (i.num_clients, c.clients_per_round),
                          dict(seed=c.seed)),
            flags=FEDCDA_FLAGS, check=_fedcda_check, errors=(ValueError,),
-           note=_fedcda_note, summary=_fedcda_summary,
-           # checkpoints from before the aggregator kept its running selected_sum
-           legacy_state=(('tff_algos.fedcda:stacked_cache_structure',
-                          'tff_algos.fedcda:upgrade_stacked_cache'),
-                         ('tff_algos.fedcda:legacy_state_structure',
-                          'tff_algos.fedcda:upgrade_legacy_state'))),
+           note=_fedcda_note, summary=_fedcda_summary),
     Method('cadis', 'tff_algos.cadis:build_cadis',
            lambda c, i: (_head(c, i) + (i.num_clients,),
                          dict(clients_per_round=c.clients_per_round,

@@ -47,6 +47,11 @@ def process_alive(pid: int) -> bool:
     return False
 
 
+def leaf_femnist_user(rng, n):
+  """A LEAF FEMNIST user of n examples: 784 pixels each, labels in [0, 62)."""
+  return {'x': rng.random([n, 784]).round(3).tolist(), 'y': rng.integers(0, 62, n).tolist()}
+
+
 def write_leaf_json(path, user_data):
   """Writes `user_data` ({user: {'x': [...], 'y': [...]}}) as one LEAF JSON file."""
   os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -24,7 +24,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import data
+from tff_algos import data
 from tests import helpers
 from tff_algos import baselines
 from tff_algos import execution

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import data
+from tff_algos import data
 from tests import helpers
 from tff_algos import execution
 from tff_algos.aggregators import clustered_aggregation as cla

@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from data.datasets import (
+from tff_algos.data.datasets import (
     ArrayClientData, ArrayDataset, FederatedDataset, federate, hold_out_client_test)
-from data.partitioners import ClusterSkewPartitioner, DirichletPartitioner, IidPartitioner
+from tff_algos.data.partitioners import ClusterSkewPartitioner, DirichletPartitioner, IidPartitioner
 
 
 def _central(n_train=400, n_test=50):

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from data.partitioners import (
+from tff_algos.data.partitioners import (
     ClassesPerClientPartitioner,
     ClusterSkewPartitioner,
     DirichletPartitioner,
@@ -54,9 +54,9 @@ def _entropy(counts):
 
 def test_importing_partitioners_does_not_import_tensorflow():
   # Imported above; the partition explorer relies on staying light.
-  assert 'data.partitioners' in sys.modules
-  code = ('import sys; sys.path.insert(0, %r); import data.partitioners, data.client_inputs; '
-          'from data import IidPartitioner; '
+  assert 'tff_algos.data.partitioners' in sys.modules
+  code = ('import sys; sys.path.insert(0, %r); import tff_algos.data.partitioners, '
+          'tff_algos.data.round_sampling; from tff_algos.data import IidPartitioner; '
           'assert "tensorflow" not in sys.modules, "TF imported"' %
           os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import subprocess

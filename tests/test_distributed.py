@@ -25,7 +25,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import data
+from tff_algos import data
 from programs import experiment
 from tests import helpers
 import tff_algos

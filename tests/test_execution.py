@@ -154,11 +154,11 @@ def test_values_held_at_exit_end_without_a_traceback():
 
 
 def test_data_alone_through_tff_ends_without_a_traceback():
-  """`data` used without anything else of tff_algos (e.g. a notebook that only partitions and
-  federates a data set) still gets the exit hook: TFF's ServiceManager would otherwise try
-  to stop its worker when `subprocess` is already gone and print a traceback."""
-  script = ('import data\n'
-            'from data import datasets\n'
+  """`tff_algos.data` used without anything else of tff_algos (e.g. a notebook that only
+  partitions and federates a data set) still gets the exit hook: TFF's ServiceManager would
+  otherwise try to stop its worker when `subprocess` is already gone and print a traceback."""
+  script = ('from tff_algos import data\n'
+            'from tff_algos.data import datasets\n'
             'import sys\n'
             'print("tff_algos.execution" in sys.modules, flush=True)\n')
   result = subprocess.run([sys.executable, '-c', script], env=_env(), capture_output=True,

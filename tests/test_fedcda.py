@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import data
+from tff_algos import data
 from tests import helpers
 from tff_algos import aggregators, execution
 from tff_algos.aggregators import cross_round_cache as crc

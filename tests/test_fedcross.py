@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import data
+from tff_algos import data
 from tests import helpers
 from tff_algos import execution
 from tff_algos.aggregators import cross_aggregation as ca
@@ -454,7 +454,7 @@ def test_one_model_down_and_one_up_per_client(process5):
   assert uploaded[0]['model'].is_equivalent_to(weights_type)  # one model up per client
   assert uploaded[0]['slot'].dtype == np.int32
   acc = aggregates[0].parameter[1]
-  # O(K·D) accumulator: K separate rows of one model each (server_state.put_row), typed
+  # O(K·D) accumulator: K separate rows of one model each (accumulate_then_step.put_row), typed
   # with open sizes (they start empty: the zero accumulator TFF serialises holds no model)
   assert len(acc['models']) == 5
   assert all(row.is_assignable_from(weights_type) and not row.is_equivalent_to(weights_type)

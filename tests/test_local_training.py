@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import data
+from tff_algos import data
 from tff_algos import baselines
 from tff_algos import execution
 from tff_algos import models

@@ -682,7 +682,7 @@ def test_loop_flags(loop_run):
 
 def test_fedlex_exploration_and_refresh_flags(loop_run):
   """--fedlex_explorer_fraction, --fedlex_exploration_epochs, --fedlex_refresh."""
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   config, summary, rows, _, _ = loop_run
   explorers = experiment.fedlex_explorers(config, config.num_clients)
   assert len(explorers) == 3
@@ -700,7 +700,7 @@ def test_fedlex_exploration_and_refresh_flags(loop_run):
 def test_client_flags_and_costs_in_the_run(loop_run):
   """--num_clients, --clients_per_round and --seed choose each round's clients, which train
   --local_epochs epochs each; the costs in summary.json are what they counted."""
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   config, summary, rows, _, _ = loop_run
   fed = experiment.load_federated_data(config)
   for row in rows:

@@ -19,7 +19,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import pytest
 import tensorflow_federated as tff
 
-import data
+from tff_algos import data
 import tff_algos
 from tff_algos import execution
 from tff_algos import models

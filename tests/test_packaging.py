@@ -51,7 +51,7 @@ def run_outside(code, target, cwd):
 
 def test_wheel_holds_the_data_layer_under_tff_algos(installed, tmp_path):
   assert set(os.listdir(installed / 'tff_algos' / 'data')) >= {
-      '__init__.py', 'client_data_inputs.py', 'client_inputs.py', 'datasets.py',
+      '__init__.py', 'client_data_adapter.py', 'round_sampling.py', 'datasets.py',
       'loaders.py', 'partitioners.py'}
   assert not (installed / 'data').exists()  # no clash-prone top-level `data`
   out = run_outside(
@@ -61,7 +61,7 @@ def test_wheel_holds_the_data_layer_under_tff_algos(installed, tmp_path):
   assert out.returncode == 0, out.stderr
   path, module, top_level = out.stdout.split()
   assert path.startswith(str(installed))
-  assert module == 'tff_algos.data.client_data_inputs' and top_level == 'False'
+  assert module == 'tff_algos.data.client_data_adapter' and top_level == 'False'
 
 
 def test_readme_example_runs_outside_the_checkout(installed, tmp_path):

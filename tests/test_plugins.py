@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import data
+from tff_algos import data
 import tff_algos
 from programs import experiment
 from tff_algos import execution

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import data
+from tff_algos import data
 from programs import experiment
 from tests import helpers
 from tff_algos import execution

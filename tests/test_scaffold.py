@@ -21,7 +21,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import data
+from tff_algos import data
 import tff_algos
 from tff_algos import execution
 from tff_algos import models

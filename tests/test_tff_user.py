@@ -25,8 +25,8 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
-import data
-from data import client_data_inputs as cdi
+from tff_algos import data
+from tff_algos.data import client_data_adapter as cdi
 from tests import helpers
 import tff_algos
 from tff_algos import evaluation as central_evaluation

@@ -436,7 +436,7 @@ def test_client_test_fraction_holds_out_examples_and_evaluates_every_client(tmp_
   written whenever the test set is evaluated, and a resume with the flag unchanged goes on."""
   import csv  # pylint: disable=g-import-not-at-top
   import json  # pylint: disable=g-import-not-at-top
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   args = [*BASE, '--client_test_fraction=0.2', '--eval_every=2', '--eval_last=0',
           f'--root_output_dir={tmp_path}', '--experiment_name=c']
   first = _run([*args, '--rounds=2'], timeout=600)

@@ -152,7 +152,7 @@ def test_mismatched_values_raise_tffs_error(value, type_spec):
 def test_a_process_round_is_unchanged_by_the_serializer():
   """The same FedAvg round through TFF's serializer and through ours: identical weights."""
   from tff_algos import baselines, models  # pylint: disable=g-import-not-at-top
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   ds = data.load_digits()
   model_fn = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
   process = baselines.build_fedavg(model_fn, tff.learning.optimizers.build_sgdm(0.1), 16)

@@ -24,32 +24,6 @@ from tff_algos.models import model_fns
 SELECTIONS = cross_round_cache.SELECTIONS
 
 
-def stacked_cache_structure(state: tff.learning.templates.LearningAlgorithmState):
-  """`state` (this process's) in the layout FedCDA states had before the cache was chunked
-  (one [N, K, ...] tensor per model weight): the structure to load such a checkpoint with."""
-  return state._replace(aggregator=cross_round_cache.with_stacked_cache(state.aggregator))
-
-
-def upgrade_stacked_cache(state: tff.learning.templates.LearningAlgorithmState):
-  """A state loaded in that layout, with its cache split into the current chunks."""
-  return state._replace(aggregator=cross_round_cache.with_chunked_cache(state.aggregator))
-
-
-def legacy_state_structure(state: tff.learning.templates.LearningAlgorithmState):
-  """`state` (this process's) in the layout FedCDA states had before the aggregator kept the
-  running `selected_sum` (and before the cache was chunked): the structure to load such a
-  checkpoint with."""
-  return state._replace(aggregator=cross_round_cache.without_selected_sum(
-      cross_round_cache.with_stacked_cache(state.aggregator)))
-
-
-def upgrade_legacy_state(state: tff.learning.templates.LearningAlgorithmState):
-  """A state loaded in that oldest layout, with `selected_sum` recomputed once from its
-  cache and the cache chunked (the run then continues as if it had always kept both)."""
-  return state._replace(aggregator=cross_round_cache.with_chunked_cache(
-      cross_round_cache.add_selected_sum(state.aggregator)))
-
-
 def build_fedcda(
     model_fn: Callable[[], tff.learning.models.VariableModel],
     client_optimizer_fn: tff.learning.optimizers.Optimizer,

@@ -22,7 +22,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos import learning_process
-from tff_algos.aggregators import cross_aggregation, factories, server_state
+from tff_algos.aggregators import accumulate_then_step, cross_aggregation, factories
 from tff_algos.client_work import local_training, model_delta, model_upload
 from tff_algos.models import model_fns
 
@@ -128,9 +128,9 @@ def build_fedcross(
       tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(state, client_data):
     agg_state = state.aggregator
-    weights_at_clients = server_state.federated_select_rows(
+    weights_at_clients = accumulate_then_step.federated_select_rows(
         tff.federated_map(slot_of, client_data), agg_state.models,
-        lambda key: server_state.checked_slot(key, k, 'num_models'))
+        lambda key: accumulate_then_step.checked_slot(key, k, 'num_models'))
     client_out = client_work.next(state.client_work, weights_at_clients, client_data)
     agg_out = aggregator.next(agg_state, client_out.result.update,
                               client_out.result.update_weight)

@@ -4,7 +4,7 @@ Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Lea
 2020, Algorithm 1 with option II control variates. The rule: docs/algorithms.md#scaffold.
 
 Composed from TFF's templates: x and c are broadcast and each client's c_i is sent to it alone
-by `tff.federated_select` (`server_state.federated_select_rows`); the clients run
+by `tff.federated_select` (`accumulate_then_step.federated_select_rows`); the clients run
 `tff_algos.client_work.corrected_training`; `tff_algos.aggregators.control_variates` keeps c
 and every c_i (4·N·D bytes, refused above `max_control_gib`) and returns the mean model
 delta, which TFF's apply-optimizer finalizer applies with server SGD at eta_g
@@ -21,7 +21,7 @@ from typing import Callable, Optional
 import tensorflow_federated as tff
 
 from tff_algos import learning_process
-from tff_algos.aggregators import control_variates, factories, server_state
+from tff_algos.aggregators import accumulate_then_step, control_variates, factories
 from tff_algos.client_work import corrected_training, local_training, model_delta
 from tff_algos.models import model_fns
 
@@ -130,9 +130,9 @@ def build_scaffold(
       tff.FederatedType(data_type, tff.CLIENTS))
   def next_fn(state, client_data):
     controls = state.aggregator
-    client_control = server_state.federated_select_rows(
+    client_control = accumulate_then_step.federated_select_rows(
         tff.federated_map(index_of, client_data), controls.client_controls,
-        lambda key: server_state.checked_client_index(key, n))
+        lambda key: accumulate_then_step.checked_client_index(key, n))
     received = tff.federated_map(pack, (
         tff.federated_broadcast(state.global_model_weights),
         tff.federated_broadcast(controls.server_control), client_control))

@@ -242,7 +242,7 @@ def test_cadis_record_similarity_reads_checkpoints_and_keeps_snapshots(tmp_path,
   variable name (here SavedModels with the program state's layout), adds them to
   <run>_s<seed>.npz beside the snapshots there, in round order, with the seed's clusters;
   a directory that is not a checkpoint is one error line."""
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(10)
 
@@ -285,7 +285,7 @@ def test_cadis_record_similarity_reads_checkpoints_and_keeps_snapshots(tmp_path,
 def test_cadis_diagnosis_sampled_together_against_sets():
   """Which same-cluster pairs the program's sampling put in one round, against a plain set
   walk over the sampled rounds, on random clusters of 30 clients."""
-  import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(11)
   for seed, rounds in ((0, 12), (7, 30)):
     clusters = rng.integers(0, 4, 30)

@@ -24,8 +24,9 @@ def test_select_both_ways_unscaled_is_the_rounds_selection(seed):
       cache=[tf.constant(cache)], losses=tf.constant(losses),
       sq_norms=tf.constant(np.sum(cache.astype(np.float64) ** 2, axis=2)),
       count=tf.constant(count), selected=tf.constant(selected),
+      # the running sum of the selected models, from the cache
+      selected_sum=crc.selected_sum_from_cache([cache], count, selected),
       round_num=tf.constant(10, tf.int32))
-  state = crc.add_selected_sum(state)   # the running sum of the selected models, from the cache
   uploaders = np.sort(rng.choice(n, p, replace=False)).astype(np.int32)
   acc = collections.OrderedDict(
       models=[tf.constant(rng.normal(size=[p, d]).astype(np.float32))],

@@ -56,7 +56,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.aggregators import cross_aggregation, factories, server_state
+from tff_algos.aggregators import accumulate_then_step as server_state
+from tff_algos.aggregators import cross_aggregation, factories
 
 CLOSURES = ('two_hop', 'components', 'oracle')
 SIMILARITY_LAYERS = ('bias', 'kernel')

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.aggregators import server_state
+from tff_algos.aggregators import accumulate_then_step
 from tff_algos.client_work import corrected_training
 
 
@@ -42,7 +42,8 @@ def control_round(state, acc, num_clients: int):
   """
   n = num_clients
   valid = acc['valid'] > 0.0
-  writers = server_state.checked_distinct_clients(tf.boolean_mask(acc['client_index'], valid))
+  writers = accumulate_then_step.checked_distinct_clients(
+      tf.boolean_mask(acc['client_index'], valid))
   rows = tf.expand_dims(writers, 1)
   deltas = [tf.boolean_mask(d, valid) for d in acc['control_deltas']]
   client_controls = [tf.tensor_scatter_nd_add(c, rows, d)
@@ -96,8 +97,8 @@ def build_control_variate_aggregation(
     raise ValueError(f'clients_per_round ({clients_per_round}) must be <= num_clients '
                      f'({num_clients})')
   n, p = int(num_clients), int(clients_per_round)
-  d = server_state.num_weights(weights_type.trainable)
-  server_state.check_state_size(
+  d = accumulate_then_step.num_weights(weights_type.trainable)
+  accumulate_then_step.check_state_size(
       'the SCAFFOLD control-variate state', state_size_bytes(n, d), max_control_gib,
       f'4·N·D bytes: N={n} clients, D={d} trainable weights',
       'lower the number of clients, or raise max_control_gib (--scaffold_max_control_gib)')
@@ -120,33 +121,34 @@ def build_control_variate_aggregation(
     return collections.OrderedDict(
         model_delta_sum=zero_update(),
         weight_sum=tf.constant(0.0),
-        control_deltas=server_state.zero_rows(zeros(), p),
+        control_deltas=accumulate_then_step.zero_rows(zeros(), p),
         client_index=tf.zeros([p], tf.int32),
         valid=tf.zeros([p], tf.float32),
         received=tf.zeros([p], tf.float32))
 
   def accumulate(acc, value, weight):
-    slot = server_state.checked_slot(value['slot'], p)
+    slot = accumulate_then_step.checked_slot(value['slot'], p)
     ok = tf.cast(weight > 0.0, tf.float32)
     kept = weight * ok
     return collections.OrderedDict(
         model_delta_sum=tf.nest.map_structure(lambda s, v: s + kept * v,
                                               acc['model_delta_sum'], value['model_delta']),
         weight_sum=acc['weight_sum'] + kept,
-        control_deltas=server_state.put_row(acc['control_deltas'], slot,
-                                            [v * ok for v in value['control_delta']]),
-        client_index=server_state.scatter_row(acc['client_index'], slot,
-                                              value['client_index']),
-        valid=server_state.scatter_row(acc['valid'], slot, ok),
-        received=server_state.count_slot(acc['received'], slot))
+        control_deltas=accumulate_then_step.put_row(acc['control_deltas'], slot,
+                                                    [v * ok for v in value['control_delta']]),
+        client_index=accumulate_then_step.scatter_row(acc['client_index'], slot,
+                                                      value['client_index']),
+        valid=accumulate_then_step.scatter_row(acc['valid'], slot, ok),
+        received=accumulate_then_step.count_slot(acc['received'], slot))
 
   def server_step(state, acc):
-    acc = server_state.assert_distinct_slots(acc, p)
-    acc = server_state.assert_client_indices(acc, acc['client_index'], acc['valid'] > 0.0, n)
-    acc['control_deltas'] = server_state.stack_rows(acc['control_deltas'], zeros())
+    acc = accumulate_then_step.assert_distinct_slots(acc, p)
+    acc = accumulate_then_step.assert_client_indices(
+        acc, acc['client_index'], acc['valid'] > 0.0, n)
+    acc['control_deltas'] = accumulate_then_step.stack_rows(acc['control_deltas'], zeros())
     return control_round(state, acc, n)
 
-  return server_state.build_server_state_aggregation(
+  return accumulate_then_step.build_server_state_aggregation(
       corrected_training.upload_type(weights_type), tff.TensorType(np.float32),
       initial_state=initial_state, zero_accumulator=zero_accumulator, accumulate=accumulate,
       server_step=server_step)

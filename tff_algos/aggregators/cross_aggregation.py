@@ -6,7 +6,7 @@ open). The state holds the models as dense `[K, ...]` tensors per weight tensor 
 counter, so `tff.program` checkpoints them. `next(state, value@CLIENTS, weight@CLIENTS)`
 takes `client_work.model_upload`'s OrderedDict(client_index, slot, model, last_epoch_loss)
 (weight <= 0: a client that did not train), gathers the uploads keyed by slot into K rows
-(`server_state.put_row`, O(K·D) memory whatever the number of clients) and returns the mean
+(`accumulate_then_step.put_row`, O(K·D) memory whatever the number of clients) and returns the mean
 of the new models. Measurements: `similarity` [K, K], `collaborators` [K] (-1 = none),
 `alpha`, `propellers_used`, `eligible` [K].
 """
@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.aggregators import server_state
+from tff_algos.aggregators import accumulate_then_step
 from tff_algos.client_work import model_upload
 
 SELECTIONS = ('lowest_similarity', 'highest_similarity', 'in_order')
@@ -291,7 +291,7 @@ def build_cross_aggregation_process(
 
   def initial_state():
     if initial_weights_fn is None:
-      w = server_state.zero_model_weights(weights_type)
+      w = accumulate_then_step.zero_model_weights(weights_type)
     else:
       w = initial_weights_fn()
     return collections.OrderedDict(
@@ -299,27 +299,28 @@ def build_cross_aggregation_process(
 
   def zero_accumulator():
     return collections.OrderedDict(
-        models=server_state.zero_rows(server_state.zero_model_weights(weights_type), k),
+        models=accumulate_then_step.zero_rows(
+            accumulate_then_step.zero_model_weights(weights_type), k),
         received=tf.zeros([k], tf.float32),
         weight=tf.zeros([k], tf.float32))
 
   def accumulate(acc, value, weight):
-    slot = server_state.checked_slot(value['slot'], k, 'num_models')
+    slot = accumulate_then_step.checked_slot(value['slot'], k, 'num_models')
     return collections.OrderedDict(
-        models=server_state.put_row(acc['models'], slot, value['model']),
-        received=server_state.count_slot(acc['received'], slot),
-        weight=server_state.scatter_row(acc['weight'], slot, weight))
+        models=accumulate_then_step.put_row(acc['models'], slot, value['model']),
+        received=accumulate_then_step.count_slot(acc['received'], slot),
+        weight=accumulate_then_step.scatter_row(acc['weight'], slot, weight))
 
   def server_step(state, acc):
-    acc = server_state.assert_distinct_slots(acc, k)
+    acc = accumulate_then_step.assert_distinct_slots(acc, k)
     received = acc['received'] > 0.0
 
     def keep_missing(new, old):
       mask = tf.reshape(received, [-1] + [1] * (new.shape.rank - 1))
       return tf.where(mask, new, old)
 
-    stacked = server_state.stack_rows(acc['models'],
-                                      server_state.zero_model_weights(weights_type))
+    stacked = accumulate_then_step.stack_rows(acc['models'],
+                                              accumulate_then_step.zero_model_weights(weights_type))
     # Every slot uploads in a full round: skip the K·D pass that keeps missing ones.
     uploaded = tf.cond(
         tf.reduce_all(received), lambda: stacked,
@@ -332,7 +333,7 @@ def build_cross_aggregation_process(
                                         round_num=state['round_num'] + 1)
     return new_state, mean_model(new_models), measurements
 
-  return server_state.build_server_state_aggregation(
+  return accumulate_then_step.build_server_state_aggregation(
       value_type, weight_type, initial_state=initial_state,
       zero_accumulator=zero_accumulator, accumulate=accumulate, server_step=server_step)
 

@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.aggregators import server_state
+from tff_algos.aggregators import accumulate_then_step
 from tff_algos.client_work import model_upload
 
 SELECTIONS = ('batch_greedy', 'exact', 'newest', 'random')
@@ -64,7 +64,7 @@ MAX_COMBINATIONS = 1 << 20
 
 
 # D: the number of floats in one model (trainable and non-trainable).
-num_weights = server_state.num_weights
+num_weights = accumulate_then_step.num_weights
 
 
 def cache_size_bytes(num_clients: int, cache_size: int, num_params: int,
@@ -120,7 +120,7 @@ def unflat(vector, like):
 def stacked_cache(cache, like):
   """The chunked cache (a list of [G_c, K, D] tensors) as a ModelWeights of NumPy [N, K, ...]
   arrays shaped like the model `like` (e.g. the state's `selected_sum`): client n's ring slot
-  j at [n, j] (tests, benchmarks, checkpoints of the earlier layout)."""
+  j at [n, j] (tests and benchmarks)."""
   flat = np.concatenate([np.asarray(c) for c in cache])
   n, k = flat.shape[:2]
   shapes = [np.shape(t) for t in tf.nest.flatten(like)]
@@ -190,8 +190,7 @@ def selected_sum_from_cache(cache, count, selected):
   """Σ over cached clients (count > 0) of cache[n, selected[n]], from scratch, in float64.
 
   NumPy, O(N·D) time and O(D) extra memory (one client's model at a time): what the running
-  `selected_sum` replaces each round; used once for a state saved without it
-  (`add_selected_sum`) and by benchmarks and tests as the reference. `cache` is a
+  `selected_sum` replaces each round; benchmarks and tests use it as the reference. `cache` is a
   ModelWeights of [N, K, ...] (`stacked_cache` of the state's chunks).
   Returns a ModelWeights (like `cache`) of float64 arrays with the model's shapes.
   """
@@ -206,46 +205,6 @@ def selected_sum_from_cache(cache, count, selected):
     return total
 
   return tf.nest.map_structure(one, cache)
-
-
-def add_selected_sum(state):
-  """An aggregator state saved before `selected_sum` existed, with it recomputed once from
-  the cache (NumPy values in, the current layout's field order out)."""
-  if 'selected_sum' in state:
-    return state
-  out = collections.OrderedDict()
-  for key, value in state.items():
-    out[key] = value
-    if key == 'selected':
-      out['selected_sum'] = selected_sum_from_cache(state['cache'], state['count'], value)
-  return out
-
-
-def without_selected_sum(state):
-  """The layout of a state saved before `selected_sum` existed (a structure to load such a
-  checkpoint with, then `add_selected_sum`)."""
-  return collections.OrderedDict((k, v) for k, v in state.items() if k != 'selected_sum')
-
-
-def with_stacked_cache(state):
-  """The layout of a state saved before the cache was chunked (one ModelWeights of
-  [N, K, ...]): a structure to load such a checkpoint with, then `with_chunked_cache`."""
-  return collections.OrderedDict(state, cache=stacked_cache(state['cache'],
-                                                            state['selected_sum']))
-
-
-def with_chunked_cache(state):
-  """A state loaded with one stacked cache, in the chunked layout the process builds
-  (`chunk_clients` of its N, K, D and dtype); a chunked state is returned as it is."""
-  stacked = state['cache']
-  if isinstance(stacked, list):   # already chunks (a stacked cache is a ModelWeights)
-    return state
-  tensors = [np.asarray(t) for t in tf.nest.flatten(stacked)]
-  n, k = tensors[0].shape[:2]
-  d = sum(int(np.prod(t.shape[2:])) for t in tensors)
-  dtype = tf.as_dtype(tensors[0].dtype).name
-  return collections.OrderedDict(
-      state, cache=chunked_cache(stacked, chunk_clients(n, k, d, dtype)))
 
 
 def push_and_read(cache, valid, clients, ring, previous, uploads, candidate_ages):
@@ -457,7 +416,7 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
   valid = acc['valid'] > 0.0
   clients = acc['client_index']
   # One upload per client: a second would subtract its previous selection twice.
-  writers = server_state.checked_distinct_clients(tf.boolean_mask(clients, valid))
+  writers = accumulate_then_step.checked_distinct_clients(tf.boolean_mask(clients, valid))
   # 1. Push the uploads into the ring buffers, reading on the way the uploaders' previous
   #    selections (before the push, which may overwrite exactly the selected slot: FIFO
   #    eviction) and their candidates (after it). Uploads are rounded to the cache's dtype
@@ -628,7 +587,7 @@ def build_cross_round_cache_process(
   size = state_size_bytes(n, k, num_weights(weights_type), cache_dtype)
   smaller = ('' if cache_dtype != 'float32' else
              ', hold the cache in float16 (--fedcda_cache_dtype=float16, half the memory)')
-  server_state.check_state_size(
+  accumulate_then_step.check_state_size(
       'the FedCDA cache', size, max_cache_gib,
       f'{CACHE_DTYPES[cache_dtype]}·N·K·D bytes: N={n} clients, K={k}, '
       f'D={num_weights(weights_type)} weights, {cache_dtype}',
@@ -647,12 +606,13 @@ def build_cross_round_cache_process(
         count=tf.zeros([n], tf.int32),
         selected=tf.zeros([n], tf.int32),
         selected_sum=tf.nest.map_structure(lambda t: tf.zeros(t.shape, tf.float64),
-                                           server_state.zero_model_weights(weights_type)),
+                                           accumulate_then_step.zero_model_weights(weights_type)),
         round_num=tf.constant(0, tf.int32))
 
   def zero_accumulator():
     return collections.OrderedDict(
-        models=server_state.zero_rows(server_state.zero_model_weights(weights_type), p),
+        models=accumulate_then_step.zero_rows(
+            accumulate_then_step.zero_model_weights(weights_type), p),
         client_index=tf.zeros([p], tf.int32),
         loss=tf.zeros([p], tf.float32),
         valid=tf.zeros([p], tf.float32),
@@ -660,30 +620,31 @@ def build_cross_round_cache_process(
         received=tf.zeros([p], tf.float32))
 
   def accumulate(acc, value, weight):
-    slot = server_state.checked_slot(value['slot'], p)
+    slot = accumulate_then_step.checked_slot(value['slot'], p)
     ok = tf.cast(weight > 0.0, tf.float32)
     return collections.OrderedDict(
-        models=server_state.put_row(acc['models'], slot,
-                                    tf.nest.map_structure(lambda v: v * ok, value['model'])),
-        client_index=server_state.scatter_row(acc['client_index'], slot,
-                                              value['client_index']),
-        loss=server_state.scatter_row(acc['loss'], slot, value['last_epoch_loss'] * ok),
-        valid=server_state.scatter_row(acc['valid'], slot, ok),
-        weight=server_state.scatter_row(acc['weight'], slot, weight * ok),
-        received=server_state.count_slot(acc['received'], slot))
+        models=accumulate_then_step.put_row(
+            acc['models'], slot, tf.nest.map_structure(lambda v: v * ok, value['model'])),
+        client_index=accumulate_then_step.scatter_row(acc['client_index'], slot,
+                                                      value['client_index']),
+        loss=accumulate_then_step.scatter_row(acc['loss'], slot, value['last_epoch_loss'] * ok),
+        valid=accumulate_then_step.scatter_row(acc['valid'], slot, ok),
+        weight=accumulate_then_step.scatter_row(acc['weight'], slot, weight * ok),
+        received=accumulate_then_step.count_slot(acc['received'], slot))
 
   options = dict(num_clients=n, clients_per_round=p, cache_size=k, num_batches=batches_b,
                  warmup_rounds=warmup_rounds, smoothness=smoothness, selection=selection,
                  seed=seed, warmup_weighting=warmup_weighting)
 
   def server_step(state, acc):
-    acc = server_state.assert_distinct_slots(acc, p)
-    acc = server_state.assert_client_indices(acc, acc['client_index'], acc['valid'] > 0.0, n)
-    acc['models'] = server_state.stack_rows(
-        acc['models'], server_state.zero_model_weights(weights_type))
+    acc = accumulate_then_step.assert_distinct_slots(acc, p)
+    acc = accumulate_then_step.assert_client_indices(
+        acc, acc['client_index'], acc['valid'] > 0.0, n)
+    acc['models'] = accumulate_then_step.stack_rows(
+        acc['models'], accumulate_then_step.zero_model_weights(weights_type))
     return cache_round(state, acc, **options)
 
-  return server_state.build_server_state_aggregation(
+  return accumulate_then_step.build_server_state_aggregation(
       model_upload.model_upload_type(weights_type), tff.TensorType(np.float32),
       initial_state=initial_state, zero_accumulator=zero_accumulator, accumulate=accumulate,
       server_step=server_step)

@@ -1,6 +1,6 @@
 """The one fast local-training path every method trains its clients through.
 
-Client input (what `data.client_inputs.client_input` builds): a TFF sequence holding ONE
+Client input (what `tff_algos.data.client_input` builds): a TFF sequence holding ONE
 element, a structure of whole-client tensors
 
     x      the client's features  [n, ...]

@@ -1,7 +1,7 @@
 """A TFF user's own `tff.simulation.datasets.ClientData` -> our processes' client inputs.
 
 Every `tff_algos` process takes, per sampled client, a one-element sequence holding
-`OrderedDict(x, y, order, index, slot)` (`data.client_inputs`; docs/architecture.md,
+`OrderedDict(x, y, order, index, slot)` (`data.round_sampling`; docs/architecture.md,
 "Client identity"). A TFF user has a `ClientData` with string ids whose datasets yield `<x, y>`
 (an OrderedDict/dict with keys 'x' and 'y', or an `(x, y)` tuple), batched or not. This
 module is the one step between the two:
@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import tensorflow_federated as tff
 
-from .client_inputs import client_input, sample_clients
+from .round_sampling import client_input, sample_clients
 
 __all__ = ['ClientDataInputs', 'ClientDataSource', 'ClientDataSourceIterator',
            'client_selection_fn', 'federated_data_source', 'load_client_ids']

@@ -1,11 +1,11 @@
-"""Tests for data.client_inputs: the fixed per-client input structure and seeded sampling."""
+"""Tests for data.round_sampling: the fixed per-client input structure and seeded sampling."""
 
 import collections
 
 import numpy as np
 import pytest
 
-from data.client_inputs import client_input, round_inputs, sample_clients
+from tff_algos.data.round_sampling import client_input, round_inputs, sample_clients
 
 
 class _FakeFederated:

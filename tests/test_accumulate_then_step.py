@@ -1,10 +1,10 @@
-"""The slot-keyed row accumulator every stateful aggregator uses (server_state.put_row)."""
+"""The slot-keyed row accumulator every stateful aggregator uses (accumulate_then_step.put_row)."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tff_algos.aggregators import server_state
+from tff_algos.aggregators import accumulate_then_step
 
 
 @pytest.mark.parametrize('seed', range(4))
@@ -17,11 +17,12 @@ def test_rows_written_by_slot_and_merged_are_the_numpy_stack(seed):
   slots = rng.permutation(num_rows)[:int(rng.integers(0, num_rows + 1))]
   values = {int(s): [rng.normal(size=sh).astype(np.float32) for sh in shapes] for s in slots}
   zero = [tf.zeros(sh, tf.float32) for sh in shapes]
-  parts = [server_state.zero_rows(zero, num_rows), server_state.zero_rows(zero, num_rows)]
+  parts = [accumulate_then_step.zero_rows(zero, num_rows),
+           accumulate_then_step.zero_rows(zero, num_rows)]
   for i, s in enumerate(slots):
-    parts[i % 2] = server_state.put_row(parts[i % 2], tf.constant(int(s)), values[int(s)])
-  merged = server_state.add_accumulators(parts[0], parts[1])
-  stacked = server_state.stack_rows(merged, zero)
+    parts[i % 2] = accumulate_then_step.put_row(parts[i % 2], tf.constant(int(s)), values[int(s)])
+  merged = accumulate_then_step.add_accumulators(parts[0], parts[1])
+  stacked = accumulate_then_step.stack_rows(merged, zero)
   for j, sh in enumerate(shapes):
     want = np.zeros((num_rows,) + sh, np.float32)
     for s, v in values.items():
@@ -30,10 +31,10 @@ def test_rows_written_by_slot_and_merged_are_the_numpy_stack(seed):
 
 
 def test_put_row_casts_to_the_rows_dtype_and_replaces_rather_than_adds():
-  rows = server_state.zero_rows([tf.zeros([2], tf.float64)], 3)
-  rows = server_state.put_row(rows, tf.constant(1), [tf.constant([1.5, 2.0], tf.float32)])
-  rows = server_state.put_row(rows, tf.constant(1), [tf.constant([4.0, 5.0], tf.float32)])
-  stacked = server_state.stack_rows(rows, [tf.zeros([2], tf.float64)])
+  rows = accumulate_then_step.zero_rows([tf.zeros([2], tf.float64)], 3)
+  rows = accumulate_then_step.put_row(rows, tf.constant(1), [tf.constant([1.5, 2.0], tf.float32)])
+  rows = accumulate_then_step.put_row(rows, tf.constant(1), [tf.constant([4.0, 5.0], tf.float32)])
+  stacked = accumulate_then_step.stack_rows(rows, [tf.zeros([2], tf.float64)])
   assert stacked[0].dtype == tf.float64
   np.testing.assert_array_equal(stacked[0].numpy(), [[0, 0], [4, 5], [0, 0]])
 
@@ -48,7 +49,7 @@ def test_zero_rows_are_empty_and_typed_with_unknown_dimensions():
 
   @tff.tensorflow.computation
   def accumulator():
-    return server_state.zero_rows(zeros(), 2)
+    return accumulate_then_step.zero_rows(zeros(), 2)
 
   zero = zeros()
 
@@ -56,9 +57,10 @@ def test_zero_rows_are_empty_and_typed_with_unknown_dimensions():
   assert [t.shape for t in row_type] == [(None, None), (None,), ()]
   rows = accumulator()
   assert [np.size(t) for t in rows[0]] == [0, 0, 1]
-  stacked = server_state.stack_rows(
-      server_state.put_row(server_state.zero_rows(zero, 2), tf.constant(1),
-                           [tf.ones([3, 2]), tf.ones([5], tf.int32), tf.constant(2.0)]), zero)
+  stacked = accumulate_then_step.stack_rows(
+      accumulate_then_step.put_row(accumulate_then_step.zero_rows(zero, 2), tf.constant(1),
+                                   [tf.ones([3, 2]), tf.ones([5], tf.int32), tf.constant(2.0)]),
+      zero)
   np.testing.assert_array_equal(stacked[0].numpy(), [np.zeros([3, 2]), np.ones([3, 2])])
   np.testing.assert_array_equal(stacked[1].numpy(), [np.zeros(5), np.ones(5)])
   np.testing.assert_array_equal(stacked[2].numpy(), [0.0, 2.0])
