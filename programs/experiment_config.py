@@ -105,13 +105,47 @@ ExperimentConfig.__module__ = __name__
 ExperimentConfig.__doc__ = 'The settings of one experiment: every flag of programs/train.py.'
 
 
+@dataclasses.dataclass(frozen=True)
+class FlagRole:
+  """What a flag is to a run: whether `--resume` may change it (it does not change what the
+  run computes) and whether the run's TFF computations depend on it (a change builds them
+  again instead of reusing those of the last run in this process)."""
+
+  resumable: bool
+  rebuilds: bool
+
+
+DEFINES_RUN = FlagRole(resumable=False, rebuilds=True)
+# Where the run reads its data and executes, not what it computes: the computations are built
+# for them.
+EXECUTION = FlagRole(resumable=True, rebuilds=True)
+# How long the run goes, when it evaluates and checkpoints, where its record and its server
+# state between rounds go.
+BOOKKEEPING = FlagRole(resumable=True, rebuilds=False)
+
+# Every flag of the run (tests/test_train_program.py checks each ExperimentConfig field has
+# one); the flags of programs/methods.py's registry define the run.
+FLAG_ROLES = {
+    'algorithm': DEFINES_RUN, 'dataset': DEFINES_RUN, 'data_dir': EXECUTION,
+    'partition': DEFINES_RUN, 'dirichlet_alpha': DEFINES_RUN, 'shards_per_client': DEFINES_RUN,
+    'classes_per_client': DEFINES_RUN, 'quantity_alpha': DEFINES_RUN,
+    'num_clients': DEFINES_RUN, 'clients_per_round': DEFINES_RUN, 'rounds': BOOKKEEPING,
+    'local_epochs': DEFINES_RUN, 'batch_size': DEFINES_RUN, 'client_lr': DEFINES_RUN,
+    'client_momentum': DEFINES_RUN, 'client_optimizer': DEFINES_RUN,
+    'client_weight_decay': DEFINES_RUN, 'client_lr_decay': DEFINES_RUN,
+    'server_optimizer': DEFINES_RUN, 'server_lr': DEFINES_RUN, 'server_momentum': DEFINES_RUN,
+    'proximal_strength': DEFINES_RUN, 'model': DEFINES_RUN, 'seed': DEFINES_RUN,
+    'eval_every': BOOKKEEPING, 'client_test_fraction': DEFINES_RUN, 'eval_last': BOOKKEEPING,
+    'checkpoint_every': BOOKKEEPING, 'root_output_dir': BOOKKEEPING,
+    'experiment_name': BOOKKEEPING, 'resume': BOOKKEEPING, 'progress': BOOKKEEPING,
+    'workers': EXECUTION, 'local_workers': EXECUTION, 'worker_timeout': EXECUTION,
+    'resident_state': BOOKKEEPING, 'blown_up_rounds': BOOKKEEPING,
+    **{flag.name: DEFINES_RUN for flag in methods.registry_flags()},
+}
 # Flags that do not change what a run computes: a resumed run may change them.
-RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last', 'data_dir', 'root_output_dir',
-                     'experiment_name', 'resume', 'progress', 'workers', 'local_workers', 'worker_timeout',
-                     'resident_state', 'checkpoint_every', 'blown_up_rounds')
+RESUMABLE_CHANGES = tuple(name for name, role in FLAG_ROLES.items() if role.resumable)
 # Flags the run's computations do not depend on (left out of their cache key).
-NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'eval_last', 'root_output_dir', 'experiment_name', 'resume',
-                    'progress', 'resident_state', 'checkpoint_every', 'blown_up_rounds')
+NOT_BUILD_INPUTS = tuple(name for name, role in FLAG_ROLES.items() if not role.rebuilds)
 
 
 def _default(name: str):

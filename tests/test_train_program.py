@@ -12,6 +12,7 @@ import pytest
 
 from programs import computations
 from programs import experiment
+from programs import experiment_config
 from programs import run_directory
 from programs import run_results
 from programs import stopping
@@ -359,6 +360,19 @@ def test_a_diverged_run_is_not_resumed_and_a_fresh_start_clears_its_mark(tmp_pat
   done = _run(BASE + [f'--root_output_dir={tmp_path}', '--experiment_name=e', '--rounds=1'])
   assert done.returncode == 0, done.stderr
   assert not (tmp_path / 'e' / 'diverged.txt').exists()
+
+
+def test_every_flag_has_a_role_and_a_flag_defining_the_run_rebuilds():
+  """experiment_config.FLAG_ROLES says of every ExperimentConfig field whether --resume may
+  change it and whether it rebuilds the computations; both old lists derive from it."""
+  fields = list(experiment.ExperimentConfig.__dataclass_fields__)
+  roles = experiment_config.FLAG_ROLES
+  assert [f for f in fields if f not in roles] == [] and set(roles) == set(fields)
+  # A flag that changes what the run computes must not reuse another run's computations.
+  assert all(role.rebuilds for role in roles.values() if not role.resumable)
+  assert set(experiment_config.RESUMABLE_CHANGES) == {n for n in fields if roles[n].resumable}
+  assert set(experiment_config.NOT_BUILD_INPUTS) == {n for n in fields if not roles[n].rebuilds}
+  assert set(experiment_config.NOT_BUILD_INPUTS) <= set(experiment_config.RESUMABLE_CHANGES)
 
 
 def test_resume_after_kill_is_identical_to_unbroken_run(tmp_path):
