@@ -59,7 +59,8 @@ def _refuse_other_settings(r: dict, config, what: str) -> None:
   """ExperimentError if the loaded run `r` was recorded with other settings than `config`:
   `what` it is (e.g. 'a finished run') is never taken for, nor replaced by, this one."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
-  changed = experiment.settings_changed(r['config'], config)
+  from programs import experiment_config  # pylint: disable=g-import-not-at-top
+  changed = experiment_config.settings_changed(r['config'], config)
   if changed:
     raise experiment.ExperimentError(
         f'{os.path.relpath(config.experiment_dir)} holds {what} of other settings ({changed}); '
@@ -80,19 +81,20 @@ def _finished(config) -> bool:
   return True
 
 
-# main's experiment.StopRequests: SIGTERM/SIGINT stop the current run at its next round
-# boundary, checkpointed (experiment.Interrupted ends the command), as in programs/train.py.
+# main's stopping.StopRequests: SIGTERM/SIGINT stop the current run at its next round
+# boundary, checkpointed (stopping.Interrupted ends the command), as in programs/train.py.
 _STOP = None
 
 
 def _raise_if_stopped(config) -> None:
-  """experiment.Interrupted if a stop signal has been recorded (before `config` starts)."""
-  from programs import experiment  # pylint: disable=g-import-not-at-top
+  """stopping.Interrupted if a stop signal has been recorded (before `config` starts)."""
+  from programs import run_directory  # pylint: disable=g-import-not-at-top
+  from programs import stopping  # pylint: disable=g-import-not-at-top
   if _STOP is not None and _STOP.signum is not None:
     ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
-    raise experiment.Interrupted(_STOP.signum,
-                                 max(experiment.checkpointed_rounds(ckpt_dir), default=0),
-                                 config.experiment_dir)
+    raise stopping.Interrupted(_STOP.signum,
+                               max(run_directory.checkpointed_rounds(ckpt_dir), default=0),
+                               config.experiment_dir)
 
 
 def shorter_run_target(config) -> Optional[str]:
@@ -103,9 +105,10 @@ def shorter_run_target(config) -> Optional[str]:
   cannot be kept so: recorded with other settings, its name kept there already, or a probe's
   or tuning run (which has no such place)."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import run_directory  # pylint: disable=g-import-not-at-top
   exp_dir = os.path.abspath(config.experiment_dir)
   try:
-    if experiment.checkpointed_rounds(os.path.join(exp_dir, 'checkpoints')):
+    if run_directory.checkpointed_rounds(os.path.join(exp_dir, 'checkpoints')):
       return None
     r = rd.load_run(exp_dir)   # at its own length
   except FileNotFoundError:   # not made yet, or moved away by the other compare process
@@ -133,17 +136,18 @@ def _keep_shorter_run(config) -> None:
   suite's earlier_runs/rounds<N>/, where its page compares the two makings
   (rd.remade_runs), instead of letting the new making overwrite its record."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import run_directory  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(config.experiment_dir):
     return
   # Every look under the run's lock: the other compare process may be moving the same run.
   try:
-    with experiment.exclusive_run_directory(config.experiment_dir):
+    with run_directory.exclusive_run_directory(config.experiment_dir):
       target = shorter_run_target(config)
       if target is None:
         return
       os.makedirs(os.path.dirname(target), exist_ok=True)
       os.rename(config.experiment_dir, target)
-  except experiment.RunDirectoryBusy:
+  except run_directory.RunDirectoryBusy:
     raise
   except experiment.ExperimentError:
     if _moved_away(config):
@@ -173,20 +177,21 @@ def _run(config) -> None:
 def run_all(configs, tuning: bool = False) -> None:
   """Makes every run of `configs` (finished ones are skipped, stopped ones resumed).
 
-  A run another process holds (experiment.RunDirectoryBusy) is left to it and waited for at
+  A run another process holds (run_directory.RunDirectoryBusy) is left to it and waited for at
   the end, then continued if that process stopped early: two `compare` commands on one suite
   share its runs, each taking the next free one. In tuning, a grid point that diverges is a
   result of the grid (shown on the page), not a failure of the suite.
   """
   from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import run_directory  # pylint: disable=g-import-not-at-top
 
   def make(config):
     try:
       _run(config)
-    except experiment.RunDirectoryBusy:
+    except run_directory.RunDirectoryBusy:
       raise
     except experiment.ExperimentError as e:
-      # The program has recorded it (experiment.DIVERGED) before letting the run go.
+      # The program has recorded it (run_directory.DIVERGED) before letting the run go.
       if not (tuning and str(e).startswith('training diverged')):
         raise
 
@@ -194,7 +199,7 @@ def run_all(configs, tuning: bool = False) -> None:
   for config in configs:
     try:
       make(config)
-    except experiment.RunDirectoryBusy:
+    except run_directory.RunDirectoryBusy:
       print('   another process is running it: left to it, waited for at the end',
             file=sys.stderr, flush=True)
       held_elsewhere.append(config)
@@ -203,9 +208,9 @@ def run_all(configs, tuning: bool = False) -> None:
           file=sys.stderr, flush=True)
     while True:
       try:   # polled, not a blocking flock: a recorded signal would not interrupt that
-        with experiment.exclusive_run_directory(config.experiment_dir):
+        with run_directory.exclusive_run_directory(config.experiment_dir):
           pass
-      except experiment.RunDirectoryBusy:
+      except run_directory.RunDirectoryBusy:
         _raise_if_stopped(config)
         time.sleep(1.0)
         continue
@@ -215,7 +220,7 @@ def run_all(configs, tuning: bool = False) -> None:
       try:
         make(config)
         break
-      except experiment.RunDirectoryBusy:   # a third process took it first: wait again
+      except run_directory.RunDirectoryBusy:   # a third process took it first: wait again
         continue
 
 
@@ -264,13 +269,13 @@ def _recorded_round_seconds(suite_name: str):
   finite seconds of its rounds after the first (which also traces and compiles: left out,
   as in summary.json) but paused ones (PAUSED_ROUND), whole (metrics.csv's round_seconds)
   and training only (`seconds`)."""
-  from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import experiment_config  # pylint: disable=g-import-not-at-top
   for _, directory in rd.recorded_runs(suite_name):
     path = os.path.join(directory, 'config.json')
     if not os.path.exists(path):
       continue
     with open(path) as f:
-      config = experiment.recorded_config(json.load(f))
+      config = experiment_config.recorded_config(json.load(f))
     rows = rd.metrics_rows(directory)[1:]
     yield config, *(_without_pauses(rd.metrics_column(rows, column))
                     for column in ('round_seconds', 'seconds'))
@@ -354,6 +359,7 @@ def plan(suite: suites.Suite, configs) -> list:
   a run the command would stop at (recorded with other settings) as blocked, with the reason;
   then the total."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import run_directory  # pylint: disable=g-import-not-at-top
   per_round = recorded_seconds_per_round(suite.name)
   training_per_round = recorded_training_seconds(suite.name)
   lines, total_rounds, total_seconds, untimed, done, blocked = [], 0, 0.0, 0, 0, 0
@@ -364,7 +370,7 @@ def plan(suite: suites.Suite, configs) -> list:
       if _finished(config):
         done += 1
         continue
-      start = experiment.resume_point(dataclasses.replace(config, resume=True))
+      start = run_directory.resume_point(dataclasses.replace(config, resume=True))
       target = shorter_run_target(config)
     except experiment.ExperimentError as e:
       blocked += 1
@@ -467,9 +473,9 @@ def main(argv):
     print(f'error: no probe run is named in --only={",".join(_ONLY.value)}; the probes\' runs '
           f'are {sorted({r for p in suite.probes for r in p.runs})}', file=sys.stderr)
     return 2
-  from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import stopping  # pylint: disable=g-import-not-at-top
   global _STOP
-  with experiment.StopRequests() as _STOP:
+  with stopping.StopRequests() as _STOP:
     code = _main(suite, seeds, probes_mode)
   _STOP = None
   return code
@@ -502,6 +508,7 @@ def _print_plan(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
 
 def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
   from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import stopping  # pylint: disable=g-import-not-at-top
   try:
     if _PLAN.value:
       return _print_plan(suite, seeds, probes_mode)
@@ -527,7 +534,7 @@ def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
   except experiment.ExperimentError as e:
     print(f'error: {e}', file=sys.stderr)
     return 2
-  except experiment.Interrupted as e:
+  except stopping.Interrupted as e:
     print(f'stopped by {signal.Signals(e.signum).name} at {os.path.relpath(e.experiment_dir)} '
           f'(checkpointed after round {e.last_round}); the same command continues',
           file=sys.stderr)

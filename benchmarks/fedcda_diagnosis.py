@@ -326,7 +326,7 @@ def record_loss_reading(checkpoints, out: str = LOSS_READING) -> dict:
   """Adds `loss_reading` of each checkpoint (<run>_s<seed>/[checkpoints/]program_state_N of a
   FedCDA run; its config.json gives the settings) to `out`, keyed by run and round."""
   import json  # pylint: disable=g-import-not-at-top
-  from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import experiment_config  # pylint: disable=g-import-not-at-top
   recorded = {}
   if os.path.exists(out):
     with open(out) as f:
@@ -336,7 +336,7 @@ def record_loss_reading(checkpoints, out: str = LOSS_READING) -> dict:
     if os.path.basename(run_dir) == 'checkpoints':
       run_dir = os.path.dirname(run_dir)
     with open(os.path.join(run_dir, 'config.json')) as f:
-      config = experiment.recorded_config(json.load(f))
+      config = experiment_config.recorded_config(json.load(f))
     state = read_cache(path)
     figures = loss_reading(state, batches_per_client(config), config)
     recorded.setdefault(os.path.basename(run_dir), {})[str(state['round'])] = figures

@@ -29,7 +29,10 @@ import numpy as np
 
 from benchmarks import runs as rd
 from benchmarks import suites
+from programs import computations
 from programs import experiment
+from programs import experiment_config
+from programs import fedlex_exploration
 from programs import pages
 
 FEDLEX_REFERENCE_ADAM_LR = suites.FEDLEX_REFERENCE_ADAM_LR
@@ -42,7 +45,7 @@ GUIDANCE_KEYS = ('guidance_mean', 'guidance_median', 'guidance_below_0_01',
 
 def explorer_rate(config: dict) -> float:
   """The rate a recorded run's explorers trained at (config.json as recorded)."""
-  return experiment.fedlex_explorer_lr(experiment.recorded_config(config))
+  return fedlex_exploration.fedlex_explorer_lr(experiment_config.recorded_config(config))
 
 
 def step_rate(config: dict) -> float:
@@ -58,16 +61,16 @@ EXPLORER_SETTINGS = ('batch_size', 'client_momentum', 'fedlex_exploration_epochs
 
 
 def explorer_settings(config: dict) -> tuple:
-  recorded = experiment.recorded_config(config)
+  recorded = experiment_config.recorded_config(config)
   return tuple((k, getattr(recorded, k)) for k in EXPLORER_SETTINGS)
 
 
 def same_training(recorded: dict, other: dict) -> bool:
   """Whether two runs' config.json describe the same training (up to the settings a resume
   may change), the explorers' rate compared as the rate they trained at."""
-  config = experiment.recorded_config(other)
-  config.fedlex_exploration_lr = experiment.fedlex_explorer_lr(config)
-  return not experiment.settings_changed(
+  config = experiment_config.recorded_config(other)
+  config.fedlex_exploration_lr = fedlex_exploration.fedlex_explorer_lr(config)
+  return not experiment_config.settings_changed(
       dict(recorded, fedlex_exploration_lr=explorer_rate(recorded)), config)
 
 
@@ -476,8 +479,8 @@ def adam_steps(seed: int) -> dict:
   c = suites.experiment_config(ADAM_SUITE.config_overrides('fedlex_avgm', tuned), seed,
                                '/nonexistent', 'adam_steps')
   fed = experiment.load_federated_data(c)
-  model_name, model_fn, process, _ = experiment.build_computations(c, fed, c.num_clients)
-  state, stats = experiment.explored_initial_state(c, fed, process, model_fn, c.num_clients)
+  model_name, model_fn, process, _ = computations.build_computations(c, fed, c.num_clients)
+  state, stats = fedlex_exploration.explored_initial_state(c, fed, process, model_fn, c.num_clients)
   g = [np.asarray(t) for t in fedlex.get_guidance(state)]
   w0 = [np.asarray(t) for t in process.get_model_weights(state).trainable]
   x0, _ = fed.client_arrays(0)
@@ -490,7 +493,7 @@ def adam_steps(seed: int) -> dict:
   for rate in rates:
     rows = []
     for element in inputs:
-      opt = experiment.client_optimizer(c, rate)
+      opt = computations.client_optimizer(c, rate)
       first_u, epoch_u = local_epoch(keras_model, loss_fn, opt, w0, element, c.batch_size)
       first_g, epoch_g = local_epoch(keras_model, loss_fn, opt, w0, element, c.batch_size, g)
       rows.append(dict(first_step=_norm(first_g) / _norm(first_u),

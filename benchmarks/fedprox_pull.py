@@ -51,23 +51,25 @@ def local_steps(sizes, batch_size: int, epochs: int) -> float:
 
 
 def _config(suite: str, run: str):
-  from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import experiment_config  # pylint: disable=g-import-not-at-top
   path = os.path.join(suites.suite_dir(suite), 'runs', f'{run}_s0', 'config.json')
   with open(path) as f:
-    return experiment.recorded_config(json.load(f))
+    return experiment_config.recorded_config(json.load(f))
 
 
 def measure(suite: str, prox_run: str, avg_run: str) -> dict:
   """The relative differences at MEASURED_ROUNDS and the settings they depend on."""
   import dataclasses  # pylint: disable=g-import-not-at-top
+  from programs import computations  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import experiment_config  # pylint: disable=g-import-not-at-top
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   avg_c, prox_c = _config(suite, avg_run), _config(suite, prox_run)
   # Only the algorithm and μ may differ: the measurement is of the proximal term alone.
   differing = {k for k, v in dataclasses.asdict(avg_c).items()
                if getattr(prox_c, k) != v} - {'algorithm', 'proximal_strength',
-                                               *experiment.RESUMABLE_CHANGES}
+                                               *experiment_config.RESUMABLE_CHANGES}
   if differing:
     raise ValueError(f'{suite}: {prox_run} and {avg_run} differ in {sorted(differing)}')
   execution.initialize_runtime()
@@ -75,7 +77,7 @@ def measure(suite: str, prox_run: str, avg_run: str) -> dict:
   num_clients = min(avg_c.num_clients, fed.num_clients)
   processes = {}
   for c in (avg_c, prox_c):
-    _, _, processes[c.algorithm], _ = experiment.build_computations(c, fed, num_clients)
+    _, _, processes[c.algorithm], _ = computations.build_computations(c, fed, num_clients)
   avg, prox = processes['fedavg'], processes['fedprox']
   avg_state, prox_state = avg.initialize(), prox.initialize()
   rows = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 def build_method(name, model_fn, num_clients, batch, lr, seed):
   """A method's process as the training program builds it, on this benchmark's setting."""
+  from programs import computations  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
   algorithm = 'cadis' if name == 'cadis_nokd' else name
   config = experiment.ExperimentConfig(
@@ -15,7 +16,7 @@ def build_method(name, model_fn, num_clients, batch, lr, seed):
       batch_size=batch, client_lr=lr, client_momentum=0.0, seed=seed,
       fedcda_warmup_rounds=0, fedcda_max_cache_gib=64.0,
       cadis_kd_weight=0.0 if name == 'cadis_nokd' else 1.0)
-  return experiment.build_process(config, model_fn, num_clients)
+  return computations.build_process(config, model_fn, num_clients)
 
 
 def load_data(name):

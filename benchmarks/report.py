@@ -33,6 +33,7 @@ from scipy import stats
 from benchmarks import runs as rd
 from benchmarks import suites
 from programs import experiment
+from programs import experiment_config
 from programs import pages
 
 REPRODUCTION = os.path.join(suites.RESULTS, 'REPRODUCTION.md')
@@ -277,7 +278,7 @@ def _method_settings(c) -> str:
         ', the code\'s index slip and abs()' if c.cadis_reference_quirks else '')
     return (f'λ {c.cadis_kd_weight:g}, τ₀ {c.cadis_threshold:g} → {c.cadis_threshold_max:g}, '
             f'{weights}{quirks}')
-  if a in experiment.FEDLEX_ALGORITHMS:
+  if a in experiment_config.FEDLEX_ALGORITHMS:
     patience = (f' (patience {c.fedlex_exploration_patience})'
                 if c.fedlex_exploration_patience else '')
     normalize = ', mean before normalising' if c.fedlex_normalize == 'after_mean' else ''

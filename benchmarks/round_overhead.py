@@ -10,7 +10,7 @@ SGD per client, example-weighted mean of the deltas, server SGD with learning ra
   tff       `tff.learning.algorithms.build_weighted_fed_avg` with `tf.data` clients.
 
 and every method of the project on the same clients and batches (built by the training
-program's `experiment.build_process`; client SGD without momentum at the same learning rate,
+program's `computations.build_process`; client SGD without momentum at the same learning rate,
 every client taking part; FedCDA with no warm-up, so its cache selection runs every round):
 
   fedcross, fedcda, cadis (KD, lambda = 1), cadis_nokd (lambda = 0),

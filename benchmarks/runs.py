@@ -22,8 +22,10 @@ from typing import Callable, Optional
 import numpy as np
 
 from benchmarks import suites
-from programs import experiment
+from programs import experiment_config
 from programs import pages
+from programs import run_directory
+from programs import run_results
 
 
 LAST = 10                 # rounds in the headline mean
@@ -61,8 +63,8 @@ def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:
     with open(summary_path) as f:
       summary = json.load(f)
   diverged = None
-  if os.path.exists(os.path.join(exp_dir, experiment.DIVERGED)):
-    with open(os.path.join(exp_dir, experiment.DIVERGED)) as f:
+  if os.path.exists(os.path.join(exp_dir, run_directory.DIVERGED)):
+    with open(os.path.join(exp_dir, run_directory.DIVERGED)) as f:
       diverged = f.read().strip()
   rounds = rounds or config['rounds']
   done = int(rows[-1]['round']) if rows else 0
@@ -373,7 +375,7 @@ def settings_differences(run: dict, fields: dict) -> list:
   RESUMABLE_CHANGES: its length, which `finished` judges, its evaluation schedule, ...) are
   not compared."""
   return [f'{k}={run["config"].get(k)} (declared: {v})' for k, v in sorted(fields.items())
-          if k not in experiment.RESUMABLE_CHANGES and run['config'].get(k) != v]
+          if k not in experiment_config.RESUMABLE_CHANGES and run['config'].get(k) != v]
 
 
 def _declared_run(path: str, fields: dict) -> dict:
@@ -504,10 +506,10 @@ def _costs_from_rows(rows: list, rounds: int) -> dict:
   e.g. a making that predates the column)."""
   kept = [r for r in rows if int(r['round']) <= rounds]
   recorded = (len(kept) == rounds and
-              all(any(experiment.is_cost_column(k, 'client_epochs') and v
+              all(any(run_results.is_cost_column(k, 'client_epochs') and v
                       for k, v in r.items()) for r in kept))
   return dict(
-      client_epochs_training=experiment.round_costs(kept, 'client_epochs') if recorded else None,
+      client_epochs_training=run_results.round_costs(kept, 'client_epochs') if recorded else None,
       exploration_client_epochs=float(kept[-1].get('exploration_client_epochs') or 0.0)
       if kept else 0.0)
 
@@ -605,8 +607,8 @@ def remade_runs(suite: suites.Suite) -> list:
     earlier, again = load_run(path), load_run(again_dir)
     length = earlier['rounds_done']
     if (not earlier['finished'] or again['rounds'] <= length or again['rounds_done'] < length
-        or experiment.settings_changed(earlier['config'],
-                                       experiment.recorded_config(again['config']))):
+        or experiment_config.settings_changed(
+            earlier['config'], experiment_config.recorded_config(again['config']))):
       continue   # not made again longer at its settings, or not yet as far as it went
     again_rows = {int(r['round']): r for r in again['rows']}
     first = None

@@ -309,6 +309,7 @@ def main(argv):
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   execution.initialize_runtime()
   from tff_algos import data  # pylint: disable=g-import-not-at-top
+  from programs import computations  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
   from tff_algos import models  # pylint: disable=g-import-not-at-top
   from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
@@ -337,7 +338,7 @@ def main(argv):
         fedcda_warmup_rounds=0, fedcda_cache_size=_CACHE.value,
         fedcda_max_cache_gib=_MAX_GIB.value)
     try:
-      process = experiment.build_process(config, model_fn, n)
+      process = computations.build_process(config, model_fn, n)
     except experiment.ExperimentError as e:
       print(f'| {n} | refused: {e} | | | | |', flush=True)
       continue

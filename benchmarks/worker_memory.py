@@ -42,6 +42,7 @@ def _worker_rss_gb(execution) -> float:
 
 def _one_variant(variant: str, rounds: int) -> list:
   from tff_algos import data  # pylint: disable=g-import-not-at-top
+  from programs import computations  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
@@ -51,7 +52,7 @@ def _one_variant(variant: str, rounds: int) -> list:
       dirichlet_alpha=0.1, num_clients=20, clients_per_round=4, batch_size=50,
       local_epochs=1, fedcda_warmup_rounds=2, progress=False)
   fed = experiment.load_federated_data(c)
-  _, _, process, evaluator = experiment.build_computations(c, fed, c.num_clients)
+  _, _, process, evaluator = computations.build_computations(c, fed, c.num_clients)
   runner = (resident_state.DirectProcess(process) if variant == 'direct' else
             resident_state.ResidentProcess(process, c.clients_per_round,
                                            refresh_every=int(variant)))

@@ -5,12 +5,11 @@ the value goes: a keyword of its builder, of FedLEx's exploration builder, or th
 loop), the general server flags it reads, and how its builder is called. The plug-in client
 stages every method takes (`--guided` with FedLEx's exploration flags, `--kd_weight`:
 `tff_algos/client_work/plugins.py`) are declared here once too, as general flags.
-`programs/train.py` defines the absl flags from it, `programs/experiment.py` validates, refuses ignored flags and
-builds the process from it, the option table of docs/methods.md is generated from it
-(`python -m programs.methods` rewrites it; tests/test_method_flags.py checks the page holds
-it) and the
-flag tests iterate over it. A new method is one module in tff_algos, one `Method` here and its
-tests.
+`programs/train.py` defines the absl flags from it, `programs/experiment_config.py` validates
+and refuses ignored flags, `programs/computations.py` builds the process from it, the option
+table of docs/methods.md is generated from it (`python -m programs.methods` rewrites it;
+tests/test_method_flags.py checks the page holds it) and the flag tests iterate over it. A
+new method is one module in tff_algos, one `Method` here and its tests.
 
 Importing this module imports neither TensorFlow nor TFF (flags are validated before TF
 starts): builders are named as 'module:function' and imported when a process is built.

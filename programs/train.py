@@ -21,9 +21,12 @@ from absl import flags
 from absl import logging
 
 from programs import experiment
+from programs import experiment_config
 from programs import methods
+from programs import stopping
 
-_ALGORITHM = flags.DEFINE_string('algorithm', 'fedavg', f'One of {", ".join(experiment.ALGORITHMS)}.')
+_ALGORITHM = flags.DEFINE_string(
+    'algorithm', 'fedavg', f'One of {", ".join(experiment_config.ALGORITHMS)}.')
 _DATASET = flags.DEFINE_string('dataset', 'fashion_mnist', 'Dataset name (see docs/data.md).')
 _DATA_DIR = flags.DEFINE_string('data_dir', None, 'Directory of local dataset files.')
 _PARTITION = flags.DEFINE_string(
@@ -124,14 +127,14 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)  # TFF's per-model INFO lines are noise here
   config = config_from_flags()
   # Installed before the TFF runtime starts, so SIGINT/SIGTERM only ask the loop to stop at
-  # its next round boundary (see experiment.StopRequests); the worker stops at exit.
-  with experiment.StopRequests() as stop:
+  # its next round boundary (see stopping.StopRequests); the worker stops at exit.
+  with stopping.StopRequests() as stop:
     try:
       summary = experiment.run_experiment(config, stop=stop)  # validates before TF starts
     except experiment.ExperimentError as e:
       print(f'error: {e}', file=sys.stderr)
       return 2
-    except experiment.Interrupted as e:
+    except stopping.Interrupted as e:
       print(str(e), file=sys.stderr)
       return e.exit_code
     except Exception as e:  # pylint: disable=broad-except

@@ -26,7 +26,10 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos import data
+from programs import computations
 from programs import experiment
+from programs import experiment_config
+from programs import fedlex_exploration
 from tests import helpers
 import tff_algos
 from tff_algos import evaluation
@@ -93,14 +96,15 @@ def _config(algorithm, **kwargs):
 @functools.lru_cache(maxsize=None)
 def _build(algorithm):
   """Each method's process once for the module (tracing one costs 10-30 s here)."""
-  return experiment.build_process(_config(algorithm), MODEL_FN, NUM_CLIENTS)
+  return computations.build_process(_config(algorithm), MODEL_FN, NUM_CLIENTS)
 
 
 def _train(config, fed, process, rounds=ROUNDS):
   """The program's loop (FedLEx: exploration first); returns the global weights' arrays."""
   state = process.initialize()
-  if config.algorithm in experiment.FEDLEX_ALGORITHMS:
-    exploration, explorers = experiment._fedlex_exploration(config, MODEL_FN, NUM_CLIENTS)  # pylint: disable=protected-access
+  if config.algorithm in experiment_config.FEDLEX_ALGORITHMS:
+    exploration, explorers = fedlex_exploration.exploration_computation(
+        config, MODEL_FN, NUM_CLIENTS)
     _, inputs = data.round_inputs(fed, 0, len(explorers), 1, 1, client_ids=explorers)
     state, _ = fedlex.explore_and_initialize(process, exploration, [[x] for x in inputs], state)
   for round_num in range(1, rounds + 1):

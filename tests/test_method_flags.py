@@ -24,7 +24,10 @@ import re
 import numpy as np
 import pytest
 
+from programs import computations
 from programs import experiment
+from programs import experiment_config
+from programs import fedlex_exploration
 from programs import methods
 from tests import helpers
 
@@ -254,7 +257,7 @@ def _built_call(monkeypatch, config):
   """(args, kwargs) the program passes to the method's builder for `config`."""
   experiment.validate(config)
   calls = _record_builder(monkeypatch, methods.METHODS[config.algorithm].builder)
-  assert experiment.build_process(config, lambda: None, NUM_CLIENTS) == 'built'
+  assert computations.build_process(config, lambda: None, NUM_CLIENTS) == 'built'
   assert len(calls) == 1
   return calls[0]
 
@@ -291,7 +294,7 @@ def test_fedlex_flag_reaches_the_exploration_builder(monkeypatch, run, name):
   calls = _record_builder(monkeypatch, 'tff_algos.fedlex:build_fedlex_exploration')
   for config in (_config(**run), _config(**run, **{name: CHANGED[name]})):
     experiment.validate(config)
-    experiment._fedlex_exploration(config, lambda: None, NUM_CLIENTS)  # pylint: disable=protected-access
+    fedlex_exploration.exploration_computation(config, lambda: None, NUM_CLIENTS)
   (_, default_kwargs), (_, kwargs) = calls
   assert kwargs[flag.kwarg] == flag.transform(CHANGED[name]) != default_kwargs[flag.kwarg]
 
@@ -351,7 +354,7 @@ def test_exploration_lr_is_the_explorers_rate(monkeypatch, run):
   for changes in ({}, dict(fedlex_exploration_lr=CHANGED['fedlex_exploration_lr'])):
     config = _config(**run, **changes)
     experiment.validate(config)
-    experiment._fedlex_exploration(config, lambda: None, NUM_CLIENTS)  # pylint: disable=protected-access
+    fedlex_exploration.exploration_computation(config, lambda: None, NUM_CLIENTS)
   rates = [args[1].initialize(())['learning_rate'] for args, _ in calls]
   assert rates == [BASE['client_lr'], CHANGED['fedlex_exploration_lr']]
   for bad in (-0.1, float('inf'), float('nan')):
@@ -366,15 +369,15 @@ def test_a_run_recorded_before_exploration_lr_existed_is_the_same_run():
   config = _config(algorithm='fedlex_avgm')
   recorded = {k: v for k, v in dataclasses.asdict(config).items()
               if k != 'fedlex_exploration_lr'}
-  assert experiment.settings_changed(recorded, config) == ''
+  assert experiment_config.settings_changed(recorded, config) == ''
   config.fedlex_exploration_lr = 0.05
-  assert experiment.settings_changed(recorded, config) == (
+  assert experiment_config.settings_changed(recorded, config) == (
       'it was run with --fedlex_exploration_lr=0.0 (now --fedlex_exploration_lr=0.05)')
 
 
 def test_explorer_fraction_sets_the_number_of_explorers():
   for fraction, count in ((0.2, 2), (0.5, 5), (1.0, 10)):
-    explorers = experiment.fedlex_explorers(
+    explorers = fedlex_exploration.fedlex_explorers(
         _config(algorithm='fedlex_avgm', fedlex_explorer_fraction=fraction), NUM_CLIENTS)
     assert len(np.unique(explorers)) == count and explorers.max() < NUM_CLIENTS
 
@@ -496,7 +499,7 @@ def test_client_optimizer_and_weight_decay_reach_the_builder(monkeypatch):
                                              client_weight_decay=1e-5))
   assert _hparams(args[1]) == dict(learning_rate=0.05, weight_decay=1e-5)
   for name in ('adam', 'torch_adam'):
-    explorer = experiment.client_optimizer(
+    explorer = computations.client_optimizer(
         _config(algorithm='fedlex_avgm', client_optimizer=name, client_weight_decay=1e-4), 0.2)
     assert _hparams(explorer)['learning_rate'] == 0.2
     assert _hparams(explorer)['weight_decay'] == 1e-4
@@ -514,10 +517,10 @@ def test_client_lr_decay_wraps_every_method_with_local_steps(monkeypatch, algori
                       lambda process, decay: wrapped.append((process, decay)) or 'decayed')
   config = _config(algorithm=algorithm, **helpers.METHOD_SETTINGS.get(algorithm, {}))
   _record_builder(monkeypatch, methods.METHODS[algorithm].builder)
-  assert experiment.build_process(config, lambda: None, NUM_CLIENTS) == 'built'
+  assert computations.build_process(config, lambda: None, NUM_CLIENTS) == 'built'
   decayed = dataclasses.replace(config, client_lr_decay=0.99)
   experiment.validate(decayed)
-  assert experiment.build_process(decayed, lambda: None, NUM_CLIENTS) == 'decayed'
+  assert computations.build_process(decayed, lambda: None, NUM_CLIENTS) == 'decayed'
   assert wrapped[-1] == ('built', 0.99)
 
 
@@ -578,13 +581,13 @@ def test_dataset_and_data_dir_are_read(tmp_path):
 
 
 def test_model_flag_chooses_the_model(monkeypatch):
-  monkeypatch.setattr(experiment, '_LAST_BUILT', {})
-  monkeypatch.setattr(experiment, 'build_process', lambda *args: 'built')
-  monkeypatch.setattr(experiment, 'Evaluator', lambda *args: None)
+  monkeypatch.setattr(computations, '_LAST_BUILT', {})
+  monkeypatch.setattr(computations, 'build_process', lambda *args: 'built')
+  monkeypatch.setattr(computations, 'Evaluator', lambda *args: None)
   fed = experiment.load_federated_data(_config())
   sizes = {}
   for model in ('', 'mlp_2nn'):
-    name, model_fn, _, _ = experiment.build_computations(_config(model=model), fed, NUM_CLIENTS)
+    name, model_fn, _, _ = computations.build_computations(_config(model=model), fed, NUM_CLIENTS)
     sizes[name] = sum(int(np.prod(v.shape)) for v in model_fn().trainable_variables)
   assert set(sizes) == {'tiny_cnn', 'mlp_2nn'} and sizes['tiny_cnn'] != sizes['mlp_2nn']
 
@@ -602,9 +605,9 @@ def test_a_rerun_reuses_the_per_client_evaluation(monkeypatch):
       return self
 
   made = []
-  monkeypatch.setattr(experiment, '_LAST_BUILT', {})
-  monkeypatch.setattr(experiment, 'build_process', lambda *args: 'built')
-  monkeypatch.setattr(experiment, 'Evaluator', Evaluator)
+  monkeypatch.setattr(computations, '_LAST_BUILT', {})
+  monkeypatch.setattr(computations, 'build_process', lambda *args: 'built')
+  monkeypatch.setattr(computations, 'Evaluator', Evaluator)
   monkeypatch.setattr(evaluation, 'build_per_client_evaluation',
                       lambda model_fn, n: made.append((model_fn, n)) or object())
   config = _config(client_test_fraction=0.2)
@@ -612,8 +615,8 @@ def test_a_rerun_reuses_the_per_client_evaluation(monkeypatch):
       config, experiment.load_federated_data(config), NUM_CLIENTS)
 
   def run(c):
-    _, model_fn, _, _ = experiment.build_computations(c, fed, NUM_CLIENTS)
-    return model_fn, experiment._per_client_evaluation(c, fed, NUM_CLIENTS, len(client_test))  # pylint: disable=protected-access
+    _, model_fn, _, _ = computations.build_computations(c, fed, NUM_CLIENTS)
+    return model_fn, computations.per_client_evaluation(c, fed, NUM_CLIENTS, len(client_test))
 
   first = run(config)
   assert run(dataclasses.replace(config, rounds=config.rounds + 5)) == first
@@ -649,16 +652,16 @@ def loop_run(tmp_path_factory):
 
 
 def test_explored_initial_state_explores_as_a_run_does(loop_run):
-  """`experiment.explored_initial_state` (what benchmarks build on): the initial state with
+  """`fedlex_exploration.explored_initial_state` (what benchmarks build on): the initial state with
   FedLEx's guidance explored by the run's explorers, within their epoch budget, and no more
   client-epochs than the run's first row counts (which adds its refreshes)."""
   from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
   config, _, rows, _, _ = loop_run
   fed = experiment.load_federated_data(config)
-  _, model_fn, process, _ = experiment.build_computations(config, fed, config.num_clients)
-  state, stats = experiment.explored_initial_state(config, fed, process, model_fn,
-                                                   config.num_clients)
-  explorers = experiment.fedlex_explorers(config, config.num_clients)
+  _, model_fn, process, _ = computations.build_computations(config, fed, config.num_clients)
+  state, stats = fedlex_exploration.explored_initial_state(config, fed, process, model_fn,
+                                                           config.num_clients)
+  explorers = fedlex_exploration.fedlex_explorers(config, config.num_clients)
   assert 0 < stats['exploration_client_epochs'] <= (
       len(explorers) * config.fedlex_exploration_epochs)
   assert stats['exploration_client_epochs'] <= float(rows[0]['exploration_client_epochs'])
@@ -684,7 +687,7 @@ def test_fedlex_exploration_and_refresh_flags(loop_run):
   """--fedlex_explorer_fraction, --fedlex_exploration_epochs, --fedlex_refresh."""
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   config, summary, rows, _, _ = loop_run
-  explorers = experiment.fedlex_explorers(config, config.num_clients)
+  explorers = fedlex_exploration.fedlex_explorers(config, config.num_clients)
   assert len(explorers) == 3
   expected, cumulative = 3 * 2, []   # explorers x exploration epochs, then each refresh
   for round_num in (1, 2, 3):

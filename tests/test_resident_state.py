@@ -14,7 +14,11 @@ import pytest
 import tensorflow as tf
 
 from tff_algos import data
+from programs import computations
 from programs import experiment
+from programs import experiment_config
+from programs import fedlex_exploration
+from programs import run_directory
 from tests import helpers
 from tff_algos import execution
 from tff_algos import fedlex
@@ -49,7 +53,7 @@ def _process(algorithm):
   config = _config(name)
   if cache_dtype:
     config = dataclasses.replace(config, fedcda_cache_dtype=cache_dtype)
-  return experiment.build_process(config, MODEL_FN, NUM_CLIENTS)
+  return computations.build_process(config, MODEL_FN, NUM_CLIENTS)
 
 
 def _inputs(round_num):
@@ -60,8 +64,8 @@ def _inputs(round_num):
 def _initial_state(algorithm, process):
   """The program's initial state (FedLEx: after its exploration, computed in Python)."""
   state = process.initialize()
-  if algorithm in experiment.FEDLEX_ALGORITHMS:
-    exploration, explorers = experiment._fedlex_exploration(  # pylint: disable=protected-access
+  if algorithm in experiment_config.FEDLEX_ALGORITHMS:
+    exploration, explorers = fedlex_exploration.exploration_computation(
         _config(algorithm), MODEL_FN, NUM_CLIENTS)
     _, inputs = data.round_inputs(_fed(), 0, len(explorers), 1, 1, client_ids=explorers)
     state, _ = fedlex.explore_and_initialize(process, exploration, [[x] for x in inputs], state)
@@ -88,7 +92,7 @@ def test_rounds_match_process_next(algorithm):
   assert resident._detached_fields == len(state)  # pylint: disable=protected-access
   # FedLEx's exploration sets the state in Python: it is adopted; the others start in the
   # worker.
-  held = (resident.adopt(state) if algorithm in experiment.FEDLEX_ALGORITHMS
+  held = (resident.adopt(state) if algorithm in experiment_config.FEDLEX_ALGORITHMS
           else resident.initialize())
   for round_num in range(1, ROUNDS + 1):
     output = process.next(state, _inputs(round_num))
@@ -280,7 +284,7 @@ def test_program_resident_state_flag(tmp_path, monkeypatch):
     assert len(made) == (1 if flag else 0)
     runs[flag]['weights'] = np.load(os.path.join(config.experiment_dir, 'final_weights.npz'))
     with open(os.path.join(config.experiment_dir, 'metrics.csv'), newline='') as f:
-      runs[flag]['csv'] = [{k: v for k, v in row.items() if k not in experiment.TIMING_COLUMNS}
+      runs[flag]['csv'] = [{k: v for k, v in row.items() if k not in run_directory.TIMING_COLUMNS}
                            for row in csv.DictReader(f)]
   assert runs[True]['csv'] == runs[False]['csv']
   for name in runs[True]['weights'].files:

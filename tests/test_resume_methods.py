@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from programs import experiment
+from programs import run_directory
 
 BASE = experiment.ExperimentConfig(
     dataset='digits', num_clients=8, clients_per_round=3, batch_size=16, client_lr=0.1,
@@ -98,14 +99,14 @@ def test_checkpoint_every_n_rounds_and_a_crash_between_repeats_the_same_rounds(t
   unbroken = dataclasses.replace(config, experiment_name='unbroken')
   experiment.run_experiment(unbroken, log)
   ckpt = lambda c: os.path.join(c.experiment_dir, 'checkpoints')  # noqa: E731
-  assert experiment.checkpointed_rounds(ckpt(unbroken)) == [3, 7]
+  assert run_directory.checkpointed_rounds(ckpt(unbroken)) == [3, 7]
   every_round = dataclasses.replace(config, experiment_name='every', checkpoint_every=1)
   experiment.run_experiment(every_round, log)
-  assert experiment.checkpointed_rounds(ckpt(every_round)) == [1, 7]
+  assert run_directory.checkpointed_rounds(ckpt(every_round)) == [1, 7]
 
   broken = dataclasses.replace(config, experiment_name='broken', rounds=5)
   experiment.run_experiment(broken, log)   # checkpoints after rounds 3 and 5 (its last)
-  assert experiment.checkpointed_rounds(ckpt(broken)) == [3, 5]
+  assert run_directory.checkpointed_rounds(ckpt(broken)) == [3, 5]
   import shutil  # pylint: disable=g-import-not-at-top
   shutil.rmtree(os.path.join(ckpt(broken), 'program_state_5'))   # the crash
   messages = []

@@ -1,6 +1,6 @@
 """SIGTERM / SIGINT stop a run at the next round boundary, whenever they land.
 
-The handler (programs.experiment.StopRequests) only records the signal; the training loop
+The handler (programs.stopping.StopRequests) only records the signal; the training loop
 checks it between rounds, after the checkpoint. The loop test signals one Python process at
 24 timings around round boundaries (and during set-up), resuming in between; the computations
 are built once and reused by the resumes, so each timing costs about one round. The CLI test
@@ -18,6 +18,8 @@ import time
 import pytest
 
 from programs import experiment
+from programs import run_directory
+from programs import stopping
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (signal, when): a float = seconds after the first new round's checkpoint appears (0 lands
@@ -35,7 +37,7 @@ def _fire(sig, when, ckpt_dir, first_new_round, started, run_ended):
   if isinstance(when, tuple):
     time.sleep(max(0.0, started + when[1] - time.time()))
   else:
-    while (max(experiment.checkpointed_rounds(ckpt_dir), default=0) < first_new_round
+    while (max(run_directory.checkpointed_rounds(ckpt_dir), default=0) < first_new_round
            and not run_ended.is_set()):
       time.sleep(0.0005)
     time.sleep(when)
@@ -47,11 +49,11 @@ def _interrupted(config, fire, *args):
   """Runs `config` while `fire(*args, run_ended)` signals this process from a thread;
   returns the Interrupted the run ended with."""
   run_ended = threading.Event()
-  with experiment.StopRequests() as stop:
+  with stopping.StopRequests() as stop:
     thread = threading.Thread(target=fire, args=args + (run_ended,))
     thread.start()
     try:
-      with pytest.raises(experiment.Interrupted) as info:
+      with pytest.raises(stopping.Interrupted) as info:
         experiment.run_experiment(config, log=lambda msg: None, stop=stop)
     finally:
       run_ended.set()
@@ -81,7 +83,7 @@ def test_every_signal_stops_the_run_at_a_round_boundary(tmp_path):
     outcomes.append((signal.Signals(sig).name, when, last, stopped.last_round))
     assert stopped.signum == sig and stopped.exit_code == 128 + sig, outcomes
     # Stopped at a boundary: the checkpoint and metrics.csv both end at the last round.
-    assert stopped.last_round == max(experiment.checkpointed_rounds(ckpt_dir), default=0)
+    assert stopped.last_round == max(run_directory.checkpointed_rounds(ckpt_dir), default=0)
     assert last <= stopped.last_round < config.rounds, outcomes
     if not isinstance(when, tuple):
       assert stopped.last_round >= last + 1, outcomes
@@ -202,5 +204,5 @@ def test_a_stop_between_checkpoints_checkpoints_the_last_finished_round(tmp_path
 
   last = _interrupted(config, fire_after_round_two).last_round
   assert 2 <= last < config.rounds
-  assert experiment.checkpointed_rounds(ckpt_dir) == [last]
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [last]
   assert _csv_rounds(csv_path) == list(range(1, last + 1))

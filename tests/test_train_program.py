@@ -10,7 +10,12 @@ import time
 import numpy as np
 import pytest
 
+from programs import computations
 from programs import experiment
+from programs import experiment_config
+from programs import run_directory
+from programs import run_results
+from programs import stopping
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = ['--dataset=digits', '--num_clients=10', '--clients_per_round=4', '--local_epochs=1',
@@ -196,8 +201,8 @@ def test_a_run_another_process_is_running_is_refused_in_one_line(piped_run):
   while one holds it, a second is refused in one line and nothing of the run changes."""
   run_dir = piped_run[1]
   holder = subprocess.Popen(
-      [sys.executable, '-c', 'import sys, time; from programs import experiment\n'
-       f'with experiment.exclusive_run_directory({str(run_dir)!r}):\n'
+      [sys.executable, '-c', 'import sys, time; from programs import run_directory\n'
+       f'with run_directory.exclusive_run_directory({str(run_dir)!r}):\n'
        '  print("held", flush=True); time.sleep(120)'],
       cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), stdout=subprocess.PIPE, text=True)
   try:
@@ -210,7 +215,7 @@ def test_a_run_another_process_is_running_is_refused_in_one_line(piped_run):
     holder.kill()
     holder.wait()
   # The holder's death releases the directory.
-  with experiment.exclusive_run_directory(str(run_dir)):
+  with run_directory.exclusive_run_directory(str(run_dir)):
     pass
 
 
@@ -242,10 +247,11 @@ def test_flag_errors_come_before_tensorflow_starts():
 def test_server_lr_alone_sets_the_server_sgd_rate():
   """--server_lr without --server_optimizer is used (plain server SGD), not ignored."""
   from tff_algos import models  # pylint: disable=g-import-not-at-top
+  from programs import computations  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
   model_fn = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
   config = experiment.ExperimentConfig(dataset='digits', server_lr=0.25)
-  process = experiment.build_process(config, model_fn, num_clients=4)
+  process = computations.build_process(config, model_fn, num_clients=4)
   state = process.initialize()
   assert float(state.finalizer['learning_rate']) == 0.25
 
@@ -298,8 +304,8 @@ def test_blown_up_rounds_are_announced_and_stop_the_run_checkpointed(tmp_path):
 @pytest.mark.parametrize('loss, warned', [(2.3, False), (1e4, False), (float('nan'), False),
                                           (float('inf'), False), (1.5e4, True)])
 def test_blown_up_warning_takes_finite_losses_above_the_threshold(loss, warned):
-  from programs import experiment  # pylint: disable=g-import-not-at-top
-  message = experiment.blown_up_warning(3, loss, 0.5)
+  from programs import stopping  # pylint: disable=g-import-not-at-top
+  message = stopping.blown_up_warning(3, loss, 0.5)
   assert (message is not None) == warned
   if warned:
     assert message.startswith("warning: round 3: the clients' training loss is 1.5e+04: ")
@@ -307,12 +313,12 @@ def test_blown_up_warning_takes_finite_losses_above_the_threshold(loss, warned):
 
 def test_blown_up_rounds_in_a_row_counts_the_last_rows_only():
   """What a resumed run counts from metrics.csv: the trailing blown-up rounds, not all."""
-  from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import stopping  # pylint: disable=g-import-not-at-top
   rows = [{'client_work/train/loss': v} for v in ('2e5', '1.2', '3e4', '7e8', '')]
-  assert experiment.blown_up_rounds_in_a_row(rows[:4]) == 2
-  assert experiment.blown_up_rounds_in_a_row(rows[:2]) == 0
-  assert experiment.blown_up_rounds_in_a_row(rows[:1]) == 1
-  assert experiment.blown_up_rounds_in_a_row(rows) == 0   # no loss recorded: not blown up
+  assert stopping.blown_up_rounds_in_a_row(rows[:4]) == 2
+  assert stopping.blown_up_rounds_in_a_row(rows[:2]) == 0
+  assert stopping.blown_up_rounds_in_a_row(rows[:1]) == 1
+  assert stopping.blown_up_rounds_in_a_row(rows) == 0   # no loss recorded: not blown up
 
 
 @pytest.mark.parametrize('rounds,every,last', [(30, 1, 10), (30, 5, 10), (23, 7, 0),
@@ -356,6 +362,19 @@ def test_a_diverged_run_is_not_resumed_and_a_fresh_start_clears_its_mark(tmp_pat
   assert not (tmp_path / 'e' / 'diverged.txt').exists()
 
 
+def test_every_flag_has_a_role_and_a_flag_defining_the_run_rebuilds():
+  """experiment_config.FLAG_ROLES says of every ExperimentConfig field whether --resume may
+  change it and whether it rebuilds the computations; both old lists derive from it."""
+  fields = list(experiment.ExperimentConfig.__dataclass_fields__)
+  roles = experiment_config.FLAG_ROLES
+  assert [f for f in fields if f not in roles] == [] and set(roles) == set(fields)
+  # A flag that changes what the run computes must not reuse another run's computations.
+  assert all(role.rebuilds for role in roles.values() if not role.resumable)
+  assert set(experiment_config.RESUMABLE_CHANGES) == {n for n in fields if roles[n].resumable}
+  assert set(experiment_config.NOT_BUILD_INPUTS) == {n for n in fields if not roles[n].rebuilds}
+  assert set(experiment_config.NOT_BUILD_INPUTS) <= set(experiment_config.RESUMABLE_CHANGES)
+
+
 def test_resume_after_kill_is_identical_to_unbroken_run(tmp_path):
   straight = _run(BASE + ['--rounds=4', f'--root_output_dir={tmp_path}', '--experiment_name=a'])
   assert straight.returncode == 0, straight.stderr
@@ -391,8 +410,9 @@ def test_resume_after_kill_is_identical_to_unbroken_run(tmp_path):
   assert len(rows_b) == 5
   # Same losses and accuracies round by round (the timings, seconds and round_seconds, differ).
   import csv  # pylint: disable=g-import-not-at-top
-  strip = lambda rows: [{k: v for k, v in r.items() if k not in experiment.TIMING_COLUMNS}  # noqa: E731
-                        for r in csv.DictReader(rows)]
+  strip = lambda rows: [  # noqa: E731
+      {k: v for k, v in r.items() if k not in run_directory.TIMING_COLUMNS}
+      for r in csv.DictReader(rows)]
   assert strip(rows_a) == strip(rows_b)
 
 
@@ -412,7 +432,7 @@ def test_outputs_and_pipe_termination(piped_run):
   for key in ('final_accuracy', 'best_accuracy', 'rounds', 'seconds_per_round'):
     assert summary[key] is not None
   assert summary['rounds'] == 2 and summary['dropped_clients'] == 0
-  assert summary['host'] == experiment.host_description(), summary['host']
+  assert summary['host'] == run_results.host_description(), summary['host']
   assert summary['host']['cores'] == len(os.sched_getaffinity(0)), summary['host']
   assert summary['host']['cpu'], summary['host']   # a name, whatever the machine
   # The whole round (training, then the evaluation) is timed beside its training alone.
@@ -504,13 +524,13 @@ def test_host_description_names_the_microarchitecture_from_cpuinfo(tmp_path):
            'flags\t\t: fpu sse2 fma avx512f avx2 amx_tile avx sha_ni{extra}\n\n')
   cpuinfo = tmp_path / 'cpuinfo'
   cpuinfo.write_text(block.format(n=0, extra='') + block.format(n=1, extra=' avx_vnni'))
-  host = experiment.host_description(str(cpuinfo))
+  host = run_results.host_description(str(cpuinfo))
   assert host == {'cpu': 'AMD EPYC', 'cores': len(os.sched_getaffinity(0)),
                   'cpu_id': 'family 26 model 2 stepping 1',
                   'vector_extensions': 'amx_tile avx avx2 avx512f fma'}, host
   # Without the numbers (e.g. an ARM cpuinfo), the record says only what it knows.
   (tmp_path / 'arm').write_text('processor\t: 0\nmodel name\t: Neoverse\n')
-  assert experiment.host_description(str(tmp_path / 'arm')) == {
+  assert run_results.host_description(str(tmp_path / 'arm')) == {
       'cpu': 'Neoverse', 'cores': len(os.sched_getaffinity(0))}
 
 
@@ -525,11 +545,11 @@ def test_a_run_directory_replaced_while_waiting_is_locked_anew(tmp_path):
   holding, waiter_has_it, done = threading.Event(), threading.Event(), threading.Event()
 
   def waiter():
-    with experiment.exclusive_run_directory(str(run), wait=True):
+    with run_directory.exclusive_run_directory(str(run), wait=True):
       waiter_has_it.set()
       done.wait(30)
 
-  with experiment.exclusive_run_directory(str(run)):
+  with run_directory.exclusive_run_directory(str(run)):
     thread = threading.Thread(target=waiter)
     thread.start()
     time.sleep(0.3)   # the waiter is blocked on the old directory's lock
@@ -556,8 +576,8 @@ def test_a_refused_run_leaves_the_other_process_its_directory(tmp_path, monkeypa
   run_dir = config.experiment_dir
   os.makedirs(run_dir)
   # As the refused process sees it: the directory did not exist when it looked.
-  monkeypatch.setattr(experiment, '_make_output_dir', lambda path: [os.path.abspath(path)])
-  with experiment.exclusive_run_directory(run_dir):   # the other process's lock
-    with pytest.raises(experiment.RunDirectoryBusy):
+  monkeypatch.setattr(run_directory, 'make_output_dir', lambda path: [os.path.abspath(path)])
+  with run_directory.exclusive_run_directory(run_dir):   # the other process's lock
+    with pytest.raises(run_directory.RunDirectoryBusy):
       experiment.run_experiment(config)
     assert os.path.isdir(run_dir)

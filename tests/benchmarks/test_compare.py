@@ -15,6 +15,8 @@ from benchmarks import report
 from benchmarks import runs as rd
 from benchmarks import suites
 from programs import experiment
+from programs import run_directory
+from programs import stopping
 from tests.benchmarks.toy_runs import paired_toy_suite, write_run
 
 
@@ -90,7 +92,7 @@ def test_a_diverging_grid_point_is_recorded_and_skipped(tmp_path, monkeypatch):
     recorded = dataclasses.asdict(config)
     if config.client_lr == 1.0:   # as the program does: the marker, then the error
       write_run(config.experiment_dir, 20, np.full(4, 0.3), config=recorded)
-      with open(os.path.join(config.experiment_dir, experiment.DIVERGED), 'w') as f:
+      with open(os.path.join(config.experiment_dir, run_directory.DIVERGED), 'w') as f:
         f.write('training diverged at round 5 (train loss nan)\n')
       raise experiment.ExperimentError(
           'training diverged at round 5 (train loss nan); start a new run with a lower '
@@ -411,7 +413,7 @@ def test_compare_leaves_a_run_another_process_holds_for_last_and_then_makes_it(t
   made = []
 
   def fake_run(config):   # what run_experiment does first: hold the directory, or refuse
-    with experiment.exclusive_run_directory(config.experiment_dir):
+    with run_directory.exclusive_run_directory(config.experiment_dir):
       made.append(config.experiment_name)
 
   monkeypatch.setattr(compare, '_run', fake_run)
@@ -423,7 +425,7 @@ def test_compare_leaves_a_run_another_process_holds_for_last_and_then_makes_it(t
   holding, release = threading.Event(), threading.Event()
 
   def other_process():
-    with experiment.exclusive_run_directory(str(tmp_path / 'held')):
+    with run_directory.exclusive_run_directory(str(tmp_path / 'held')):
       holding.set()
       release.wait(30)
 
@@ -441,19 +443,19 @@ def test_compare_stops_at_a_signal_like_the_program(tmp_path, monkeypatch):
   its next round boundary, checkpointed) and a stopped run ends the command: no later run
   starts."""
   import signal  # pylint: disable=g-import-not-at-top
-  stop = experiment.StopRequests()
+  stop = stopping.StopRequests()
   monkeypatch.setattr(compare, '_STOP', stop)
   started = []
 
   def fake_run_experiment(config, stop=None):
     started.append(config.experiment_name)
     assert stop is compare._STOP  # pylint: disable=protected-access
-    raise experiment.Interrupted(signal.SIGTERM, 3, config.experiment_dir)
+    raise stopping.Interrupted(signal.SIGTERM, 3, config.experiment_dir)
 
   monkeypatch.setattr(experiment, 'run_experiment', fake_run_experiment)
   configs = [experiment.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name=n)
              for n in ('a', 'b')]
-  with pytest.raises(experiment.Interrupted):
+  with pytest.raises(stopping.Interrupted):
     compare.run_all(configs)
   assert started == ['a']
 
@@ -462,7 +464,7 @@ def test_compare_stopped_while_waiting_for_a_run_does_not_start_it(tmp_path, mon
   """A signal that arrives while compare waits for another process's run ends the command
   before that run is started, naming its last checkpointed round."""
   import signal  # pylint: disable=g-import-not-at-top
-  stop = experiment.StopRequests()
+  stop = stopping.StopRequests()
   stop.signum = signal.SIGTERM   # recorded while waiting
   monkeypatch.setattr(compare, '_STOP', stop)
   monkeypatch.setattr(experiment, 'run_experiment',
@@ -471,7 +473,7 @@ def test_compare_stopped_while_waiting_for_a_run_does_not_start_it(tmp_path, mon
   os.makedirs(os.path.join(config.experiment_dir, 'checkpoints', 'program_state_7'))
   with open(os.path.join(config.experiment_dir, 'config.json'), 'w') as f:
     json.dump(dict(rounds=30), f)
-  with pytest.raises(experiment.Interrupted) as info:
+  with pytest.raises(stopping.Interrupted) as info:
     compare._run(config)  # pylint: disable=protected-access
   assert info.value.last_round == 7 and info.value.signum == signal.SIGTERM
 
@@ -482,11 +484,11 @@ def test_compare_waiting_for_another_process_stops_at_a_signal(tmp_path, monkeyp
   import signal  # pylint: disable=g-import-not-at-top
   import threading  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
-  stop = experiment.StopRequests()
+  stop = stopping.StopRequests()
   monkeypatch.setattr(compare, '_STOP', stop)
 
   def fake_run(config):
-    with experiment.exclusive_run_directory(config.experiment_dir):
+    with run_directory.exclusive_run_directory(config.experiment_dir):
       pass
 
   monkeypatch.setattr(compare, '_run', fake_run)
@@ -495,7 +497,7 @@ def test_compare_waiting_for_another_process_stops_at_a_signal(tmp_path, monkeyp
   holding, release = threading.Event(), threading.Event()
 
   def other_process():
-    with experiment.exclusive_run_directory(config.experiment_dir):
+    with run_directory.exclusive_run_directory(config.experiment_dir):
       holding.set()
       release.wait(60)
 
@@ -505,7 +507,7 @@ def test_compare_waiting_for_another_process_stops_at_a_signal(tmp_path, monkeyp
   threading.Timer(0.5, lambda: setattr(stop, 'signum', signal.SIGTERM)).start()
   started = time.time()
   try:
-    with pytest.raises(experiment.Interrupted):
+    with pytest.raises(stopping.Interrupted):
       compare.run_all([config])
     assert time.time() - started < 5
   finally:
@@ -571,14 +573,14 @@ def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsy
   new_s2 = configs['new_s2']
   write_run(new_s2.experiment_dir, 20, shorter,
             config=dict(dataclasses.asdict(new_s2), rounds=20))
-  lock = experiment.exclusive_run_directory
+  lock = run_directory.exclusive_run_directory
 
   def moved_first(exp_dir, wait=False):
     if os.path.isdir(exp_dir):
       os.rename(exp_dir, str(kept / 'new_s2'))   # what the other process did
     return lock(exp_dir, wait)
 
-  monkeypatch.setattr(experiment, 'exclusive_run_directory', moved_first)
+  monkeypatch.setattr(run_directory, 'exclusive_run_directory', moved_first)
   compare._run(new_s2)   # pylint: disable=protected-access
   assert made[-1] == ('new_s2', False)
   assert rd.load_run(new_s2.experiment_dir)['rounds_done'] == 40
@@ -652,7 +654,7 @@ def test_compare_waiting_for_a_run_the_other_process_moved_makes_it(tmp_path, mo
     calls.append(c.experiment_dir)
     if len(calls) == 1:   # held by the other process, which then moves the directory away
       os.rename(c.experiment_dir, str(tmp_path / 'moved'))
-      raise experiment.RunDirectoryBusy('held')
+      raise run_directory.RunDirectoryBusy('held')
 
   monkeypatch.setattr(compare, '_run', fake_run)
   compare.run_all([config])

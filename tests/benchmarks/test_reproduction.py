@@ -16,6 +16,7 @@ import pytest
 from benchmarks import runs as rd
 from benchmarks import suites
 from programs import experiment
+from programs import experiment_config
 
 ROUNDS = 3
 # FedCDA's check runs past its warmup into its own rounds, up to this warmup; past it the
@@ -42,7 +43,7 @@ def test_first_rounds_of_a_committed_run_are_reproduced(tmp_path, name):
     committed = points[0]   # a finished point: its first rounds did not diverge
   with open(os.path.join(committed, 'config.json')) as f:
     fields = json.load(f)
-  config = experiment.recorded_config(fields)
+  config = experiment_config.recorded_config(fields)
   rounds = ROUNDS + (config.fedcda_warmup_rounds if config.algorithm == 'fedcda' else 0)
   config.rounds, config.resume, config.progress = rounds, False, False
   config.root_output_dir, config.experiment_name = str(tmp_path), 'again'

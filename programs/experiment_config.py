@@ -1,0 +1,278 @@
+"""The settings of one experiment: `ExperimentConfig` (every flag of programs/train.py), the
+defaults behind them, their validation and which of them a resumed run may change.
+
+Imports neither TensorFlow nor TFF: a flag error costs no TF start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Optional
+
+from programs import methods
+
+ALGORITHMS = methods.ALGORITHMS
+BASELINE_ALGORITHMS = methods.BASELINE_ALGORITHMS
+FEDLEX_ALGORITHMS = methods.FEDLEX_ALGORITHMS
+SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
+CLIENT_OPTIMIZERS = ('sgdm', 'adam', 'torch_adam')
+# The model each dataset trains by default (its benchmark's model); a --model must take the
+# same kind of input (tff_algos.models.catalog) as this one.
+DEFAULT_MODELS = {
+    'digits': 'tiny_cnn', 'fashion_mnist': 'fedavg_cnn', 'mnist': 'fedavg_cnn',
+    'emnist': 'fedavg_cnn', 'femnist_tff': 'fedavg_cnn', 'femnist_leaf': 'fedavg_cnn',
+    'cifar10': 'resnet20', 'cifar100': 'resnet20', 'shakespeare_tff': 'char_lstm',
+    'shakespeare_leaf': 'leaf_char_lstm', 'sent140_leaf': 'sent140_lstm',
+}
+# The server-side flags each algorithm reads (methods.Method.reads); any other one set away
+# from its default is refused rather than recorded in config.json and ignored.
+SERVER_FLAGS_USED = {name: method.reads for name, method in methods.METHODS.items()}
+
+
+class ExperimentError(Exception):
+  """A problem the user can fix; its message is one line naming the fix."""
+
+
+@dataclasses.dataclass
+class _GeneralConfig:
+  """The flags every method shares (ExperimentConfig adds the methods' own)."""
+
+  algorithm: str = 'fedavg'
+  dataset: str = 'fashion_mnist'
+  data_dir: Optional[str] = None
+  partition: str = 'dirichlet'
+  dirichlet_alpha: float = 0.5
+  shards_per_client: int = 2
+  classes_per_client: int = 2
+  quantity_alpha: float = 1.0
+  num_clients: int = 20
+  clients_per_round: int = 4
+  rounds: int = 30
+  local_epochs: int = 1
+  batch_size: int = 50
+  client_lr: float = 0.01
+  client_momentum: float = 0.5
+  client_optimizer: str = 'sgdm'  # CLIENT_OPTIMIZERS
+  client_weight_decay: float = 0.0  # L2, as PyTorch's weight_decay (tff_algos.optimizers)
+  client_lr_decay: float = 1.0  # the client rate times this each round (tff_algos.client_lr_decay)
+  server_optimizer: str = ''   # '' = the algorithm's own default
+  server_lr: float = -1.0      # < 0 = the algorithm's own default
+  server_momentum: float = 0.9
+  proximal_strength: float = 0.01
+  model: str = ''              # '' = the dataset's default model
+  seed: int = 0
+  eval_every: int = 1
+  # Per-client evaluation: this fraction of each client's examples is held out of its
+  # training (the users' own test split on naturally federated datasets), and the global
+  # model is evaluated on every client's held-out data whenever the test set is.
+  client_test_fraction: float = 0.0
+  # ... and each of the last this many rounds: summary.json's last-10 mean (and the reports')
+  # is then over the run's last rounds, not over its last evaluations wherever they fell.
+  eval_last: int = 10
+  # Checkpoint every this many rounds (and after the last one, and on SIGTERM/SIGINT): a
+  # large state's checkpoint every round costs FedCDA 36% of its round time (RESULTS.md);
+  # a crash repeats the rounds since the last checkpoint.
+  checkpoint_every: int = 1
+  root_output_dir: str = 'runs'
+  experiment_name: str = ''
+  resume: bool = False
+  progress: bool = True
+  workers: str = ''            # 'host:port,...' of worker services (scripts/start_worker.py)
+  local_workers: int = 0       # worker services to start on this machine
+  worker_timeout: float = 60.0  # seconds a worker service may stay unreachable
+  # Keep the server state in TFF's local worker between rounds (tff_algos.ResidentProcess):
+  # the same results without sending the state to the worker every round (local runtime
+  # only; on worker services every round goes through process.next).
+  resident_state: bool = True
+  # Stop (one error line, exit 2, checkpointed) after this many rounds in a row whose clients'
+  # training loss is above stopping.BLOWN_UP_LOSS; 0 goes on (the reproduction suites report
+  # such runs).
+  blown_up_rounds: int = 5
+
+  @property
+  def experiment_dir(self) -> str:
+    name = self.experiment_name or f'{self.algorithm}_{self.dataset}_{self.partition}_s{self.seed}'
+    return os.path.join(self.root_output_dir, name)
+
+
+# Every flag of programs/train.py as a field; the methods' own flags (with their defaults) come
+# from the registry, programs/methods.py.
+ExperimentConfig = dataclasses.make_dataclass(
+    'ExperimentConfig', methods.config_fields(), bases=(_GeneralConfig,))
+ExperimentConfig.__module__ = __name__
+ExperimentConfig.__doc__ = 'The settings of one experiment: every flag of programs/train.py.'
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagRole:
+  """What a flag is to a run: whether `--resume` may change it (it does not change what the
+  run computes) and whether the run's TFF computations depend on it (a change builds them
+  again instead of reusing those of the last run in this process)."""
+
+  resumable: bool
+  rebuilds: bool
+
+
+DEFINES_RUN = FlagRole(resumable=False, rebuilds=True)
+# Where the run reads its data and executes, not what it computes: the computations are built
+# for them.
+EXECUTION = FlagRole(resumable=True, rebuilds=True)
+# How long the run goes, when it evaluates and checkpoints, where its record and its server
+# state between rounds go.
+BOOKKEEPING = FlagRole(resumable=True, rebuilds=False)
+
+# Every flag of the run (tests/test_train_program.py checks each ExperimentConfig field has
+# one); the flags of programs/methods.py's registry define the run.
+FLAG_ROLES = {
+    'algorithm': DEFINES_RUN, 'dataset': DEFINES_RUN, 'data_dir': EXECUTION,
+    'partition': DEFINES_RUN, 'dirichlet_alpha': DEFINES_RUN, 'shards_per_client': DEFINES_RUN,
+    'classes_per_client': DEFINES_RUN, 'quantity_alpha': DEFINES_RUN,
+    'num_clients': DEFINES_RUN, 'clients_per_round': DEFINES_RUN, 'rounds': BOOKKEEPING,
+    'local_epochs': DEFINES_RUN, 'batch_size': DEFINES_RUN, 'client_lr': DEFINES_RUN,
+    'client_momentum': DEFINES_RUN, 'client_optimizer': DEFINES_RUN,
+    'client_weight_decay': DEFINES_RUN, 'client_lr_decay': DEFINES_RUN,
+    'server_optimizer': DEFINES_RUN, 'server_lr': DEFINES_RUN, 'server_momentum': DEFINES_RUN,
+    'proximal_strength': DEFINES_RUN, 'model': DEFINES_RUN, 'seed': DEFINES_RUN,
+    'eval_every': BOOKKEEPING, 'client_test_fraction': DEFINES_RUN, 'eval_last': BOOKKEEPING,
+    'checkpoint_every': BOOKKEEPING, 'root_output_dir': BOOKKEEPING,
+    'experiment_name': BOOKKEEPING, 'resume': BOOKKEEPING, 'progress': BOOKKEEPING,
+    'workers': EXECUTION, 'local_workers': EXECUTION, 'worker_timeout': EXECUTION,
+    'resident_state': BOOKKEEPING, 'blown_up_rounds': BOOKKEEPING,
+    **{flag.name: DEFINES_RUN for flag in methods.registry_flags()},
+}
+# Flags that do not change what a run computes: a resumed run may change them.
+RESUMABLE_CHANGES = tuple(name for name, role in FLAG_ROLES.items() if role.resumable)
+# Flags the run's computations do not depend on (left out of their cache key).
+NOT_BUILD_INPUTS = tuple(name for name, role in FLAG_ROLES.items() if not role.rebuilds)
+
+
+def _default(name: str):
+  return ExperimentConfig.__dataclass_fields__[name].default
+
+
+def _check_flags_used(c: ExperimentConfig) -> None:
+  """Refuses flags set away from their default that `c.algorithm` would ignore."""
+  method = methods.METHODS[c.algorithm]
+  used = method.reads
+  for name in methods.SERVER_FLAGS:
+    if getattr(c, name) != _default(name) and name not in used:
+      uses = ', '.join(f'--{f}' for f in used) or 'no server-optimizer flag'
+      raise ExperimentError(
+          f'--{name} is not used by --algorithm={c.algorithm} (it reads {uses}); drop it')
+  if ('server_optimizer' in used and c.server_momentum != _default('server_momentum')
+      and c.server_optimizer != 'sgdm'):
+    raise ExperimentError('--server_momentum is used only with --server_optimizer=sgdm; '
+                          'add that or drop --server_momentum')
+  for flag in methods.all_flags():
+    if flag not in method.flags and getattr(c, flag.name) != flag.default:
+      raise ExperimentError(f'--{flag.name} is not used by --algorithm={c.algorithm}; drop it')
+
+
+def validate(config: ExperimentConfig) -> None:
+  """Raises ExperimentError with one line for the first bad setting.
+
+  Imports neither TensorFlow nor TFF (a flag error costs no TF start-up).
+  """
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  from tff_algos.data import partitioners  # pylint: disable=g-import-not-at-top
+  from tff_algos.models import catalog  # pylint: disable=g-import-not-at-top
+  c = config
+  if c.algorithm not in ALGORITHMS:
+    raise ExperimentError(f'--algorithm={c.algorithm!r} is unknown; choose one of {", ".join(ALGORITHMS)}')
+  if c.dataset not in data.DATASETS:
+    raise ExperimentError(f'--dataset={c.dataset!r} is unknown; choose one of {", ".join(data.DATASETS)}')
+  if c.dataset not in data.NATURALLY_FEDERATED and c.partition not in partitioners.PARTITIONERS:
+    raise ExperimentError(f'--partition={c.partition!r} is unknown; choose one of {", ".join(partitioners.PARTITIONERS)}')
+  if c.dataset == 'digits' and c.data_dir:
+    raise ExperimentError('--dataset=digits is bundled with scikit-learn and reads no files; '
+                          'drop --data_dir')
+  if c.model and c.model not in catalog.MODEL_NAMES:
+    raise ExperimentError(f'--model={c.model!r} is unknown; choose one of {", ".join(catalog.MODEL_NAMES)}')
+  wanted = catalog.MODEL_INPUTS[DEFAULT_MODELS[c.dataset]]
+  if c.model and catalog.MODEL_INPUTS[c.model] != wanted:
+    raise ExperimentError(
+        f'--model={c.model} does not take {c.dataset}\'s {catalog.INPUT_DESCRIPTIONS[wanted]}; '
+        f'choose one of {", ".join(catalog.models_for(wanted))}')
+  _check_flags_used(c)
+  positive_ints = dict(num_clients=c.num_clients, clients_per_round=c.clients_per_round,
+                       rounds=c.rounds, local_epochs=c.local_epochs, batch_size=c.batch_size,
+                       eval_every=c.eval_every, checkpoint_every=c.checkpoint_every)
+  for name, value in positive_ints.items():
+    if value < 1:
+      raise ExperimentError(f'--{name} must be at least 1, got {value}')
+  for name in ('eval_last', 'blown_up_rounds'):
+    if getattr(c, name) < 0:
+      raise ExperimentError(f'--{name} must be at least 0, got {getattr(c, name)}')
+  _validate_workers(c)
+  if c.clients_per_round > c.num_clients:
+    raise ExperimentError(
+        f'--clients_per_round={c.clients_per_round} exceeds --num_clients={c.num_clients}; '
+        'lower it or add clients')
+  if not c.client_lr > 0 or not math.isfinite(c.client_lr):
+    raise ExperimentError(f'--client_lr must be a positive number, got {c.client_lr}')
+  if not 0 <= c.client_momentum < 1:
+    raise ExperimentError(f'--client_momentum must be in [0, 1), got {c.client_momentum}')
+  if c.client_optimizer not in CLIENT_OPTIMIZERS:
+    raise ExperimentError(f'--client_optimizer={c.client_optimizer!r} is unknown; choose one '
+                          f'of {", ".join(CLIENT_OPTIMIZERS)}')
+  if c.client_optimizer != 'sgdm' and c.client_momentum != _default('client_momentum'):
+    raise ExperimentError('--client_momentum is used only with --client_optimizer=sgdm; '
+                          'drop it')
+  if not (0 <= c.client_weight_decay < math.inf):
+    raise ExperimentError(
+        f'--client_weight_decay must be a number >= 0, got {c.client_weight_decay}')
+  if not (0 < c.client_lr_decay < math.inf):
+    raise ExperimentError(
+        f'--client_lr_decay must be a number > 0 (1 = no decay), got {c.client_lr_decay}')
+  if c.client_lr_decay != 1 and not methods.METHODS[c.algorithm].local_steps:
+    raise ExperimentError(
+        f'--client_lr_decay: {c.algorithm} takes no local step (one full-batch gradient per '
+        'client), so it has no client learning rate to decay; drop the flag or decay '
+        '--server_lr instead')
+  if c.partition == 'dirichlet' and not c.dirichlet_alpha > 0:
+    raise ExperimentError(f'--dirichlet_alpha must be > 0, got {c.dirichlet_alpha}')
+  if c.server_optimizer and c.server_optimizer not in SERVER_OPTIMIZERS:
+    raise ExperimentError(
+        f'--server_optimizer={c.server_optimizer!r} is unknown; choose one of {", ".join(SERVER_OPTIMIZERS)}')
+  if c.proximal_strength < 0:
+    raise ExperimentError(f'--proximal_strength must be >= 0, got {c.proximal_strength}')
+  if not 0 <= c.client_test_fraction < 1:
+    raise ExperimentError(f'--client_test_fraction must be in [0, 1) (0 = off), got '
+                          f'{c.client_test_fraction}')
+  error = methods.METHODS[c.algorithm].validate(c)
+  if error:
+    raise ExperimentError(error)
+
+
+def _validate_workers(c: ExperimentConfig) -> None:
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top  (no TF import)
+  try:
+    execution.parse_worker_addresses(c.workers)
+  except ValueError as e:
+    raise ExperimentError(f'--workers: {e}; give host:port,host:port,...') from None
+  if c.local_workers < 0:
+    raise ExperimentError(f'--local_workers must be >= 0, got {c.local_workers}')
+  if not c.worker_timeout > 0:
+    raise ExperimentError(f'--worker_timeout must be > 0 seconds, got {c.worker_timeout}')
+
+
+def recorded_config(saved: dict) -> ExperimentConfig:
+  """The configuration a run's config.json records: fields it lacks (added since) at their
+  defaults, keys no longer known dropped."""
+  fields = ExperimentConfig.__dataclass_fields__
+  return ExperimentConfig(**{k: v for k, v in saved.items() if k in fields})
+
+
+def settings_changed(saved: dict, c: ExperimentConfig) -> str:
+  """'' when a run recorded as `saved` (its config.json) is a run of `c` up to
+  RESUMABLE_CHANGES, else 'it was run with --x=old (now --x=new)'."""
+  mine = dataclasses.asdict(c)
+  differing = [name for name in mine if name not in RESUMABLE_CHANGES
+               and saved.get(name, _default(name)) != mine[name]]
+  if not differing:
+    return ''
+  return ('it was run with ' + ', '.join(f'--{n}={saved.get(n, _default(n))}' for n in differing)
+          + ' (now ' + ', '.join(f'--{n}={mine[n]}' for n in differing) + ')')
+

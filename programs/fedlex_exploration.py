@@ -1,0 +1,134 @@
+"""FedLEx's exploration within a run: the explorer clients, the exploration computation, the
+guidance G a guided run starts from (explored, explored in place, or a placeholder installed
+after round 1) and its refresh each round (--fedlex_refresh)."""
+
+from __future__ import annotations
+
+import collections
+from typing import Optional
+
+import numpy as np
+
+from programs import methods
+from programs.computations import check_distributable, client_optimizer
+from programs.experiment_config import ExperimentConfig, ExperimentError
+
+
+class Guidance:
+  """The exploration of one guided run (`is_guided`), between its rounds.
+
+  `exploration` is None when the run explores nothing (--fedlex_guidance=placeholder without
+  --fedlex_explore_in_place); `placeholder` is the all-ones G installed after round 1, set by
+  `initial_state` for --fedlex_guidance=placeholder.
+  """
+
+  def __init__(self, c: ExperimentConfig, fed, process, model_fn, num_clients: int):
+    self._c, self._fed, self._process = c, fed, process
+    self.exploration = None
+    self.explorers = np.zeros([0], np.int64)
+    self.placeholder = None
+    if c.fedlex_guidance == 'exploration' or c.fedlex_explore_in_place:
+      self.exploration, self.explorers = exploration_computation(c, model_fn, num_clients)
+      check_distributable(c, [self.exploration])
+
+  def initial_state(self, state):
+    """(state, exploration metrics) round 1 starts from, for a run starting afresh."""
+    c = self._c
+    state, metrics = _initial_state(c, self._fed, self._process, self.exploration,
+                                    self.explorers, state)
+    if c.fedlex_guidance == 'placeholder':
+      from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+      self.placeholder = fedlex.placeholder_guidance(
+          self._process.get_model_weights(state).trainable, c.fedlex_guidance_floor)
+    return state, metrics
+
+  def after_round(self, round_num: int, sampled, runner, held):
+    """(held, the refresh's client-epochs or None): the state after `round_num`'s training
+    with the placeholder G installed (after round 1) or G refreshed by the round's sampled
+    explorers (--fedlex_refresh)."""
+    epochs = None
+    if self.placeholder is not None and round_num == 1:
+      from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+      state = fedlex.set_guidance(self._process, runner.materialize(held), self.placeholder)
+      held = runner.adopt(state)
+    if self.exploration is not None and self._c.fedlex_refresh:
+      state, refresh_metrics = _explore(self._c, self._fed, self._process, self.exploration,
+                                        np.intersect1d(sampled, self.explorers),
+                                        runner.materialize(held), round_num)
+      held = runner.adopt(state)
+      epochs = refresh_metrics['exploration_client_epochs']
+    return held, epochs
+
+
+def guidance(c: ExperimentConfig, fed, process, model_fn, num_clients: int) -> Optional[Guidance]:
+  """The run's Guidance, None for a run FedLEx does not guide."""
+  if not methods.METHODS[c.algorithm].is_guided(c):
+    return None
+  return Guidance(c, fed, process, model_fn, num_clients)
+
+
+def fedlex_explorer_lr(c: ExperimentConfig) -> float:
+  """The rate FedLEx's explorers train at: --fedlex_exploration_lr, or (0) --client_lr."""
+  return c.fedlex_exploration_lr or c.client_lr
+
+
+
+def exploration_computation(c: ExperimentConfig, model_fn, num_clients: int):
+  """FedLEx's exploration computation and its (seeded, fixed) explorer clients."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+  # Explorers train unguided: their rate is the base's, not a guided variant's raised one.
+  client_opt = client_optimizer(c, fedlex_explorer_lr(c))
+  exploration = fedlex.build_fedlex_exploration(
+      model_fn, client_opt, c.batch_size, **methods.exploration_kwargs(c))
+  return exploration, fedlex_explorers(c, num_clients)
+
+
+def explored_initial_state(c: ExperimentConfig, fed, process, model_fn, num_clients: int):
+  """(state, exploration metrics): `process.initialize()` with FedLEx's guidance explored as
+  a run does before its first round (process and model_fn from `build_computations`)."""
+  exploration, explorers = exploration_computation(c, model_fn, num_clients)
+  return _explore(c, fed, process, exploration, explorers, process.initialize(), 0)
+
+
+def fedlex_explorers(c: ExperimentConfig, num_clients: int) -> np.ndarray:
+  """FedLEx's explorer clients: --fedlex_explorer_fraction of them, fixed by the seed."""
+  count = max(1, int(round(c.fedlex_explorer_fraction * num_clients)))
+  return np.sort(np.random.default_rng([c.seed, 7]).choice(num_clients, count, replace=False))
+
+
+def _initial_state(c: ExperimentConfig, fed, process, exploration, explorers, state):
+  """(state, exploration metrics) a guided run starts round 1 from: G explored
+  (--fedlex_guidance=exploration) or not yet (placeholder: all ones), from the initial model
+  or, with --fedlex_explore_in_place, the explorers' in-place training of it."""
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+  if not c.fedlex_explore_in_place:
+    if exploration is None:
+      return state, collections.OrderedDict(exploration_client_epochs=0.0)
+    return _explore(c, fed, process, exploration, explorers, state, 0)
+  _, inputs = data.round_inputs(fed, 0, len(explorers), c.fedlex_exploration_epochs,
+                                c.seed + 1, client_ids=explorers)
+  kwargs = methods.exploration_kwargs(c)
+  try:
+    weights, guidance, metrics = fedlex.explore_in_place(
+        exploration, process.get_model_weights(state), [[x] for x in inputs],
+        kwargs['normalize'], kwargs['guidance_floor'])
+  except ValueError as e:
+    raise ExperimentError(f'--fedlex_explore_in_place: {e}; try a lower '
+                          '--fedlex_exploration_lr') from None
+  state = process.set_model_weights(state, weights)
+  if c.fedlex_guidance == 'exploration':
+    state = fedlex.set_guidance(process, state, guidance)
+  return state, metrics
+
+
+def _explore(c: ExperimentConfig, fed, process, exploration, explorers, state, round_num):
+  """Runs FedLEx exploration on `explorers` from the state's global model."""
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+  if len(explorers) == 0:
+    return fedlex.refresh_guidance(process, exploration, state, [])
+  _, inputs = data.round_inputs(fed, round_num, len(explorers), c.fedlex_exploration_epochs,
+                                c.seed + 1, client_ids=explorers)
+  return fedlex.explore_and_initialize(process, exploration, [[x] for x in inputs], state)

@@ -1,0 +1,247 @@
+"""The experiment directory: making and locking it, its files (metrics.csv, config.json,
+summary.json), its checkpoints and their clean-up, where a resumed run starts and the
+TensorBoard scalars it would repeat.
+
+Checkpoints are TFF's FileProgramStateManager's: each version is written to a temp directory
+and renamed, so a kill mid-write leaves the previous one intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import fcntl
+import json
+import os
+import re
+import shutil
+from typing import Callable
+
+from programs.experiment_config import ExperimentConfig, ExperimentError, settings_changed
+
+# metrics.csv's timing columns: the only ones that differ between two makings of a run.
+TIMING_COLUMNS = ('seconds', 'round_seconds')
+
+# Written into a run whose training diverged (while the run is still held, so a process
+# waiting for it reads it): the error's first clause, one line.
+DIVERGED = 'diverged.txt'
+
+
+class RunDirectoryBusy(ExperimentError):
+  """Another live process is running the same experiment directory."""
+
+
+def csv_rows(path) -> list[dict]:
+  """A CSV's rows as dicts (metrics.csv's), none if it does not exist."""
+  if not os.path.exists(path):
+    return []
+  with open(path, newline='') as f:
+    return list(csv.DictReader(f))
+
+
+def write_csv(path, rows: list[dict]) -> None:
+  """Rewrites the CSV atomically (the column set may grow between rounds)."""
+  columns = []
+  for row in rows:
+    columns += [k for k in row if k not in columns]
+  tmp = path + '.tmp'
+  with open(tmp, 'w', newline='') as f:
+    writer = csv.DictWriter(f, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
+  os.replace(tmp, path)
+
+
+def write_json(path, value) -> None:
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(value, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def write_diverged(exp_dir: str, diverged: str) -> None:
+  """Records in DIVERGED why the run's training diverged (one line)."""
+  tmp = os.path.join(exp_dir, DIVERGED + '.tmp')
+  with open(tmp, 'w') as f:
+    f.write(diverged + '\n')
+  os.replace(tmp, os.path.join(exp_dir, DIVERGED))
+
+
+_VERSION_DIR = re.compile(r'^program_state_(\d+)$')
+_TEMP_VERSION_DIR = re.compile(r'^program_state_\d+_temp\d+$')  # TFF's file_utils naming
+
+
+def checkpointed_rounds(ckpt_dir: str) -> list[int]:
+  """Versions FileProgramStateManager has finished writing (renamed from their temp dir)."""
+  if not os.path.isdir(ckpt_dir):
+    return []
+  return sorted(int(m.group(1)) for m in map(_VERSION_DIR.match, os.listdir(ckpt_dir)) if m)
+
+
+def remove_unfinished_checkpoints(ckpt_dir: str) -> None:
+  """Deletes the temp directories of checkpoint writes that a kill interrupted."""
+  if os.path.isdir(ckpt_dir):
+    for entry in os.listdir(ckpt_dir):
+      if _TEMP_VERSION_DIR.match(entry):
+        shutil.rmtree(os.path.join(ckpt_dir, entry), ignore_errors=True)
+
+
+def make_output_dir(exp_dir: str) -> list[str]:
+  """Makes `exp_dir`; returns the directories it created, deepest first."""
+  made, path = [], os.path.abspath(exp_dir)
+  while not os.path.exists(path):
+    made.append(path)
+    path = os.path.dirname(path)
+  try:
+    os.makedirs(exp_dir, exist_ok=True)
+  except OSError as e:
+    raise ExperimentError(f'cannot create the experiment directory {exp_dir}: {e.strerror}; '
+                          'choose a writable --root_output_dir') from None
+  if not os.access(exp_dir, os.W_OK | os.X_OK):
+    raise ExperimentError(f'{exp_dir} is not writable; choose a writable --root_output_dir')
+  return made
+
+
+def remove_empty(directories: list[str]) -> None:
+  """Removes those of `directories` (deepest first) that are still empty: a run stopped by a
+  check (bad data, impossible partition) leaves no trace of its own."""
+  for path in directories:
+    try:
+      os.rmdir(path)
+    except OSError:   # not empty (or gone): it and its parents stay
+      return
+
+
+@contextlib.contextmanager
+def exclusive_run_directory(exp_dir: str, wait: bool = False):
+  """Holds `exp_dir` for this process alone (RunDirectoryBusy if another holds it).
+
+  Two processes on one run would interleave their checkpoints and metrics.csv. The lock is
+  an flock on the directory itself: nothing is written, and it is released when the
+  process ends however it ends. With `wait`, blocks until the other process lets go. An
+  flock keeps apart the processes of one machine (on a network file system, not those of
+  two machines sharing the directory). A second lock on the same directory by the same
+  process is refused too (flock belongs to the open file).
+  """
+  while True:
+    try:
+      fd = os.open(exp_dir, os.O_RDONLY)
+    except OSError as e:
+      raise ExperimentError(f'cannot open the experiment directory {exp_dir}: {e.strerror}; '
+                            'choose a writable --root_output_dir') from None
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+      os.close(fd)
+      raise RunDirectoryBusy(
+          f'{exp_dir} is being run by another process; wait for it to end (--resume then '
+          'continues it if it stopped early) or choose another --experiment_name') from None
+    except OSError as e:   # e.g. ENOLCK: a file system without locks
+      os.close(fd)
+      raise ExperimentError(f'cannot lock the experiment directory {exp_dir}: {e.strerror}; '
+                            'choose a --root_output_dir on a local disk') from None
+    # The directory may have been replaced (removed and made again) while this process
+    # opened or waited for it: the lock would then hold a directory no longer at the path.
+    try:
+      current = os.stat(exp_dir)
+    except OSError:
+      current = None
+    held = os.fstat(fd)
+    if current is not None and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino):
+      break
+    os.close(fd)
+  try:
+    yield
+  finally:
+    os.close(fd)
+
+
+def resume_point(c: ExperimentConfig, log: Callable[[str], None] = lambda _: None) -> int:
+  """Checks the experiment directory before anything is loaded or written (it reads only).
+
+  Returns the round to resume after (0 = a fresh run). Refuses to start over an existing
+  run without --resume, and to resume a run recorded with different run-defining flags
+  (everything but RESUMABLE_CHANGES) or fewer --rounds than it already finished.
+  """
+  exp_dir = c.experiment_dir
+  last = max(checkpointed_rounds(os.path.join(exp_dir, 'checkpoints')), default=0)
+  if not c.resume:
+    if last:
+      raise ExperimentError(
+          f'{exp_dir} already holds a run; pass --resume to continue it or choose another '
+          '--experiment_name')
+    return 0
+  if not last:
+    log(f'note: nothing to resume in {exp_dir} (no finished round checkpointed): starting '
+        'a fresh run')
+    return 0
+  if os.path.exists(os.path.join(exp_dir, DIVERGED)):
+    with open(os.path.join(exp_dir, DIVERGED)) as f:
+      what = f.read().strip()
+    raise ExperimentError(f'cannot resume {exp_dir}: its {what} and would again (runs are '
+                          'deterministic); start a new run (another --experiment_name) with a '
+                          'lower --client_lr or server learning rate')
+  config_path = os.path.join(exp_dir, 'config.json')
+  try:
+    with open(config_path) as f:
+      saved = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ExperimentError(f'cannot resume {exp_dir}: its config.json is unreadable ({e}); '
+                          'choose another --experiment_name') from None
+  differing = settings_changed(saved, c)
+  if differing:
+    raise ExperimentError(f'cannot resume {exp_dir}: {differing}; pass the same values or '
+                          'choose another --experiment_name')
+  if c.rounds < last:
+    raise ExperimentError(f'cannot resume {exp_dir} with --rounds={c.rounds}: it already '
+                          f'finished round {last}; pass --rounds={last} or more')
+  # The checkpoint and metrics.csv must tell the same story: a record replaced by an older
+  # copy (e.g. a checkout) would lose the rounds in between from every page built on it.
+  logged = {int(r['round']) for r in csv_rows(os.path.join(exp_dir, 'metrics.csv'))}
+  missing = sorted(set(range(1, last + 1)) - logged)
+  if missing:
+    raise ExperimentError(
+        f'cannot resume {exp_dir}: it is checkpointed after round {last} but its metrics.csv '
+        f'lacks {len(missing)} of those rounds (from round {missing[0]}): the record was '
+        'replaced or truncated; restore metrics.csv or choose another --experiment_name')
+  return last
+
+
+def truncate_tensorboard(directory: str, last_round: int) -> None:
+  """Drops the scalars of rounds after `last_round` from the event files in `directory`.
+
+  A run killed after logging rounds it had not checkpointed (up to --checkpoint_every - 1
+  of them) repeats those rounds when resumed; without this TensorBoard would show them
+  twice.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(directory):
+    return
+  for name in sorted(os.listdir(directory)):
+    if 'tfevents' not in name:
+      continue
+    path = os.path.join(directory, name)
+    kept, dropped = [], False
+    try:
+      for record in tf.data.TFRecordDataset(path):
+        raw = record.numpy()
+        event = tf.compat.v1.Event.FromString(raw)
+        if event.HasField('summary') and event.step > last_round:
+          dropped = True
+        else:
+          kept.append(raw)
+    except tf.errors.DataLossError:  # the last record of a killed write: drop it
+      dropped = True
+    if dropped:
+      with tf.io.TFRecordWriter(path + '.tmp') as writer:
+        for raw in kept:
+          writer.write(raw)
+      os.replace(path + '.tmp', path)
+
+
+def load_checkpoint(loop, manager, program_state):
+  """The latest checkpoint, loaded as `program_state`'s structure; raises if it does not
+  match."""
+  restored, _ = loop.run_until_complete(manager.load_latest(program_state))
+  return restored
+

@@ -1,0 +1,156 @@
+"""What a run reports: metrics.csv's row of a round (its flattened metrics and client-work
+costs), and at the end summary.json, accuracy.png and final_weights.npz."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import platform
+
+import numpy as np
+
+from programs.experiment_config import ExperimentConfig
+from programs.run_directory import write_json
+from tff_algos.constants import CLIENT_ACCURACY_FIGURES  # no TensorFlow: flags come first
+
+
+def flatten_metrics(metrics, prefix='') -> dict:
+  """A round's (nested) metrics as metrics.csv's columns 'a/b/c'."""
+  flat = {}
+  for key, value in metrics.items():
+    name = f'{prefix}{key}'
+    if isinstance(value, collections.abc.Mapping):
+      flat.update(flatten_metrics(value, name + '/'))
+    else:
+      arr = np.asarray(value)
+      if arr.ndim == 0:
+        flat[name] = arr.item()
+      elif 0 < arr.size <= 400:  # small arrays (e.g. FedCross similarity, collaborators) as JSON
+        flat[name] = json.dumps(np.round(arr, 6).tolist())
+  return flat
+
+
+def is_cost_column(key: str, name: str) -> bool:
+  """Whether metrics.csv column `key` holds the client-work cost metric `name`."""
+  return key.startswith('client_work/') and key.split('/')[-1] == name
+
+
+def round_costs(rows: list[dict], name: str) -> int:
+  """The sum over rounds of the client-work cost metric `name` (client_work/.../name)."""
+  return int(round(sum(float(value) for row in rows for key, value in row.items()
+                   if is_cost_column(key, name) and value not in (None, ''))))
+
+
+def run_summary(c: ExperimentConfig, rows: list[dict], model_name: str, state,
+                exploration_client_epochs: float, client_test, exp_dir: str):
+  """summary.json's general entries of a finished run (`rows`: its metrics.csv; `state`: its
+  final server state; `client_test`: the clients' test data, None without per-client
+  evaluation); the method's own entries come from `methods.Method.summary`."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  accuracies = [float(r['test_accuracy']) for r in rows if r.get('test_accuracy') not in (None, '')]
+  seconds = [float(r['seconds']) for r in rows[1:]] or [float(r['seconds']) for r in rows]
+  summary = collections.OrderedDict(
+      algorithm=c.algorithm, dataset=c.dataset, partition=c.partition, model=model_name,
+      rounds=len(rows),
+      final_accuracy=accuracies[-1] if accuracies else None,
+      best_accuracy=max(accuracies) if accuracies else None,
+      last10_mean_accuracy=float(np.mean(accuracies[-10:])) if accuracies else None,
+      seconds_per_round=float(np.median(seconds)) if seconds else None,
+      # Counted by the clients (their client_epochs / examples_trained metrics), not
+      # rounds x clients x epochs: FedSGD takes no local epoch.
+      client_epochs_training=round_costs(rows, 'client_epochs'),
+      examples_trained=round_costs(rows, 'examples_trained'),
+      exploration_client_epochs=exploration_client_epochs,
+      dropped_clients=int(sum(int(float(r.get('dropped_clients') or 0)) for r in rows)),
+      aggregator_state_bytes=int(sum(np.asarray(t).nbytes
+                                     for t in tf.nest.flatten(state.aggregator))),
+      # Measured inside the worker services, not this process's tf.config (docs/distributed.md, "Accelerators").
+      compute_devices=execution.worker_devices(),
+      # Where the program ran: seconds_per_round compares across runs only on one machine.
+      host=host_description(),
+      # As given (relative to where the program ran): committed run records hold no
+      # machine-specific absolute paths.
+      experiment_dir=exp_dir,
+      accuracy_plot=os.path.join(exp_dir, 'accuracy.png'),
+  )
+  if client_test:   # the last evaluation's, as final_accuracy
+    last = [r for r in rows if r.get('client_accuracy_mean') not in (None, '')]
+    summary.update((k, float(last[-1][k]) if last else None) for k in CLIENT_ACCURACY_FIGURES)
+    summary['clients_evaluated'] = sum(1 for _, y in client_test if len(y))
+  return summary
+
+
+def write_results(c: ExperimentConfig, exp_dir: str, rows: list[dict], summary: dict,
+                  final_weights) -> None:
+  """Writes final_weights.npz, summary.json and accuracy.png into `exp_dir`."""
+  np.savez(os.path.join(exp_dir, 'final_weights.npz'),
+           *[np.asarray(w) for w in list(final_weights.trainable) + list(final_weights.non_trainable)])
+  write_json(os.path.join(exp_dir, 'summary.json'), summary)
+  plot_accuracy(rows, os.path.join(exp_dir, 'accuracy.png'),
+                f'{c.algorithm} on {c.dataset} ({c.partition})')
+
+
+def host_description(cpuinfo: str = '/proc/cpuinfo') -> dict:
+  """Where the program runs (the driver; remote workers' own devices are in
+  `compute_devices`): {'cpu': the processor's model name, 'cores': the cores this process
+  may use} and, where /proc/cpuinfo gives them, 'cpu_id' ('family F model M stepping S')
+  and 'vector_extensions' (its AVX/AMX/FMA flags, sorted).
+
+  The model name alone does not tell two machines apart whose float results differ: two
+  "AMD EPYC" machines here made the same FedAvgM round 1 end at training losses 0.7370 and
+  0.7030 (our reading: TensorFlow's CPU kernels choose their code path by the vector
+  extensions); with these fields a run's record says which it ran on.
+  """
+  fields = {}
+  try:
+    with open(cpuinfo) as f:
+      for line in f:   # the first value of each key: the first processor's
+        key, _, value = line.partition(':')
+        fields.setdefault(key.strip(), value.strip())
+  except OSError:   # not Linux
+    pass
+  try:
+    cores = len(os.sched_getaffinity(0))
+  except AttributeError:   # not Linux
+    cores = os.cpu_count()
+  host = {'cpu': fields.get('model name') or platform.processor() or platform.machine(),
+          'cores': cores}
+  if all(k in fields for k in ('cpu family', 'model', 'stepping')):
+    host['cpu_id'] = 'family {} model {} stepping {}'.format(
+        fields['cpu family'], fields['model'], fields['stepping'])
+  if 'flags' in fields:
+    host['vector_extensions'] = ' '.join(sorted(
+        flag for flag in fields['flags'].split() if flag.startswith(('avx', 'amx', 'fma'))))
+  return host
+
+
+def plot_accuracy(rows: list[dict], path: str, title: str) -> None:
+  """accuracy.png: test accuracy over rounds (central, and the clients' spread when evaluated)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  points = [(int(r['round']), float(r['test_accuracy'])) for r in rows
+            if r.get('test_accuracy') not in (None, '')]
+  fig, ax = plt.subplots(figsize=(6, 4))
+  if points:
+    ax.plot(*zip(*points), marker='.', label='central test set')
+  spread = [(int(r['round']), *(float(r[k]) for k in CLIENT_ACCURACY_FIGURES))
+            for r in rows if r.get('client_accuracy_mean') not in (None, '')]
+  if spread:   # per-client evaluation: the mean over clients, the band down to p10, the min
+    rounds, mean, _, p10, lowest = zip(*spread)
+    ax.plot(rounds, mean, color='tab:orange', label='clients: mean')
+    ax.fill_between(rounds, p10, mean, color='tab:orange', alpha=0.25,
+                    label='clients: 10th percentile to mean')
+    ax.plot(rounds, lowest, color='tab:orange', linestyle=':', label='clients: min')
+    ax.legend(loc='lower right', fontsize='small')
+  ax.set_xlabel('round')
+  ax.set_ylabel('test accuracy')
+  ax.set_title(title)
+  ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path + '.tmp.png', dpi=100)
+  plt.close(fig)
+  os.replace(path + '.tmp.png', path)
+
