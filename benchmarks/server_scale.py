@@ -37,7 +37,7 @@ against N is then the server step's growth and nothing else):
       --num_clients=100,300,1000 --rounds=5
 
 For CADIS, --server_step times its server clustering step alone (its target: under a second
-at N = 10,000): `clustered_aggregation.clustering_step` as one `tf.function` in this process
+at N = 10,000): `clustering.clustering_step` as one `tf.function` in this process
 (the same TF ops the worker runs, without TFF's dispatch), for each N and closure, all
 (N, closure) pairs interleaved round by round in one process. Its input is a synthetic state
 in which every client has been seen: 5 true clusters, co-participation for a fraction
@@ -95,7 +95,7 @@ _REMOVED_METHODS = {'cadis_step': '--method=cadis --server_step'}
 def synthetic_cadis_state(n: int, pair_fraction: float, true_clusters: np.ndarray):
   """(q, f) float32 [N, N] with every client seen (module doc), built in TF without float64
   N x N temporaries."""
-  from tff_algos.aggregators import clustered_aggregation as cla  # pylint: disable=g-import-not-at-top
+  from tff_algos.aggregators import clustering  # pylint: disable=g-import-not-at-top
 
   @tf.function
   def make():
@@ -112,13 +112,13 @@ def synthetic_cadis_state(n: int, pair_fraction: float, true_clusters: np.ndarra
     return q, f
 
   q, f = make()
-  assert bool(tf.reduce_all(cla.seen_clients(f)))
+  assert bool(tf.reduce_all(clustering.seen_clients(f)))
   return q, f
 
 
 def time_clustering_step():
   """--method=cadis --server_step: seconds of `clustering_step` per (N, closure), interleaved."""
-  from tff_algos.aggregators import clustered_aggregation as cla  # pylint: disable=g-import-not-at-top
+  from tff_algos.aggregators import clustering  # pylint: disable=g-import-not-at-top
   per_round = _PER_ROUND.value
   sizes = [int(v) for v in _NUM_CLIENTS.value]
   print(f'setup: CADIS clustering_step alone (tf.function in this process), P={per_round} '
@@ -136,12 +136,12 @@ def time_clustering_step():
     sim = (centers[truth[ids]] + 0.05 * rng.normal(size=[per_round, 10])).astype(np.float32)
     weights = rng.integers(10, 100, per_round).astype(np.float32)
     for closure in _CLOSURES.value:
-      options = cla.ClusteringOptions(closure=closure)
+      options = clustering.ClusteringOptions(closure=closure)
       tc = truth if (_TRUE_CLUSTERS.value or closure == 'oracle') else None
 
       def step(q, f, options=options, tc=tc, ids=ids, weights=weights, sim=sim):
         state = dict(q=q, f=f, tau=tf.constant(0.975), round_num=tf.constant(5))
-        return cla.clustering_step(state, ids, weights, sim, options, tc)
+        return clustering.clustering_step(state, ids, weights, sim, options, tc)
 
       cases[n, closure] = (tf.function(step), q, f)
   times = {key: [] for key in cases}

@@ -63,10 +63,11 @@ def render():
   tests = _py_files('tests')
   support = [t for t in tests
              if not os.path.basename(t).startswith('test_') and t != PYTEST_MAIN]
-  # Test helpers may import programs (tests/benchmarks/toy_runs.py: the evaluation schedule).
+  # Test helpers may import programs (tests/benchmarks/toy_runs.py: the evaluation schedule)
+  # and tff_algos (tests/conftest.py: the shared fixtures).
   parts.append(f'py_library(\n    name = "test_support",\n    testonly = True,\n    srcs = [\n'
                f'{_list(support)}\n    ],\n    data = ["pyproject.toml"],\n'
-               '    deps = [":programs_lib"],\n)\n')
+               '    deps = [":programs_lib", ":tff_algos"],\n)\n')
   for path in tests:
     if path in support or path == PYTEST_MAIN:
       continue

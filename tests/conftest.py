@@ -28,3 +28,40 @@ def _stop_tff_workers():
   yield
   if 'tff_algos.execution' in sys.modules:
     sys.modules['tff_algos.execution'].shutdown_workers()
+
+
+# Set-up shared by the test files; the imports are inside the fixtures so that files which use
+# none of them collect without TensorFlow.
+
+
+@pytest.fixture(scope='session')
+def runtime():
+  """TFF's local execution context as the programs install it (`initialize_runtime` is
+  idempotent); files that run TFF computations use it (pytestmark usefixtures)."""
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  execution.initialize_runtime()
+
+
+@pytest.fixture(scope='session')
+def tiny_model_fn():
+  """The small CNN on 8x8x1 digits, 10 classes, seed 0: the model of the method tests."""
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+  return models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
+
+
+@pytest.fixture(scope='session')
+def sgd():
+  """sgd(learning_rate=0.1, momentum=None): a fresh TFF SGD(M) optimizer."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+
+  def make(learning_rate=0.1, momentum=None):
+    return tff.learning.optimizers.build_sgdm(learning_rate=learning_rate, momentum=momentum)
+
+  return make
+
+
+@pytest.fixture(scope='module')
+def digits():
+  """scikit-learn's 8x8 digits as `data.load_digits()` gives them, one copy per test file."""
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  return data.load_digits()

@@ -27,7 +27,6 @@ import tensorflow_federated as tff
 from tff_algos import data
 from tests import helpers
 from tff_algos import baselines
-from tff_algos import execution
 from tff_algos import models
 from tff_algos.client_work import local_training
 from tff_algos.client_work import model_delta
@@ -48,9 +47,7 @@ def sgd(momentum=None):
   return tff.learning.optimizers.build_sgdm(learning_rate=CLIENT_LR, momentum=momentum)
 
 
-@pytest.fixture(scope='module', autouse=True)
-def runtime():
-  execution.initialize_runtime()
+pytestmark = pytest.mark.usefixtures('runtime')
 
 
 @pytest.fixture(scope='module')

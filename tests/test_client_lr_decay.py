@@ -18,31 +18,21 @@ import tensorflow_federated as tff
 from tff_algos import baselines
 from tff_algos import client_lr_decay
 from tff_algos import data
-from tff_algos import execution
-from tff_algos import models
 
 BATCH = 16
 SIZES = (40, 13)
 ROUNDS = 3
 LR = 0.1
 DECAY = 0.5
-MODEL_FN = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
 
-
-def sgd():
-  return tff.learning.optimizers.build_sgdm(learning_rate=LR)
-
-
-@pytest.fixture(scope='module', autouse=True)
-def runtime():
-  execution.initialize_runtime()
+pytestmark = pytest.mark.usefixtures('runtime')
 
 
 @pytest.fixture(scope='module')
-def round_inputs():
+def round_inputs(digits):
   """ROUNDS lists of two digits clients' data (one-element sequences; fresh batch orders
   every round)."""
-  ds = data.load_digits()
+  ds = digits
   cuts = np.cumsum((0,) + SIZES)
   return [[[data.client_input(ds.x_train[a:b], ds.y_train[a:b], 2,
                               np.random.default_rng([0, r, c]), c, c)]
@@ -72,24 +62,24 @@ def _decayed(process, inputs):
   return state, rates
 
 
-def test_bad_arguments_are_refused():
-  process = baselines.build_fedavg(MODEL_FN, sgd(), BATCH)
+def test_bad_arguments_are_refused(tiny_model_fn, sgd):
+  process = baselines.build_fedavg(tiny_model_fn, sgd(LR), BATCH)
   for bad in (0.0, -0.5, float('inf'), float('nan'), True, '0.9'):
     with pytest.raises(ValueError, match='decay must be a finite number > 0'):
       client_lr_decay.with_client_lr_decay(process, bad)
   with pytest.raises(TypeError, match='wraps a tff.learning.templates.LearningProcess'):
-    client_lr_decay.with_client_lr_decay(sgd(), 0.9)
+    client_lr_decay.with_client_lr_decay(sgd(LR), 0.9)
   assert client_lr_decay.with_client_lr_decay(process, 1.0) is process
 
 
-def test_a_process_without_a_client_rate_is_refused():
-  fedsgd = baselines.build_fedsgd(MODEL_FN, client_batch_size=BATCH)
+def test_a_process_without_a_client_rate_is_refused(tiny_model_fn):
+  fedsgd = baselines.build_fedsgd(tiny_model_fn, client_batch_size=BATCH)
   with pytest.raises(ValueError, match='no local step, so no client rate'):
     client_lr_decay.with_client_lr_decay(fedsgd, 0.9)
 
 
-def test_decay_equals_setting_the_rate_by_hand_each_round(round_inputs):
-  plain = baselines.build_fedavg(MODEL_FN, sgd(), BATCH)
+def test_decay_equals_setting_the_rate_by_hand_each_round(round_inputs, tiny_model_fn, sgd):
+  plain = baselines.build_fedavg(tiny_model_fn, sgd(LR), BATCH)
   decayed = client_lr_decay.with_client_lr_decay(plain, DECAY)
   assert decayed.next.type_signature == plain.next.type_signature
   assert decayed.initialize.type_signature == plain.initialize.type_signature
@@ -109,11 +99,11 @@ def test_decay_equals_setting_the_rate_by_hand_each_round(round_inputs):
              zip(got, plain.get_model_weights(constant).trainable)) > 1e-3
 
 
-def test_decay_on_tffs_own_process(round_inputs):
+def test_decay_on_tffs_own_process(round_inputs, tiny_model_fn, sgd):
   """Any LearningProcess with TFF's hparams API: TFF's FedAvg on `tf.data` clients."""
   from tests import helpers  # pylint: disable=g-import-not-at-top
   process = client_lr_decay.with_client_lr_decay(
-      tff.learning.algorithms.build_weighted_fed_avg(MODEL_FN, client_optimizer_fn=sgd()),
+      tff.learning.algorithms.build_weighted_fed_avg(tiny_model_fn, client_optimizer_fn=sgd(LR)),
       DECAY)
   state = process.initialize()
   for clients in round_inputs[:2]:

@@ -38,13 +38,10 @@ SEQ_LEN, VOCAB = 12, 20
 # closer than this may be a hit in one and a miss in the other, so it may go either way.
 TIE_MARGIN = 1e-4
 
-CNN_FN = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
 LSTM_FN = models.make_model_fn('char_lstm', (SEQ_LEN,), VOCAB, seed=0)
 
 
-@pytest.fixture(scope='module', autouse=True)
-def runtime():
-  execution.initialize_runtime()
+pytestmark = pytest.mark.usefixtures('runtime')
 
 
 # --------------------------------------------------------------------------- #
@@ -136,9 +133,9 @@ def with_classifier(weights, kernel, bias):
 # --------------------------------------------------------------------------- #
 
 @pytest.fixture(scope='module')
-def cnn_case():
-  evaluate = evaluation.build_central_evaluation(CNN_FN, batch_size=EVAL_BATCH)
-  initial = model_delta.initial_model_weights_fn(CNN_FN)()
+def cnn_case(tiny_model_fn):
+  evaluate = evaluation.build_central_evaluation(tiny_model_fn, batch_size=EVAL_BATCH)
+  initial = model_delta.initial_model_weights_fn(tiny_model_fn)()
   ds = data.load_digits()
   kernel, bias = fit_classifier(tiny_cnn_features(initial.trainable, ds.x_train),
                                 ds.y_train, 10)
@@ -267,7 +264,7 @@ def reference_client_figures(accuracies):
               client_accuracy_min=a[0])
 
 
-def test_per_client_accuracies_and_their_figures_match_numpy(cnn_case):
+def test_per_client_accuracies_and_their_figures_match_numpy(cnn_case, tiny_model_fn):
   _, weights, x, y = cnn_case
   rng = np.random.default_rng(1)
   # Random clients of the test images: sizes from 0 (no data: left out of the figures) to
@@ -277,7 +274,8 @@ def test_per_client_accuracies_and_their_figures_match_numpy(cnn_case):
   cuts = np.cumsum(sizes)
   clients = [(x[order[a - s:a]], y[order[a - s:a]]) for a, s in zip(cuts, sizes)]
   num_clients = len(clients) + 1   # index 8 gets no data at all: count 0 as well
-  evaluate = evaluation.build_per_client_evaluation(CNN_FN, num_clients, batch_size=EVAL_BATCH)
+  evaluate = evaluation.build_per_client_evaluation(tiny_model_fn, num_clients,
+                                                    batch_size=EVAL_BATCH)
   inputs = evaluation.client_evaluation_inputs(clients)
   shuffled = [inputs[i] for i in rng.permutation(len(inputs))]   # keyed by index, not order
   result = evaluate(weights, shuffled)
@@ -334,9 +332,9 @@ def test_per_client_evaluation_of_sequences_counts_non_padding_labels(lstm_case)
     assert lowest - 1e-6 <= result['accuracy'][n] <= highest + 1e-6
 
 
-def test_per_client_evaluation_splits_across_worker_services():
+def test_per_client_evaluation_splits_across_worker_services(tiny_model_fn):
   # Server-placed and one aggregation: the mergeable form the training program's
   # --workers/--local_workers runs need.
-  evaluate = evaluation.build_per_client_evaluation(CNN_FN, 3)
+  evaluate = evaluation.build_per_client_evaluation(tiny_model_fn, 3)
   execution.check_mergeable(evaluate, 'per-client evaluation')
   assert evaluate.type_signature.result.placement is tff.SERVER

@@ -9,8 +9,7 @@ import tensorflow_federated as tff
 
 from tff_algos import data
 from tests import helpers
-from tff_algos import execution, fedlex
-from tff_algos.models import make_model_fn
+from tff_algos import fedlex
 
 BATCH = 16
 EXPLORATION_EPOCHS = 3
@@ -114,11 +113,11 @@ def test_bad_options_refused():
 
 
 @pytest.fixture(scope='module')
-def env():
-  execution.initialize_runtime()
-  fed = data.federate(data.load_digits(), data.ClassesPerClientPartitioner(10, 2, seed=0))
-  model_fn = make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
-  opt = tff.learning.optimizers.build_sgdm(learning_rate=0.1)
+def env(runtime, digits, tiny_model_fn, sgd):
+  del runtime
+  fed = data.federate(digits, data.ClassesPerClientPartitioner(10, 2, seed=0))
+  model_fn = tiny_model_fn
+  opt = sgd()
   _, explorer_inputs = data.round_inputs(fed, EXPLORATION_ROUND, len(EXPLORERS),
                                          EXPLORATION_EPOCHS, 0, client_ids=EXPLORERS)
   return collections.OrderedDict(fed=fed, model_fn=model_fn, opt=opt,

@@ -14,7 +14,6 @@ import tensorflow_federated as tff
 
 from tff_algos import data
 from tff_algos import baselines
-from tff_algos import execution
 from tff_algos import models
 from tff_algos.client_work import model_delta
 from tff_algos.client_work import local_training
@@ -23,21 +22,8 @@ BATCH = 8
 EPOCHS = 3
 LR = 0.1
 RTOL, ATOL = 1e-5, 1e-6
-MODEL_FN = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
 
-
-def sgd(learning_rate=LR):
-  return tff.learning.optimizers.build_sgdm(learning_rate=learning_rate)
-
-
-@pytest.fixture(scope='module', autouse=True)
-def runtime():
-  execution.initialize_runtime()
-
-
-@pytest.fixture(scope='module')
-def digits():
-  return data.load_digits()
+pytestmark = pytest.mark.usefixtures('runtime')
 
 
 def make_input(ds, start, n, index, seed=0, epochs=EPOCHS):
@@ -47,14 +33,14 @@ def make_input(ds, start, n, index, seed=0, epochs=EPOCHS):
 
 
 @pytest.fixture(scope='module')
-def client_train():
+def client_train(tiny_model_fn, sgd):
   """A TFF computation running build_local_training for one client (tiny CNN, SGD)."""
-  weights_type = model_delta.model_weights_type(MODEL_FN)
-  data_type = local_training.client_data_type(model_delta.model_input_spec(MODEL_FN))
+  weights_type = model_delta.model_weights_type(tiny_model_fn)
+  data_type = local_training.client_data_type(model_delta.model_input_spec(tiny_model_fn))
 
   @tff.tensorflow.computation(weights_type, data_type)
   def train_one(initial_weights, dataset):
-    train = local_training.build_local_training(MODEL_FN(), sgd(), BATCH)
+    train = local_training.build_local_training(tiny_model_fn(), sgd(LR), BATCH)
     out = train(initial_weights, local_training.single_element(dataset))
     return collections.OrderedDict(
         trainable=out.model_weights.trainable, num_examples=out.num_examples,
@@ -65,18 +51,18 @@ def client_train():
 
 
 @pytest.fixture(scope='module')
-def initial_weights():
-  return model_delta.initial_model_weights_fn(MODEL_FN)()
+def initial_weights(tiny_model_fn):
+  return model_delta.initial_model_weights_fn(tiny_model_fn)()
 
 
 @pytest.fixture(scope='module')
-def client_work():
-  return model_delta.build_model_delta_client_work(MODEL_FN, sgd(), BATCH)
+def client_work(tiny_model_fn, sgd):
+  return model_delta.build_model_delta_client_work(tiny_model_fn, sgd(LR), BATCH)
 
 
 @pytest.fixture(scope='module')
-def fedavg():
-  return baselines.build_fedavg(MODEL_FN, sgd(), BATCH)
+def fedavg(tiny_model_fn, sgd):
+  return baselines.build_fedavg(tiny_model_fn, sgd(LR), BATCH)
 
 
 def reference_sgd(initial, inp):
@@ -183,8 +169,8 @@ def test_non_finite_update_is_zeroed_with_weight_zero(digits, client_work, initi
   assert (train['client_epochs'], train['examples_trained']) == (2 * EPOCHS, 33 * EPOCHS)
 
 
-def test_exploding_learning_rate_is_non_finite(digits, initial_weights):
-  work = model_delta.build_model_delta_client_work(MODEL_FN, sgd(1e30), BATCH)
+def test_exploding_learning_rate_is_non_finite(digits, initial_weights, tiny_model_fn, sgd):
+  work = model_delta.build_model_delta_client_work(tiny_model_fn, sgd(1e30), BATCH)
   results, train = client_results(work, initial_weights, [make_input(digits, 0, 40, 0)])
   assert results[0].update_weight == 0
   for u in results[0].update:
@@ -192,10 +178,10 @@ def test_exploding_learning_rate_is_non_finite(digits, initial_weights):
   assert train['non_finite_clients'] == 1
 
 
-def test_fedsgd_counts_no_local_epoch_and_one_pass_over_the_data(digits):
+def test_fedsgd_counts_no_local_epoch_and_one_pass_over_the_data(digits, tiny_model_fn):
   """FedSGD's clients take one full-batch gradient: 0 client-epochs, each example once
   (the inputs carry EPOCHS permutations, which it does not train on)."""
-  process = baselines.build_fedsgd(MODEL_FN)
+  process = baselines.build_fedsgd(tiny_model_fn)
   _, metrics = fedavg_weights(process, [make_input(digits, 0, 21, 0),
                                         make_input(digits, 50, 30, 1)])
   train = metrics['client_work']['train']

@@ -21,7 +21,6 @@ import tensorflow_federated as tff
 
 from tff_algos import data
 import tff_algos
-from tff_algos import execution
 from tff_algos import models
 from tff_algos.models import catalog
 
@@ -47,9 +46,7 @@ INPUT_SHAPES = {
 OUTPUT_CLASSES = {'char_lstm': VOCAB, 'leaf_char_lstm': VOCAB, 'sent140_lstm': 2}
 
 
-@pytest.fixture(scope='module', autouse=True)
-def runtime():
-  execution.initialize_runtime()
+pytestmark = pytest.mark.usefixtures('runtime')
 
 
 def synthetic_client(name, n, rng):

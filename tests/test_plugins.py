@@ -24,7 +24,6 @@ from tff_algos import data
 import tff_algos
 from programs import experiment
 from programs import run_directory
-from tff_algos import execution
 from tff_algos import fedlex
 from tff_algos.client_work import corrected_training, model_delta, model_upload, plugins
 
@@ -33,9 +32,7 @@ SIZES = (8, 11)
 BATCH, EPOCHS, LR = 4, 2, 0.2
 
 
-@pytest.fixture(scope='module', autouse=True)
-def runtime():
-  execution.initialize_runtime()
+pytestmark = pytest.mark.usefixtures('runtime')
 
 
 def _as_tff_model(keras_model):

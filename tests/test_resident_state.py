@@ -20,7 +20,6 @@ from programs import experiment_config
 from programs import fedlex_exploration
 from programs import run_directory
 from tests import helpers
-from tff_algos import execution
 from tff_algos import fedlex
 from tff_algos import models
 from tff_algos import resident_state
@@ -29,9 +28,7 @@ MODEL_FN = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
 NUM_CLIENTS, P, ROUNDS = 8, 4, 3
 
 
-@pytest.fixture(scope='module', autouse=True)
-def runtime():
-  execution.initialize_runtime()
+pytestmark = pytest.mark.usefixtures('runtime')
 
 
 def _config(algorithm):

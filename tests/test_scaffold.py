@@ -23,7 +23,6 @@ import tensorflow_federated as tff
 
 from tff_algos import data
 import tff_algos
-from tff_algos import execution
 from tff_algos import models
 from tff_algos import optimizers
 from tff_algos.aggregators import control_variates
@@ -40,9 +39,7 @@ SCHEDULE = ((0, 1, 2), (1, 3, 4), (4, 1, 5), (3, 0, 1))
 NON_FINITE = (3, 5)   # (round, client)
 
 
-@pytest.fixture(scope='module', autouse=True)
-def runtime():
-  execution.initialize_runtime()
+pytestmark = pytest.mark.usefixtures('runtime')
 
 
 def linear_model_fn():

@@ -48,9 +48,7 @@ def sgd():
   return tff.learning.optimizers.build_sgdm(learning_rate=0.1)
 
 
-@pytest.fixture(scope='module', autouse=True)
-def runtime():
-  execution.initialize_runtime()
+pytestmark = pytest.mark.usefixtures('runtime')
 
 
 @pytest.fixture(scope='module')

@@ -111,7 +111,7 @@ def build_cadis(
       Cluster sizes and weights never depend on it.
     reference_quirks: the server clusters as the authors' code does, not as the paper says:
       a pair scored with the wrong upload and abs() after the min-max rescale (strongly
-      dissimilar clients become neighbours; `clustered_aggregation` module doc). A diagnosis
+      dissimilar clients become neighbours; `clustering` module doc). A diagnosis
       of the published code, default off.
 
   Returns:

@@ -185,13 +185,13 @@ def _random_similarity_record(rng, n, rounds):
 def test_cadis_rescaled_similarity_is_the_aggregators():
   """The diagnosis's numpy Q-matrix equals the aggregator's own TF steps (average, then
   min-max rescale over positive seen entries) on random records, unseen pairs included."""
-  from tff_algos.aggregators import clustered_aggregation  # pylint: disable=g-import-not-at-top
+  from tff_algos.aggregators import clustering  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(8)
   for rounds in (3, 40):
     q, f = _random_similarity_record(rng, 12, rounds)
     assert (f == 0).any() == (rounds == 3)   # unseen pairs in the short record
-    want = clustered_aggregation.rescale_similarity(
-        clustered_aggregation.average_similarity(q.astype(np.float32), f.astype(np.float32)),
+    want = clustering.rescale_similarity(
+        clustering.average_similarity(q.astype(np.float32), f.astype(np.float32)),
         f.astype(np.float32)).numpy()
     np.testing.assert_allclose(cadis_diagnosis.rescaled_similarity(q, f), want, atol=1e-5)
 
