@@ -68,7 +68,7 @@ import tensorflow as tf
 from benchmarks.method_builds import build_method  # pylint: disable=g-import-not-at-top
 from benchmarks.method_builds import load_data  # pylint: disable=g-import-not-at-top
 from programs import pages  # pylint: disable=g-import-not-at-top
-from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
+from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
 
 _MODEL = flags.DEFINE_string('model', 'fedavg_cnn', 'tff_algos.models zoo model.')
 _DATASET = flags.DEFINE_enum('dataset', 'fashion_mnist', ['fashion_mnist', 'digits'],

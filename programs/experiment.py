@@ -998,7 +998,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   # With --resident_state (local runtime) the server state stays in TFF's worker between
   # rounds (`held`); `state` is its copy in Python, brought back for each checkpoint. On
   # worker services both are the same Python value.
-  from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
   # Its files go in the experiment's directory (the checkpoints' file system); a killed run
   # leaves its scratch directory behind, removed here.
   resident_state.remove_scratch_directories(exp_dir)
@@ -1059,8 +1059,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   def checkpoint():
     """Saves the state after `last_round` (what a resume continues from)."""
     nonlocal state, program_state, checkpointed
-    with execution.collector_paused():
-      state = runner.materialize(held)
+    state = runner.materialize(held)
     program_state = collections.OrderedDict(
         state=state, round=last_round, best_accuracy=best,
         exploration_client_epochs=float(program_state['exploration_client_epochs']))
@@ -1086,9 +1085,10 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
       sampled = data.sample_clients(num_clients, c.clients_per_round, round_num, c.seed)
       _, inputs = data.round_inputs(fed, round_num, c.clients_per_round, c.local_epochs, c.seed,
                                     client_ids=sampled)
-      with execution.collector_paused():
-        held, round_metrics = runner.next(held, [[element] for element in inputs])
-        if exploration is not None and c.fedlex_refresh:
+      # The runner's calls (and evaluations below) run with the collector paused.
+      held, round_metrics = runner.next(held, [[element] for element in inputs])
+      if exploration is not None and c.fedlex_refresh:
+        with execution.collector_paused():
           state, refresh_metrics = _explore(c, fed, process, exploration,
                                             np.intersect1d(sampled, explorers),
                                             runner.materialize(held), round_num)
@@ -1135,8 +1135,8 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
         row['exploration_client_epochs'] = float(program_state['exploration_client_epochs'])
       evaluated = evaluated_round(round_num, c)
       if evaluated:
+        weights = runner.get_model_weights(held)
         with execution.collector_paused():
-          weights = runner.get_model_weights(held)
           accuracy, test_loss = evaluator(weights)
           client_figures = client_evaluator(weights) if client_evaluator else {}
         best = max(best, accuracy)

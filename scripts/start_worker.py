@@ -14,13 +14,13 @@ import importlib.util
 import os
 import sys
 
-_EXECUTION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          'tff_algos', 'execution.py')
+_WORKERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        'tff_algos', 'runtime', 'workers.py')
 
 
-def _execution_module():
-  """tff_algos/execution.py alone (the package's __init__ would import TensorFlow)."""
-  spec = importlib.util.spec_from_file_location('_tff_algos_execution', _EXECUTION)
+def _workers_module():
+  """tff_algos/runtime/workers.py alone (the package's __init__ would import TensorFlow)."""
+  spec = importlib.util.spec_from_file_location('_tff_algos_workers', _WORKERS)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -36,8 +36,8 @@ def main(argv=None) -> int:
   if not 0 < args.port < 65536:
     print(f'error: --port must be in 1..65535, got {args.port}', file=sys.stderr)
     return 2
-  execution = _execution_module()
-  command = execution.worker_command(args.port, args.max_concurrent_computation_calls)
+  workers = _workers_module()
+  command = workers.worker_command(args.port, args.max_concurrent_computation_calls)
   if args.binary:
     command[0] = args.binary
   if not os.access(command[0], os.X_OK):

@@ -33,6 +33,7 @@ from tff_algos import evaluation
 from tff_algos import execution
 from tff_algos import fedlex
 from tff_algos import models
+from tff_algos.runtime import workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_FN = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
@@ -49,8 +50,8 @@ KILL_TIMEOUT = 300
 
 def _start_service():
   """A worker service as a user starts one (scripts/start_worker.py), dying with pytest."""
-  port = execution._unused_port()  # pylint: disable=protected-access
-  process = execution._PopenDyingWithParent(  # pylint: disable=protected-access
+  port = workers.unused_port()
+  process = workers.PopenDyingWithParent(
       [sys.executable, os.path.join(ROOT, 'scripts', 'start_worker.py'), f'--port={port}'],
       stdout=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
   return f'127.0.0.1:{port}', process
