@@ -54,7 +54,8 @@ SERVER_FLAGS_USED = {name: method.reads for name, method in methods.METHODS.item
 # Flags that do not change what a run computes: a resumed run may change them.
 RESUMABLE_CHANGES = ('rounds', 'eval_every', 'eval_last', 'data_dir', 'root_output_dir',
                      'experiment_name', 'resume', 'progress', 'workers', 'local_workers', 'worker_timeout',
-                     'resident_state', 'checkpoint_every', 'blown_up_rounds')
+                     'require_isolated_worker', 'resident_state', 'checkpoint_every',
+                     'blown_up_rounds')
 
 
 # A round's mean client training loss above this (cross-entropy starts near ln 10 = 2.3) means
@@ -217,6 +218,9 @@ class _GeneralConfig:
   workers: str = ''            # 'host:port,...' of worker services (scripts/start_worker.py)
   local_workers: int = 0       # worker services to start on this machine
   worker_timeout: float = 60.0  # seconds a worker service may stay unreachable
+  # Refuse to run where the workers this run starts cannot be isolated from the network
+  # (tff_algos/runtime/workers.py) instead of warning and going on with them exposed.
+  require_isolated_worker: bool = False
   # Keep the server state in TFF's local worker between rounds (tff_algos.ResidentProcess):
   # the same results without sending the state to the worker every round (local runtime
   # only; on worker services every round goes through process.next).
@@ -342,11 +346,18 @@ def _validate_workers(c: ExperimentConfig) -> None:
   try:
     execution.parse_worker_addresses(c.workers)
   except ValueError as e:
-    raise ExperimentError(f'--workers: {e}; give host:port,host:port,...') from None
+    raise ExperimentError(f'--workers: {e}; give host:port or unix:/path, comma-separated') from None
   if c.local_workers < 0:
     raise ExperimentError(f'--local_workers must be >= 0, got {c.local_workers}')
   if not c.worker_timeout > 0:
     raise ExperimentError(f'--worker_timeout must be > 0 seconds, got {c.worker_timeout}')
+  if c.require_isolated_worker and (c.local_workers or not c.workers):
+    reason = execution.isolation_unavailable()
+    if reason is not None:
+      raise ExperimentError(
+          f'--require_isolated_worker: TFF\'s worker cannot run isolated from the network here '
+          f'({reason}); run on Linux as root or with unprivileged user namespaces enabled, or '
+          'drop the flag to run with the worker exposed')
 
 
 def _check_distributable(c: ExperimentConfig, computations) -> None:
@@ -857,7 +868,8 @@ def round_costs(rows: list[dict], name: str) -> int:
 # has evaluated on its clients' test data, per_client (_per_client_evaluation).
 _LAST_BUILT: dict = {}
 _NOT_BUILD_INPUTS = ('rounds', 'eval_every', 'eval_last', 'root_output_dir', 'experiment_name', 'resume',
-                     'progress', 'resident_state', 'checkpoint_every', 'blown_up_rounds')
+                     'progress', 'resident_state', 'checkpoint_every', 'blown_up_rounds',
+                     'require_isolated_worker')
 
 
 def _load_checkpoint(loop, manager, program_state, method: methods.Method, log):
@@ -965,8 +977,9 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   try:
     execution.initialize_runtime(workers=execution.parse_worker_addresses(c.workers),
                                  local_workers=c.local_workers,
-                                 worker_timeout_seconds=c.worker_timeout)
-  except execution.WorkerUnavailableError as e:
+                                 worker_timeout_seconds=c.worker_timeout,
+                                 require_isolated_worker=c.require_isolated_worker)
+  except (execution.WorkerUnavailableError, execution.WorkerNotIsolatedError) as e:
     raise ExperimentError(str(e)) from None
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top

@@ -276,6 +276,7 @@ def test_our_services_die_with_a_killed_parent():
     ('', []),
     ('10.0.0.5:8000', ['10.0.0.5:8000']),
     (' a:1 , worker-2.svc:65535 ', ['a:1', 'worker-2.svc:65535']),
+    ('unix:/home/me/.tff/w1.sock,a:1', ['unix:/home/me/.tff/w1.sock', 'a:1']),
 ])
 def test_parse_worker_addresses(text, expected):
   assert execution.parse_worker_addresses(text) == expected
@@ -284,6 +285,7 @@ def test_parse_worker_addresses(text, expected):
 @pytest.mark.parametrize('text, fragment', [
     ('localhost', "'localhost' is not host:port"), (':80', 'is not host:port'),
     ('a:0', 'is not host:port'), ('a:70000', 'is not host:port'), ('a:1,a:1', 'listed twice'),
+    ('unix:w.sock', 'is not unix:/absolute/path'),
 ])
 def test_parse_worker_addresses_rejects(text, fragment):
   with pytest.raises(ValueError, match=fragment):

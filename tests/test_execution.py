@@ -112,8 +112,7 @@ def test_initialize_runtime_warns_under_pure_python_protobuf(monkeypatch):
   monkeypatch.setattr(contexts, '_installed', None)
   monkeypatch.setattr(contexts, '_installed_context', contexts._installed_context)  # pylint: disable=protected-access
   monkeypatch.setattr(contexts, 'protobuf_implementation', lambda: 'python')
-  monkeypatch.setattr(tff.backends.native, 'create_sync_local_cpp_execution_context',
-                      lambda **kwargs: calls.append(kwargs) or 'context')
+  monkeypatch.setattr(contexts, 'local_context', lambda **kwargs: calls.append(kwargs) or 'context')
   installed = []
   monkeypatch.setattr(tff.framework.get_context_stack(), 'set_default_context',
                       installed.append)

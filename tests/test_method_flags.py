@@ -110,6 +110,8 @@ TESTED_ELSEWHERE = {
         'tests/test_distributed.py::test_program_on_given_and_local_services_reproduces_local_weights',
     'worker_timeout': 'tests/test_distributed.py::test_program_worker_flags_bad_input_is_one_line',
     'resident_state': 'tests/test_resident_state.py::test_program_resident_state_flag',
+    'require_isolated_worker':
+        'tests/test_worker_isolation.py::test_program_require_isolated_worker_flag',
     'client_test_fraction': 'tests/test_train_program.py::'
                             'test_client_test_fraction_holds_out_examples_and_evaluates_every_client',
     'blown_up_rounds':

@@ -12,20 +12,21 @@ from tff_algos.runtime.collector import collector_paused, freeze_long_lived_obje
 from tff_algos.runtime.contexts import (
     DEFAULT_WORKER_TIMEOUT_SECONDS, SLOW_PROTOBUF_WARNING, NotMergeableError,
     check_mergeable, distributed_context, initialize_runtime, installed_context,
-    program_context, protobuf_implementation, shutdown_workers, worker_devices)
+    local_context, program_context, protobuf_implementation, shutdown_workers, worker_devices)
 from tff_algos.runtime.serialization import (
     MAX_VALUE_BYTES, ValueTooLargeError, check_value_fits, install_value_serialization,
     serialize_value, value_bytes)
 from tff_algos.runtime.workers import (
-    WorkerService, WorkerUnavailableError, parse_worker_addresses, worker_binary_path,
-    worker_command, worker_pids)
+    WorkerNotIsolatedError, WorkerService, WorkerUnavailableError, isolation_unavailable,
+    parse_worker_addresses, worker_binary_path, worker_command, worker_pids)
 
 __all__ = [
     'DEFAULT_WORKER_TIMEOUT_SECONDS', 'MAX_VALUE_BYTES', 'NotMergeableError',
-    'SLOW_PROTOBUF_WARNING', 'ValueTooLargeError', 'WorkerService', 'WorkerUnavailableError',
-    'check_mergeable', 'check_value_fits', 'collector_paused', 'distributed_context',
-    'freeze_long_lived_objects', 'initialize_runtime', 'install_value_serialization',
-    'installed_context', 'parse_worker_addresses', 'program_context',
-    'protobuf_implementation', 'serialize_value', 'shutdown_workers', 'value_bytes',
-    'worker_binary_path', 'worker_command', 'worker_devices', 'worker_pids',
+    'SLOW_PROTOBUF_WARNING', 'ValueTooLargeError', 'WorkerNotIsolatedError', 'WorkerService',
+    'WorkerUnavailableError', 'check_mergeable', 'check_value_fits', 'collector_paused',
+    'distributed_context', 'freeze_long_lived_objects', 'initialize_runtime',
+    'install_value_serialization', 'installed_context', 'isolation_unavailable',
+    'local_context', 'parse_worker_addresses', 'program_context', 'protobuf_implementation',
+    'serialize_value', 'shutdown_workers', 'value_bytes', 'worker_binary_path',
+    'worker_command', 'worker_devices', 'worker_pids',
 ]

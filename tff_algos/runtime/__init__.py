@@ -2,9 +2,9 @@
 
 What TFF 0.87's runtime lacks or gets wrong, one concept a module:
 
-* `workers`: the C++ `worker_binary` processes: how they are started and reached, dying
-  with their parent, stopped at exit (standard library only: scripts/start_worker.py loads
-  it by path).
+* `workers`: the C++ `worker_binary` processes: started isolated from the network (it
+  serves unauthenticated gRPC on every interface), dying with their parent, stopped at exit
+  (standard library only: scripts/start_worker.py loads it by path).
 * `serialization`: how values cross to the worker: a serializer that builds a nested
   value's message in place, and the largest value that can cross.
 * `contexts`: the execution contexts: local, over several worker services, for

@@ -1,8 +1,9 @@
 """TFF's execution contexts on this package's workers, and the runtime's shutdown.
 
 `initialize_runtime` sets the context every TFF call runs in: the local runtime (one worker
-child) or TFF's mergeable-comp context over several worker services; `program_context` is
-the same for `tff.program` code; `worker_devices` probes where TF runs inside the workers.
+child, isolated from the network: `workers`) or TFF's mergeable-comp context over several
+worker services; `program_context` is the same for `tff.program` code; `worker_devices`
+probes where TF runs inside the workers.
 `shutdown_workers` runs at exit (registered on import) and on SIGTERM.
 
 TFF compiles every computation by rewriting protocol buffers in Python, so it needs
@@ -39,7 +40,7 @@ import sys
 import threading
 import time
 import warnings
-from typing import Sequence
+from typing import Optional, Sequence
 
 from tff_algos.runtime import serialization as _serialization
 from tff_algos.runtime import workers as _workers
@@ -126,10 +127,12 @@ def initialize_runtime(
     workers: Sequence[str] = (),
     local_workers: int = 0,
     worker_timeout_seconds: float = DEFAULT_WORKER_TIMEOUT_SECONDS,
+    require_isolated_worker: bool = False,
 ) -> None:
   """Sets TFF's execution context (idempotent).
 
-  Without `workers` and `local_workers`: TFF's local C++ runtime (one worker child).
+  Without `workers` and `local_workers`: TFF's local C++ runtime (one worker child,
+  `local_context`).
   Otherwise TFF's mergeable-comp context over several worker services (see
   `distributed_context`): each round's clients are split across them and their partial
   aggregates merged.
@@ -142,10 +145,12 @@ def initialize_runtime(
     local_workers: number of worker services to start on this machine (they die with
       this process).
     worker_timeout_seconds: how long a worker may stay unreachable before the call fails.
+    require_isolated_worker: raise WorkerNotIsolatedError where the workers this process
+      starts cannot run isolated from the network, instead of saying so and going on.
   """
   global _installed
   settings = (max_concurrent_computation_calls, default_num_clients, tuple(workers),
-              local_workers, worker_timeout_seconds)
+              local_workers, worker_timeout_seconds, require_isolated_worker)
   if _installed == settings:
     return  # a second local context would start a second worker and can hang
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -156,20 +161,61 @@ def initialize_runtime(
   _serialization.install_value_serialization()
   if protobuf_implementation() == 'python':
     warnings.warn(SLOW_PROTOBUF_WARNING, RuntimeWarning, stacklevel=2)
+  isolate = True if require_isolated_worker else None
   if workers or local_workers:
     context = distributed_context(
         workers, local_workers, worker_timeout_seconds=worker_timeout_seconds,
         max_concurrent_computation_calls=max_concurrent_computation_calls,
-        default_num_clients=default_num_clients)
+        default_num_clients=default_num_clients, isolate=isolate)
   else:
-    context = tff.backends.native.create_sync_local_cpp_execution_context(
+    context = local_context(
         default_num_clients=default_num_clients,
-        max_concurrent_computation_calls=max_concurrent_computation_calls)
+        max_concurrent_computation_calls=max_concurrent_computation_calls,
+        worker_timeout_seconds=worker_timeout_seconds, isolate=isolate)
   tff.framework.get_context_stack().set_default_context(context)
   if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
     signal.signal(signal.SIGTERM, _on_sigterm)
   global _installed_context
   _installed, _installed_context = settings, context
+
+
+def local_context(default_num_clients: int = 0, max_concurrent_computation_calls: int = -1,
+                  worker_timeout_seconds: float = DEFAULT_WORKER_TIMEOUT_SECONDS,
+                  isolate: Optional[bool] = None):
+  """TFF's local C++ runtime (`create_sync_local_cpp_execution_context`) on a worker this
+  process starts, isolated from the network where it can be (`isolate`, as
+  `workers.isolated` takes it); TFF's own would serve on every interface. Its `worker` is
+  that `WorkerService`: restarted when found dead, as TFF restarts its own."""
+  from tensorflow_federated.python.core.backends.native import compiler  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.execution_contexts import sync_execution_context  # pylint: disable=g-import-not-at-top
+
+  service = WorkerService(None, max_concurrent_computation_calls, isolate=isolate)
+
+  class LocalContext(sync_execution_context.SyncExecutionContext):
+    worker = service
+
+  return LocalContext(
+      executor_fn=_executor_factory(service, worker_timeout_seconds, default_num_clients),
+      compiler_fn=compiler.desugar_and_transform_to_native,
+      transform_args=tensorflow_computation.transform_args,
+      transform_result=tensorflow_computation.transform_result)
+
+
+def _executor_factory(service: WorkerService, timeout_seconds: float, default_num_clients: int):
+  """TFF's executor factory over `service`: a RemoteExecutor on its stub per cardinality."""
+  from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.executors import remote_executor  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.types import placements  # pylint: disable=g-import-not-at-top
+
+  def stack_fn(cardinalities):
+    if cardinalities.get(placements.CLIENTS) is None:
+      cardinalities[placements.CLIENTS] = default_num_clients
+    executor = remote_executor.RemoteExecutor(service.stub(timeout_seconds))
+    executor.set_cardinalities(cardinalities)
+    return executor
+
+  return python_executor_stacks.ResourceManagingExecutorFactory(stack_fn)
 
 
 def installed_context():
@@ -224,18 +270,8 @@ def _worker_context(service: WorkerService, timeout_seconds: float, default_num_
   from tensorflow_federated.python.core.backends.native import compiler  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.core.impl.execution_contexts import async_execution_context  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.core.impl.executor_stacks import python_executor_stacks  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.core.impl.executors import executors_errors  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.core.impl.executors import remote_executor  # pylint: disable=g-import-not-at-top
-  from tensorflow_federated.python.core.impl.types import placements  # pylint: disable=g-import-not-at-top
   import grpc  # pylint: disable=g-import-not-at-top
-
-  def stack_fn(cardinalities):
-    if cardinalities.get(placements.CLIENTS) is None:
-      cardinalities[placements.CLIENTS] = default_num_clients
-    executor = remote_executor.RemoteExecutor(service.stub(timeout_seconds))
-    executor.set_cardinalities(cardinalities)
-    return executor
 
   # `invoke` without TFF's unbounded retry decorator (functools.wraps keeps the original).
   invoke_once = async_execution_context.AsyncExecutionContext.invoke.__wrapped__
@@ -267,7 +303,7 @@ def _worker_context(service: WorkerService, timeout_seconds: float, default_num_
           time.sleep(0.2)
 
   return WorkerContext(
-      executor_fn=python_executor_stacks.ResourceManagingExecutorFactory(stack_fn),
+      executor_fn=_executor_factory(service, timeout_seconds, default_num_clients),
       compiler_fn=_shared_compiler(compiler.desugar_and_transform_to_native),
       transform_args=tensorflow_computation.transform_args,
       transform_result=tensorflow_computation.transform_result)
@@ -279,20 +315,23 @@ def distributed_context(
     worker_timeout_seconds: float = DEFAULT_WORKER_TIMEOUT_SECONDS,
     max_concurrent_computation_calls: int = -1,
     default_num_clients: int = 0,
+    isolate: Optional[bool] = None,
 ):
   """TFF's mergeable-comp context over the services at `workers` plus `local_workers` new ones.
 
   Use it as the default (`initialize_runtime(workers=...)`) or for a block:
   `with tff.framework.get_context_stack().install(distributed_context(...)):`. Every
   service must answer within `worker_timeout_seconds` (else WorkerUnavailableError). The
-  services this call starts die with this process (and at `shutdown_workers`).
+  services this call starts run isolated from the network where they can (`isolate`, as
+  `workers.isolated` takes it) and die with this process (and at `shutdown_workers`).
   """
   from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler  # pylint: disable=g-import-not-at-top
   if not workers and local_workers < 1:
     raise ValueError('give worker addresses or local_workers >= 1')
   _serialization.install_value_serialization()
   services = [WorkerService(a, max_concurrent_computation_calls) for a in workers]
-  services += [WorkerService(None, max_concurrent_computation_calls) for _ in range(local_workers)]
+  services += [WorkerService(None, max_concurrent_computation_calls, isolate=isolate)
+               for _ in range(local_workers)]
   for service in services:
     service.stub(worker_timeout_seconds)  # fail now, with the address, not mid-round
   pool = concurrent.futures.ThreadPoolExecutor(len(services), thread_name_prefix='tff-worker')

@@ -6,20 +6,38 @@ would never return. Every worker started here dies with its parent (Linux
 PR_SET_PDEATHSIG, which also covers SIGKILL) and is stopped at exit (`stop_workers`, which
 `contexts.shutdown_workers` calls).
 
+The binary serves plain, unauthenticated gRPC on every interface (`--port=N` is its only
+address setting): whoever reaches the port can have it run any TensorFlow computation (read
+and write files, start processes) as the training user. So a worker started here runs
+isolated: in a network namespace of its own, where only its own loopback exists, with a
+relay (this file, run as a script) that carries bytes between that loopback and a socket
+opened before the namespace was entered: a Unix socket in a 0700 directory for the local
+runtime (no other host, no other user reaches it), or the address `start_worker.py --bind`
+names. The namespace needs root or unprivileged user namespaces (`--user --map-root-user`
+in unshare(1)'s terms); the mount namespace is shared, so the worker reads and writes the
+same files (the resident state's scratch directory). Where that is unavailable the worker
+runs exposed, with one line on stderr saying so (`isolation_unavailable`).
+
 Standard library only (grpc and TFF are imported inside the functions that talk to a
-worker): scripts/start_worker.py loads this file alone, by path.
+worker): scripts/start_worker.py loads this file alone, by path, and it runs as the relay.
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
+import errno
+import fcntl
 import gc
 import importlib.util
 import os
+import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Optional
@@ -32,14 +50,27 @@ GRPC_CHANNEL_OPTIONS = [  # TFF's own local-runtime channel options (2 GB messag
 ]
 
 
+# The port the worker serves on inside its own network namespace (nothing else is there).
+NAMESPACE_PORT = 8000
+EXPOSURE = ('TFF\'s worker_binary serves unauthenticated gRPC on every network interface: '
+            'anyone who can reach its port can run code as this user')
+ISOLATION_FIX = ('run on Linux as root or with unprivileged user namespaces enabled '
+                 '(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces>0; '
+                 'Ubuntu: kernel.apparmor_restrict_unprivileged_userns=0)')
+
+
 class WorkerUnavailableError(RuntimeError):
   """A worker service stopped answering for longer than the timeout."""
 
 
-def _set_parent_death_signal():  # runs in the child between fork and exec
+class WorkerNotIsolatedError(RuntimeError):
+  """A worker was required to run isolated from the network where it cannot be."""
+
+
+def _set_parent_death_signal(signum: int = signal.SIGKILL):  # runs in the child between fork and exec
   try:
     libc = ctypes.CDLL('libc.so.6', use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    libc.prctl(1, signum)  # PR_SET_PDEATHSIG = 1
   except OSError:
     pass
 
@@ -62,24 +93,38 @@ class SubprocessProxy:
     return getattr(subprocess, name)
 
 
-def worker_pids() -> list[int]:
-  """Pids of this process's `worker_binary` children."""
-  me = os.getpid()
-  pids = []
+def descendant_pids(pid: Optional[int] = None) -> list[int]:
+  """Pids of the processes below `pid` (default: this process), children first."""
+  children = {}
   for entry in os.listdir('/proc'):
     if not entry.isdigit():
       continue
     try:
       with open(f'/proc/{entry}/stat', 'rb') as f:
         stat = f.read().decode(errors='replace')
-      ppid = int(stat.rsplit(')', 1)[1].split()[1])
-      if ppid != me:
-        continue
-      with open(f'/proc/{entry}/cmdline', 'rb') as f:
-        if WORKER_NAME.encode() in f.read():
-          pids.append(int(entry))
+      children.setdefault(int(stat.rsplit(')', 1)[1].split()[1]), []).append(int(entry))
     except (OSError, ValueError, IndexError):
       continue
+  found, queue = [], [os.getpid() if pid is None else pid]
+  while queue:
+    below = children.get(queue.pop(0), [])
+    found += below
+    queue += below
+  return found
+
+
+def worker_pids() -> list[int]:
+  """Pids of the `worker_binary` processes this process started (its children, or theirs
+  when a relay runs them isolated)."""
+  pids = []
+  for pid in descendant_pids():
+    try:
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        program = f.read().split(b'\0', 1)[0]
+    except OSError:
+      continue
+    if os.path.basename(program) == WORKER_NAME.encode():
+      pids.append(pid)
   return pids
 
 
@@ -117,12 +162,16 @@ def kill_workers(wait: bool = False) -> None:
 
 
 def parse_worker_addresses(text: str) -> list[str]:
-  """`'host:port,host:port'` -> addresses; ValueError names the bad entry (no TF import)."""
+  """`'host:port,unix:/path,...'` -> addresses; ValueError names the bad entry (no TF import)."""
   addresses = [a.strip() for a in text.split(',') if a.strip()]
   for address in addresses:
+    if address.startswith('unix:'):
+      if not os.path.isabs(address[len('unix:'):]):
+        raise ValueError(f'{address!r} is not unix:/absolute/path')
+      continue
     host, sep, port = address.rpartition(':')
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-      raise ValueError(f'{address!r} is not host:port (port 1-65535)')
+      raise ValueError(f'{address!r} is not host:port (port 1-65535) or unix:/path')
   duplicates = sorted({a for a in addresses if addresses.count(a) > 1})
   if duplicates:
     raise ValueError(f'{", ".join(duplicates)} listed twice')
@@ -149,29 +198,262 @@ def unused_port() -> int:
     return s.getsockname()[1]
 
 
+# --- Isolation: a private network namespace, reached through a relay --------------------
+
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+_isolation_probe = None  # (None or why not) once probed
+_exposure_told = False
+
+
+def _libc():
+  return ctypes.CDLL(None, use_errno=True)
+
+
+def enter_private_network() -> None:
+  """Moves this (single-threaded) process into a new network namespace whose one interface,
+  its loopback, is up; through a user namespace of its own when not root. Sockets opened
+  before keep their namespace. OSError says why not."""
+  if not sys.platform.startswith('linux'):
+    raise OSError(errno.ENOSYS, 'network namespaces are Linux only')
+  uid, gid = os.geteuid(), os.getegid()
+  flags = _CLONE_NEWNET | (_CLONE_NEWUSER if uid != 0 else 0)
+  if _libc().unshare(flags) != 0:
+    code = ctypes.get_errno()
+    what = 'a network namespace' if uid == 0 else 'a user and network namespace'
+    raise OSError(code, f'cannot create {what}: {os.strerror(code)}')
+  if uid != 0:  # root of the new user namespace is this user: files keep their owner
+    for name, text in (('setgroups', 'deny'), ('uid_map', f'0 {uid} 1'),
+                       ('gid_map', f'0 {gid} 1')):
+      with open(f'/proc/self/{name}', 'w') as f:
+        f.write(text)
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    request = struct.pack('16sH22x', b'lo', 0)
+    current = struct.unpack('16sH22x', fcntl.ioctl(s.fileno(), _SIOCGIFFLAGS, request))[1]
+    fcntl.ioctl(s.fileno(), _SIOCSIFFLAGS, struct.pack('16sH22x', b'lo', current | _IFF_UP))
+
+
+def isolation_unavailable() -> Optional[str]:
+  """None when workers can run isolated here; else why not, in a few words (probed once, in
+  a child process)."""
+  global _isolation_probe
+  if _isolation_probe is None:
+    try:
+      probe = subprocess.run([sys.executable, '-I', '-S', os.path.abspath(__file__), 'probe'],
+                             capture_output=True, text=True, timeout=60)
+      reason = None if probe.returncode == 0 else (
+          probe.stderr.strip().splitlines() or ['the namespace probe failed'])[-1]
+    except (OSError, subprocess.SubprocessError) as e:
+      reason = f'the namespace probe failed: {e}'
+    _isolation_probe = (reason,)
+  return _isolation_probe[0]
+
+
+def isolated(required: Optional[bool]) -> bool:
+  """Whether to start a worker isolated: `required` True raises WorkerNotIsolatedError where
+  it cannot be, False never isolates; None isolates where possible, else says once on
+  stderr that the worker is exposed."""
+  global _exposure_told
+  if required is False:
+    return False
+  reason = isolation_unavailable()
+  if reason is None:
+    return True
+  if required:
+    raise WorkerNotIsolatedError(f'the worker cannot run isolated from the network here '
+                                 f'({reason}); {ISOLATION_FIX}')
+  if not _exposure_told:
+    _exposure_told = True
+    print(f'warning: {EXPOSURE} (no isolation here: {reason}); {ISOLATION_FIX}, or refuse '
+          'to run exposed with --require_isolated_worker', file=sys.stderr, flush=True)
+  return False
+
+
+def relay_command(listen: str, command: list[str]) -> list[str]:
+  """The command that runs `command` (a worker serving on NAMESPACE_PORT) in a private
+  network namespace, reached at `listen` ('unix:/path' in a directory of its own, removed
+  when the worker ends, or 'host:port'), dying with this process."""
+  return [sys.executable, '-I', '-S', os.path.abspath(__file__), 'relay', f'--listen={listen}',
+          f'--parent={os.getpid()}', '--own_directory', '--'] + command
+
+
+def _listen(listen: str) -> socket.socket:
+  if listen.startswith('unix:'):
+    path = listen[len('unix:'):]
+    if os.path.exists(path):   # left by a killed relay
+      os.unlink(path)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    os.chmod(path, 0o600)   # connecting takes write permission: this user only
+  else:
+    host, _, port = listen.rpartition(':')
+    host = host.strip('[]')
+    family = socket.AF_INET6 if ':' in host else socket.AF_INET
+    server = socket.socket(family, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((host, int(port)))
+  server.listen(64)
+  return server
+
+
+def _pump(source: socket.socket, dest: socket.socket, done: threading.Semaphore) -> None:
+  """Copies `source` to `dest` until end of stream, then half-closes `dest`."""
+  buffer = bytearray(1 << 20)
+  view = memoryview(buffer)
+  try:
+    while True:
+      n = source.recv_into(buffer)
+      if not n:
+        break
+      dest.sendall(view[:n])
+  except OSError:
+    pass
+  try:
+    dest.shutdown(socket.SHUT_WR)
+  except OSError:
+    pass
+  done.release()
+
+
+def _carry(client: socket.socket, port: int, deadline_seconds: float = 60.0) -> None:
+  """Joins `client` to the worker at 127.0.0.1:`port` (waiting for it to listen) both ways."""
+  deadline = time.monotonic() + deadline_seconds
+  while True:
+    try:
+      upstream = socket.create_connection(('127.0.0.1', port))
+      break
+    except OSError:
+      if time.monotonic() > deadline:
+        client.close()
+        return
+      time.sleep(0.02)
+  for s in (client, upstream):
+    if s.family != socket.AF_UNIX:
+      s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+  done = threading.Semaphore(0)
+  threading.Thread(target=_pump, args=(upstream, client, done), daemon=True).start()
+  _pump(client, upstream, done)
+  done.acquire()
+  done.acquire()
+  client.close()
+  upstream.close()
+
+
+def serve_isolated(listen: str, command: list[str], parent: Optional[int] = None,
+                   own_directory: bool = False) -> int:
+  """Runs `command` (a worker serving on NAMESPACE_PORT) in a private network namespace and
+  relays `listen` to it; returns the worker's exit status. This process must be
+  single-threaded; with `parent`, it and the worker stop when that process dies (SIGTERM,
+  so that the socket goes too, and the socket's directory with `own_directory`)."""
+  server = _listen(listen)
+  worker = None
+  stopping = []
+
+  def stop(signum, frame):
+    del frame
+    stopping.append(signum)
+    if worker is not None:
+      worker.kill()
+
+  for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    signal.signal(signum, stop)
+  try:
+    try:
+      enter_private_network()
+    except OSError as e:
+      print(f'error: {e}; {ISOLATION_FIX}', file=sys.stderr, flush=True)
+      return 3
+    if parent is not None:
+      _set_parent_death_signal(signal.SIGTERM)
+      if os.getppid() != parent:
+        return 1   # the parent died before the signal was set
+    worker = subprocess.Popen(command, preexec_fn=_set_parent_death_signal)
+    if stopping:
+      worker.kill()
+    port = NAMESPACE_PORT
+    for argument in command:
+      if argument.startswith('--port='):
+        port = int(argument[len('--port='):])
+
+    def accept():
+      while True:
+        try:
+          client, _ = server.accept()
+        except OSError:
+          return
+        threading.Thread(target=_carry, args=(client, port), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    status = worker.wait()   # the main thread: the worker's parent-death signal follows it
+    return status if status >= 0 else 128 - status
+  finally:
+    if listen.startswith('unix:'):
+      path = listen[len('unix:'):]
+      try:
+        os.unlink(path)
+        if own_directory:
+          os.rmdir(os.path.dirname(path))
+      except OSError:
+        pass
+
+
+def _main(argv) -> int:
+  """`probe`: exit 0 if this process can enter a private network namespace; `relay
+  --listen=ADDRESS [--parent=PID] [--own_directory] -- COMMAND...`: `serve_isolated`."""
+  parser = argparse.ArgumentParser(prog='workers.py')
+  parser.add_argument('mode', choices=('probe', 'relay'))
+  parser.add_argument('--listen', default='')
+  parser.add_argument('--parent', type=int, default=None)
+  parser.add_argument('--own_directory', action='store_true')
+  split = argv.index('--') if '--' in argv else len(argv)
+  args = parser.parse_args(argv[:split])
+  command = argv[split + 1:]
+  if args.mode == 'probe':
+    try:
+      enter_private_network()
+    except OSError as e:
+      print(e.strerror or str(e), file=sys.stderr)
+      return 1
+    return 0
+  return serve_isolated(args.listen, command, args.parent, args.own_directory)
+
+
 class WorkerService:
   """One executor service: an address, and the process when this program started it.
 
-  A service this program starts (`address` None) is owned: it dies with this process, is
-  stopped at exit, and is restarted when found dead.
+  A service this program starts (`address` None) is owned: it runs isolated from the
+  network where it can (`isolate`, as `isolated` takes it), reached at a Unix socket in a
+  0700 directory of its own; it dies with this process, is stopped at exit, and is
+  restarted when found dead.
   """
 
-  def __init__(self, address: Optional[str] = None, max_concurrent_computation_calls: int = -1):
+  def __init__(self, address: Optional[str] = None, max_concurrent_computation_calls: int = -1,
+               isolate: Optional[bool] = None):
     self._max_calls = max_concurrent_computation_calls
     self.owned = address is None
     self.address = address
+    self.isolated = False
     self.process = None
+    self._socket_dir = None
     self._stub = None
     self._lock = threading.Lock()
     if self.owned:
+      self.isolated = isolated(isolate)
       _owned_services.append(self)
       self._start()
 
   def _start(self):
-    port = unused_port()
-    self.address = f'127.0.0.1:{port}'
-    self.process = PopenDyingWithParent(worker_command(port, self._max_calls),
-                                        stdout=subprocess.DEVNULL)
+    if self.isolated:
+      if self._socket_dir is None or not os.path.isdir(self._socket_dir):
+        self._socket_dir = _socket_directory()   # (its relay removes it when it ends)
+      self.address = 'unix:' + os.path.join(self._socket_dir, 'worker.sock')
+      command = relay_command(self.address, worker_command(NAMESPACE_PORT, self._max_calls))
+    else:
+      port = unused_port()
+      self.address = f'127.0.0.1:{port}'
+      command = worker_command(port, self._max_calls)
+    self.process = PopenDyingWithParent(command, stdout=subprocess.DEVNULL)
     self._stub = None
 
   def stub(self, timeout_seconds: float):
@@ -204,12 +486,37 @@ class WorkerService:
               f'{timeout_seconds:.0f} s (restarted after each failure)')
     return (f'worker service {self.address} did not answer within {timeout_seconds:.0f} s; '
             'start it there with `python scripts/start_worker.py --port=PORT` (or check '
-            'the host and port), then rerun (a training run continues with --resume)')
+            'the address and its tunnel), then rerun (a training run continues with --resume)')
 
   def stop(self):
+    """Stops the worker (an isolated one through its relay, which stops it and removes its
+    socket)."""
     if self.process is not None and self.process.poll() is None:
-      self.process.kill()
-      self.process.wait(timeout=10)
+      if self.isolated:
+        self.process.terminate()
+        try:
+          self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+          pass
+      if self.process.poll() is None:
+        self.process.kill()
+        self.process.wait(timeout=10)
+    if self._socket_dir is not None:
+      shutil.rmtree(self._socket_dir, ignore_errors=True)
+      self._socket_dir = None
+
+
+def _socket_directory() -> str:
+  """A new 0700 directory for a worker's socket, with a path short enough for AF_UNIX."""
+  directory = tempfile.mkdtemp(prefix='tff_algos_worker_')
+  if len(directory) > 90:
+    os.rmdir(directory)
+    directory = tempfile.mkdtemp(prefix='tff_algos_worker_', dir='/tmp')
+  return directory
 
 
 _owned_services: list[WorkerService] = []
+
+
+if __name__ == '__main__':
+  sys.exit(_main(sys.argv[1:]))
