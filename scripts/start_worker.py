@@ -1,6 +1,7 @@
 """Starts a TFF executor service (the wheel's `worker_binary`) on this machine.
 
-    python scripts/start_worker.py --port=8000 [--bind=127.0.0.1] [--max_concurrent_computation_calls=-1]
+    python scripts/start_worker.py --port=8000 [--bind=127.0.0.1]
+        [--max_concurrent_computation_calls=-1]
     python scripts/start_worker.py --bind=unix:/run/user/1000/tff/worker.sock
 
 The training program then reaches it with `--workers=HOST:8000,...` or `--workers=unix:PATH`.

@@ -67,7 +67,8 @@ class WorkerNotIsolatedError(RuntimeError):
   """A worker was required to run isolated from the network where it cannot be."""
 
 
-def _set_parent_death_signal(signum: int = signal.SIGKILL):  # runs in the child between fork and exec
+def _set_parent_death_signal(signum: int = signal.SIGKILL):
+  """`signum` to this process when its parent dies (in a child between fork and exec)."""
   try:
     libc = ctypes.CDLL('libc.so.6', use_errno=True)
     libc.prctl(1, signum)  # PR_SET_PDEATHSIG = 1
