@@ -56,7 +56,8 @@ EXPOSURE = ('TFF\'s worker_binary serves unauthenticated gRPC on every network i
             'anyone who can reach its port can run code as this user')
 ISOLATION_FIX = ('run on Linux as root or with unprivileged user namespaces enabled '
                  '(sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces>0; '
-                 'Ubuntu: kernel.apparmor_restrict_unprivileged_userns=0)')
+                 'Ubuntu: kernel.apparmor_restrict_unprivileged_userns=0; in a container, '
+                 'allow unshare(2))')
 
 
 class WorkerUnavailableError(RuntimeError):
