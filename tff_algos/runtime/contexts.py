@@ -138,10 +138,10 @@ def initialize_runtime(
   aggregates merged.
 
   Args:
-    max_concurrent_computation_calls: passed to the C++ runtime (-1: no limit, which
-      measured fastest on 2 cores).
+    max_concurrent_computation_calls: passed to the C++ runtime (-1: no limit).
     default_num_clients: TFF's default client cardinality.
-    workers: `host:port` addresses of running worker services (scripts/start_worker.py).
+    workers: `host:port` or `unix:/path` addresses of running worker services
+      (scripts/start_worker.py).
     local_workers: number of worker services to start on this machine (they die with
       this process).
     worker_timeout_seconds: how long a worker may stay unreachable before the call fails.
@@ -348,7 +348,7 @@ _shared_compilers = {}
 def _shared_compiler(compiler_fn):
   """`compiler_fn` with one cache for every context of the process: TFF caches per context,
   so N services (and each new distributed context) would repeat the same Python-side
-  compilation of every computation (seconds each for the methods' rounds)."""
+  compilation of every computation."""
   if compiler_fn not in _shared_compilers:
     _shared_compilers[compiler_fn] = functools.lru_cache(maxsize=256)(compiler_fn)
   return _shared_compilers[compiler_fn]
