@@ -9,6 +9,10 @@ SGD per client, example-weighted mean of the deltas, server SGD with learning ra
             in-graph by `tff_algos.client_work.build_local_training`);
   tff       `tff.learning.algorithms.build_weighted_fed_avg` with `tf.data` clients.
 
+(`ours@exposed`, on request: `ours` on a second local runtime whose worker is not isolated
+from the network, as TFF starts it: what the isolation, a namespace and a relay, costs a
+round.)
+
 and every method of the project on the same clients and batches (built by the training
 program's `computations.build_process`; client SGD without momentum at the same learning rate,
 every client taking part; FedCDA with no warm-up, so its cache selection runs every round):
@@ -68,7 +72,7 @@ import tensorflow as tf
 from benchmarks.method_builds import build_method  # pylint: disable=g-import-not-at-top
 from benchmarks.method_builds import load_data  # pylint: disable=g-import-not-at-top
 from programs import pages  # pylint: disable=g-import-not-at-top
-from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
+from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
 
 _MODEL = flags.DEFINE_string('model', 'fedavg_cnn', 'tff_algos.models zoo model.')
 _DATASET = flags.DEFINE_enum('dataset', 'fashion_mnist', ['fashion_mnist', 'digits'],
@@ -83,8 +87,9 @@ _WARMUP = flags.DEFINE_integer('warmup_rounds', 1, 'Untimed rounds per variant f
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed for data selection, orders and model init.')
 _VARIANTS = flags.DEFINE_list(
     'variants', ['plain_tf', 'ours', 'tff'],
-    'Which of plain_tf, ours, tff and the methods (fedcross, fedcda, cadis, cadis_nokd, '
-    'fedlex_avgm, fedlex_sgd, fedlex_opt, fedlex_prox) to run; "all" = every one.')
+    'Which of plain_tf, ours, ours@exposed (ours on a worker not isolated from the network), '
+    'tff and the methods (fedcross, fedcda, cadis, cadis_nokd, fedlex_avgm, fedlex_sgd, '
+    'fedlex_opt, fedlex_prox) to run; "all" = every one.')
 _LOCAL_WORKERS = flags.DEFINE_integer(
     'local_workers', 0, 'Also run `ours` split across this many worker services started here '
     '(variant ours_w, TFF\'s mergeable-comp context), interleaved with the local runtime.')
@@ -109,7 +114,7 @@ _MAX_CALLS = flags.DEFINE_integer(
 
 METHODS = ('fedcross', 'fedcda', 'cadis', 'cadis_nokd', 'fedlex_avgm', 'fedlex_sgd',
            'fedlex_opt', 'fedlex_prox')
-VARIANTS = ('plain_tf', 'ours', 'tff') + METHODS
+VARIANTS = ('plain_tf', 'ours', 'ours@exposed', 'tff') + METHODS
 
 
 def max_abs_difference(a, b) -> float:
@@ -162,6 +167,10 @@ def main(argv):
     builds['tff'] = time.perf_counter() - t0
   processes = dict(ours=ours)
   contexts = {}
+  if 'ours@exposed' in requested:   # the same process on a worker TFF's way (every interface)
+    processes['ours@exposed'] = ours
+    contexts['ours@exposed'] = execution.local_context(
+        max_concurrent_computation_calls=_MAX_CALLS.value, isolate=False)
   if _LOCAL_WORKERS.value > 0:
     processes['ours_w'] = ours
     contexts['ours_w'] = execution.distributed_context(local_workers=_LOCAL_WORKERS.value)
@@ -247,7 +256,7 @@ def main(argv):
     # refresh_every=0: no refresh falls into the timed rounds (each round detaches its state).
     residents = {v: resident_state.ResidentProcess(processes[v], num_clients,
                                                    refresh_every=0)
-                 for v in variants if v in processes and v != 'ours_w'}
+                 for v in variants if v in processes and v not in ('ours_w', 'ours@exposed')}
     variants += tuple(f'{v}@resident' for v in residents)
   # With --resident too, the 0-epoch rounds also run resident (<name>@resident@0): the
   # server step's share of the round as the program runs it.
@@ -274,7 +283,7 @@ def main(argv):
                                              else inputs)]).state
     else:
       name, empty = variant.split('@')[0], variant.endswith('@0')
-      context = contexts.get(name)
+      context = contexts.get(variant[:-len('@0')] if empty else variant)
       with (tff.framework.get_context_stack().install(context) if context
             else contextlib.nullcontext()):
         state[variant] = processes[name].next(
@@ -314,6 +323,9 @@ def main(argv):
   for v in variants:
     if v != 'plain_tf':
       print(f'ratio {v} / plain_tf: {med[v] / med["plain_tf"]:.2f}x')
+  if 'ours' in variants and 'ours@exposed' in variants:
+    print(f'isolation: ours (worker isolated) / ours@exposed (worker on every interface): '
+          f'{med["ours"] / med["ours@exposed"]:.2f}x')
   figures = dict(
       setup=dict(dataset=ds.name, model=_MODEL.value, num_params=num_params,
                  clients=num_clients, examples_per_client=per_client, batch_size=batch,

@@ -312,7 +312,7 @@ def main(argv):
   from programs import computations  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
   from tff_algos import models  # pylint: disable=g-import-not-at-top
-  from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
 
   ds = data.load_fashion_mnist() if _DATASET.value == 'fashion_mnist' else data.load_digits()
   per_round, per_client = _PER_ROUND.value, _EXAMPLES.value

@@ -87,7 +87,8 @@ def serializers(tff, execution):
                                      ('counts', tff.TensorType(np.int32, [20, 3]))]))]),
       tff.SERVER)
   ours = execution.serialize_value
-  theirs = execution._tff_serialize_value  # pylint: disable=protected-access
+  from tff_algos.runtime import serialization  # pylint: disable=g-import-not-at-top
+  theirs = serialization._tff_serialize_value  # pylint: disable=protected-access
   times = {'tff': [], 'ours': []}
   for _ in range(_REPEATS.value):
     for name, fn in (('tff', theirs), ('ours', ours)):

@@ -45,7 +45,7 @@ def _one_variant(variant: str, rounds: int) -> list:
   from programs import computations  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
-  from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
   execution.initialize_runtime()
   c = experiment.ExperimentConfig(
       algorithm='fedcda', dataset='fashion_mnist', model='simple_cnn', partition='dirichlet',

@@ -149,8 +149,9 @@ def _start_runtime(c: ExperimentConfig) -> None:
   try:
     execution.initialize_runtime(workers=execution.parse_worker_addresses(c.workers),
                                  local_workers=c.local_workers,
-                                 worker_timeout_seconds=c.worker_timeout)
-  except execution.WorkerUnavailableError as e:
+                                 worker_timeout_seconds=c.worker_timeout,
+                                 require_isolated_worker=c.require_isolated_worker)
+  except (execution.WorkerUnavailableError, execution.WorkerNotIsolatedError) as e:
     raise ExperimentError(str(e)) from None
 
 
@@ -242,9 +243,7 @@ class _Run:
 
   def checkpoint(self) -> None:
     """Saves the state after `last_round` (what a resume continues from)."""
-    from tff_algos import execution  # pylint: disable=g-import-not-at-top
-    with execution.collector_paused():
-      self.state = self.runner.materialize(self.held)
+    self.state = self.runner.materialize(self.held)   # the runner pauses the collector
     self.program_state = collections.OrderedDict(
         state=self.state, round=self.last_round, best_accuracy=self.best,
         exploration_client_epochs=float(self.program_state['exploration_client_epochs']))
@@ -289,7 +288,7 @@ def _resume_or_initialise(c: ExperimentConfig, built: _Built, start_round: int,
                           closing: contextlib.ExitStack, log) -> _Run:
   """The run with its state: the last checkpoint's (resume) or the process's initial one."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
   exp_dir = c.experiment_dir
   ckpt_dir = os.path.join(exp_dir, 'checkpoints')
   # Its files go in the experiment's directory (the checkpoints' file system); a killed run
@@ -412,13 +411,14 @@ def _train_round(c: ExperimentConfig, run: _Run, run_data: _RunData,
   sampled = data.sample_clients(num_clients, c.clients_per_round, round_num, c.seed)
   _, inputs = data.round_inputs(fed, round_num, c.clients_per_round, c.local_epochs, c.seed,
                                 client_ids=sampled)
-  with execution.collector_paused():
-    run.held, round_metrics = run.runner.next(run.held, [[element] for element in inputs])
-    if guidance is not None:
+  # The runner's calls pause the collector themselves; FedLEx's exploration is paused here.
+  run.held, round_metrics = run.runner.next(run.held, [[element] for element in inputs])
+  if guidance is not None:
+    with execution.collector_paused():
       run.held, explored = guidance.after_round(round_num, sampled, run.runner, run.held)
-      if explored is not None:
-        run.program_state['exploration_client_epochs'] = (
-            float(run.program_state['exploration_client_epochs']) + explored)
+    if explored is not None:
+      run.program_state['exploration_client_epochs'] = (
+          float(run.program_state['exploration_client_epochs']) + explored)
   return round_metrics
 
 
@@ -445,8 +445,8 @@ def _evaluate(run: _Run, built: _Built, row: dict) -> float:
   """Evaluates the global model on the test set (and the clients' own); adds the figures
   to `row` and returns the test accuracy."""
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  weights = run.runner.get_model_weights(run.held)
   with execution.collector_paused():
-    weights = run.runner.get_model_weights(run.held)
     accuracy, test_loss = built.evaluator(weights)
     client_figures = built.client_evaluator(weights) if built.client_evaluator else {}
   run.best = max(run.best, accuracy)

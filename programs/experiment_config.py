@@ -82,6 +82,9 @@ class _GeneralConfig:
   workers: str = ''            # 'host:port,...' of worker services (scripts/start_worker.py)
   local_workers: int = 0       # worker services to start on this machine
   worker_timeout: float = 60.0  # seconds a worker service may stay unreachable
+  # Refuse to run where the workers this run starts cannot be isolated from the network
+  # (tff_algos/runtime/workers.py) instead of warning and going on with them exposed.
+  require_isolated_worker: bool = False
   # Keep the server state in TFF's local worker between rounds (tff_algos.ResidentProcess):
   # the same results without sending the state to the worker every round (local runtime
   # only; on worker services every round goes through process.next).
@@ -139,6 +142,7 @@ FLAG_ROLES = {
     'checkpoint_every': BOOKKEEPING, 'root_output_dir': BOOKKEEPING,
     'experiment_name': BOOKKEEPING, 'resume': BOOKKEEPING, 'progress': BOOKKEEPING,
     'workers': EXECUTION, 'local_workers': EXECUTION, 'worker_timeout': EXECUTION,
+    'require_isolated_worker': BOOKKEEPING,
     'resident_state': BOOKKEEPING, 'blown_up_rounds': BOOKKEEPING,
     **{flag.name: DEFINES_RUN for flag in methods.registry_flags()},
 }
@@ -251,11 +255,18 @@ def _validate_workers(c: ExperimentConfig) -> None:
   try:
     execution.parse_worker_addresses(c.workers)
   except ValueError as e:
-    raise ExperimentError(f'--workers: {e}; give host:port,host:port,...') from None
+    raise ExperimentError(f'--workers: {e}; give host:port or unix:/path, comma-separated') from None
   if c.local_workers < 0:
     raise ExperimentError(f'--local_workers must be >= 0, got {c.local_workers}')
   if not c.worker_timeout > 0:
     raise ExperimentError(f'--worker_timeout must be > 0 seconds, got {c.worker_timeout}')
+  if c.require_isolated_worker and (c.local_workers or not c.workers):
+    reason = execution.isolation_unavailable()
+    if reason is not None:
+      raise ExperimentError(
+          f'--require_isolated_worker: TFF\'s worker cannot run isolated from the network here '
+          f'({reason}); run on Linux as root or with unprivileged user namespaces enabled, or '
+          'drop the flag to run with the worker exposed')
 
 
 def recorded_config(saved: dict) -> ExperimentConfig:

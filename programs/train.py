@@ -77,12 +77,16 @@ _NAME = flags.DEFINE_string('experiment_name', '', 'Experiment directory name.')
 _RESUME = flags.DEFINE_bool('resume', False, 'Continue the run in the experiment directory.')
 _PROGRESS = flags.DEFINE_bool('progress', True, 'Show a progress bar on stderr.')
 _WORKERS = flags.DEFINE_string(
-    'workers', '', 'host:port,... of TFF worker services (scripts/start_worker.py) to split '
-    'each round\'s clients across.')
+    'workers', '', 'host:port or unix:/path, comma-separated, of TFF worker services '
+    '(scripts/start_worker.py) to split each round\'s clients across.')
 _LOCAL_WORKERS = flags.DEFINE_integer(
     'local_workers', 0, 'Start this many TFF worker services here and split rounds across them.')
 _WORKER_TIMEOUT = flags.DEFINE_float(
     'worker_timeout', 60.0, 'Seconds a worker service may stay unreachable before the run stops.')
+_REQUIRE_ISOLATED_WORKER = flags.DEFINE_bool(
+    'require_isolated_worker', False, 'Refuse to run where TFF\'s worker cannot run isolated '
+    'from the network (a private network namespace: Linux, as root or with unprivileged user '
+    'namespaces); without it such a run warns and goes on with the worker exposed.')
 _RESIDENT_STATE = flags.DEFINE_bool(
     'resident_state', True, 'Keep the server state in TFF\'s local worker between rounds '
     '(same results; the state leaves it only for checkpoints, as a file in the experiment '
@@ -116,7 +120,8 @@ def config_from_flags() -> experiment.ExperimentConfig:
       client_test_fraction=_CLIENT_TEST_FRACTION.value,
       root_output_dir=_ROOT.value, experiment_name=_NAME.value, resume=_RESUME.value,
       progress=_PROGRESS.value, workers=_WORKERS.value, local_workers=_LOCAL_WORKERS.value,
-      worker_timeout=_WORKER_TIMEOUT.value, resident_state=_RESIDENT_STATE.value,
+      worker_timeout=_WORKER_TIMEOUT.value,
+      require_isolated_worker=_REQUIRE_ISOLATED_WORKER.value, resident_state=_RESIDENT_STATE.value,
       blown_up_rounds=_BLOWN_UP_ROUNDS.value,
       **{name: holder.value for name, holder in _METHOD_FLAGS.items()})
 

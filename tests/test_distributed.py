@@ -36,6 +36,7 @@ from tff_algos import evaluation
 from tff_algos import execution
 from tff_algos import fedlex
 from tff_algos import models
+from tff_algos.runtime import workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL_FN = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
@@ -52,8 +53,8 @@ KILL_TIMEOUT = 300
 
 def _start_service():
   """A worker service as a user starts one (scripts/start_worker.py), dying with pytest."""
-  port = execution._unused_port()  # pylint: disable=protected-access
-  process = execution._PopenDyingWithParent(  # pylint: disable=protected-access
+  port = workers.unused_port()
+  process = workers.PopenDyingWithParent(
       [sys.executable, os.path.join(ROOT, 'scripts', 'start_worker.py'), f'--port={port}'],
       stdout=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3'))
   return f'127.0.0.1:{port}', process
@@ -279,6 +280,7 @@ def test_our_services_die_with_a_killed_parent():
     ('', []),
     ('10.0.0.5:8000', ['10.0.0.5:8000']),
     (' a:1 , worker-2.svc:65535 ', ['a:1', 'worker-2.svc:65535']),
+    ('unix:/home/me/.tff/w1.sock,a:1', ['unix:/home/me/.tff/w1.sock', 'a:1']),
 ])
 def test_parse_worker_addresses(text, expected):
   assert execution.parse_worker_addresses(text) == expected
@@ -287,6 +289,7 @@ def test_parse_worker_addresses(text, expected):
 @pytest.mark.parametrize('text, fragment', [
     ('localhost', "'localhost' is not host:port"), (':80', 'is not host:port'),
     ('a:0', 'is not host:port'), ('a:70000', 'is not host:port'), ('a:1,a:1', 'listed twice'),
+    ('unix:w.sock', 'is not unix:/absolute/path'),
 ])
 def test_parse_worker_addresses_rejects(text, fragment):
   with pytest.raises(ValueError, match=fragment):

@@ -11,6 +11,7 @@ import pytest
 
 from tests.helpers import process_alive
 from tff_algos import execution
+from tff_algos.runtime import contexts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,19 +109,18 @@ def test_protobuf_is_compiled_here():
 def test_initialize_runtime_warns_under_pure_python_protobuf(monkeypatch):
   import tensorflow_federated as tff
   calls = []
-  monkeypatch.setattr(execution, '_installed', None)
-  monkeypatch.setattr(execution, '_installed_context', execution._installed_context)  # pylint: disable=protected-access
-  monkeypatch.setattr(execution, 'protobuf_implementation', lambda: 'python')
-  monkeypatch.setattr(tff.backends.native, 'create_sync_local_cpp_execution_context',
-                      lambda **kwargs: calls.append(kwargs) or 'context')
+  monkeypatch.setattr(contexts, '_installed', None)
+  monkeypatch.setattr(contexts, '_installed_context', contexts._installed_context)  # pylint: disable=protected-access
+  monkeypatch.setattr(contexts, 'protobuf_implementation', lambda: 'python')
+  monkeypatch.setattr(contexts, 'local_context', lambda **kwargs: calls.append(kwargs) or 'context')
   installed = []
   monkeypatch.setattr(tff.framework.get_context_stack(), 'set_default_context',
                       installed.append)
   with pytest.warns(RuntimeWarning, match=r'protobuf>=4\.21'):
     execution.initialize_runtime(default_num_clients=7)
   assert calls and calls[0]['default_num_clients'] == 7 and installed == ['context']
-  monkeypatch.setattr(execution, '_installed', None)
-  monkeypatch.setattr(execution, 'protobuf_implementation', lambda: 'upb')
+  monkeypatch.setattr(contexts, '_installed', None)
+  monkeypatch.setattr(contexts, 'protobuf_implementation', lambda: 'upb')
   with warnings.catch_warnings():
     warnings.simplefilter('error')
     execution.initialize_runtime(default_num_clients=8)
@@ -196,7 +196,7 @@ def test_closing_remote_executors_does_not_wake_lazy_proxies(monkeypatch):
   monkeypatch.setitem(
       sys.modules, 'tensorflow_federated.python.core.impl.executors.remote_executor', fake)
   held = [RemoteExecutor(), Subclass(), LazyProxy()]
-  execution._close_remote_executors()  # pylint: disable=protected-access
+  contexts._close_remote_executors()  # pylint: disable=protected-access
   assert RemoteExecutor.closed == 2 and LazyProxy.woken == 0
   del held
 

@@ -122,6 +122,8 @@ TESTED_ELSEWHERE = {
         'tests/test_fedlex.py::test_placeholder_guidance_matches_numpy_and_stays_in_the_state',
     'fedlex_explore_in_place':
         'tests/test_fedlex.py::test_explore_in_place_trains_the_explorers_in_sequence',
+    'require_isolated_worker':
+        'tests/test_worker_isolation.py::test_program_require_isolated_worker_flag',
     'client_test_fraction': 'tests/test_train_program.py::'
                             'test_client_test_fraction_holds_out_examples_and_evaluates_every_client',
     'blown_up_rounds':

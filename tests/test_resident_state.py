@@ -22,7 +22,7 @@ from programs import run_directory
 from tests import helpers
 from tff_algos import fedlex
 from tff_algos import models
-from tff_algos import resident_state
+from tff_algos.runtime import resident_state
 
 MODEL_FN = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
 NUM_CLIENTS, P, ROUNDS = 8, 4, 3

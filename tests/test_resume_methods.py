@@ -129,7 +129,7 @@ def test_the_resident_state_is_detached_every_round_and_resumes_exactly(tmp_path
   (`ResidentProcess.next`) and none is placed anew (`refresh`, a write and read of the whole
   state, is not needed): a run stopped at round 4 and resumed to 7 equals the unbroken run
   exactly."""
-  from tff_algos import resident_state  # pylint: disable=g-import-not-at-top
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
   calls = collections.Counter()
   detached, refresh = resident_state.ResidentProcess._detached, resident_state.ResidentProcess.refresh  # pylint: disable=protected-access
 

@@ -1,10 +1,10 @@
 """`execution.serialize_value` writes exactly the message TFF's own `serialize_value` builds.
 
 TFF 0.87 copies every nested sub-message into its parent; ours writes each part in place
-(tff_algos/execution.py). Compared on random nested values of every kind a round sends:
-tensors of several dtypes and shapes (scalars and strings go through TFF's own path),
-named and unnamed structs, server and client placements, client datasets; and on the
-errors TFF raises for values that do not match their type.
+(tff_algos/runtime/serialization.py). Compared on random nested values of every kind a round
+sends: tensors of several dtypes and shapes (scalars and strings go through TFF's own path),
+named and unnamed structs, server and client placements, client datasets; and on the errors
+TFF raises for values that do not match their type.
 """
 
 import collections
@@ -17,6 +17,7 @@ import tensorflow_federated as tff
 from tensorflow_federated.python.core.impl.executors import value_serialization
 
 from tff_algos import execution
+from tff_algos.runtime import serialization
 
 DTYPES = (np.float32, np.float64, np.int32, np.int64, np.bool_)
 
@@ -31,7 +32,7 @@ def installed():
 def tff_own_serializer():
   """TFF's function, recursing into itself (not into ours) for nested values."""
   ours = value_serialization.serialize_value
-  value_serialization.serialize_value = execution._tff_serialize_value  # pylint: disable=protected-access
+  value_serialization.serialize_value = serialization._tff_serialize_value  # pylint: disable=protected-access
   try:
     yield value_serialization.serialize_value
   finally:

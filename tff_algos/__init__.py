@@ -24,11 +24,11 @@ _EXPORTS = {
     'tff_algos.fedcda': ('build_fedcda',),
     'tff_algos.fedcross': ('build_fedcross',),
     'tff_algos.fedlex': ('build_fedlex', 'build_fedlex_exploration'),
-    'tff_algos.resident_state': ('ResidentProcess',),
+    'tff_algos.runtime.resident_state': ('ResidentProcess',),
     'tff_algos.scaffold': ('build_scaffold',),
 }
 _SUBMODULES = ('aggregators', 'baselines', 'cadis', 'client_lr_decay', 'client_work', 'evaluation', 'fedcda',
-               'fedcross', 'fedlex', 'models', 'optimizers', 'resident_state', 'scaffold')
+               'fedcross', 'fedlex', 'models', 'optimizers', 'runtime', 'scaffold')
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 __all__ = __all__ + ['execution']
 
@@ -43,5 +43,5 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
   from tff_algos.fedcda import build_fedcda  # noqa: F401
   from tff_algos.fedcross import build_fedcross  # noqa: F401
   from tff_algos.fedlex import build_fedlex, build_fedlex_exploration  # noqa: F401
-  from tff_algos.resident_state import ResidentProcess  # noqa: F401
+  from tff_algos.runtime.resident_state import ResidentProcess  # noqa: F401
   from tff_algos.scaffold import build_scaffold  # noqa: F401

@@ -132,18 +132,22 @@ def test_round_overhead_resident_gives_the_round_as_the_program_runs_it(tmp_path
 
 @pytest.mark.slow
 def test_round_overhead_times_each_variant_against_plain_tf():
-  variants = ['plain_tf', 'ours', 'tff', 'fedcross']
+  variants = ['plain_tf', 'ours', 'ours@exposed', 'tff', 'fedcross']
   stdout = _run('round_overhead', '--dataset=digits', '--model=tiny_cnn', '--clients=2',
                 '--examples_per_client=20', '--batch_size=10', '--rounds=2',
                 '--warmup_rounds=1', '--variants=' + ','.join(variants)).stdout
   median_line = next(l for l in stdout.splitlines() if l.startswith('median s/round: '))
-  medians = dict(re.findall(r'(\w+) ([0-9.]+)', median_line[len('median s/round: '):]))
+  medians = dict(re.findall(r'([\w@]+) ([0-9.]+)', median_line[len('median s/round: '):]))
   assert sorted(medians) == sorted(variants)
   for v in variants[1:]:   # each against plain_tf (medians printed to 3 decimals)
     ratio = re.search(rf'^ratio {v} / plain_tf: ([0-9.]+)x$', stdout, re.M)
     assert ratio, f'no ratio line for {v}'
     assert float(ratio.group(1)) == pytest.approx(
         float(medians[v]) / float(medians['plain_tf']), rel=0.2)
+  isolation = re.search(r'^isolation: ours \(worker isolated\) / ours@exposed \(worker on '
+                        r'every interface\): ([0-9.]+)x$', stdout, re.M)
+  assert isolation and float(isolation.group(1)) == pytest.approx(
+      float(medians['ours']) / float(medians['ours@exposed']), rel=0.2)
   assert re.search(r'^round 2 \(', stdout, re.M)   # every timed round is printed
   # Our FedAvg and TFF's do the same arithmetic on the same batches: the same weights.
   diff = re.search(r'^final weights max \|ours - plain_tf\| \S+, max \|ours - tff\| (\S+)$',

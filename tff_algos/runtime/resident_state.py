@@ -3,25 +3,22 @@
 `process.next(state, data)` on TFF's synchronous context sends the whole server state to the
 C++ worker and brings the new one back every round: for FedCDA's cache (4·N·K·D bytes) or
 FedCross's K middleware models that transfer, and its serialisation, is most of a round
-(benchmarks/results/RESULTS.md, "resident state"). `ResidentProcess` runs the same computations on
-the same worker through TFF's executor interface (`create_value`, `create_call`,
-`create_selection`), keeps the state there as a value reference, and brings back only what
-the caller asks for: the round's metrics, the model weights (for evaluation) or, when a
-checkpoint needs it, the whole state. Results are those of `process.next` (tested for every
-method).
+(benchmarks/results/RESULTS.md, "The state kept in the worker"). `ResidentProcess` runs the
+same computations on the same worker through TFF's executor interface (`create_value`,
+`create_call`, `create_selection`), keeps the state there as a value reference, and brings
+back only what the caller asks for: the round's metrics, the model weights (for evaluation)
+or, when a checkpoint needs it, the whole state. Results are those of `process.next` (tested
+for every method). Its calls run with Python's garbage collector paused (`collector`).
 
 A value TFF's C++ worker computes keeps the values it was computed from alive (a TF call's
 result holds its argument: `detach_computations`), so a state computed round after round
-would keep every earlier round (measured on FedCDA's 133 MB state: the worker grew by
-0.175 GB a round until the machine ran out of memory). `next` therefore detaches each new
-state: once it is computed, its top-level fields are picked out and zipped again in the
-worker, which holds their tensors and nothing else (no copy; 0.01 s a round for FedCDA's
-1 GB state), and the disposals of the values Python has dropped are sent at the start of
-each round rather than in TFF's batches of 20. The worker then no longer carries the
-earlier rounds' states (benchmarks/results/RESULTS.md, "The resident state's memory").
-`refresh` (placing the state anew) cuts the history by a write and a read of the whole
-state; `refresh_every` does it periodically (by default only for a state `next` cannot
-detach).
+would keep every earlier round and the worker would grow without bound. `next` therefore
+detaches each new state: once it is computed, its top-level fields are picked out and zipped
+again in the worker, which holds their tensors and nothing else (no copy), and the disposals
+of the values Python has dropped are sent at the start of each round rather than in TFF's
+batches of 20 (benchmarks/results/RESULTS.md, "The resident state's memory"). `refresh`
+(placing the state anew) cuts the history by a write and a read of the whole state;
+`refresh_every` does it periodically (by default only for a state `next` cannot detach).
 
     resident = ResidentProcess(process, clients_per_round=10)
     state = resident.initialize()                    # a ResidentValue, in the worker
@@ -35,15 +32,12 @@ How the state crosses (`transfer`): by default ('files') as a TensorFlow checkpo
 scratch directory, written by the worker (a TF computation running `SaveV2`) and read by
 Python, or written by Python and read by the worker (`RestoreV2`); a refresh has the worker
 write it and read it back, and never passes through Python. A TFF value crossing gRPC is
-serialised, copied into a message, parsed and held by the worker with its message: placing
-FedCDA's 2 GB state from a checkpoint raised the worker's peak to 4.3 states' worth against
-3.2 from a file, and its 200 MB state took 1.4-1.5 s to place against 0.2 s for the worker
-to write and read it (benchmarks/results/RESULTS.md). With 'values' the state
-crosses as TFF values, and above `part_bytes` (64 MiB) in parts, each its own message (a
-computation splits the state into tuples of its tensors, another joins them), so that no
-message exceeds TFF's 2 GB limit. Every way gives the same state to the bit, in the same
-containers (tested). `initial_state()` computes `initialize` in the worker and brings back
-one copy.
+serialised, copied into a message, parsed and held by the worker with its message, so a
+file costs the worker less memory and time. With 'values' the state crosses as TFF values,
+and above `part_bytes` (64 MiB) in parts, each its own message (a computation splits the
+state into tuples of its tensors, another joins them), so that no message exceeds TFF's
+2 GB limit. Every way gives the same state to the bit, in the same containers (tested).
+`initial_state()` computes `initialize` in the worker and brings back one copy.
 
 It needs TFF's local runtime (the context `execution.initialize_runtime()` installs without
 workers): on several worker services each round's state is split and merged by TFF's
@@ -52,6 +46,7 @@ mergeable context, which holds no value between calls.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import shutil
@@ -70,14 +65,13 @@ from tensorflow_federated.python.core.impl.execution_contexts import async_execu
 from tensorflow_federated.python.core.impl.execution_contexts import sync_execution_context
 from tensorflow_federated.python.core.impl.types import type_conversions
 
-from tff_algos import execution
+from tff_algos.runtime import contexts
+from tff_algos.runtime.collector import collector_paused
 
 
 # A state larger than this crosses between Python and the worker in parts of about this
 # size. Whole, a value is one gRPC message: TFF 0.87 refuses one over 2 GB, and the worker
-# holds the serialized message besides the tensors (measured on FedCDA's 1 GB state:
-# fetching it whole raised the worker's peak by 1.6 GB, in parts by 0.1 GB; placing it,
-# +2.9 GB whole, +2.2 GB in parts).
+# holds the serialized message besides the tensors, so parts keep its peak lower.
 PART_BYTES = 64 << 20
 # How the state crosses between Python and the worker (ResidentProcess's `transfer`).
 TRANSFERS = ('files', 'values')
@@ -86,6 +80,16 @@ TRANSFERS = ('files', 'values')
 SCRATCH_PREFIX = 'tff_algos_resident_'
 # A state `next` cannot detach (`detach_computations`) is placed anew this often by default.
 UNDETACHED_REFRESH_ROUNDS = 10
+
+
+def _paused(method):
+  """`method` run with Python's garbage collector paused (`collector_paused`): a round
+  runner's calls are the TFF calls of a training loop."""
+  @functools.wraps(method)
+  def paused(*args, **kwargs):
+    with collector_paused():
+      return method(*args, **kwargs)
+  return paused
 
 
 def remove_scratch_directories(directory: str) -> None:
@@ -379,8 +383,8 @@ class ResidentProcess:
                refresh_every: Optional[int] = None, part_bytes: int = PART_BYTES,
                transfer: str = 'files', scratch_dir: Optional[str] = None):
     if context is None:
-      execution.initialize_runtime()
-      context = execution.installed_context()
+      contexts.initialize_runtime()
+      context = contexts.installed_context()
     if not isinstance(context, sync_execution_context.SyncExecutionContext):
       raise TypeError(
           'ResidentProcess needs TFF\'s local runtime (execution.initialize_runtime() without '
@@ -539,11 +543,13 @@ class ResidentProcess:
 
   # -- the LearningProcess's calls ----------------------------------------------------------
 
+  @_paused
   def initialize(self) -> ResidentValue:
     async def run():
       return await self._executor.create_call(await self._function('initialize'))
     return ResidentValue(self._run(run()), self)
 
+  @_paused
   def initial_state(self) -> tuple:
     """(the initial state in the worker, its copy in Python): `initialize` computed in the
     worker and brought back once (never sent to it)."""
@@ -551,6 +557,7 @@ class ResidentProcess:
     python = self.materialize(held)
     return ResidentValue(held._value, self, python=python), python  # pylint: disable=protected-access
 
+  @_paused
   def next(self, state, client_data) -> ResidentOutput:
     """One round: `process.next(state, client_data)`, the new state left in the worker."""
     if len(client_data) != self._clients_per_round:
@@ -578,6 +585,7 @@ class ResidentProcess:
       held = self.refresh(held)   # frees the earlier rounds in the worker
     return ResidentOutput(held, metrics)
 
+  @_paused
   def get_model_weights(self, state):
     """`process.get_model_weights(state)`: only the model weights leave the worker."""
     async def run():
@@ -587,6 +595,7 @@ class ResidentProcess:
     return self._python(self._run(run()),
                         self._computations['get_model_weights'].type_signature.result.member)
 
+  @_paused
   def materialize(self, state):
     """The whole state as `process.next` would have returned it (e.g. to checkpoint it)."""
     if not isinstance(state, ResidentValue):
@@ -621,6 +630,7 @@ class ResidentProcess:
         self._run(run_parts() if self._parts is not None else run_whole()), member)
     return state._fetched  # pylint: disable=protected-access
 
+  @_paused
   def adopt(self, state) -> ResidentValue:
     """A state held in Python (e.g. loaded from a checkpoint) placed in the worker."""
     if isinstance(state, ResidentValue):
@@ -660,6 +670,7 @@ class ResidentProcess:
     if self._remove_scratch is not None:
       self._remove_scratch()
 
+  @_paused
   def refresh(self, state: ResidentValue) -> ResidentValue:
     """`state` placed in the worker anew, so that the worker can free the values it was
     computed from (the module doc): with transfer='files' the worker writes it and reads it
@@ -690,17 +701,21 @@ class DirectProcess:
   def __init__(self, process: tff.learning.templates.LearningProcess):
     self._process = process
 
+  @_paused
   def initialize(self):
     return self._process.initialize()
 
+  @_paused
   def initial_state(self):
     state = self._process.initialize()
     return state, state
 
+  @_paused
   def next(self, state, client_data) -> ResidentOutput:
     output = self._process.next(state, client_data)
     return ResidentOutput(output.state, output.metrics)
 
+  @_paused
   def get_model_weights(self, state):
     return self._process.get_model_weights(state)
 
