@@ -72,7 +72,8 @@ class _GeneralConfig:
   # is then over the run's last rounds, not over its last evaluations wherever they fell.
   eval_last: int = 10
   # Checkpoint every this many rounds (and after the last one, and on SIGTERM/SIGINT): a
-  # large state's checkpoint every round costs FedCDA 36% of its round time (RESULTS.md);
+  # large state's checkpoint every round costs FedCDA a sizeable share of its round
+  # (RESULTS.md, "Checkpointing every N rounds");
   # a crash repeats the rounds since the last checkpoint.
   checkpoint_every: int = 1
   root_output_dir: str = 'runs'
@@ -271,7 +272,7 @@ def _validate_workers(c: ExperimentConfig) -> None:
 
 def recorded_config(saved: dict) -> ExperimentConfig:
   """The configuration a run's config.json records: fields it lacks (added since) at their
-  defaults, keys no longer known dropped."""
+  defaults, keys this version does not know dropped."""
   fields = ExperimentConfig.__dataclass_fields__
   return ExperimentConfig(**{k: v for k, v in saved.items() if k in fields})
 

@@ -84,9 +84,9 @@ def state_size_bytes(num_clients: int, cache_size: int, num_params: int,
 
 
 # A cache chunk holds at least this many bytes (unless the whole cache is smaller): a round
-# passes every chunk without an upload through one `tf.cond` (about 0.1 ms each, measured
-# by benchmarks/server_scale.py --server_step) and copies every chunk with one (about as
-# long for 1 MiB), so smaller chunks would cost more in conditionals than they save.
+# passes every chunk without an upload through one `tf.cond` and copies every chunk with one
+# (a conditional costs about what copying 1 MiB does: benchmarks/server_scale.py
+# --server_step, RESULTS.md), so smaller chunks would cost more in conditionals than they save.
 MIN_CHUNK_BYTES = 1 << 20
 
 
@@ -277,8 +277,7 @@ def push_and_read(cache, valid, clients, ring, previous, uploads, candidate_ages
 
 def weighted_row_sum(weights, rows):
   """Σ_r weights[r]·rows[r] ([R] and [R, D] -> [D]) as a row vector times the matrix (a
-  transposed matvec computes the same in a slower kernel on CPU: 42 ms against 15 ms for
-  11 x 1.66M float64 rows in an op trace)."""
+  transposed matvec computes the same in a slower kernel on CPU)."""
   return tf.matmul(weights[None, :], rows)[0]
 
 
