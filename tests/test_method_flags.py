@@ -82,17 +82,17 @@ KEYWORD_TESTS = {
     ('fedcda', 'max_cache_gib'): 'tests/test_fedcda.py::test_builder_refuses_a_cache_above_the_limit',
     ('fedcda', 'cache_dtype'):
         'tests/test_fedcda.py::test_lower_precision_cache_halves_the_state_inside_tff',
-    ('cadis', 'threshold'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
-    ('cadis', 'threshold_max'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
+    ('cadis', 'threshold'): 'tests/test_cadis_clustering.py::test_server_step_matches_numpy_over_rounds',
+    ('cadis', 'threshold_max'): 'tests/test_cadis_clustering.py::test_server_step_matches_numpy_over_rounds',
     ('cadis', 'kd_weight'): 'tests/test_cadis.py::test_lambda_zero_equals_plain_client_work_bit_for_bit',
     ('cadis', 'kd_reduction'): 'tests/test_cadis.py::test_kd_client_work_matches_plain_tf_reference',
     ('cadis', 'similarity_layer'): 'tests/test_cadis.py::test_build_cadis_refuses_bad_arguments',
-    ('cadis', 'sample_weighted'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
-    ('cadis', 'closure'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
-    ('cadis', 'transitive'): 'tests/test_cadis.py::test_server_step_matches_numpy_over_rounds',
+    ('cadis', 'sample_weighted'): 'tests/test_cadis_clustering.py::test_server_step_matches_numpy_over_rounds',
+    ('cadis', 'closure'): 'tests/test_cadis_clustering.py::test_server_step_matches_numpy_over_rounds',
+    ('cadis', 'transitive'): 'tests/test_cadis_clustering.py::test_server_step_matches_numpy_over_rounds',
     ('cadis', 'kd_std'): 'tests/test_cadis.py::test_kd_std_sample_reaches_the_client_work',
     ('cadis', 'reference_quirks'):
-        'tests/test_cadis.py::test_reference_quirks_match_a_transcription_of_the_authors_code',
+        'tests/test_cadis_aggregator.py::test_reference_quirks_match_a_transcription_of_the_authors_code',
     ('scaffold', 'server_learning_rate'):
         'tests/test_scaffold.py::test_rounds_match_numpy_scaffold',
     ('scaffold', 'client_weighting'): 'tests/test_scaffold.py::test_rounds_match_numpy_scaffold',
