@@ -41,7 +41,7 @@ _CLIENTS_PER_ROUND = flags.DEFINE_integer('clients_per_round', 4, 'Clients sampl
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Communication rounds.')
 _LOCAL_EPOCHS = flags.DEFINE_integer('local_epochs', 1, 'Local epochs per round.')
 _BATCH_SIZE = flags.DEFINE_integer('batch_size', 50, 'Local batch size.')
-_CLIENT_LR = flags.DEFINE_float('client_lr', 0.01, 'Client SGD learning rate.')
+_CLIENT_LR = flags.DEFINE_float('client_lr', 0.01, 'Client learning rate (of --client_optimizer).')
 _CLIENT_MOMENTUM = flags.DEFINE_float('client_momentum', 0.5, 'Client SGD momentum.')
 _CLIENT_OPTIMIZER = flags.DEFINE_string(
     'client_optimizer', 'sgdm', 'sgdm (SGD with --client_momentum), adam (TFF\'s build_adam, '
