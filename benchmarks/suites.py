@@ -302,8 +302,10 @@ def _fedcross() -> Suite:
                    'nothing.'),
       reference_line=('its similarity (PFLlib\'s port) sums the cosines of consecutive parameter '
                       'pairs, the last pair counted twice, where the paper takes one cosine of '
-                      'the whole model (`--fedcross_similarity=layerwise`); its probe at the '
-                      'Table II layout (fedcross_paper, seed 0) is not finished yet.'))
+                      'the whole model (`--fedcross_similarity=layerwise`). At the Table II '
+                      'layout (fedcross_paper probe, seed 0) 29% of the choices differ over 600 '
+                      'rounds and the run ends where the paper\'s rule does (last 10: 82.31% '
+                      'against 82.30%).'))
 
 
 _CADIS_COMMON = dict(
