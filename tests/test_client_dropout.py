@@ -202,9 +202,14 @@ def test_fedcda_silent_client_keeps_cache_and_selection(digits, tiny_model_fn, s
     assert_identical(silent_out.state.aggregator[key], out.state.aggregator[key])
 
 
-def test_fedcda_silent_round_in_warmup_keeps_model(digits, tiny_model_fn, sgd):
-  process = build_fedcda(tiny_model_fn, sgd(), BATCH, 4, 2, cache_size=2, warmup_rounds=5)
-  assert_silent_round_keeps_model(process, process.initialize(), digits, [0, 1])
+def test_fedcda_silent_rounds_around_warmup_keep_model(digits, tiny_model_fn, sgd):
+  """Silent in warmup, and silent in the first round after it: the global model is still
+  the warmup's data-size weighted FedAvg, not the uniform mean of the caches."""
+  process = build_fedcda(tiny_model_fn, sgd(), BATCH, 4, 2, cache_size=2, warmup_rounds=2)
+  state = assert_silent_round_keeps_model(process, process.initialize(), digits, [0, 1]).state
+  state = process.next(state, as_next_input(
+      [client(digits, 0, 0), client(digits, 1, 1, size=7)])).state
+  assert_silent_round_keeps_model(process, state, digits, [2, 3])
 
 
 @pytest.mark.parametrize('quirks', [False, True])
