@@ -1,5 +1,6 @@
 """Aggregation processes with server state (FedCross cross-aggregation, FedCDA's cross-round
-cache, CADIS's similarity-matrix clustered weighting, SCAFFOLD's control variates), and the mean over the clients that reported."""
+cache, CADIS's similarity-matrix clustered weighting, SCAFFOLD's control variates), and the
+mean over the clients that reported."""
 from tff_algos.aggregators.cross_aggregation import build_cross_aggregation_process
 from tff_algos.aggregators.cross_round_cache import (build_cross_round_cache_process,
                                                      build_replace_finalizer)

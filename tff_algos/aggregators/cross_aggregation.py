@@ -5,10 +5,11 @@ Collaborator choice and cross-aggregation over K middleware models
 open). The state holds the models as dense `[K, ...]` tensors per weight tensor and a round
 counter, so `tff.program` checkpoints them. `next(state, value@CLIENTS, weight@CLIENTS)`
 takes `client_work.model_upload`'s OrderedDict(client_index, slot, model, last_epoch_loss)
-(weight <= 0: a client that did not report, whose slot keeps its model), gathers the uploads keyed by slot into K rows
-(`accumulate_then_step.put_row`, O(K·D) memory whatever the number of clients) and returns the mean
-of the new models. Measurements: `similarity` [K, K], `collaborators` [K] (-1 = none),
-`alpha`, `propellers_used`, `eligible` [K].
+(weight <= 0: a client that did not report, whose slot keeps its model), gathers the uploads
+keyed by slot into K rows (`accumulate_then_step.put_row`, O(K·D) memory whatever the number
+of clients) and returns the mean of the new models. Measurements: `similarity` [K, K],
+`collaborators` [K] (-1 = none), `alpha`, `propellers_used`, `eligible` [K] (the slots that
+reported).
 """
 
 from __future__ import annotations

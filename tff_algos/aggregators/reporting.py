@@ -8,7 +8,7 @@ one (TFF's DP, robust or compression factories) averages all P clients uniformly
 non-reporter's upload is zeroed on its client and the factory's result is multiplied by P/R
 (R reporters) on the server. That is post-processing of the factory's output (a DP
 guarantee holds; the noise grows by P/R) and exact for linear factories; a non-linear one
-(a median, adaptive clipping's quantile estimate) still sees the P - R zeros. P and R come
+(a median, adaptive clipping's norm estimate) still sees the P - R zeros. P and R come
 from a federated sum beside the factory's aggregation, not before it, so a round stays one
 aggregation deep (mergeable across worker services).
 
@@ -70,7 +70,7 @@ class ReportingFactory(tff.aggregators.WeightedAggregationFactory):
 
     @tff.tensorflow.computation(value_type, weight_type)
     def zero_unless_reported(value, weight):
-      return _scale(value, tf.cast(weight > 0, tf.float32))
+      return tf.nest.map_structure(lambda t: tf.where(weight > 0, t, tf.zeros_like(t)), value)
 
     result_type = inner.next.type_signature.result.result.member
 
