@@ -199,17 +199,19 @@ def empty_client(epochs):
   """A client without examples: its epoch loss is 0 every epoch, so it never improves."""
   return [collections.OrderedDict(
       x=np.zeros([0, 8, 8, 1], np.float32), y=np.zeros([0], np.int32),
-      order=np.zeros([epochs, 0], np.int32), index=np.int32(0), slot=np.int32(0))]
+      order=np.zeros([epochs, 0], np.int32), index=np.int32(0), slot=np.int32(0),
+      work=np.float32(1.0))]
 
 
-def test_early_stopping_counts_epochs(env):
-  # No improvement after the first epoch: each explorer runs 1 + patience of its 10 epochs;
-  # nothing moves, every tensor is constant (zero deviation) and G is all ones, not NaN.
+def test_empty_explorers_cost_nothing_and_leave_g_at_ones(env):
+  # Epochs are counted from the steps run (as the training's client_epochs): an explorer
+  # without examples runs none; nothing moves, every tensor is constant (zero deviation) and
+  # G is all ones, not NaN.
   explore = exploration(env, patience=2)
   proc = process(env, 'avgm', True)
   result = explore(proc.get_model_weights(proc.initialize()),
                    [empty_client(10), empty_client(10)])
-  assert float(result['client_epochs']) == 2 * 3
+  assert float(result['client_epochs']) == 0
   for g in result['guidance']:
     assert not np.isnan(g).any()
     np.testing.assert_array_equal(g, np.ones_like(g))

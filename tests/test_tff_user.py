@@ -123,7 +123,7 @@ def test_index_map_arrays_and_slots(raw, client_data):
   clients = inputs.round_inputs(5, sampled)
   for slot, (cid, [inp]) in enumerate(zip(sampled, clients)):
     n = inputs.index_of(cid)
-    assert list(inp) == ['x', 'y', 'order', 'index', 'slot']
+    assert list(inp) == ['x', 'y', 'order', 'index', 'slot', 'work']
     assert inp['slot'] == slot and inp['index'] == n   # slot = position in the sample
     rng = np.random.default_rng([3, 5, n, 1])
     np.testing.assert_array_equal(inp['order'], np.stack([rng.permutation(PER_CLIENT)
