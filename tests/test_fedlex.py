@@ -1,6 +1,7 @@
 """FedLEx (tff_algos.fedlex): guidance maths vs numpy, exploration, guided bases, checkpoints."""
 
 import collections
+import math
 
 import numpy as np
 import pytest
@@ -244,6 +245,51 @@ def test_patience_not_reached_equals_no_patience(env):
   assert float(patient['client_epochs']) == float(plain['client_epochs'])
   for a, b in zip(plain['guidance'], patient['guidance']):
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def with_work(inputs, work):
+  """The explorer inputs with every explorer's `work` set to `work`."""
+  return [[collections.OrderedDict(inp, work=np.float32(work))] for [inp] in inputs]
+
+
+def test_an_explorer_that_drops_adds_nothing_to_g(env):
+  """An explorer with work 0 trains nothing and is left out of G's mean (as a non-finite
+  one, but counted apart); with every explorer gone G is all ones, i.e. no guidance."""
+  proc = process(env, 'avgm', True)
+  w = proc.get_model_weights(proc.initialize())
+  explore = exploration(env)
+  plain = explore(w, env['explorer_inputs'])
+  gone = with_work(env['explorer_inputs'][:1], 0.0)
+  with_gone = explore(w, env['explorer_inputs'] + gone)
+  assert float(with_gone['reported_explorers']) == len(EXPLORERS)
+  assert float(with_gone['finite_explorers']) == len(EXPLORERS) + 1
+  assert float(with_gone['client_epochs']) == float(plain['client_epochs'])
+  for a, b in zip(plain['guidance'], with_gone['guidance']):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  nobody = explore(w, gone)
+  assert float(nobody['reported_explorers']) == 0 and float(nobody['client_epochs']) == 0
+  for g in nobody['guidance']:
+    np.testing.assert_array_equal(g, np.ones_like(g))
+
+
+def test_straggling_explorer_runs_the_same_steps_with_patience(env):
+  """work 0.5 of 3 epochs: 1.5 epochs, its second one partial, whether it trains in one
+  call or epoch by epoch under a patience it does not reach; not the full exploration."""
+  proc = process(env, 'avgm', True)
+  w = proc.get_model_weights(proc.initialize())
+  lagging = with_work(env['explorer_inputs'], 0.5)
+  plain = exploration(env)(w, lagging)
+  patient = exploration(env, patience=3)(w, lagging)
+  full = exploration(env)(w, env['explorer_inputs'])
+  steps = [math.ceil(0.5 * EXPLORATION_EPOCHS * math.ceil(len(inp['y']) / BATCH))
+           for [inp] in lagging]
+  expected_epochs = sum(k / math.ceil(len(inp['y']) / BATCH)
+                        for k, [inp] in zip(steps, lagging))
+  np.testing.assert_allclose(float(plain['client_epochs']), expected_epochs, rtol=1e-6)
+  np.testing.assert_allclose(float(patient['client_epochs']), expected_epochs, rtol=1e-6)
+  for a, b in zip(plain['guidance'], patient['guidance']):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  assert not np.allclose(plain['guidance'][0], full['guidance'][0], atol=1e-3)
 
 
 def adam_explorer_plain_tf(element, epochs, lr, b1=0.9, b2=0.999, eps=1e-7):

@@ -428,8 +428,9 @@ def explore_in_place(exploration: tff.Computation, initial_weights,
   deviation.
 
   Returns (final ModelWeights, guidance list, OrderedDict(exploration_client_epochs,
-  num_explorers, finite_explorers, reported_explorers)). Raises ValueError when an explorer
-  diverges (its weights would be the run's) or when none reports.
+  num_explorers, finite_explorers, reported_explorers)); with no explorer reporting, the
+  initial weights and G all ones. Raises ValueError when an explorer diverges (its weights
+  would be the run's).
   """
   explorer_inputs = list(explorer_inputs)
   weights = initial_weights
@@ -446,10 +447,12 @@ def explore_in_place(exploration: tff.Computation, initial_weights,
                  for a, b in zip(weights.trainable, final.trainable)])
     weights = tff.learning.models.ModelWeights(trainable=list(final.trainable),
                                                non_trainable=list(final.non_trainable))
-  if not devs:
-    raise ValueError('at least one reporting explorer is needed' if explorer_inputs else
-                     'at least one explorer is needed')
-  guidance = [g.numpy() for g in global_guidance_matrix(devs, normalize, floor)]
+  if not explorer_inputs:
+    raise ValueError('at least one explorer is needed')
+  if devs:
+    guidance = [g.numpy() for g in global_guidance_matrix(devs, normalize, floor)]
+  else:  # none reported: the model as it was and no guidance, as `build_fedlex_exploration`
+    guidance = [np.ones(np.shape(t), np.float32) for t in weights.trainable]
   metrics = collections.OrderedDict(exploration_client_epochs=epochs,
                                     num_explorers=len(explorer_inputs),
                                     finite_explorers=len(devs), reported_explorers=len(devs))
