@@ -272,6 +272,23 @@ def test_an_explorer_that_drops_adds_nothing_to_g(env):
     np.testing.assert_array_equal(g, np.ones_like(g))
 
 
+def test_explorers_in_place_that_drop_leave_the_model_and_g_alone(env):
+  proc = process(env, 'avgm', False)
+  w0 = proc.get_model_weights(proc.initialize())
+  gone = with_work(env['explorer_inputs'][:1], 0.0)
+  weights, guidance, metrics = fedlex.explore_in_place(exploration(env), w0, gone)
+  for a, b in zip(weights.trainable, w0.trainable):
+    np.testing.assert_array_equal(a, b)
+  for g in guidance:
+    np.testing.assert_array_equal(g, np.ones_like(g))
+  assert (metrics['num_explorers'], metrics['reported_explorers']) == (1, 0)
+  plain = fedlex.explore_in_place(exploration(env), w0, env['explorer_inputs'])
+  mixed = fedlex.explore_in_place(exploration(env), w0, gone + env['explorer_inputs'])
+  for a, b in zip(plain[1] + plain[0].trainable, mixed[1] + mixed[0].trainable):
+    np.testing.assert_array_equal(a, b)
+  assert mixed[2]['exploration_client_epochs'] == plain[2]['exploration_client_epochs']
+
+
 def test_straggling_explorer_runs_the_same_steps_with_patience(env):
   """work 0.5 of 3 epochs: 1.5 epochs, its second one partial, whether it trains in one
   call or epoch by epoch under a patience it does not reach; not the full exploration."""
