@@ -13,7 +13,7 @@ and resume point), programs/computations.py (the TFF computations),
 programs/fedlex_exploration.py, programs/stopping.py (signals, divergence, blow-ups) and
 programs/run_results.py (what a run reports).
 
-Resume is exact: client sampling and per-epoch batch orders are functions of
+Resume is exact: client sampling, per-epoch batch orders and client faults are functions of
 (seed, round, client), model initialisation of the seed, and everything else is in the
 saved program state.
 """
