@@ -36,6 +36,7 @@ _EXPORTS = {
         'PARTITIONERS', 'make_partitioner',
     ),
     'tff_algos.data.round_sampling': ('client_input', 'sample_clients', 'round_inputs'),
+    'tff_algos.data.client_faults': ('ClientFaults',),
     'tff_algos.data.client_data_adapter': (
         'ClientDataInputs', 'ClientDataSource', 'ClientDataSourceIterator',
         'client_selection_fn', 'federated_data_source', 'load_client_ids',
@@ -57,6 +58,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
       ClientDataInputs, ClientDataSource, ClientDataSourceIterator, client_selection_fn,
       federated_data_source, load_client_ids)
   from .round_sampling import client_input, round_inputs, sample_clients  # noqa: F401
+  from .client_faults import ClientFaults  # noqa: F401
   from .datasets import (  # noqa: F401
       ArrayClientData, ArrayDataset, FederatedDataset, federate, held_out_count,
       hold_out_client_test)

@@ -1,7 +1,7 @@
 """A TFF user's own `tff.simulation.datasets.ClientData` -> our processes' client inputs.
 
 Every `tff_algos` process takes, per sampled client, a one-element sequence holding
-`OrderedDict(x, y, order, index, slot)` (`data.round_sampling`; docs/architecture.md,
+`OrderedDict(x, y, order, index, slot, work)` (`data.round_sampling`; docs/architecture.md,
 "Client identity"). A TFF user has a `ClientData` with string ids whose datasets yield `<x, y>`
 (an OrderedDict/dict with keys 'x' and 'y', or an `(x, y)` tuple), batched or not. This
 module is the one step between the two:
@@ -27,6 +27,9 @@ What it settles:
   order, from `default_rng([seed, r])`, and client n's per-epoch permutations come from
   `default_rng([seed, r, n, 1])` (as `data.round_inputs`): a resumed run replays the
   sampling and the batch orders of an unbroken one.
+* **Faults.** With `faults=data.ClientFaults(...)`, client n's `work` in round r is
+  `faults.work(seed, r, n)` (it drops out, or runs a share of its steps), as in the training
+  program; without, every client reports and runs all its steps.
 * **Data.** Each client's dataset is read once into NumPy arrays (batched datasets are
   concatenated, unbatched ones stacked) and cached, because our processes train on
   whole-client tensors (the fast path, benchmarks/results/RESULTS.md). Labels become int32, as
@@ -45,6 +48,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import tensorflow_federated as tff
 
+from .client_faults import ClientFaults
 from .round_sampling import client_input, sample_clients
 
 __all__ = ['ClientDataInputs', 'ClientDataSource', 'ClientDataSourceIterator',
@@ -91,11 +95,14 @@ class ClientDataInputs:
       (batched when x and y both start with an unknown dimension).
     label_dtype: dtype labels are cast to (int32, what `tff_algos.models` expect).
     cache: keep each client's arrays after its first read (default True).
+    faults: a `data.ClientFaults` drawing each client's `work` per round (default None:
+      every client reports and runs all its local steps).
   """
 
   def __init__(self, client_data: tff.simulation.datasets.ClientData, *, epochs: int = 1,
                seed: int = 0, client_ids: Optional[Sequence[str]] = None,
-               batched: Optional[bool] = None, label_dtype=np.int32, cache: bool = True):
+               batched: Optional[bool] = None, label_dtype=np.int32, cache: bool = True,
+               faults: Optional[ClientFaults] = None):
     if not isinstance(client_data, tff.simulation.datasets.ClientData):
       raise TypeError('client_data must be a tff.simulation.datasets.ClientData, got '
                       f'{type(client_data).__name__}')
@@ -124,6 +131,9 @@ class ClientDataInputs:
     self._epochs = int(epochs)
     self._seed = int(seed)
     self._cache = {} if cache else None
+    if faults is not None and not isinstance(faults, ClientFaults):
+      raise TypeError(f'faults must be a data.ClientFaults, got {type(faults).__name__}')
+    self._faults = faults
 
   # ---- the id -> index map ------------------------------------------------ #
 
@@ -144,6 +154,10 @@ class ClientDataInputs:
   @property
   def seed(self) -> int:
     return self._seed
+
+  @property
+  def faults(self) -> Optional[ClientFaults]:
+    return self._faults
 
   def index_of(self, client_id: str) -> int:
     try:
@@ -174,6 +188,7 @@ class ClientDataInputs:
         ('order', tff.TensorType(np.int32, [None, None])),
         ('index', tff.TensorType(np.int32)),
         ('slot', tff.TensorType(np.int32)),
+        ('work', tff.TensorType(np.float32)),
     ], collections.OrderedDict)
 
   def federated_type(self) -> tff.FederatedType:
@@ -211,7 +226,8 @@ class ClientDataInputs:
     """One round's client inputs for `process.next`: a one-element list per client.
 
     Slot = position in `client_ids` (the round's sample, in its order); index = the id's
-    position in the id map; batch orders from default_rng([seed, round_num, index, 1]).
+    position in the id map; batch orders from default_rng([seed, round_num, index, 1]);
+    work from `faults.work(seed, round_num, index)` (1 without faults).
     """
     if len(set(map(str, client_ids))) != len(client_ids):
       raise ValueError(f'a round samples distinct clients, got {list(client_ids)}')
@@ -220,7 +236,8 @@ class ClientDataInputs:
       n = self.index_of(cid)
       x, y = self.client_arrays(n)
       rng = np.random.default_rng([self._seed, int(round_num), n, 1])
-      inp = client_input(x, y, self._epochs, rng, n, slot)
+      work = 1.0 if self._faults is None else self._faults.work(self._seed, round_num, n)
+      inp = client_input(x, y, self._epochs, rng, n, slot, work)
       inp['y'] = inp['y'].astype(self._label_dtype, copy=False)
       out.append([inp])
     return out
@@ -254,7 +271,7 @@ _SOURCES: dict = {}
 
 class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
   """Selects round after round; its bytes (in every checkpoint) hold the id map, the seed,
-  the epochs and the next round number, so a resumed run continues the same sequence."""
+  the epochs, the faults and the next round number, so a resumed run continues the same sequence."""
 
   def __init__(self, inputs: ClientDataInputs, next_round: int = 1):
     self._inputs = inputs
@@ -279,7 +296,7 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
     return json.dumps(dict(
         fingerprint=self._inputs.fingerprint(), client_ids=list(self._inputs.client_ids),
         epochs=self._inputs.epochs, seed=self._inputs.seed,
-        next_round=self._next_round)).encode()
+        faults=repr(self._inputs.faults), next_round=self._next_round)).encode()
 
   @classmethod
   def from_bytes(cls, buffer: bytes) -> 'ClientDataSourceIterator':
@@ -294,6 +311,9 @@ class ClientDataSourceIterator(tff.program.FederatedDataSourceIterator):
         inputs.epochs, inputs.seed) != (saved['epochs'], saved['seed']):
       raise ValueError('the checkpoint was written with another id map, epochs or seed '
                        f'(saved epochs={saved["epochs"]}, seed={saved["seed"]})')
+    if saved.get('faults', repr(None)) != repr(inputs.faults):
+      raise ValueError(f'the checkpoint was written with faults={saved.get("faults")}, not '
+                       f'{inputs.faults!r}: pass the same data.ClientFaults')
     return cls(inputs, saved['next_round'])
 
   def __eq__(self, other: object) -> bool:

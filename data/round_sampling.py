@@ -5,12 +5,13 @@ TFF's federated language is anonymous, so the methods that need identity
 as client input (docs/architecture.md, "Client identity"). The structure is fixed —
 the client-training code indexes into it:
 
-  OrderedDict(x=x, y=y, order=int32[epochs, n], index=int32, slot=int32)
+  OrderedDict(x=x, y=y, order=int32[epochs, n], index=int32, slot=int32, work=float32)
 
 `order` carries the epochs' sample orders (one permutation of range(n) per
 epoch) so that shuffling is decided here, seeded, in NumPy, and a resumed run
 reproduces it bit-for-bit; `index` is the client's position n in the
-FederatedDataset, `slot` its position in this round's sample.
+FederatedDataset, `slot` its position in this round's sample, `work` the share of its
+local steps it runs (0: it never reports; `data.ClientFaults`, 1 without faults).
 
 All randomness derives from np.random.default_rng([seed, round, ...]) so it
 depends only on (seed, round, client), never on what ran before.
@@ -23,6 +24,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from .client_faults import ClientFaults
+
 __all__ = ['client_input', 'sample_clients', 'round_inputs']
 
 
@@ -33,14 +36,18 @@ def client_input(
     rng: np.random.Generator,
     index: int,
     slot: int,
+    work: float = 1.0,
 ) -> collections.OrderedDict:
-  """One client's input: its data, per-epoch sample orders, index and slot."""
+  """One client's input: its data, per-epoch sample orders, index, slot and work (0 = it
+  never reports; else the share in (0, 1] of its local steps it runs)."""
   x = np.asarray(x)
   y = np.asarray(y)
   if x.shape[0] != y.shape[0]:
     raise ValueError(f'client {index}: {x.shape[0]} inputs but {y.shape[0]} labels')
   if isinstance(epochs, bool) or not isinstance(epochs, (int, np.integer)) or epochs < 0:
     raise ValueError(f'epochs must be an integer >= 0, got {epochs!r}')
+  if not 0.0 <= work <= 1.0:
+    raise ValueError(f'client {index}: work must be in [0, 1], got {work!r}')
   n = x.shape[0]
   if n:
     order = np.stack([rng.permutation(n) for _ in range(epochs)]) if epochs else \
@@ -53,6 +60,7 @@ def client_input(
       ('order', order.astype(np.int32)),
       ('index', np.int32(index)),
       ('slot', np.int32(slot)),
+      ('work', np.float32(work)),
   ])
 
 
@@ -78,6 +86,7 @@ def round_inputs(
     epochs: int,
     seed: int,
     client_ids: Optional[Sequence[int]] = None,
+    faults: Optional[ClientFaults] = None,
 ) -> tuple:
   """(sampled client indices int32 [P], list of P client inputs in slot order).
 
@@ -89,7 +98,8 @@ def round_inputs(
   ClientData; its `round_inputs(round_num, ids)` takes string ids). With `client_ids`, those clients are used in
   the given order (e.g. FedLEx's explorers, evaluation sweeps) instead of a
   random sample. Each client's orders come from
-  default_rng([seed, round_num, client_index, 1]).
+  default_rng([seed, round_num, client_index, 1]); with `faults` (a `data.ClientFaults`),
+  its work from `faults.work(seed, round_num, client_index)`, else 1.
   """
   if not (hasattr(fed, 'client_arrays') and hasattr(fed, 'num_clients')):
     raise TypeError(
@@ -108,5 +118,6 @@ def round_inputs(
   for slot, n in enumerate(ids):
     x, y = fed.client_arrays(int(n))
     rng = np.random.default_rng([int(seed), int(round_num), int(n), 1])
-    inputs.append(client_input(x, y, epochs, rng, int(n), slot))
+    work = 1.0 if faults is None else faults.work(seed, round_num, int(n))
+    inputs.append(client_input(x, y, epochs, rng, int(n), slot, work))
   return ids, inputs

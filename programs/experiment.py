@@ -13,7 +13,7 @@ and resume point), programs/computations.py (the TFF computations),
 programs/fedlex_exploration.py, programs/stopping.py (signals, divergence, blow-ups) and
 programs/run_results.py (what a run reports).
 
-Resume is exact: client sampling and per-epoch batch orders are functions of
+Resume is exact: client sampling, per-epoch batch orders and client faults are functions of
 (seed, round, client), model initialisation of the seed, and everything else is in the
 saved program state.
 """
@@ -41,7 +41,8 @@ from programs import stopping
 # The documented API, importable from here too: the settings, their check, the error a user
 # fixes, and the process and evaluation the notebooks build (notebooks/1_quickstart.ipynb).
 from programs.computations import Evaluator, build_process  # pylint: disable=unused-import
-from programs.experiment_config import ExperimentConfig, ExperimentError, validate
+from programs.experiment_config import (ExperimentConfig, ExperimentError, client_faults,
+                                        validate)
 from tff_algos.constants import CLIENT_ACCURACY_FIGURES  # no TensorFlow: flags come first
 
 
@@ -367,11 +368,14 @@ def _round_loop(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Buil
       metrics = run_results.flatten_metrics(round_metrics)
       train_loss = metrics.get('client_work/train/loss', float('nan'))
       dropped = stopping.dropped_clients(metrics)
-      in_a_row = _check_round(c, run, round_num, train_loss, dropped, in_a_row, log)
+      reported = stopping.reported_clients(metrics)
+      in_a_row = _check_round(c, run, round_num, train_loss, dropped, reported, in_a_row, log)
       # seconds: the round's training (and FedLEx's exploration); round_seconds, filled in
       # after the evaluation: the whole round as the program runs it (what --plan sizes by).
       row = collections.OrderedDict(round=round_num, seconds=round(seconds, 4),
-                                    round_seconds=None, dropped_clients=dropped)
+                                    round_seconds=None, dropped_clients=dropped,
+                                    reported_clients=reported,
+                                    unreported_clients=c.clients_per_round - reported)
       row.update(metrics)
       if guidance is not None and guidance.exploration is not None:
         row['exploration_client_epochs'] = float(run.program_state['exploration_client_epochs'])
@@ -410,7 +414,7 @@ def _train_round(c: ExperimentConfig, run: _Run, run_data: _RunData,
   fed, num_clients = run_data.fed, run_data.num_clients
   sampled = data.sample_clients(num_clients, c.clients_per_round, round_num, c.seed)
   _, inputs = data.round_inputs(fed, round_num, c.clients_per_round, c.local_epochs, c.seed,
-                                client_ids=sampled)
+                                client_ids=sampled, faults=client_faults(c))
   # The runner's calls pause the collector themselves; FedLEx's exploration is paused here.
   run.held, round_metrics = run.runner.next(run.held, [[element] for element in inputs])
   if guidance is not None:
@@ -423,15 +427,18 @@ def _train_round(c: ExperimentConfig, run: _Run, run_data: _RunData,
 
 
 def _check_round(c: ExperimentConfig, run: _Run, round_num: int, train_loss: float,
-                 dropped: int, in_a_row: int, log) -> int:
+                 dropped: int, reported: int, in_a_row: int, log) -> int:
   """Ends the run if its training diverged, else warns of left-out clients and blown-up
-  training; returns the blown-up rounds in a row up to this one."""
-  diverged = stopping.divergence(round_num, train_loss, dropped, c.clients_per_round)
+  training; returns the blown-up rounds in a row up to this one (a round nobody reported
+  in trained nothing: it neither adds to them nor breaks them)."""
+  if not reported:
+    run.warn(stopping.nobody_reported_warning(round_num, c.clients_per_round), log)
+    return in_a_row
+  diverged = stopping.divergence(round_num, train_loss, dropped, reported)
   if diverged:
     run_directory.write_diverged(run.exp_dir, diverged)
     raise stopping.diverged_error(diverged, run.checkpointed, run.ckpt_dir, c.client_lr)
-  warnings = [stopping.dropped_warning(round_num, dropped, c.clients_per_round)
-              ] if dropped else []
+  warnings = [stopping.dropped_warning(round_num, dropped, reported)] if dropped else []
   in_a_row = in_a_row + 1 if stopping.blew_up(train_loss) else 0
   if in_a_row:
     warnings.append(stopping.blown_up_warning(round_num, train_loss, c.client_lr, in_a_row,

@@ -68,6 +68,12 @@ class _GeneralConfig:
   # training (the users' own test split on naturally federated datasets), and the global
   # model is evaluated on every client's held-out data whenever the test set is.
   client_test_fraction: float = 0.0
+  # Client faults (tff_algos.data.ClientFaults), drawn per (seed, round, client) alike for
+  # every method: the chance a sampled client never reports, the chance a reporting one
+  # straggles, and the least share of its local steps a straggler runs.
+  client_dropout: float = 0.0
+  straggler_fraction: float = 0.0
+  straggler_min_work: float = 0.5
   # ... and each of the last this many rounds: summary.json's last-10 mean (and the reports')
   # is then over the run's last rounds, not over its last evaluations wherever they fell.
   eval_last: int = 10
@@ -120,6 +126,9 @@ class FlagRole:
 
 
 DEFINES_RUN = FlagRole(resumable=False, rebuilds=True)
+# What the clients are handed each round, not the computations: a change is another run, run
+# by the same computations.
+DEFINES_INPUTS = FlagRole(resumable=False, rebuilds=False)
 # Where the run reads its data and executes, not what it computes: the computations are built
 # for them.
 EXECUTION = FlagRole(resumable=True, rebuilds=True)
@@ -140,6 +149,8 @@ FLAG_ROLES = {
     'server_optimizer': DEFINES_RUN, 'server_lr': DEFINES_RUN, 'server_momentum': DEFINES_RUN,
     'proximal_strength': DEFINES_RUN, 'model': DEFINES_RUN, 'seed': DEFINES_RUN,
     'eval_every': BOOKKEEPING, 'client_test_fraction': DEFINES_RUN, 'eval_last': BOOKKEEPING,
+    'client_dropout': DEFINES_INPUTS, 'straggler_fraction': DEFINES_INPUTS,
+    'straggler_min_work': DEFINES_INPUTS,
     'checkpoint_every': BOOKKEEPING, 'root_output_dir': BOOKKEEPING,
     'experiment_name': BOOKKEEPING, 'resume': BOOKKEEPING, 'progress': BOOKKEEPING,
     'workers': EXECUTION, 'local_workers': EXECUTION, 'worker_timeout': EXECUTION,
@@ -246,9 +257,23 @@ def validate(config: ExperimentConfig) -> None:
   if not 0 <= c.client_test_fraction < 1:
     raise ExperimentError(f'--client_test_fraction must be in [0, 1) (0 = off), got '
                           f'{c.client_test_fraction}')
+  client_faults(c)
   error = methods.METHODS[c.algorithm].validate(c)
   if error:
     raise ExperimentError(error)
+
+
+def client_faults(c: ExperimentConfig):
+  """The run's `data.ClientFaults` (--client_dropout, --straggler_fraction,
+  --straggler_min_work), or ExperimentError naming the flag to fix."""
+  from tff_algos import data  # pylint: disable=g-import-not-at-top  (no TF import)
+  if c.straggler_fraction == 0 and c.straggler_min_work != _default('straggler_min_work'):
+    raise ExperimentError('--straggler_min_work is used only with --straggler_fraction > 0; '
+                          'add that or drop --straggler_min_work')
+  try:
+    return data.ClientFaults(c.client_dropout, c.straggler_fraction, c.straggler_min_work)
+  except ValueError as e:   # its message starts with the argument's name, the flag's
+    raise ExperimentError(f'--{e}') from None
 
 
 def _validate_workers(c: ExperimentConfig) -> None:

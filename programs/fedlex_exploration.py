@@ -11,7 +11,7 @@ import numpy as np
 
 from programs import methods
 from programs.computations import check_distributable, client_optimizer
-from programs.experiment_config import ExperimentConfig, ExperimentError
+from programs.experiment_config import ExperimentConfig, ExperimentError, client_faults
 
 
 class Guidance:
@@ -108,7 +108,7 @@ def _initial_state(c: ExperimentConfig, fed, process, exploration, explorers, st
       return state, collections.OrderedDict(exploration_client_epochs=0.0)
     return _explore(c, fed, process, exploration, explorers, state, 0)
   _, inputs = data.round_inputs(fed, 0, len(explorers), c.fedlex_exploration_epochs,
-                                c.seed + 1, client_ids=explorers)
+                                c.seed + 1, client_ids=explorers, faults=client_faults(c))
   kwargs = methods.exploration_kwargs(c)
   try:
     weights, guidance, metrics = fedlex.explore_in_place(
@@ -130,5 +130,5 @@ def _explore(c: ExperimentConfig, fed, process, exploration, explorers, state, r
   if len(explorers) == 0:
     return fedlex.refresh_guidance(process, exploration, state, [])
   _, inputs = data.round_inputs(fed, round_num, len(explorers), c.fedlex_exploration_epochs,
-                                c.seed + 1, client_ids=explorers)
+                                c.seed + 1, client_ids=explorers, faults=client_faults(c))
   return fedlex.explore_and_initialize(process, exploration, [[x] for x in inputs], state)

@@ -64,6 +64,8 @@ def run_summary(c: ExperimentConfig, rows: list[dict], model_name: str, state,
       examples_trained=round_costs(rows, 'examples_trained'),
       exploration_client_epochs=exploration_client_epochs,
       dropped_clients=int(sum(int(float(r.get('dropped_clients') or 0)) for r in rows)),
+      # Sampled clients that never reported (--client_dropout), over the run.
+      unreported_clients=int(sum(int(float(r.get('unreported_clients') or 0)) for r in rows)),
       aggregator_state_bytes=int(sum(np.asarray(t).nbytes
                                      for t in tf.nest.flatten(state.aggregator))),
       # Measured inside the worker services, not this process's tf.config (docs/distributed.md, "Accelerators").

@@ -36,9 +36,12 @@ def blown_up_warning(round_num: int, train_loss: float, client_lr: float, in_a_r
 
 
 def blown_up_rounds_in_a_row(rows: list) -> int:
-  """How many of metrics.csv's last rows (dicts) had a blown-up client training loss."""
+  """How many of metrics.csv's last rows (dicts) had a blown-up client training loss (rows
+  of rounds nobody reported in are passed over, as the training loop does)."""
   count = 0
   for row in reversed(rows):
+    if row.get('reported_clients') not in (None, '') and not float(row['reported_clients']):
+      continue
     loss = float(row.get('client_work/train/loss') or 'nan')
     if not blew_up(loss):
       break
@@ -107,24 +110,43 @@ class StopRequests:
     self._previous = {}
 
 
+def _client_count(metrics: dict, name: str) -> int:
+  """The round's client-work count `name` (a flattened metric ending in it)."""
+  return int(round(sum(v for k, v in metrics.items()
+                       if k.split('/')[-1] == name and isinstance(v, (int, float)))))
+
+
 def dropped_clients(metrics: dict) -> int:
   """Clients whose non-finite update the round left out (client work's non_finite_clients)."""
-  return int(round(sum(v for k, v in metrics.items()
-                       if k.endswith('non_finite_clients') and isinstance(v, (int, float)))))
+  return _client_count(metrics, 'non_finite_clients')
 
 
-def dropped_warning(round_num: int, dropped: int, clients_per_round: int) -> str:
-  """The warning for a round that left out clients' non-finite updates."""
-  return (f'warning: round {round_num}: {dropped} of {clients_per_round} clients '
+def reported_clients(metrics: dict) -> int:
+  """Sampled clients that reported (client work's reported_clients: not dropped out by
+  --client_dropout)."""
+  return _client_count(metrics, 'reported_clients')
+
+
+def dropped_warning(round_num: int, dropped: int, reported: int) -> str:
+  """The warning for a round that left out non-finite updates of its `reported` reporting
+  clients."""
+  return (f'warning: round {round_num}: {dropped} of {reported} clients '
           'had non-finite updates and were left out; consider a lower --client_lr')
 
 
-def divergence(round_num: int, train_loss: float, dropped: int, clients_per_round: int) -> str:
-  """'' or, when every sampled client's update was non-finite or the round's loss is, the
-  one line saying so ('training diverged at round N (why)'; the run records it too)."""
-  if dropped >= clients_per_round or not math.isfinite(train_loss):
-    why = (f'all {dropped} sampled clients\' updates were non-finite'
-           if dropped >= clients_per_round else f'train loss {train_loss}')
+def nobody_reported_warning(round_num: int, clients_per_round: int) -> str:
+  """The note for a round none of whose sampled clients reported (--client_dropout)."""
+  return (f'warning: round {round_num}: none of the {clients_per_round} sampled clients '
+          'reported (--client_dropout); the round trained nothing')
+
+
+def divergence(round_num: int, train_loss: float, dropped: int, reported: int) -> str:
+  """'' or, when every reporting client's update was non-finite or the round's loss is, the
+  one line saying so ('training diverged at round N (why)'; the run records it too). A round
+  nobody reported in (reported 0, loss 0) has not diverged."""
+  if (reported and dropped >= reported) or not math.isfinite(train_loss):
+    why = (f'all {dropped} reporting clients\' updates were non-finite'
+           if reported and dropped >= reported else f'train loss {train_loss}')
     return f'training diverged at round {round_num} ({why})'
   return ''
 

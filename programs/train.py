@@ -69,6 +69,17 @@ _CLIENT_TEST_FRACTION = flags.DEFINE_float(
     'client\'s examples (seeded; LEAF and TFF SQLite data: any value > 0 uses the users\' '
     'own test split) and evaluate the global model on every client\'s held-out data '
     'whenever the test set is; 0 = off.')
+_CLIENT_DROPOUT = flags.DEFINE_float(
+    'client_dropout', 0.0, 'The chance in [0, 1) that a sampled client never reports in a '
+    'round (its download happens, its upload does not); drawn per (seed, round, client), '
+    'the same for every method.')
+_STRAGGLER_FRACTION = flags.DEFINE_float(
+    'straggler_fraction', 0.0, 'The chance in [0, 1] that a reporting client straggles: it '
+    'runs only a share in [--straggler_min_work, 1] of its local steps (FedSGD: of its '
+    'examples); drawn as --client_dropout.')
+_STRAGGLER_MIN_WORK = flags.DEFINE_float(
+    'straggler_min_work', 0.5, 'The least share in (0, 1] of its local steps a straggler '
+    'runs (--straggler_fraction > 0).')
 _CHECKPOINT_EVERY = flags.DEFINE_integer(
     'checkpoint_every', 1, 'Checkpoint every this many rounds (always after the last round '
     'and on SIGTERM/SIGINT; a crash repeats the rounds since the last checkpoint on --resume).')
@@ -118,6 +129,8 @@ def config_from_flags() -> experiment.ExperimentConfig:
       eval_last=_EVAL_LAST.value,
       checkpoint_every=_CHECKPOINT_EVERY.value,
       client_test_fraction=_CLIENT_TEST_FRACTION.value,
+      client_dropout=_CLIENT_DROPOUT.value, straggler_fraction=_STRAGGLER_FRACTION.value,
+      straggler_min_work=_STRAGGLER_MIN_WORK.value,
       root_output_dir=_ROOT.value, experiment_name=_NAME.value, resume=_RESUME.value,
       progress=_PROGRESS.value, workers=_WORKERS.value, local_workers=_LOCAL_WORKERS.value,
       worker_timeout=_WORKER_TIMEOUT.value,

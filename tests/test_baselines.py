@@ -39,7 +39,7 @@ CLIENT_LR = 0.1
 MU = 0.5
 RTOL, ATOL = 1e-5, 1e-6
 MODEL_FN = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
-DATA_TYPE = ('{<x=float32[?,8,8,1],y=int32[?],order=int32[?,?],index=int32,slot=int32>*}'
+DATA_TYPE = ('{<x=float32[?,8,8,1],y=int32[?],order=int32[?,?],index=int32,slot=int32,work=float32>*}'
              '@CLIENTS')
 
 

@@ -32,7 +32,7 @@ def test_client_input_structure():
   y = np.arange(17, dtype=np.int64) % 10
   inp = client_input(x, y, epochs=3, rng=np.random.default_rng(5), index=42, slot=3)
   assert isinstance(inp, collections.OrderedDict)
-  assert list(inp) == ['x', 'y', 'order', 'index', 'slot']
+  assert list(inp) == ['x', 'y', 'order', 'index', 'slot', 'work']
   assert inp['x'] is x and inp['x'].dtype == np.float32
   assert inp['y'].dtype == np.int32 and np.array_equal(inp['y'], y)
   assert inp['order'].shape == (3, 17) and inp['order'].dtype == np.int32

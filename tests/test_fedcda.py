@@ -671,7 +671,7 @@ def fedcda():
 def test_type_signature(fedcda):
   sig = fedcda.next.type_signature
   assert str(sig.parameter[1]) == (
-      '{<x=float32[?,8,8,1],y=int32[?],order=int32[?,?],index=int32,slot=int32>*}@CLIENTS')
+      '{<x=float32[?,8,8,1],y=int32[?],order=int32[?,?],index=int32,slot=int32,work=float32>*}@CLIENTS')
   agg = sig.result.state.member.aggregator
   # The tiny CNN's 8 clients' caches are under MIN_CHUNK_BYTES: one chunk of [N, K, D].
   assert [str(c) for c in agg.cache] == [f'float32[8,2,{crc.num_weights(agg.selected_sum)}]']

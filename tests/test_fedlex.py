@@ -1,6 +1,7 @@
 """FedLEx (tff_algos.fedlex): guidance maths vs numpy, exploration, guided bases, checkpoints."""
 
 import collections
+import math
 
 import numpy as np
 import pytest
@@ -199,17 +200,19 @@ def empty_client(epochs):
   """A client without examples: its epoch loss is 0 every epoch, so it never improves."""
   return [collections.OrderedDict(
       x=np.zeros([0, 8, 8, 1], np.float32), y=np.zeros([0], np.int32),
-      order=np.zeros([epochs, 0], np.int32), index=np.int32(0), slot=np.int32(0))]
+      order=np.zeros([epochs, 0], np.int32), index=np.int32(0), slot=np.int32(0),
+      work=np.float32(1.0))]
 
 
-def test_early_stopping_counts_epochs(env):
-  # No improvement after the first epoch: each explorer runs 1 + patience of its 10 epochs;
-  # nothing moves, every tensor is constant (zero deviation) and G is all ones, not NaN.
+def test_empty_explorers_cost_nothing_and_leave_g_at_ones(env):
+  # Epochs are counted from the steps run (as the training's client_epochs): an explorer
+  # without examples runs none; nothing moves, every tensor is constant (zero deviation) and
+  # G is all ones, not NaN.
   explore = exploration(env, patience=2)
   proc = process(env, 'avgm', True)
   result = explore(proc.get_model_weights(proc.initialize()),
                    [empty_client(10), empty_client(10)])
-  assert float(result['client_epochs']) == 2 * 3
+  assert float(result['client_epochs']) == 0
   for g in result['guidance']:
     assert not np.isnan(g).any()
     np.testing.assert_array_equal(g, np.ones_like(g))
@@ -242,6 +245,68 @@ def test_patience_not_reached_equals_no_patience(env):
   assert float(patient['client_epochs']) == float(plain['client_epochs'])
   for a, b in zip(plain['guidance'], patient['guidance']):
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def with_work(inputs, work):
+  """The explorer inputs with every explorer's `work` set to `work`."""
+  return [[collections.OrderedDict(inp, work=np.float32(work))] for [inp] in inputs]
+
+
+def test_an_explorer_that_drops_adds_nothing_to_g(env):
+  """An explorer with work 0 trains nothing and is left out of G's mean (as a non-finite
+  one, but counted apart); with every explorer gone G is all ones, i.e. no guidance."""
+  proc = process(env, 'avgm', True)
+  w = proc.get_model_weights(proc.initialize())
+  explore = exploration(env)
+  plain = explore(w, env['explorer_inputs'])
+  gone = with_work(env['explorer_inputs'][:1], 0.0)
+  with_gone = explore(w, env['explorer_inputs'] + gone)
+  assert float(with_gone['reported_explorers']) == len(EXPLORERS)
+  assert float(with_gone['finite_explorers']) == len(EXPLORERS) + 1
+  assert float(with_gone['client_epochs']) == float(plain['client_epochs'])
+  for a, b in zip(plain['guidance'], with_gone['guidance']):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  nobody = explore(w, gone)
+  assert float(nobody['reported_explorers']) == 0 and float(nobody['client_epochs']) == 0
+  for g in nobody['guidance']:
+    np.testing.assert_array_equal(g, np.ones_like(g))
+
+
+def test_explorers_in_place_that_drop_leave_the_model_and_g_alone(env):
+  proc = process(env, 'avgm', False)
+  w0 = proc.get_model_weights(proc.initialize())
+  gone = with_work(env['explorer_inputs'][:1], 0.0)
+  weights, guidance, metrics = fedlex.explore_in_place(exploration(env), w0, gone)
+  for a, b in zip(weights.trainable, w0.trainable):
+    np.testing.assert_array_equal(a, b)
+  for g in guidance:
+    np.testing.assert_array_equal(g, np.ones_like(g))
+  assert (metrics['num_explorers'], metrics['reported_explorers']) == (1, 0)
+  plain = fedlex.explore_in_place(exploration(env), w0, env['explorer_inputs'])
+  mixed = fedlex.explore_in_place(exploration(env), w0, gone + env['explorer_inputs'])
+  for a, b in zip(plain[1] + plain[0].trainable, mixed[1] + mixed[0].trainable):
+    np.testing.assert_array_equal(a, b)
+  assert mixed[2]['exploration_client_epochs'] == plain[2]['exploration_client_epochs']
+
+
+def test_straggling_explorer_runs_the_same_steps_with_patience(env):
+  """work 0.5 of 3 epochs: 1.5 epochs, its second one partial, whether it trains in one
+  call or epoch by epoch under a patience it does not reach; not the full exploration."""
+  proc = process(env, 'avgm', True)
+  w = proc.get_model_weights(proc.initialize())
+  lagging = with_work(env['explorer_inputs'], 0.5)
+  plain = exploration(env)(w, lagging)
+  patient = exploration(env, patience=3)(w, lagging)
+  full = exploration(env)(w, env['explorer_inputs'])
+  steps = [math.ceil(0.5 * EXPLORATION_EPOCHS * math.ceil(len(inp['y']) / BATCH))
+           for [inp] in lagging]
+  expected_epochs = sum(k / math.ceil(len(inp['y']) / BATCH)
+                        for k, [inp] in zip(steps, lagging))
+  np.testing.assert_allclose(float(plain['client_epochs']), expected_epochs, rtol=1e-6)
+  np.testing.assert_allclose(float(patient['client_epochs']), expected_epochs, rtol=1e-6)
+  for a, b in zip(plain['guidance'], patient['guidance']):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  assert not np.allclose(plain['guidance'][0], full['guidance'][0], atol=1e-3)
 
 
 def adam_explorer_plain_tf(element, epochs, lr, b1=0.9, b2=0.999, eps=1e-7):

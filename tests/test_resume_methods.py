@@ -7,6 +7,7 @@ process (the program's build cache), so each method compiles once.
 
 import collections
 import dataclasses
+import math
 import os
 
 import numpy as np
@@ -187,3 +188,73 @@ def test_a_checkpoint_that_does_not_match_the_state_is_refused(tmp_path):
   with pytest.raises(experiment.ExperimentError, match='checkpoint does not match'):
     experiment.run_experiment(dataclasses.replace(config, rounds=BASE.rounds, resume=True),
                               quiet)
+
+
+def _faulty_seed(dropout, rounds, num_clients, per_round):
+  """The first seed whose rounds 1..`rounds` include one where no sampled client reports and
+  one where some do (the draw is NumPy's: found without running anything)."""
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  faults = data.ClientFaults(dropout)
+  for seed in range(1000):
+    reporting = [sum(faults.work(seed, t, int(n)) > 0 for n in data.sample_clients(
+        num_clients, per_round, t, seed)) for t in range(1, rounds + 1)]
+    if 0 in reporting and reporting[0] and reporting[-1]:
+      return seed
+  raise AssertionError('no such seed')
+
+
+def test_faults_change_what_runs_and_resume_exactly(tmp_path):
+  """--client_dropout / --straggler_fraction: each round's reported clients are the draw's
+  (data.ClientFaults over the round's sample), a round nobody reports in is a round (not a
+  divergence), stragglers cut the client-epochs, the weights differ from the fault-free
+  run's, and a run stopped after round 2 resumes into the unbroken run exactly."""
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  rounds, dropout = 4, 0.6
+  seed = _faulty_seed(dropout, rounds, BASE.num_clients, BASE.clients_per_round)
+  config = dataclasses.replace(BASE, algorithm='fedavg', root_output_dir=str(tmp_path),
+                               rounds=rounds, seed=seed, client_dropout=dropout,
+                               straggler_fraction=0.5, straggler_min_work=0.3)
+  log = lambda msg: None  # noqa: E731
+  messages = []
+  experiment.run_experiment(dataclasses.replace(config, experiment_name='unbroken'),
+                            messages.append)
+  experiment.run_experiment(dataclasses.replace(config, experiment_name='broken', rounds=2),
+                            log)
+  summary = experiment.run_experiment(
+      dataclasses.replace(config, experiment_name='broken', resume=True), log)
+  experiment.run_experiment(dataclasses.replace(
+      config, experiment_name='plain', client_dropout=0.0, straggler_fraction=0.0,
+      straggler_min_work=0.5), log)
+  runs = {name: os.path.join(tmp_path, name) for name in ('unbroken', 'broken', 'plain')}
+  weights = {name: np.load(os.path.join(d, 'final_weights.npz')) for name, d in runs.items()}
+  for key in weights['unbroken'].files:
+    np.testing.assert_array_equal(weights['unbroken'][key], weights['broken'][key])
+  assert any(not np.array_equal(weights['unbroken'][k], weights['plain'][k])
+             for k in weights['plain'].files)
+  rows = {name: _csv(os.path.join(d, 'metrics.csv')) for name, d in runs.items()}
+  assert rows['unbroken'] == [dict(r, seconds=a['seconds'], round_seconds=a['round_seconds'])
+                              for a, r in zip(rows['unbroken'], rows['broken'])]
+  faults = data.ClientFaults(dropout, 0.5, 0.3)
+  fed = experiment.load_federated_data(config)
+  for t, row in enumerate(rows['unbroken'], start=1):
+    works = [faults.work(seed, t, int(n)) for n in data.sample_clients(
+        BASE.num_clients, BASE.clients_per_round, t, seed)]
+    reported = sum(w > 0 for w in works)
+    assert int(row['reported_clients']) == reported
+    assert int(row['unreported_clients']) == BASE.clients_per_round - reported
+    assert float(row['client_work/train/reported_clients']) == reported
+    # One local epoch of K = ceil(n / B) steps: a client runs ceil(work x K) of them.
+    steps = [math.ceil(len(fed.client_arrays(int(n))[1]) / BASE.batch_size) for n in
+             data.sample_clients(BASE.num_clients, BASE.clients_per_round, t, seed)]
+    np.testing.assert_allclose(float(row['client_work/train/client_epochs']),
+                               sum(math.ceil(w * k) / k for w, k in zip(works, steps)),
+                               rtol=1e-6)
+    if not reported:
+      assert float(row['client_work/train/client_epochs']) == 0
+      assert any(f'round {t}: none of the' in m for m in messages), messages
+  assert [r['round'] for r in rows['unbroken']] == [str(t) for t in range(1, rounds + 1)]
+  assert summary['unreported_clients'] == sum(int(r['unreported_clients'])
+                                              for r in rows['unbroken'])
+  assert all(int(r['reported_clients']) == BASE.clients_per_round for r in rows['plain'])
+  assert (sum(float(r['client_work/train/client_epochs']) for r in rows['unbroken'])
+          < sum(float(r['client_work/train/client_epochs']) for r in rows['plain']))

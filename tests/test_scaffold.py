@@ -6,6 +6,7 @@ batch in the order the client inputs give, and keeps x, c and every c_i as plain
 (Karimireddy et al. 2020, Algorithm 1 with option II).
 """
 
+import math
 import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -37,6 +38,11 @@ SIZES = (7, 12, 5, 9, 10, 6)   # partial last batches: K_i differs between clien
 # client 5's round-3 update is not finite (its c_i stays zero).
 SCHEDULE = ((0, 1, 2), (1, 3, 4), (4, 1, 5), (3, 0, 1))
 NON_FINITE = (3, 5)   # (round, client)
+# Clients' work, (round, client) -> work (1 elsewhere): client 1 straggles in round 1 (3 of
+# its 6 steps: it stops inside its second epoch, and option II divides by 3), client 3 drops
+# out of round 2 (left out as the non-finite client), client 0 runs 3 of its 4 steps in
+# round 4.
+WORK = {(1, 1): 0.4, (2, 3): 0.0, (4, 0): 0.7}
 
 
 pytestmark = pytest.mark.usefixtures('runtime')
@@ -79,7 +85,7 @@ def _round_inputs(clients, round_num, client_data):
       x = x.copy()
       x[0, 0] = np.inf
     inputs.append(data.client_input(x, y, EPOCHS, np.random.default_rng([round_num, i]), i,
-                                    slot))
+                                    slot, WORK.get((round_num, i), 1.0)))
   return inputs
 
 
@@ -113,25 +119,27 @@ class NpScaffold:
     self.ci = [[np.zeros_like(t) for t in self.x] for _ in range(num_clients)]
     self.n, self.lr, self.server_lr, self.weighting = num_clients, lr, server_lr, weighting
 
-  def client(self, i, inp):
+  def client(self, i, inp, work):
     x, y, order = (np.asarray(inp['x'], np.float64), inp['y'], inp['order'])
+    if work == 0:   # never reports
+      return None
     w = [t.copy() for t in self.x]
     steps = 0
-    for epoch in order:
-      for start in range(0, len(epoch), BATCH):
-        idx = epoch[start:start + BATCH]
-        g = np_gradient(w, x[idx], y[idx])
-        w = [wt - self.lr * (gt + ct - cit)
-             for wt, gt, ct, cit in zip(w, g, self.c, self.ci[i])]
-        steps += 1
+    batches = [epoch[start:start + BATCH] for epoch in order
+               for start in range(0, len(epoch), BATCH)]
+    for idx in batches[:math.ceil(work * len(batches))]:
+      g = np_gradient(w, x[idx], y[idx])
+      w = [wt - self.lr * (gt + ct - cit)
+           for wt, gt, ct, cit in zip(w, g, self.c, self.ci[i])]
+      steps += 1
     if not all(np.all(np.isfinite(t)) for t in w):
       return None
     new_ci = [cit - ct + (xt - wt) / (steps * self.lr)
               for cit, ct, xt, wt in zip(self.ci[i], self.c, self.x, w)]
     return w, new_ci
 
-  def round(self, clients, inputs):
-    done = {i: self.client(i, inp) for i, inp in zip(clients, inputs)}
+  def round(self, clients, inputs, works):
+    done = {i: self.client(i, inp, work) for i, inp, work in zip(clients, inputs, works)}
     done = {i: r for i, r in done.items() if r is not None}
     weights = {i: 1.0 if self.weighting == 'uniform' else len(inputs[clients.index(i)]['y'])
                for i in done}
@@ -160,8 +168,9 @@ def _assert_close(actual, expected):
                          [(0.7, 'uniform'), (1.0, 'num_examples')])
 def test_rounds_match_numpy_scaffold(server_learning_rate, client_weighting):
   """Four rounds, against NumPy: x (with eta_g and the weighting), c and every c_i; a client
-  sampled again starts from its updated c_i; a non-finite client is left out and counted;
-  c stays the mean of the c_i (both start at zero)."""
+  sampled again starts from its updated c_i; a non-finite client is left out and counted, so
+  is one that drops out; a straggler's c_i divides by the steps it ran; c stays the mean of
+  the c_i (both start at zero)."""
   process = _process(server_learning_rate, client_weighting)
   client_data = _client_data()
   state = process.initialize()
@@ -172,7 +181,8 @@ def test_rounds_match_numpy_scaffold(server_learning_rate, client_weighting):
     inputs = _round_inputs(clients, round_num, client_data)
     out = process.next(state, [[x] for x in inputs])
     state = out.state
-    uploads = ref.round(list(clients), inputs)
+    works = [WORK.get((round_num, i), 1.0) for i in clients]
+    uploads = ref.round(list(clients), inputs, works)
     agg = state.aggregator
     _assert_close(process.get_model_weights(state).trainable, ref.x)
     _assert_close(agg['server_control'], ref.c)
@@ -184,6 +194,8 @@ def test_rounds_match_numpy_scaffold(server_learning_rate, client_weighting):
     assert metrics['aggregator']['uploads'] == uploads
     assert metrics['client_work']['train']['non_finite_clients'] == float(
         round_num == NON_FINITE[0])
+    assert metrics['client_work']['train']['unreported_clients'] == works.count(0.0)
+    assert metrics['client_work']['train']['reported_clients'] == P - works.count(0.0)
     if round_num == 1:
       after_round_1 = [np.asarray(t).copy() for t in agg['client_controls']]
   # Client 2 took part in round 1 only: its c_i is bit for bit what round 1 left; client 5's
@@ -192,7 +204,7 @@ def test_rounds_match_numpy_scaffold(server_learning_rate, client_weighting):
     np.testing.assert_array_equal(np.asarray(now)[2], before[2])
     assert np.any(before[2] != 0.0)
     np.testing.assert_array_equal(np.asarray(now)[5], 0.0)
-  np.testing.assert_array_equal(state.aggregator['client_updates'], [2, 4, 1, 2, 2, 0])
+  np.testing.assert_array_equal(state.aggregator['client_updates'], [2, 4, 1, 1, 2, 0])
 
 
 def test_a_left_out_upload_changes_no_control_variate():
@@ -241,7 +253,7 @@ def test_type_signature():
   process = _process(0.7, 'uniform')
   sig = process.next.type_signature
   assert str(sig.parameter[1]) == (
-      '{<x=float32[?,5],y=int32[?],order=int32[?,?],index=int32,slot=int32>*}@CLIENTS')
+      '{<x=float32[?,5],y=int32[?],order=int32[?,?],index=int32,slot=int32,work=float32>*}@CLIENTS')
   state = sig.result.state.member
   assert str(state.aggregator) == (
       '<server_control=<float32[5,3],float32[3]>,'

@@ -123,7 +123,7 @@ def test_index_map_arrays_and_slots(raw, client_data):
   clients = inputs.round_inputs(5, sampled)
   for slot, (cid, [inp]) in enumerate(zip(sampled, clients)):
     n = inputs.index_of(cid)
-    assert list(inp) == ['x', 'y', 'order', 'index', 'slot']
+    assert list(inp) == ['x', 'y', 'order', 'index', 'slot', 'work']
     assert inp['slot'] == slot and inp['index'] == n   # slot = position in the sample
     rng = np.random.default_rng([3, 5, n, 1])
     np.testing.assert_array_equal(inp['order'], np.stack([rng.permutation(PER_CLIENT)
@@ -176,6 +176,41 @@ def test_iterator_bytes_hold_the_id_map(client_data):
     cdi.ClientDataSourceIterator.from_bytes(saved)
   data.federated_data_source(client_data, epochs=2, seed=4)  # same ids, other epochs
   with pytest.raises(ValueError, match='another id map, epochs or seed'):
+    cdi.ClientDataSourceIterator.from_bytes(saved)
+
+
+def test_faults_reach_the_clients_through_the_adapter(model_fn, client_data):
+  """`faults=` fills each client's `work` from ClientFaults's draw (client index n, round t,
+  the adapter's seed); a dropped client's upload is left out of FedAvg's mean; the data
+  source's bytes hold the faults."""
+  faults = data.ClientFaults(client_dropout=0.4, straggler_fraction=0.5)
+  inputs = data.ClientDataInputs(client_data, seed=3, faults=faults)
+  assert inputs.element_type().work == tff.TensorType(np.float32)
+  select = data.client_selection_fn(client_data, P, seed=3, faults=faults)
+  works = collections.defaultdict(list)
+  for t in range(1, 8):
+    for cid, [inp] in zip(inputs.sample(t, P), select(t)):
+      assert inp['work'] == np.float32(faults.work(3, t, inputs.index_of(cid)))
+      works[t].append(float(inp['work']))
+  every = sum(works.values(), [])
+  assert 0.0 in every and any(0 < w < 1 for w in every)
+  t = next(t for t, w in works.items() if 0 < w.count(0.0) < P)
+  process = tff_algos.build_fedavg(model_fn, sgd(), BATCH)
+  state = process.initialize()
+  clients = select(t)
+  reporting = [c for c in clients if c[0]['work'] > 0]
+  out = process.next(state, clients)
+  alone = process.next(state, reporting)
+  for a, b in zip(process.get_model_weights(out.state).trainable,
+                  process.get_model_weights(alone.state).trainable):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+  train = out.metrics['client_work']['train']
+  assert (train['reported_clients'], train['unreported_clients']) == (
+      len(reporting), P - len(reporting))
+  iterator = data.federated_data_source(client_data, seed=3, faults=faults).iterator()
+  saved = iterator.to_bytes()
+  data.federated_data_source(client_data, seed=3)   # same ids and seed, no faults
+  with pytest.raises(ValueError, match='faults='):
     cdi.ClientDataSourceIterator.from_bytes(saved)
 
 

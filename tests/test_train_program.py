@@ -100,6 +100,13 @@ BAD_INPUTS = [
     ('--eval_last=-1', '--eval_last must be at least 0'),
     ('--blown_up_rounds=-1', '--blown_up_rounds must be at least 0'),
     ('--client_test_fraction=1', '--client_test_fraction must be in [0, 1)'),
+    # client faults (tff_algos.data.ClientFaults's checks, named as the flags)
+    ('--client_dropout=1', '--client_dropout must be in [0, 1)'),
+    ('--client_dropout=-0.5', '--client_dropout must be in [0, 1)'),
+    ('--straggler_fraction=1.5', '--straggler_fraction must be in [0, 1]'),
+    ('--straggler_fraction=0.5 --straggler_min_work=0', '--straggler_min_work must be in (0, 1]'),
+    ('--straggler_fraction=0.5 --straggler_min_work=nan', '--straggler_min_work must be a finite'),
+    ('--straggler_min_work=0.3', '--straggler_min_work is used only with --straggler_fraction'),
     ('--dataset=mnist --data_dir=/nonexistent', 'tfds build'),
     ('--partition=classes --classes_per_client=11', 'impossible partition'),
     ('--num_clients=200', 'use fewer clients'),  # names no min_size: that is not a flag
@@ -146,6 +153,9 @@ BAD_INPUTS = [
     # per-client evaluation changes what the clients train on: a build input
     ('--root_output_dir={run} --experiment_name=p --resume --rounds=2 --client_test_fraction=0.2',
      'run with --client_test_fraction=0.0 (now --client_test_fraction=0.2)'),
+    # faults change what the clients run: another run (but the same computations)
+    ('--root_output_dir={run} --experiment_name=p --resume --rounds=2 --client_dropout=0.2',
+     'run with --client_dropout=0.0 (now --client_dropout=0.2)'),
     ('--root_output_dir={run} --experiment_name=p --resume --rounds=1',
      'already finished round 2; pass --rounds=2 or more'),
     ('--root_output_dir={run} --experiment_name=p --rounds=2', 'pass --resume to continue'),
@@ -321,6 +331,22 @@ def test_blown_up_rounds_in_a_row_counts_the_last_rows_only():
   assert stopping.blown_up_rounds_in_a_row(rows) == 0   # no loss recorded: not blown up
 
 
+def test_a_round_nobody_reported_in_is_neither_divergence_nor_a_blow_up():
+  """Nobody reporting (loss 0 by divide_no_nan) is a round that trained nothing: not
+  diverged; all reporting clients non-finite is; a blown-up streak passes over the round."""
+  from programs import stopping  # pylint: disable=g-import-not-at-top
+  assert stopping.divergence(4, 0.0, 0, 0) == ''
+  assert stopping.divergence(4, 2.0, 2, 3) == ''
+  assert 'all 2 reporting clients' in stopping.divergence(4, 2.0, 2, 2)
+  assert 'train loss nan' in stopping.divergence(4, float('nan'), 0, 3)
+  rows = [{'client_work/train/loss': '2e5', 'reported_clients': '3'},
+          {'client_work/train/loss': '0.0', 'reported_clients': '0'},
+          {'client_work/train/loss': '3e4', 'reported_clients': '2'}]
+  assert stopping.blown_up_rounds_in_a_row(rows) == 2
+  assert stopping.reported_clients({'client_work/train/reported_clients': 2.0,
+                                    'client_work/train/unreported_clients': 1.0}) == 2
+
+
 @pytest.mark.parametrize('rounds,every,last', [(30, 1, 10), (30, 5, 10), (23, 7, 0),
                                                (23, 7, 3), (5, 4, 10), (600, 5, 10)])
 def test_evaluated_rounds_are_every_eval_every_and_the_last_eval_last(rounds, every, last):
@@ -368,11 +394,15 @@ def test_every_flag_has_a_role_and_a_flag_defining_the_run_rebuilds():
   fields = list(experiment.ExperimentConfig.__dataclass_fields__)
   roles = experiment_config.FLAG_ROLES
   assert [f for f in fields if f not in roles] == [] and set(roles) == set(fields)
-  # A flag that changes what the run computes must not reuse another run's computations.
-  assert all(role.rebuilds for role in roles.values() if not role.resumable)
+  # A flag that changes what the run computes must not reuse another run's computations,
+  # unless it changes only the clients' inputs (the faults: the same computations run them).
+  inputs_only = {'client_dropout', 'straggler_fraction', 'straggler_min_work'}
+  assert {n for n, role in roles.items() if not role.resumable and not role.rebuilds} == \
+      inputs_only
   assert set(experiment_config.RESUMABLE_CHANGES) == {n for n in fields if roles[n].resumable}
   assert set(experiment_config.NOT_BUILD_INPUTS) == {n for n in fields if not roles[n].rebuilds}
-  assert set(experiment_config.NOT_BUILD_INPUTS) <= set(experiment_config.RESUMABLE_CHANGES)
+  assert set(experiment_config.NOT_BUILD_INPUTS) - inputs_only <= set(
+      experiment_config.RESUMABLE_CHANGES)
 
 
 def test_resume_after_kill_is_identical_to_unbroken_run(tmp_path):

@@ -108,11 +108,12 @@ def _check_floor(floor):
 # ------------------------------------------------------------------------------------------
 
 
-def _explore_fn(train, optimizer, patience: Optional[int]):
-  """(final ModelWeights, epochs run as float32) for one explorer, as a tf.function. With
-  patience it trains one epoch per `train` call, handing each call the optimizer state the
-  previous one ended with: one continuous optimizer (Adam's moments and step count), as the
-  same epochs in one call."""
+def _explore_fn(train, optimizer, batch_size: int, patience: Optional[int]):
+  """(final ModelWeights, epochs run as float32, reported as float32) for one explorer, as
+  a tf.function. With patience it trains one epoch per `train` call, handing each call the
+  optimizer state the previous one ended with: one continuous optimizer (Adam's moments and
+  step count), as the same epochs in one call. A straggling explorer (`work` < 1) runs the
+  same ceil(work x K) steps either way, its last epoch partial."""
 
   @tf.function
   def explore(initial_weights, element):
@@ -120,20 +121,26 @@ def _explore_fn(train, optimizer, patience: Optional[int]):
     total = tf.shape(order)[0]
     if patience is None:
       out = train(initial_weights, element)
-      return out.model_weights, tf.cast(total, tf.float32)
+      return out.model_weights, out.epochs_trained, out.reported
 
     weights = tff.learning.models.ModelWeights(
         trainable=[tf.identity(t) for t in initial_weights.trainable],
         non_trainable=[tf.identity(t) for t in initial_weights.non_trainable])
     opt_state = optimizer.initialize(
         tuple(tf.TensorSpec(t.shape, t.dtype) for t in weights.trainable))
+    batches_per_epoch = (tf.shape(order)[1] + batch_size - 1) // batch_size
+    budget = local_training.work_share(element['work'], total * batches_per_epoch)
     best = tf.constant(np.inf, tf.float32)
     since_best = tf.constant(0)
     epoch = tf.constant(0)
-    while epoch < total and since_best < patience:
+    epochs_run = tf.constant(0.0)
+    while epoch < total and since_best < patience and epoch * batches_per_epoch < budget:
       one_epoch = collections.OrderedDict(element)
       one_epoch['order'] = order[epoch:epoch + 1]
-      out = train(weights, one_epoch, optimizer_state=opt_state)
+      one_epoch['work'] = tf.constant(1.0)   # the budget's rest, by max_steps
+      out = train(weights, one_epoch, optimizer_state=opt_state,
+                  max_steps=budget - epoch * batches_per_epoch)
+      epochs_run += out.epochs_trained
       opt_state = out.optimizer_state
       weights = tff.learning.models.ModelWeights(
           trainable=list(out.model_weights.trainable),
@@ -143,7 +150,7 @@ def _explore_fn(train, optimizer, patience: Optional[int]):
       best = tf.where(improved, loss, best)
       since_best = tf.where(improved, 0, since_best + 1)
       epoch += 1
-    return weights, tf.cast(epoch, tf.float32)
+    return weights, epochs_run, tf.cast(element['work'] > 0.0, tf.float32)
 
   return explore
 
@@ -171,11 +178,15 @@ def build_fedlex_exploration(
   Returns:
     A `tff.federated_computation` (initial ModelWeights@SERVER, explorer inputs@CLIENTS)
     -> OrderedDict(guidance=<list shaped like the trainable weights>, client_epochs=float32,
-    finite_explorers=float32, final_weights=<ModelWeights: the finite explorers' mean; with
-    one explorer, its weights at the stop>)@SERVER. The explorer inputs are the project's client inputs
-    (one-element sequences, `data.client_input`) whose `order` has shape
-    [exploration_epochs, n]. An explorer whose deviation is not finite (diverged training)
-    is left out of the mean (its epochs still count); with none finite, G is all ones.
+    finite_explorers=float32, reported_explorers=float32, final_weights=<ModelWeights: the
+    reporting finite explorers' mean; with one explorer, its weights at the stop>)@SERVER.
+    The explorer inputs are the project's client inputs (one-element sequences,
+    `data.client_input`) whose `order` has shape [exploration_epochs, n]; an explorer's
+    `work` cuts its training as any client's (`local_training`), and client_epochs counts
+    the epochs run (a partial one by its share of batches). An explorer whose deviation is
+    not finite (diverged training) is left out of the mean (its epochs still count), and so
+    is one that does not report (work 0: it adds nothing to G); with none left, G is all
+    ones (no guidance) and final_weights is NaN.
   """
   _check_normalize(normalize)
   _check_floor(guidance_floor)
@@ -196,16 +207,21 @@ def build_fedlex_exploration(
     model = model_fn()
     train = local_training.build_local_training(model, client_optimizer_fn,
                                                 client_batch_size)
-    explore = _explore_fn(train, client_optimizer_fn, exploration_patience)
+    explore = _explore_fn(train, client_optimizer_fn, client_batch_size,
+                          exploration_patience)
     element = local_training.single_element(dataset)
-    final_weights, epochs = explore(initial_weights, element)
+    final_weights, epochs, reported = explore(initial_weights, element)
     devs = deviations(initial_weights.trainable, final_weights.trainable)
     devs, non_finite = local_training.zero_if_non_finite(devs)
     if normalize == 'per_client':
       devs = normalize_deviations(devs)
-    return devs, 1.0 - non_finite, epochs, final_weights
+    return devs, 1.0 - non_finite, epochs, final_weights, reported
 
   deviation_type = client_explore.type_signature.result[0]
+
+  @tff.tensorflow.computation(np.float32, np.float32)
+  def times(a, b):
+    return a * b
 
   @tff.tensorflow.computation(deviation_type)
   def server_finish(mean_deviation):
@@ -220,13 +236,15 @@ def build_fedlex_exploration(
                              tff.FederatedType(data_type, tff.CLIENTS))
   def exploration(initial_weights, explorer_data):
     weights_at_clients = tff.federated_broadcast(initial_weights)
-    devs, finite, epochs, final_weights = tff.federated_map(
+    devs, finite, epochs, final_weights, reported = tff.federated_map(
         client_explore, (weights_at_clients, explorer_data))
-    guidance = tff.federated_map(server_finish, tff.federated_mean(devs, finite))
+    kept = tff.federated_map(times, (finite, reported))
+    guidance = tff.federated_map(server_finish, tff.federated_mean(devs, kept))
     return tff.federated_zip(collections.OrderedDict(
         guidance=guidance, client_epochs=tff.federated_sum(epochs),
         finite_explorers=tff.federated_sum(finite),
-        final_weights=tff.federated_mean(final_weights, finite)))
+        reported_explorers=tff.federated_sum(reported),
+        final_weights=tff.federated_mean(final_weights, kept)))
 
   return exploration
 
@@ -343,7 +361,8 @@ def explore_and_initialize(process: tff.learning.templates.LearningProcess,
   metrics = collections.OrderedDict(
       exploration_client_epochs=float(result['client_epochs']),
       num_explorers=len(inputs),
-      finite_explorers=int(result['finite_explorers']))
+      finite_explorers=int(result['finite_explorers']),
+      reported_explorers=int(result['reported_explorers']))
   metrics.update(guidance_statistics(result['guidance']))
   return state, metrics
 
@@ -366,7 +385,7 @@ def refresh_guidance(process: tff.learning.templates.LearningProcess,
   inputs = list(explorer_inputs)
   if not inputs:
     metrics = collections.OrderedDict(exploration_client_epochs=0.0, num_explorers=0,
-                                      finite_explorers=0)
+                                      finite_explorers=0, reported_explorers=0)
     metrics.update(guidance_statistics(get_guidance(state)))
     return state, metrics
   return explore_and_initialize(process, exploration, inputs, state)
@@ -404,17 +423,23 @@ def explore_in_place(exploration: tff.Computation, initial_weights,
 
   Each explorer runs the exploration computation alone from the current model; its
   deviation is taken from the model it started from, D_i = (w_{i-1} - w_i)^2, and G is
-  `global_guidance_matrix` of those (same normalisation and floor as the exploration).
+  `global_guidance_matrix` of those (same normalisation and floor as the exploration). An
+  explorer that does not report (work 0) leaves the model as it found it and adds no
+  deviation.
 
   Returns (final ModelWeights, guidance list, OrderedDict(exploration_client_epochs,
-  num_explorers, finite_explorers)). Raises ValueError when an explorer diverges (its
-  weights would be the run's).
+  num_explorers, finite_explorers, reported_explorers)); with no explorer reporting, the
+  initial weights and G all ones. Raises ValueError when an explorer diverges (its weights
+  would be the run's).
   """
+  explorer_inputs = list(explorer_inputs)
   weights = initial_weights
   devs, epochs = [], 0.0
   for inp in explorer_inputs:
     result = exploration(weights, [inp if isinstance(inp, (list, tuple)) else [inp]])
     epochs += float(result['client_epochs'])
+    if not float(result['reported_explorers']):
+      continue
     if not float(result['finite_explorers']):
       raise ValueError('an explorer training in place diverged (non-finite weights)')
     final = result['final_weights']
@@ -422,9 +447,13 @@ def explore_in_place(exploration: tff.Computation, initial_weights,
                  for a, b in zip(weights.trainable, final.trainable)])
     weights = tff.learning.models.ModelWeights(trainable=list(final.trainable),
                                                non_trainable=list(final.non_trainable))
-  if not devs:
+  if not explorer_inputs:
     raise ValueError('at least one explorer is needed')
-  guidance = [g.numpy() for g in global_guidance_matrix(devs, normalize, floor)]
+  if devs:
+    guidance = [g.numpy() for g in global_guidance_matrix(devs, normalize, floor)]
+  else:  # none reported: the model as it was and no guidance, as `build_fedlex_exploration`
+    guidance = [np.ones(np.shape(t), np.float32) for t in weights.trainable]
   metrics = collections.OrderedDict(exploration_client_epochs=epochs,
-                                    num_explorers=len(devs), finite_explorers=len(devs))
+                                    num_explorers=len(explorer_inputs),
+                                    finite_explorers=len(devs), reported_explorers=len(devs))
   return weights, guidance, metrics

@@ -144,7 +144,8 @@ def build_corrected_client_work(
     upload = collections.OrderedDict(client_index=element['index'], slot=element['slot'],
                                      model_delta=update, control_delta=control_delta)
     return (tff.learning.templates.ClientResult(
-        update=upload, update_weight=weight * trained * (1.0 - non_finite)),
+        update=upload, update_weight=local_training.upload_weight(weight * trained, out,
+                                                                  non_finite)),
             local_training.training_metric_sums(out, non_finite), out.model_metrics)
 
   return model_delta.build_client_work_process(work_state, client_update, metric_finalizers)

@@ -8,6 +8,9 @@ element, a structure of whole-client tensors
     order  int32 [E, n]: one permutation of range(n) per local epoch
     index  int32 scalar: the client's index in [0, N)
     slot   int32 scalar: its position in this round's sample, in [0, P)
+    work   float32 scalar: 0 = the client never reports (it trains nothing, its upload
+           weighs 0); else the share in (0, 1] of its local steps it runs
+           (`tff_algos.data.ClientFaults`; 1 for a client that does all its work)
 
 Batches are gathered in-graph from `order` inside one `tf.function` loop. Feeding
 whole-client tensors instead of a `tf.data` pipeline of batches is what makes a round cost
@@ -27,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-INPUT_KEYS = ('x', 'y', 'order', 'index', 'slot')
+INPUT_KEYS = ('x', 'y', 'order', 'index', 'slot', 'work')
 
 
 def input_xy_specs(model_input_spec) -> tuple:
@@ -58,12 +61,13 @@ def client_element_type(model_input_spec) -> tff.StructType:
       ('order', tff.TensorType(np.int32, [None, None])),
       ('index', tff.TensorType(np.int32)),
       ('slot', tff.TensorType(np.int32)),
+      ('work', tff.TensorType(np.float32)),
   ])
 
 
 def client_data_type(model_input_spec) -> tff.SequenceType:
   """The type of one client's data in `process.next`: a sequence of one element of
-  `client_element_type` (the whole client at once: x, y, batch orders, index, slot)."""
+  `client_element_type` (the whole client at once: x, y, batch orders, index, slot, work)."""
   return tff.SequenceType(client_element_type(model_input_spec))
 
 
@@ -79,12 +83,18 @@ class LocalTrainingOutput(NamedTuple):
   loss_sum: tf.Tensor       # float32, sum over all steps of batch loss x batch size
   correct: tf.Tensor        # float32, correct predictions over all steps
   seen: tf.Tensor           # float32, predictions scored for accuracy (examples or tokens)
-  examples_trained: tf.Tensor  # float32, examples over all steps (n x epochs)
-  epochs_trained: tf.Tensor  # float32, local epochs of optimizer steps run (0 for FedSGD's
-                             # one gradient pass, 0 for a client without data)
-  steps_trained: tf.Tensor  # float32, optimizer steps run: epochs x batches per epoch (0 for
-                            # FedSGD and for a client without data; SCAFFOLD's K_i)
-  last_epoch_loss: tf.Tensor  # float32, mean training loss over the last epoch
+  examples_trained: tf.Tensor  # float32, examples over the steps run (n x epochs for a
+                               # client doing all its work)
+  epochs_trained: tf.Tensor  # float32, steps run / batches per epoch: a partial last epoch
+                             # counts its share of batches (0 for FedSGD's one gradient
+                             # pass, for a client without data and for one not reporting)
+  steps_trained: tf.Tensor  # float32, optimizer steps run: ceil(work x epochs x batches per
+                            # epoch) (0 for FedSGD, for a client without data or not
+                            # reporting; SCAFFOLD's K_i)
+  last_epoch_loss: tf.Tensor  # float32, mean training loss over the batches run of the last
+                              # epoch that ran (0 when none ran)
+  reported: tf.Tensor       # float32, 1 if the client reports (work > 0) else 0: every
+                            # client work multiplies its upload's weight by it
   full_gradient: Any        # full-batch mean gradient at the initial weights (FedSGD) or ()
   model_metrics: Any        # the model's own unfinalized metrics over all steps
                             # (`report_local_unfinalized_metrics`, e.g. its Keras metrics)
@@ -151,6 +161,21 @@ def check_client_training(optimizer, batch_size, *, needs_optimizer: bool = True
         f'function returning one; got {type(optimizer).__name__}')
 
 
+# work x count is rounded up after shrinking it by this relative amount, so that a work
+# stored as float32 (0.3 as 0.30000001) does not add a step to ceil(0.3 x 10) = 3.
+WORK_ROUNDING = 1e-6
+
+
+def work_share(work, count):
+  """int32 ceil(work x count): 0 for work 0, else in [min(1, count), count] (a reporting
+  client runs at least one step, or example, when it has any); see WORK_ROUNDING."""
+  count = tf.convert_to_tensor(count, tf.int32)
+  work = tf.cast(work, tf.float64)
+  share = tf.math.ceil(work * tf.cast(count, tf.float64) * (1.0 - WORK_ROUNDING))
+  share = tf.minimum(tf.cast(share, tf.int32), count)
+  return tf.where(work > 0.0, tf.maximum(share, tf.minimum(1, count)), 0)
+
+
 def build_local_training(
     model: tff.learning.models.VariableModel,
     optimizer: Optional[tff.learning.optimizers.Optimizer],
@@ -162,9 +187,15 @@ def build_local_training(
     extra_loss: Optional[ExtraLoss] = None,
 ) -> Callable[..., LocalTrainingOutput]:
   """Returns `train(initial_weights, element, context=None, optimizer_hparams=None,
-  optimizer_state=None)` as a `tf.function` (`optimizer_hparams`: set on the optimizer after
-  its initialisation; `optimizer_state`, e.g. an earlier call's output, replaces that
-  initialisation, so consecutive calls train as one run: FedLEx's early-stopped explorers).
+  optimizer_state=None, max_steps=None)` as a `tf.function` (`optimizer_hparams`: set on the
+  optimizer after its initialisation; `optimizer_state`, e.g. an earlier call's output,
+  replaces that initialisation, so consecutive calls train as one run: FedLEx's
+  early-stopped explorers; `max_steps`: at most that many steps).
+
+  The element's `work` sets how much runs: ceil(work x K) of the K = epochs x ceil(n / B)
+  local steps, in order (a straggler stops part-way, possibly inside an epoch; work 0 runs
+  none); with `full_gradient`, the gradient over the first ceil(work x n) examples of the
+  first epoch's order. `reported` (work > 0) says whether the client reports at all.
 
   Call inside a `tff.tensorflow.computation`, with `model` built there too.
 
@@ -185,18 +216,26 @@ def build_local_training(
 
   @tf.function
   def train(initial_weights, element, context=None, optimizer_hparams=None,
-            optimizer_state=None):
+            optimizer_state=None, max_steps=None):
     weights = tff.learning.models.ModelWeights.from_model(model)
     tf.nest.map_structure(lambda v, t: v.assign(t), weights, initial_weights)
     trainable = list(weights.trainable)
     initial_trainable = [tf.identity(t) for t in initial_weights.trainable]
     x, y, order = element['x'], element['y'], element['order']
-    n = tf.shape(order)[1]
     epochs = tf.shape(order)[0]
+    work = tf.cast(element['work'], tf.float32)
     if full_gradient:
+      # FedSGD: one pass over the first ceil(work x n) examples of epoch 0's order.
       epochs = tf.minimum(epochs, 1)
+      n = work_share(work, tf.shape(order)[1])
+    else:
+      n = tf.shape(order)[1]
     batches_per_epoch = (n + batch_size - 1) // batch_size
-    num_steps = epochs * batches_per_epoch
+    num_steps = (epochs * batches_per_epoch if full_gradient else
+                 work_share(work, epochs * batches_per_epoch))
+    if max_steps is not None:
+      num_steps = tf.minimum(num_steps, tf.cast(max_steps, tf.int32))
+    last_epoch = (num_steps - 1) // tf.maximum(batches_per_epoch, 1)
 
     if full_gradient:
       opt_state = ()
@@ -260,17 +299,18 @@ def build_local_training(
       hits, counted = accuracy_terms(output.predictions, batch['y'])
       correct += hits
       seen += counted
-      in_last_epoch = tf.cast(tf.equal(epoch, epochs - 1), tf.float32)
+      in_last_epoch = tf.cast(tf.equal(epoch, last_epoch), tf.float32)
       last_loss += in_last_epoch * batch_loss * count
       last_count += in_last_epoch * count
 
-    num_examples = tf.cast(n, tf.float32)
+    # The client's examples, whatever share of them its work ran (its upload's weight).
+    num_examples = tf.cast(tf.shape(order)[1], tf.float32)
     # Counted from what ran: a full-gradient client took no local step.
-    epochs_trained = (tf.constant(0.0) if full_gradient else
-                      tf.cast(epochs, tf.float32) * tf.cast(n > 0, tf.float32))
     steps_trained = (tf.constant(0.0) if full_gradient else tf.cast(num_steps, tf.float32))
-    if full_gradient:
-      full = tuple(s / tf.maximum(num_examples, 1.0) for s in grad_sum)
+    epochs_trained = (tf.constant(0.0) if full_gradient else tf.math.divide_no_nan(
+        steps_trained, tf.cast(batches_per_epoch, tf.float32)))
+    if full_gradient:  # the mean over the examples it ran
+      full = tuple(s / tf.maximum(tf.cast(n, tf.float32), 1.0) for s in grad_sum)
     else:
       full = ()
     return LocalTrainingOutput(
@@ -285,6 +325,7 @@ def build_local_training(
         epochs_trained=epochs_trained,
         steps_trained=steps_trained,
         last_epoch_loss=tf.math.divide_no_nan(last_loss, last_count),
+        reported=tf.cast(work > 0.0, tf.float32),
         full_gradient=full,
         # forward_pass updated the model's metric variables at every step; read them
         # here, after the loop (a fresh model per client starts them at zero).
@@ -305,14 +346,23 @@ def zero_if_non_finite(structure):
   return zeroed, tf.cast(tf.logical_not(finite), tf.float32)
 
 
+def upload_weight(weight, out: LocalTrainingOutput, non_finite):
+  """A client's upload weight as the server takes it: `weight`, or 0 for a client that does
+  not report (work 0) or whose update was not finite (`zero_if_non_finite`); weight 0 is
+  how every aggregator here tells an upload to leave out."""
+  return weight * out.reported * (1.0 - non_finite)
+
+
 def training_metric_sums(out: LocalTrainingOutput, non_finite) -> collections.OrderedDict:
   """Per-client sums that `finalize_training_metrics` turns into round metrics.
 
   A client whose update was not finite contributes only its count in
   `non_finite_clients`, so one diverged client does not turn the round's loss into NaN; its
-  work is still counted in the costs (`cost_client_epochs`, `cost_examples`).
+  work is still counted in the costs (`cost_client_epochs`, `cost_examples`). A client that
+  does not report (work 0) contributes only its count in `unreported_clients`; a reporting
+  one counts in `reported_clients`, its loss and accuracy over the steps it ran.
   """
-  keep = tf.equal(non_finite, 0.0)
+  keep = tf.logical_and(tf.equal(non_finite, 0.0), out.reported > 0.0)
   kept = lambda t: tf.where(keep, t, tf.zeros_like(t))  # noqa: E731
   extra = {name: kept(value) for name, value in (('extra_loss_sum', out.extra_loss_sum),
                                                  ('proximal_loss_sum', out.proximal_loss_sum))
@@ -327,12 +377,15 @@ def training_metric_sums(out: LocalTrainingOutput, non_finite) -> collections.Or
       last_epoch_loss_sum=kept(out.last_epoch_loss * out.num_examples),
       num_clients=tf.constant(1.0),
       non_finite_clients=non_finite,
+      reported_clients=out.reported,
+      unreported_clients=1.0 - out.reported,
       cost_client_epochs=out.epochs_trained,
       cost_examples=out.examples_trained)
 
 
 def finalize_training_metrics(sums) -> collections.OrderedDict:
   """Round metrics from the federated sum of `training_metric_sums` (a TF function body).
+  With no reporting client, the means (loss, accuracy, ...) are 0, not NaN.
 
   `loss` is the model's own loss (cross-entropy); with an extra loss in the loop (CADIS's
   λ·KD), `extra_loss` is its mean over the same examples, and with FedProx's proximal term
@@ -348,6 +401,9 @@ def finalize_training_metrics(sums) -> collections.OrderedDict:
       num_examples=sums['num_examples'],
       num_clients=sums['num_clients'],
       non_finite_clients=sums['non_finite_clients'],
+      # Of the num_clients sampled: those that reported (work > 0) and those that did not.
+      reported_clients=sums['reported_clients'],
+      unreported_clients=sums['unreported_clients'],
       # Costs, counted by the clients: local epochs of optimizer steps and examples passed
       # through the model (FedSGD: 0 epochs, one pass over its data).
       client_epochs=sums['cost_client_epochs'],

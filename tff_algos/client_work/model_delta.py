@@ -286,7 +286,8 @@ def build_model_delta_client_work(
     BatchNorm statistics, also their `initial - final`, see `update_type`), keyed when
     `keyed` (refused for models with non-trainable weights), and whose weight
     follows `client_weighting`; a client whose update is not finite is zeroed with weight
-    0 and counted in `train/non_finite_clients`.
+    0 and counted in `train/non_finite_clients`; one that does not report (`work` 0)
+    uploads a zero update with weight 0, counted in `train/unreported_clients`.
   """
   model_fn = model_fns.as_model_fn(model_fn)
   local_training.check_client_training(client_optimizer_fn, client_batch_size,
@@ -342,7 +343,7 @@ def build_model_delta_client_work(
       weight = tf.constant(1.0)
     else:
       weight = out.num_examples
-    weight = weight * (1.0 - non_finite)
+    weight = local_training.upload_weight(weight, out, non_finite)
     if keyed:
       update = collections.OrderedDict(client_index=element['index'], delta=update)
     return (tff.learning.templates.ClientResult(update=update, update_weight=weight),

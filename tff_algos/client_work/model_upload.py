@@ -6,10 +6,11 @@ Each client uploads
 
     OrderedDict(client_index=int32, slot=int32, model=ModelWeights, last_epoch_loss=float32)
 
-with weight = its example count. A client with no data trains zero steps; a client whose
-training went non-finite uploads the model it received, unchanged and finite, so no NaN
-reaches a server accumulator. Both get weight 0, which tells the aggregator to ignore the
-upload, and the latter is counted in `train/non_finite_clients`.
+with weight = its example count. A client with no data, or one that does not report (its
+input's `work` is 0), trains zero steps; a client whose training went non-finite uploads the
+model it received, unchanged and finite, so no NaN reaches a server accumulator. All get
+weight 0, which tells the aggregator to ignore the upload; the non-finite ones are counted in
+`train/non_finite_clients`, the non-reporting ones in `train/unreported_clients`.
 
 The plug-ins (`guided`: FedLEx's guidance, `kd_weight`: CADIS's KD term with the received
 model as the teacher) are `tff_algos.client_work.plugins`'s, as in every client work here.
@@ -102,7 +103,7 @@ def build_model_upload_client_work(
         slot=element['slot'],
         model=model,
         last_epoch_loss=tf.where(failed, 0.0, out.last_epoch_loss))
-    weight = out.num_examples * (1.0 - non_finite)
+    weight = local_training.upload_weight(out.num_examples, out, non_finite)
     return (tff.learning.templates.ClientResult(update=upload, update_weight=weight),
             local_training.training_metric_sums(out, non_finite), out.model_metrics)
 
