@@ -264,8 +264,9 @@ def load_checkpoint(loop, manager, program_state, exp_dir: str,
       names = ', '.join(str(v) for v, _ in reversed(unreadable))
       log(f'warning: the checkpoint{"s" if several else ""} of round{"s" if several else ""} '
           f'{names} in {ckpt_dir} cannot be read ({type(error).__name__}) and '
-          f'{"are" if several else "is"} removed: resuming after round {version}, so rounds '
-          f'{version + 1}-{newest} are recomputed')
+          f'{"are" if several else "is"} removed: resuming after round {version}, so '
+          + (f'rounds {version + 1}-{newest} are' if newest > version + 1
+             else f'round {newest} is') + ' recomputed')
       for bad, _ in unreadable:
         shutil.rmtree(os.path.join(ckpt_dir, f'program_state_{bad}'), ignore_errors=True)
       csv_path = os.path.join(exp_dir, 'metrics.csv')
