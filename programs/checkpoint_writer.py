@@ -31,6 +31,7 @@ KEEP_VERSIONS = 3
 # errno values meaning the file system refuses the write, with what the user does about it.
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 _REFUSED = (errno.EACCES, errno.EPERM, errno.EROFS)
+FULL, REFUSED = 'the disk is full', 'the directory is not writable'
 
 
 def write_failure(error: BaseException) -> str:
@@ -40,10 +41,10 @@ def write_failure(error: BaseException) -> str:
   text = str(error)
   if code in _FULL or isinstance(error, tf.errors.ResourceExhaustedError) or (
       'No space left' in text or 'quota exceeded' in text.lower()):
-    return 'the disk is full'
+    return FULL
   if code in _REFUSED or isinstance(error, tf.errors.PermissionDeniedError) or (
       'Read-only file system' in text or 'Permission denied' in text):
-    return 'the directory is not writable'
+    return REFUSED
   first = (getattr(error, 'strerror', None) or getattr(error, 'message', None) or text or
            type(error).__name__).strip().splitlines()[0]
   return f'{type(error).__name__}: {first[:200]}'
@@ -60,10 +61,12 @@ def write_error(what: str, directory: str, error: BaseException,
 
 
 def is_write_failure(error: BaseException) -> bool:
-  """Whether `error` is a file system's refusal (OSError, or TensorFlow's error of a file
-  operation), which the program reports in one line, rather than a bug."""
+  """Whether `error` is a file system's refusal, which the program reports in one line
+  rather than as a bug: an OSError, TensorFlow's error of a file operation, or an error of
+  TFF's worker (a gRPC error) whose write was refused."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return isinstance(error, (OSError, tf.errors.OpError))
+  return isinstance(error, (OSError, tf.errors.OpError)) or write_failure(error) in (
+      FULL, REFUSED)
 
 
 class CheckpointWriter:

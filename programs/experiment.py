@@ -250,11 +250,7 @@ class _Run:
     try:
       read_state = self.runner.snapshot(self.held)   # the runner pauses the collector
     except Exception as e:  # pylint: disable=broad-except
-      self.checkpoints.wait(raise_error=False)
-      if not checkpoint_writer.is_write_failure(e):
-        raise
-      raise checkpoint_writer.write_error(f'the checkpoint of round {self.last_round}',
-                                          self.exp_dir, e, self.checkpoints.checkpointed) from None
+      self.refused_write(e, f'the checkpoint of round {self.last_round}')
     figures = collections.OrderedDict(
         round=self.last_round, best_accuracy=self.best,
         exploration_client_epochs=float(self.program_state['exploration_client_epochs']))
@@ -285,23 +281,34 @@ class _Run:
     self.rows.append(row)
     try:
       run_directory.write_csv(self.csv_path, self.rows)
-    except OSError as e:
-      self.checkpoints.wait(raise_error=False)
-      raise checkpoint_writer.write_error('metrics.csv', self.exp_dir, e,
-                                          self.checkpoints.checkpointed) from None
-    with self.writer.as_default(step=round_num):
-      for key, value in row.items():
-        if key != 'round' and isinstance(value, (int, float)) and math.isfinite(value):
-          tf.summary.scalar(key, value)
+      with self.writer.as_default(step=round_num):
+        for key, value in row.items():
+          if key != 'round' and isinstance(value, (int, float)) and math.isfinite(value):
+            tf.summary.scalar(key, value)
+    except Exception as e:  # pylint: disable=broad-except
+      self.refused_write(e, 'the round\'s metrics')
+
+  def refused_write(self, error: Exception, what: str) -> None:
+    """Raises `error`, as one line if the file system refused a write (a full disk)."""
+    if not checkpoint_writer.is_write_failure(error):
+      raise error
+    self.checkpoints.wait(raise_error=False)
+    raise checkpoint_writer.write_error(what, self.exp_dir, error,
+                                        self.checkpoints.checkpointed) from None
 
   def close(self) -> None:
     """Waits for the checkpoint in flight (its failure raised unless an error is already
     ending the run)."""
+    ending = sys.exc_info()[0] is not None
     if self.progress is not None:
       self.progress.close()
-    self.writer.flush()
     self.loop.close()
-    self.checkpoints.close(raise_error=sys.exc_info()[0] is None)
+    try:
+      self.writer.flush()
+    except Exception as e:  # pylint: disable=broad-except
+      if not ending:
+        self.refused_write(e, 'TensorBoard\'s events')
+    self.checkpoints.close(raise_error=not ending)
 
 
 def _resume_or_initialise(c: ExperimentConfig, built: _Built, start_round: int,

@@ -279,7 +279,7 @@ def test_sigkill_at_random_moments_resumes_bit_exact(tmp_path, monkeypatch):
   ckpt_dir = os.path.join(exp_dir, 'checkpoints')
   rng = random.Random(0)
   kills = 0
-  for attempt in range(8):
+  for attempt in range(5):
     proc = _train([f'--rounds={rounds}', '--resume', f'--root_output_dir={tmp_path}',
                    f'--experiment_name={name}'], stdout=subprocess.DEVNULL,
                   stderr=subprocess.DEVNULL)
