@@ -169,6 +169,38 @@ def test_a_failed_write_stops_the_run_in_one_line_and_resume_continues(
   _assert_same_run(unbroken, config.experiment_dir)
 
 
+@pytest.mark.parametrize('message,one_line', [
+    ('INTERNAL: state_3.data-00000-of-00001.tempstate; No space left on device', True),
+    ('the worker crashed', False)])
+def test_a_snapshot_the_worker_cannot_write_stops_the_run_in_one_line(
+    message, one_line, tmp_path, monkeypatch):
+  """The worker's snapshot of round 3 fails: refused by the disk (the worker's error names
+  it), the run stops with one line naming the experiment directory; any other failure is
+  not dressed up as one."""
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+  snapshot = resident_state.ResidentProcess.snapshot
+  snapshots = [0]
+
+  def failing_snapshot(self, state):
+    snapshots[0] += 1
+    if snapshots[0] == 3:
+      raise RuntimeError(message)
+    return snapshot(self, state)
+  monkeypatch.setattr(resident_state.ResidentProcess, 'snapshot', failing_snapshot)
+  config = dataclasses.replace(BASE, root_output_dir=str(tmp_path), experiment_name='s')
+  with pytest.raises(ExperimentError if one_line else RuntimeError) as raised:
+    experiment.run_experiment(config, _quiet)
+  if one_line:
+    assert str(raised.value) == (
+        f'cannot write the checkpoint of round 3 in {config.experiment_dir}: the disk is '
+        'full; free space there or make it writable, then rerun with --resume: it continues '
+        'after round 2, the last one checkpointed')
+  else:
+    assert str(raised.value) == message
+  ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [1, 2]
+
+
 def _damage(path):
   """Flips bytes in the middle of a file (a checksum no longer matches)."""
   with open(path, 'r+b') as f:
