@@ -26,6 +26,8 @@ batches of 20 (benchmarks/results/RESULTS.md, "The resident state's memory"). `r
       state, metrics = resident.next(state, client_data)
       weights = resident.get_model_weights(state)    # a tff.learning.models.ModelWeights
     python_state = resident.materialize(state)       # e.g. to checkpoint it
+    read = resident.snapshot(state)                  # or: the worker writes it now, and
+    python_state = read()                            # read() may run in another thread
     state = resident.adopt(python_state)             # e.g. after loading a checkpoint
 
 How the state crosses (`transfer`): by default ('files') as a TensorFlow checkpoint in a
