@@ -19,7 +19,7 @@ every client taking part; FedCDA with no warm-up, so its cache selection runs ev
 
   fedcross, fedcda, cadis (KD, lambda = 1), cadis_nokd (lambda = 0),
   fedlex_avgm, fedlex_sgd, fedlex_opt, fedlex_prox (guided client steps; the guidance is
-  the initial one, exploration is not timed).
+  the initial one, exploration is not timed), scaffold.
 
 They run INTERLEAVED round by round in one process (the order rotates every round), so
 load from other users of the machine hits all alike. Prints the median seconds per round of
@@ -32,19 +32,25 @@ FedLEx-SGD (one full-batch gradient per client) do other local work than the pla
 loop: their ratio is to plain TF's SGD epoch, stated as such. With --resident, each TFF
 variant also runs through `tff_algos.ResidentProcess` (its server state kept in the worker
 between rounds instead of crossing to it and back), and both copies must end on the same
-weights; then the checkpoint the training program makes of the resident state (bringing it
-back and writing it, as `--checkpoint_every` does every N rounds) is timed, and each is
-given "as the program runs it": its resident round (which detaches the new state in the
-worker, `ResidentProcess.next`) plus one checkpoint per --checkpoint_every rounds, with the
-state crossing as a file (ResidentProcess's default transfer) and, for comparison, as TFF
-values (`transfer='values'`, timed from the same state).
+weights. Each resident variant also runs, interleaved, as the training program runs it by
+default (<name>@program): a checkpoint every round, made as programs/experiment.py makes it
+(the state snapshotted, `ResidentProcess.snapshot`, and written by the program's
+`CheckpointWriter` in its thread while the next round runs; the round waits for the write
+in flight, as the program's next checkpoint does). What checkpoints add to a round is that
+variant's time less the resident round's, and "as the program runs it" gives the default
+cadence (every round) and --checkpoint_every=N (that addition spread over N rounds). For
+reference, a checkpoint made in the round loop's thread (bringing the state back and
+writing it) is timed too, with the state crossing as a file (ResidentProcess's default
+transfer) and as TFF values (`transfer='values'`, timed from the same state).
 
   .venv/bin/python benchmarks/round_overhead.py --examples_per_client=200 --rounds=3
 
 --json=PATH also writes the figures for a script to read (benchmarks/clients_per_round.py):
 each variant's median and least s/round and median ratio to plain_tf; with --resident, each
-@resident variant's checkpoint_s (materialize_s of it), program_s and
-program_ratio_to_plain_tf too, and the same under transfer_values.
+@resident variant's default_s and default_ratio_to_plain_tf (a checkpoint every round, as the
+program runs it by default), snapshot_s, program_s and program_ratio_to_plain_tf
+(--checkpoint_every), and checkpoint_s (materialize_s of it) of a checkpoint made in the
+round loop's thread, with the same under transfer_values.
 """
 
 from __future__ import annotations
@@ -71,6 +77,7 @@ import tensorflow as tf
 
 from benchmarks.method_builds import build_method  # pylint: disable=g-import-not-at-top
 from benchmarks.method_builds import load_data  # pylint: disable=g-import-not-at-top
+from programs import checkpoint_writer  # pylint: disable=g-import-not-at-top
 from programs import pages  # pylint: disable=g-import-not-at-top
 from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
 
@@ -89,7 +96,7 @@ _VARIANTS = flags.DEFINE_list(
     'variants', ['plain_tf', 'ours', 'tff'],
     'Which of plain_tf, ours, ours@exposed (ours on a worker not isolated from the network), '
     'tff and the methods (fedcross, fedcda, cadis, cadis_nokd, fedlex_avgm, fedlex_sgd, '
-    'fedlex_opt, fedlex_prox) to run; "all" = every one.')
+    'fedlex_opt, fedlex_prox, scaffold) to run; "all" = every one.')
 _LOCAL_WORKERS = flags.DEFINE_integer(
     'local_workers', 0, 'Also run `ours` split across this many worker services started here '
     '(variant ours_w, TFF\'s mergeable-comp context), interleaved with the local runtime.')
@@ -113,7 +120,7 @@ _MAX_CALLS = flags.DEFINE_integer(
     'max_concurrent_computation_calls', -1, 'Passed to the TFF runtime (-1 = no limit).')
 
 METHODS = ('fedcross', 'fedcda', 'cadis', 'cadis_nokd', 'fedlex_avgm', 'fedlex_sgd',
-           'fedlex_opt', 'fedlex_prox')
+           'fedlex_opt', 'fedlex_prox', 'scaffold')
 VARIANTS = ('plain_tf', 'ours', 'ours@exposed', 'tff') + METHODS
 
 
@@ -258,6 +265,7 @@ def main(argv):
                                                    refresh_every=0)
                  for v in variants if v in processes and v not in ('ours_w', 'ours@exposed')}
     variants += tuple(f'{v}@resident' for v in residents)
+    variants += tuple(f'{v}@program' for v in residents)
   # With --resident too, the 0-epoch rounds also run resident (<name>@resident@0): the
   # server step's share of the round as the program runs it.
   empty_runs = tuple(f'{v}@0' for v in empty_variants) + tuple(
@@ -268,11 +276,38 @@ def main(argv):
   state['ours'] = state_ours
   state.update({f'{name}@0': processes[name].initialize() for name in empty_variants})
   state.update({f'{name}@resident': r.initialize() for name, r in residents.items()})
+  state.update({f'{name}@program': r.initialize() for name, r in residents.items()})
+  # The program's checkpoints (<name>@program): a CheckpointWriter each, in a temp directory.
+  scratch = tempfile.TemporaryDirectory()
+  writers = {name: checkpoint_writer.CheckpointWriter(os.path.join(scratch.name, name))
+             for name in residents}
+  snapshot_times = {name: [] for name in residents}
+  versions = collections.Counter()
+
+  def program_round(name, round_num):
+    """A round as programs/experiment.py runs it by default: the last round's state
+    checkpointed (snapshot now, written in the writer's thread), then the next round, which
+    runs while the write does; it waits for the write in flight, as the program's next
+    checkpoint does."""
+    variant, resident, writer = f'{name}@program', residents[name], writers[name]
+    versions[name] += 1
+    t0 = time.perf_counter()
+    read_state = resident.snapshot(state[variant])
+    if round_num >= _WARMUP.value:
+      snapshot_times[name].append(time.perf_counter() - t0)
+    writer.save(lambda: collections.OrderedDict(state=read_state(), round=versions[name],
+                                                best_accuracy=0.0,
+                                                exploration_client_epochs=0.0),
+                versions[name])
+    state[variant] = resident.next(state[variant], [[inp] for inp in inputs]).state
+    writer.wait()
   state.update({f'{name}@resident@0': residents[name].initialize()
                 for name in empty_variants if name in residents})
 
-  def run_variant(variant):
-    if variant == 'plain_tf':
+  def run_variant(variant, round_num):
+    if variant.endswith('@program'):
+      program_round(variant.split('@')[0], round_num)
+    elif variant == 'plain_tf':
       state['plain'] = plain_round(state['plain'], inputs)
       _ = [w.numpy() for w in state['plain']]  # wait for the values
     elif variant == 'tff':
@@ -306,7 +341,7 @@ def main(argv):
       t0 = time.perf_counter()
       gc_guard = execution.collector_paused() if _MANAGE_GC.value else contextlib.nullcontext()
       with gc_guard:
-        run_variant(variant)
+        run_variant(variant, r)
       dt = time.perf_counter() - t0
       line.append(f'{variant} {dt:.2f}s')
       if r >= _WARMUP.value:
@@ -363,6 +398,9 @@ def main(argv):
     line += f', max |ours - tff| {diff_tff:.2e}'
   if 'ours' in variants:
     print(line)
+  for writer in writers.values():
+    writer.close()
+  scratch.cleanup()
   loop = asyncio.new_event_loop()
   for name, resident in residents.items():
     diff = max_abs_difference(resident.get_model_weights(state[f'{name}@resident']),
@@ -397,27 +435,35 @@ def main(argv):
           # A new round's state (a state already brought back would come back at no cost).
           held = runner.next(held, [[inp] for inp in inputs]).state
       back, write = statistics.median(back), statistics.median(write)
-      # As programs/train.py runs it: resident rounds and one checkpoint every N of them.
+      # In the round loop's thread, one checkpoint every N rounds (N = --checkpoint_every).
       n = _CHECKPOINT_EVERY.value
       program = med[name + '@resident'] + (back + write) / n
       by_transfer[transfer] = dict(
           checkpoint_s=back + write, materialize_s=back, checkpoint_every=n,
           program_s=program, program_ratio_to_plain_tf=program / med['plain_tf'])
-    figures['variants'][name + '@resident'].update(by_transfer['files'])
-    figures['variants'][name + '@resident']['transfer_values'] = by_transfer['values']
     files, values = by_transfer['files'], by_transfer['values']
-    every_round = med[name + '@resident'] + files['checkpoint_s']
-    print(f'final weights max |{name}@resident - {name}| {diff:.2e}; checkpoint: materialize '
-          f'{files["materialize_s"]:.3f} s + write {files["checkpoint_s"] - files["materialize_s"]:.3f} s, '
-          f'so a round checkpointed every round ~ {every_round:.3f} s '
-          f'({every_round / med["plain_tf"]:.2f}x plain_tf, against '
-          f'{med[name] / med["plain_tf"]:.2f}x through process.next)')
-    print(f'  with transfer=\'values\' (TFF values through gRPC): materialize '
-          f'{values["materialize_s"]:.3f} s, as the program runs it {values["program_s"]:.3f} s/round, '
-          f'{values["program_ratio_to_plain_tf"]:.2f}x plain_tf')
-    print(f'as the program runs it ({name}, resident, --checkpoint_every={n}): '
-          f'{files["program_s"]:.3f} s/round, {files["program_ratio_to_plain_tf"]:.2f}x '
-          'plain_tf')
+    # As programs/train.py runs it now: what its checkpoints add to a resident round, every
+    # round (the default) and spread over --checkpoint_every rounds.
+    n = _CHECKPOINT_EVERY.value
+    default = med[name + '@program']
+    added = default - med[name + '@resident']
+    program = med[name + '@resident'] + added / n
+    figures['variants'][name + '@resident'].update(
+        files, in_loop_program_s=files['program_s'], default_s=default,
+        default_ratio_to_plain_tf=default / med['plain_tf'],
+        snapshot_s=statistics.median(snapshot_times[name]), program_s=program,
+        program_ratio_to_plain_tf=program / med['plain_tf'])
+    figures['variants'][name + '@resident']['transfer_values'] = values
+    print(f'final weights max |{name}@resident - {name}| {diff:.2e}; a checkpoint in the round '
+          f'loop\'s thread: materialize {files["materialize_s"]:.3f} s + write '
+          f'{files["checkpoint_s"] - files["materialize_s"]:.3f} s (with transfer=\'values\': '
+          f'materialize {values["materialize_s"]:.3f} s); the program\'s snapshot '
+          f'{statistics.median(snapshot_times[name]):.3f} s, the write then off the critical path')
+    print(f'as the program runs it ({name}, resident): default (a checkpoint every round) '
+          f'{default:.3f} s/round, {default / med["plain_tf"]:.2f}x plain_tf (resident round '
+          f'{med[name + "@resident"] / med["plain_tf"]:.2f}x, through process.next '
+          f'{med[name] / med["plain_tf"]:.2f}x); --checkpoint_every={n}: {program:.3f} s/round, '
+          f'{program / med["plain_tf"]:.2f}x plain_tf')
   loop.close()
   if _JSON.value:
     pages.write_json(_JSON.value, figures)

@@ -32,6 +32,7 @@ import time
 from typing import Any, Callable, Optional
 
 
+from programs import checkpoint_writer
 from programs import computations
 from programs import fedlex_exploration
 from programs import methods
@@ -208,16 +209,17 @@ def _build_computations(c: ExperimentConfig, run_data: _RunData, log) -> _Built:
 
 class _Run:
   """A run between its rounds: its server state, the program state a checkpoint saves,
-  metrics.csv's rows, and its checkpoints and stop requests.
+  metrics.csv's rows, and its checkpoints (a CheckpointWriter) and stop requests.
 
   With --resident_state (local runtime) the server state stays in TFF's worker between
-  rounds (`held`); `state` is its copy in Python, brought back for each checkpoint. On
+  rounds (`held`); `state` is its copy in Python (brought back at the end of the run). On
   worker services both are the same Python value.
   """
 
-  def __init__(self, c: ExperimentConfig, runner, loop, manager, held, state, program_state,
-               start_round: int, stop: Optional[stopping.StopRequests]):
-    self.c, self.runner, self.loop, self.manager, self.stop = c, runner, loop, manager, stop
+  def __init__(self, c: ExperimentConfig, runner, loop, checkpoints, held, state,
+               program_state, start_round: int, stop: Optional[stopping.StopRequests]):
+    self.c, self.runner, self.loop, self.stop = c, runner, loop, stop
+    self.checkpoints = checkpoints
     self.held, self.state, self.program_state = held, state, program_state
     self.start_round = start_round
     self.exp_dir = c.experiment_dir
@@ -243,12 +245,18 @@ class _Run:
     self.last_round = self.checkpointed = self.start_round
 
   def checkpoint(self) -> None:
-    """Saves the state after `last_round` (what a resume continues from)."""
-    self.state = self.runner.materialize(self.held)   # the runner pauses the collector
-    self.program_state = collections.OrderedDict(
-        state=self.state, round=self.last_round, best_accuracy=self.best,
+    """Checkpoints the state after `last_round` (what a resume continues from): snapshots
+    it (the worker writes its state to a file) and leaves the write to the writer's thread,
+    once the write before it has finished."""
+    try:
+      read_state = self.runner.snapshot(self.held)   # the runner pauses the collector
+    except Exception as e:  # pylint: disable=broad-except
+      self.refused_write(e, f'the checkpoint of round {self.last_round}')
+    figures = collections.OrderedDict(
+        round=self.last_round, best_accuracy=self.best,
         exploration_client_epochs=float(self.program_state['exploration_client_epochs']))
-    self.loop.run_until_complete(self.manager.save(self.program_state, self.last_round))
+    self.checkpoints.save(
+        lambda: collections.OrderedDict(state=read_state(), **figures), self.last_round)
     self.checkpointed = self.last_round
 
   def check_stop(self) -> None:
@@ -258,6 +266,7 @@ class _Run:
         self.progress.close()  # the message below goes on its own line
       if self.checkpointed < self.last_round:   # rounds since the last --checkpoint_every
         self.checkpoint()
+      self.checkpoints.wait()
       self.writer.flush()
       raise stopping.Interrupted(self.stop.signum, self.last_round, self.exp_dir)
 
@@ -271,24 +280,42 @@ class _Run:
     """Adds a round's row to metrics.csv and its numbers to TensorBoard."""
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     self.rows.append(row)
-    run_directory.write_csv(self.csv_path, self.rows)
-    with self.writer.as_default(step=round_num):
-      for key, value in row.items():
-        if key != 'round' and isinstance(value, (int, float)) and math.isfinite(value):
-          tf.summary.scalar(key, value)
+    try:
+      run_directory.write_csv(self.csv_path, self.rows)
+      with self.writer.as_default(step=round_num):
+        for key, value in row.items():
+          if key != 'round' and isinstance(value, (int, float)) and math.isfinite(value):
+            tf.summary.scalar(key, value)
+    except Exception as e:  # pylint: disable=broad-except
+      self.refused_write(e, 'the round\'s metrics')
+
+  def refused_write(self, error: Exception, what: str) -> None:
+    """Raises `error`, as one line if the file system refused a write (a full disk)."""
+    if not checkpoint_writer.is_write_failure(error):
+      raise error
+    self.checkpoints.wait(raise_error=False)
+    raise checkpoint_writer.write_error(what, self.exp_dir, error,
+                                        self.checkpoints.checkpointed) from None
 
   def close(self) -> None:
+    """Waits for the checkpoint in flight (its failure raised unless an error is already
+    ending the run)."""
+    ending = sys.exc_info()[0] is not None
     if self.progress is not None:
       self.progress.close()
-    self.writer.flush()
     self.loop.close()
+    try:
+      self.writer.flush()
+    except Exception as e:  # pylint: disable=broad-except
+      if not ending:
+        self.refused_write(e, 'TensorBoard\'s events')
+    self.checkpoints.close(raise_error=not ending)
 
 
 def _resume_or_initialise(c: ExperimentConfig, built: _Built, start_round: int,
                           stop: Optional[stopping.StopRequests],
                           closing: contextlib.ExitStack, log) -> _Run:
   """The run with its state: the last checkpoint's (resume) or the process's initial one."""
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
   exp_dir = c.experiment_dir
   ckpt_dir = os.path.join(exp_dir, 'checkpoints')
@@ -300,23 +327,20 @@ def _resume_or_initialise(c: ExperimentConfig, built: _Built, start_round: int,
             if built.resident else resident_state.DirectProcess(built.process))
   closing.callback(runner.close)
   loop = asyncio.new_event_loop()
-  manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=2)
+  checkpoints = checkpoint_writer.CheckpointWriter(ckpt_dir, checkpointed=start_round)
   held, state = runner.initial_state()   # (a resume or FedLEx's exploration replaces both)
   program_state = collections.OrderedDict(state=state, round=0, best_accuracy=-1.0,
                                           exploration_client_epochs=0.0)
   run_directory.remove_unfinished_checkpoints(ckpt_dir)
   if start_round:
-    try:
-      restored = run_directory.load_checkpoint(loop, manager, program_state)
-    except Exception as e:  # pylint: disable=broad-except
-      raise ExperimentError(
-          f'cannot resume {exp_dir}: its checkpoint does not match this program\'s state '
-          f'({type(e).__name__}); choose another --experiment_name') from None
+    # The newest checkpoint that reads (an unreadable newer one is removed, with a warning).
+    restored, _ = run_directory.load_checkpoint(loop, checkpoints.manager, program_state,
+                                                exp_dir, log)
     program_state = restored
     state, held = restored['state'], None
-    start_round = int(restored['round'])
+    start_round = checkpoints.checkpointed = int(restored['round'])
     log(f'resuming {exp_dir} after round {start_round}')
-  return _Run(c, runner, loop, manager, held, state, program_state, start_round, stop)
+  return _Run(c, runner, loop, checkpoints, held, state, program_state, start_round, stop)
 
 
 def _prepare_run_directory(c: ExperimentConfig, run_data: _RunData, start_round: int) -> None:
@@ -466,6 +490,7 @@ def _evaluate(run: _Run, built: _Built, row: dict) -> float:
 def _finish(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built) -> dict:
   """Writes the run's results (summary.json, accuracy.png, final_weights.npz); returns the
   summary."""
+  run.state = run.runner.materialize(run.held)   # (the last checkpoint's snapshot: no transfer)
   summary = run_results.run_summary(
       c, run.rows, built.model_name, run.state,
       float(run.program_state['exploration_client_epochs']), run_data.client_test, run.exp_dir)

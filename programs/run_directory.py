@@ -2,8 +2,9 @@
 summary.json), its checkpoints and their clean-up, where a resumed run starts and the
 TensorBoard scalars it would repeat.
 
-Checkpoints are TFF's FileProgramStateManager's: each version is written to a temp directory
-and renamed, so a kill mid-write leaves the previous one intact.
+Checkpoints are TFF's FileProgramStateManager's, written by programs/checkpoint_writer.py:
+each version is written to a temp directory and renamed, so a kill mid-write leaves the
+previous one intact; a resume loads the newest version that reads (`load_checkpoint`).
 """
 
 from __future__ import annotations
@@ -239,9 +240,40 @@ def truncate_tensorboard(directory: str, last_round: int) -> None:
       os.replace(path + '.tmp', path)
 
 
-def load_checkpoint(loop, manager, program_state):
-  """The latest checkpoint, loaded as `program_state`'s structure; raises if it does not
-  match."""
-  restored, _ = loop.run_until_complete(manager.load_latest(program_state))
-  return restored
+def load_checkpoint(loop, manager, program_state, exp_dir: str,
+                    log: Callable[[str], None]):
+  """(the newest checkpoint that loads as `program_state`'s structure, its round).
 
+  A newer version that cannot be read (damaged files) is removed, with one warning saying
+  which rounds the run recomputes, and metrics.csv and TensorBoard are cut back to the
+  round resumed (TensorBoard by the run directory's preparation, which truncates to the
+  round the run starts from). Raises ExperimentError if no version loads: then the
+  checkpoints are not this program's state, and nothing is removed.
+  """
+  ckpt_dir = os.path.join(exp_dir, 'checkpoints')
+  unreadable = []
+  for version in reversed(checkpointed_rounds(ckpt_dir)):
+    try:
+      restored = loop.run_until_complete(manager.load(version, program_state))
+    except Exception as e:  # pylint: disable=broad-except
+      unreadable.append((version, e))
+      continue
+    if unreadable:
+      newest, error = unreadable[0]
+      several = len(unreadable) > 1
+      names = ', '.join(str(v) for v, _ in reversed(unreadable))
+      log(f'warning: the checkpoint{"s" if several else ""} of round{"s" if several else ""} '
+          f'{names} in {ckpt_dir} cannot be read ({type(error).__name__}) and '
+          f'{"are" if several else "is"} removed: resuming after round {version}, so '
+          + (f'rounds {version + 1}-{newest} are' if newest > version + 1
+             else f'round {newest} is') + ' recomputed')
+      for bad, _ in unreadable:
+        shutil.rmtree(os.path.join(ckpt_dir, f'program_state_{bad}'), ignore_errors=True)
+      csv_path = os.path.join(exp_dir, 'metrics.csv')
+      rows = csv_rows(csv_path)
+      write_csv(csv_path, [r for r in rows if int(r['round']) <= version])
+    return restored, version
+  error = unreadable[0][1] if unreadable else None
+  raise ExperimentError(
+      f'cannot resume {exp_dir}: its checkpoint does not match this program\'s state '
+      f'({type(error).__name__}); choose another --experiment_name')

@@ -121,6 +121,38 @@ def test_a_state_materialized_and_adopted_continues_exactly():
   _assert_close(resident.materialize(unbroken), resident.materialize(direct))
 
 
+def test_a_snapshot_read_in_another_thread_while_rounds_go_on_is_the_state():
+  """`snapshot` (what the program's checkpoint does): the worker writes the state now, and
+  the function it returns, run in another thread while the next rounds run and the state is
+  dropped, gives the state `materialize` gives, to the bit; its file goes with the function."""
+  import threading  # pylint: disable=g-import-not-at-top
+  process = _process('fedcda')
+  resident = resident_state.ResidentProcess(process, P)
+  held = resident.initialize()
+  held, _ = resident.next(held, _inputs(1))
+  read = resident.snapshot(held)
+  expected = resident.materialize(held)
+  scratch = resident._scratch  # pylint: disable=protected-access
+  assert len(os.listdir(scratch)) == 2   # the state's checkpoint: its index and data
+  del held
+  read_back = []
+  reader = threading.Thread(target=lambda: read_back.append(read()))
+  reader.start()
+  held2, _ = resident.next(resident.initialize(), _inputs(1))
+  held2, _ = resident.next(held2, _inputs(2))
+  reader.join()
+  for e, a in zip(tf.nest.flatten(expected), tf.nest.flatten(read_back[0]), strict=True):
+    np.testing.assert_array_equal(np.asarray(e), np.asarray(a))
+  assert type(read_back[0]) is type(expected)
+  del read, reader
+  import gc  # pylint: disable=g-import-not-at-top
+  gc.collect()
+  assert not os.listdir(scratch)
+  # A state placed from Python is not written again: the snapshot is that state.
+  placed = resident.adopt(expected)
+  assert resident.snapshot(placed)() is expected
+
+
 @pytest.mark.parametrize('algorithm', ['fedcda', 'fedcross', 'fedcda@bfloat16'])
 def test_every_way_the_state_crosses_gives_the_same_state(algorithm):
   """The state crosses between Python and the worker as a checkpoint file (transfer='files',

@@ -91,8 +91,8 @@ def test_stopped_and_resumed_run_equals_the_unbroken_run(algorithm, tmp_path):
 
 
 def test_checkpoint_every_n_rounds_and_a_crash_between_repeats_the_same_rounds(tmp_path):
-  """--checkpoint_every=3 saves rounds 3 and 6 and the last (7) (TFF's manager keeps the
-  first and the latest); a crash after round 5 (its checkpoint never written) resumes from round 3 and logs rounds 4-5 again exactly as the
+  """--checkpoint_every=3 saves rounds 3 and 6 and the last (7) (the program keeps the
+  latest three versions); a crash after round 5 (its checkpoint never written) resumes from round 3 and logs rounds 4-5 again exactly as the
   unbroken run did."""
   config = dataclasses.replace(BASE, algorithm='fedavg', root_output_dir=str(tmp_path),
                                rounds=7, checkpoint_every=3)
@@ -100,10 +100,10 @@ def test_checkpoint_every_n_rounds_and_a_crash_between_repeats_the_same_rounds(t
   unbroken = dataclasses.replace(config, experiment_name='unbroken')
   experiment.run_experiment(unbroken, log)
   ckpt = lambda c: os.path.join(c.experiment_dir, 'checkpoints')  # noqa: E731
-  assert run_directory.checkpointed_rounds(ckpt(unbroken)) == [3, 7]
+  assert run_directory.checkpointed_rounds(ckpt(unbroken)) == [3, 6, 7]
   every_round = dataclasses.replace(config, experiment_name='every', checkpoint_every=1)
   experiment.run_experiment(every_round, log)
-  assert run_directory.checkpointed_rounds(ckpt(every_round)) == [1, 7]
+  assert run_directory.checkpointed_rounds(ckpt(every_round)) == [5, 6, 7]
 
   broken = dataclasses.replace(config, experiment_name='broken', rounds=5)
   experiment.run_experiment(broken, log)   # checkpoints after rounds 3 and 5 (its last)

@@ -93,11 +93,15 @@ def test_round_overhead_server_share_adds_0_epoch_rounds(tmp_path):
 
 def test_round_overhead_resident_gives_the_round_as_the_program_runs_it(tmp_path):
   """--resident --checkpoint_every=N: each TFF variant also runs with its state resident (the
-  same weights as through process.next), its checkpoint is timed, and the round "as the
-  program runs it" is the resident round plus one checkpoint per N rounds, printed and in
-  --json. N = 4 here, not the default 10: were --checkpoint_every ignored, the figure would
-  differ. With --server_share too, the 0-epoch rounds also run resident (the server step's
-  share as the program runs it) and leave the model where it started."""
+  same weights as through process.next) and, interleaved, as the program runs it by default
+  (<name>@program: a checkpoint every round, snapshotted and written by the program's
+  CheckpointWriter while the next round runs); the round "as the program runs it" is given
+  at the default cadence (default_ratio_to_plain_tf beside ratio_to_plain_tf in --json) and
+  at every N rounds (the resident round plus what checkpoints add, over N). N = 4 here, not
+  the default 10: were --checkpoint_every ignored, the figure would differ. A checkpoint made
+  in the round loop's thread is timed too, for reference. With --server_share too, the
+  0-epoch rounds also run resident (the server step's share as the program runs it) and
+  leave the model where it started."""
   figures = tmp_path / 'figures.json'
   stdout = _run('round_overhead', '--dataset=digits', '--model=tiny_cnn', '--clients=2',
                 '--examples_per_client=10', '--batch_size=10', '--rounds=1',
@@ -105,6 +109,7 @@ def test_round_overhead_resident_gives_the_round_as_the_program_runs_it(tmp_path
                 '--server_share', '--checkpoint_every=4', f'--json={figures}',
                 timeout=600).stdout
   assert re.search(r'\bours@resident@0 [0-9.]+s', stdout), stdout
+  assert re.search(r'\bours@program [0-9.]+s', stdout), stdout
   assert len(_table_rows(stdout, 'ours@resident')) == 1, stdout
   moved = re.search(r'^0-epoch rounds: max \|final - initial weights\| .*ours@resident (\S+)$',
                     stdout, re.M)
@@ -114,20 +119,28 @@ def test_round_overhead_resident_gives_the_round_as_the_program_runs_it(tmp_path
   written = json.loads(figures.read_text())['variants']
   resident, plain = written['ours@resident'], written['plain_tf']['median_s']
   assert resident['checkpoint_every'] == 4 and resident['checkpoint_s'] > 0
+  assert resident['snapshot_s'] > 0
+  # A checkpoint every round, as the program makes them, timed in its own interleaved rounds.
+  assert resident['default_s'] == pytest.approx(written['ours@program']['median_s'])
+  assert resident['default_ratio_to_plain_tf'] == pytest.approx(resident['default_s'] / plain)
+  assert 'ratio_to_plain_tf' in resident
   # A checkpoint every 4 rounds (the resident round detaches its state: no refresh).
   assert 'refresh_s' not in resident
-  assert resident['program_s'] == pytest.approx(resident['median_s'] + resident['checkpoint_s'] / 4)
+  assert resident['program_s'] == pytest.approx(
+      resident['median_s'] + (resident['default_s'] - resident['median_s']) / 4)
   assert resident['program_ratio_to_plain_tf'] == pytest.approx(resident['program_s'] / plain)
-  # The same with the state through TFF's values.
+  # The checkpoint in the round loop's thread, with the state through TFF's values too.
+  assert resident['in_loop_program_s'] == pytest.approx(
+      resident['median_s'] + resident['checkpoint_s'] / 4)
   values = resident['transfer_values']
   assert values['materialize_s'] > 0
   assert values['program_s'] == pytest.approx(resident['median_s'] + values['checkpoint_s'] / 4)
-  assert re.search(r"^  with transfer='values' \(TFF values through gRPC\): materialize ",
-                   stdout, re.M), stdout
-  line = re.search(r'^as the program runs it \(ours, resident, --checkpoint_every=4\): '
+  line = re.search(r'^as the program runs it \(ours, resident\): default \(a checkpoint every '
+                   r'round\) ([0-9.]+) s/round, ([0-9.]+)x plain_tf .*; --checkpoint_every=4: '
                    r'([0-9.]+) s/round, ([0-9.]+)x plain_tf$', stdout, re.M)
   assert line, stdout
-  assert float(line.group(1)) == pytest.approx(resident['program_s'], abs=6e-4)
+  assert float(line.group(1)) == pytest.approx(resident['default_s'], abs=6e-4)
+  assert float(line.group(3)) == pytest.approx(resident['program_s'], abs=6e-4)
 
 
 @pytest.mark.slow

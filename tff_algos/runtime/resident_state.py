@@ -26,6 +26,8 @@ batches of 20 (benchmarks/results/RESULTS.md, "The resident state's memory"). `r
       state, metrics = resident.next(state, client_data)
       weights = resident.get_model_weights(state)    # a tff.learning.models.ModelWeights
     python_state = resident.materialize(state)       # e.g. to checkpoint it
+    read = resident.snapshot(state)                  # or: the worker writes it now, and
+    python_state = read()                            # read() may run in another thread
     state = resident.adopt(python_state)             # e.g. after loading a checkpoint
 
 How the state crosses (`transfer`): by default ('files') as a TensorFlow checkpoint in a
@@ -631,6 +633,31 @@ class ResidentProcess:
     return state._fetched  # pylint: disable=protected-access
 
   @_paused
+  def snapshot(self, state):
+    """`materialize(state)` in two halves: the worker's half now, and a function that
+    returns the state as `materialize` would. With transfer='files' the worker writes the
+    state's file now and the function reads it, without touching the executor, so it may
+    run in another thread while rounds go on (a checkpoint written off the critical path);
+    the function keeps the file, and `state` in the worker, alive. Otherwise the state is
+    brought back now. Call the function before `close()`."""
+    if (self._transfer != 'files' or not isinstance(state, ResidentValue)
+        or state._python is not None):  # pylint: disable=protected-access
+      value = self.materialize(state)
+      return lambda: value
+    self._resident_check(state)
+    path = _file_of(state)
+    if path is None:
+      path = self._write_in_worker(state)
+      state._file = weakref.finalize(state, _remove_state_file, path)  # pylint: disable=protected-access
+    member = self._state_type.member
+
+    def read(keep=state):
+      del keep  # (held by the default argument: the file lives as long as `state`)
+      return self._python(structure.pack_sequence_as(member, read_state_file(path, member)),
+                          member)
+    return read
+
+  @_paused
   def adopt(self, state) -> ResidentValue:
     """A state held in Python (e.g. loaded from a checkpoint) placed in the worker."""
     if isinstance(state, ResidentValue):
@@ -721,6 +748,9 @@ class DirectProcess:
 
   def materialize(self, state):
     return state
+
+  def snapshot(self, state):
+    return lambda: state
 
   def adopt(self, state):
     return state

@@ -1,0 +1,415 @@
+"""Checkpoints off the critical path and their faults (programs/checkpoint_writer.py,
+run_directory.load_checkpoint): the next round starts while a checkpoint is written, a write
+that fails stops the run in one line with the previous checkpoint intact and --resume
+continuing it, an unreadable newest checkpoint makes --resume fall back to the newest
+readable one, the directory stays tff.program's, and SIGKILLs at random moments (mid-write
+among them) resume bit-exact."""
+
+import asyncio
+import collections
+import csv
+import dataclasses
+import errno
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from programs import checkpoint_writer
+from programs import experiment
+from programs import run_directory
+from programs.experiment_config import ExperimentError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BASE = experiment.ExperimentConfig(
+    dataset='digits', num_clients=8, clients_per_round=3, batch_size=16, client_lr=0.1,
+    local_epochs=1, rounds=4, progress=False, checkpoint_every=1)
+FLAGS = ['--dataset=digits', '--num_clients=8', '--clients_per_round=3', '--batch_size=16',
+         '--client_lr=0.1', '--local_epochs=1', '--progress=false']
+
+
+def _quiet(_):
+  pass
+
+
+def _weights(directory):
+  with np.load(os.path.join(directory, 'final_weights.npz')) as f:
+    return [f[k] for k in sorted(f.files, key=lambda k: int(k.split('_')[1]))]
+
+
+def _rows(directory):
+  """metrics.csv's rows without the timing columns."""
+  with open(os.path.join(directory, 'metrics.csv'), newline='') as f:
+    return [{k: v for k, v in row.items() if k not in run_directory.TIMING_COLUMNS}
+            for row in csv.DictReader(f)]
+
+
+def _assert_same_run(a, b):
+  for w_a, w_b in zip(_weights(a), _weights(b), strict=True):
+    np.testing.assert_array_equal(w_a, w_b)
+  assert _rows(a) == _rows(b)
+
+
+@pytest.fixture(scope='module')
+def unbroken(tmp_path_factory):
+  """A 4-round run checkpointed every round, uninterrupted: what every broken run must equal."""
+  root = tmp_path_factory.mktemp('unbroken')
+  config = dataclasses.replace(BASE, root_output_dir=str(root), experiment_name='a')
+  experiment.run_experiment(config, _quiet)
+  return config.experiment_dir
+
+
+def _program_state_structure(monkeypatch):
+  """Records the structure the program loads its checkpoints as (into the list returned)."""
+  seen = []
+  load = run_directory.load_checkpoint
+
+  def recording(loop, manager, program_state, *args, **kwargs):
+    seen.append(program_state)
+    return load(loop, manager, program_state, *args, **kwargs)
+  monkeypatch.setattr(run_directory, 'load_checkpoint', recording)
+  return seen
+
+
+def _tff_load(ckpt_dir, version, structure):
+  """The version as tff.program's own FileProgramStateManager loads it."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  manager = tff.program.FileProgramStateManager(ckpt_dir)
+  return asyncio.run(manager.load(version, structure))
+
+
+def test_the_next_round_runs_while_a_checkpoint_is_written(tmp_path, monkeypatch):
+  """Each checkpoint but the last is still being written when the next round starts (a
+  synchronous checkpoint would time out here); the versions are written whole, in order."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+  rounds_started = [0]
+  started = threading.Condition()
+  next_round = resident_state.ResidentProcess.next
+
+  def counting_next(self, *args, **kwargs):
+    with started:
+      rounds_started[0] += 1
+      started.notify_all()
+    return next_round(self, *args, **kwargs)
+
+  overlapped = {}
+  save = tff.program.FileProgramStateManager.save
+
+  async def slow_save(self, program_state, version):
+    if version < BASE.rounds:
+      with started:   # the round after this checkpoint starts before its write ends
+        overlapped[version] = started.wait_for(lambda: rounds_started[0] > version, 60)
+    return await save(self, program_state, version)
+
+  monkeypatch.setattr(resident_state.ResidentProcess, 'next', counting_next)
+  monkeypatch.setattr(tff.program.FileProgramStateManager, 'save', slow_save)
+  config = dataclasses.replace(BASE, root_output_dir=str(tmp_path), experiment_name='r')
+  experiment.run_experiment(config, _quiet)
+  assert overlapped == {1: True, 2: True, 3: True}
+  ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [2, 3, 4]   # KEEP_VERSIONS of them
+
+
+def test_write_failures_are_named_in_a_few_words():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  full = tf.errors.ResourceExhaustedError(None, None, 'x.tempstate; No space left on device')
+  assert checkpoint_writer.write_failure(full) == 'the disk is full'
+  assert checkpoint_writer.write_failure(OSError(errno.ENOSPC, 'No space left on device')) == (
+      'the disk is full')
+  assert checkpoint_writer.write_failure(OSError(errno.EROFS, 'Read-only file system')) == (
+      'the directory is not writable')
+  denied = tf.errors.PermissionDeniedError(None, None, 'x; Permission denied')
+  assert checkpoint_writer.write_failure(denied) == 'the directory is not writable'
+  assert checkpoint_writer.write_failure(OSError(errno.EIO, 'Input/output error')) == (
+      'OSError: Input/output error')
+
+
+@pytest.mark.parametrize('failure', ['full', 'unwritable'])
+def test_a_failed_write_stops_the_run_in_one_line_and_resume_continues(
+    failure, unbroken, tmp_path, monkeypatch):
+  """The write of round 3 fails (after leaving a half-written temp directory, as a full disk
+  does): the run stops with one line naming the directory and the fix; round 2's checkpoint
+  is intact and --resume, once the disk takes writes again, ends as the unbroken run."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  save = tff.program.FileProgramStateManager.save
+
+  async def failing_save(self, program_state, version):
+    if version == 3:
+      os.makedirs(os.path.join(self._root_dir, 'program_state_3_temp1234', 'variables'))
+      error = (tf.errors.ResourceExhaustedError if failure == 'full'
+               else tf.errors.PermissionDeniedError)
+      raise error(None, None, 'variables.data-00000-of-00001.tempstate: failed [Op:SaveV2]')
+    return await save(self, program_state, version)
+
+  config = dataclasses.replace(BASE, root_output_dir=str(tmp_path), experiment_name='f')
+  ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
+  monkeypatch.setattr(tff.program.FileProgramStateManager, 'save', failing_save)
+  with pytest.raises(ExperimentError) as raised:
+    experiment.run_experiment(config, _quiet)
+  message = str(raised.value)
+  assert '\n' not in message
+  what = 'the disk is full' if failure == 'full' else 'the directory is not writable'
+  assert message == (f'cannot write the checkpoint of round 3 in {ckpt_dir}: {what}; free '
+                     'space there or make it writable, then rerun with --resume: it continues '
+                     'after round 2, the last one checkpointed')
+  assert sorted(os.listdir(ckpt_dir)) == ['program_state_1', 'program_state_2']
+  monkeypatch.undo()
+  messages = []
+  experiment.run_experiment(dataclasses.replace(config, resume=True), messages.append)
+  assert messages == [f'resuming {config.experiment_dir} after round 2'], messages
+  _assert_same_run(unbroken, config.experiment_dir)
+
+
+@pytest.mark.parametrize('message,one_line', [
+    ('INTERNAL: state_3.data-00000-of-00001.tempstate; No space left on device', True),
+    ('the worker crashed', False)])
+def test_a_snapshot_the_worker_cannot_write_stops_the_run_in_one_line(
+    message, one_line, tmp_path, monkeypatch):
+  """The worker's snapshot of round 3 fails: refused by the disk (the worker's error names
+  it), the run stops with one line naming the experiment directory; any other failure is
+  not dressed up as one."""
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+  snapshot = resident_state.ResidentProcess.snapshot
+  snapshots = [0]
+
+  def failing_snapshot(self, state):
+    snapshots[0] += 1
+    if snapshots[0] == 3:
+      raise RuntimeError(message)
+    return snapshot(self, state)
+  monkeypatch.setattr(resident_state.ResidentProcess, 'snapshot', failing_snapshot)
+  config = dataclasses.replace(BASE, root_output_dir=str(tmp_path), experiment_name='s')
+  with pytest.raises(ExperimentError if one_line else RuntimeError) as raised:
+    experiment.run_experiment(config, _quiet)
+  if one_line:
+    assert str(raised.value) == (
+        f'cannot write the checkpoint of round 3 in {config.experiment_dir}: the disk is '
+        'full; free space there or make it writable, then rerun with --resume: it continues '
+        'after round 2, the last one checkpointed')
+  else:
+    assert str(raised.value) == message
+  ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [1, 2]
+
+
+def _damage(path):
+  """Flips bytes in the middle of a file (a checksum no longer matches)."""
+  with open(path, 'r+b') as f:
+    data = bytearray(f.read())
+    middle = len(data) // 2
+    data[middle:middle + 32] = bytes(b ^ 0xff for b in data[middle:middle + 32])
+    f.seek(0)
+    f.write(data)
+
+
+def _tensorboard_steps(directory):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  steps = collections.Counter()
+  for name in os.listdir(directory):
+    for record in tf.data.TFRecordDataset(os.path.join(directory, name)):
+      event = tf.compat.v1.Event.FromString(record.numpy())
+      for value in event.summary.value:
+        if value.tag == 'test_accuracy':
+          steps[event.step] += 1
+  return steps
+
+
+def test_resume_falls_back_past_unreadable_checkpoints(unbroken, tmp_path, monkeypatch):
+  """Rounds 3 and 4's checkpoints are damaged (a flipped tensor, a cut-off graph): --resume
+  warns once, removes them, cuts metrics.csv and TensorBoard back to round 2, resumes from
+  round 2's and ends as the unbroken run; every kept version then loads through
+  tff.program's FileProgramStateManager."""
+  config = dataclasses.replace(BASE, root_output_dir=str(tmp_path), experiment_name='d')
+  experiment.run_experiment(config, _quiet)
+  ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [2, 3, 4]
+  _damage(os.path.join(ckpt_dir, 'program_state_4', 'variables',
+                       'variables.data-00000-of-00001'))
+  graph = os.path.join(ckpt_dir, 'program_state_3', 'saved_model.pb')
+  with open(graph, 'r+b') as f:
+    f.truncate(os.path.getsize(graph) // 2)
+  cut = []
+  truncate = run_directory.truncate_tensorboard
+
+  def recording_truncate(directory, last_round):
+    cut.append((len(_rows(config.experiment_dir)), last_round))
+    truncate(directory, last_round)
+  monkeypatch.setattr(run_directory, 'truncate_tensorboard', recording_truncate)
+  structure = _program_state_structure(monkeypatch)
+  messages = []
+  experiment.run_experiment(dataclasses.replace(config, resume=True), messages.append)
+  warnings = [m for m in messages if m.startswith('warning:')]
+  assert warnings == [
+      f'warning: the checkpoints of rounds 3, 4 in {ckpt_dir} cannot be read '
+      f'({warnings[0].split("(")[1].split(")")[0]}) and are removed: resuming after round 2, '
+      'so rounds 3-4 are recomputed'], messages
+  assert f'resuming {config.experiment_dir} after round 2' in messages
+  assert cut == [(2, 2)]   # metrics.csv held rounds 1-2 when TensorBoard was cut to round 2
+  _assert_same_run(unbroken, config.experiment_dir)
+  assert _tensorboard_steps(os.path.join(config.experiment_dir, 'tensorboard')) == {
+      1: 1, 2: 1, 3: 1, 4: 1}
+  versions = run_directory.checkpointed_rounds(ckpt_dir)
+  assert versions == [2, 3, 4]
+  for version in versions:
+    loaded = _tff_load(ckpt_dir, version, structure[0])
+    assert int(loaded['round']) == version
+
+
+def test_a_checkpoint_of_another_program_is_still_refused(tmp_path):
+  """No version loads (another program's state): the resume is refused and nothing removed."""
+  config = dataclasses.replace(BASE, root_output_dir=str(tmp_path), experiment_name='o',
+                               rounds=2)
+  experiment.run_experiment(config, _quiet)
+  ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
+  loop = asyncio.new_event_loop()
+  try:
+    writer = checkpoint_writer.CheckpointWriter(ckpt_dir)
+    with pytest.raises(ExperimentError, match='does not match this program'):
+      run_directory.load_checkpoint(loop, writer.manager, {'other': np.zeros(3)},
+                                    config.experiment_dir, _quiet)
+  finally:
+    loop.close()
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [1, 2]
+
+
+# -- the training program as a process: SIGKILL at random moments, a full disk ---------------
+
+def _train(args, **kwargs):
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT)
+  return subprocess.Popen([sys.executable, '-m', 'programs.train', *FLAGS, *args], cwd=ROOT,
+                          env=env, **kwargs)
+
+
+def _versions_and_writes(ckpt_dir):
+  entries = os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []
+  return (run_directory.checkpointed_rounds(ckpt_dir),
+          any('_temp' in entry for entry in entries))
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_resumes_bit_exact(tmp_path, monkeypatch):
+  """20 rounds checkpointed every round, killed (SIGKILL) again and again at random moments,
+  half of them while a version is being written, and resumed each time: no kill loses a
+  finished checkpoint or leaves one that does not load, and the run ends as the unbroken
+  one."""
+  rounds = 20
+  config = dataclasses.replace(BASE, rounds=rounds, root_output_dir=str(tmp_path),
+                               experiment_name='unbroken')
+  experiment.run_experiment(config, _quiet)
+  structure = _program_state_structure(monkeypatch)
+  name = 'killed'
+  exp_dir = os.path.join(tmp_path, name)
+  ckpt_dir = os.path.join(exp_dir, 'checkpoints')
+  rng = random.Random(0)
+  kills = 0
+  for attempt in range(5):
+    proc = _train([f'--rounds={rounds}', '--resume', f'--root_output_dir={tmp_path}',
+                   f'--experiment_name={name}'], stdout=subprocess.DEVNULL,
+                  stderr=subprocess.DEVNULL)
+    start = max(run_directory.checkpointed_rounds(ckpt_dir), default=0)
+    mid_write = attempt % 2 == 0
+    delay = rng.uniform(0.0, 1.5)
+    deadline = time.time() + 600
+    seen = start
+    while proc.poll() is None and time.time() < deadline:
+      versions, writing = _versions_and_writes(ckpt_dir)
+      newest = max(versions, default=0)
+      seen = max(seen, newest)
+      if newest > start and (writing if mid_write else True):
+        if not mid_write:
+          time.sleep(delay)
+        break
+      time.sleep(0.002)
+    if proc.poll() is not None:
+      break   # the run finished before this kill
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    kills += 1
+    versions = run_directory.checkpointed_rounds(ckpt_dir)
+    assert max(versions) >= seen, (versions, seen)   # no finished checkpoint lost
+  assert kills >= 3
+  finished = _train([f'--rounds={rounds}', '--resume', f'--root_output_dir={tmp_path}',
+                     f'--experiment_name={name}'], stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True)
+  _, err = finished.communicate(timeout=900)
+  assert finished.returncode == 0, err
+  assert 'warning:' not in err
+  _assert_same_run(os.path.join(tmp_path, 'unbroken'), exp_dir)
+  # The structure the program loads its checkpoints as, from an in-process resume.
+  experiment.run_experiment(dataclasses.replace(config, resume=True), _quiet)
+  for version in run_directory.checkpointed_rounds(ckpt_dir):
+    assert int(_tff_load(ckpt_dir, version, structure[0])['round']) == version
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+  """A 16 MiB tmpfs (needs the right to mount: root); unmounted afterwards."""
+  disk = tmp_path / 'disk'
+  disk.mkdir()
+  mounted = subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=16m', 'tmpfs', str(disk)],
+                           capture_output=True)
+  if mounted.returncode:
+    pytest.skip('cannot mount a tmpfs here (not root?)')
+  try:
+    yield disk
+  finally:
+    subprocess.run(['umount', '-l', str(disk)], check=False)
+
+
+def _fill(path):
+  """Fills the file system of `path` with a file at `path` until it refuses a byte."""
+  with open(path, 'wb', buffering=0) as f:
+    for size in (1 << 20, 1 << 12, 1):
+      try:
+        while True:
+          f.write(b'\0' * size)
+      except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_the_program_in_one_line_and_resume_continues(small_disk, tmp_path):
+  """The disk fills up after round 2's checkpoint: the program stops with one `error:` line
+  naming the directory and the fix (exit 2), its newest checkpoint loads, and once space is
+  free --resume ends as the unbroken run."""
+  rounds = 8
+  reference = dataclasses.replace(BASE, rounds=rounds, root_output_dir=str(tmp_path),
+                                  experiment_name='unbroken')
+  experiment.run_experiment(reference, _quiet)
+  exp_dir = os.path.join(small_disk, 'full')
+  ckpt_dir = os.path.join(exp_dir, 'checkpoints')
+  proc = _train([f'--rounds={rounds}', f'--root_output_dir={small_disk}',
+                 '--experiment_name=full'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True)
+  deadline = time.time() + 600
+  while (max(run_directory.checkpointed_rounds(ckpt_dir), default=0) < 2
+         and proc.poll() is None and time.time() < deadline):
+    time.sleep(0.002)
+  assert proc.poll() is None, proc.communicate()
+  filler = os.path.join(small_disk, 'filler')
+  _fill(filler)
+  _, err = proc.communicate(timeout=600)
+  lines = [line for line in err.splitlines() if line.strip()]
+  assert proc.returncode == 2, err
+  assert len(lines) == 1 and lines[0].startswith('error: cannot write '), err
+  assert 'the disk is full; free space there' in lines[0] and exp_dir in lines[0], err
+  assert 'rerun with --resume' in lines[0], err
+  kept = run_directory.checkpointed_rounds(ckpt_dir)
+  assert kept and not _versions_and_writes(ckpt_dir)[1], os.listdir(ckpt_dir)
+  os.remove(filler)
+  resumed = _train([f'--rounds={rounds}', '--resume', f'--root_output_dir={small_disk}',
+                    '--experiment_name=full'], stdout=subprocess.PIPE,
+                   stderr=subprocess.PIPE, text=True)
+  _, err = resumed.communicate(timeout=900)
+  assert resumed.returncode == 0, err
+  assert f'resuming {exp_dir} after round {max(kept)}' in err, err
+  _assert_same_run(reference.experiment_dir, exp_dir)
