@@ -199,9 +199,10 @@ def _speedup_text(value: float) -> str:
 
 
 def rounds_to_target_results(tuned: suites.Suite) -> list:
-  """[(protocol, rounds_to_targets of a comparison)] over every suite of the tuned suite's
-  method with finished seeds, at the tuned suite's targets."""
-  return [(protocol_of(s), r) for _, s in method_suites(tuned.name)
+  """[(protocol, rounds the runs are read over, rounds_to_targets of a comparison)] over
+  every suite of the tuned suite's method with finished seeds, at the tuned suite's
+  targets."""
+  return [(protocol_of(s), rd.reported_rounds(s), r) for _, s in method_suites(tuned.name)
           for r in (rounds_to_targets(rd.collect(s), c, tuned.targets) for c in s.comparisons)
           if r['seeds']]
 
@@ -222,7 +223,7 @@ def _rounds_to_target_lines(suite: suites.Suite) -> list:
   results = rounds_to_target_results(suite)
   percents = [f'{100 * t:g}%' for t in suite.targets]
   paper, paper_targets, speedups = _paper_rounds(suite)
-  steps = sorted({step for _, r in results for step in r['steps']})
+  steps = sorted({step for _, _, r in results for step in r['steps']})
   lines = [f'## {ROUNDS_TO_TARGET}', ''] + prose(
       f'The question of the paper\'s {paper["where"]}: the rounds to '
       f'{" and ".join(percents)} test accuracy and the speed-up over the baseline, for every '
@@ -233,19 +234,20 @@ def _rounds_to_target_lines(suite: suites.Suite) -> list:
       'and a curve that swings may cross the target between two evaluations and fall back '
       'before the next: the count is the first evaluated crossing. Cells: the mean over seeds (n/a when a seed never '
       'got there), then each seed\'s. Speed-up: the baseline\'s mean rounds / the method\'s, the '
-      'ratio of the means as the paper\'s ratio of its runs\' rounds, rather than the mean of '
+      'ratio of the means as the paper\'s ratio of its runs\' rounds (below 1: slower than the '
+      'baseline), rather than the mean of '
       'per-seed ratios, which one evaluation step swings in a short count (5 against 10 rounds '
       f'is 2×). The paper ({paper["dataset"]}, ' + ' and '.join(
           f'{t}%: FedAvg {paper["rounds"][t]["fedavg"]}, {suite.method} '
           f'{paper["rounds"][t][suite.name]} rounds' for t in paper_targets)
       + f'): speed-up {speedups}.') + ['']
   head = ' | '.join(f'baseline, {p} | method, {p} | speed-up, {p}' for p in percents)
-  lines += [f'| protocol | comparison | seeds | {head} |',
-            '|---' * (3 + 3 * len(percents)) + '|']
-  for protocol, r in results:
+  lines += [f'| protocol | comparison | rounds run | seeds | {head} |',
+            '|---' * (4 + 3 * len(percents)) + '|']
+  for protocol, rounds, r in results:
     cells = ' | '.join(f'{_rounds_cell(r["baseline"][t])} | {_rounds_cell(r["method"][t])} | '
                        f'{_speedup_text(r["speedup"][t])}' for t in suite.targets)
-    lines.append(f'| {protocol} | {r["label"]} | {len(r["seeds"])} | {cells} |')
+    lines.append(f'| {protocol} | {r["label"]} | {rounds} | {len(r["seeds"])} | {cells} |')
   return lines + ['']
 
 
@@ -255,7 +257,7 @@ def rounds_to_target_line(tuned: suites.Suite) -> str:
   paper, paper_targets, speedups = _paper_rounds(tuned)
   anchor = ROUNDS_TO_TARGET.lower().replace(' ', '-')
   ours = {}
-  for protocol, r in rounds_to_target_results(tuned):
+  for protocol, _, r in rounds_to_target_results(tuned):
     ours.setdefault(protocol, []).append(
         f'{r["label"]} ' + ' / '.join(_speedup_text(r['speedup'][t]) for t in tuned.targets))
   return (f'- Rounds to target ([table]({tuned.name}/results.md#{anchor})): the paper\'s '
