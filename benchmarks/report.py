@@ -199,10 +199,9 @@ def _speedup_text(value: float) -> str:
 
 
 def rounds_to_target_results(tuned: suites.Suite) -> list:
-  """[(protocol, rounds the runs are read over, rounds_to_targets of a comparison)] over
-  every suite of the tuned suite's method with finished seeds, at the tuned suite's
-  targets."""
-  return [(protocol_of(s), rd.reported_rounds(s), r) for _, s in method_suites(tuned.name)
+  """[(suite, rounds its runs are read over, rounds_to_targets of a comparison)] over every
+  suite of the tuned suite's method with finished seeds, at the tuned suite's targets."""
+  return [(s, rd.reported_rounds(s), r) for _, s in method_suites(tuned.name)
           for r in (rounds_to_targets(rd.collect(s), c, tuned.targets) for c in s.comparisons)
           if r['seeds']]
 
@@ -244,27 +243,30 @@ def _rounds_to_target_lines(suite: suites.Suite) -> list:
   head = ' | '.join(f'baseline, {p} | method, {p} | speed-up, {p}' for p in percents)
   lines += [f'| protocol | comparison | rounds run | seeds | {head} |',
             '|---' * (4 + 3 * len(percents)) + '|']
-  for protocol, rounds, r in results:
+  for s, rounds, r in results:
     cells = ' | '.join(f'{_rounds_cell(r["baseline"][t])} | {_rounds_cell(r["method"][t])} | '
                        f'{_speedup_text(r["speedup"][t])}' for t in suite.targets)
-    lines.append(f'| {protocol} | {r["label"]} | {rounds} | {len(r["seeds"])} | {cells} |')
+    lines.append(f'| {protocol_of(s)} | {r["label"]} | {rounds} | {len(r["seeds"])} | {cells} |')
   return lines + ['']
 
 
 def rounds_to_target_line(tuned: suites.Suite) -> str:
-  """REPRODUCTION.md's line on the paper's rounds-to-target table beside ours (the speed-ups
-  over the baseline, per protocol)."""
+  """REPRODUCTION.md's line on the paper's rounds-to-target table beside ours: the method's
+  speed-ups over the baseline per suite (the comparisons of the method, named without its
+  name; the page's table has the rest and says what n/a is)."""
   paper, paper_targets, speedups = _paper_rounds(tuned)
   anchor = ROUNDS_TO_TARGET.lower().replace(' ', '-')
+  prefix = f'{tuned.method}, '
   ours = {}
-  for protocol, _, r in rounds_to_target_results(tuned):
-    ours.setdefault(protocol, []).append(
-        f'{r["label"]} ' + ' / '.join(_speedup_text(r['speedup'][t]) for t in tuned.targets))
-  return (f'- Rounds to target ([table]({tuned.name}/results.md#{anchor})): the paper\'s '
-          f'{paper["where"]} has {tuned.method}\'s speed-up over FedAvg to '
-          f'{" / ".join(t + "%" for t in paper_targets)} on {paper["dataset"]} {speedups}; ours '
-          f'to {" / ".join(f"{100 * t:g}%" for t in tuned.targets)} (n/a: a seed never got '
-          'there): ' + '; '.join(f'{p}: {", ".join(v)}' for p, v in ours.items()) + '.')
+  for s, _, r in rounds_to_target_results(tuned):
+    if r['label'].startswith(prefix):
+      ours.setdefault(s.name, []).append(
+          f'{r["label"][len(prefix):]} '
+          + ' / '.join(_speedup_text(r['speedup'][t]) for t in tuned.targets))
+  return (f'- Rounds to target, {tuned.method}\'s speed-up over FedAvg '
+          f'([table]({tuned.name}/results.md#{anchor})): the paper\'s ({paper["where"]}, '
+          f'{paper["dataset"]}, {" / ".join(t + "%" for t in paper_targets)}) {speedups}; ours '
+          f'({" / ".join(f"{100 * t:g}%" for t in tuned.targets)}) ' + '; '.join(f'{p}: {", ".join(v)}' for p, v in ours.items()) + '.')
 
 
 # --------------------------------------------------------------------------- #

@@ -653,7 +653,11 @@ def test_every_dataset_has_a_default_target_pair_and_the_flag_overrides_it():
     assert experiment_config.target_accuracies(c) == defaults[dataset]
   c = experiment.ExperimentConfig(target_accuracy=' 0.5, 1,0.25')
   assert experiment_config.target_accuracies(c) == (0.5, 1.0, 0.25)
-  assert experiment_config.FLAG_ROLES['target_accuracy'].resumable
+  # What is reported, not what is computed: a resumed run may change it, and reuses the
+  # computations built for the old value.
+  saved = dict(experiment.ExperimentConfig(target_accuracy='0.6').__dict__)
+  assert experiment_config.settings_changed(saved, c) == ''
+  assert 'target_accuracy' in experiment_config.NOT_BUILD_INPUTS
 
 
 def test_accuracy_plot_gains_a_bytes_panel_where_bytes_are_counted(tmp_path):
