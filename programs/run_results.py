@@ -214,7 +214,7 @@ def plot_accuracy(rows: list[dict], path: str, title: str, explored_bytes: float
   ax.grid(alpha=0.3)
   if by_bytes:
     ax = axes[0][1]
-    ax.plot(*zip(*by_bytes), marker='.', label='central test set')
+    ax.plot(*zip(*by_bytes), marker='.')
     ax.set_xlabel('bytes sent down and up so far (MB)')
     ax.set_ylabel('test accuracy')
     ax.set_title('accuracy against communication')
