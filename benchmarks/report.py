@@ -231,12 +231,12 @@ def _rounds_to_target_lines(suite: suites.Suite) -> list:
       f'evaluated: every {" or ".join(map(str, steps))} rounds up to their last ones (seeds '
       'made at different evaluation schedules), so a count is late by less than that step, '
       'and a curve that swings may cross the target between two evaluations and fall back '
-      'before the next: the count is the first evaluated crossing. Cells: the mean over seeds (n/a when a seed never '
-      'got there), then each seed\'s. Speed-up: the baseline\'s mean rounds / the method\'s, the '
-      'ratio of the means as the paper\'s ratio of its runs\' rounds (below 1: slower than the '
-      'baseline), rather than the mean of '
-      'per-seed ratios, which one evaluation step swings in a short count (5 against 10 rounds '
-      f'is 2×). The paper ({paper["dataset"]}, ' + ' and '.join(
+      'before the next: the count is the first evaluated crossing. Cells: the mean over seeds '
+      '(n/a when a seed never got there), then each seed\'s. Speed-up: the baseline\'s mean '
+      'rounds / the method\'s (below 1: slower than the baseline), the ratio of the means as '
+      'the paper\'s ratio of its runs\' rounds, rather than the mean of per-seed ratios, which '
+      'one evaluation step swings in a short count (5 against 10 rounds is 2×). The paper '
+      f'({paper["dataset"]}, ' + ' and '.join(
           f'{t}%: FedAvg {paper["rounds"][t]["fedavg"]}, {suite.method} '
           f'{paper["rounds"][t][suite.name]} rounds' for t in paper_targets)
       + f'): speed-up {speedups}.') + ['']
@@ -246,7 +246,8 @@ def _rounds_to_target_lines(suite: suites.Suite) -> list:
   for s, rounds, r in results:
     cells = ' | '.join(f'{_rounds_cell(r["baseline"][t])} | {_rounds_cell(r["method"][t])} | '
                        f'{_speedup_text(r["speedup"][t])}' for t in suite.targets)
-    lines.append(f'| {protocol_of(s)} | {r["label"]} | {rounds} | {len(r["seeds"])} | {cells} |')
+    lines.append(f'| {protocol_of(s)} | {r["label"]} | {rounds} | {len(r["seeds"])} | '
+                 f'{cells} |')
   return lines + ['']
 
 
@@ -266,7 +267,8 @@ def rounds_to_target_line(tuned: suites.Suite) -> str:
   return (f'- Rounds to target, {tuned.method}\'s speed-up over FedAvg '
           f'([table]({tuned.name}/results.md#{anchor})): the paper\'s ({paper["where"]}, '
           f'{paper["dataset"]}, {" / ".join(t + "%" for t in paper_targets)}) {speedups}; ours '
-          f'({" / ".join(f"{100 * t:g}%" for t in tuned.targets)}) ' + '; '.join(f'{p}: {", ".join(v)}' for p, v in ours.items()) + '.')
+          f'({" / ".join(f"{100 * t:g}%" for t in tuned.targets)}) '
+          + '; '.join(f'{name}: {", ".join(v)}' for name, v in ours.items()) + '.')
 
 
 # --------------------------------------------------------------------------- #

@@ -74,11 +74,11 @@ def cumulative_bytes(row: dict) -> Optional[float]:
 
 def time_to_accuracy(rows: list[dict], targets, exploration_bytes: float = 0.0) -> list:
   """summary.json's time_to_accuracy: per target, the first evaluated round whose central test
-  accuracy reaches it, the bytes down and up to the end of that round plus
-  `exploration_bytes` (FedLEx's exploration, before round 1, and with --fedlex_refresh its
-  refreshes, all counted from round 1; None where the rows do not count bytes) and the training seconds of the rounds up to it (metrics.csv's `seconds`: training
-  and FedLEx's exploration refreshes, not evaluation); round, bytes and seconds None where
-  the target is never reached."""
+  accuracy reaches it; the bytes down and up to the end of that round plus
+  `exploration_bytes` (FedLEx's exploration before round 1 and, with --fedlex_refresh, its
+  refreshes, all counted from round 1; None where the rows do not count bytes); and the
+  training seconds of the rounds up to it (metrics.csv's `seconds`: training and FedLEx's
+  refreshes, not evaluation). Round, bytes and seconds are None where it is never reached."""
   points = evaluated_points(rows)
   by_round = {int(r['round']): r for r in rows}
   out = []
