@@ -35,6 +35,7 @@ from benchmarks import suites
 from programs import experiment
 from programs import experiment_config
 from programs import pages
+from programs import run_results
 
 REPRODUCTION = os.path.join(suites.RESULTS, 'REPRODUCTION.md')
 PROVENANCE = os.path.join(suites.RESULTS, 'PROVENANCE.md')
@@ -151,6 +152,123 @@ def stuck_text(c: dict) -> str:
   return '; '.join([f'{run} seed {s} never left chance' for run, s in c['stuck']] +
                    [f'{run} seed {s} fell to chance at round {at}'
                     for run, s, at in c['collapsed']])
+
+
+# --------------------------------------------------------------------------- #
+# Rounds to a target accuracy (a paper's rounds-to-target table)
+# --------------------------------------------------------------------------- #
+
+ROUNDS_TO_TARGET = 'Rounds to target accuracy'
+
+
+def rounds_to_targets(loaded: dict, comp: suites.Comparison, targets: tuple) -> dict:
+  """A comparison's rounds to each target over its paired finished seeds, each pair read at
+  the rounds both runs evaluated: {'seeds', 'baseline'/'method': {target: [first round per
+  seed, None = never]}, 'speedup': {target: the baseline's mean rounds / the method's, NaN
+  unless every seed of both reached it}, 'steps': per seed, the largest gap between those
+  rounds}."""
+  method = {s: r for s, r in loaded.get(comp.method, {}).items() if rd.usable(r)}
+  base = {s: r for s, r in loaded.get(comp.baseline, {}).items() if rd.usable(r)}
+  out = dict(label=comp.label, seeds=sorted(set(method) & set(base)), steps=[],
+             baseline={t: [] for t in targets}, method={t: [] for t in targets})
+  for seed in out['seeds']:
+    pair = rd.on_common_rounds(base[seed], method[seed])
+    for side, run in zip(('baseline', 'method'), pair):
+      points = list(zip(run['curve_rounds'], run['curve_accuracy']))
+      for t in targets:
+        out[side][t].append(run_results.first_round_reaching(points, t))
+    out['steps'].append(int(np.diff([0] + pair[0]['curve_rounds']).max()))
+  out['speedup'] = {t: _mean_rounds(out['baseline'][t]) / _mean_rounds(out['method'][t])
+                    for t in targets}
+  return out
+
+
+def _mean_rounds(rounds: list) -> float:
+  """The mean over seeds; NaN when a seed never reached the target (or there are none)."""
+  return float(np.mean(rounds)) if rounds and None not in rounds else float('nan')
+
+
+def _rounds_cell(rounds: list) -> str:
+  mean = _mean_rounds(rounds)
+  return (f'{mean:.0f}' if np.isfinite(mean) else 'n/a') + ' (' + ', '.join(
+      'never' if r is None else str(r) for r in rounds) + ')'
+
+
+def _speedup_text(value: float) -> str:
+  return f'{value:.2f}×' if np.isfinite(value) else 'n/a'
+
+
+def rounds_to_target_results(tuned: suites.Suite) -> list:
+  """[(suite, rounds its runs are read over, rounds_to_targets of a comparison)] over every
+  suite of the tuned suite's method with finished seeds, at the tuned suite's targets."""
+  return [(s, rd.reported_rounds(s), r) for _, s in method_suites(tuned.name)
+          for r in (rounds_to_targets(rd.collect(s), c, tuned.targets) for c in s.comparisons)
+          if r['seeds']]
+
+
+def _paper_rounds(tuned: suites.Suite) -> tuple:
+  """(the paper's figures from paper_numbers.json, its targets in order, 'the paper's
+  speed-ups' text)."""
+  paper = suites.load_paper_numbers()['rounds_to_target'][tuned.name]
+  targets = sorted(paper['rounds'], key=float)
+  runs = [paper['rounds'][t] for t in targets]
+  return paper, targets, ' / '.join(
+      _speedup_text(r['fedavg'] / r[tuned.name]) for r in runs)
+
+
+def _rounds_to_target_lines(suite: suites.Suite) -> list:
+  if not suite.targets:
+    return []
+  results = rounds_to_target_results(suite)
+  percents = [f'{100 * t:g}%' for t in suite.targets]
+  paper, paper_targets, speedups = _paper_rounds(suite)
+  steps = sorted({step for _, _, r in results for step in r['steps']})
+  lines = [f'## {ROUNDS_TO_TARGET}', ''] + prose(
+      f'The question of the paper\'s {paper["where"]}: the rounds to '
+      f'{" and ".join(percents)} test accuracy and the speed-up over the baseline, for every '
+      'protocol\'s runs (no new runs). A round is the first evaluated one at or above the '
+      'target, each pair of runs (method and baseline, one seed) read at the rounds both '
+      f'evaluated: every {" or ".join(map(str, steps))} rounds up to their last ones (seeds '
+      'made at different evaluation schedules), so a count is late by less than that step, '
+      'and a curve that swings may cross the target between two evaluations and fall back '
+      'before the next: the count is the first evaluated crossing. Cells: the mean over seeds '
+      '(n/a when a seed never got there), then each seed\'s. Speed-up: the baseline\'s mean '
+      'rounds / the method\'s (below 1: slower than the baseline), the ratio of the means as '
+      'the paper\'s ratio of its runs\' rounds, rather than the mean of per-seed ratios, which '
+      'one evaluation step swings in a short count (5 against 10 rounds is 2×). The paper '
+      f'({paper["dataset"]}, ' + ' and '.join(
+          f'{t}%: FedAvg {paper["rounds"][t]["fedavg"]}, {suite.method} '
+          f'{paper["rounds"][t][suite.name]} rounds' for t in paper_targets)
+      + f'): speed-up {speedups}.') + ['']
+  head = ' | '.join(f'baseline, {p} | method, {p} | speed-up, {p}' for p in percents)
+  lines += [f'| protocol | comparison | rounds run | seeds | {head} |',
+            '|---' * (4 + 3 * len(percents)) + '|']
+  for s, rounds, r in results:
+    cells = ' | '.join(f'{_rounds_cell(r["baseline"][t])} | {_rounds_cell(r["method"][t])} | '
+                       f'{_speedup_text(r["speedup"][t])}' for t in suite.targets)
+    lines.append(f'| {protocol_of(s)} | {r["label"]} | {rounds} | {len(r["seeds"])} | '
+                 f'{cells} |')
+  return lines + ['']
+
+
+def rounds_to_target_line(tuned: suites.Suite) -> str:
+  """REPRODUCTION.md's line on the paper's rounds-to-target table beside ours: the method's
+  speed-ups over the baseline per suite (the comparisons of the method, named without its
+  name; the page's table has the rest and says what n/a is)."""
+  paper, paper_targets, speedups = _paper_rounds(tuned)
+  anchor = ROUNDS_TO_TARGET.lower().replace(' ', '-')
+  prefix = f'{tuned.method}, '
+  ours = {}
+  for s, _, r in rounds_to_target_results(tuned):
+    if r['label'].startswith(prefix):
+      ours.setdefault(s.name, []).append(
+          f'{r["label"][len(prefix):]} '
+          + ' / '.join(_speedup_text(r['speedup'][t]) for t in tuned.targets))
+  return (f'- Rounds to target, {tuned.method}\'s speed-up over FedAvg '
+          f'([table]({tuned.name}/results.md#{anchor})): the paper\'s ({paper["where"]}, '
+          f'{paper["dataset"]}, {" / ".join(t + "%" for t in paper_targets)}) {speedups}; ours '
+          f'({" / ".join(f"{100 * t:g}%" for t in tuned.targets)}) '
+          + '; '.join(f'{name}: {", ".join(v)}' for name, v in ours.items()) + '.')
 
 
 # --------------------------------------------------------------------------- #
@@ -581,6 +699,7 @@ def suite_page(suite: suites.Suite) -> tuple:
   lines += _settings_lines(suite) + _beside_the_paper_lines(suite) + _tuning_lines(suite)
   lines += ['## Results', ''] + _results_lines(suite, results)
   lines += [f'![test accuracy over rounds, one panel per setting](curves.png)', '']
+  lines += _rounds_to_target_lines(suite)
   lines += ['## Every run', ''] + _every_run_lines(suite, loaded)
   lines += _probe_lines(suite)
   if suite.notes:
@@ -698,6 +817,8 @@ def reproduction_page() -> str:
     lines += ['']
     for protocol, results in verdicts.items():   # one line each
       lines.append(verdicts_line(verdict_words(protocol), results))
+    if tuned.targets:
+      lines.append(rounds_to_target_line(tuned))
     if tuned.reference_line:
       lines.append(f'- The authors\' code: {tuned.reference_line}')
     if tuned.bottom_line:

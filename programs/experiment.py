@@ -34,6 +34,7 @@ from typing import Any, Callable, Optional
 
 from programs import checkpoint_writer
 from programs import computations
+from programs import experiment_config
 from programs import fedlex_exploration
 from programs import methods
 from programs import run_directory
@@ -498,5 +499,8 @@ def _finish(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built) -
   record = methods.RunRecord(c, run.rows, run.state, final_weights, run_data.num_clients)
   summary.update(methods.METHODS[c.algorithm].summary(record))
   summary.update(methods.plugin_summary(methods.METHODS[c.algorithm], record))
+  # Last: it counts the exploration's bytes, whichever entry above records them.
+  summary['time_to_accuracy'] = run_results.time_to_accuracy(
+      run.rows, experiment_config.target_accuracies(c), run_results.exploration_bytes(summary))
   run_results.write_results(c, run.exp_dir, run.rows, summary, final_weights)
   return summary

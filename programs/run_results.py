@@ -1,5 +1,6 @@
 """What a run reports: metrics.csv's row of a round (its flattened metrics and client-work
-costs), and at the end summary.json, accuracy.png and final_weights.npz."""
+costs), and at the end summary.json (with its time to accuracy), accuracy.png and
+final_weights.npz."""
 
 from __future__ import annotations
 
@@ -7,12 +8,18 @@ import collections
 import json
 import os
 import platform
+from typing import Optional
 
 import numpy as np
 
 from programs.experiment_config import ExperimentConfig
 from programs.run_directory import write_json
 from tff_algos.constants import CLIENT_ACCURACY_FIGURES  # no TensorFlow: flags come first
+
+# metrics.csv's running totals of the bytes sent to and from the clients (payload + overhead),
+# absent from runs made before they were counted; summary.json's totals of FedLEx's exploration.
+CUMULATIVE_BYTES_COLUMNS = ('cumulative_bytes_down', 'cumulative_bytes_up')
+EXPLORATION_BYTES = ('exploration_bytes_down', 'exploration_bytes_up')
 
 
 def flatten_metrics(metrics, prefix='') -> dict:
@@ -40,6 +47,56 @@ def round_costs(rows: list[dict], name: str) -> int:
   """The sum over rounds of the client-work cost metric `name` (client_work/.../name)."""
   return int(round(sum(float(value) for row in rows for key, value in row.items()
                    if is_cost_column(key, name) and value not in (None, ''))))
+
+
+def _blank(value) -> bool:
+  return value is None or value == ''
+
+
+def first_round_reaching(points, target: float) -> Optional[int]:
+  """The first round of `points` ((round, test accuracy), in round order) whose accuracy is at
+  least `target`; None if none is."""
+  return next((int(r) for r, a in points if float(a) >= target), None)
+
+
+def evaluated_points(rows: list[dict]) -> list:
+  """(round, test accuracy) of the rounds of metrics.csv's `rows` that were evaluated."""
+  return [(int(r['round']), float(r['test_accuracy'])) for r in rows
+          if not _blank(r.get('test_accuracy'))]
+
+
+def cumulative_bytes(row: dict) -> Optional[float]:
+  """The bytes sent down and up to the end of `row`'s round (None where the row does not
+  count them)."""
+  values = [row.get(k) for k in CUMULATIVE_BYTES_COLUMNS]
+  return None if any(_blank(v) for v in values) else sum(float(v) for v in values)
+
+
+def time_to_accuracy(rows: list[dict], targets, exploration_bytes: float = 0.0) -> list:
+  """summary.json's time_to_accuracy: per target, the first evaluated round whose central test
+  accuracy reaches it; the bytes down and up to the end of that round plus
+  `exploration_bytes` (FedLEx's exploration before round 1 and, with --fedlex_refresh, its
+  refreshes, all counted from round 1; None where the rows do not count bytes); and the
+  training seconds of the rounds up to it (metrics.csv's `seconds`: training and FedLEx's
+  refreshes, not evaluation). Round, bytes and seconds are None where it is never reached."""
+  points = evaluated_points(rows)
+  by_round = {int(r['round']): r for r in rows}
+  out = []
+  for target in targets:
+    reached = first_round_reaching(points, target)
+    entry = dict(target=float(target), round=reached, bytes=None, seconds=None)
+    if reached is not None:
+      sent = cumulative_bytes(by_round[reached])
+      entry['bytes'] = None if sent is None else sent + float(exploration_bytes)
+      entry['seconds'] = round(sum(float(r['seconds']) for r in rows
+                                   if int(r['round']) <= reached), 4)
+    out.append(entry)
+  return out
+
+
+def exploration_bytes(summary: dict) -> float:
+  """FedLEx's exploration bytes, down and up, in a run's summary (0 where it has none)."""
+  return sum(float(summary.get(k) or 0) for k in EXPLORATION_BYTES)
 
 
 def run_summary(c: ExperimentConfig, rows: list[dict], model_name: str, state,
@@ -91,7 +148,7 @@ def write_results(c: ExperimentConfig, exp_dir: str, rows: list[dict], summary: 
            *[np.asarray(w) for w in list(final_weights.trainable) + list(final_weights.non_trainable)])
   write_json(os.path.join(exp_dir, 'summary.json'), summary)
   plot_accuracy(rows, os.path.join(exp_dir, 'accuracy.png'),
-                f'{c.algorithm} on {c.dataset} ({c.partition})')
+                f'{c.algorithm} on {c.dataset} ({c.partition})', exploration_bytes(summary))
 
 
 def host_description(cpuinfo: str = '/proc/cpuinfo') -> dict:
@@ -128,14 +185,20 @@ def host_description(cpuinfo: str = '/proc/cpuinfo') -> dict:
   return host
 
 
-def plot_accuracy(rows: list[dict], path: str, title: str) -> None:
-  """accuracy.png: test accuracy over rounds (central, and the clients' spread when evaluated)."""
+def plot_accuracy(rows: list[dict], path: str, title: str, explored_bytes: float = 0.0) -> None:
+  """accuracy.png: test accuracy over rounds (central, and the clients' spread when evaluated)
+  and, where metrics.csv counts bytes, the central test accuracy against the megabytes sent
+  down and up so far (`explored_bytes`, FedLEx's exploration, counted before round 1)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  points = [(int(r['round']), float(r['test_accuracy'])) for r in rows
-            if r.get('test_accuracy') not in (None, '')]
-  fig, ax = plt.subplots(figsize=(6, 4))
+  points = evaluated_points(rows)
+  by_bytes = [((explored_bytes + cumulative_bytes(r)) / 1e6, float(r['test_accuracy']))
+              for r in rows if not _blank(r.get('test_accuracy'))
+              and cumulative_bytes(r) is not None]
+  fig, axes = plt.subplots(1, 2 if by_bytes else 1, figsize=(11 if by_bytes else 6, 4),
+                           squeeze=False)
+  ax = axes[0][0]
   if points:
     ax.plot(*zip(*points), marker='.', label='central test set')
   spread = [(int(r['round']), *(float(r[k]) for k in CLIENT_ACCURACY_FIGURES))
@@ -151,8 +214,14 @@ def plot_accuracy(rows: list[dict], path: str, title: str) -> None:
   ax.set_ylabel('test accuracy')
   ax.set_title(title)
   ax.grid(alpha=0.3)
+  if by_bytes:
+    ax = axes[0][1]
+    ax.plot(*zip(*by_bytes), marker='.')
+    ax.set_xlabel('bytes sent down and up so far (MB)')
+    ax.set_ylabel('test accuracy')
+    ax.set_title('accuracy against communication')
+    ax.grid(alpha=0.3)
   fig.tight_layout()
   fig.savefig(path + '.tmp.png', dpi=100)
   plt.close(fig)
   os.replace(path + '.tmp.png', path)
-

@@ -106,6 +106,10 @@ _RESIDENT_STATE = flags.DEFINE_bool(
 _BLOWN_UP_ROUNDS = flags.DEFINE_integer(
     'blown_up_rounds', 5, 'Stop (exit 2, checkpointed) after this many rounds in a row whose '
     'clients\' training loss is above 1e4 (local training blew up); 0 = go on.')
+_TARGET_ACCURACY = flags.DEFINE_string(
+    'target_accuracy', None, 'Test accuracies, comma-separated, for summary.json\'s '
+    'time_to_accuracy: the first evaluated round reaching each, with the bytes and training '
+    'seconds to it; default: the data set\'s pair (docs/training_program.md).')
 # Each method's own flags (--fedcross_*, --fedcda_*, --cadis_*, --scaffold_*), the plug-ins'
 # (--guided, --kd_weight) and FedLEx's exploration flags (--fedlex_*), from the registry.
 _METHOD_FLAGS = methods.define_absl_flags()
@@ -135,7 +139,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       progress=_PROGRESS.value, workers=_WORKERS.value, local_workers=_LOCAL_WORKERS.value,
       worker_timeout=_WORKER_TIMEOUT.value,
       require_isolated_worker=_REQUIRE_ISOLATED_WORKER.value, resident_state=_RESIDENT_STATE.value,
-      blown_up_rounds=_BLOWN_UP_ROUNDS.value,
+      blown_up_rounds=_BLOWN_UP_ROUNDS.value, target_accuracy=_TARGET_ACCURACY.value,
       **{name: holder.value for name, holder in _METHOD_FLAGS.items()})
 
 

@@ -108,6 +108,11 @@ BAD_INPUTS = [
     ('--straggler_fraction=0.5 --straggler_min_work=nan', '--straggler_min_work must be a finite'),
     ('--straggler_min_work=0.3', '--straggler_min_work is used only with --straggler_fraction'),
     ('--dataset=mnist --data_dir=/nonexistent', 'tfds build'),
+    ('--target_accuracy=1.5', '--target_accuracy: 1.5 is outside (0, 1]'),
+    ('--target_accuracy=0', '--target_accuracy: 0 is outside (0, 1]'),
+    ('--target_accuracy=0.6,seventy', "--target_accuracy: 'seventy' is not a number"),
+    ('--target_accuracy=nan', '--target_accuracy: nan is outside (0, 1]'),
+    ('--target_accuracy=', '--target_accuracy is empty'),
     ('--partition=classes --classes_per_client=11', 'impossible partition'),
     ('--num_clients=200', 'use fewer clients'),  # names no min_size: that is not a flag
     ('--algorithm=fedcda --fedcda_selection=best', '--fedcda_selection'),
@@ -473,6 +478,17 @@ def test_outputs_and_pipe_termination(piped_run):
   assert all(float(r['round_seconds']) > float(r['seconds']) > 0 for r in rows), rows
   # Without --client_test_fraction there is no per-client evaluation.
   assert not set(experiment.CLIENT_ACCURACY_FIGURES) & (set(rows[0]) | set(summary))
+  # time_to_accuracy at digits' default targets, read again from metrics.csv by hand.
+  evaluated = [(int(r['round']), float(r['test_accuracy'])) for r in rows if r['test_accuracy']]
+  expected = []
+  for target in experiment_config.DEFAULT_TARGET_ACCURACIES['digits']:
+    reached = [n for n, a in evaluated if a >= target][:1]
+    seconds = [sum(float(r['seconds']) for r in rows[:reached[0]])] if reached else [None]
+    expected.append((target, (reached or [None])[0], seconds[0]))
+  got = [(t['target'], t['round'], t['seconds']) for t in summary['time_to_accuracy']]
+  assert [(t, n) for t, n, _ in got] == [(t, n) for t, n, _ in expected], got
+  assert all(a is None and b is None or abs(a - b) < 1e-3
+             for (_, _, a), (_, _, b) in zip(got, expected)), got
 
 
 def _client_figures_are_consistent(record):
@@ -611,3 +627,76 @@ def test_a_refused_run_leaves_the_other_process_its_directory(tmp_path, monkeypa
     with pytest.raises(run_directory.RunDirectoryBusy):
       experiment.run_experiment(config)
     assert os.path.isdir(run_dir)
+
+
+def _random_rows(rng, rounds, with_bytes):
+  """metrics.csv rows as csv.DictReader gives them: strings, blank where not evaluated."""
+  rows = []
+  down = np.cumsum(rng.integers(1, 10**6, rounds))
+  up = np.cumsum(rng.integers(1, 10**6, rounds))
+  for n in range(1, rounds + 1):
+    evaluated = rng.random() < 0.4 or n == rounds
+    row = dict(round=str(n), seconds=f'{rng.uniform(0.1, 3):.4f}',
+               test_accuracy=f'{rng.uniform(0, 1):.6f}' if evaluated else '')
+    if with_bytes:
+      row.update(cumulative_bytes_down=str(down[n - 1]), cumulative_bytes_up=str(up[n - 1]))
+    rows.append(row)
+  return rows
+
+
+@pytest.mark.parametrize('with_bytes', [True, False])
+def test_time_to_accuracy_against_numpy(with_bytes):
+  """Per target: the first evaluated round at or above it, the bytes to its end (+ the
+  exploration's) and the training seconds to it, against arrays; None where never reached
+  or (bytes) where metrics.csv does not count them."""
+  rng = np.random.default_rng(3)
+  for _ in range(20):
+    rows = _random_rows(rng, int(rng.integers(1, 40)), with_bytes)
+    targets = list(rng.uniform(0.05, 1.0, 4)) + [1.0]
+    explored = float(rng.integers(0, 10**5))
+    acc = np.array([float(r['test_accuracy']) if r['test_accuracy'] else np.nan for r in rows])
+    seconds = np.cumsum([float(r['seconds']) for r in rows])
+    got = run_results.time_to_accuracy(rows, targets, explored)
+    for target, entry in zip(targets, got):
+      hits = np.flatnonzero(acc >= target)   # NaN (not evaluated) compares False
+      assert entry['target'] == target
+      if not hits.size:
+        assert entry == dict(target=target, round=None, bytes=None, seconds=None)
+        continue
+      i = hits[0]
+      assert entry['round'] == i + 1
+      assert entry['seconds'] == pytest.approx(seconds[i], abs=1e-3)
+      if with_bytes:
+        total = float(rows[i]['cumulative_bytes_down']) + float(rows[i]['cumulative_bytes_up'])
+        assert entry['bytes'] == total + explored
+      else:
+        assert entry['bytes'] is None
+
+
+def test_every_dataset_has_a_default_target_pair_and_the_flag_overrides_it():
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  defaults = experiment_config.DEFAULT_TARGET_ACCURACIES
+  assert set(defaults) == set(data.DATASETS)
+  assert all(len(p) == 2 and 0 < p[0] < p[1] <= 1 for p in defaults.values()), defaults
+  for dataset in data.DATASETS:
+    c = experiment.ExperimentConfig(dataset=dataset)
+    assert experiment_config.target_accuracies(c) == defaults[dataset]
+  c = experiment.ExperimentConfig(target_accuracy=' 0.5, 1,0.25')
+  assert experiment_config.target_accuracies(c) == (0.5, 1.0, 0.25)
+  # What is reported, not what is computed: a resumed run may change it, and reuses the
+  # computations built for the old value.
+  saved = dict(experiment.ExperimentConfig(target_accuracy='0.6').__dict__)
+  assert experiment_config.settings_changed(saved, c) == ''
+  assert 'target_accuracy' in experiment_config.NOT_BUILD_INPUTS
+
+
+def test_accuracy_plot_gains_a_bytes_panel_where_bytes_are_counted(tmp_path):
+  """accuracy.png is one panel without the bytes columns, two side by side with them."""
+  import matplotlib.image  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  widths = {}
+  for with_bytes in (False, True):
+    path = str(tmp_path / f'{with_bytes}.png')
+    run_results.plot_accuracy(_random_rows(rng, 10, with_bytes), path, 't', 1e6)
+    widths[with_bytes] = matplotlib.image.imread(path).shape[1]
+  assert widths == {False: 600, True: 1100}, widths

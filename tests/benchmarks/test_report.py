@@ -265,3 +265,45 @@ def test_the_reproduction_page_reads_in_five_minutes():
     assert section.count('\n- Bottom line: ') == 1
   for link in re.findall(r'\]\(([^)#]+)', _committed(report.REPRODUCTION)):
     assert os.path.exists(os.path.join(os.path.dirname(report.REPRODUCTION), link)), link
+
+
+def test_rounds_to_targets_match_numpy(tmp_path, monkeypatch):
+  """Per paired seed, the first round both runs evaluated at which each reached a target
+  (one seed's method evaluated every 5 rounds), and the speed-up as the ratio of the mean
+  rounds (NaN when a seed never got there), against numpy on random rising curves."""
+  suite = _suite(targets=(0.45, 0.6, 0.99))
+  _toy(monkeypatch, tmp_path, suite)
+  rng = np.random.default_rng(4)
+  curves = {(run, s): np.clip(0.3 + np.cumsum(rng.uniform(-0.02, 0.025, 100)), 0, 1)
+            for run in ('base', 'new') for s in suites.SEEDS}
+  every = {('new', suites.SEEDS[0]): 5}
+  for (run, s), acc in curves.items():
+    _make(tmp_path, suite, run, s, acc, every=every.get((run, s), 1))
+  got = report.rounds_to_targets(rd.collect(suite), suite.comparisons[0], suite.targets)
+  assert got['seeds'] == list(suites.SEEDS)
+  for t in suite.targets:
+    means = {}
+    for run, side in (('base', 'baseline'), ('new', 'method')):
+      firsts = []
+      for s in suites.SEEDS:
+        rounds = np.arange(1, 101)
+        if every.get(('new', s)) == 5:   # the pair is read where both evaluated
+          rounds = rounds[(rounds % 5 == 0) | (rounds > 90)]
+        hits = rounds[curves[run, s][rounds - 1] >= t]
+        firsts.append(int(hits[0]) if hits.size else None)
+      assert got[side][t] == firsts, (t, side)
+      means[side] = np.nan if None in firsts else np.mean(firsts)
+    np.testing.assert_equal(got['speedup'][t], means['baseline'] / means['method'])
+  assert got['steps'] == [5, 1, 1]
+  assert any(np.isfinite(v) for v in got['speedup'].values())
+  assert not np.isfinite(got['speedup'][0.99])
+  # the tuned suite's page: a row per comparison, the paper's figures beside them
+  numbers = dict(rounds_to_target=dict(toy=dict(
+      where='Toy Table II', dataset='Toy', rounds={'80': dict(fedavg=100, toy=50)})))
+  monkeypatch.setattr(suites, 'load_paper_numbers', lambda: numbers)
+  lines = report._rounds_to_target_lines(suite)
+  assert lines[0] == f'## {report.ROUNDS_TO_TARGET}'
+  row, = [l for l in lines if l.startswith('| tuned | New vs base |')]
+  assert report._speedup_text(got['speedup'][0.45]) in row
+  assert 'speed-up 2.00×' in ' '.join(lines)
+  assert '2.00×' in report.rounds_to_target_line(suite)
