@@ -254,16 +254,21 @@ def _rounds_to_target_lines(suite: suites.Suite) -> list:
 def rounds_to_target_line(tuned: suites.Suite) -> str:
   """REPRODUCTION.md's line on the paper's rounds-to-target table beside ours: the method's
   speed-ups over the baseline per suite (the comparisons of the method, named without its
-  name; the page's table has the rest and says what n/a is)."""
+  name; suites with no speed-up at any target left out; the page's table has the rest and
+  says what n/a is)."""
   paper, paper_targets, speedups = _paper_rounds(tuned)
   anchor = ROUNDS_TO_TARGET.lower().replace(' ', '-')
   prefix = f'{tuned.method}, '
-  ours = {}
+  ours, reached = {}, set()
   for s, _, r in rounds_to_target_results(tuned):
     if r['label'].startswith(prefix):
       ours.setdefault(s.name, []).append(
           f'{r["label"][len(prefix):]} '
           + ' / '.join(_speedup_text(r['speedup'][t]) for t in tuned.targets))
+      if any(np.isfinite(r['speedup'][t]) for t in tuned.targets):
+        reached.add(s.name)
+  # a suite whose runs reach no target (too short) is left to the page's table
+  ours = {name: v for name, v in ours.items() if name in reached}
   return (f'- Rounds to target, {tuned.method}\'s speed-up over FedAvg '
           f'([table]({tuned.name}/results.md#{anchor})): the paper\'s ({paper["where"]}, '
           f'{paper["dataset"]}, {" / ".join(t + "%" for t in paper_targets)}) {speedups}; ours '
