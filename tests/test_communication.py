@@ -88,8 +88,8 @@ def test_a_select_counts_each_key_and_an_upload_splits_payload_from_overhead():
   @tff.federated_computation(tff.FederatedType(table_type, tff.SERVER),
                              tff.FederatedType(np.int32, tff.CLIENTS))
   def round_fn(table, ids):
-    selected = tff.federated_select(tff.federated_map(keys, ids), tff.federated_value(7, tff.SERVER),
-                                    table, row)
+    selected = tff.federated_select(tff.federated_map(keys, ids),
+                                    tff.federated_value(7, tff.SERVER), table, row)
     values, weight = tff.federated_map(model_like, ids)
     keyed, metric = tff.federated_map(upload, ids)
     return (selected, tff.federated_mean(values, weight), tff.federated_sum(metric),
