@@ -100,6 +100,13 @@ def test_a_select_counts_each_key_and_an_upload_splits_payload_from_overhead():
   assert (traffic.down_payload, traffic.down_overhead) == (0, 3 * 4 * 10)
   assert traffic.up_payload == trainable_bytes + 4     # the values, the rule's loss
   assert traffic.up_overhead == 4 + 8 + 4               # weight, metric, client index
+  rows = communication.describe(traffic)
+  # The weighted mean's value and weight are two crossings.
+  assert sorted((r['direction'], r['intrinsic'], r['count']) for r in rows) == [
+      ('down', 'federated_select', 3), ('up', 'federated_sum', 1), ('up', 'federated_sum', 1),
+      ('up', 'federated_weighted_mean', 1), ('up', 'federated_weighted_mean', 1)]
+  assert sum(r['payload'] + r['overhead'] for r in rows if r['direction'] == 'up') == (
+      traffic.up_payload + traffic.up_overhead)
 
 
 def _d(model_fn) -> tuple[int, int]:
