@@ -8,7 +8,9 @@ one value per key), an upload one taking values @CLIENTS and giving one @SERVER
 (`federated_sum`, `federated_mean`, `federated_aggregate`, ...: each @CLIENTS operand). Each
 crossing splits into payload (model-shaped values and the per-client values a server rule
 reads, `RULE_FIELDS`) and overhead (everything else: metrics, aggregation weights, client
-index and slot, optimizer hyperparameters).
+index and slot, optimizer hyperparameters). A `federated_select`'s keys are not counted: the
+server assigned them (the round's slot or the sampled client's index). The building blocks
+are TFF 0.87's (`tensorflow_federated.python.core.impl.compiler`), which has no public walk.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ from tensorflow_federated.python.core.impl.compiler import building_blocks
 # Scalar fields of an upload a server rule reads: FedCDA's selection weighs each cached
 # model by its client's last-epoch loss (client_work/model_upload.py's upload).
 RULE_FIELDS = ('last_epoch_loss',)
-
-DIRECTIONS = ('down', 'up')
 
 
 def type_bytes(type_spec: tff.Type) -> int:
