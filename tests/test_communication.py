@@ -118,33 +118,58 @@ def _d(model_fn) -> tuple[int, int]:
 
 
 # Each method's payload per client and round, down and up, in W (bytes of the model's
-# weights) and T (bytes of its trainable weights), float32. The keyed uploads' `loss` is the
-# client's last-epoch loss (4 bytes) beside its model.
+# weights, non-trainable ones included) and T (bytes of its trainable weights), float32.
+# The keyed uploads' `loss` is the client's last-epoch loss (4 bytes) beside its model.
 def _payload_formula(name, w, t):
   loss = 4
   if name.startswith('fedlex_'):
-    return w + t, t                 # the model and the guidance G; the update
-  return dict(fedavg=(w, t), fedavgm=(w, t), fedadam=(w, t), fedprox=(w, t), fedsgd=(w, t),
-              cadis=(w, t),                        # keyed by client index
+    return w + t, w                 # the model and the guidance G; the base method's delta
+  return dict(fedavg=(w, w), fedavgm=(w, w), fedadam=(w, w), fedprox=(w, w),
+              fedsgd=(w, w),                       # the gradient, shaped like the delta
+              cadis=(w, t),                        # the trainable delta keyed by index
               fedcross=(w, w + loss),              # one middleware model; the trained model
               fedcda=(w, w + loss),                # the global model; the trained model
-              scaffold=(w + 2 * t, 2 * t),         # x, c, c_i; the model and control deltas
+              scaffold=(w + 2 * t, w + t),         # x, c, c_i; the model and control deltas
               )[name]
+
+
+@pytest.fixture(scope='module')
+def bn_model_fn():
+  """A model with non-trainable weights (BatchNorm's moving statistics): W != T."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+  spec = models.input_spec_for('tiny_cnn', (8, 8, 1))
+
+  def model_fn():
+    keras_model = tf.keras.Sequential([
+        tf.keras.layers.InputLayer((8, 8, 1)), tf.keras.layers.BatchNormalization(),
+        tf.keras.layers.Flatten(), tf.keras.layers.Dense(10, name='classifier')])
+    return tff.learning.models.from_keras_model(
+        keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        input_spec=spec)
+
+  return model_fn
 
 
 # Per-client overhead bytes of each method's keyed upload (index, slot, aggregation weight).
 KEYED_OVERHEAD = dict(fedcross=12, fedcda=12, scaffold=12, cadis=8)
 
 
+@pytest.mark.parametrize('model', ['tiny_cnn', 'batchnorm'])
 @pytest.mark.parametrize('name', list(methods.METHODS))
-def test_every_method_moves_its_formula(name, tiny_model_fn):
+def test_every_method_moves_its_formula(name, model, tiny_model_fn, bn_model_fn):
   from tff_algos import communication  # pylint: disable=g-import-not-at-top
+  if name == 'cadis' and model == 'batchnorm':
+    pytest.skip('CADIS refuses non-trainable weights (its keyed delta is the trainable one)')
+  model_fn = tiny_model_fn if model == 'tiny_cnn' else bn_model_fn
   config = experiment.ExperimentConfig(algorithm=name, num_clients=6, clients_per_round=6,
                                        batch_size=10, client_momentum=0.0,
                                        fedcda_warmup_rounds=0)
-  process = computations.build_process(config, tiny_model_fn, 6)
+  process = computations.build_process(config, model_fn, 6)
   traffic = communication.process_traffic(process)
-  w, t = _d(tiny_model_fn)
+  w, t = _d(model_fn)
+  assert (w > t) == (model == 'batchnorm')
   assert (traffic.down_payload, traffic.up_payload) == _payload_formula(name, w, t)
   # Down overhead: the client work's hyperparameters (its optimizer's), broadcast.
   hparams = process.get_hparams(process.initialize())['client_work']
@@ -192,18 +217,18 @@ def test_a_guided_run_writes_its_bytes_columns_totals_and_exploration(tmp_path, 
     rows = list(csv.DictReader(f))
   w, t = _d(tiny_model_fn)   # digits' default model
   per_client = summary['bytes_per_client_round']
-  assert (per_client['down_payload'], per_client['up_payload']) == (w + t, t)
+  assert (per_client['down_payload'], per_client['up_payload']) == (w + t, w)
   totals = [0, 0]
   for row in rows:
     assert int(row['bytes_down_payload']) == 4 * (w + t)
-    assert int(row['bytes_up_payload']) == 4 * t
+    assert int(row['bytes_up_payload']) == 4 * w
     assert int(row['bytes_down_overhead']) == 4 * per_client['down_overhead']
     assert int(row['bytes_up_overhead']) == 4 * per_client['up_overhead']
     totals[0] += int(row['bytes_down_payload']) + int(row['bytes_down_overhead'])
     totals[1] += int(row['bytes_up_payload']) + int(row['bytes_up_overhead'])
     assert [int(row['cumulative_bytes_down']), int(row['cumulative_bytes_up'])] == totals
   assert [summary['cumulative_bytes_down'], summary['cumulative_bytes_up']] == totals
-  assert summary['bytes_up_payload'] == 2 * 4 * t
+  assert summary['bytes_up_payload'] == 2 * 4 * w
   explorers = fedlex_exploration.fedlex_explorers(config, 10)
   explored = len(explorers) + sum(
       len(np.intersect1d(data.sample_clients(10, 4, r, config.seed), explorers))
