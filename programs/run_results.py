@@ -47,7 +47,6 @@ def round_costs(rows: list[dict], name: str) -> int:
 ROUND_BYTES = ('bytes_down_payload', 'bytes_down_overhead', 'bytes_up_payload',
                'bytes_up_overhead')
 CUMULATIVE_BYTES = ('cumulative_bytes_down', 'cumulative_bytes_up')
-EXPLORATION_BYTES = ('exploration_bytes_down', 'exploration_bytes_up')
 
 
 def reported_clients(metrics: dict, sampled: int) -> int:
