@@ -61,14 +61,18 @@ def np_select(sim, rule, t, eligible=None):
   k = sim.shape[0]
   if k == 1:
     return np.array([-1])
+  # Only this round's uploads (eligible) get a collaborator and are one; none: -1.
+  ok = np.ones(k, bool) if eligible is None else np.asarray(eligible, bool)
   out = []
   for i in range(k):
     if rule == 'in_order':
-      out.append((i + (t % (k - 1)) + 1) % k)
+      c = (i + (t % (k - 1)) + 1) % k
+      out.append(c if ok[i] and ok[c] else -1)
       continue
-    cands = [j for j in range(k) if j != i and (eligible is None or eligible[j])]
+    cands = [j for j in range(k) if j != i and ok[i] and ok[j]]
     if not cands:
-      cands = [j for j in range(k) if j != i]
+      out.append(-1)
+      continue
     best = cands[0]
     for j in cands[1:]:  # strict comparison: ties keep the lowest index
       if (rule == 'lowest_similarity' and sim[i, j] < sim[i, best]) or \
@@ -203,19 +207,27 @@ def test_ties_go_to_lowest_index_and_eligibility():
       ca.select_collaborators(sim, 'lowest_similarity', 0).numpy(), [1, 0, 0, 0])
   np.testing.assert_array_equal(
       ca.select_collaborators(sim, 'highest_similarity', 0).numpy(), [1, 2, 1, 1])
+  # model 0 did not report: it has no collaborator and is nobody's
   eligible = np.array([False, True, True, True])
   np.testing.assert_array_equal(
-      ca.select_collaborators(sim, 'lowest_similarity', 0, eligible).numpy(), [1, 2, 1, 1])
+      ca.select_collaborators(sim, 'lowest_similarity', 0, eligible).numpy(), [-1, 2, 1, 1])
   np.testing.assert_array_equal(
       ca.select_collaborators(sim, 'lowest_similarity', 0, eligible).numpy(),
       np_select(sim, 'lowest_similarity', 0, eligible))
-  # nobody eligible but k itself: every j != k is a candidate again
+  # the only upload has no other upload to cross with: none (not a stale model)
   only0 = np.array([True, False, False, False])
   np.testing.assert_array_equal(
-      ca.select_collaborators(sim, 'highest_similarity', 0, only0).numpy(), [1, 0, 0, 0])
-  # in_order ignores eligibility
+      ca.select_collaborators(sim, 'highest_similarity', 0, only0).numpy(), [-1, -1, -1, -1])
+  # in_order: a partner that did not report is none too
   np.testing.assert_array_equal(
-      ca.select_collaborators(sim, 'in_order', 1, eligible).numpy(), [2, 3, 0, 1])
+      ca.select_collaborators(sim, 'in_order', 1, eligible).numpy(), [-1, 3, -1, 1])
+  rng = np.random.default_rng(3)
+  for t in range(4):
+    sim = rng.normal(size=[5, 5]).astype(np.float32)
+    ok = rng.uniform(size=5) < 0.6
+    for rule in ca.SELECTIONS:
+      np.testing.assert_array_equal(ca.select_collaborators(sim, rule, t, ok).numpy(),
+                                    np_select(sim, rule, t, ok))
 
 
 @pytest.mark.parametrize('k', [2, 3, 4, 5, 7])
@@ -279,6 +291,18 @@ def test_alpha_schedule_and_propellers():
   for got, m in zip(stepped, models):
     want = np.stack([0.7 * m[i] + 0.3 * m[props1[i]].mean(axis=0) for i in range(k)])
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-6)
+  # models 1 and 3 did not report: they keep their models, and the others' means are over
+  # their propellers that did report (none: the model keeps its upload)
+  ok = np.array([True, False, True, False, True])
+  stepped, meas = ca.cross_aggregation_step(models, 1, eligible=ok, **opts)
+  for got, m in zip(stepped, models):
+    want = []
+    for i in range(k):
+      present = [j for j in props1[i] if ok[j]]
+      want.append(0.7 * m[i] + 0.3 * m[present].mean(axis=0) if ok[i] and present else m[i])
+    np.testing.assert_allclose(got.numpy(), np.stack(want), rtol=1e-5, atol=1e-6)
+  first = [next((j for j in props1[i] if ok[j]), -1) if ok[i] else -1 for i in range(k)]
+  np.testing.assert_array_equal(meas['collaborators'].numpy(), first)
   stepped, meas = ca.cross_aggregation_step(models, 2, **opts)
   assert meas['propellers_used'].numpy() == 0.0
   collab = np_select(np_cosine(flat_np(models)), 'lowest_similarity', 2)
@@ -299,9 +323,10 @@ def test_bad_options_are_refused():
 
 
 def test_aggregation_process_on_its_own():
-  """The stage alone: keyed upload by slot, a missing slot keeps its model, weight 0 is not
-  a collaborator, result = mean of the new models, round counter advances."""
-  k, alpha = 3, 0.8
+  """The stage alone: keyed upload by slot; a missing slot and one that did not report
+  (weight 0) keep their models exactly and are nobody's collaborator; result = mean of the
+  new models, round counter advances."""
+  k, alpha = 4, 0.8
   weights_type = tff.StructWithPythonType(
       [('trainable', tff.StructWithPythonType(
           [tff.TensorType(np.float32, [4]), tff.TensorType(np.float32, [2, 2])], list)),
@@ -328,13 +353,16 @@ def test_aggregation_process_on_its_own():
         model=tff.learning.models.ModelWeights(trainable=[m[0], m[1]], non_trainable=[m[2]]),
         last_epoch_loss=np.float32(0.0))
 
-  # clients arrive in any order; slot 1 is missing, slot 2 did not train (weight 0)
-  out = proc.next(state, [value(2), value(0)], [np.float32(0.0), np.float32(5.0)])
-  uploaded = [np.stack([models[0][i], np.ones_like(models[0][i]), models[2][i]])
-              for i in range(3)]
+  # clients arrive in any order; slot 3 is missing, slot 2 did not report (weight 0)
+  arrivals = [value(2), value(1), value(0)]
+  weights = [np.float32(0.0), np.float32(2.0), np.float32(5.0)]
+  out = proc.next(state, arrivals, weights)
+  uploaded = [np.stack([models[0][i], models[1][i], np.ones_like(models[0][i]),
+                        np.ones_like(models[0][i])]) for i in range(3)]
   sim = np_cosine(flat_np(uploaded))
-  eligible = np.array([True, False, False])
+  eligible = np.array([True, True, False, False])
   collab = np_select(sim, 'lowest_similarity', 0, eligible)
+  np.testing.assert_array_equal(collab, [1, 0, -1, -1])
   np.testing.assert_array_equal(out.measurements['collaborators'], collab)
   np.testing.assert_array_equal(out.measurements['eligible'], eligible)
   np.testing.assert_allclose(out.measurements['similarity'], sim, atol=1e-5)
@@ -343,6 +371,7 @@ def test_aggregation_process_on_its_own():
          list(out.state['models'].non_trainable)]
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(g[2:], np.ones_like(g[2:]))  # pre-round, bit for bit
   result = [np.asarray(t) for t in list(out.result.trainable) + list(out.result.non_trainable)]
   for r, w in zip(result, want):
     np.testing.assert_allclose(r, w.mean(axis=0), rtol=1e-5, atol=1e-6)
@@ -351,8 +380,7 @@ def test_aggregation_process_on_its_own():
   proc_lw = ca.build_cross_aggregation_process(
       weights_type, k, alpha=alpha, selection='lowest_similarity', initial_weights_fn=initial,
       similarity='layerwise')
-  out_lw = proc_lw.next(proc_lw.initialize(), [value(2), value(0)],
-                        [np.float32(0.0), np.float32(5.0)])
+  out_lw = proc_lw.next(proc_lw.initialize(), arrivals, weights)
   sim_lw = np_layerwise(uploaded)
   np.testing.assert_allclose(out_lw.measurements['similarity'], sim_lw, atol=1e-5)
   np.testing.assert_array_equal(out_lw.measurements['collaborators'],
@@ -362,8 +390,8 @@ def test_aggregation_process_on_its_own():
     proc.next(state, [value(0), collections.OrderedDict(value(1), slot=np.int32(0))],
               [np.float32(1.0), np.float32(1.0)])
   # a slot past K (a round of more clients than num_models) names the fix, not a gather
-  with pytest.raises(Exception, match=r'outside \[0, num_models=3\).*at most 3 clients'):
-    proc.next(state, [value(0), collections.OrderedDict(value(1), slot=np.int32(3))],
+  with pytest.raises(Exception, match=r'outside \[0, num_models=4\).*at most 4 clients'):
+    proc.next(state, [value(0), collections.OrderedDict(value(1), slot=np.int32(4))],
               [np.float32(1.0), np.float32(1.0)])
 
 

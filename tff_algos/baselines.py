@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 import tensorflow_federated as tff
 
-from tff_algos.aggregators import factories
+from tff_algos.aggregators import factories, reporting
 from tff_algos.client_work import model_delta
 from tff_algos.models import model_fns
 
@@ -28,14 +28,16 @@ def compose_with_client_work(
     server_optimizer_fn: tff.learning.optimizers.Optimizer,
     model_aggregator: Optional[ModelAggregator] = None,
 ) -> tff.learning.templates.LearningProcess:
-  """Broadcast -> `client_work` -> (weighted) mean of updates -> server optimiser step."""
+  """Broadcast -> `client_work` -> (weighted) mean of the reporters' updates -> server
+  optimiser step, skipped in a round nobody reported (`tff_algos.aggregators.reporting`)."""
   model_fn = model_fns.as_model_fn(model_fn)
   initial_weights = model_delta.initial_model_weights_fn(model_fn)
   weights_type = initial_weights.type_signature.result
   distributor = tff.learning.templates.build_broadcast_process(weights_type)
   aggregator = factories.create_model_aggregator(model_aggregator,
                                                  model_delta.update_type(weights_type))
-  finalizer = model_delta.build_update_finalizer(server_optimizer_fn, weights_type)
+  finalizer = reporting.keep_unless_reported(
+      model_delta.build_update_finalizer(server_optimizer_fn, weights_type))
   return tff.learning.templates.compose_learning_process(
       initial_weights, distributor, client_work, aggregator, finalizer)
 

@@ -22,7 +22,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-from tff_algos.aggregators import clustered_aggregation, factories
+from tff_algos.aggregators import clustered_aggregation, factories, reporting
 from tff_algos.client_work import local_training, model_delta, plugins
 from tff_algos.models import model_fns, representation
 
@@ -143,10 +143,12 @@ def build_cadis(
       model_fn, client_optimizer_fn, int(client_batch_size), keyed=True,
       kd_weight=kd_weight, kd_reduction=kd_reduction, kd_std=kd_std, guided=guided)
   distributor = tff.learning.templates.build_broadcast_process(weights_type)
-  aggregator = factory.create(model_delta.keyed_update_type(weights_type.trainable),
-                              tff.TensorType(np.float32))
-  finalizer = tff.learning.templates.build_apply_optimizer_finalizer(
-      server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=1.0),
-      weights_type)
+  # A round nobody reported in leaves the model and the server optimizer as they were.
+  aggregator = reporting.ReportingFactory(factory).create(
+      model_delta.keyed_update_type(weights_type.trainable), tff.TensorType(np.float32))
+  finalizer = reporting.keep_unless_reported(
+      tff.learning.templates.build_apply_optimizer_finalizer(
+          server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=1.0),
+          weights_type))
   return tff.learning.templates.compose_learning_process(
       initial_weights, distributor, client_work, aggregator, finalizer)

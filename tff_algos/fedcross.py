@@ -10,7 +10,8 @@ holds the K models as dense `[K, ...]` tensors. `get_model_weights` is their uni
 `set_model_weights` sets all K. State: `LearningAlgorithmState` with
 aggregator=OrderedDict(models, round_num); `get_hparams` / `set_hparams` change the client
 learning rate. Clients must come in the round's sample order with slots 0..K-1
-(`data.client_selection_fn(client_data, K)(round_num)`); a slot with no client keeps its model.
+(`data.client_selection_fn(client_data, K)(round_num)`); a slot with no client, or whose client
+did not report, keeps its model.
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ def build_fedcross(
       num_propellers=num_propellers, accel_rounds=accel_rounds,
       initial_weights_fn=initial_weights, similarity=similarity)
   agg_state_type = aggregator.initialize.type_signature.result.member
+  agg_measurements_type = aggregator.next.type_signature.result.measurements.member
 
   @tff.tensorflow.computation(agg_state_type)
   def global_from_aggregator(agg_state):
@@ -119,6 +121,13 @@ def build_fedcross(
   def slot_of(dataset):
     return local_training.single_element(dataset)['slot']
 
+  @tff.tensorflow.computation(weights_type, weights_type, agg_measurements_type)
+  def global_model(old, new, measurements):
+    # Nobody reported: every middleware model kept its weights, and so does the global
+    # model, exactly (their mean need not round to it after `set_model_weights`).
+    reported = tf.reduce_any(measurements['eligible'] > 0.0)
+    return tf.nest.map_structure(lambda n, o: tf.where(reported, n, o), new, old)
+
   @tff.tensorflow.computation
   def dispatch_metrics():
     return collections.OrderedDict(dispatch_select=tf.constant(1.0))
@@ -135,7 +144,8 @@ def build_fedcross(
     agg_out = aggregator.next(agg_state, client_out.result.update,
                               client_out.result.update_weight)
     new_state = tff.federated_zip(tff.learning.templates.LearningAlgorithmState(
-        global_model_weights=agg_out.result,
+        global_model_weights=tff.federated_map(
+            global_model, (state.global_model_weights, agg_out.result, agg_out.measurements)),
         distributor=state.distributor,
         client_work=client_out.state,
         aggregator=agg_out.state,

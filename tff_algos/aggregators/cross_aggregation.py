@@ -5,10 +5,11 @@ Collaborator choice and cross-aggregation over K middleware models
 open). The state holds the models as dense `[K, ...]` tensors per weight tensor and a round
 counter, so `tff.program` checkpoints them. `next(state, value@CLIENTS, weight@CLIENTS)`
 takes `client_work.model_upload`'s OrderedDict(client_index, slot, model, last_epoch_loss)
-(weight <= 0: a client that did not train), gathers the uploads keyed by slot into K rows
-(`accumulate_then_step.put_row`, O(K·D) memory whatever the number of clients) and returns the mean
-of the new models. Measurements: `similarity` [K, K], `collaborators` [K] (-1 = none),
-`alpha`, `propellers_used`, `eligible` [K].
+(weight <= 0: a client that did not report, whose slot keeps its model), gathers the uploads
+keyed by slot into K rows (`accumulate_then_step.put_row`, O(K·D) memory whatever the number
+of clients) and returns the mean of the new models. Measurements: `similarity` [K, K],
+`collaborators` [K] (-1 = none), `alpha`, `propellers_used`, `eligible` [K] (the slots that
+reported).
 """
 
 from __future__ import annotations
@@ -94,15 +95,16 @@ def in_order_collaborators(num_models: int, round_num) -> tf.Tensor:
 
 
 def select_collaborators(sim, rule: str, round_num, eligible=None) -> tf.Tensor:
-  """CoModelSel: int32 [K] collaborator index per model (-1 when K = 1).
+  """CoModelSel: int32 [K] collaborator index per model (-1 = none: K = 1, or below).
 
   Args:
     sim: [K, K] similarity matrix (static K).
     rule: 'in_order', 'highest_similarity' (argmax over j != k) or 'lowest_similarity'
       (argmin over j != k). Ties go to the lowest index.
     round_num: the round t (used by 'in_order').
-    eligible: optional bool [K]: only eligible j are candidates for the similarity rules,
-      unless model k has no eligible j != k (then every j != k is a candidate).
+    eligible: optional bool [K], the models uploaded this round (docs/methods.md, "When
+      clients do not report"): only they get a collaborator and only they are one; a model
+      with no eligible candidate (its in-order partner not eligible) gets -1.
   """
   if rule not in SELECTIONS:
     raise ValueError(f'selection must be one of {SELECTIONS}, got {rule!r}')
@@ -111,14 +113,12 @@ def select_collaborators(sim, rule: str, round_num, eligible=None) -> tf.Tensor:
   if k is None:
     raise ValueError('the number of models must be static')
   if rule == 'in_order' or k == 1:
-    return in_order_collaborators(k, round_num)
-  not_self = tf.logical_not(tf.eye(k, dtype=tf.bool))
-  candidates = not_self
+    return only_eligible(in_order_collaborators(k, round_num), eligible)
+  candidates = tf.logical_not(tf.eye(k, dtype=tf.bool))
   if eligible is not None:
     eligible = tf.convert_to_tensor(eligible, tf.bool)
-    restricted = tf.logical_and(not_self, eligible[None, :])
-    any_left = tf.reduce_any(restricted, axis=1, keepdims=True)
-    candidates = tf.where(any_left, restricted, not_self)
+    candidates = tf.logical_and(candidates,
+                                tf.logical_and(eligible[:, None], eligible[None, :]))
   if rule == 'highest_similarity':
     masked = tf.where(candidates, sim, tf.fill([k, k], -np.inf))
     best = tf.reduce_max(masked, axis=1, keepdims=True)
@@ -127,7 +127,19 @@ def select_collaborators(sim, rule: str, round_num, eligible=None) -> tf.Tensor:
     best = tf.reduce_min(masked, axis=1, keepdims=True)
   hits = tf.logical_and(candidates, tf.equal(masked, best))
   columns = tf.broadcast_to(tf.range(k, dtype=tf.int32)[None, :], [k, k])
-  return tf.reduce_min(tf.where(hits, columns, k), axis=1)
+  chosen = tf.reduce_min(tf.where(hits, columns, k), axis=1)
+  return tf.where(chosen < k, chosen, -1)
+
+
+def only_eligible(partners, eligible):
+  """`partners` (int32 [K] or [K, P], -1 = none) with -1 wherever model k or its partner is
+  not `eligible` (bool [K]; None: all are)."""
+  if eligible is None:
+    return partners
+  eligible = tf.convert_to_tensor(eligible, tf.bool)
+  ok = tf.gather(eligible, tf.maximum(partners, 0))
+  own = tf.reshape(eligible, [-1] + [1] * (partners.shape.rank - 1))
+  return tf.where(tf.logical_and(ok, own), partners, -1)
 
 
 def cross_aggregate(models, collaborators, alpha):
@@ -164,15 +176,19 @@ def in_order_propellers(num_models: int, num_propellers: int, round_num) -> tf.T
 
 
 def propeller_aggregate(models, propellers, alpha):
-  """w^k = alpha * v^k + (1 - alpha) * mean_i v^{p_i(k)}; `propellers` int32 [K, P]."""
+  """w^k = alpha * v^k + (1 - alpha) * mean_i v^{p_i(k)}; `propellers` int32 [K, P], the
+  mean over those >= 0 (-1 = none); a model without any keeps v^k."""
   propellers = tf.convert_to_tensor(propellers, tf.int32)
-  has = tf.reduce_all(propellers >= 0, axis=1)
+  present = tf.cast(propellers >= 0, tf.float32)                     # [K, P]
+  has = tf.reduce_any(propellers >= 0, axis=1)
+  share = tf.math.divide_no_nan(present, tf.reduce_sum(present, axis=1, keepdims=True))
   safe = tf.maximum(propellers, 0)
 
   def fuse(v):
     v = tf.convert_to_tensor(v)
     a = tf.cast(alpha, v.dtype)
-    mean = tf.reduce_mean(tf.gather(v, safe), axis=1)  # [K, P, ...] -> [K, ...]
+    w = tf.reshape(tf.cast(share, v.dtype), share.shape.as_list() + [1] * (v.shape.rank - 1))
+    mean = tf.reduce_sum(tf.gather(v, safe) * w, axis=1)  # [K, P, ...] -> [K, ...]
     mask = tf.reshape(has, [-1] + [1] * (v.shape.rank - 1))
     return tf.where(mask, a * v + (1 - a) * mean, v)
 
@@ -231,10 +247,12 @@ def cross_aggregation_step(uploaded, round_num, *, num_models: int, alpha: float
   propellers_used = tf.constant(0.0)
   if k > 1 and num_propellers > 1 and accel_rounds > 0:
     in_accel = tf.cast(round_num, tf.int32) < accel_rounds
-    props = in_order_propellers(k, num_propellers, round_num)
+    props = only_eligible(in_order_propellers(k, num_propellers, round_num), eligible)
     propelled = propeller_aggregate(uploaded, props, a)
     crossed = tf.nest.map_structure(lambda p, c: tf.where(in_accel, p, c), propelled, crossed)
-    collaborators = tf.where(in_accel, props[:, 0], collaborators)
+    first = tf.gather(props, tf.argmax(tf.cast(props >= 0, tf.int32), axis=1,
+                                       output_type=tf.int32), batch_dims=1)
+    collaborators = tf.where(in_accel, first, collaborators)
     propellers_used = tf.cast(in_accel, tf.float32)
   measurements = collections.OrderedDict(
       similarity=sim,
@@ -313,19 +331,20 @@ def build_cross_aggregation_process(
 
   def server_step(state, acc):
     acc = accumulate_then_step.assert_distinct_slots(acc, k)
-    received = acc['received'] > 0.0
+    # A slot whose client did not report (weight 0) or that no client had keeps its
+    # pre-round model: it is nobody's collaborator and has none (`select_collaborators`).
+    eligible = tf.logical_and(acc['received'] > 0.0, acc['weight'] > 0.0)
 
     def keep_missing(new, old):
-      mask = tf.reshape(received, [-1] + [1] * (new.shape.rank - 1))
+      mask = tf.reshape(eligible, [-1] + [1] * (new.shape.rank - 1))
       return tf.where(mask, new, old)
 
     stacked = accumulate_then_step.stack_rows(acc['models'],
                                               accumulate_then_step.zero_model_weights(weights_type))
-    # Every slot uploads in a full round: skip the K·D pass that keeps missing ones.
+    # Every slot reports in a full round: skip the K·D pass that keeps the others.
     uploaded = tf.cond(
-        tf.reduce_all(received), lambda: stacked,
+        tf.reduce_all(eligible), lambda: stacked,
         lambda: tf.nest.map_structure(keep_missing, stacked, state['models']))
-    eligible = tf.logical_and(received, acc['weight'] > 0.0)
     new_models, measurements = cross_aggregation_step(
         uploaded, state['round_num'], eligible=eligible, **options)
     measurements['eligible'] = tf.cast(eligible, tf.float32)

@@ -7,7 +7,7 @@ takes `client_work.model_upload`'s OrderedDict(client_index, slot, model, last_e
 into P rows, pushes them into their clients' caches, selects, and returns the uniform mean of
 every cached client's selected model (FedAvg of the uploads in warmup). Measurements:
 `warmup`, `cached_clients`, `uploads`, `switched`, `objective_before`, `objective_after` and
-`has_result` (0.0 until some client has a cache: the finalizer then keeps the global model).
+`has_result` (0.0 in a round nobody reported in: the finalizer then keeps the global model).
 """
 
 from __future__ import annotations
@@ -520,8 +520,9 @@ def cache_round(state, acc, *, num_clients: int, clients_per_round: int, cache_s
       selected_sum, acc['models'])
   model = tf.nest.map_structure(lambda a, b: tf.where(in_warmup, a, b),
                                 upload_mean, cache_mean)
-  has_result = tf.where(in_warmup, tf.cast(uploads > 0, tf.float32),
-                        tf.cast(cached_count > 0, tf.float32))
+  # A round nobody reported in keeps the global model (docs/methods.md, "When clients do
+  # not report"): no cache changed, and the model stays exactly what it was.
+  has_result = tf.cast(uploads > 0, tf.float32)
   new_state = collections.OrderedDict(cache=cache, losses=losses, sq_norms=sq_norms,
                                       count=count, selected=selected,
                                       selected_sum=selected_sum, round_num=round_num + 1)
@@ -651,7 +652,7 @@ def build_cross_round_cache_process(
 
 def build_replace_finalizer(weights_type: tff.Type) -> tff.learning.templates.FinalizerProcess:
   """The finalizer for this stage's result, OrderedDict(model, has_result): the new global
-  model is `model` when `has_result` > 0, else the current one (nothing to aggregate yet).
+  model is `model` when `has_result` > 0, else the current one (nobody reported).
   Stateless; TFF's `build_apply_optimizer_finalizer` does not fit (it applies a delta), so
   a pipeline composing this stage with `compose_learning_process` pairs it with this."""
   update_type = tff.StructWithPythonType(

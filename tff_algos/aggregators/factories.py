@@ -27,6 +27,8 @@ from typing import Optional, Union
 import numpy as np
 import tensorflow_federated as tff
 
+from tff_algos.aggregators import reporting
+
 ModelAggregator = Union[tff.aggregators.WeightedAggregationFactory,
                         tff.aggregators.UnweightedAggregationFactory]
 
@@ -68,11 +70,11 @@ def resolve_client_weighting(client_weighting,
 def create_model_aggregator(model_aggregator: Optional[ModelAggregator],
                             value_type: tff.Type) -> tff.templates.AggregationProcess:
   """A weighted aggregation process over `value_type` from a weighted or unweighted
-  factory (default `MeanFactory`); unweighted ones ignore the weight, as in TFF."""
-  factory = model_aggregator or tff.aggregators.MeanFactory()
-  if isinstance(factory, tff.aggregators.UnweightedAggregationFactory):
-    factory = tff.aggregators.as_weighted_aggregator(factory)
-  return factory.create(value_type, tff.TensorType(np.float32))
+  factory (default `MeanFactory`), averaging over the clients that reported (weight > 0)
+  either way; its result is `reporting.reported_type(value_type)`, for a finalizer wrapped
+  by `reporting.keep_unless_reported` (`tff_algos.aggregators.reporting`)."""
+  return reporting.ReportingFactory(model_aggregator).create(
+      value_type, tff.TensorType(np.float32))
 
 
 def refuse_model_aggregator(method: str, model_aggregator, why: str) -> None:
