@@ -143,7 +143,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   _prepare_run_directory(c, run_data, run.start_round)
   guidance = _start_guidance(c, run_data, built, run, log)
   _round_loop(c, run, run_data, built, guidance, log)
-  return _finish(c, run, run_data, built)
+  return _finish(c, run, run_data, built, guidance)
 
 
 def _start_runtime(c: ExperimentConfig) -> None:
@@ -188,13 +188,16 @@ class _Built:
   evaluator: computations.Evaluator
   client_evaluator: Optional[computations.ClientEvaluator]
   resident: bool   # the server state stays in TFF's local worker between rounds
+  traffic: Any     # communication.ClientTraffic: one client's bytes per round
 
 
 def _build_computations(c: ExperimentConfig, run_data: _RunData, log) -> _Built:
   """The run's computations, checked against the runtime they run on."""
+  from tff_algos import communication  # pylint: disable=g-import-not-at-top
   fed, num_clients, client_test = run_data.fed, run_data.num_clients, run_data.client_test
   model_name, model_fn, process, evaluator = computations.build_computations(
       c, fed, num_clients)
+  traffic = communication.process_traffic(process)
   client_evaluator = computations.ClientEvaluator(
       computations.per_client_evaluation(c, fed, num_clients, len(client_test)),
       client_test) if client_test else None
@@ -205,7 +208,7 @@ def _build_computations(c: ExperimentConfig, run_data: _RunData, log) -> _Built:
   note = methods.METHODS[c.algorithm].note(c)
   if note:
     log(note)
-  return _Built(model_name, model_fn, process, evaluator, client_evaluator, resident)
+  return _Built(model_name, model_fn, process, evaluator, client_evaluator, resident, traffic)
 
 
 class _Run:
@@ -371,6 +374,8 @@ def _start_guidance(c: ExperimentConfig, run_data: _RunData, built: _Built, run:
     log(f'FedLEx exploration: {len(guidance.explorers)} explorers, '
         f'{explore_metrics["exploration_client_epochs"]:.0f} client-epochs')
   run.open_rounds()
+  if guidance is not None and run.start_round:
+    guidance.resume_bytes(run.rows[-1] if run.rows else None)
   return guidance
 
 
@@ -402,8 +407,11 @@ def _round_loop(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Buil
                                     reported_clients=reported,
                                     unreported_clients=c.clients_per_round - reported)
       row.update(metrics)
+      row.update(run_results.bytes_columns(built.traffic, c.clients_per_round, metrics,
+                                           rows[-1] if rows else None))
       if guidance is not None and guidance.exploration is not None:
         row['exploration_client_epochs'] = float(run.program_state['exploration_client_epochs'])
+        row.update(guidance.bytes)
       evaluated = evaluated_round(round_num, c)
       if evaluated:
         accuracy = _evaluate(run, built, row)
@@ -488,13 +496,17 @@ def _evaluate(run: _Run, built: _Built, row: dict) -> float:
   return accuracy
 
 
-def _finish(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built) -> dict:
+def _finish(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built,
+            guidance: Optional[fedlex_exploration.Guidance]) -> dict:
   """Writes the run's results (summary.json, accuracy.png, final_weights.npz); returns the
   summary."""
   run.state = run.runner.materialize(run.held)   # (the last checkpoint's snapshot: no transfer)
   summary = run_results.run_summary(
       c, run.rows, built.model_name, run.state,
       float(run.program_state['exploration_client_epochs']), run_data.client_test, run.exp_dir)
+  summary.update(run_results.bytes_summary(run.rows, built.traffic))
+  if guidance is not None and guidance.exploration is not None:
+    summary.update(guidance.bytes)
   final_weights = run.runner.get_model_weights(run.held)   # (only the weights leave the worker)
   record = methods.RunRecord(c, run.rows, run.state, final_weights, run_data.num_clients)
   summary.update(methods.METHODS[c.algorithm].summary(record))

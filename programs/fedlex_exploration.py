@@ -27,13 +27,34 @@ class Guidance:
     self.exploration = None
     self.explorers = np.zeros([0], np.int64)
     self.placeholder = None
+    # The run's exploration bytes so far (every explorer's download and upload); `traffic`:
+    # one explorer's (`communication.ClientTraffic` of the exploration computation).
+    self.bytes = collections.OrderedDict(exploration_bytes_down=0, exploration_bytes_up=0)
+    self.traffic = None
     if c.fedlex_guidance == 'exploration' or c.fedlex_explore_in_place:
+      from tff_algos import communication  # pylint: disable=g-import-not-at-top
       self.exploration, self.explorers = exploration_computation(c, model_fn, num_clients)
       check_distributable(c, [self.exploration])
+      self.traffic = communication.computation_traffic(
+          self.exploration, self.exploration.type_signature.parameter[0].member)
+
+  def _count_bytes(self, explorers: int) -> None:
+    moved = self.traffic.round_bytes(explorers)
+    for direction in ('down', 'up'):
+      self.bytes[f'exploration_bytes_{direction}'] += (
+          moved[f'bytes_{direction}_payload'] + moved[f'bytes_{direction}_overhead'])
+
+  def resume_bytes(self, last_row: Optional[dict]) -> None:
+    """Takes up the exploration bytes where a resumed run's last kept row left them."""
+    for key in self.bytes:
+      if last_row and last_row.get(key) not in (None, ''):
+        self.bytes[key] = int(float(last_row[key]))
 
   def initial_state(self, state):
     """(state, exploration metrics) round 1 starts from, for a run starting afresh."""
     c = self._c
+    if self.exploration is not None:   # every explorer explores once (in place or not)
+      self._count_bytes(len(self.explorers))
     state, metrics = _initial_state(c, self._fed, self._process, self.exploration,
                                     self.explorers, state)
     if c.fedlex_guidance == 'placeholder':
@@ -52,9 +73,10 @@ class Guidance:
       state = fedlex.set_guidance(self._process, runner.materialize(held), self.placeholder)
       held = runner.adopt(state)
     if self.exploration is not None and self._c.fedlex_refresh:
+      refreshing = np.intersect1d(sampled, self.explorers)
+      self._count_bytes(len(refreshing))
       state, refresh_metrics = _explore(self._c, self._fed, self._process, self.exploration,
-                                        np.intersect1d(sampled, self.explorers),
-                                        runner.materialize(held), round_num)
+                                        refreshing, runner.materialize(held), round_num)
       held = runner.adopt(state)
       epochs = refresh_metrics['exploration_client_epochs']
     return held, epochs

@@ -99,6 +99,44 @@ def exploration_bytes(summary: dict) -> float:
   return sum(float(summary.get(k) or 0) for k in EXPLORATION_BYTES)
 
 
+# metrics.csv's bytes columns of a round (docs/training_program.md, "Bytes on the wire").
+ROUND_BYTES = ('bytes_down_payload', 'bytes_down_overhead', 'bytes_up_payload',
+               'bytes_up_overhead')
+def reported_clients(metrics: dict, sampled: int) -> int:
+  """The round's clients that uploaded: its client work's `reported_clients` train metric,
+  or every sampled client when the client work has none."""
+  for key, value in metrics.items():
+    if is_cost_column(key, 'reported_clients'):
+      return int(round(float(value)))
+  return sampled
+
+
+def bytes_columns(traffic, sampled: int, metrics: dict, previous: Optional[dict]) -> dict:
+  """A round's bytes columns: `traffic` (`communication.ClientTraffic`) for `sampled`
+  downloading clients and the reporting ones uploading, with running totals from
+  `previous` (the row before, None for round 1)."""
+  row = traffic.round_bytes(sampled, reported_clients(metrics, sampled))
+  for total, direction in zip(CUMULATIVE_BYTES_COLUMNS, ('down', 'up')):
+    before = int(float(previous[total])) if previous and previous.get(total) else 0
+    row[total] = before + row[f'bytes_{direction}_payload'] + row[f'bytes_{direction}_overhead']
+  return row
+
+
+def bytes_summary(rows: list[dict], traffic) -> dict:
+  """summary.json's bytes entries: the run's totals per column and one client's bytes per
+  round (`traffic`, a `communication.ClientTraffic`)."""
+  def total(key):
+    return int(sum(float(r[key]) for r in rows if r.get(key) not in (None, '')))
+
+  summary = collections.OrderedDict((key, total(key)) for key in ROUND_BYTES)
+  summary['cumulative_bytes_down'] = summary['bytes_down_payload'] + summary['bytes_down_overhead']
+  summary['cumulative_bytes_up'] = summary['bytes_up_payload'] + summary['bytes_up_overhead']
+  summary['bytes_per_client_round'] = collections.OrderedDict(
+      down_payload=traffic.down_payload, down_overhead=traffic.down_overhead,
+      up_payload=traffic.up_payload, up_overhead=traffic.up_overhead)
+  return summary
+
+
 def run_summary(c: ExperimentConfig, rows: list[dict], model_name: str, state,
                 exploration_client_epochs: float, client_test, exp_dir: str):
   """summary.json's general entries of a finished run (`rows`: its metrics.csv; `state`: its

@@ -51,7 +51,8 @@ def test_stopped_and_resumed_run_equals_the_unbroken_run(algorithm, tmp_path):
   config = dataclasses.replace(BASE, algorithm=algorithm, root_output_dir=str(tmp_path),
                                **METHODS[algorithm])
   log = lambda msg: None  # noqa: E731
-  experiment.run_experiment(dataclasses.replace(config, experiment_name='unbroken'), log)
+  straight = experiment.run_experiment(dataclasses.replace(config, experiment_name='unbroken'),
+                                       log)
   experiment.run_experiment(dataclasses.replace(config, experiment_name='broken', rounds=2),
                             log)
   summary = experiment.run_experiment(
@@ -65,8 +66,12 @@ def test_stopped_and_resumed_run_equals_the_unbroken_run(algorithm, tmp_path):
   rows_a, rows_b = _csv(os.path.join(unbroken, 'metrics.csv')), _csv(os.path.join(broken,
                                                                                    'metrics.csv'))
   assert [r['round'] for r in rows_b] == ['1', '2', '3']
-  columns = [k for k in rows_a[0] if 'accuracy' in k or 'loss' in k
+  # The bytes' running totals (and FedLEx's exploration bytes) go on from the kept rows.
+  columns = [k for k in rows_a[0] if 'accuracy' in k or 'loss' in k or 'bytes' in k
              or k == STATE_METRICS[algorithm]]
+  assert 'cumulative_bytes_up' in columns
+  assert ({k: v for k, v in summary.items() if 'bytes_' in k}
+          == {k: v for k, v in straight.items() if 'bytes_' in k})
   assert STATE_METRICS[algorithm] in columns, sorted(rows_a[0])
   for ra, rb in zip(rows_a, rows_b):
     assert {k: ra[k] for k in columns} == {k: rb[k] for k in columns}

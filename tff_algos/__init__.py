@@ -27,8 +27,9 @@ _EXPORTS = {
     'tff_algos.runtime.resident_state': ('ResidentProcess',),
     'tff_algos.scaffold': ('build_scaffold',),
 }
-_SUBMODULES = ('aggregators', 'baselines', 'cadis', 'client_lr_decay', 'client_work', 'evaluation', 'fedcda',
-               'fedcross', 'fedlex', 'models', 'optimizers', 'runtime', 'scaffold')
+_SUBMODULES = ('aggregators', 'baselines', 'cadis', 'client_lr_decay', 'client_work',
+               'communication', 'evaluation', 'fedcda', 'fedcross', 'fedlex', 'models',
+               'optimizers', 'runtime', 'scaffold')
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 __all__ = __all__ + ['execution']
 
