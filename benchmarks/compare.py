@@ -17,6 +17,7 @@ skipped, then waited for at the end (`bash benchmarks/reproduce.sh` with JOBS=2)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -84,6 +85,17 @@ def _finished(config) -> bool:
 # main's stopping.StopRequests: SIGTERM/SIGINT stop the current run at its next round
 # boundary, checkpointed (stopping.Interrupted ends the command), as in programs/train.py.
 _STOP = None
+
+
+@contextlib.contextmanager
+def stop_requests():
+  """SIGTERM/SIGINT stop `run_all`'s current run at its next round boundary, checkpointed
+  (stopping.Interrupted then ends the command)."""
+  from programs import stopping  # pylint: disable=g-import-not-at-top
+  global _STOP
+  with stopping.StopRequests() as _STOP:
+    yield _STOP
+  _STOP = None
 
 
 def _raise_if_stopped(config) -> None:
@@ -352,7 +364,12 @@ def _duration(seconds: float) -> str:
 
 
 def plan(suite: suites.Suite, configs) -> list:
-  """The lines `--plan` prints: each run still to make, the rounds it has left (a stopped run
+  """`plan_runs` of a suite's `configs`."""
+  return plan_runs(suite.name, configs)
+
+
+def plan_runs(results_name: str, configs) -> list:
+  """The lines `--plan` prints for runs under benchmarks/results/<results_name>/: each run still to make, the rounds it has left (a stopped run
   resumes from its last checkpoint, a run without one starts over) and their time at the
   suite's recorded seconds per round (whole rounds where recorded, else their training) for
   runs of the same cost, and for a stopped run also at its own pace (own_seconds_per_round);
@@ -360,8 +377,8 @@ def plan(suite: suites.Suite, configs) -> list:
   then the total."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   from programs import run_directory  # pylint: disable=g-import-not-at-top
-  per_round = recorded_seconds_per_round(suite.name)
-  training_per_round = recorded_training_seconds(suite.name)
+  per_round = recorded_seconds_per_round(results_name)
+  training_per_round = recorded_training_seconds(results_name)
   lines, total_rounds, total_seconds, untimed, done, blocked = [], 0, 0.0, 0, 0, 0
   training_only = 0
   for config in configs:
@@ -473,12 +490,8 @@ def main(argv):
     print(f'error: no probe run is named in --only={",".join(_ONLY.value)}; the probes\' runs '
           f'are {sorted({r for p in suite.probes for r in p.runs})}', file=sys.stderr)
     return 2
-  from programs import stopping  # pylint: disable=g-import-not-at-top
-  global _STOP
-  with stopping.StopRequests() as _STOP:
-    code = _main(suite, seeds, probes_mode)
-  _STOP = None
-  return code
+  with stop_requests():
+    return _main(suite, seeds, probes_mode)
 
 
 def _print_plan(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:

@@ -253,7 +253,7 @@ def _fedcda() -> Suite:
                    "paper's own protocol it is not measured yet."))
 
 
-_FEDCROSS_COMMON = dict(
+FEDCROSS_COMMON = dict(
     dataset='fashion_mnist', model='simple_cnn', partition='dirichlet', num_clients=100,
     clients_per_round=10, batch_size=50, local_epochs=1, rounds=600, client_lr=0.01,
     client_momentum=0.5, proximal_strength=0.01,
@@ -273,7 +273,7 @@ def _fedcross() -> Suite:
       name='fedcross',
       title='FedCross vs FedAvg and FedProx: Fashion-MNIST Dirichlet, 100 clients, 10 per round',
       earlier_lengths=(300,),
-      common=_FEDCROSS_COMMON,
+      common=FEDCROSS_COMMON,
       runs=runs,
       comparisons=tuple(Comparison(f'{alg}_beta{b}', f'fedavg_beta{b}', f'{key}beta{b}',
                                    f'{name} β = {b}')
@@ -531,7 +531,7 @@ def _fedcross_paper() -> Suite:
       title='FedCross vs FedAvg at the paper\'s Table II protocol: Fashion-MNIST Dir 0.1, 100 '
             'clients, 10 per round',
       # Table II uses neither acceleration method: α = 0.99 from round 1, one collaborator.
-      common=dict(_FEDCROSS_COMMON, dirichlet_alpha=0.1),
+      common=dict(FEDCROSS_COMMON, dirichlet_alpha=0.1),
       runs=dict(fedcross=dict(algorithm='fedcross')),
       borrowed=dict(fedavg=('fedcross', 'fedavg_beta0.1')),
       comparisons=(Comparison('fedcross', 'fedavg', 'FEMNIST', 'FedCross Dir 0.1'),),
@@ -720,7 +720,7 @@ def _scaffold() -> Suite:
       title='SCAFFOLD vs FedAvg: Fashion-MNIST Dir 0.1, 100 clients, 10 per round',
       # The FedCross suite's layout. SCAFFOLD's option II needs plain client SGD, so both run
       # without momentum at lr 0.02, the step of the layout's lr 0.01 with momentum 0.5.
-      common=dict(_FEDCROSS_COMMON, dirichlet_alpha=0.1, rounds=300, client_lr=0.02,
+      common=dict(FEDCROSS_COMMON, dirichlet_alpha=0.1, rounds=300, client_lr=0.02,
                   client_momentum=0.0),
       runs=dict(fedavg=dict(algorithm='fedavg'), scaffold=dict(algorithm='scaffold')),
       comparisons=(Comparison('scaffold', 'fedavg', 'CIFAR-10 Dir 0.1', 'SCAFFOLD Dir 0.1'),

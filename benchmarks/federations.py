@@ -1,0 +1,235 @@
+r"""Realistic federations: every method with clients that drop out or lag, in rounds and bytes.
+
+  python -m benchmarks.federations            # make the runs (two copies share them)
+  python -m benchmarks.federations --plan     # what it would make, and for how long
+  python -m benchmarks.federations --report   # the page only, from the runs
+
+FedAvg, FedCross, FedCDA and CADIS (the reference code's 1/|C_i| weights), and SCAFFOLD beside a
+FedAvg on the same plain client SGD, on the fedcross suite's layout (Fashion-MNIST Dir 0.1, 100
+clients, 10 per round), each with no faults, with 30% of the sampled clients never reporting,
+and with half of them running a random share in [0.5, 1] of their local steps. The page
+(`benchmarks/results/federations/results.md`) gives each run's last-10 accuracy, the rounds and
+megabytes it took to reach 60% and 70% test accuracy, and its megabytes per round each way, and
+draws accuracy against cumulative megabytes, a panel per condition.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags
+from absl import logging
+import numpy as np
+
+from benchmarks import compare
+from benchmarks import runs as rd
+from benchmarks import suites
+from programs import pages
+
+_REPORT = flags.DEFINE_bool('report', False, 'Write the page from the runs; train nothing.')
+_PLAN = flags.DEFINE_bool('plan', False, 'List the runs it would make and their estimated time; '
+                          'train nothing.')
+
+NAME = 'federations'
+SEED = 0
+TARGETS = (0.6, 0.7)
+# The fedcross suite's layout, every round evaluated, for 150 rounds.
+LAYOUT = dict(suites.FEDCROSS_COMMON, dirichlet_alpha=0.1, rounds=150, eval_every=1,
+              target_accuracy=list(TARGETS))
+# SCAFFOLD's option II assumes plain client SGD: it and its FedAvg run at the scaffold suite's
+# lr 0.02 without momentum (the step of the layout's 0.01 with momentum 0.5).
+_PLAIN_SGD = dict(client_lr=0.02, client_momentum=0.0)
+METHODS = {
+    'fedavg': ('FedAvg', dict(algorithm='fedavg')),
+    'fedcross': ('FedCross', dict(algorithm='fedcross')),
+    # FedCDA's warmup as in its suite (FedAvg weighted by data size for 25 rounds).
+    'fedcda': ('FedCDA', dict(algorithm='fedcda', fedcda_warmup_rounds=25)),
+    'cadis': ('CADIS (1/\\|C_i\\|)', dict(algorithm='cadis', cadis_sample_weighted=False)),
+    'fedavg_sgd': ('FedAvg (plain SGD)', dict(algorithm='fedavg', **_PLAIN_SGD)),
+    'scaffold': ('SCAFFOLD (plain SGD)', dict(algorithm='scaffold', **_PLAIN_SGD)),
+}
+CONDITIONS = {
+    'none': ('no faults', {}),
+    'dropout': ('30% of clients never report', dict(client_dropout=0.3)),
+    'stragglers': ('half the clients run 50-100% of their steps',
+                   dict(straggler_fraction=0.5, straggler_min_work=0.5)),
+}
+# What the runs showed, in words (written once they are in; the tables hold the figures).
+VERDICT = ''
+
+
+def results_dir() -> str:
+  return suites.suite_dir(NAME)
+
+
+def run_dir() -> str:
+  return os.path.join(results_dir(), 'runs')
+
+
+def run_name(method: str, condition: str) -> str:
+  return suites.run_name(f'{method}_{condition}', SEED)
+
+
+def configs() -> list:
+  """Every run's ExperimentConfig, condition by condition (the fault-free ones first)."""
+  return [suites.experiment_config(dict(LAYOUT, **fields, **faults), SEED, run_dir(),
+                                   run_name(method, condition))
+          for condition, (_, faults) in CONDITIONS.items()
+          for method, (_, fields) in METHODS.items()]
+
+
+def _mb(value) -> str:
+  return '—' if value is None or not np.isfinite(value) else f'{value / 1e6:.1f}'
+
+
+def _reached(run: dict, target: float):
+  """(round, bytes) of the run's summary.json time-to-accuracy entry for `target`."""
+  for entry in run['summary'].get('time_to_accuracy') or ():
+    if abs(float(entry['target']) - target) < 1e-9:
+      return entry.get('round'), entry.get('bytes')
+  return None, None
+
+
+def _per_round_mb(rows: list, direction: str) -> float:
+  """Mean megabytes a round moves in `direction` ('down' or 'up'), payload and overhead."""
+  total = sum(rd.metrics_column(rows, f'bytes_{direction}_{part}')
+              for part in ('payload', 'overhead'))
+  total = total[np.isfinite(total)]
+  return float(np.mean(total)) if total.size else float('nan')
+
+
+def load() -> dict:
+  """{(method, condition): loaded run or None}."""
+  loaded = {}
+  for condition in CONDITIONS:
+    for method in METHODS:
+      path = os.path.join(run_dir(), run_name(method, condition))
+      loaded[method, condition] = (rd.load_run(path, LAYOUT['rounds'])
+                                   if os.path.exists(os.path.join(path, 'config.json'))
+                                   else None)
+  return loaded
+
+
+def table(loaded: dict) -> list:
+  head = ('| condition | method | last-10 accuracy | '
+          + ' | '.join(f'rounds to {t:.0%} | MB to {t:.0%}' for t in TARGETS)
+          + ' | MB per round down | MB per round up |')
+  lines = [head, '|' + '---|' * (head.count('|') - 1)]
+  for condition, (words, _) in CONDITIONS.items():
+    for method, (label, _) in METHODS.items():
+      run = loaded[method, condition]
+      if run is None or not run['rows']:
+        lines.append(f'| {words} | {label} | not run |' + ' |' * (2 * len(TARGETS) + 2))
+        continue
+      status = '' if run['finished'] else f' (at round {run["rounds_done"]})'
+      cells = [f'{100 * run["last10_mean_accuracy"]:.2f}{status}']
+      for target in TARGETS:
+        rnd, mb = _reached(run, target)
+        cells += ['never' if rnd is None else str(rnd), _mb(mb)]
+      cells += [_mb(_per_round_mb(run['rows'], d)) for d in ('down', 'up')]
+      lines.append(f'| {words} | {label} | ' + ' | '.join(cells) + ' |')
+  return lines
+
+
+def figure(loaded: dict, path: str) -> None:
+  """Accuracy against cumulative megabytes (down + up), a panel per condition."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, axes = plt.subplots(1, len(CONDITIONS), figsize=(4.2 * len(CONDITIONS), 3.4),
+                           sharey=True)
+  for ax, (condition, (words, _)) in zip(axes, CONDITIONS.items()):
+    for method, (label, _) in METHODS.items():
+      run = loaded[method, condition]
+      if run is None or not run['rows']:
+        continue
+      acc = rd.metrics_column(run['rows'], 'test_accuracy')
+      mb = (rd.metrics_column(run['rows'], 'cumulative_bytes_down')
+            + rd.metrics_column(run['rows'], 'cumulative_bytes_up')) / 1e6
+      keep = np.isfinite(acc) & np.isfinite(mb)
+      ax.plot(mb[keep], 100 * acc[keep], lw=1.1, label=label.replace('\\|', '|'))
+    ax.set_title(words, fontsize=8)
+    ax.set_xlabel('cumulative MB (down + up)', fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.tick_params(labelsize=7)
+    if ax.lines:
+      ax.legend(fontsize=6, loc='lower right')
+    else:
+      ax.text(0.5, 0.5, 'no run yet', ha='center', transform=ax.transAxes)
+  axes[0].set_ylabel('test accuracy (%)', fontsize=8)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with pages.replacing(path) as tmp:
+    fig.savefig(tmp, format='png', dpi=100, metadata={'Software': None})
+  plt.close(fig)
+
+
+def page(loaded: dict) -> str:
+  layout = LAYOUT
+  lines = ['# Realistic federations: clients that drop out or lag, in rounds and bytes', '',
+           '<!-- written by `python -m benchmarks.federations`; do not edit by hand -->', '',
+           ' '.join(__doc__.split('\n\n')[1].split()), '',
+           f'Settings: {layout["dataset"]}, {layout["model"]}, Dirichlet '
+           f'{layout["dirichlet_alpha"]}, {layout["num_clients"]} clients, '
+           f'{layout["clients_per_round"]} per round, batch {layout["batch_size"]}, E = '
+           f'{layout["local_epochs"]}, client lr {layout["client_lr"]} with momentum '
+           f'{layout["client_momentum"]} (the plain-SGD pair: lr {_PLAIN_SGD["client_lr"]}, no '
+           f'momentum), {layout["rounds"]} rounds, seed {SEED}, test accuracy every round. Every '
+           'method loses the same clients in the same rounds (the draw depends on the seed, the '
+           'round and the client only). Megabytes are 10^6 bytes of the values that cross, down '
+           'and up, payload and overhead (docs/training_program.md); a dropped client\'s download '
+           'counts, its upload does not. "Rounds to" is the first evaluated round at or above the '
+           'target; "MB to" the cumulative megabytes then.', '',
+           'Command: `python -m benchmarks.federations` (two copies share the runs; `--report` '
+           'rewrites this page and the figure).', '']
+  lines += table(loaded)
+  lines += ['', '![accuracy against cumulative megabytes](federations.png)', '']
+  lines.append(f'Verdict: {VERDICT}' if VERDICT else
+               'Verdict: not yet: the runs above are not all in.')
+  return '\n'.join(lines) + '\n'
+
+
+def write_pages() -> None:
+  loaded = load()
+  pages.write_text(os.path.join(results_dir(), 'results.md'), page(loaded))
+  figure(loaded, os.path.join(results_dir(), 'federations.png'))
+  print(f'wrote {os.path.relpath(os.path.join(results_dir(), "results.md"))}')
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  if _REPORT.value and _PLAN.value:
+    print('error: choose one of --report and --plan', file=sys.stderr)
+    return 2
+  if _REPORT.value:
+    write_pages()
+    return 0
+  if _PLAN.value:
+    print('\n'.join(compare.plan_runs(NAME, configs())))
+    return 0
+  from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import stopping  # pylint: disable=g-import-not-at-top
+  try:
+    with compare.stop_requests():
+      compare.run_all(configs())
+  except experiment.ExperimentError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  except stopping.Interrupted as e:
+    print(f'stopped by {signal.Signals(e.signum).name} at {os.path.relpath(e.experiment_dir)} '
+          f'(checkpointed after round {e.last_round}); the same command continues',
+          file=sys.stderr)
+    write_pages()   # the page as far as the runs got
+    return e.exit_code
+  write_pages()
+  return 0
+
+
+if __name__ == '__main__':
+  app.run(main)
