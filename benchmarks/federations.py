@@ -40,7 +40,7 @@ SEED = 0
 TARGETS = (0.6, 0.7)
 # The fedcross suite's layout, every round evaluated, for 150 rounds.
 LAYOUT = dict(suites.FEDCROSS_COMMON, dirichlet_alpha=0.1, rounds=150, eval_every=1,
-              target_accuracy=list(TARGETS))
+              target_accuracy=','.join(map(str, TARGETS)))
 # SCAFFOLD's option II assumes plain client SGD: it and its FedAvg run at the scaffold suite's
 # lr 0.02 without momentum (the step of the layout's 0.01 with momentum 0.5).
 _PLAIN_SGD = dict(client_lr=0.02, client_momentum=0.0)

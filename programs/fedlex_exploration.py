@@ -27,8 +27,9 @@ class Guidance:
     self.exploration = None
     self.explorers = np.zeros([0], np.int64)
     self.placeholder = None
-    # The run's exploration bytes so far (every explorer's download and upload); `traffic`:
-    # one explorer's (`communication.ClientTraffic` of the exploration computation).
+    # The run's exploration bytes so far (every explorer's download, the reporting ones'
+    # upload); `traffic`: one explorer's (`communication.ClientTraffic` of the exploration
+    # computation).
     self.bytes = collections.OrderedDict(exploration_bytes_down=0, exploration_bytes_up=0)
     self.traffic = None
     if c.fedlex_guidance == 'exploration' or c.fedlex_explore_in_place:
@@ -38,8 +39,12 @@ class Guidance:
       self.traffic = communication.computation_traffic(
           self.exploration, self.exploration.type_signature.parameter[0].member)
 
-  def _count_bytes(self, explorers: int) -> None:
-    moved = self.traffic.round_bytes(explorers)
+  def _count_bytes(self, explorers, round_num: int) -> None:
+    """Adds the bytes `explorers` move exploring at `round_num` (their inputs' draw: seed + 1,
+    as `_explore`'s): each downloads, those whose draw lets them report upload."""
+    faults = client_faults(self._c)
+    reporting = sum(faults.work(self._c.seed + 1, round_num, int(n)) > 0 for n in explorers)
+    moved = self.traffic.round_bytes(len(explorers), reporting)
     for direction in ('down', 'up'):
       self.bytes[f'exploration_bytes_{direction}'] += (
           moved[f'bytes_{direction}_payload'] + moved[f'bytes_{direction}_overhead'])
@@ -54,7 +59,7 @@ class Guidance:
     """(state, exploration metrics) round 1 starts from, for a run starting afresh."""
     c = self._c
     if self.exploration is not None:   # every explorer explores once (in place or not)
-      self._count_bytes(len(self.explorers))
+      self._count_bytes(self.explorers, 0)
     state, metrics = _initial_state(c, self._fed, self._process, self.exploration,
                                     self.explorers, state)
     if c.fedlex_guidance == 'placeholder':
@@ -74,7 +79,7 @@ class Guidance:
       held = runner.adopt(state)
     if self.exploration is not None and self._c.fedlex_refresh:
       refreshing = np.intersect1d(sampled, self.explorers)
-      self._count_bytes(len(refreshing))
+      self._count_bytes(refreshing, round_num)
       state, refresh_metrics = _explore(self._c, self._fed, self._process, self.exploration,
                                         refreshing, runner.materialize(held), round_num)
       held = runner.adopt(state)

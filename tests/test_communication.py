@@ -200,17 +200,19 @@ def test_round_bytes_count_sampled_clients_down_and_reporters_up():
 
 
 def test_a_guided_run_writes_its_bytes_columns_totals_and_exploration(tmp_path, tiny_model_fn):
-  """2 rounds of FedLEx-AvgM with --fedlex_refresh: each round's columns are the formula's
-  bytes times the 4 sampled clients, the running totals add up, TensorBoard has them, and
-  the exploration bytes are the explorers' (before round 1 and the refreshes) times one
-  explorer's: the model down; its deviation and final model up (with 16 bytes: the two
-  means' weights, the epochs and the finite count)."""
+  """2 rounds of FedLEx-AvgM with --fedlex_refresh and half the clients dropping: each
+  round's columns are the formula's bytes times the 4 sampled clients down and its reporting
+  ones up, the running totals add up, TensorBoard has them, and the exploration bytes are
+  the explorers' (before round 1 and the refreshes) times one explorer's: the model down to
+  each; its deviation and final model up (with 20 bytes: the two means' weights, the epochs,
+  the finite and the reporting counts) from each that reports."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   config = experiment.ExperimentConfig(
       algorithm='fedlex_avgm', dataset='digits', num_clients=10, clients_per_round=4,
       local_epochs=1, batch_size=16, client_lr=0.1, rounds=2, progress=False,
-      fedlex_refresh=True, root_output_dir=str(tmp_path), experiment_name='g')
+      fedlex_refresh=True, client_dropout=0.5, root_output_dir=str(tmp_path),
+      experiment_name='g')
   summary = experiment.run_experiment(config, log=lambda _: None)
   exp_dir = tmp_path / 'g'
   with open(exp_dir / 'metrics.csv') as f:
@@ -221,20 +223,26 @@ def test_a_guided_run_writes_its_bytes_columns_totals_and_exploration(tmp_path, 
   totals = [0, 0]
   for row in rows:
     assert int(row['bytes_down_payload']) == 4 * (w + t)
-    assert int(row['bytes_up_payload']) == 4 * w
+    reported = int(float(row['reported_clients']))
+    assert int(row['bytes_up_payload']) == reported * w
     assert int(row['bytes_down_overhead']) == 4 * per_client['down_overhead']
-    assert int(row['bytes_up_overhead']) == 4 * per_client['up_overhead']
+    assert int(row['bytes_up_overhead']) == reported * per_client['up_overhead']
     totals[0] += int(row['bytes_down_payload']) + int(row['bytes_down_overhead'])
     totals[1] += int(row['bytes_up_payload']) + int(row['bytes_up_overhead'])
     assert [int(row['cumulative_bytes_down']), int(row['cumulative_bytes_up'])] == totals
   assert [summary['cumulative_bytes_down'], summary['cumulative_bytes_up']] == totals
-  assert summary['bytes_up_payload'] == 2 * 4 * w
+  assert summary['bytes_up_payload'] == sum(int(float(r['reported_clients'])) for r in rows) * w
+  assert 0 < summary['bytes_up_payload'] < 2 * 4 * w
   explorers = fedlex_exploration.fedlex_explorers(config, 10)
-  explored = len(explorers) + sum(
-      len(np.intersect1d(data.sample_clients(10, 4, r, config.seed), explorers))
-      for r in (1, 2))
+  exploring = [(0, explorers)] + [
+      (r, np.intersect1d(data.sample_clients(10, 4, r, config.seed), explorers)) for r in (1, 2)]
+  # an explorer reports unless the first of its draw's uniforms falls below the dropout rate
+  reporting = sum(np.random.default_rng([config.seed + 1, r, int(n), 2]).random(3)[0] >= 0.5
+                  for r, ids in exploring for n in ids)
+  explored = sum(len(ids) for _, ids in exploring)
+  assert 0 < reporting < explored
   assert summary['exploration_bytes_down'] == explored * w
-  assert summary['exploration_bytes_up'] == explored * (t + w + 16)
+  assert summary['exploration_bytes_up'] == reporting * (t + w + 20)
   assert int(rows[-1]['exploration_bytes_up']) == summary['exploration_bytes_up']
   tags = set()
   for path in (exp_dir / 'tensorboard').iterdir():

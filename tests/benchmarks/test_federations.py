@@ -23,7 +23,7 @@ def test_every_method_runs_under_every_condition_on_one_layout():
       assert c.client_dropout == faults.get('client_dropout', 0.0)
       assert c.straggler_fraction == faults.get('straggler_fraction', 0.0)
       assert all(getattr(c, k) == v for k, v in fields.items())
-      assert list(c.target_accuracy) == [0.6, 0.7]
+      assert c.target_accuracy == '0.6,0.7'
   # SCAFFOLD is compared with a FedAvg on the same plain client SGD
   for name in ('fedavg_sgd', 'scaffold'):
     c = configs[federations.run_name(name, 'none')]
