@@ -44,13 +44,13 @@ _SEEDS = flags.DEFINE_list('seeds', [str(s) for s in suites.SEEDS],
 _ONLY = flags.DEFINE_list('only', [], 'Run only these run names (all seeds).')
 _TUNE = flags.DEFINE_bool('tune', False, 'Run the suite\'s learning-rate grid and freeze the '
                           'best value per algorithm in tuned.json.')
-_REPORT = flags.DEFINE_bool('report', False, 'Write the pages from the runs; train nothing.')
+REPORT = _REPORT = flags.DEFINE_bool('report', False, 'Write the pages from the runs; train nothing.')
 _PROBES = flags.DEFINE_bool('probes', False, 'Run the suite\'s probes (runs at changed '
                             'settings that test a diagnosis, benchmarks/suites.py: Probe) '
                             'instead of its reported runs, over each probe\'s own seeds '
                             '(--only applies, --seeds does not).')
 _PROBE = flags.DEFINE_list('probe', [], 'Run only these probes of the suite (implies --probes).')
-_PLAN = flags.DEFINE_bool('plan', False, 'List the runs the command would make (with the other '
+PLAN = _PLAN = flags.DEFINE_bool('plan', False, 'List the runs the command would make (with the other '
                           'flags), the rounds each has left and their time estimated from the '
                           'suite\'s recorded rounds (whole rounds where recorded; a stopped '
                           'run also at its own rounds\' median pace); train nothing.')

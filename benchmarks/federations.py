@@ -22,7 +22,6 @@ import sys
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 from absl import app  # pylint: disable=g-import-not-at-top
-from absl import flags
 from absl import logging
 import numpy as np
 
@@ -31,9 +30,9 @@ from benchmarks import runs as rd
 from benchmarks import suites
 from programs import pages
 
-_REPORT = flags.DEFINE_bool('report', False, 'Write the page from the runs; train nothing.')
-_PLAN = flags.DEFINE_bool('plan', False, 'List the runs it would make and their estimated time; '
-                          'train nothing.')
+# --report and --plan are compare's flags (this module runs its runs through compare's queue).
+_REPORT = compare.REPORT
+_PLAN = compare.PLAN
 
 NAME = 'federations'
 SEED = 0
@@ -173,7 +172,7 @@ def page(loaded: dict) -> str:
   layout = LAYOUT
   lines = ['# Realistic federations: clients that drop out or lag, in rounds and bytes', '',
            '<!-- written by `python -m benchmarks.federations`; do not edit by hand -->', '',
-           ' '.join(__doc__.split('\n\n')[1].split()), '',
+           ' '.join(__doc__.split('\n\n')[2].split()), '',
            f'Settings: {layout["dataset"]}, {layout["model"]}, Dirichlet '
            f'{layout["dirichlet_alpha"]}, {layout["num_clients"]} clients, '
            f'{layout["clients_per_round"]} per round, batch {layout["batch_size"]}, E = '
@@ -196,6 +195,7 @@ def page(loaded: dict) -> str:
 
 def write_pages() -> None:
   loaded = load()
+  os.makedirs(results_dir(), exist_ok=True)
   pages.write_text(os.path.join(results_dir(), 'results.md'), page(loaded))
   figure(loaded, os.path.join(results_dir(), 'federations.png'))
   print(f'wrote {os.path.relpath(os.path.join(results_dir(), "results.md"))}')
