@@ -24,7 +24,7 @@ import os
 import signal
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
@@ -519,10 +519,32 @@ def _print_plan(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
   return 0
 
 
-def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
+def run_and_write(make: Callable[[], Optional[int]], write: Callable[[], None]) -> int:
+  """A command's exit code: `make()` (an exit code it returns ends the command, nothing
+  written), then `write()` its pages. An ExperimentError ends it in one `error:` line (exit
+  2); a stop signal (stopping.Interrupted) writes the pages as far as the runs got and says
+  how to continue."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   from programs import stopping  # pylint: disable=g-import-not-at-top
   try:
+    code = make()
+  except experiment.ExperimentError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 2
+  except stopping.Interrupted as e:
+    print(f'stopped by {signal.Signals(e.signum).name} at {os.path.relpath(e.experiment_dir)} '
+          f'(checkpointed after round {e.last_round}); the same command continues',
+          file=sys.stderr)
+    write()   # the pages as far as the runs got
+    return e.exit_code
+  if code is not None:
+    return code
+  write()
+  return 0
+
+
+def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
+  def make() -> Optional[int]:
     if _PLAN.value:
       return _print_plan(suite, seeds, probes_mode)
     if _TUNE.value:
@@ -544,19 +566,14 @@ def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
         run_probes(suite, tuned, _ONLY.value, _PROBE.value)
       else:
         run_all(run_configs(suite, tuned, _ONLY.value, seeds))
-  except experiment.ExperimentError as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
-  except stopping.Interrupted as e:
-    print(f'stopped by {signal.Signals(e.signum).name} at {os.path.relpath(e.experiment_dir)} '
-          f'(checkpointed after round {e.last_round}); the same command continues',
-          file=sys.stderr)
-    report.write_all()   # the pages as far as the runs got
-    return e.exit_code
-  report.write_all()
-  print(f'wrote {os.path.relpath(os.path.join(suites.suite_dir(suite.name), "results.md"))} '
-        '(and every other page)')
-  return 0
+    return None
+
+  def write() -> None:
+    report.write_all()
+    print(f'wrote {os.path.relpath(os.path.join(suites.suite_dir(suite.name), "results.md"))} '
+          '(and every other page)')
+
+  return run_and_write(make, write)
 
 
 if __name__ == '__main__':

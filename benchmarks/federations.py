@@ -16,7 +16,6 @@ draws accuracy against cumulative megabytes, a panel per condition.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
@@ -213,22 +212,12 @@ def main(argv):
   if _PLAN.value:
     print('\n'.join(compare.plan_runs(NAME, configs())))
     return 0
-  from programs import experiment  # pylint: disable=g-import-not-at-top
-  from programs import stopping  # pylint: disable=g-import-not-at-top
-  try:
+
+  def make() -> None:
     with compare.stop_requests():
       compare.run_all(configs())
-  except experiment.ExperimentError as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
-  except stopping.Interrupted as e:
-    print(f'stopped by {signal.Signals(e.signum).name} at {os.path.relpath(e.experiment_dir)} '
-          f'(checkpointed after round {e.last_round}); the same command continues',
-          file=sys.stderr)
-    write_pages()   # the page as far as the runs got
-    return e.exit_code
-  write_pages()
-  return 0
+
+  return compare.run_and_write(make, write_pages)
 
 
 if __name__ == '__main__':
