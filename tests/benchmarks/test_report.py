@@ -307,3 +307,23 @@ def test_rounds_to_targets_match_numpy(tmp_path, monkeypatch):
   assert report._speedup_text(got['speedup'][0.45]) in row
   assert 'speed-up 2.00×' in ' '.join(lines)
   assert '2.00×' in report.rounds_to_target_line(suite)
+
+
+def test_the_reproduction_line_names_only_suites_that_reach_a_target(tmp_path, monkeypatch):
+  """A suite whose runs reach no target (e.g. one too short) is left to the page's table;
+  one that reaches a target gets its speed-up in REPRODUCTION.md's line."""
+  numbers = dict(rounds_to_target=dict(toy=dict(
+      where='Toy Table II', dataset='Toy', rounds={'80': dict(fedavg=100, toy=50)})))
+  rising = np.linspace(0.3, 0.9, 100)
+  for reach, want in ((rising, True), (np.full(100, 0.3), False)):
+    suite = suites.Suite(
+        name='toy', title='toy suite', scaled='nothing', targets=(0.6,),
+        common=dict(dataset='digits', rounds=100, eval_every=1),
+        runs=dict(base=dict(algorithm='fedavg'), new=dict(algorithm='fedprox')),
+        comparisons=(suites.Comparison('new', 'base', 'x', 'toy, new'),))
+    _toy(monkeypatch, tmp_path / str(want), suite)
+    monkeypatch.setattr(suites, 'load_paper_numbers', lambda: numbers)
+    for run in ('base', 'new'):
+      for s in suites.SEEDS:
+        _make(tmp_path / str(want), suite, run, s, reach)
+    assert ('toy: new ' in report.rounds_to_target_line(suite)) == want
