@@ -381,8 +381,8 @@ def _cadis() -> Suite:
                       'rescaled similarity (`--cadis_reference_quirks`), weights by 1/|C_i| '
                       'alone and takes the KD σ over n − 1 (`--cadis_kd_std=sample`). At the '
                       'code\'s default protocol (cadis_reference) no variant separates from '
-                      'FedAvg (two seeds); the quirks carry no gain (2.6 and 2.9 points below '
-                      'the same CADIS without them, best round).'))
+                      'FedAvg; the quirks carry no gain (2.6, 2.9 points below CADIS without '
+                      'them).'))
 
 
 # FedLEx's explorers' client rate: the rate its bases tuned to (FedAvgM, FedAdam, FedProx: 0.1).
