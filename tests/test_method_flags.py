@@ -97,7 +97,8 @@ KEYWORD_TESTS = {
         'tests/test_scaffold.py::test_rounds_match_numpy_scaffold',
     ('scaffold', 'client_weighting'): 'tests/test_scaffold.py::test_rounds_match_numpy_scaffold',
     ('scaffold', 'max_control_gib'): 'tests/test_scaffold.py::test_refusals_name_the_reason',
-    ('fedlex', 'exploration_patience'): 'tests/test_fedlex.py::test_early_stopping_counts_epochs',
+    ('fedlex', 'exploration_patience'):
+        'tests/test_fedlex.py::test_patient_explorer_keeps_its_adam_moments',
     ('fedlex', 'normalize'): 'tests/test_fedlex.py::test_exploration_matches_numpy',
     ('fedlex', 'guidance_floor'): 'tests/test_fedlex.py::test_exploration_matches_numpy',
     # The general flags' keywords.
@@ -112,6 +113,13 @@ KEYWORD_TESTS = {
 
 # Flags whose effect a default-suite test elsewhere shows.
 TESTED_ELSEWHERE = {
+    'client_dropout': 'tests/test_resume_methods.py::test_faults_change_what_runs_and_resume_exactly',
+    'straggler_fraction':
+        'tests/test_resume_methods.py::test_faults_change_what_runs_and_resume_exactly',
+    'straggler_min_work':
+        'tests/test_resume_methods.py::test_faults_change_what_runs_and_resume_exactly',
+    'target_accuracy':
+        'tests/test_train_program.py::test_every_dataset_has_a_default_target_pair_and_the_flag_overrides_it',
     'resume': 'tests/test_train_program.py::test_resume_after_kill_is_identical_to_unbroken_run',
     'workers': 'tests/test_distributed.py::test_program_on_given_and_local_services_reproduces_local_weights',
     'local_workers':

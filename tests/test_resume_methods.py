@@ -183,13 +183,16 @@ def _rewrite_checkpoint(path, change_aggregator):
 
 
 def test_a_checkpoint_that_does_not_match_the_state_is_refused(tmp_path):
-  """A FedCDA checkpoint whose aggregator state lacks a field is refused in one line."""
+  """FedCDA checkpoints whose aggregator state lacks a field are refused in one line (every
+  kept version: with one that loads, --resume falls back to it)."""
   config = dataclasses.replace(BASE, algorithm='fedcda', root_output_dir=str(tmp_path),
                                experiment_name='bad', rounds=2, **METHODS['fedcda'])
   quiet = lambda msg: None  # noqa: E731
   experiment.run_experiment(config, quiet)
-  _rewrite_checkpoint(os.path.join(tmp_path, 'bad', 'checkpoints', 'program_state_2'),
-                      lambda agg: {k: v for k, v in agg.items() if k != 'losses'})
+  ckpt_dir = os.path.join(tmp_path, 'bad', 'checkpoints')
+  for version in os.listdir(ckpt_dir):
+    _rewrite_checkpoint(os.path.join(ckpt_dir, version),
+                        lambda agg: {k: v for k, v in agg.items() if k != 'losses'})
   with pytest.raises(experiment.ExperimentError, match='checkpoint does not match'):
     experiment.run_experiment(dataclasses.replace(config, rounds=BASE.rounds, resume=True),
                               quiet)
