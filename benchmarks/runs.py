@@ -6,7 +6,8 @@ tuning/, probe runs under probes/<probe>/, shorter makings of a lengthened suite
 earlier_runs/rounds<N>/). `load_run` reads one; `collect` reads a suite's runs (its own and
 those it borrows from another suite) at the length its pages report; `at_length` reads a run
 over its first rounds. Accuracy of a run = the mean test accuracy of its last LAST
-evaluations (or its best, `CRITERION_KEYS`); across seeds: mean ± sample standard deviation.
+evaluations (or its best, `CRITERION_KEYS`); across seeds, `programs.studies.paired` reads
+them (mean ± sample standard deviation, paired margins).
 """
 
 from __future__ import annotations
@@ -219,14 +220,6 @@ def _seed_paths(folder: str, run: str) -> dict:
   return dict(sorted(out.items()))
 
 
-def mean_std(values) -> tuple:
-  v = np.asarray(values, np.float64)
-  if v.size == 0:
-    return float('nan'), float('nan')
-  # One value has no spread: NaN, shown as "(one seed)", never as ± 0.
-  return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else float('nan')
-
-
 def mean_curve(runs: list) -> tuple:
   """(rounds, mean, std) of the runs' test accuracy over seeds, at the rounds every one of
   them evaluated (std 0 for one run)."""
@@ -350,22 +343,6 @@ def summary_value(run: dict, path: tuple) -> Optional[float]:
 
 def num(x, spec: str = '.2f') -> str:
   return 'n/a' if x is None or not np.isfinite(x) else format(x, spec)
-
-
-def mean_and_spread(mean: float, std: float, spec: str = '.2f', mean_spec: str = '') -> str:
-  """'mean ± std', or 'mean (one seed)' when there is no spread (mean_std's NaN std)."""
-  if not np.isfinite(mean):
-    return 'n/a'
-  text = format(mean, mean_spec or spec)
-  return f'{text} (one seed)' if np.isnan(std) else f'{text} ± {std:{spec}}'
-
-
-def over_seeds(values, spec: str = '.2f', scale: float = 1.0, signed: bool = False) -> str:
-  """`mean ± std` of the finite `values` (times `scale`), 'n/a' when there are none."""
-  values = [scale * v for v in values if v is not None and np.isfinite(v)]
-  if not values:
-    return 'n/a'
-  return mean_and_spread(*mean_std(values), spec, '+' + spec if signed else '')
 
 
 def settings_differences(run: dict, fields: dict) -> list:
