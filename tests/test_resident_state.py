@@ -325,7 +325,7 @@ def test_an_empty_state_crosses_without_a_file(tmp_path):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   state_type = tff.FederatedType(tff.StructType([]), tff.SERVER)
   path = str(tmp_path / 'state')
-  resident_state.save_computation(state_type)((), path)
+  resident_state.save_computation(state_type)((), [path])
   assert os.listdir(tmp_path) == []
   restored, size = resident_state.restore_computation(state_type)(path)
   assert len(restored) == 0 and size == 1
