@@ -28,6 +28,7 @@ batches of 20 (benchmarks/results/RESULTS.md, "The resident state's memory"). `r
     python_state = resident.materialize(state)       # e.g. to checkpoint it
     read = resident.snapshot(state)                  # or: the worker writes it now, and
     python_state = read()                            # read() may run in another thread
+    resident.write(state, path, layout, extras)      # or the worker writes a file of its own
     state = resident.adopt(python_state)             # e.g. after loading a checkpoint
 
 How the state crosses (`transfer`): by default ('files') as a TensorFlow checkpoint in a
@@ -39,6 +40,9 @@ file costs the worker less memory and time. With 'values' the state crosses as T
 and above `part_bytes` (64 MiB) in parts, each its own message (a computation splits the
 state into tuples of its tensors, another joins them), so that no message exceeds TFF's
 2 GB limit. Every way gives the same state to the bit, in the same containers (tested).
+With 'files', `write` has the worker write the state's tensors under names the caller gives
+(a `FileLayout`, with a few scalars sent from Python and fixed strings) into a file that
+never passes through Python: a checkpoint version (programs/checkpoint_writer.py).
 `initial_state()` computes `initialize` in the worker and brings back one copy.
 
 It needs TFF's local runtime (the context `execution.initialize_runtime()` installs without
