@@ -115,19 +115,24 @@ class CheckpointWriter:
     """With a runner whose worker writes files (`runner.writes_files`: a ResidentProcess,
     transfer='files'), the template of the run's program state (`program_state`: its
     structure, shapes and dtypes never change; written once under `scratch_dir`, then
-    removed) and the layout in which the worker writes each version's tensors."""
+    removed) and the layout in which the worker writes each version's tensors. A program
+    state the template cannot name leaf by leaf (a leaf TFF keeps in saved_model.pb rather
+    than as a variable; a tensor the worker holds in another dtype) is left to the manager's
+    own `save`."""
     if not runner.writes_files:
       return
     from tff_algos.runtime import saved_model_template  # pylint: disable=g-import-not-at-top
     try:
       template = saved_model_template.SavedModelTemplate(initial_program_state,
                                                          scratch_dir=scratch_dir)
+      self._layout = template.worker_layout(runner.state_type)
+    except ValueError:
+      return
     except Exception as e:  # pylint: disable=broad-except
       if not is_write_failure(e):
         raise
       raise write_error('the checkpoints\' template', scratch_dir or 'the temp directory', e,
                         self.checkpointed) from None
-    self._layout = template.worker_layout(runner.state_type)
     self._template = template
 
   def checkpoint(self, runner, held, figures, version: int) -> None:

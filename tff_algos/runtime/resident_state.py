@@ -204,7 +204,8 @@ def _write_leaves(path, names, tensors):
 def _read_leaves(path, member_type) -> list:
   """RestoreV2 of the tensors `_write_leaves` wrote for a state of `member_type`."""
   types = structure.flatten(member_type)
-  return tf.raw_ops.RestoreV2(prefix=path, tensor_names=list(state_file_layout(member_type).state),
+  return tf.raw_ops.RestoreV2(prefix=path,
+                              tensor_names=list(state_file_layout(member_type).state),
                               shape_and_slices=[''] * len(types),
                               dtypes=[tf.as_dtype(t.dtype) for t in types])
 
@@ -578,8 +579,8 @@ class ResidentProcess:
     FileLayout: `extras` are its extras' values); returns once it is written."""
     layout = self._layouts[save]
     others = await self._ingest(
-        [path] + [np.asarray(value, dtype) for value, (_, dtype) in zip(extras, layout.extras,
-                                                                          strict=True)],
+        [path] + [np.asarray(extra, dtype)
+                  for extra, (_, dtype) in zip(extras, layout.extras, strict=True)],
         tff.FederatedType(_save_argument_type(layout), tff.SERVER))
     argument = await self._executor.create_struct(structure.Struct.unnamed(value, others))
     written = await self._executor.create_call(await self._function(save), argument)
