@@ -268,6 +268,23 @@ def test_a_version_the_worker_writes_is_the_managers_own(algorithm, tmp_path):
   assert ours_files == their_files
 
 
+def test_a_state_held_in_python_is_written_through_the_managers_save(tmp_path):
+  """A runner whose worker holds no state (worker services: DirectProcess) is not prepared
+  and its versions go through FileProgramStateManager.save, as before."""
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+  runner = resident_state.DirectProcess(process=None)
+  state = collections.OrderedDict(w=np.arange(6, dtype=np.float32).reshape(2, 3),
+                                  n=np.int64(7))
+  figures = collections.OrderedDict(round=1, best_accuracy=0.5, exploration_client_epochs=0.0)
+  writer = checkpoint_writer.CheckpointWriter(str(tmp_path))
+  writer.prepare(runner, checkpoint_writer.program_state(state, figures))
+  writer.checkpoint(runner, state, figures, 1)
+  writer.close()
+  loaded = _tff_load(str(tmp_path), 1, checkpoint_writer.program_state(state, figures))
+  np.testing.assert_array_equal(loaded['state']['w'], state['w'])
+  assert loaded['state']['n'] == 7 and int(loaded['round']) == 1
+
+
 def _damage(path):
   """Flips bytes in the middle of a file (a checksum no longer matches)."""
   with open(path, 'r+b') as f:
