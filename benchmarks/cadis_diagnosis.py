@@ -20,6 +20,7 @@ test accuracy changes from round to round, for CADIS's variants and the baseline
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -29,6 +30,7 @@ import numpy as np
 from benchmarks import runs as rd
 from benchmarks import suites
 from programs import methods
+from programs.studies import paired
 
 OUT = os.path.join(suites.suite_dir('cadis'), 'diagnosis.md')
 EARLIER_RUNS = os.path.join(suites.suite_dir('cadis'), 'earlier_runs')
@@ -169,30 +171,7 @@ def _suite_lines(runs: dict, filled: dict) -> list:
            '| first round the clusters match | λ·KD / cross-entropy |',
            '|---|---|---|---|---|---|---|---|---|---|---|']
   for run, seeds in runs.items():
-    rows = list(seeds.values())
-    if not rows:
-      lines.append(f'| {run} | none finished | | | | | | | | | |')
-      continue
-    last10 = [rd.last10_of(rd.metrics_column(r, 'test_accuracy')) for r in rows]
-    cadis = all('aggregator/aggregation_weights' in r[0] for r in rows)
-    effects = [weight_effects(r) for r in rows] if cadis else []
-    matched = [next((int(x['round']) for x in r
-                     if methods.cadis_clusters_match(x, NUM_CLIENTS)), np.nan)
-               for r in rows] if cadis else []
-    cells = [rd.over_seeds(last10, scale=100),
-             rd.over_seeds([round_to_round_change(r) for r in rows], scale=100)]
-    cells += [rd.over_seeds([e[k] for e in effects], spec, scale, signed)
-              for k, spec, scale, signed in (
-                  ('effective', '.2f', 1, False), ('heavy_share', '.0f', 100, False),
-                  ('corr', '.2f', 1, True), ('change_heavy', '.2f', 100, True),
-                  ('change_light', '.2f', 100, True))]
-    never = [str(seed) for seed, m in zip(seeds, matched) if np.isnan(m)]
-    cells.append(rd.over_seeds(matched, '.0f') + (
-        f' (never on seed{"s" * (len(never) > 1)} {", ".join(never)})' if never else '')
-                 if cadis else 'n/a')
-    cells.append(rd.over_seeds([kd_to_cross_entropy(r) for r in rows], '.3f')
-                 if cadis else 'n/a')
-    lines.append(f'| {run} | {", ".join(map(str, seeds))} | ' + ' | '.join(cells) + ' |')
+    lines.append(paired.paired_row(run, (seeds,), functools.partial(_run_cells, seeds), 11))
   lines.append('')
   baseline = [r for r in runs.get('fedavg', {}).values()]
   for run, seeds in runs.items():
@@ -230,6 +209,32 @@ def _suite_lines(runs: dict, filled: dict) -> list:
       start = mark
     lines.append('')
   return lines
+
+
+def _run_cells(by_seed: dict, seeds: list) -> list:
+  """A run's cells of the reported-runs table over its finished `seeds` ({seed: metrics
+  rows}); the weights' and clusters' cells n/a for a run that records none (FedAvg's)."""
+  rows = [by_seed[s] for s in seeds]
+  last10 = [rd.last10_of(rd.metrics_column(r, 'test_accuracy')) for r in rows]
+  cadis = all('aggregator/aggregation_weights' in r[0] for r in rows)
+  effects = [weight_effects(r) for r in rows] if cadis else []
+  matched = [next((int(x['round']) for x in r
+                   if methods.cadis_clusters_match(x, NUM_CLIENTS)), np.nan)
+             for r in rows] if cadis else []
+  cells = [paired.over_seeds(last10, scale=100),
+           paired.over_seeds([round_to_round_change(r) for r in rows], scale=100)]
+  cells += [paired.over_seeds([e[k] for e in effects], spec, scale, signed)
+            for k, spec, scale, signed in (
+                ('effective', '.2f', 1, False), ('heavy_share', '.0f', 100, False),
+                ('corr', '.2f', 1, True), ('change_heavy', '.2f', 100, True),
+                ('change_light', '.2f', 100, True))]
+  never = [str(seed) for seed, m in zip(seeds, matched) if np.isnan(m)]
+  cells.append(paired.over_seeds(matched, '.0f') + (
+      f' (never on seed{"s" * (len(never) > 1)} {", ".join(never)})' if never else '')
+               if cadis else 'n/a')
+  cells.append(paired.over_seeds([kd_to_cross_entropy(r) for r in rows], '.3f')
+               if cadis else 'n/a')
+  return cells
 
 
 def sampled_together(true_clusters, rounds: int, seed: int) -> tuple:

@@ -20,6 +20,7 @@ picked an older cached model than their newest, and how much that lowered eq. 8'
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 
@@ -28,6 +29,7 @@ import numpy as np
 from benchmarks import runs as rd
 from benchmarks import suites
 from programs import pages
+from programs.studies import paired
 
 SUITE = suites.SUITES['fedcda']
 PAPER_SUITE = suites.SUITES['fedcda_paper']
@@ -70,7 +72,7 @@ def _pair(method: str, baseline: str, runs: dict) -> tuple:
   headline's (the program evaluates every run's last 10 rounds)."""
   cda, avg = runs.get(method, {}), runs.get(baseline, {})
   out = {}, {}
-  for seed in sorted(set(cda) & set(avg)):
+  for seed in paired.paired_seeds(cda, avg):
     out[0][seed], out[1][seed] = rd.common_evaluations(cda[seed], avg[seed])
   return out
 
@@ -104,10 +106,6 @@ def _sources() -> list:
   return out
 
 
-def _paired(cda: dict, avg: dict) -> list:
-  return sorted(s for s in cda if s in avg)
-
-
 def _summary_lines(sources) -> list:
   lines = ['## Per setting', '',
            'Mean ± std over the seeds where both runs finished. Last-10: the mean test accuracy '
@@ -125,24 +123,25 @@ def _summary_lines(sources) -> list:
            'objective lowered |',
            '|---|---|---|---|---|---|---|---|---|---|---|']
   for label, cda, avg, _ in sources:
-    seeds = _paired(cda, avg)
-    if not seeds:
-      lines.append(f'| {label} | no paired seed finished | | | | | | | | | |')
-      continue
-    total = min(len(side[s]) for side in (cda, avg) for s in seeds)
-    start = total - rd.plateau_window(total)
-    a = [last10(avg[s]) for s in seeds]
-    c = [last10(cda[s]) for s in seeds]
-    cells = [rd.over_seeds(a, scale=100), rd.over_seeds(c, scale=100),
-             rd.over_seeds([x - y for x, y in zip(c, a)], scale=100, signed=True),
-             rd.over_seeds([best_round(avg[s]) for s in seeds], scale=100),
-             rd.over_seeds([best_round(cda[s]) for s in seeds], scale=100),
-             *(rd.over_seeds([rd.window_accuracy(side[s], start, total)[1]
-                                  for s in seeds], scale=100) for side in (avg, cda)),
-             rd.over_seeds([older_model_share(cda[s]) for s in seeds]),
-             rd.over_seeds([objective_lowered(cda[s]) for s in seeds], '.1%')]
-    lines.append(f'| {label} | {", ".join(map(str, seeds))} | ' + ' | '.join(cells) + ' |')
+    lines.append(paired.paired_row(label, (cda, avg),
+                                   functools.partial(_setting_cells, cda, avg), 11))
   return lines + ['']
+
+
+def _setting_cells(cda: dict, avg: dict, seeds: list) -> list:
+  """A setting's cells of the per-setting table over its paired seeds."""
+  total = min(len(side[s]) for side in (cda, avg) for s in seeds)
+  start = total - rd.plateau_window(total)
+  a = [last10(avg[s]) for s in seeds]
+  c = [last10(cda[s]) for s in seeds]
+  return [paired.over_seeds(a, scale=100), paired.over_seeds(c, scale=100),
+          paired.over_seeds(paired.margins(c, a), scale=100, signed=True),
+          paired.over_seeds([best_round(avg[s]) for s in seeds], scale=100),
+          paired.over_seeds([best_round(cda[s]) for s in seeds], scale=100),
+          *(paired.over_seeds([rd.window_accuracy(side[s], start, total)[1] for s in seeds],
+                              scale=100) for side in (avg, cda)),
+          paired.over_seeds([older_model_share(cda[s]) for s in seeds]),
+          paired.over_seeds([objective_lowered(cda[s]) for s in seeds], '.1%')]
 
 
 def _rounds_lines(sources) -> list:
@@ -154,7 +153,7 @@ def _rounds_lines(sources) -> list:
            'mean ± std over the seeds; swing, older model and objective lowered as above, '
            'over the window.', '']
   for label, cda, avg, warmup in sources:
-    seeds = _paired(cda, avg)
+    seeds = paired.paired_seeds(cda, avg)
     if not seeds:
       continue
     total = min(len(side[s]) for side in (cda, avg) for s in seeds)
@@ -170,7 +169,7 @@ def _rounds_lines(sources) -> list:
       in_warmup = mark <= warmup   # no selection yet: FedAvg in both runs
       cells = [f'{start + 1}-{mark}' + (', warmup' if in_warmup else ''),
                rd.num(100 * np.mean(a)), rd.num(100 * np.mean(c)),
-               rd.over_seeds([x - y for x, y in zip(c, a)], scale=100, signed=True),
+               paired.over_seeds(paired.margins(c, a), scale=100, signed=True),
                rd.num(100 * np.mean(swing_a)), rd.num(100 * np.mean(swing_c)),
                '' if in_warmup else
                rd.num(np.mean([older_model_share(cda[s][start:mark]) for s in seeds])),
@@ -204,15 +203,15 @@ def _selection_lines() -> list:
       reported = {seed: rd.run_rows(r)
                   for seed, r in rd.collect_at(SUITE, rounds)[run].items()
                   if rd.usable(r)}
-      seeds = sorted(s for s in probed.get(run, {}) if s in reported and s in probe.seeds)
+      seeds = [s for s in paired.paired_seeds(probed.get(run, {}), reported) if s in probe.seeds]
       r = [last10(reported[s]) for s in seeds]
       p = [last10(probed[run][s]) for s in seeds]
-      gains = [x - y for x, y in zip(r, p)]
+      gains = paired.margins(r, p)
       lines.append(
           f'| {probe.name} ({probe.overrides["fedcda_selection"]}) | {run} | '
-          f'{", ".join(map(str, seeds)) or "none finished"} | {rd.over_seeds(r, scale=100)} | '
-          f'{rd.over_seeds(p, scale=100)} | '
-          f'{rd.over_seeds(gains, scale=100, signed=True)}'
+          f'{", ".join(map(str, seeds)) or "none finished"} | {paired.over_seeds(r, scale=100)} | '
+          f'{paired.over_seeds(p, scale=100)} | '
+          f'{paired.over_seeds(gains, scale=100, signed=True)}'
           + (f' (per seed {", ".join(f"{100 * g:+.2f}" for g in gains)})' if gains else '')
           + ' |')
   return lines + [''] if lines else []

@@ -17,6 +17,7 @@ points from one round to the next on skewed clients; the last-10 mean inherits t
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ import numpy as np
 
 from benchmarks import runs as rd
 from benchmarks import suites
+from programs.studies import paired
 
 OUT = os.path.join(suites.suite_dir('fedcross'), 'diagnosis.md')
 WINDOW = rd.WINDOW
@@ -111,25 +113,24 @@ def _summary_lines(sources, num_models: int) -> list:
            'FedCross (%) | margin (points) | peak margin (points, round) |',
            '|---|---|---|---|---|---|---|---|---|---|']
   for label, cross, avg, accel in sources:
-    seeds = sorted(s for s in cross if s in avg)
-    if not seeds:
-      lines.append(f'| {label} | no paired seed finished | | | | | | | | |')
-      continue
-    spreads = [spread_over(cross[s][accel:]) for s in seeds]
-    acc_c = [rd.metrics_column(cross[s], 'test_accuracy') for s in seeds]
-    acc_a = [rd.metrics_column(avg[s], 'test_accuracy') for s in seeds]
-    cells = [rd.over_seeds([s['median_distance'] for s in spreads], '.1f', 1e4),
-             rd.over_seeds([s['max_distance'] for s in spreads], '.1f', 1e4),
-             rd.over_seeds([s['distinct'] for s in spreads], '.1f'),
-             rd.over_seeds([s['top_share'] for s in spreads], '.2f'),
-             rd.over_seeds([rd.last10_of(a) for a in acc_a], scale=100),
-             rd.over_seeds([rd.last10_of(c) for c in acc_c], scale=100),
-             rd.over_seeds([rd.last10_of(c) - rd.last10_of(a)
-                                for c, a in zip(acc_c, acc_a)],
-                               scale=100, signed=True),
-             peak_margin([margin_curve(cross[s], avg[s]) for s in seeds])]
-    lines.append(f'| {label} | {", ".join(map(str, seeds))} | ' + ' | '.join(cells) + ' |')
+    lines.append(paired.paired_row(label, (cross, avg),
+                                   functools.partial(_setting_cells, cross, avg, accel), 10))
   return lines + ['']
+
+
+def _setting_cells(cross: dict, avg: dict, accel: int, seeds: list) -> list:
+  """A setting's cells of the per-setting table over its paired seeds: spread and choices
+  after the acceleration, both runs' last-10 means, their margin and the peak margin."""
+  spreads = [spread_over(cross[s][accel:]) for s in seeds]
+  last_a = [rd.last10_of(rd.metrics_column(avg[s], 'test_accuracy')) for s in seeds]
+  last_c = [rd.last10_of(rd.metrics_column(cross[s], 'test_accuracy')) for s in seeds]
+  return [paired.over_seeds([s['median_distance'] for s in spreads], '.1f', 1e4),
+          paired.over_seeds([s['max_distance'] for s in spreads], '.1f', 1e4),
+          paired.over_seeds([s['distinct'] for s in spreads], '.1f'),
+          paired.over_seeds([s['top_share'] for s in spreads], '.2f'),
+          paired.over_seeds(last_a, scale=100), paired.over_seeds(last_c, scale=100),
+          paired.over_seeds(paired.margins(last_c, last_a), scale=100, signed=True),
+          peak_margin([margin_curve(cross[s], avg[s]) for s in seeds])]
 
 
 def _rounds_lines(sources) -> list:
@@ -141,7 +142,7 @@ def _rounds_lines(sources) -> list:
            'least-squares line over rounds (points; the curve\'s scatter with its rise taken '
            'out), mean over the seeds.', '']
   for label, cross, avg, accel in sources:
-    seeds = sorted(s for s in cross if s in avg)
+    seeds = paired.paired_seeds(cross, avg)
     if not seeds:
       continue
     total = min(min(len(cross[s]) for s in seeds), min(len(avg[s]) for s in seeds))
@@ -164,7 +165,7 @@ def _rounds_lines(sources) -> list:
                    f'{1e4 * np.mean([s["median_distance"] for s in spread]):.1f} | '
                    f'{np.mean([s["distinct"] for s in spread]):.1f} | '
                    f'{rd.num(100 * np.mean(a))} | {rd.num(100 * np.mean(c))} | '
-                   f'{rd.over_seeds([x - y for x, y in zip(c, a)], scale=100, signed=True)} | '
+                   f'{paired.over_seeds(paired.margins(c, a), scale=100, signed=True)} | '
                    + ' | '.join(rd.num(100 * np.mean(w)) for w in (swing_a, swing_c))
                    + ' |')
       start = mark

@@ -20,6 +20,7 @@ superseded point.
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -34,6 +35,7 @@ from programs import experiment
 from programs import experiment_config
 from programs import fedlex_exploration
 from programs import pages
+from programs.studies import paired
 
 FEDLEX_REFERENCE_ADAM_LR = suites.FEDLEX_REFERENCE_ADAM_LR
 
@@ -258,26 +260,11 @@ def _runs_lines() -> list:
   for c in SUITE.comparisons:
     base = {s: r for s, r in runs[c.baseline].items() if rd.usable(r)}
     guided = {s: r for s, r in runs[c.method].items() if rd.usable(r)}
-    seeds = sorted(set(base) & set(guided))
+    rows.append(paired.paired_row(c.label, (base, guided),
+                                  functools.partial(_guidance_cells, base, guided), 12))
+    seeds = paired.paired_seeds(base, guided)
     if not seeds:
-      rows.append(f'| {c.label} | no paired seed finished |' + ' |' * 10)
       continue
-    g = [guidance(guided[s]) for s in seeds]
-    b_rate, g_rate = step_rate(base[seeds[0]]['config']), step_rate(guided[seeds[0]]['config'])
-    adam = guided[seeds[0]]['config']['algorithm'] == 'fedlex_opt'
-    b_acc = [base[s]['last10_mean_accuracy'] for s in seeds]
-    g_acc = [guided[s]['last10_mean_accuracy'] for s in seeds]
-    steps = ('n/a (server Adam) | n/a (server Adam) | ' if adam else
-             f'{rd.over_seeds([x["guidance_mean"] * g_rate for x in g], ".2g")} | '
-             f'{rd.over_seeds([x["guidance_median"] * g_rate for x in g], ".2g")} | ')
-    rows.append(
-        f'| {c.label} | {", ".join(map(str, seeds))} | '
-        f'{rd.over_seeds([x["guidance_mean"] for x in g], ".2g")} | '
-        f'{rd.over_seeds([x["guidance_median"] for x in g], ".2g")} | '
-        f'{rd.over_seeds([x["guidance_below_0_01"] for x in g], ".3f")} | {b_rate:g} | '
-        f'{g_rate:g} | ' + steps + f'{rd.over_seeds(b_acc, scale=100)} | '
-        f'{rd.over_seeds(g_acc, scale=100)} '
-        f'| {rd.over_seeds(np.subtract(g_acc, b_acc), scale=100, signed=True)} |')
     per_seed = [np.subtract(window_means(guided[s]['curve_rounds'], guided[s]['curve_accuracy'],
                                          width, total),
                             window_means(base[s]['curve_rounds'], base[s]['curve_accuracy'],
@@ -290,7 +277,7 @@ def _runs_lines() -> list:
               '| comparison | ' + ' | '.join(names) + ' |',
               '|---|' + '---|' * len(names)]
     for label, per_seed in windows:
-      cells = [rd.over_seeds([m[i] for m in per_seed], scale=100, signed=True)
+      cells = [paired.over_seeds([m[i] for m in per_seed], scale=100, signed=True)
                for i in range(len(names))]
       lines.append(f'| {label} | ' + ' | '.join(cells) + ' |')
     lines.append('')
@@ -301,6 +288,25 @@ def _runs_lines() -> list:
               f'{100 * rd.STUCK:.0f}%): ' + ', '.join(stuck) + '. Kept in every mean '
               'above.', '']
   return lines
+
+
+def _guidance_cells(base: dict, guided: dict, seeds: list) -> list:
+  """A comparison's cells of the reported runs' table over its paired seeds: G, the rates
+  and the steps they make, both runs' last-10 means and their margin."""
+  g = [guidance(guided[s]) for s in seeds]
+  b_rate, g_rate = step_rate(base[seeds[0]]['config']), step_rate(guided[seeds[0]]['config'])
+  adam = guided[seeds[0]]['config']['algorithm'] == 'fedlex_opt'
+  b_acc = [base[s]['last10_mean_accuracy'] for s in seeds]
+  g_acc = [guided[s]['last10_mean_accuracy'] for s in seeds]
+  steps = (['n/a (server Adam)'] * 2 if adam else
+           [paired.over_seeds([x[k] * g_rate for x in g], '.2g')
+            for k in ('guidance_mean', 'guidance_median')])
+  return [paired.over_seeds([x['guidance_mean'] for x in g], '.2g'),
+          paired.over_seeds([x['guidance_median'] for x in g], '.2g'),
+          paired.over_seeds([x['guidance_below_0_01'] for x in g], '.3f'),
+          f'{b_rate:g}', f'{g_rate:g}', *steps,
+          paired.over_seeds(b_acc, scale=100), paired.over_seeds(g_acc, scale=100),
+          paired.over_seeds(paired.margins(g_acc, b_acc), scale=100, signed=True)]
 
 
 def _seed_window_lines(runs: dict, width: int, total: int) -> list:
@@ -363,22 +369,8 @@ def _floor_probe_lines() -> list:
     f = {s: r for s, r in floored.get(run, {}).items() if rd.usable(r)}
     g = {s: r for s, r in reported[run].items() if rd.usable(r)}
     b = {s: r for s, r in floored[base_of[run]].items() if rd.usable(r)}
-    seeds = sorted(set(f) & set(g) & set(b))
-    if not seeds:
-      lines.append(f'| {run} | no seed finished in all three |' + ' |' * 7)
-      continue
-    acc = lambda runs_: [rd.at_length(runs_[s], length)['last10_mean_accuracy']
-                         for s in seeds]
-    rate = step_rate(f[seeds[0]]['config'])
-    g_mean = [guidance(f[s])['guidance_mean'] for s in seeds]
-    adam = f[seeds[0]]['config']['algorithm'] == 'fedlex_opt'
-    lines.append(
-        f'| {run} | {", ".join(map(str, seeds))} | {rd.over_seeds(g_mean, ".2g")} | '
-        + ('n/a (server Adam)' if adam else rd.over_seeds([x * rate for x in g_mean], '.2g'))
-        + f' | {rd.over_seeds(acc(b), scale=100)} | {rd.over_seeds(acc(g), scale=100)} | '
-        f'{rd.over_seeds(acc(f), scale=100)} | '
-        f'{rd.over_seeds(np.subtract(acc(f), acc(g)), scale=100, signed=True)} | '
-        f'{rd.over_seeds(np.subtract(acc(f), acc(b)), scale=100, signed=True)} |')
+    lines.append(paired.paired_row(run, (f, g, b),
+                                   functools.partial(_floor_cells, f, g, b, length), 9))
   diverged = sorted(f'{run} seed {s}' for run, seeds_ in floored.items() if run in base_of
                     for s, r in seeds_.items() if r['diverged'] is not None)
   if diverged:
@@ -388,6 +380,22 @@ def _floor_probe_lines() -> list:
     lines += ['', f'Stuck at chance with G floored (test accuracy never above '
               f'{100 * rd.STUCK:.0f}%): ' + ', '.join(stuck) + '.']
   return lines + ['']
+
+
+def _floor_cells(floored: dict, guided: dict, base: dict, length: int, seeds: list) -> list:
+  """A guided variant's cells of the floor probe's table over the seeds where it finished
+  floored and unfloored and its base finished, each read at the probe's `length`."""
+  f, g, b = ([rd.at_length(runs[s], length)['last10_mean_accuracy'] for s in seeds]
+             for runs in (floored, guided, base))
+  rate = step_rate(floored[seeds[0]]['config'])
+  g_mean = [guidance(floored[s])['guidance_mean'] for s in seeds]
+  adam = floored[seeds[0]]['config']['algorithm'] == 'fedlex_opt'
+  return [paired.over_seeds(g_mean, '.2g'),
+          'n/a (server Adam)' if adam else paired.over_seeds([x * rate for x in g_mean], '.2g'),
+          paired.over_seeds(b, scale=100), paired.over_seeds(g, scale=100),
+          paired.over_seeds(f, scale=100),
+          paired.over_seeds(paired.margins(f, g), scale=100, signed=True),
+          paired.over_seeds(paired.margins(f, b), scale=100, signed=True)]
 
 
 def _superseded_lines(runs) -> list:

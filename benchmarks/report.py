@@ -10,11 +10,12 @@ settings come from the suite declarations, numbers from each run's metrics.csv a
 summary.json, paper figures and settings from paper_numbers.json. A test regenerates the
 pages and compares them byte for byte with the committed ones.
 
-Statistics: seeds are paired (same partition, sampling and initial model for both runs of a
-comparison), so a margin is the mean of the per-seed differences, with a 95% paired t
-interval. The verdict reads the margin over the last WINDOW rounds (each run's mean test
-accuracy over the rounds it evaluated there), so that one seed's last 10 rounds cannot flip
-it; a suite whose paper reports each run's best round reads the best round instead.
+Statistics (`programs.studies.paired`): seeds are paired (same partition, sampling and initial
+model for both runs of a comparison), so a margin is the mean of the per-seed differences,
+with a 95% paired t interval. The verdict reads the margin over the last WINDOW rounds (each
+run's mean test accuracy over the rounds it evaluated there), so that one seed's last 10
+rounds cannot flip it; a suite whose paper reports each run's best round reads the best round
+instead.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ import textwrap
 from typing import Optional
 
 import numpy as np
-from scipy import stats
 
 from benchmarks import runs as rd
 from benchmarks import suites
@@ -37,6 +37,7 @@ from programs import experiment_config
 from programs import pages
 from programs import run_results
 from programs.studies import curves
+from programs.studies import paired
 
 REPRODUCTION = os.path.join(suites.RESULTS, 'REPRODUCTION.md')
 PROVENANCE = os.path.join(suites.RESULTS, 'PROVENANCE.md')
@@ -75,14 +76,6 @@ def verdict_key(suite: suites.Suite) -> str:
   return 'best' if suite.criterion == 'best' else 'window'
 
 
-def t_half_width(values) -> float:
-  """Half-width of the 95% t interval of the mean of `values` (NaN with fewer than two)."""
-  v = np.asarray(values, np.float64)
-  if v.size < 2:
-    return float('nan')
-  return float(stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size))
-
-
 def verdict(paper_margin: float, paper_sign: float, mean: float, half_width: float) -> str:
   """Our margin (mean and 95% half-width over paired seeds, points) against the paper's.
 
@@ -115,7 +108,7 @@ def compare(suite: suites.Suite, loaded: dict, comp: suites.Comparison, paper: d
   their intervals for every figure of FIGURES_READ, and the verdict."""
   method = {s: r for s, r in loaded.get(comp.method, {}).items() if rd.usable(r)}
   base = {s: r for s, r in loaded.get(comp.baseline, {}).items() if rd.usable(r)}
-  seeds = sorted(set(method) & set(base))
+  seeds = paired.paired_seeds(method, base)
   # Read both sides at the rounds both evaluated (a borrowed baseline may be evaluated on
   # another schedule).
   pairs = {s: [run_figures(r) for r in rd.on_common_rounds(base[s], method[s])] for s in seeds}
@@ -124,12 +117,10 @@ def compare(suite: suites.Suite, loaded: dict, comp: suites.Comparison, paper: d
   figures = out['paper']
   out['paper_margin'] = figures.get('method', np.nan) - figures.get('baseline', np.nan)
   for key, _ in FIGURES_READ:
-    margins = [100 * (pairs[s][1][key] - pairs[s][0][key]) for s in seeds]
-    out[key] = dict(
-        baseline=rd.mean_std([100 * pairs[s][0][key] for s in seeds]),
-        method=rd.mean_std([100 * pairs[s][1][key] for s in seeds]),
-        margins=margins, margin=float(np.mean(margins)) if margins else float('nan'),
-        half_width=t_half_width(margins))
+    levels = [[pairs[s][side][key] for s in seeds] for side in (0, 1)]
+    out[key] = dict(baseline=paired.mean_std([100 * v for v in levels[0]]),
+                    method=paired.mean_std([100 * v for v in levels[1]]),
+                    **paired.paired_margin(levels[1], levels[0], scale=100))
   key = verdict_key(suite)
   out['verdict_key'] = key
   out['verdict'] = (verdict(out['paper_margin'], figures.get('sign', 0), out[key]['margin'],
@@ -170,7 +161,7 @@ def rounds_to_targets(loaded: dict, comp: suites.Comparison, targets: tuple) -> 
   rounds}."""
   method = {s: r for s, r in loaded.get(comp.method, {}).items() if rd.usable(r)}
   base = {s: r for s, r in loaded.get(comp.baseline, {}).items() if rd.usable(r)}
-  out = dict(label=comp.label, seeds=sorted(set(method) & set(base)), steps=[],
+  out = dict(label=comp.label, seeds=paired.paired_seeds(method, base), steps=[],
              baseline={t: [] for t in targets}, method={t: [] for t in targets})
   for seed in out['seeds']:
     pair = rd.on_common_rounds(base[seed], method[seed])
@@ -300,19 +291,7 @@ def prose(text: str, bullet: bool = False) -> list:
 
 def level(mean_std: tuple) -> str:
   """'mean ± std' (points), '(one seed)' without a spread."""
-  return rd.mean_and_spread(*mean_std)
-
-
-def margin_text(figure: dict, per_seed: bool = True) -> str:
-  """'+m ± h' (95% half-width), then each seed's margin."""
-  if not np.isfinite(figure['margin']):
-    return 'n/a'
-  text = f'{figure["margin"]:+.2f}'
-  text += (f' ± {figure["half_width"]:.2f}' if np.isfinite(figure['half_width'])
-           else ' (one seed)')
-  if per_seed and len(figure['margins']) > 1:
-    text += ' (' + ', '.join(f'{m:+.2f}' for m in figure['margins']) + ')'
-  return text
+  return paired.mean_and_spread(*mean_std)
 
 
 def paper_text(c: dict) -> str:
@@ -350,7 +329,7 @@ def verdicts_line(words: str, results: list) -> str:
   the paper's margin once when the comparisons share it."""
   papers = list(dict.fromkeys(_paper_short(c) for c in results))
   shared = len(papers) == 1
-  items = [f'{c["label"]} {verdict_cell(c)} ({margin_text(c[c["verdict_key"]], False)}'
+  items = [f'{c["label"]} {verdict_cell(c)} ({paired.margin_text(c[c["verdict_key"]], False)}'
            + ('' if shared else f'; paper {_paper_short(c)}') + ')' for c in results]
   return f'- {words}' + (f' (paper {papers[0]})' if shared else '') + ': ' + '; '.join(items) + '.'
 
@@ -578,7 +557,7 @@ def _results_lines(suite: suites.Suite, results: list) -> list:
   for c in results:
     lines.append(f'| {c["label"]} | {paper_text(c)} | {len(c["seeds"])} | '
                  f'{level(c[key]["baseline"])} | {level(c[key]["method"])} | '
-                 + ' | '.join(margin_text(c[k]) for k, _ in FIGURES_READ)
+                 + ' | '.join(paired.margin_text(c[k]) for k, _ in FIGURES_READ)
                  + f' | {verdict_cell(c)} |')
   read = 'best round' if key == 'best' else f'mean over the last {rd.WINDOW} rounds'
   return lines + [''] + prose(
@@ -640,7 +619,7 @@ def _probe_lines(suite: suites.Suite) -> list:
       shown = True
       lines.append(f'| {probe.name} | {cell(probe.question)} | {changes} | {c["label"]} | '
                    f'{len(c["seeds"])} | {level(c[key]["baseline"])} | '
-                   f'{level(c[key]["method"])} | {margin_text(c[key])} |')
+                   f'{level(c[key]["method"])} | {paired.margin_text(c[key])} |')
     if not shown:
       lines.append(f'| {probe.name} | {cell(probe.question)} | {changes} | not run yet | | | | |')
   return lines + ['']
@@ -713,14 +692,14 @@ def _resolution_sentence() -> str:
           for m in METHODS for _, s in method_suites(m)
           for c in comparisons(s, rd.collect(s)) if len(c['seeds']) == len(suites.SEEDS)]
   n = len(suites.SEEDS)
-  factor = stats.t.ppf(0.975, n - 1) / np.sqrt(n)
+  factor = paired.resolution(n)
   text = f'With {n} seeds the 95% interval is ± {factor:.2f} × the margins\' std over seeds'
   if stds:
     median = float(np.median(stds))
     text += (f'; that std is a median {median:.2f} points here (from {min(stds):.2f} to '
-             f'{max(stds):.2f}), so a margin under about {factor * median:.1f} points cannot be '
-             'told from none: a paper margin smaller than our interval\'s half-width gets '
-             '`below resolution`, not a verdict')
+             f'{max(stds):.2f}), so a margin under about {paired.resolution(n, median):.1f} '
+             'points cannot be told from none: a paper margin smaller than our interval\'s '
+             'half-width gets `below resolution`, not a verdict')
   return text + '.'
 
 
@@ -758,9 +737,9 @@ def reproduction_page() -> str:
       verdicts.setdefault(protocol, []).extend(results)
       for c in results:
         key = c['verdict_key']
-        margin_cells = [margin_text(c['last10'], False),
-                        margin_text(c[key], False) + (' (best round)' if key == 'best' else
-                                                      f' (last {rd.WINDOW})')]
+        margin_cells = [paired.margin_text(c['last10'], False),
+                        paired.margin_text(c[key], False) + (
+                            ' (best round)' if key == 'best' else f' (last {rd.WINDOW})')]
         lines.append(f'| {c["label"]} | {paper_text(c)} | {protocol} | '
                      f'{level(c[key]["baseline"])} | {level(c[key]["method"])} | '
                      + ' | '.join(margin_cells) + f' | {verdict_cell(c)} |')

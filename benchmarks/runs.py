@@ -7,8 +7,8 @@ earlier_runs/rounds<N>/). One run is read by programs/studies/records.py (`load_
 `at_length` over its first rounds; imported here, so the suites' tools read runs through
 this module); `collect` reads a suite's runs (its own and those it borrows from another
 suite) at the length its pages report. Accuracy of a run = the mean test accuracy of its
-last LAST evaluations (or its best, `CRITERION_KEYS`); across seeds: mean ± sample standard
-deviation.
+last LAST evaluations (or its best, `CRITERION_KEYS`); across seeds,
+`programs.studies.paired` reads them (mean ± sample standard deviation, paired margins).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from programs.studies.records import (CRITERION_KEYS, LAST, at_length, curve_fig
                                       declared_run, grid_points, last10_of, load_run,
                                       mean_curve, median_seconds, metrics_column, metrics_rows,
                                       run_rows, seed_paths, settings_differences, usable)
+from programs.studies.paired import pct
 # pylint: enable=unused-import
 
 
@@ -122,14 +123,6 @@ def seed_dirs(suite: suites.Suite, run: str) -> dict:
   return seed_paths(os.path.join(suites.suite_dir(maker.name), 'runs'), made_as)
 
 
-def mean_std(values) -> tuple:
-  v = np.asarray(values, np.float64)
-  if v.size == 0:
-    return float('nan'), float('nan')
-  # One value has no spread: NaN, shown as "(one seed)", never as ± 0.
-  return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else float('nan')
-
-
 WINDOW = 50   # rounds of the plateau criterion's window, and per row of the diagnoses' tables
 
 
@@ -221,10 +214,6 @@ def fell_to_chance(run: dict) -> Optional[int]:
   return next((r for r in run['curve_rounds'] if r > last_above), None) if last_above else None
 
 
-def pct(x: float) -> str:
-  return 'n/a' if not np.isfinite(x) else f'{100 * x:.2f}'
-
-
 def summary_value(run: dict, path: tuple) -> Optional[float]:
   """A run's summary.json value at `path` (None when it has none)."""
   v = run['summary']
@@ -235,22 +224,6 @@ def summary_value(run: dict, path: tuple) -> Optional[float]:
 
 def num(x, spec: str = '.2f') -> str:
   return 'n/a' if x is None or not np.isfinite(x) else format(x, spec)
-
-
-def mean_and_spread(mean: float, std: float, spec: str = '.2f', mean_spec: str = '') -> str:
-  """'mean ± std', or 'mean (one seed)' when there is no spread (mean_std's NaN std)."""
-  if not np.isfinite(mean):
-    return 'n/a'
-  text = format(mean, mean_spec or spec)
-  return f'{text} (one seed)' if np.isnan(std) else f'{text} ± {std:{spec}}'
-
-
-def over_seeds(values, spec: str = '.2f', scale: float = 1.0, signed: bool = False) -> str:
-  """`mean ± std` of the finite `values` (times `scale`), 'n/a' when there are none."""
-  values = [scale * v for v in values if v is not None and np.isfinite(v)]
-  if not values:
-    return 'n/a'
-  return mean_and_spread(*mean_std(values), spec, '+' + spec if signed else '')
 
 
 def collect(suite: suites.Suite) -> dict:

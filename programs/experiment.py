@@ -398,7 +398,7 @@ def _round_loop(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Buil
       metrics = run_results.flatten_metrics(round_metrics)
       train_loss = metrics.get('client_work/train/loss', float('nan'))
       dropped = stopping.dropped_clients(metrics)
-      reported = stopping.reported_clients(metrics)
+      reported = run_results.reported_clients(metrics, c.clients_per_round)
       in_a_row = _check_round(c, run, round_num, train_loss, dropped, reported, in_a_row, log)
       # seconds: the round's training (and FedLEx's exploration); round_seconds, filled in
       # after the evaluation: the whole round as the program runs it (what --plan sizes by).

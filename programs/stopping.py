@@ -121,12 +121,6 @@ def dropped_clients(metrics: dict) -> int:
   return _client_count(metrics, 'non_finite_clients')
 
 
-def reported_clients(metrics: dict) -> int:
-  """Sampled clients that reported (client work's reported_clients: not dropped out by
-  --client_dropout)."""
-  return _client_count(metrics, 'reported_clients')
-
-
 def dropped_warning(round_num: int, dropped: int, reported: int) -> str:
   """The warning for a round that left out non-finite updates of its `reported` reporting
   clients."""

@@ -247,6 +247,47 @@ def test_patience_not_reached_equals_no_patience(env):
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def np_patience_epochs(losses, patience):
+  """Epochs an explorer runs under early stopping: it stops once `patience` epochs in a row
+  have not lowered the best last-epoch loss so far."""
+  best, since, run = np.inf, 0, 0
+  for loss in losses:
+    if since >= patience:
+      break
+    run += 1
+    since = 0 if loss < best else since + 1
+    best = min(best, loss)
+  return run
+
+
+@pytest.mark.parametrize('patience', [1, 2, 3])
+def test_patience_stops_an_explorer_whose_loss_stalls(patience):
+  """The early-stopping rule against a numpy count, on scripted epoch losses: a training
+  function that reports the loss of the epoch it is handed (each row of `order` holds its
+  epoch's index) and moves the weights by one per epoch."""
+  losses = np.array([1.0, 0.5, 0.7, 0.6, 0.4, 0.45, 0.5, 0.42, 0.3], np.float32)
+  out_type = collections.namedtuple(
+      'Out', 'model_weights epochs_trained optimizer_state last_epoch_loss')
+
+  def train(weights, element, optimizer_state, max_steps):
+    del max_steps
+    epoch = element['order'][0, 0]
+    moved = tff.learning.models.ModelWeights(
+        trainable=[t + 1.0 for t in weights.trainable], non_trainable=weights.non_trainable)
+    return out_type(moved, tf.constant(1.0), optimizer_state, tf.gather(losses, epoch))
+
+  optimizer = tff.learning.optimizers.build_sgdm(learning_rate=0.1)
+  explore = fedlex._explore_fn(train, optimizer, batch_size=4, patience=patience)  # pylint: disable=protected-access
+  order = np.repeat(np.arange(len(losses), dtype=np.int32)[:, None], 4, axis=1)
+  weights = tff.learning.models.ModelWeights(trainable=[tf.zeros([2])], non_trainable=[])
+  final, epochs, reported = explore(
+      weights, collections.OrderedDict(order=order, work=np.float32(1.0)))
+  want = np_patience_epochs(losses, patience)
+  assert want < len(losses)   # the script stops every patience tried here early
+  assert float(epochs) == want and float(reported) == 1.0
+  np.testing.assert_array_equal(final.trainable[0].numpy(), np.full([2], want, np.float32))
+
+
 def with_work(inputs, work):
   """The explorer inputs with every explorer's `work` set to `work`."""
   return [[collections.OrderedDict(inp, work=np.float32(work))] for [inp] in inputs]

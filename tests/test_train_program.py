@@ -348,8 +348,9 @@ def test_a_round_nobody_reported_in_is_neither_divergence_nor_a_blow_up():
           {'client_work/train/loss': '0.0', 'reported_clients': '0'},
           {'client_work/train/loss': '3e4', 'reported_clients': '2'}]
   assert stopping.blown_up_rounds_in_a_row(rows) == 2
-  assert stopping.reported_clients({'client_work/train/reported_clients': 2.0,
-                                    'client_work/train/unreported_clients': 1.0}) == 2
+  assert run_results.reported_clients({'client_work/train/reported_clients': 2.0,
+                                       'client_work/train/unreported_clients': 1.0}, 3) == 2
+  assert run_results.reported_clients({'client_work/train/loss': 1.0}, 3) == 3
 
 
 @pytest.mark.parametrize('rounds,every,last', [(30, 1, 10), (30, 5, 10), (23, 7, 0),

@@ -74,15 +74,16 @@ def compare(study: study_lib.Study, loaded: dict, comp: study_lib.Comparison) ->
   key = records.CRITERION_KEYS[study.criterion]
   method = {s: r for s, r in loaded[comp.method].items() if records.usable(r)}
   base = {s: r for s, r in loaded[comp.baseline].items() if records.usable(r)}
-  seeds = sorted(set(method) & set(base))
-  margins = [100 * (method[s][key] - base[s][key]) for s in seeds]
-  mean = float(np.mean(margins)) if margins else float('nan')
-  half_width = paired.t_half_width(margins)
+  seeds = paired.paired_seeds(method, base)
+  figure = paired.paired_margin([method[s][key] for s in seeds], [base[s][key] for s in seeds],
+                                scale=100)
+  spread = paired.mean_std(figure['margins'])[1]
   return dict(label=comp.label, method=comp.method, baseline=comp.baseline, seeds=seeds,
-              per_seed=dict(zip(seeds, margins)), margin=mean, half_width=half_width,
+              per_seed=dict(zip(seeds, figure['margins'])), margin=figure['margin'],
+              half_width=figure['half_width'], resolves=paired.resolution(len(seeds), spread),
               baseline_level=paired.mean_std([100 * base[s][key] for s in seeds]),
               method_level=paired.mean_std([100 * method[s][key] for s in seeds]),
-              verdict=verdict(comp, mean, half_width, len(seeds)))
+              verdict=verdict(comp, figure['margin'], figure['half_width'], len(seeds)))
 
 
 def verdict(comp: study_lib.Comparison, mean: float, half_width: float, seeds: int) -> str:
@@ -248,7 +249,7 @@ def _comparison_lines(study: study_lib.Study, results: list) -> list:
     per_seed = ', '.join(f's{s}: {m:+.2f}' for s, m in c['per_seed'].items()) or 'none'
     margin = (paired.mean_and_spread(c['margin'], c['half_width'], '.2f', '+.2f')
               if c['seeds'] else 'n/a')
-    resolves = f'±{c["half_width"]:.2f}' if np.isfinite(c['half_width']) else 'n/a'
+    resolves = f'±{c["resolves"]:.2f}' if np.isfinite(c['resolves']) else 'n/a'
     lines.append(f'| {c["label"]}: {c["method"]} vs {c["baseline"]} | {len(c["seeds"])} | '
                  f'{_level(c["baseline_level"])} | {_level(c["method_level"])} | {margin} | '
                  f'{per_seed} | {resolves} | {c["verdict"]} |')

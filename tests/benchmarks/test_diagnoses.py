@@ -335,8 +335,7 @@ def test_cadis_diagnosis_tables_on_toy_runs():
   # seed 1 matches at round 1 with every client seen
   assert '| 2 ± 1 |' in row, row
   # a seed whose clusters never match is named
-  never = dict(runs, cadis=dict(runs['cadis'], **{'2': rows((0.1,) * 4, (0,) * 4, (n,) * 4,
-                                                           0.1)}))
+  never = dict(runs, cadis={**runs['cadis'], 2: rows((0.1,) * 4, (0,) * 4, (n,) * 4, 0.1)})
   text_never = '\n'.join(cadis_diagnosis._suite_lines(never, {}))  # pylint: disable=protected-access
   assert '| 2 ± 1 (never on seed 2) |' in text_never, text_never
   assert '| 0.300 ± 0.283 |' in row, row            # λ·KD / cross-entropy: 0.5 and 0.1

@@ -8,11 +8,11 @@ import re
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from benchmarks import report, suites
 from benchmarks import runs as rd
 from programs import experiment
+from programs.studies import paired
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -34,15 +34,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 ])
 def test_verdict(paper, sign, mean, half, want):
   assert report.verdict(paper, sign, mean, half) == want
-
-
-@pytest.mark.parametrize('seed', range(3))
-def test_t_half_width_is_the_95_percent_paired_interval(seed):
-  values = np.random.default_rng(seed).normal(1, 2, 3 + seed)
-  want = stats.t.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values))
-  assert report.t_half_width(values) == pytest.approx(want)
-  assert report.t_half_width([1.0, 2.0, 3.0]) == pytest.approx(4.302653 / np.sqrt(3), rel=1e-6)
-  assert np.isnan(report.t_half_width([1.0]))
 
 
 # --------------------------------------------------------------------------- #
@@ -115,7 +106,7 @@ def test_comparison_figures_match_numpy(tmp_path, monkeypatch):
     margins = [100 * (read(curves['new', s]) - read(curves['base', s])) for s in suites.SEEDS]
     np.testing.assert_allclose(c[key]['margins'], margins)
     assert c[key]['margin'] == pytest.approx(np.mean(margins))
-    assert c[key]['half_width'] == pytest.approx(report.t_half_width(margins))
+    assert c[key]['half_width'] == pytest.approx(paired.t_half_width(margins))
     base = [100 * read(curves['base', s]) for s in suites.SEEDS]
     assert c[key]['baseline'] == pytest.approx((np.mean(base), np.std(base, ddof=1)))
   w = c['window']

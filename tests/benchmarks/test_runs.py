@@ -166,20 +166,6 @@ def test_collect_reads_every_seed_ever_run_and_its_figures(tmp_path, monkeypatch
   assert not runs['new'][7]['finished'] and runs['new'][7]['rounds_done'] == 12
 
 
-def test_one_value_has_no_spread():
-  """Over one seed there is no spread: NaN, shown as "(one seed)", never as "± 0.00"."""
-  mean, std = rd.mean_std([0.5])
-  assert mean == 0.5 and np.isnan(std) and all(np.isnan(rd.mean_std([])))
-  assert rd.mean_and_spread(*rd.mean_std([50.0])) == '50.00 (one seed)'
-  values = [0.61, 0.58, 0.64]
-  assert rd.mean_std(values) == (pytest.approx(np.mean(values)),
-                                 pytest.approx(np.std(values, ddof=1)))
-  assert rd.over_seeds(values, scale=100) == (
-      f'{100 * np.mean(values):.2f} ± {100 * np.std(values, ddof=1):.2f}')
-  assert rd.over_seeds([0.02], scale=100, signed=True) == '+2.00 (one seed)'
-  assert rd.over_seeds([None, float('nan')]) == 'n/a'
-
-
 def test_a_run_shorter_than_its_suite_is_not_finished(tmp_path, monkeypatch):
   """A suite lengthened after its runs were made (--rounds raised): the runs read as stopped
   at their old length, and the tuning runs stay finished at their own length."""
