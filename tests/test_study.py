@@ -12,6 +12,8 @@ import time
 import numpy as np
 import pytest
 
+from programs.studies import page
+from programs.studies import study as study_lib
 from programs.studies import study_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -233,3 +235,11 @@ def test_tune_freezes_the_best_point_and_run_waits_for_it(tmp_path, write_study,
   refused = study_command('run', path, f'--output_dir={other}')
   assert refused.returncode == 2
   assert refused.stderr.startswith(f'error: {path} [tune.fedavg]: changed since ')
+
+
+def test_a_verdict_says_who_is_ahead_only_when_the_seeds_resolve_it():
+  comp = study_lib.Comparison('fedprox', 'fedavg', 'digits')
+  assert page.verdict(comp, 1.5, 0.5, 3) == 'fedprox ahead by 1.50 ± 0.50 points: resolved'
+  assert page.verdict(comp, -1.5, 0.5, 3) == 'fedavg ahead by 1.50 ± 0.50 points: resolved'
+  assert page.verdict(comp, 0.4, 0.5, 3) == 'within noise'
+  assert page.verdict(comp, 3.0, float('nan'), 1) == 'not enough seeds'
