@@ -43,6 +43,15 @@ def _last10(metrics_csv: str) -> float:
   return float(np.mean(acc[-10:]))
 
 
+def _wait_for_a_round(proc, metrics_csv, seconds=300) -> None:
+  """Returns once the run writing `metrics_csv` has recorded a round."""
+  deadline = time.time() + seconds
+  while not (metrics_csv.exists() and _rounds(str(metrics_csv))):
+    assert proc.poll() is None, 'the command ended before its first round'
+    assert time.time() < deadline, f'no round in {seconds} s'
+    time.sleep(0.05)
+
+
 @pytest.fixture(scope='module')
 def finished_study(tmp_path_factory, write_study, study_command):
   """The acceptance study run as a user would: `run`, killed (SIGKILL) once the first run has
@@ -56,11 +65,7 @@ def finished_study(tmp_path_factory, write_study, study_command):
   proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
   try:
-    deadline = time.time() + 300
-    while not (first.exists() and len(_rounds(str(first))) >= 1):
-      assert proc.poll() is None, 'the study ended before its first round'
-      assert time.time() < deadline, 'no round in 300 s'
-      time.sleep(0.05)
+    _wait_for_a_round(proc, first)
   finally:
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -204,7 +209,8 @@ fedprox = "fedavg"
 
 def test_tune_freezes_the_best_point_and_run_waits_for_it(tmp_path, write_study, study_command):
   """`run` is refused until `tune` wrote tuned.json (in --output_dir when given), and again
-  when the grid changes; a best point on the grid's edge is flagged on the page; --only makes
+  when the grid changes; SIGTERM stops `tune` at a round boundary and the same command
+  continues; a best point on the grid's edge is flagged on the page; --only makes
   those runs alone, at the tuned values (FedProx at FedAvg's, tuned_as)."""
   path = write_study(tmp_path, TUNED, rounds=2)
   refused = study_command('run', path)
@@ -212,8 +218,21 @@ def test_tune_freezes_the_best_point_and_run_waits_for_it(tmp_path, write_study,
   assert f'run `python -m programs.study tune {path}` first' in refused.stderr
   assert not os.path.exists(tmp_path / 'study' / 'runs')
   other = tmp_path / 'elsewhere'
+  # SIGTERM stops at a round boundary, checkpointed; the same command continues.
+  first = other / 'tuning' / 'fedavg_client_lr0.02' / 'metrics.csv'
+  proc = subprocess.Popen([sys.executable, '-m', 'programs.study', 'tune', path,
+                           f'--output_dir={other}'], cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True,
+                          env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL='3'))
+  _wait_for_a_round(proc, first)
+  proc.send_signal(signal.SIGTERM)
+  _, stderr = proc.communicate(timeout=300)
+  assert proc.returncode == 128 + signal.SIGTERM, stderr
+  assert 'stopped by SIGTERM' in stderr and 'the same command continues' in stderr
+  assert not (other / 'tuned.json').exists()
   tuned = study_command('tune', path, f'--output_dir={other}')
   assert tuned.returncode == 0, tuned.stderr
+  assert _rounds(str(first)) == [1, 2]
   assert not os.path.exists(tmp_path / 'study')   # --output_dir, not the file's
   record = json.loads((other / 'tuned.json').read_text())
   chosen = record['chosen']['fedavg']['client_lr']
