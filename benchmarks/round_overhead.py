@@ -33,10 +33,10 @@ loop: their ratio is to plain TF's SGD epoch, stated as such. With --resident, e
 variant also runs through `tff_algos.ResidentProcess` (its server state kept in the worker
 between rounds instead of crossing to it and back), and both copies must end on the same
 weights. Each resident variant also runs, interleaved, as the training program runs it by
-default (<name>@program): a checkpoint every round, made as programs/experiment.py makes it
-(the state snapshotted, `ResidentProcess.snapshot`, and written by the program's
-`CheckpointWriter` in its thread while the next round runs; the round waits for the write
-in flight, as the program's next checkpoint does). What checkpoints add to a round is that
+default (<name>@program): a checkpoint every round, made by the program's own call
+(`CheckpointWriter.checkpoint`: the worker writes the version's tensors, the writer's thread
+completes the version while the next round runs; the round waits for the write in flight,
+as the program's next checkpoint does). What checkpoints add to a round is that
 variant's time less the resident round's, and "as the program runs it" gives the default
 cadence (every round) and --checkpoint_every=N (that addition spread over N rounds). For
 reference, a checkpoint made in the round loop's thread (bringing the state back and
@@ -48,7 +48,8 @@ transfer) and as TFF values (`transfer='values'`, timed from the same state).
 --json=PATH also writes the figures for a script to read (benchmarks/clients_per_round.py):
 each variant's median and least s/round and median ratio to plain_tf; with --resident, each
 @resident variant's default_s and default_ratio_to_plain_tf (a checkpoint every round, as the
-program runs it by default), snapshot_s, program_s and program_ratio_to_plain_tf
+program runs it by default), snapshot_s (the checkpoint's part in the round loop: the
+worker's write), program_s and program_ratio_to_plain_tf
 (--checkpoint_every), and checkpoint_s (materialize_s of it) of a checkpoint made in the
 round loop's thread, with the same under transfer_values.
 """
@@ -128,6 +129,12 @@ def max_abs_difference(a, b) -> float:
   """The largest |a - b| over two structures of the same tensors (e.g. two models)."""
   return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
              for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)))
+
+
+def _figures(round_num: int) -> collections.OrderedDict:
+  """The program state's figures besides the server state, as programs/experiment.py's."""
+  return collections.OrderedDict(round=round_num, best_accuracy=0.0,
+                                 exploration_client_epochs=0.0)
 
 
 def main(argv):
@@ -276,29 +283,30 @@ def main(argv):
   state['ours'] = state_ours
   state.update({f'{name}@0': processes[name].initialize() for name in empty_variants})
   state.update({f'{name}@resident': r.initialize() for name, r in residents.items()})
-  state.update({f'{name}@program': r.initialize() for name, r in residents.items()})
-  # The program's checkpoints (<name>@program): a CheckpointWriter each, in a temp directory.
+  # The program's checkpoints (<name>@program): a CheckpointWriter each, in a temp directory,
+  # prepared as the program prepares its own (from the initial program state).
   scratch = tempfile.TemporaryDirectory()
-  writers = {name: checkpoint_writer.CheckpointWriter(os.path.join(scratch.name, name))
-             for name in residents}
+  writers = {}
+  for name, r in residents.items():
+    state[f'{name}@program'], initial = r.initial_state()
+    writers[name] = checkpoint_writer.CheckpointWriter(os.path.join(scratch.name, name))
+    writers[name].prepare(r, checkpoint_writer.program_state(initial, _figures(0)),
+                          scratch_dir=scratch.name)
   snapshot_times = {name: [] for name in residents}
   versions = collections.Counter()
 
   def program_round(name, round_num):
     """A round as programs/experiment.py runs it by default: the last round's state
-    checkpointed (snapshot now, written in the writer's thread), then the next round, which
-    runs while the write does; it waits for the write in flight, as the program's next
+    checkpointed (`CheckpointWriter.checkpoint`, the program's call: the worker writes the
+    version's tensors now, the writer's thread completes it), then the next round, which
+    runs while the thread does; it waits for the write in flight, as the program's next
     checkpoint does."""
     variant, resident, writer = f'{name}@program', residents[name], writers[name]
     versions[name] += 1
     t0 = time.perf_counter()
-    read_state = resident.snapshot(state[variant])
+    writer.checkpoint(resident, state[variant], _figures(versions[name]), versions[name])
     if round_num >= _WARMUP.value:
       snapshot_times[name].append(time.perf_counter() - t0)
-    writer.save(lambda: collections.OrderedDict(state=read_state(), round=versions[name],
-                                                best_accuracy=0.0,
-                                                exploration_client_epochs=0.0),
-                versions[name])
     state[variant] = resident.next(state[variant], [[inp] for inp in inputs]).state
     writer.wait()
   state.update({f'{name}@resident@0': residents[name].initialize()
@@ -457,8 +465,9 @@ def main(argv):
     print(f'final weights max |{name}@resident - {name}| {diff:.2e}; a checkpoint in the round '
           f'loop\'s thread: materialize {files["materialize_s"]:.3f} s + write '
           f'{files["checkpoint_s"] - files["materialize_s"]:.3f} s (with transfer=\'values\': '
-          f'materialize {values["materialize_s"]:.3f} s); the program\'s snapshot '
-          f'{statistics.median(snapshot_times[name]):.3f} s, the write then off the critical path')
+          f'materialize {values["materialize_s"]:.3f} s); the program\'s checkpoint in the round '
+          f'loop (the worker\'s write) {statistics.median(snapshot_times[name]):.3f} s, the rest '
+          'off the critical path')
     print(f'as the program runs it ({name}, resident): default (a checkpoint every round) '
           f'{default:.3f} s/round, {default / med["plain_tf"]:.2f}x plain_tf (resident round '
           f'{med[name + "@resident"] / med["plain_tf"]:.2f}x, through process.next '

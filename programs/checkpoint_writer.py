@@ -1,13 +1,20 @@
 """Checkpoints written off the training's critical path, and the write faults they meet.
 
-At a checkpoint the round loop only snapshots the state (`ResidentProcess.snapshot`: the
-worker writes its resident state to a file) and goes on; a background thread reads the
-snapshot and writes the version through tff.program's `FileProgramStateManager`, a
-SavedModel written to a temp directory and renamed, so the checkpoint directory stays TFF's
-and a kill mid-write leaves the previous version intact. At most one write is in flight:
-the next checkpoint, a stop and the end of the run wait for it. A write that fails (a full
-disk, an unwritable directory) leaves no partial version and stops the run at the next wait
-with one line naming the directory and the fix (`ExperimentError`, exit 2).
+A checkpoint is a version of tff.program's `FileProgramStateManager`: a SavedModel of the
+program state (the server state and the run's figures) written to a temp directory and
+renamed, so the checkpoint directory stays TFF's and a kill mid-write leaves the previous
+version intact. When the server state is resident in TFF's worker (`ResidentProcess`,
+transfer='files'), the worker writes the version's tensors itself, under the SavedModel's
+own names (`tff_algos/runtime/saved_model_template.py`, prepared once per run from the
+initial program state): the round loop waits for that write only, and nothing of the state
+passes through Python; the writer's thread then adds saved_model.pb and fingerprint.pb,
+renames the directory and removes the versions beyond KEEP_VERSIONS. Otherwise (worker
+services, where the state is in Python each round, or transfer='values') the round loop
+snapshots the state (`runner.snapshot`) and the writer's thread writes it through the
+manager's own `save`. At most one write is in flight: the next checkpoint, a stop and the
+end of the run wait for it. A write that fails (a full disk, an unwritable directory) leaves
+no partial version and stops the run with one line naming the directory and the fix
+(`ExperimentError`, exit 2): at once if the worker's write fails, else at the next wait.
 
 Every version is written whole (no increments), so each kept version loads on its own; the
 writer keeps KEEP_VERSIONS of them, so a newest version that cannot be read costs a resume
@@ -17,8 +24,11 @@ writer keeps KEEP_VERSIONS of them, so a newest version that cannot be read cost
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import os
+import random
+import shutil
 import threading
 from typing import Any, Callable, Optional
 
@@ -69,14 +79,22 @@ def is_write_failure(error: BaseException) -> bool:
       FULL, REFUSED)
 
 
-class CheckpointWriter:
-  """Writes checkpoint versions in a background thread, at most one in flight.
+def program_state(state, figures) -> collections.OrderedDict:
+  """The program state a checkpoint saves: the server state and the run's `figures` (an
+  OrderedDict of scalars: round, best_accuracy, exploration_client_epochs)."""
+  return collections.OrderedDict(state=state, **figures)
 
-  `save(read_state, version)` waits for the write in flight, then starts writing
-  `read_state()` (a function returning the program state, run in the writer's thread) as
-  `version`. `wait()` waits for the write in flight and raises ExperimentError if it
-  failed; `close()` waits too. `checkpointed` is the newest version written whole. Use from
-  one thread (the round loop's).
+
+class CheckpointWriter:
+  """Writes checkpoint versions, their last part in a background thread, at most one in
+  flight.
+
+  `prepare(runner, program_state)` (once per run, before its first checkpoint) lets the
+  runner's worker write the versions' tensors when it can. `checkpoint(runner, held,
+  figures, version)` waits for the write in flight, then checkpoints `held` (the runner's
+  state) with `figures` as `version`. `wait()` waits for the write in flight and raises
+  ExperimentError if it failed; `close()` waits too. `checkpointed` is the newest version
+  written whole. Use from one thread (the round loop's).
   """
 
   def __init__(self, ckpt_dir: str, checkpointed: int = 0, keep_total: int = KEEP_VERSIONS):
@@ -85,6 +103,7 @@ class CheckpointWriter:
     self.manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=keep_total,
                                                        keep_first=False)
     self.checkpointed = checkpointed
+    self._template = self._layout = None   # (prepare: the worker writes the versions)
     self._thread: Optional[threading.Thread] = None
     # The write in flight's function and outcome; the function is dropped by the round
     # loop's thread (it may hold TFF's values of the worker, released on that thread).
@@ -92,17 +111,88 @@ class CheckpointWriter:
     self._version = 0
     self._error: Optional[BaseException] = None
 
-  def save(self, read_state: Callable[[], Any], version: int) -> None:
+  def prepare(self, runner, initial_program_state, scratch_dir: Optional[str] = None) -> None:
+    """With a runner whose worker writes files (`runner.writes_files`: a ResidentProcess,
+    transfer='files'), the template of the run's program state (`program_state`: its
+    structure, shapes and dtypes never change; written once under `scratch_dir`, then
+    removed) and the layout in which the worker writes each version's tensors. A program
+    state the template cannot name leaf by leaf (a leaf TFF keeps in saved_model.pb rather
+    than as a variable; a tensor the worker holds in another dtype) is left to the manager's
+    own `save`."""
+    if not runner.writes_files:
+      return
+    from tff_algos.runtime import saved_model_template  # pylint: disable=g-import-not-at-top
+    try:
+      template = saved_model_template.SavedModelTemplate(initial_program_state,
+                                                         scratch_dir=scratch_dir)
+      self._layout = template.worker_layout(runner.state_type)
+    except ValueError:
+      return
+    except Exception as e:  # pylint: disable=broad-except
+      if not is_write_failure(e):
+        raise
+      raise write_error('the checkpoints\' template', scratch_dir or 'the temp directory', e,
+                        self.checkpointed) from None
+    self._template = template
+
+  def checkpoint(self, runner, held, figures, version: int) -> None:
+    """Checkpoints `held` (the state `runner` holds) with `figures` (an OrderedDict of the
+    program state's other entries) as `version`, once the write in flight has finished:
+    prepared, the worker writes the version's tensors now and the writer's thread completes
+    the version; otherwise the state is snapshotted now and the thread writes it. Raises
+    ExperimentError (one line) if the file system refuses the worker's write."""
     self.wait()
-    self._pending, self._version, self._error = read_state, version, None
+    try:
+      write = (self._write_in_worker(runner, held, figures, version)
+               if self._layout is not None else self._snapshot(runner, held, figures, version))
+    except Exception as e:  # pylint: disable=broad-except
+      run_directory.remove_unfinished_checkpoints(self.ckpt_dir)
+      if not is_write_failure(e):
+        raise
+      raise write_error(f'the checkpoint of round {version}', self.ckpt_dir, e,
+                        self.checkpointed) from None
+    self._pending, self._version, self._error = write, version, None
     self._thread = threading.Thread(target=self._write, name=f'checkpoint {version}',
                                     daemon=True)
     self._thread.start()
 
+  def _snapshot(self, runner, held, figures, version: int) -> Callable[[], None]:
+    """Snapshots the state (`runner.snapshot`, which pauses the collector); returns what
+    writes the version through the manager."""
+    read_state = runner.snapshot(held)
+
+    def write():
+      asyncio.run(self.manager.save(program_state(read_state(), figures), version))
+    return write
+
+  def _write_in_worker(self, runner, held, figures, version: int) -> Callable[[], None]:
+    """The worker writes the version's tensors into a temp directory named as TFF names its
+    own (`run_directory.remove_unfinished_checkpoints` knows it); returns what completes
+    the version."""
+    from tff_algos.runtime import saved_model_template  # pylint: disable=g-import-not-at-top
+    temp = os.path.join(self.ckpt_dir,
+                        f'program_state_{version}_temp{random.randint(1000, 9999)}')
+    shutil.rmtree(temp, ignore_errors=True)
+    os.makedirs(os.path.join(temp, 'variables'))
+    runner.write(held, os.path.join(temp, saved_model_template.VARIABLES_PREFIX), self._layout,
+                 self._template.extras(figures))
+    return lambda: self._publish(temp, version)
+
+  def _publish(self, temp: str, version: int) -> None:
+    """Completes the SavedModel in `temp`, renames it to the version (atomic, as TFF's
+    write_saved_model does) and removes the versions the manager does not keep (its own
+    `_remove_old_program_state`, as its `save` does)."""
+    import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    self._template.write_graph(temp)
+    path = os.path.join(self.ckpt_dir, f'program_state_{version}')
+    if os.path.exists(path):
+      raise tff.program.ProgramStateExistsError(version=version, path=self.ckpt_dir)
+    os.rename(temp, path)
+    asyncio.run(self.manager._remove_old_program_state())  # pylint: disable=protected-access
+
   def _write(self) -> None:
     try:
-      program_state = self._pending()
-      asyncio.run(self.manager.save(program_state, self._version))
+      self._pending()
     except BaseException as e:  # pylint: disable=broad-except  (reported by wait())
       self._error = e
       run_directory.remove_unfinished_checkpoints(self.ckpt_dir)

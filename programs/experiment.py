@@ -249,18 +249,13 @@ class _Run:
     self.last_round = self.checkpointed = self.start_round
 
   def checkpoint(self) -> None:
-    """Checkpoints the state after `last_round` (what a resume continues from): snapshots
-    it (the worker writes its state to a file) and leaves the write to the writer's thread,
-    once the write before it has finished."""
-    try:
-      read_state = self.runner.snapshot(self.held)   # the runner pauses the collector
-    except Exception as e:  # pylint: disable=broad-except
-      self.refused_write(e, f'the checkpoint of round {self.last_round}')
+    """Checkpoints the state after `last_round` (what a resume continues from), once the
+    write before it has finished (`CheckpointWriter.checkpoint`: the worker writes the
+    resident state's version now, the rest goes on in the writer's thread)."""
     figures = collections.OrderedDict(
         round=self.last_round, best_accuracy=self.best,
         exploration_client_epochs=float(self.program_state['exploration_client_epochs']))
-    self.checkpoints.save(
-        lambda: collections.OrderedDict(state=read_state(), **figures), self.last_round)
+    self.checkpoints.checkpoint(self.runner, self.held, figures, self.last_round)
     self.checkpointed = self.last_round
 
   def check_stop(self) -> None:
@@ -333,9 +328,10 @@ def _resume_or_initialise(c: ExperimentConfig, built: _Built, start_round: int,
   loop = asyncio.new_event_loop()
   checkpoints = checkpoint_writer.CheckpointWriter(ckpt_dir, checkpointed=start_round)
   held, state = runner.initial_state()   # (a resume or FedLEx's exploration replaces both)
-  program_state = collections.OrderedDict(state=state, round=0, best_accuracy=-1.0,
-                                          exploration_client_epochs=0.0)
+  program_state = checkpoint_writer.program_state(state, collections.OrderedDict(
+      round=0, best_accuracy=-1.0, exploration_client_epochs=0.0))
   run_directory.remove_unfinished_checkpoints(ckpt_dir)
+  checkpoints.prepare(runner, program_state, scratch_dir=exp_dir)
   if start_round:
     # The newest checkpoint that reads (an unreadable newer one is removed, with a warning).
     restored, _ = run_directory.load_checkpoint(loop, checkpoints.manager, program_state,
@@ -500,7 +496,7 @@ def _finish(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built,
             guidance: Optional[fedlex_exploration.Guidance]) -> dict:
   """Writes the run's results (summary.json, accuracy.png, final_weights.npz); returns the
   summary."""
-  run.state = run.runner.materialize(run.held)   # (the last checkpoint's snapshot: no transfer)
+  run.state = run.runner.materialize(run.held)
   summary = run_results.run_summary(
       c, run.rows, built.model_name, run.state,
       float(run.program_state['exploration_client_epochs']), run_data.client_test, run.exp_dir)

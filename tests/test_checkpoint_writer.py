@@ -86,8 +86,9 @@ def _tff_load(ckpt_dir, version, structure):
 
 
 def test_the_next_round_runs_while_a_checkpoint_is_written(tmp_path, monkeypatch):
-  """Each checkpoint but the last is still being written when the next round starts (a
-  synchronous checkpoint would time out here); the versions are written whole, in order."""
+  """Each checkpoint but the last is still being completed when the next round starts (a
+  synchronous checkpoint would time out here); the versions are written whole, in order,
+  the state's tensors by the worker (nothing through FileProgramStateManager.save)."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
   rounds_started = [0]
@@ -101,16 +102,21 @@ def test_the_next_round_runs_while_a_checkpoint_is_written(tmp_path, monkeypatch
     return next_round(self, *args, **kwargs)
 
   overlapped = {}
-  save = tff.program.FileProgramStateManager.save
+  publish = checkpoint_writer.CheckpointWriter._publish   # (the writer's thread)
 
-  async def slow_save(self, program_state, version):
+  def slow_publish(self, temp, version):
     if version < BASE.rounds:
       with started:   # the round after this checkpoint starts before its write ends
         overlapped[version] = started.wait_for(lambda: rounds_started[0] > version, 60)
-    return await save(self, program_state, version)
+    return publish(self, temp, version)
+
+  def no_save(*args):
+    raise AssertionError('the state went through Python (FileProgramStateManager.save)')
 
   monkeypatch.setattr(resident_state.ResidentProcess, 'next', counting_next)
-  monkeypatch.setattr(tff.program.FileProgramStateManager, 'save', slow_save)
+  monkeypatch.setattr(checkpoint_writer.CheckpointWriter, '_publish', slow_publish)
+  monkeypatch.setattr(tff.program.FileProgramStateManager, 'save', no_save)
+  monkeypatch.setattr(resident_state.ResidentProcess, 'snapshot', no_save)
   config = dataclasses.replace(BASE, root_output_dir=str(tmp_path), experiment_name='r')
   experiment.run_experiment(config, _quiet)
   assert overlapped == {1: True, 2: True, 3: True}
@@ -132,27 +138,41 @@ def test_write_failures_are_named_in_a_few_words():
       'OSError: Input/output error')
 
 
+# The worker's SaveV2 refused by the disk, as its error comes back through gRPC.
+WORKER_FULL = ('<_InactiveRpcError of RPC that terminated with: status = StatusCode.INTERNAL '
+               'details = "Failed to run computation: {path}.data-00000-of-00001.tempstate1; '
+               'No space left on device [[{{{{node SaveV2}}}}]]">')
+
+
 @pytest.mark.parametrize('failure', ['full', 'unwritable'])
 def test_a_failed_write_stops_the_run_in_one_line_and_resume_continues(
     failure, unbroken, tmp_path, monkeypatch):
-  """The write of round 3 fails (after leaving a half-written temp directory, as a full disk
-  does): the run stops with one line naming the directory and the fix; round 2's checkpoint
-  is intact and --resume, once the disk takes writes again, ends as the unbroken run."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  save = tff.program.FileProgramStateManager.save
+  """The write of round 3 fails after leaving a half-written temp directory: the worker's
+  write of the state (a full disk) or the writer's thread completing the version (an
+  unwritable directory). The run stops with one line naming the directory and the fix;
+  round 2's checkpoint is intact and --resume, once the disk takes writes again, ends as
+  the unbroken run."""
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+  write = resident_state.ResidentProcess.write
+  publish = checkpoint_writer.CheckpointWriter._publish
 
-  async def failing_save(self, program_state, version):
-    if version == 3:
-      os.makedirs(os.path.join(self._root_dir, 'program_state_3_temp1234', 'variables'))
-      error = (tf.errors.ResourceExhaustedError if failure == 'full'
-               else tf.errors.PermissionDeniedError)
-      raise error(None, None, 'variables.data-00000-of-00001.tempstate: failed [Op:SaveV2]')
-    return await save(self, program_state, version)
+  def failing_write(self, state, path, *args, **kwargs):
+    if failure == 'full' and 'program_state_3_temp' in path:
+      open(path + '.data-00000-of-00001.tempstate1', 'wb').close()
+      raise RuntimeError(WORKER_FULL.format(path=path))
+    return write(self, state, path, *args, **kwargs)
+
+  def failing_publish(self, temp, version):
+    if failure == 'unwritable' and version == 3:
+      open(os.path.join(temp, 'saved_model.pb'), 'wb').close()
+      raise PermissionError(errno.EACCES, 'Permission denied',
+                            os.path.join(temp, 'fingerprint.pb'))
+    return publish(self, temp, version)
 
   config = dataclasses.replace(BASE, root_output_dir=str(tmp_path), experiment_name='f')
   ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
-  monkeypatch.setattr(tff.program.FileProgramStateManager, 'save', failing_save)
+  monkeypatch.setattr(resident_state.ResidentProcess, 'write', failing_write)
+  monkeypatch.setattr(checkpoint_writer.CheckpointWriter, '_publish', failing_publish)
   with pytest.raises(ExperimentError) as raised:
     experiment.run_experiment(config, _quiet)
   message = str(raised.value)
@@ -169,36 +189,100 @@ def test_a_failed_write_stops_the_run_in_one_line_and_resume_continues(
   _assert_same_run(unbroken, config.experiment_dir)
 
 
-@pytest.mark.parametrize('message,one_line', [
-    ('INTERNAL: state_3.data-00000-of-00001.tempstate; No space left on device', True),
-    ('the worker crashed', False)])
-def test_a_snapshot_the_worker_cannot_write_stops_the_run_in_one_line(
-    message, one_line, tmp_path, monkeypatch):
-  """The worker's snapshot of round 3 fails: refused by the disk (the worker's error names
-  it), the run stops with one line naming the experiment directory; any other failure is
-  not dressed up as one."""
+def test_a_worker_write_that_fails_otherwise_is_not_dressed_up(tmp_path, monkeypatch):
+  """The worker's write of round 3 fails for another reason than the file system's: its
+  error ends the run as it is, and no partial version is left."""
   from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
-  snapshot = resident_state.ResidentProcess.snapshot
-  snapshots = [0]
+  write = resident_state.ResidentProcess.write
 
-  def failing_snapshot(self, state):
-    snapshots[0] += 1
-    if snapshots[0] == 3:
-      raise RuntimeError(message)
-    return snapshot(self, state)
-  monkeypatch.setattr(resident_state.ResidentProcess, 'snapshot', failing_snapshot)
+  def failing_write(self, state, path, *args, **kwargs):
+    if 'program_state_3_temp' in path:
+      raise RuntimeError('the worker crashed')
+    return write(self, state, path, *args, **kwargs)
+  monkeypatch.setattr(resident_state.ResidentProcess, 'write', failing_write)
   config = dataclasses.replace(BASE, root_output_dir=str(tmp_path), experiment_name='s')
-  with pytest.raises(ExperimentError if one_line else RuntimeError) as raised:
+  with pytest.raises(RuntimeError, match='^the worker crashed$'):
     experiment.run_experiment(config, _quiet)
-  if one_line:
-    assert str(raised.value) == (
-        f'cannot write the checkpoint of round 3 in {config.experiment_dir}: the disk is '
-        'full; free space there or make it writable, then rerun with --resume: it continues '
-        'after round 2, the last one checkpointed')
-  else:
-    assert str(raised.value) == message
   ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
-  assert run_directory.checkpointed_rounds(ckpt_dir) == [1, 2]
+  assert sorted(os.listdir(ckpt_dir)) == ['program_state_1', 'program_state_2']
+
+
+@pytest.mark.parametrize('algorithm', ['fedavg', 'fedcda'])
+def test_a_version_the_worker_writes_is_the_managers_own(algorithm, tmp_path):
+  """A version whose tensors the worker wrote (the default with a resident state) loads
+  through tff.program's FileProgramStateManager (tf.saved_model.load, our fingerprint.pb
+  among the files) as the same program state written by the manager's own `save`: the
+  same leaves, to the bit and in the same dtypes (FedCDA's state: float32, float64 and
+  int32 tensors), in the same files."""
+  from programs import computations  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+  execution.initialize_runtime()
+  config = dataclasses.replace(BASE, algorithm=algorithm, fedcda_warmup_rounds=1,
+                               fedcda_batches=1, fedcda_cache_size=2)
+  process = computations.build_process(
+      config, models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0), config.num_clients)
+  runner = resident_state.ResidentProcess(process, config.clients_per_round,
+                                          scratch_dir=str(tmp_path))
+  try:
+    held, initial = runner.initial_state()
+    figures = collections.OrderedDict(round=0, best_accuracy=-1.0,
+                                      exploration_client_epochs=0.0)
+    structure = checkpoint_writer.program_state(initial, figures)
+    fed = experiment.load_federated_data(config)
+    for round_num in (1, 2):
+      _, inputs = data.round_inputs(fed, round_num, config.clients_per_round, 1, 0)
+      held, _ = runner.next(held, [[x] for x in inputs])
+    # Figures no float32 holds exactly: both ways round them alike.
+    figures = collections.OrderedDict(round=2, best_accuracy=0.7,
+                                      exploration_client_epochs=1 / 3)
+    ours, theirs = str(tmp_path / 'ours'), str(tmp_path / 'theirs')
+    writer = checkpoint_writer.CheckpointWriter(ours)
+    writer.prepare(runner, structure, scratch_dir=str(tmp_path))
+    with pytest.MonkeyPatch.context() as patch:   # nothing through Python here
+      patch.setattr(resident_state.ResidentProcess, 'snapshot', None)
+      writer.checkpoint(runner, held, figures, 2)
+      writer.close()
+    assert writer.checkpointed == 2
+    reference = checkpoint_writer.CheckpointWriter(theirs)   # not prepared: the manager's save
+    reference.checkpoint(runner, held, figures, 2)
+    reference.close()
+  finally:
+    runner.close()
+  from tensorflow_federated.python.program import structure_utils  # pylint: disable=g-import-not-at-top
+  loaded = [_tff_load(directory, 2, structure) for directory in (ours, theirs)]
+  assert [type(x) for x in loaded[0].values()] == [type(x) for x in loaded[1].values()]
+  leaves = [structure_utils.flatten(x) for x in loaded]
+  assert len(leaves[0]) == len(leaves[1]) == len(structure_utils.flatten(structure))
+  for a, b in zip(*leaves, strict=True):
+    assert np.asarray(a).dtype == np.asarray(b).dtype
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+  if algorithm == 'fedcda':
+    assert {np.asarray(x).dtype.name for x in leaves[0]} >= {'float32', 'float64', 'int32'}
+  ours_files, their_files = (
+      sorted((os.path.relpath(d, version), sorted(names)) for d, _, names in os.walk(version))
+      for version in (os.path.join(ours, 'program_state_2'),
+                      os.path.join(theirs, 'program_state_2')))
+  assert ours_files == their_files
+
+
+def test_a_state_held_in_python_is_written_through_the_managers_save(tmp_path):
+  """A runner whose worker holds no state (worker services: DirectProcess) is not prepared
+  and its versions go through FileProgramStateManager.save, as before."""
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+  runner = resident_state.DirectProcess(process=None)
+  state = collections.OrderedDict(w=np.arange(6, dtype=np.float32).reshape(2, 3),
+                                  n=np.int64(7))
+  figures = collections.OrderedDict(round=1, best_accuracy=0.5, exploration_client_epochs=0.0)
+  writer = checkpoint_writer.CheckpointWriter(str(tmp_path))
+  writer.prepare(runner, checkpoint_writer.program_state(state, figures))
+  writer.checkpoint(runner, state, figures, 1)
+  writer.close()
+  loaded = _tff_load(str(tmp_path), 1, checkpoint_writer.program_state(state, figures))
+  np.testing.assert_array_equal(loaded['state']['w'], state['w'])
+  assert loaded['state']['n'] == 7 and int(loaded['round']) == 1
 
 
 def _damage(path):

@@ -288,6 +288,15 @@ def test_misuse_is_refused_with_the_reason():
   placed = resident.adopt(process.initialize())
   with pytest.raises(ValueError, match='held by another ResidentProcess'):
     other.materialize(placed)
+  layout = resident_state.state_file_layout(resident.state_type)
+  with pytest.raises(ValueError, match='held by another ResidentProcess'):
+    other.write(placed, 'unused', layout)
+  with pytest.raises(TypeError, match='write takes a ResidentValue, got LearningAlgorithmState'):
+    resident.write(process.initialize(), 'unused', layout)
+  by_values = resident_state.ResidentProcess(process, P, transfer='values')
+  assert resident.writes_files and not by_values.writes_files
+  with pytest.raises(ValueError, match='write needs transfer=\'files\''):
+    by_values.write(by_values.initialize(), 'unused', layout)
 
 
 def test_program_resident_state_flag(tmp_path, monkeypatch):
@@ -325,7 +334,7 @@ def test_an_empty_state_crosses_without_a_file(tmp_path):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   state_type = tff.FederatedType(tff.StructType([]), tff.SERVER)
   path = str(tmp_path / 'state')
-  resident_state.save_computation(state_type)((), path)
+  resident_state.save_computation(state_type)((), [path])
   assert os.listdir(tmp_path) == []
   restored, size = resident_state.restore_computation(state_type)(path)
   assert len(restored) == 0 and size == 1

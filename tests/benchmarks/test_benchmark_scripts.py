@@ -94,8 +94,9 @@ def test_round_overhead_server_share_adds_0_epoch_rounds(tmp_path):
 def test_round_overhead_resident_gives_the_round_as_the_program_runs_it(tmp_path):
   """--resident --checkpoint_every=N: each TFF variant also runs with its state resident (the
   same weights as through process.next) and, interleaved, as the program runs it by default
-  (<name>@program: a checkpoint every round, snapshotted and written by the program's
-  CheckpointWriter while the next round runs); the round "as the program runs it" is given
+  (<name>@program: a checkpoint every round, by the program's own
+  CheckpointWriter.checkpoint, completed while the next round runs); the round "as the
+  program runs it" is given
   at the default cadence (default_ratio_to_plain_tf beside ratio_to_plain_tf in --json) and
   at every N rounds (the resident round plus what checkpoints add, over N). N = 4 here, not
   the default 10: were --checkpoint_every ignored, the figure would differ. A checkpoint made

@@ -28,6 +28,7 @@ batches of 20 (benchmarks/results/RESULTS.md, "The resident state's memory"). `r
     python_state = resident.materialize(state)       # e.g. to checkpoint it
     read = resident.snapshot(state)                  # or: the worker writes it now, and
     python_state = read()                            # read() may run in another thread
+    resident.write(state, path, layout, extras)      # or the worker writes a file of its own
     state = resident.adopt(python_state)             # e.g. after loading a checkpoint
 
 How the state crosses (`transfer`): by default ('files') as a TensorFlow checkpoint in a
@@ -39,6 +40,9 @@ file costs the worker less memory and time. With 'values' the state crosses as T
 and above `part_bytes` (64 MiB) in parts, each its own message (a computation splits the
 state into tuples of its tensors, another joins them), so that no message exceeds TFF's
 2 GB limit. Every way gives the same state to the bit, in the same containers (tested).
+With 'files', `write` has the worker write the state's tensors under names the caller gives
+(a `FileLayout`, with a few scalars sent from Python and fixed strings) into a file that
+never passes through Python: a checkpoint version (programs/checkpoint_writer.py).
 `initial_state()` computes `initialize` in the worker and brings back one copy.
 
 It needs TFF's local runtime (the context `execution.initialize_runtime()` installs without
@@ -169,37 +173,77 @@ def join_computation(state_type, parts):
   return join
 
 
-def _write_leaves(path, leaves):
-  """SaveV2 of a state's tensors at `path` (in a TF computation or eagerly)."""
-  return tf.raw_ops.SaveV2(prefix=path, tensor_names=[f'state/{i}' for i in range(len(leaves))],
-                           shape_and_slices=[''] * len(leaves), tensors=leaves)
+class FileLayout(NamedTuple):
+  """The names of the tensors in a file the worker writes of a state (`save_computation`,
+  `ResidentProcess.write`): the state's tensors in TFF's order under `state`, then scalars
+  Python passes with each write (`extras`: (name, dtype) pairs) and string scalars fixed for
+  every write (`constants`: (name, bytes) pairs)."""
+
+  state: tuple
+  extras: tuple = ()
+  constants: tuple = ()
+
+
+def state_file_layout(member_type) -> FileLayout:
+  """The layout of the state's own files (transfer='files'): tensor i as `state/<i>`."""
+  return FileLayout(tuple(f'state/{i}' for i in range(len(structure.flatten(member_type)))))
+
+
+def state_leaves(value, member_type) -> list:
+  """A Python state's leaves (of type `member_type`) in TFF's order: the order in which the
+  worker names them in its files (`FileLayout.state`)."""
+  return _leaves(value, member_type)
+
+
+def _write_leaves(path, names, tensors):
+  """SaveV2 of `tensors` under `names` at `path` (in a TF computation or eagerly)."""
+  return tf.raw_ops.SaveV2(prefix=path, tensor_names=list(names),
+                           shape_and_slices=[''] * len(tensors), tensors=tensors)
 
 
 def _read_leaves(path, member_type) -> list:
   """RestoreV2 of the tensors `_write_leaves` wrote for a state of `member_type`."""
   types = structure.flatten(member_type)
-  return tf.raw_ops.RestoreV2(prefix=path, tensor_names=[f'state/{i}' for i in range(len(types))],
+  return tf.raw_ops.RestoreV2(prefix=path,
+                              tensor_names=list(state_file_layout(member_type).state),
                               shape_and_slices=[''] * len(types),
                               dtypes=[tf.as_dtype(t.dtype) for t in types])
 
 
-def save_computation(state_type):
-  """<state@SERVER, path@SERVER> -> path@SERVER: the worker writes the state's tensors (in
-  TFF's flattened order) as a TensorFlow checkpoint at `path` (its .index and .data files)
-  and returns `path` once they are written."""
+def _save_argument_type(layout: FileLayout):
+  """<path, extra_0, ...>: what a write of `layout` is given besides the state."""
+  return tff.StructType([(None, tff.TensorType(np.str_))] +
+                        [(None, tff.TensorType(dtype)) for _, dtype in layout.extras])
+
+
+def save_computation(state_type, layout: Optional[FileLayout] = None):
+  """<state@SERVER, <path, extra_0, ...>@SERVER> -> path@SERVER: the worker writes, as one
+  TensorFlow checkpoint at `path` (its .index and .data files), the state's tensors (in
+  TFF's flattened order) under `layout.state`'s names (default: the state's own files,
+  `state_file_layout`), the extras under `layout.extras`' and `layout.constants`, and
+  returns `path` once they are written."""
   member = state_type.member
+  layout = layout or state_file_layout(member)
+  if len(layout.state) != len(structure.flatten(member)):
+    raise ValueError(f'the layout names {len(layout.state)} tensors; the state has '
+                     f'{len(structure.flatten(member))}')
+  names = (list(layout.state) + [name for name, _ in layout.extras] +
+           [name for name, _ in layout.constants])
+  argument_type = _save_argument_type(layout)
 
-  @tff.tensorflow.computation(member, np.str_)
-  def save(state, path):
-    leaves = _leaves(state, member)
-    if not leaves:   # nothing to write (read_state_file and restore expect no file)
+  @tff.tensorflow.computation(member, argument_type)
+  def save(state, argument):
+    path = argument[0]
+    tensors = (_leaves(state, member) + [argument[i + 1] for i in range(len(layout.extras))] +
+               [tf.constant(value, tf.string) for _, value in layout.constants])
+    if not tensors:   # nothing to write (read_state_file and restore expect no file)
       return tf.identity(path)
-    with tf.control_dependencies([_write_leaves(path, leaves)]):
+    with tf.control_dependencies([_write_leaves(path, names, tensors)]):
       return tf.identity(path)
 
-  @tff.federated_computation(state_type, tff.FederatedType(np.str_, tff.SERVER))
-  def save_at_server(state, path):
-    return tff.federated_map(save, tff.federated_zip((state, path)))
+  @tff.federated_computation(state_type, tff.FederatedType(argument_type, tff.SERVER))
+  def save_at_server(state, argument):
+    return tff.federated_map(save, tff.federated_zip((state, argument)))
 
   return save_at_server
 
@@ -305,7 +349,7 @@ def write_state_file(path: str, leaves, member_type) -> None:
     if not tf.TensorShape(t.shape).is_compatible_with(tensors[-1].shape):
       raise ValueError(f'the state\'s tensor {i} has shape {tensors[-1].shape}; its type is {t}')
   if tensors:
-    _write_leaves(path, tensors)
+    _write_leaves(path, state_file_layout(member_type).state, tensors)
 
 
 def read_state_file(path: str, member_type) -> list[np.ndarray]:
@@ -433,9 +477,11 @@ class ResidentProcess:
     self._scratch = None        # made at the first transfer
     self._remove_scratch = None
     self._closed = False
+    self._layouts = {}   # the FileLayout of each save computation, by its name
     if transfer == 'files':
       self._computations.update(save=save_computation(self._state_type),
                                 restore=restore_computation(self._state_type))
+      self._layouts['save'] = state_file_layout(self._state_type.member)
       self._file_names = itertools.count()
     self._parts = (state_parts(self._state_type.member, part_bytes)
                    if part_bytes and transfer == 'values' else None)
@@ -528,11 +574,16 @@ class ResidentProcess:
   async def _server_path(self, path: str):
     return await self._ingest(path, tff.FederatedType(np.str_, tff.SERVER))
 
-  async def _save(self, value, path: str) -> None:
-    """The worker writes `value` (the state) at `path`; returns once it is written."""
-    argument = await self._executor.create_struct(
-        structure.Struct.unnamed(value, await self._server_path(path)))
-    written = await self._executor.create_call(await self._function('save'), argument)
+  async def _save(self, value, path: str, save: Any = 'save', extras=()) -> None:
+    """The worker writes `value` (the state) at `path` with the computation `save` (of a
+    FileLayout: `extras` are its extras' values); returns once it is written."""
+    layout = self._layouts[save]
+    others = await self._ingest(
+        [path] + [np.asarray(extra, dtype)
+                  for extra, (_, dtype) in zip(extras, layout.extras, strict=True)],
+        tff.FederatedType(_save_argument_type(layout), tff.SERVER))
+    argument = await self._executor.create_struct(structure.Struct.unnamed(value, others))
+    written = await self._executor.create_call(await self._function(save), argument)
     await written.compute()
 
   async def _restore(self, path: str):
@@ -657,6 +708,35 @@ class ResidentProcess:
                           member)
     return read
 
+  @property
+  def state_type(self):
+    """The TFF type of the state (unplaced)."""
+    return self._state_type.member
+
+  @property
+  def writes_files(self) -> bool:
+    """Whether the worker writes files of the state (transfer='files'): `write`."""
+    return self._transfer == 'files'
+
+  @_paused
+  def write(self, state: ResidentValue, path: str, layout: FileLayout, extras=()) -> None:
+    """The worker writes `state` now as one TensorFlow checkpoint at `path` (its .index and
+    .data files; the directory must exist), its tensors named by `layout`, with `extras`
+    (one value for each of `layout.extras`, sent from Python) and `layout.constants`;
+    nothing of the state passes through Python. transfer='files' only."""
+    if not self.writes_files:
+      raise ValueError('write needs transfer=\'files\' (the worker writes the file)')
+    if self._closed:
+      raise ValueError('this ResidentProcess is closed')
+    if not isinstance(state, ResidentValue):
+      raise TypeError(f'write takes a ResidentValue, got {type(state).__name__}')
+    self._resident_check(state)
+    name = ('save', layout)
+    if name not in self._computations:
+      self._computations[name] = save_computation(self._state_type, layout)
+      self._layouts[name] = layout
+    self._run(self._save(state._value, path, name, extras))  # pylint: disable=protected-access
+
   @_paused
   def adopt(self, state) -> ResidentValue:
     """A state held in Python (e.g. loaded from a checkpoint) placed in the worker."""
@@ -751,6 +831,8 @@ class DirectProcess:
 
   def snapshot(self, state):
     return lambda: state
+
+  writes_files = False   # (ResidentProcess.write: there is no worker holding the state)
 
   def adopt(self, state):
     return state
