@@ -36,6 +36,7 @@ from programs import experiment
 from programs import experiment_config
 from programs import pages
 from programs import run_results
+from programs.studies import curves
 from programs.studies import paired
 
 REPRODUCTION = os.path.join(suites.RESULTS, 'REPRODUCTION.md')
@@ -458,10 +459,6 @@ def settings_table(method: str, columns: list) -> list:
 # --------------------------------------------------------------------------- #
 
 
-PALETTE = ('#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#8c564b', '#e377c2',
-           '#17becf', '#bcbd22', '#7f7f7f')
-
-
 def _method_of(run: str) -> str:
   """A run name without its setting's suffix (fedavg_dir0.1 -> fedavg)."""
   return re.sub(r'_(dir|beta|shards)[0-9.]+$', '', run)
@@ -475,52 +472,12 @@ def _colour_order() -> tuple:
 
 def colour_of(run: str) -> str:
   """The same colour for a method (its run name without the setting) on every page."""
-  return PALETTE[_colour_order().index(_method_of(run)) % len(PALETTE)]
+  return curves.PALETTE[_colour_order().index(_method_of(run)) % len(curves.PALETTE)]
 
 
 def panels(suite: suites.Suite) -> list:
-  """[(title, [runs])]: one panel per baseline, with every method compared against it."""
-  out = {}
-  for comp in suite.comparisons:
-    title = re.sub(r'^\S+ ', '', comp.label) if ' ' in comp.label else comp.label
-    out.setdefault(comp.baseline, (title, [comp.baseline]))[1].append(comp.method)
-  return list(out.values())
-
-
-def plot(path: str, groups: list) -> None:
-  """Writes a figure of panels side by side: groups = [(title, {run: [loaded runs]})]."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use('Agg')
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
-  fig, axes = plt.subplots(1, max(len(groups), 1), figsize=(4.2 * max(len(groups), 1), 3.4),
-                           squeeze=False)
-  for ax, (title, by_run) in zip(axes[0], groups):
-    for i, (run, loaded) in enumerate(by_run.items()):
-      done = [r for r in loaded if rd.usable(r)]
-      if not done:
-        continue
-      x, mean, std = rd.mean_curve(done)
-      # the baseline dashed and drawn last, so that a method on top of it does not hide it
-      line, = ax.plot(x, 100 * mean, lw=1.6 if i == 0 else 1.1, ls='--' if i == 0 else '-',
-                      color=colour_of(run), label=f'{run} ({len(done)})', zorder=3 - (i > 0))
-      ax.fill_between(x, 100 * (mean - std), 100 * (mean + std), color=line.get_color(),
-                      alpha=0.15, lw=0)
-    ax.set_title(title, fontsize=8)
-    ax.set_xlabel('round', fontsize=8)
-    ax.grid(alpha=0.3)
-    ax.tick_params(labelsize=7)
-    if ax.lines:
-      ax.legend(fontsize=6, loc='lower right')
-      low = min(np.percentile(l.get_ydata(), 5) for l in ax.lines)
-      ax.set_ylim(max(low - 5, 0), None)
-    else:
-      ax.text(0.5, 0.5, 'no finished run yet', ha='center', transform=ax.transAxes)
-  axes[0][0].set_ylabel('test accuracy (%), mean ± std', fontsize=8)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with pages.replacing(path) as tmp:
-    fig.savefig(tmp, format='png', dpi=100, metadata={'Software': None})
-  plt.close(fig)
+  """[(title, [runs])] of a suite's curves (curves.panels)."""
+  return curves.panels(suite.comparisons)
 
 
 def suite_groups(suite: suites.Suite, loaded: dict, prefix: str = '') -> list:
@@ -691,19 +648,7 @@ def suite_page(suite: suites.Suite) -> tuple:
   data = dict(comparisons=results,
               runs={run: {str(s): dict(run_figures(r), finished=r['finished'])
                           for s, r in seeds.items()} for run, seeds in loaded.items()})
-  return '\n'.join(lines), json.dumps(_json_ready(data), indent=1, sort_keys=True) + '\n', loaded
-
-
-def _json_ready(value):
-  if isinstance(value, dict):
-    return {str(k): _json_ready(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_json_ready(v) for v in value]
-  if isinstance(value, (np.floating, np.integer)):
-    value = value.item()
-  if isinstance(value, float) and not np.isfinite(value):
-    return None
-  return value
+  return '\n'.join(lines), json.dumps(pages.json_ready(data), indent=1, sort_keys=True) + '\n', loaded
 
 
 def write_suite_page(suite: suites.Suite) -> None:
@@ -712,7 +657,7 @@ def write_suite_page(suite: suites.Suite) -> None:
   os.makedirs(out, exist_ok=True)
   pages.write_text(os.path.join(out, 'results.md'), page)
   pages.write_text(os.path.join(out, 'results.json'), data)
-  plot(os.path.join(out, 'curves.png'), suite_groups(suite, loaded))
+  curves.plot(os.path.join(out, 'curves.png'), suite_groups(suite, loaded), colour_of)
 
 
 # --------------------------------------------------------------------------- #
@@ -831,7 +776,7 @@ def write_method_figures() -> None:
     groups = []
     for _, suite in method_suites(method):
       groups += suite_groups(suite, rd.collect(suite), f'{protocol_of(suite)}: ')
-    plot(os.path.join(FIGURES, f'{method}.png'), groups)
+    curves.plot(os.path.join(FIGURES, f'{method}.png'), groups, colour_of)
 
 
 def provenance_page() -> str:

@@ -3,18 +3,17 @@
 A run directory is an ordinary experiment directory of `programs.train` (config.json,
 metrics.csv, summary.json; benchmarks/<suite>/runs/<run>_s<seed>, tuning runs under
 tuning/, probe runs under probes/<probe>/, shorter makings of a lengthened suite under
-earlier_runs/rounds<N>/). `load_run` reads one; `collect` reads a suite's runs (its own and
-those it borrows from another suite) at the length its pages report; `at_length` reads a run
-over its first rounds. Accuracy of a run = the mean test accuracy of its last LAST
-evaluations (or its best, `CRITERION_KEYS`); across seeds, `programs.studies.paired` reads
-them (mean ± sample standard deviation, paired margins).
+earlier_runs/rounds<N>/). One run is read by programs/studies/records.py (`load_run`, and
+`at_length` over its first rounds; imported here, so the suites' tools read runs through
+this module); `collect` reads a suite's runs (its own and those it borrows from another
+suite) at the length its pages report. Accuracy of a run = the mean test accuracy of its
+last LAST evaluations (or its best, `CRITERION_KEYS`); across seeds,
+`programs.studies.paired` reads them (mean ± sample standard deviation, paired margins).
 """
 
 from __future__ import annotations
 
-import csv
 import glob
-import itertools
 import json
 import os
 import re
@@ -25,76 +24,16 @@ import numpy as np
 from benchmarks import suites
 from programs import experiment_config
 from programs import pages
-from programs import run_directory
-from programs import run_results
-
-
-LAST = 10                 # rounds in the headline mean
-
-
-# A loaded run's figure for each suites.CRITERIA.
-CRITERION_KEYS = dict(last10='last10_mean_accuracy', best='best_accuracy')
+# pylint: disable=unused-import  (one run's reading, for the suites' tools)
+from programs.studies.records import (CRITERION_KEYS, LAST, at_length, curve_figures,
+                                      declared_run, grid_points, last10_of, load_run,
+                                      mean_curve, median_seconds, metrics_column, metrics_rows,
+                                      run_rows, seed_paths, settings_differences, usable)
+from programs.studies.paired import pct
+# pylint: enable=unused-import
 
 
 PLATEAU_POINTS = 0.5      # a curve has plateaued when its last window moved less than this
-
-
-def grid_points(grid: dict) -> list:
-  keys = sorted(grid)
-  return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
-
-
-def load_run(exp_dir: str, rounds: Optional[int] = None) -> dict:
-  """One run's curve and headline numbers; `finished` says whether all rounds are in.
-
-  `rounds` is the length the run is meant to reach (default: its config's); a run made
-  shorter and since lengthened in its suite is not finished until it is extended.
-  """
-  with open(os.path.join(exp_dir, 'config.json')) as f:
-    config = json.load(f)
-  rows = []
-  metrics = os.path.join(exp_dir, 'metrics.csv')
-  if os.path.exists(metrics):
-    with open(metrics, newline='') as f:
-      rows = list(csv.DictReader(f))
-  curve = [(int(r['round']), float(r['test_accuracy'])) for r in rows if r.get('test_accuracy')]
-  summary_path = os.path.join(exp_dir, 'summary.json')
-  summary = {}
-  if os.path.exists(summary_path):
-    with open(summary_path) as f:
-      summary = json.load(f)
-  diverged = None
-  if os.path.exists(os.path.join(exp_dir, run_directory.DIVERGED)):
-    with open(os.path.join(exp_dir, run_directory.DIVERGED)) as f:
-      diverged = f.read().strip()
-  rounds = rounds or config['rounds']
-  done = int(rows[-1]['round']) if rows else 0
-  # Clients whose update was not finite are left out of their round's aggregate (the program
-  # goes on without them): (round, how many) of every such round up to `rounds`.
-  dropped = [(int(r['round']), int(float(r['dropped_clients']))) for r in rows
-             if r.get('dropped_clients') and float(r['dropped_clients']) > 0
-             and int(r['round']) <= rounds]
-  return dict(
-      dir=exp_dir, config=config, rounds=rounds, rounds_done=done, diverged=diverged, rows=rows,
-      dropped_clients=dropped,
-      finished=summary.get('rounds') == rounds and done == rounds,
-      **_curve_figures(curve, rounds),
-      seconds_per_round=_median_seconds(rows),
-      client_epochs_training=summary.get('client_epochs_training'),
-      exploration_client_epochs=summary.get('exploration_client_epochs', 0.0),
-      aggregator_state_bytes=summary.get('aggregator_state_bytes', 0),
-      summary=summary)
-
-
-def _curve_figures(curve: list, rounds: int) -> dict:
-  """A run's curve ([(round, accuracy)]) up to `rounds` and its headline figures there."""
-  kept = [(r, a) for r, a in curve if r <= rounds]
-  acc = np.array([a for _, a in kept])
-  tail = [a for _, a in kept[-LAST:]]   # the last LAST evaluations (last_evaluations)
-  return dict(curve_rounds=[r for r, _ in kept], curve_accuracy=[a for _, a in kept],
-              last10_mean_accuracy=float(np.mean(tail)) if tail else float('nan'),
-              final_accuracy=float(acc[-1]) if acc.size else float('nan'),
-              best_accuracy=float(acc.max()) if acc.size else float('nan'))
 
 
 def diagnosis_header(title: str, module) -> list:
@@ -111,31 +50,6 @@ def write_diagnosis(out: str, page: Callable[[], str]) -> int:
   pages.write_text(out, page())
   print(f'wrote {os.path.relpath(out)}')
   return 0
-
-
-def metrics_rows(exp_dir: str) -> list:
-  """A run's metrics.csv, one dict per round (the diagnosis scripts read its columns)."""
-  with open(os.path.join(exp_dir, 'metrics.csv'), newline='') as f:
-    return list(csv.DictReader(f))
-
-
-def metrics_column(rows, key) -> np.ndarray:
-  """One column of `metrics_rows` as floats (NaN where a round has no value)."""
-  return np.array([float(r[key]) if r.get(key) not in (None, '') else np.nan for r in rows])
-
-
-def last10_of(acc: np.ndarray) -> float:
-  """The mean of a per-round accuracy column's last LAST evaluated values (NaN: not
-  evaluated), as summary.json's last-10 mean; NaN when none was evaluated."""
-  evaluated = np.asarray(acc, np.float64)
-  evaluated = evaluated[np.isfinite(evaluated)]
-  return float(np.mean(evaluated[-LAST:])) if evaluated.size else float('nan')
-
-
-def run_rows(run: dict) -> list:
-  """A loaded run's metrics rows over the length it is read at (a run lengthened past the
-  length a page reports is read over its first rounds)."""
-  return [r for r in run['rows'] if int(r['round']) <= run['rounds']]
 
 
 def suite_metrics(suite: suites.Suite) -> dict:
@@ -206,39 +120,10 @@ def seed_dirs(suite: suites.Suite, run: str) -> dict:
   """{seed: directory} of every seed ever run for `run` (none is dropped from a page); a
   borrowed run's in the suite that makes it."""
   maker, made_as = source(suite, run)
-  return _seed_paths(os.path.join(suites.suite_dir(maker.name), 'runs'), made_as)
-
-
-def _seed_paths(folder: str, run: str) -> dict:
-  """{seed: directory} of `run`'s seeds in `folder` (directories <run>_s<seed> that hold a
-  config.json)."""
-  out = {}
-  for path in glob.glob(os.path.join(folder, f'{glob.escape(run)}_s*')):
-    m = re.fullmatch(re.escape(run) + r'_s(\d+)', os.path.basename(path))
-    if m and os.path.exists(os.path.join(path, 'config.json')):
-      out[int(m.group(1))] = path
-  return dict(sorted(out.items()))
-
-
-def mean_curve(runs: list) -> tuple:
-  """(rounds, mean, std) of the runs' test accuracy over seeds, at the rounds every one of
-  them evaluated (std 0 for one run)."""
-  common = sorted(set.intersection(*(set(r['curve_rounds']) for r in runs))) if runs else []
-  acc = np.array([[dict(zip(r['curve_rounds'], r['curve_accuracy']))[x] for x in common]
-                  for r in runs], np.float64).reshape(len(runs), len(common))
-  std = acc.std(0, ddof=1) if len(runs) > 1 else np.zeros(len(common))
-  return np.array(common, np.int64), acc.mean(0), std
+  return seed_paths(os.path.join(suites.suite_dir(maker.name), 'runs'), made_as)
 
 
 WINDOW = 50   # rounds of the plateau criterion's window, and per row of the diagnoses' tables
-
-
-def _median_seconds(rows: list, rounds: Optional[int] = None) -> float:
-  """The median training seconds of a run's rounds after the first (which traces and
-  compiles), up to round `rounds` if given; NaN with none."""
-  seconds = [float(r['seconds']) for r in rows
-             if 1 < int(r['round']) <= (rounds or int(r['round']))]
-  return float(np.median(seconds)) if seconds else float('nan')
 
 
 def plateau_window(rounds: int) -> int:
@@ -329,10 +214,6 @@ def fell_to_chance(run: dict) -> Optional[int]:
   return next((r for r in run['curve_rounds'] if r > last_above), None) if last_above else None
 
 
-def pct(x: float) -> str:
-  return 'n/a' if not np.isfinite(x) else f'{100 * x:.2f}'
-
-
 def summary_value(run: dict, path: tuple) -> Optional[float]:
   """A run's summary.json value at `path` (None when it has none)."""
   v = run['summary']
@@ -343,22 +224,6 @@ def summary_value(run: dict, path: tuple) -> Optional[float]:
 
 def num(x, spec: str = '.2f') -> str:
   return 'n/a' if x is None or not np.isfinite(x) else format(x, spec)
-
-
-def settings_differences(run: dict, fields: dict) -> list:
-  """'key=recorded (declared: value)' for every declared field that the run's config.json
-  records otherwise: a run made before its declaration or tuned rate changed is not shown as
-  a run of the new settings. Fields that do not change what a run computes (the program's
-  RESUMABLE_CHANGES: its length, which `finished` judges, its evaluation schedule, ...) are
-  not compared."""
-  return [f'{k}={run["config"].get(k)} (declared: {v})' for k, v in sorted(fields.items())
-          if k not in experiment_config.RESUMABLE_CHANGES and run['config'].get(k) != v]
-
-
-def _declared_run(path: str, fields: dict) -> dict:
-  run = load_run(path, fields['rounds'])
-  run['stale'] = settings_differences(run, fields)
-  return run
 
 
 def collect(suite: suites.Suite) -> dict:
@@ -390,7 +255,7 @@ def collect_at(suite: suites.Suite, rounds: Optional[int] = None) -> dict:
     seeds = {}
     for n in kept_lengths(base, at_least=rounds) + [None]:
       paths = (seed_dirs(suite, run) if n is None else
-               _seed_paths(kept_dir(base, n), made_as))
+               seed_paths(kept_dir(base, n), made_as))
       for seed, path in paths.items():
         if seed not in seeds or not settled(seeds[seed]):
           seeds[seed] = _run_at(path, fields, n == rounds)
@@ -402,7 +267,7 @@ def _run_at(path: str, fields: dict, kept_at_length: bool) -> dict:
   """A run's directory read at the declared fields' length: a making kept at that length as
   it is, any other over its first rounds (`at_length`)."""
   if kept_at_length:
-    return _declared_run(path, fields)
+    return declared_run(path, fields)
   r = load_run(path)
   return dict(at_length(r, fields['rounds']), stale=settings_differences(r, fields))
 
@@ -450,50 +315,13 @@ def collect_probe(suite: suites.Suite, probe: suites.Probe) -> dict:
     for seed in probe.seeds:
       path = os.path.join(suites.probe_dir(suite.name, probe.name), suites.run_name(run, seed))
       if os.path.exists(os.path.join(path, 'config.json')):
-        out.setdefault(run, {})[seed] = _declared_run(path, fields)
+        out.setdefault(run, {})[seed] = declared_run(path, fields)
   if probe.unchanged:   # read at the probe's length, whatever length the pages report
     reported = collect_at(suite,
                           suite.probe_overrides(probe, probe.unchanged[0], tuned)['rounds'])
     for run in probe.unchanged:
       out[run] = {s: r for s, r in reported[run].items() if s in probe.seeds}
   return out
-
-
-def at_length(run: dict, rounds: int) -> dict:
-  """A loaded run read as a run of `rounds` rounds: a reported run lengthened past a probe's
-  pinned length is compared over its first `rounds` (the run of that length, since client
-  sampling, batches and rates are functions of seed and round, not of the total). It is
-  finished once it got there (a divergence later on, which records no round, is past it); its
-  training seconds a round are those of its first `rounds`."""
-  if run['rounds'] == rounds:
-    return run
-  reached = run['rounds_done'] >= rounds
-  out = dict(run, rounds=rounds, rounds_done=min(run['rounds_done'], rounds), finished=reached,
-             diverged=None if reached else run['diverged'],
-             seconds_per_round=_median_seconds(run.get('rows', []), rounds),
-             **_curve_figures(list(zip(run['curve_rounds'], run['curve_accuracy'])), rounds))
-  if run['summary'].get('rounds') != rounds:   # a summary of another length is not this one's
-    out.update(summary={}, **_costs_from_rows(run.get('rows', []), rounds))
-  return out
-
-
-def _costs_from_rows(rows: list, rounds: int) -> dict:
-  """A run's costs over its first `rounds` rounds, read from its metrics rows as the program
-  sums them into summary.json (client-epochs: None where the rows do not record every round's,
-  e.g. a making that predates the column)."""
-  kept = [r for r in rows if int(r['round']) <= rounds]
-  recorded = (len(kept) == rounds and
-              all(any(run_results.is_cost_column(k, 'client_epochs') and v
-                      for k, v in r.items()) for r in kept))
-  return dict(
-      client_epochs_training=run_results.round_costs(kept, 'client_epochs') if recorded else None,
-      exploration_client_epochs=float(kept[-1].get('exploration_client_epochs') or 0.0)
-      if kept else 0.0)
-
-
-def usable(run: dict) -> bool:
-  """Finished, and made at the settings declared now."""
-  return run['finished'] and not run.get('stale')
 
 
 def checkpoint_rounds(rounds: int) -> list:
@@ -520,7 +348,7 @@ def on_common_rounds(*runs: dict) -> list:
   evaluated every round set beside one evaluated every k rounds (a probe against a reported
   run it keeps unchanged) would otherwise be read over different rounds (`last10_at`)."""
   common = set.intersection(*(set(r['curve_rounds']) for r in runs))
-  return [{**r, **_curve_figures([(x, a) for x, a in zip(r['curve_rounds'], r['curve_accuracy'])
+  return [{**r, **curve_figures([(x, a) for x, a in zip(r['curve_rounds'], r['curve_accuracy'])
                                   if x in common], r['rounds'])} for r in runs]
 
 
@@ -604,8 +432,8 @@ def remade_runs(suite: suites.Suite) -> list:
     # same, a change is the machine's or the code's.
     out.append(dict(run=run, seed=int(seed), length=length, again_rounds=again['rounds'],
                     first_difference=first,
-                    earlier_seconds=_median_seconds(earlier['rows'], length),
-                    again_seconds=_median_seconds(again['rows'], length),
+                    earlier_seconds=median_seconds(earlier['rows'], length),
+                    again_seconds=median_seconds(again['rows'], length),
                     largest_gap=float(max(gaps, default=np.nan)), tail_rounds=len(tail),
                     earlier=float(np.mean([e for e, _ in tail])) if tail else np.nan,
                     again=float(np.mean([a for _, a in tail])) if tail else np.nan))

@@ -12,6 +12,9 @@ import json
 import os
 from typing import Optional
 
+# A run's directory names, as every study names them.
+from programs.studies.study import run_name, tuning_name  # pylint: disable=unused-import
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_NUMBERS = os.path.join(HERE, 'paper_numbers.json')
 # Everything the tools write and commit: one folder per suite, the pages, figures and logs.
@@ -767,14 +770,6 @@ def experiment_config(fields: dict, seed: int, directory: str, name: str):
 
 def probe_dir(suite: str, probe: str) -> str:
   return os.path.join(suite_dir(suite), 'probes', probe)
-
-
-def run_name(run: str, seed: int) -> str:
-  return f'{run}_s{seed}'
-
-
-def tuning_name(run: str, values: dict) -> str:
-  return run + ''.join(f'_{k}{v:g}' for k, v in sorted(values.items()))
 
 
 def tuned_path(suite: str) -> str:

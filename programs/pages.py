@@ -12,6 +12,8 @@ import contextlib
 import json
 import os
 
+import numpy as np
+
 
 @contextlib.contextmanager
 def replacing(path: str):
@@ -50,3 +52,17 @@ def with_block(text: str, begin: str, end: str, body: str) -> str:
   head, rest = text.split(begin, 1)
   _, tail = rest.split(end, 1)
   return f'{head}{begin}\n{body}{end}{tail}'
+
+
+def json_ready(value):
+  """`value` as a page's JSON holds it: keys as strings, tuples as lists, numpy numbers as
+  Python's, and a number that is not finite (a figure not measured) as null."""
+  if isinstance(value, dict):
+    return {str(k): json_ready(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [json_ready(v) for v in value]
+  if isinstance(value, (np.floating, np.integer)):
+    value = value.item()
+  if isinstance(value, float) and not np.isfinite(value):
+    return None
+  return value

@@ -65,3 +65,49 @@ def digits():
   """scikit-learn's 8x8 digits as `data.load_digits()` gives them, one copy per test file."""
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   return data.load_digits()
+
+
+# A small study on digits: two rounds' worth of work per run takes seconds (tests/test_study.py).
+DIGITS_STUDY_COMMON = '''
+[common]
+dataset = "digits"
+num_clients = 4
+clients_per_round = 2
+batch_size = 16
+eval_every = 1
+rounds = {rounds}
+'''
+
+
+@pytest.fixture(scope='session')
+def write_study():
+  """write_study(folder, body, rounds=3, name='study.toml') -> the path of a study file in
+  `folder`: `body` (its seeds, runs, comparisons, grids) over DIGITS_STUDY_COMMON."""
+  import textwrap  # pylint: disable=g-import-not-at-top
+
+  def write(folder, body, rounds=3, name='study.toml'):
+    path = os.path.join(str(folder), name)
+    with open(path, 'w') as f:
+      f.write(textwrap.dedent(body).strip() + '\n' + DIGITS_STUDY_COMMON.format(rounds=rounds))
+    return path
+
+  return write
+
+
+@pytest.fixture(scope='session')
+def study_command():
+  """study_command(*args) -> the finished `python -m programs.study *args` (a CompletedProcess,
+  text), run from the checkout; its stdout ends with a line 'TF' or 'no TF': whether it
+  imported TensorFlow."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+
+  def run(*args, timeout=600):
+    code = ('import atexit, runpy, sys; '
+            'atexit.register(lambda: print("TF" if "tensorflow" in sys.modules else "no TF")); '
+            f'sys.argv = ["study"] + {list(args)!r}; '
+            'runpy.run_module("programs.study", run_name="__main__")')
+    return subprocess.run([sys.executable, '-c', code], cwd=_ROOT,
+                          env=dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL='3'),
+                          capture_output=True, text=True, timeout=timeout)
+
+  return run

@@ -69,6 +69,11 @@ def mean_std(values) -> tuple:
   return float(v.mean()), float(v.std(ddof=1)) if v.size > 1 else float('nan')
 
 
+def pct(x: float) -> str:
+  """A fraction as percent, two decimals ('n/a' where not measured)."""
+  return 'n/a' if not np.isfinite(x) else f'{100 * x:.2f}'
+
+
 def mean_and_spread(mean: float, std: float, spec: str = '.2f', mean_spec: str = '') -> str:
   """'mean ± std', or 'mean (one seed)' when there is no spread (mean_std's NaN std)."""
   if not np.isfinite(mean):

@@ -78,3 +78,19 @@ class Study:
   @property
   def tuned_path(self) -> str:
     return os.path.join(self.output_dir, 'tuned.json')
+
+
+def run_name(run: str, seed: int) -> str:
+  """A reported run's directory name."""
+  return f'{run}_s{seed}'
+
+
+def tuning_name(run: str, values: dict) -> str:
+  """A tuning run's directory name: the run and its grid point (numbers as %g)."""
+  return run + ''.join(f'_{k}{_point_text(v)}' for k, v in sorted(values.items()))
+
+
+def _point_text(value) -> str:
+  if isinstance(value, (int, float)) and not isinstance(value, bool):
+    return format(value, 'g')
+  return str(value)

@@ -17,6 +17,8 @@ from benchmarks import suites
 from programs import experiment
 from programs import run_directory
 from programs import stopping
+from programs.studies import queue
+from programs.studies import records
 from tests.benchmarks.toy_runs import paired_toy_suite, write_run
 
 
@@ -87,7 +89,7 @@ def test_a_diverging_grid_point_is_recorded_and_skipped(tmp_path, monkeypatch):
   level = {0.1: 0.5, 0.3: 0.6}
 
   def fake_run(config):
-    if compare._finished(config):  # pylint: disable=protected-access
+    if queue.finished(config):
       return
     recorded = dataclasses.asdict(config)
     if config.client_lr == 1.0:   # as the program does: the marker, then the error
@@ -296,8 +298,8 @@ def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monk
       '1 run sized by training time only (recorded before whole rounds were, or at '
       'another --eval_every)' in lines[1]), lines
   monkeypatch.setitem(suites.SUITES, 'fedcda', toy)
-  monkeypatch.setattr(compare, 'recorded_seconds_per_round', lambda name: {})
-  monkeypatch.setattr(compare, 'recorded_training_seconds', lambda name: {})
+  monkeypatch.setattr(queue, 'recorded_seconds_per_round', lambda directories: {})
+  monkeypatch.setattr(queue, 'recorded_training_seconds', lambda directories: {})
   lines = plan_lines(['--only=base'])
   assert lines[0].endswith('no round of this cost recorded yet')
   assert '2 of 3 runs to make, 40 rounds: ~0 min as recorded, plus 2 runs ' \
@@ -360,9 +362,9 @@ def test_compare_plan_shows_a_stopped_runs_own_pace_and_leaves_paused_rounds_out
   assert lines[1] == (
       f'  {os.path.relpath(dirs["new_s1"].experiment_dir)}: 17 rounds left (resumes after '
       'round 3); ~8 min at 30.00 s/round')
-  assert compare.own_seconds_per_round(dirs['base_s1'].experiment_dir) == (120.0, 9, True)
-  assert compare.own_seconds_per_round(dirs['new_s1'].experiment_dir) is None
-  assert compare.own_seconds_per_round(dirs['new_s0'].experiment_dir) is None   # not begun
+  assert queue.own_seconds_per_round(dirs['base_s1'].experiment_dir) == (120.0, 9, True)
+  assert queue.own_seconds_per_round(dirs['new_s1'].experiment_dir) is None
+  assert queue.own_seconds_per_round(dirs['new_s0'].experiment_dir) is None   # not begun
 
 
 def test_recorded_cost_is_the_mean_whole_round_per_evaluation_schedule(tmp_path, monkeypatch):
@@ -383,8 +385,8 @@ def test_recorded_cost_is_the_mean_whole_round_per_evaluation_schedule(tmp_path,
       writer = csv.writer(f)
       writer.writerow(['round', 'seconds', 'round_seconds'])
       writer.writerows([r + 1, s, w] for r, (s, w) in enumerate(zip(seconds, whole[every])))
-  got = compare.recorded_seconds_per_round('toycost')
-  key = tuple(getattr(config, f) for f in compare.COST_FIELDS[:-1])
+  got = queue.recorded_seconds_per_round(compare.recorded_dirs('toycost'))
+  key = tuple(getattr(config, f) for f in queue.COST_FIELDS[:-1])
   assert got[key + (1,)] == (pytest.approx(whole[1][1:].mean()), True)
   assert got[key + (5,)] == (pytest.approx(whole[5][1:].mean()), True)
 
@@ -444,12 +446,12 @@ def test_compare_stops_at_a_signal_like_the_program(tmp_path, monkeypatch):
   starts."""
   import signal  # pylint: disable=g-import-not-at-top
   stop = stopping.StopRequests()
-  monkeypatch.setattr(compare, '_STOP', stop)
+  monkeypatch.setattr(queue, '_STOP', stop)
   started = []
 
   def fake_run_experiment(config, stop=None):
     started.append(config.experiment_name)
-    assert stop is compare._STOP  # pylint: disable=protected-access
+    assert stop is queue._STOP  # pylint: disable=protected-access
     raise stopping.Interrupted(signal.SIGTERM, 3, config.experiment_dir)
 
   monkeypatch.setattr(experiment, 'run_experiment', fake_run_experiment)
@@ -466,7 +468,7 @@ def test_compare_stopped_while_waiting_for_a_run_does_not_start_it(tmp_path, mon
   import signal  # pylint: disable=g-import-not-at-top
   stop = stopping.StopRequests()
   stop.signum = signal.SIGTERM   # recorded while waiting
-  monkeypatch.setattr(compare, '_STOP', stop)
+  monkeypatch.setattr(queue, '_STOP', stop)
   monkeypatch.setattr(experiment, 'run_experiment',
                       lambda *a, **k: pytest.fail('a run was started after the signal'))
   config = experiment.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name='r')
@@ -485,7 +487,7 @@ def test_compare_waiting_for_another_process_stops_at_a_signal(tmp_path, monkeyp
   import threading  # pylint: disable=g-import-not-at-top
   import time  # pylint: disable=g-import-not-at-top
   stop = stopping.StopRequests()
-  monkeypatch.setattr(compare, '_STOP', stop)
+  monkeypatch.setattr(queue, '_STOP', stop)
 
   def fake_run(config):
     with run_directory.exclusive_run_directory(config.experiment_dir):
@@ -588,8 +590,8 @@ def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsy
 
 def test_compare_reading_a_run_the_other_process_moves_makes_it_anew(tmp_path, monkeypatch):
   """The other compare process moves a shorter run away (`_keep_shorter_run`) while this one
-  reads it in `_finished`, before either holds the run: the run is free, so this one makes it
-  anew instead of failing on the missing files. (Every later look is under the run's lock; a
+  reads it in `queue.finished`, before either holds the run: the run is free, so this one makes
+  it anew instead of failing on the missing files. (Every later look is under the run's lock; a
   move just before this one takes it: test_compare_keeps_a_shorter_run_it_makes_again.)"""
   suite = paired_toy_suite(40, tmp_path, monkeypatch)
   kept = tmp_path / 'toy' / 'earlier_runs' / 'rounds20'
@@ -600,7 +602,7 @@ def test_compare_reading_a_run_the_other_process_moves_makes_it_anew(tmp_path, m
   config = compare.run_configs(suite, None, only=('new',), seeds=(0,))[0]
   write_run(config.experiment_dir, 20, np.full(20, 0.5),
             config=dict(dataclasses.asdict(config), rounds=20))
-  load_run = rd.load_run
+  load_run = records.load_run
   calls = []
 
   def moved_while_read(exp_dir, rounds=None):
@@ -610,7 +612,7 @@ def test_compare_reading_a_run_the_other_process_moves_makes_it_anew(tmp_path, m
       os.rename(exp_dir, str(kept / 'new_s0'))   # what the other process did
     return load_run(exp_dir, rounds)
 
-  monkeypatch.setattr(rd, 'load_run', moved_while_read)
+  monkeypatch.setattr(records, 'load_run', moved_while_read)
   compare._run(config)   # pylint: disable=protected-access
   assert made == ['new_s0'] and len(calls) == 1
 

@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks import runs as rd
 from benchmarks import suites
+from programs.studies import records
 from tests.benchmarks.toy_runs import (curve_run, evaluated, every_fifth, paired_toy_suite,
                                        write_run)
 
@@ -51,7 +52,7 @@ def test_sparsely_evaluated_runs_are_read_by_round():
   for end, window in ((300, range(291, 301)), (250, range(205, 251, 5)),
                       (253, range(205, 251, 5))):
     assert rd.last10_at(runs[0], end) == pytest.approx(full[0][np.array(window) - 1].mean())
-  figures = rd._curve_figures(list(zip(rounds, runs[0]['curve_accuracy'])), 300)  # pylint: disable=protected-access
+  figures = records.curve_figures(list(zip(rounds, runs[0]['curve_accuracy'])), 300)
   assert figures['last10_mean_accuracy'] == pytest.approx(full[0][290:].mean())
   assert figures['final_accuracy'] == full[0][299]
   # the mean curve holds only the rounds every run evaluated
@@ -549,7 +550,7 @@ def test_a_run_read_short_of_its_making_sums_its_costs_from_its_rows(tmp_path, m
   # rows short of a round's cost (an older making) give no figure
   rows = [dict(round=str(r), **{'client_work/train/client_epochs': '2'}) for r in (1, 2, 3)]
   rows[1]['client_work/train/client_epochs'] = ''
-  costs = rd._costs_from_rows  # pylint: disable=protected-access
+  costs = records._costs_from_rows  # pylint: disable=protected-access
   assert costs(rows, 3)['client_epochs_training'] is None
   assert costs(rows[:1], 1)['client_epochs_training'] == 2
 
