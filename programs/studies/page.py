@@ -250,7 +250,9 @@ def _comparison_lines(study: study_lib.Study, results: list) -> list:
     margin = (paired.mean_and_spread(c['margin'], c['half_width'], '.2f', '+.2f')
               if c['seeds'] else 'n/a')
     resolves = f'±{c["resolves"]:.2f}' if np.isfinite(c['resolves']) else 'n/a'
-    lines.append(f'| {c["label"]}: {c["method"]} vs {c["baseline"]} | {len(c["seeds"])} | '
+    pair = f'{c["method"]} vs {c["baseline"]}'
+    name = pair if c['label'] == pair else f'{c["label"]}: {pair}'
+    lines.append(f'| {name} | {len(c["seeds"])} | '
                  f'{_level(c["baseline_level"])} | {_level(c["method_level"])} | {margin} | '
                  f'{per_seed} | {resolves} | {c["verdict"]} |')
   return lines + ['']
