@@ -25,6 +25,7 @@ from absl import logging
 import numpy as np
 
 from benchmarks import compare
+from benchmarks import report
 from benchmarks import runs as rd
 from benchmarks import suites
 from programs import pages
@@ -171,24 +172,32 @@ def page(loaded: dict) -> str:
   layout = LAYOUT
   lines = ['# Realistic federations: clients that drop out or lag, in rounds and bytes', '',
            '<!-- written by `python -m benchmarks.federations`; do not edit by hand -->', '',
-           ' '.join(__doc__.split('\n\n')[2].split()), '',
+           *report.prose(' '.join(__doc__.split('\n\n')[2].split())), '',
+           *report.prose(
            f'Settings: {layout["dataset"]}, {layout["model"]}, Dirichlet '
            f'{layout["dirichlet_alpha"]}, {layout["num_clients"]} clients, '
            f'{layout["clients_per_round"]} per round, batch {layout["batch_size"]}, E = '
            f'{layout["local_epochs"]}, client lr {layout["client_lr"]} with momentum '
            f'{layout["client_momentum"]} (the plain-SGD pair: lr {_PLAIN_SGD["client_lr"]}, no '
-           f'momentum), {layout["rounds"]} rounds, seed {SEED}, test accuracy every round. Every '
+           f'momentum), {layout["rounds"]} rounds, seed {SEED}. Accuracy: the global model\'s '
+           'on the 10,000 test images, evaluated every round; last-10 is the mean of the last 10 '
+           'rounds. Every '
            'method loses the same clients in the same rounds (the draw depends on the seed, the '
            'round and the client only). Megabytes are 10^6 bytes of the values that cross, down '
            'and up, payload and overhead (docs/training_program.md); a dropped client\'s download '
            'counts, its upload does not. "Rounds to" is the first evaluated round at or above the '
-           'target; "MB to" the cumulative megabytes then.', '',
+           'target; "MB to" the cumulative megabytes then. Time to accuracy is compared in '
+           'rounds and bytes, not seconds: a simulated straggler costs less compute, where a '
+           'deployment would wait for it. SCAFFOLD moves 3·D down and 2·D up per client as we '
+           'run it (D: the model\'s bytes; our clients keep nothing between rounds, so each '
+           'one\'s control variate lives in the server state and goes down with the model); '
+           'its paper counts 2·D each way, for clients that keep theirs.'), '',
            'Command: `python -m benchmarks.federations` (two copies share the runs; `--report` '
            'rewrites this page and the figure).', '']
   lines += table(loaded)
   lines += ['', '![accuracy against cumulative megabytes](federations.png)', '']
-  lines.append(f'Verdict: {VERDICT}' if VERDICT else
-               'Verdict: not yet: the runs above are not all in.')
+  lines += report.prose(f'Verdict: {VERDICT}' if VERDICT else
+                        'Verdict: not yet: the runs above are not all in.')
   return '\n'.join(lines) + '\n'
 
 
