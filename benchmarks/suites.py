@@ -2,7 +2,9 @@
 
 `benchmarks/compare.py` runs them and `benchmarks/report.py` writes every results page from
 the committed run directories and these declarations, so no number or setting on a page is
-typed by hand. Paper figures come from `benchmarks/paper_numbers.json`.
+typed by hand. Paper figures come from `benchmarks/paper_numbers.json`. A suite declared as a
+study file (benchmarks/studies/<suite>.toml, run by `python -m programs.study` too) takes
+its runs, comparisons and grids from the file; here it adds only the paper layer.
 """
 
 from __future__ import annotations
@@ -12,11 +14,16 @@ import json
 import os
 from typing import Optional
 
+from programs.studies import study_file
+from programs.studies import tuning
 # A run's directory names, as every study names them.
 from programs.studies.study import run_name, tuning_name  # pylint: disable=unused-import
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_NUMBERS = os.path.join(HERE, 'paper_numbers.json')
+# The suites declared as study files (python -m programs.study): their runs, seeds,
+# comparisons and grids; suites.py adds the paper layer (Suite.from_study).
+STUDIES = os.path.join(HERE, 'studies')
 # Everything the tools write and commit: one folder per suite, the pages, figures and logs.
 RESULTS = os.path.join(HERE, 'results')
 # Seeds fixed before any run was made; every one is shown on the pages.
@@ -24,6 +31,16 @@ SEEDS = (0, 1, 2)
 # Every suite runs on this data set (the offline real one); a paper figure on the same data
 # set is compared level for level on the pages, not only by its margin.
 OUR_DATASET = 'Fashion-MNIST'
+# The seed grids are tuned on, apart from the reported seeds.
+TUNING_SEED = 100
+# Suite runs checkpoint every this many rounds (and after their last, and when stopped): a
+# checkpoint every round would cost FedCDA and FedCross a large share of their round time
+# (RESULTS.md, "Checkpointing every N rounds"); a crash repeats at most this many rounds,
+# exactly.
+CHECKPOINT_EVERY = 10
+# Settings of every suite run (experiment_config): checkpoints as above, and a run whose
+# training blows up goes on, its page saying so. A study file of a suite sets them in [common].
+RUN_SETTINGS = dict(checkpoint_every=CHECKPOINT_EVERY, blown_up_rounds=0)
 # A run's accuracy on the pages (Suite.criterion): its last 10 evaluations' mean, or its best.
 CRITERIA = ('last10', 'best')
 
@@ -105,6 +122,9 @@ class Suite:
   # page reports for every suite of its method: the paper's rounds-to-target table, whose
   # figures are paper_numbers.json's rounds_to_target[name].
   targets: tuple = ()
+  # The study file (benchmarks/studies/<name>.toml) the suite's runs are declared in, if any
+  # (`from_study`); '' for a suite declared here alone.
+  study: str = ''
 
   def __post_init__(self):
     if self.criterion not in CRITERIA:
@@ -147,6 +167,33 @@ class Suite:
         raise ValueError(f'suite {self.name}: {algorithm} takes the tuned values of {source}, '
                          f'which has no grid (tuned: {sorted(tuned)})')
 
+  @classmethod
+  def from_study(cls, path: str, papers: dict, **paper) -> 'Suite':
+    """The suite whose study part is the study file at `path` (its runs, comparisons, grids,
+    tuning length and criterion); `papers` maps each comparison's label to its key in
+    paper_numbers.json, `paper` holds the rest of the paper layer (title, scaled, probes...).
+    ValueError, naming the file and key, where the file leaves the suites' shared protocol
+    (SEEDS, TUNING_SEED, RUN_SETTINGS)."""
+    study = study_file.load(path)
+    fixed = dict(seeds=(study.seeds, SEEDS), tuning_seed=(study.tuning_seed, TUNING_SEED),
+                 **{k: (study.common.get(k), v) for k, v in RUN_SETTINGS.items()})
+    for key, (got, want) in fixed.items():
+      if got != want:
+        where = '[common] ' if key in RUN_SETTINGS else ''
+        raise ValueError(f'{path} {where}{key}: {got}, but every suite takes {want} (its pages '
+                         'read every suite alike); give that')
+    labels = [c.label for c in study.comparisons]
+    if sorted(papers) != sorted(labels):
+      raise ValueError(f'{path} [[compare]] label: the labels {labels} must be those the paper '
+                       f'layer gives paper figures for, {sorted(papers)}')
+    return cls(
+        name=study.name, study=path,
+        common={k: v for k, v in study.common.items() if k not in RUN_SETTINGS},
+        runs=study.runs, grid=study.grid, tuned_as=study.tuned_as,
+        tuning_rounds=study.tuning_rounds, criterion=study.criterion,
+        comparisons=tuple(Comparison(c.method, c.baseline, papers[c.label], c.label)
+                          for c in study.comparisons), **paper)
+
   @property
   def method(self) -> str:
     """The paper's method, as the paper names it (the title's first word)."""
@@ -186,32 +233,18 @@ class Suite:
     return fields
 
 
-TUNING_SEED = 100
+
+def study_path(name: str) -> str:
+  """A suite's study file."""
+  return os.path.join(STUDIES, f'{name}.toml')
 
 
 def _fedcda() -> Suite:
-  parts = (('dir0.1', dict(partition='dirichlet', dirichlet_alpha=0.1), 'Dir 0.1'),
-           ('shards2', dict(partition='shards', shards_per_client=2), 'shards 2'))
-  # FedCDA's warmup is FedAvg weighted by data size, as in the paper, for 25 rounds.
-  runs = {f'{alg}_{name}': dict(algorithm=alg, **part,
-                                **(dict(fedcda_warmup_rounds=25) if alg == 'fedcda' else {}))
-          for name, part, _ in parts for alg in ('fedavg', 'fedcda')}
-  return Suite(
-      name='fedcda',
+  return Suite.from_study(
+      study_path('fedcda'),
+      papers={'FedCDA Dir 0.1': 'Dir 0.1', 'FedCDA shards 2': 'shards 2'},
       title='FedCDA vs FedAvg: Fashion-MNIST, 20 clients, 4 per round, simple CNN',
       earlier_lengths=(200, 400, 600),
-      common=dict(dataset='fashion_mnist', model='simple_cnn', num_clients=20,
-                  clients_per_round=4, batch_size=64, local_epochs=2, rounds=800,
-                  client_lr=0.01, client_momentum=0.5,
-                  # every 5th round (and each of the last 10): the runs lengthened to 400 were
-                  # made again from round 1 (the 200-round makings kept no checkpoint)
-                  eval_every=5),
-      runs=runs,
-      comparisons=tuple(Comparison(f'fedcda_{name}', f'fedavg_{name}', label, f'FedCDA {label}')
-                        for name, _, label in parts),
-      grid={run: dict(client_lr=[0.003, 0.01, 0.03, 0.1, 0.3]) for run in ('fedavg_dir0.1',
-                                                                    'fedcda_dir0.1')},
-      tuning_rounds=100,
       scaled=('E = 2 local epochs instead of 20 (a round at E = 20 takes about 94 s here: the '
               "fedcda_paper suite runs the paper's protocol), the client rate tuned per method on"
               ' the first 100 rounds at Dir 0.1 (momentum 0.5, no weight decay; shards 2 uses the'
@@ -503,22 +536,11 @@ def _fedlex() -> Suite:
 # Declared before any of their runs was made; lengths and seeds fixed in advance.
 
 def _fedcda_paper() -> Suite:
-  return Suite(
-      name='fedcda_paper',
+  return Suite.from_study(
+      study_path('fedcda_paper'),
+      papers={'FedCDA Dir 0.1': 'Dir 0.1'},
       title='FedCDA vs FedAvg at the paper\'s protocol: Fashion-MNIST Dir 0.1, 20 clients, 4 '
             'per round, simple CNN, E = 20',
-      # Section 6.1 of the paper: E = 20, batch 64, SGD lr 1e-3, momentum 1e-4 (taken as
-      # none), weight decay 1e-5 (PyTorch's, coupled: tff_algos.optimizers), 200 rounds;
-      # K = 3, B = 3, L = 1, warmup 50. F_n in eq. 8 is the per-example mean loss of the
-      # last epoch (the paper's eq. 1 defines F_n as an expectation; fedcda_diagnosis shows
-      # what a sum would change).
-      common=dict(dataset='fashion_mnist', model='simple_cnn', partition='dirichlet',
-                  dirichlet_alpha=0.1, num_clients=20, clients_per_round=4, batch_size=64,
-                  local_epochs=20, rounds=200, client_lr=0.001, client_momentum=0.0,
-                  client_weight_decay=1e-5, eval_every=1),
-      runs=dict(fedavg=dict(algorithm='fedavg'),
-                fedcda=dict(algorithm='fedcda', fedcda_warmup_rounds=50)),
-      comparisons=(Comparison('fedcda', 'fedavg', 'Dir 0.1', 'FedCDA Dir 0.1'),),
       scaled=('The paper\'s settings (section 6.1), but momentum 1e-4 taken as none, three '
               'seeds instead of its two runs, on this machine\'s CPU.'),
       paper_of='fedcda',
@@ -748,22 +770,13 @@ def suite_dir(suite: str) -> str:
   return os.path.join(RESULTS, suite)
 
 
-# Suite runs checkpoint every this many rounds (and after their last, and when stopped): a
-# checkpoint every round would cost FedCDA and FedCross a large share of their round time
-# (RESULTS.md, "Checkpointing every N rounds"); a crash repeats at most this many rounds,
-# exactly.
-CHECKPOINT_EVERY = 10
-
-
 def experiment_config(fields: dict, seed: int, directory: str, name: str):
   """The programs.experiment.ExperimentConfig of one suite run: its fields (a Suite's
   config_overrides, probe_overrides or tuning_overrides), seed and run directory."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   # Relative to the repository root (where `python -m benchmarks.compare` runs), so the
   # committed config.json and summary.json hold no machine-specific paths.
-  # blown_up_rounds=0: a run whose training blows up goes on, and its page says so.
-  return experiment.ExperimentConfig(**fields, seed=seed, progress=False,
-                                     checkpoint_every=CHECKPOINT_EVERY, blown_up_rounds=0,
+  return experiment.ExperimentConfig(**fields, seed=seed, progress=False, **RUN_SETTINGS,
                                      root_output_dir=os.path.relpath(directory),
                                      experiment_name=name)
 
@@ -777,11 +790,10 @@ def tuned_path(suite: str) -> str:
 
 
 def load_tuned(suite: str) -> Optional[dict]:
-  path = tuned_path(suite)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  """{algorithm: values} of the suite's tuned.json (None before it is written), whether it
+  is a bare choice (`compare --tune`) or a study's record (`programs.study tune`)."""
+  record = tuning.read(tuned_path(suite))
+  return None if record is None else record['chosen']
 
 
 def load_paper_numbers() -> dict:
