@@ -607,31 +607,13 @@ def _cadis_paper() -> Suite:
 
 
 def _cadis_reference() -> Suite:
-  return Suite(
-      name='cadis_reference',
+  return Suite.from_study(
+      study_path('cadis_reference'),
+      papers={label: 'MC 10/100' for label in (
+          'CADIS, eq. 1 weights', 'CADIS, weights 1/\\|C_i\\|',
+          'CADIS as the authors\' code runs (1/\\|C_i\\|, index slip, abs())')},
       title='CADIS vs FedAvg at the reference code\'s default protocol: Fashion-MNIST '
             'cluster-MC, 100 clients, 10 per round, E = 5, batch 8, SGD 1e-3',
-      # The authors' MNIST command for 100 clients, 10 per round (mnist_ex_cluster.sh): their
-      # MNIST CNN (= fedavg_cnn), E = 5, batch 8, SGD lr 1e-3 without momentum or weight
-      # decay, 50 rounds; λ = 1, τ0 0.975 (the code's defaults).
-      common=dict(dataset='fashion_mnist', model='fedavg_cnn', partition='cluster_mc',
-                  num_clients=100, clients_per_round=10, batch_size=8, local_epochs=5,
-                  rounds=50, client_lr=1e-3, client_momentum=0.0, eval_every=1),
-      # The KD term's σ as the code takes it (torch.std, n - 1) in every CADIS run.
-      runs=dict(fedavg=dict(algorithm='fedavg'),
-                cadis=dict(algorithm='cadis', cadis_kd_std='sample'),
-                cadis_reference_weights=dict(algorithm='cadis', cadis_kd_std='sample',
-                                             cadis_sample_weighted=False),
-                cadis_reference_quirks=dict(algorithm='cadis', cadis_kd_std='sample',
-                                            cadis_sample_weighted=False,
-                                            cadis_reference_quirks=True)),
-      comparisons=(Comparison('cadis', 'fedavg', 'MC 10/100', 'CADIS, eq. 1 weights'),
-                   Comparison('cadis_reference_weights', 'fedavg', 'MC 10/100',
-                              'CADIS, weights 1/\\|C_i\\|'),
-                   Comparison('cadis_reference_quirks', 'fedavg', 'MC 10/100',
-                              'CADIS as the authors\' code runs (1/\\|C_i\\|, index slip, '
-                              'abs())')),
-      criterion='best',
       scaled=('The reference code\'s default MNIST protocol for 100 clients (its CNN, E = 5, '
               'batch 8, plain SGD at 1e-3, 50 rounds) on Fashion-MNIST at 28 px, read at each '
               'run\'s best round as the paper reports. Not the paper\'s Table I protocol: its '
