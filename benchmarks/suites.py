@@ -188,7 +188,7 @@ class Suite:
                        f'layer gives paper figures for, {sorted(papers)}')
     return cls(
         name=study.name, study=path,
-        common={k: v for k, v in study.common.items() if k not in RUN_SETTINGS},
+        common=layout(study),
         runs=study.runs, grid=study.grid, tuned_as=study.tuned_as,
         tuning_rounds=study.tuning_rounds, criterion=study.criterion,
         comparisons=tuple(Comparison(c.method, c.baseline, papers[c.label], c.label)
@@ -232,6 +232,12 @@ class Suite:
       fields['rounds'] = self.tuning_rounds
     return fields
 
+
+
+def layout(study) -> dict:
+  """A study's [common] as a Suite's common: less the settings experiment_config gives every
+  suite run (RUN_SETTINGS)."""
+  return {k: v for k, v in study.common.items() if k not in RUN_SETTINGS}
 
 
 def study_path(name: str) -> str:
@@ -289,33 +295,17 @@ def _fedcda() -> Suite:
                    "paper's own protocol it is not measured yet."))
 
 
-FEDCROSS_COMMON = dict(
-    dataset='fashion_mnist', model='simple_cnn', partition='dirichlet', num_clients=100,
-    clients_per_round=10, batch_size=50, local_epochs=1, rounds=600, client_lr=0.01,
-    client_momentum=0.5, proximal_strength=0.01,
-    # Evaluating the 10,000 test images costs about as much as a round's training: every
-    # 5th round (and each of the last 10) keeps the lengthened runs affordable.
-    eval_every=5)
+# The fedcross suite's layout (its study file), which other suites run on too.
+FEDCROSS_COMMON = layout(study_file.load(study_path('fedcross')))
 
 
 def _fedcross() -> Suite:
-  runs = {f'{alg}_beta{beta}': dict(algorithm=alg, dirichlet_alpha=beta, **extra)
-          for beta in (0.1, 0.5)
-          for alg, extra in (('fedavg', {}), ('fedprox', {}),
-                             ('fedcross', dict(fedcross_alpha_schedule=True,
-                                               fedcross_num_propellers=2,
-                                               fedcross_accel_rounds=50)))}
-  return Suite(
-      name='fedcross',
+  return Suite.from_study(
+      study_path('fedcross'),
+      papers={f'{name} β = {b}': f'{key}beta{b}' for b in (0.1, 0.5)
+              for key, name in (('', 'FedCross'), ('fedprox ', 'FedProx'))},
       title='FedCross vs FedAvg and FedProx: Fashion-MNIST Dirichlet, 100 clients, 10 per round',
       earlier_lengths=(300,),
-      common=FEDCROSS_COMMON,
-      runs=runs,
-      comparisons=tuple(Comparison(f'{alg}_beta{b}', f'fedavg_beta{b}', f'{key}beta{b}',
-                                   f'{name} β = {b}')
-                        for b in (0.1, 0.5)
-                        for alg, key, name in (('fedcross', '', 'FedCross'),
-                                               ('fedprox', 'fedprox ', 'FedProx'))),
       scaled=("Fashion-MNIST with the simple CNN at E = 1 instead of 5, for 600 of the paper's "
               "2,000 rounds; FedCross's two acceleration methods over the first 50 rounds "
               "(dynamic α from 0.5, 2 propellers), which the paper's Table II does not use (the "

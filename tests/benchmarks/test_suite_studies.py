@@ -38,13 +38,14 @@ def test_a_study_file_gives_the_suites_runs_and_tuning_points(name, monkeypatch)
       dataclasses.asdict(c) for _, _, c in compare.tuning_points(suite)]
 
 
-def test_plan_of_the_fedcda_study_has_nothing_left(study_command):
+@pytest.mark.parametrize('name, runs', [('fedcda', 22), ('fedcross', 18)])
+def test_plan_of_a_finished_suites_study_has_nothing_left(study_command, name, runs):
   """Every committed run (reported and tuning) is finished at the file's settings: the
   queue's refusal of a run of other settings does not fire."""
-  result = study_command('plan', 'benchmarks/studies/fedcda.toml')
+  result = study_command('plan', f'benchmarks/studies/{name}.toml')
   assert result.returncode == 0, result.stderr
   last = result.stdout.splitlines()[-2]
-  assert last.startswith('0 of 22 runs to make, 0 rounds'), result.stdout
+  assert last.startswith(f'0 of {runs} runs to make, 0 rounds'), result.stdout
   assert 'blocked' not in result.stdout
 
 
