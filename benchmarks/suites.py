@@ -338,44 +338,18 @@ def _fedcross() -> Suite:
                       'against 82.30%).'))
 
 
-_CADIS_COMMON = dict(
-    dataset='fashion_mnist', model='simple_cnn', partition='cluster_mc', num_clients=100,
-    clients_per_round=10, batch_size=32, local_epochs=1, rounds=800, client_lr=0.01,
-    client_momentum=0.5, proximal_strength=0.01,
-    # Evaluation does not change training and costs a third of a round: every 5th round,
-    # and every round over the last 100, where the plateau criterion's two 50-round windows
-    # and the last-10 mean read.
-    eval_every=5, eval_last=100)
+# The cadis suite's layout (its study file), which cadis_paper runs on too.
+_CADIS_COMMON = layout(study_file.load(study_path('cadis')))
 
 
 def _cadis() -> Suite:
-  return Suite(
-      name='cadis',
+  return Suite.from_study(
+      study_path('cadis'),
+      papers={'CADIS, eq. 1 weights': 'MC 10/100', 'CADIS, weights 1/\\|C_i\\|': 'MC 10/100',
+              'CADIS, no KD': 'MC 10/100', 'CADIS, weights 1/\\|C_i\\|, no KD': 'MC 10/100',
+              'FedProx': 'fedprox MC 10/100'},
       title='CADIS vs FedAvg and FedProx: Fashion-MNIST cluster-MC, 100 clients, 10 per round',
       earlier_lengths=(150, 300, 450, 600),
-      common=_CADIS_COMMON,
-      runs={'fedavg': dict(algorithm='fedavg'),
-            'fedprox': dict(algorithm='fedprox'),
-            'cadis': dict(algorithm='cadis'),
-            'cadis_reference_weights': dict(algorithm='cadis', cadis_sample_weighted=False),
-            'cadis_no_kd': dict(algorithm='cadis', cadis_kd_weight=0.0),
-            # with the two above, the 2 x 2 of weights and KD
-            'cadis_reference_weights_no_kd': dict(algorithm='cadis', cadis_sample_weighted=False,
-                                                  cadis_kd_weight=0.0)},
-      comparisons=(Comparison('cadis', 'fedavg', 'MC 10/100', 'CADIS, eq. 1 weights'),
-                   # '\\|': a bar that stays one markdown table cell (shown as |)
-                   Comparison('cadis_reference_weights', 'fedavg', 'MC 10/100',
-                              'CADIS, weights 1/\\|C_i\\|'),
-                   Comparison('cadis_no_kd', 'fedavg', 'MC 10/100', 'CADIS, no KD'),
-                   Comparison('cadis_reference_weights_no_kd', 'fedavg', 'MC 10/100',
-                              'CADIS, weights 1/\\|C_i\\|, no KD'),
-                   Comparison('fedprox', 'fedavg', 'fedprox MC 10/100', 'FedProx')),
-      # FedAvg's grid reaches 0.3 because its best lay on the edge at 0.03 and at 0.1;
-      # CADIS's best lies inside its grid.
-      grid=dict(fedavg=dict(client_lr=[0.003, 0.01, 0.03, 0.1, 0.3]),
-                cadis=dict(client_lr=[0.003, 0.01, 0.03, 0.1])),
-      tuning_rounds=150,   # the grid's length: the suite's rounds may grow to a plateau
-      tuned_as=dict(fedprox='fedavg'),
       scaled=("Fashion-MNIST with the simple CNN at the paper's MC layout and participation, E = "
               '1, batch 32 and the client rate tuned (momentum 0.5; the reference code: lr 1e-3, '
               'batch 8, E = 5), λ = 1 and τ₀ = 0.975 → 0.985 (docs/algorithms.md#cadis), 800 '

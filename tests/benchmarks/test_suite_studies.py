@@ -38,7 +38,7 @@ def test_a_study_file_gives_the_suites_runs_and_tuning_points(name, monkeypatch)
       dataclasses.asdict(c) for _, _, c in compare.tuning_points(suite)]
 
 
-@pytest.mark.parametrize('name, runs', [('fedcda', 22), ('fedcross', 18)])
+@pytest.mark.parametrize('name, runs', [('fedcda', 22), ('fedcross', 18), ('cadis', 27)])
 def test_plan_of_a_finished_suites_study_has_nothing_left(study_command, name, runs):
   """Every committed run (reported and tuning) is finished at the file's settings: the
   queue's refusal of a run of other settings does not fire."""
