@@ -854,6 +854,17 @@ def write_all() -> None:
   pages.write_text(README, readme_with_status(text))
 
 
+def write_study_pages(study) -> None:
+  """`python -m programs.study` on a suite's study file (its `report` key): every page, as
+  `benchmarks.compare` writes them (the suite's page, REPRODUCTION.md and the rest read it)."""
+  suite = suites.SUITES.get(study.name)
+  if suite is None or not suite.study or not os.path.samefile(suite.study, study.path):
+    raise ValueError(f'{study.path}: no suite of benchmarks/suites.py is declared by it')
+  write_all()
+  print(f'wrote {os.path.relpath(os.path.join(suites.suite_dir(suite.name), "results.md"))} '
+        '(and every other page)')
+
+
 def main() -> int:
   write_all()
   print('wrote every suite\'s results.md, REPRODUCTION.md and PROVENANCE.md', file=sys.stderr)

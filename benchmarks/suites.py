@@ -2,7 +2,9 @@
 
 `benchmarks/compare.py` runs them and `benchmarks/report.py` writes every results page from
 the committed run directories and these declarations, so no number or setting on a page is
-typed by hand. Paper figures come from `benchmarks/paper_numbers.json`.
+typed by hand. Paper figures come from `benchmarks/paper_numbers.json`. A suite declared as a
+study file (benchmarks/studies/<suite>.toml, run by `python -m programs.study` too) takes
+its runs, comparisons and grids from the file; here it adds only the paper layer.
 """
 
 from __future__ import annotations
@@ -12,11 +14,16 @@ import json
 import os
 from typing import Optional
 
+from programs.studies import study_file
+from programs.studies import tuning
 # A run's directory names, as every study names them.
 from programs.studies.study import run_name, tuning_name  # pylint: disable=unused-import
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_NUMBERS = os.path.join(HERE, 'paper_numbers.json')
+# The suites declared as study files (python -m programs.study): their runs, seeds,
+# comparisons and grids; suites.py adds the paper layer (Suite.from_study).
+STUDIES = os.path.join(HERE, 'studies')
 # Everything the tools write and commit: one folder per suite, the pages, figures and logs.
 RESULTS = os.path.join(HERE, 'results')
 # Seeds fixed before any run was made; every one is shown on the pages.
@@ -24,6 +31,16 @@ SEEDS = (0, 1, 2)
 # Every suite runs on this data set (the offline real one); a paper figure on the same data
 # set is compared level for level on the pages, not only by its margin.
 OUR_DATASET = 'Fashion-MNIST'
+# The seed grids are tuned on, apart from the reported seeds.
+TUNING_SEED = 100
+# Suite runs checkpoint every this many rounds (and after their last, and when stopped): a
+# checkpoint every round would cost FedCDA and FedCross a large share of their round time
+# (RESULTS.md, "Checkpointing every N rounds"); a crash repeats at most this many rounds,
+# exactly.
+CHECKPOINT_EVERY = 10
+# Settings of every suite run (experiment_config): checkpoints as above, and a run whose
+# training blows up goes on, its page saying so. A study file of a suite sets them in [common].
+RUN_SETTINGS = dict(checkpoint_every=CHECKPOINT_EVERY, blown_up_rounds=0)
 # A run's accuracy on the pages (Suite.criterion): its last 10 evaluations' mean, or its best.
 CRITERIA = ('last10', 'best')
 
@@ -105,6 +122,9 @@ class Suite:
   # page reports for every suite of its method: the paper's rounds-to-target table, whose
   # figures are paper_numbers.json's rounds_to_target[name].
   targets: tuple = ()
+  # The study file (benchmarks/studies/<name>.toml) the suite's runs are declared in, if any
+  # (`from_study`); '' for a suite declared here alone.
+  study: str = ''
 
   def __post_init__(self):
     if self.criterion not in CRITERIA:
@@ -147,6 +167,33 @@ class Suite:
         raise ValueError(f'suite {self.name}: {algorithm} takes the tuned values of {source}, '
                          f'which has no grid (tuned: {sorted(tuned)})')
 
+  @classmethod
+  def from_study(cls, path: str, papers: dict, **paper) -> 'Suite':
+    """The suite whose study part is the study file at `path` (its runs, comparisons, grids,
+    tuning length and criterion); `papers` maps each comparison's label to its key in
+    paper_numbers.json, `paper` holds the rest of the paper layer (title, scaled, probes...).
+    ValueError, naming the file and key, where the file leaves the suites' shared protocol
+    (SEEDS, TUNING_SEED, RUN_SETTINGS)."""
+    study = study_file.load(path)
+    fixed = dict(seeds=(study.seeds, SEEDS), tuning_seed=(study.tuning_seed, TUNING_SEED),
+                 **{k: (study.common.get(k), v) for k, v in RUN_SETTINGS.items()})
+    for key, (got, want) in fixed.items():
+      if got != want:
+        where = '[common] ' if key in RUN_SETTINGS else ''
+        raise ValueError(f'{path} {where}{key}: {got}, but every suite takes {want} (its pages '
+                         'read every suite alike); give that')
+    labels = [c.label for c in study.comparisons]
+    if sorted(papers) != sorted(labels):
+      raise ValueError(f'{path} [[compare]] label: the labels {labels} must be those the paper '
+                       f'layer gives paper figures for, {sorted(papers)}')
+    return cls(
+        name=study.name, study=path,
+        common=layout(study),
+        runs=study.runs, grid=study.grid, tuned_as=study.tuned_as,
+        tuning_rounds=study.tuning_rounds, criterion=study.criterion,
+        comparisons=tuple(Comparison(c.method, c.baseline, papers[c.label], c.label)
+                          for c in study.comparisons), **paper)
+
   @property
   def method(self) -> str:
     """The paper's method, as the paper names it (the title's first word)."""
@@ -186,32 +233,24 @@ class Suite:
     return fields
 
 
-TUNING_SEED = 100
+
+def layout(study) -> dict:
+  """A study's [common] as a Suite's common: less the settings experiment_config gives every
+  suite run (RUN_SETTINGS)."""
+  return {k: v for k, v in study.common.items() if k not in RUN_SETTINGS}
+
+
+def study_path(name: str) -> str:
+  """A suite's study file."""
+  return os.path.join(STUDIES, f'{name}.toml')
 
 
 def _fedcda() -> Suite:
-  parts = (('dir0.1', dict(partition='dirichlet', dirichlet_alpha=0.1), 'Dir 0.1'),
-           ('shards2', dict(partition='shards', shards_per_client=2), 'shards 2'))
-  # FedCDA's warmup is FedAvg weighted by data size, as in the paper, for 25 rounds.
-  runs = {f'{alg}_{name}': dict(algorithm=alg, **part,
-                                **(dict(fedcda_warmup_rounds=25) if alg == 'fedcda' else {}))
-          for name, part, _ in parts for alg in ('fedavg', 'fedcda')}
-  return Suite(
-      name='fedcda',
+  return Suite.from_study(
+      study_path('fedcda'),
+      papers={'FedCDA Dir 0.1': 'Dir 0.1', 'FedCDA shards 2': 'shards 2'},
       title='FedCDA vs FedAvg: Fashion-MNIST, 20 clients, 4 per round, simple CNN',
       earlier_lengths=(200, 400, 600),
-      common=dict(dataset='fashion_mnist', model='simple_cnn', num_clients=20,
-                  clients_per_round=4, batch_size=64, local_epochs=2, rounds=800,
-                  client_lr=0.01, client_momentum=0.5,
-                  # every 5th round (and each of the last 10): the runs lengthened to 400 were
-                  # made again from round 1 (the 200-round makings kept no checkpoint)
-                  eval_every=5),
-      runs=runs,
-      comparisons=tuple(Comparison(f'fedcda_{name}', f'fedavg_{name}', label, f'FedCDA {label}')
-                        for name, _, label in parts),
-      grid={run: dict(client_lr=[0.003, 0.01, 0.03, 0.1, 0.3]) for run in ('fedavg_dir0.1',
-                                                                    'fedcda_dir0.1')},
-      tuning_rounds=100,
       scaled=('E = 2 local epochs instead of 20 (a round at E = 20 takes about 94 s here: the '
               "fedcda_paper suite runs the paper's protocol), the client rate tuned per method on"
               ' the first 100 rounds at Dir 0.1 (momentum 0.5, no weight decay; shards 2 uses the'
@@ -256,33 +295,17 @@ def _fedcda() -> Suite:
                    "paper's own protocol it is not measured yet."))
 
 
-FEDCROSS_COMMON = dict(
-    dataset='fashion_mnist', model='simple_cnn', partition='dirichlet', num_clients=100,
-    clients_per_round=10, batch_size=50, local_epochs=1, rounds=600, client_lr=0.01,
-    client_momentum=0.5, proximal_strength=0.01,
-    # Evaluating the 10,000 test images costs about as much as a round's training: every
-    # 5th round (and each of the last 10) keeps the lengthened runs affordable.
-    eval_every=5)
+# The fedcross suite's layout (its study file), which other suites run on too.
+FEDCROSS_COMMON = layout(study_file.load(study_path('fedcross')))
 
 
 def _fedcross() -> Suite:
-  runs = {f'{alg}_beta{beta}': dict(algorithm=alg, dirichlet_alpha=beta, **extra)
-          for beta in (0.1, 0.5)
-          for alg, extra in (('fedavg', {}), ('fedprox', {}),
-                             ('fedcross', dict(fedcross_alpha_schedule=True,
-                                               fedcross_num_propellers=2,
-                                               fedcross_accel_rounds=50)))}
-  return Suite(
-      name='fedcross',
+  return Suite.from_study(
+      study_path('fedcross'),
+      papers={f'{name} β = {b}': f'{key}beta{b}' for b in (0.1, 0.5)
+              for key, name in (('', 'FedCross'), ('fedprox ', 'FedProx'))},
       title='FedCross vs FedAvg and FedProx: Fashion-MNIST Dirichlet, 100 clients, 10 per round',
       earlier_lengths=(300,),
-      common=FEDCROSS_COMMON,
-      runs=runs,
-      comparisons=tuple(Comparison(f'{alg}_beta{b}', f'fedavg_beta{b}', f'{key}beta{b}',
-                                   f'{name} β = {b}')
-                        for b in (0.1, 0.5)
-                        for alg, key, name in (('fedcross', '', 'FedCross'),
-                                               ('fedprox', 'fedprox ', 'FedProx'))),
       scaled=("Fashion-MNIST with the simple CNN at E = 1 instead of 5, for 600 of the paper's "
               "2,000 rounds; FedCross's two acceleration methods over the first 50 rounds "
               "(dynamic α from 0.5, 2 propellers), which the paper's Table II does not use (the "
@@ -315,44 +338,18 @@ def _fedcross() -> Suite:
                       'against 82.30%).'))
 
 
-_CADIS_COMMON = dict(
-    dataset='fashion_mnist', model='simple_cnn', partition='cluster_mc', num_clients=100,
-    clients_per_round=10, batch_size=32, local_epochs=1, rounds=800, client_lr=0.01,
-    client_momentum=0.5, proximal_strength=0.01,
-    # Evaluation does not change training and costs a third of a round: every 5th round,
-    # and every round over the last 100, where the plateau criterion's two 50-round windows
-    # and the last-10 mean read.
-    eval_every=5, eval_last=100)
+# The cadis suite's layout (its study file), which cadis_paper runs on too.
+_CADIS_COMMON = layout(study_file.load(study_path('cadis')))
 
 
 def _cadis() -> Suite:
-  return Suite(
-      name='cadis',
+  return Suite.from_study(
+      study_path('cadis'),
+      papers={'CADIS, eq. 1 weights': 'MC 10/100', 'CADIS, weights 1/\\|C_i\\|': 'MC 10/100',
+              'CADIS, no KD': 'MC 10/100', 'CADIS, weights 1/\\|C_i\\|, no KD': 'MC 10/100',
+              'FedProx': 'fedprox MC 10/100'},
       title='CADIS vs FedAvg and FedProx: Fashion-MNIST cluster-MC, 100 clients, 10 per round',
       earlier_lengths=(150, 300, 450, 600),
-      common=_CADIS_COMMON,
-      runs={'fedavg': dict(algorithm='fedavg'),
-            'fedprox': dict(algorithm='fedprox'),
-            'cadis': dict(algorithm='cadis'),
-            'cadis_reference_weights': dict(algorithm='cadis', cadis_sample_weighted=False),
-            'cadis_no_kd': dict(algorithm='cadis', cadis_kd_weight=0.0),
-            # with the two above, the 2 x 2 of weights and KD
-            'cadis_reference_weights_no_kd': dict(algorithm='cadis', cadis_sample_weighted=False,
-                                                  cadis_kd_weight=0.0)},
-      comparisons=(Comparison('cadis', 'fedavg', 'MC 10/100', 'CADIS, eq. 1 weights'),
-                   # '\\|': a bar that stays one markdown table cell (shown as |)
-                   Comparison('cadis_reference_weights', 'fedavg', 'MC 10/100',
-                              'CADIS, weights 1/\\|C_i\\|'),
-                   Comparison('cadis_no_kd', 'fedavg', 'MC 10/100', 'CADIS, no KD'),
-                   Comparison('cadis_reference_weights_no_kd', 'fedavg', 'MC 10/100',
-                              'CADIS, weights 1/\\|C_i\\|, no KD'),
-                   Comparison('fedprox', 'fedavg', 'fedprox MC 10/100', 'FedProx')),
-      # FedAvg's grid reaches 0.3 because its best lay on the edge at 0.03 and at 0.1;
-      # CADIS's best lies inside its grid.
-      grid=dict(fedavg=dict(client_lr=[0.003, 0.01, 0.03, 0.1, 0.3]),
-                cadis=dict(client_lr=[0.003, 0.01, 0.03, 0.1])),
-      tuning_rounds=150,   # the grid's length: the suite's rounds may grow to a plateau
-      tuned_as=dict(fedprox='fedavg'),
       scaled=("Fashion-MNIST with the simple CNN at the paper's MC layout and participation, E = "
               '1, batch 32 and the client rate tuned (momentum 0.5; the reference code: lr 1e-3, '
               'batch 8, E = 5), λ = 1 and τ₀ = 0.975 → 0.985 (docs/algorithms.md#cadis), 800 '
@@ -503,22 +500,11 @@ def _fedlex() -> Suite:
 # Declared before any of their runs was made; lengths and seeds fixed in advance.
 
 def _fedcda_paper() -> Suite:
-  return Suite(
-      name='fedcda_paper',
+  return Suite.from_study(
+      study_path('fedcda_paper'),
+      papers={'FedCDA Dir 0.1': 'Dir 0.1'},
       title='FedCDA vs FedAvg at the paper\'s protocol: Fashion-MNIST Dir 0.1, 20 clients, 4 '
             'per round, simple CNN, E = 20',
-      # Section 6.1 of the paper: E = 20, batch 64, SGD lr 1e-3, momentum 1e-4 (taken as
-      # none), weight decay 1e-5 (PyTorch's, coupled: tff_algos.optimizers), 200 rounds;
-      # K = 3, B = 3, L = 1, warmup 50. F_n in eq. 8 is the per-example mean loss of the
-      # last epoch (the paper's eq. 1 defines F_n as an expectation; fedcda_diagnosis shows
-      # what a sum would change).
-      common=dict(dataset='fashion_mnist', model='simple_cnn', partition='dirichlet',
-                  dirichlet_alpha=0.1, num_clients=20, clients_per_round=4, batch_size=64,
-                  local_epochs=20, rounds=200, client_lr=0.001, client_momentum=0.0,
-                  client_weight_decay=1e-5, eval_every=1),
-      runs=dict(fedavg=dict(algorithm='fedavg'),
-                fedcda=dict(algorithm='fedcda', fedcda_warmup_rounds=50)),
-      comparisons=(Comparison('fedcda', 'fedavg', 'Dir 0.1', 'FedCDA Dir 0.1'),),
       scaled=('The paper\'s settings (section 6.1), but momentum 1e-4 taken as none, three '
               'seeds instead of its two runs, on this machine\'s CPU.'),
       paper_of='fedcda',
@@ -585,31 +571,13 @@ def _cadis_paper() -> Suite:
 
 
 def _cadis_reference() -> Suite:
-  return Suite(
-      name='cadis_reference',
+  return Suite.from_study(
+      study_path('cadis_reference'),
+      papers={label: 'MC 10/100' for label in (
+          'CADIS, eq. 1 weights', 'CADIS, weights 1/\\|C_i\\|',
+          'CADIS as the authors\' code runs (1/\\|C_i\\|, index slip, abs())')},
       title='CADIS vs FedAvg at the reference code\'s default protocol: Fashion-MNIST '
             'cluster-MC, 100 clients, 10 per round, E = 5, batch 8, SGD 1e-3',
-      # The authors' MNIST command for 100 clients, 10 per round (mnist_ex_cluster.sh): their
-      # MNIST CNN (= fedavg_cnn), E = 5, batch 8, SGD lr 1e-3 without momentum or weight
-      # decay, 50 rounds; λ = 1, τ0 0.975 (the code's defaults).
-      common=dict(dataset='fashion_mnist', model='fedavg_cnn', partition='cluster_mc',
-                  num_clients=100, clients_per_round=10, batch_size=8, local_epochs=5,
-                  rounds=50, client_lr=1e-3, client_momentum=0.0, eval_every=1),
-      # The KD term's σ as the code takes it (torch.std, n - 1) in every CADIS run.
-      runs=dict(fedavg=dict(algorithm='fedavg'),
-                cadis=dict(algorithm='cadis', cadis_kd_std='sample'),
-                cadis_reference_weights=dict(algorithm='cadis', cadis_kd_std='sample',
-                                             cadis_sample_weighted=False),
-                cadis_reference_quirks=dict(algorithm='cadis', cadis_kd_std='sample',
-                                            cadis_sample_weighted=False,
-                                            cadis_reference_quirks=True)),
-      comparisons=(Comparison('cadis', 'fedavg', 'MC 10/100', 'CADIS, eq. 1 weights'),
-                   Comparison('cadis_reference_weights', 'fedavg', 'MC 10/100',
-                              'CADIS, weights 1/\\|C_i\\|'),
-                   Comparison('cadis_reference_quirks', 'fedavg', 'MC 10/100',
-                              'CADIS as the authors\' code runs (1/\\|C_i\\|, index slip, '
-                              'abs())')),
-      criterion='best',
       scaled=('The reference code\'s default MNIST protocol for 100 clients (its CNN, E = 5, '
               'batch 8, plain SGD at 1e-3, 50 rounds) on Fashion-MNIST at 28 px, read at each '
               'run\'s best round as the paper reports. Not the paper\'s Table I protocol: its '
@@ -748,22 +716,13 @@ def suite_dir(suite: str) -> str:
   return os.path.join(RESULTS, suite)
 
 
-# Suite runs checkpoint every this many rounds (and after their last, and when stopped): a
-# checkpoint every round would cost FedCDA and FedCross a large share of their round time
-# (RESULTS.md, "Checkpointing every N rounds"); a crash repeats at most this many rounds,
-# exactly.
-CHECKPOINT_EVERY = 10
-
-
 def experiment_config(fields: dict, seed: int, directory: str, name: str):
   """The programs.experiment.ExperimentConfig of one suite run: its fields (a Suite's
   config_overrides, probe_overrides or tuning_overrides), seed and run directory."""
   from programs import experiment  # pylint: disable=g-import-not-at-top
   # Relative to the repository root (where `python -m benchmarks.compare` runs), so the
   # committed config.json and summary.json hold no machine-specific paths.
-  # blown_up_rounds=0: a run whose training blows up goes on, and its page says so.
-  return experiment.ExperimentConfig(**fields, seed=seed, progress=False,
-                                     checkpoint_every=CHECKPOINT_EVERY, blown_up_rounds=0,
+  return experiment.ExperimentConfig(**fields, seed=seed, progress=False, **RUN_SETTINGS,
                                      root_output_dir=os.path.relpath(directory),
                                      experiment_name=name)
 
@@ -777,11 +736,10 @@ def tuned_path(suite: str) -> str:
 
 
 def load_tuned(suite: str) -> Optional[dict]:
-  path = tuned_path(suite)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  """{algorithm: values} of the suite's tuned.json (None before it is written), whether it
+  is a bare choice (`compare --tune`) or a study's record (`programs.study tune`)."""
+  record = tuning.read(tuned_path(suite))
+  return None if record is None else record['chosen']
 
 
 def load_paper_numbers() -> dict:

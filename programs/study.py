@@ -12,11 +12,14 @@ directory of programs/train.py under the study's output_dir; a finished run is s
 a stopped one resumes exactly, so the same command continues after a kill, and two copies of
 one command share its runs. SIGTERM/SIGINT stop at the next round boundary, checkpointed
 (exit 128 + the signal). The page (results.md, results.json, curves.png in output_dir) is
-written from the run directories alone.
+written from the run directories alone; a file's `report = "module:function"` writes a
+paper layer's pages instead (the papers' suites: benchmarks/studies/), except under
+--output_dir.
 """
 
 import dataclasses
 import glob
+import importlib
 import os
 import sys
 
@@ -64,8 +67,12 @@ def main(argv):
                   f'{", ".join(study.runs)}')
   if _ONLY.value and command not in ('run', 'plan'):
     return _error(f'--only chooses runs for `run` and `plan`; `{command}` takes the whole study')
+  try:
+    write = _writer(study)
+  except study_file.StudyFileError as e:
+    return _error(str(e))
   with queue.stop_requests():
-    return queue.run_and_write(lambda: _make(command, study), lambda: _write(study))
+    return queue.run_and_write(lambda: _make(command, study), lambda: write(study))
 
 
 def _make(command: str, study):
@@ -105,6 +112,21 @@ def _check_before_training(configs) -> None:
     if not queue.finished(config):
       run_directory.resume_point(
           dataclasses.replace(config, resume=True))
+
+
+def _writer(study):
+  """What writes the study's page: the file's `report` (a paper layer's module:function,
+  for its own output_dir only), else the generic page (`_write`). StudyFileError when
+  `report` names nothing importable."""
+  if not study.report or _OUTPUT_DIR.value:
+    return _write
+  module, function = study.report.split(':')
+  try:
+    return getattr(importlib.import_module(module), function)
+  except (ImportError, AttributeError) as e:
+    raise study_file.StudyFileError(f'{study.path} report: "{study.report}" cannot be '
+                                    f'imported ({e}); name a module:function, or drop the key '
+                                    'for the generic page') from None
 
 
 def _write(study) -> None:

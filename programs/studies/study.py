@@ -47,6 +47,9 @@ class Study:
   tuning_seed: int = TUNING_SEED
   tuning_rounds: Optional[int] = None
   criterion: str = 'last10'
+  # A paper layer's page writer, 'module:function' called with the Study in place of the
+  # generic page (the papers' suites: their own pages); '' for the generic page.
+  report: str = ''
   # The file it was read from ('' when built in code); error messages name it.
   path: str = ''
 

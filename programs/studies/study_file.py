@@ -11,6 +11,7 @@
   [[compare]]                  # method = "<run>", baseline = "<run>", label = "..."
   [tune.<run>]                 # a grid: trainer flag = [candidate values]
   [tuned_as]                   # <algorithm> = "<algorithm with a grid>"
+  report = "pkg.module:function"   # optional: a paper layer's page writer (docs/studies.md)
 
 docs/studies.md explains each key. A mistake is a `StudyFileError` of one line naming the
 file, the table and the key, and the fix (`study.toml [runs.fedavg] clinet_lr: not a trainer
@@ -41,10 +42,12 @@ STUDY_SETS = {
     'progress': 'no progress bar',
 }
 TOP_KEYS = ('name', 'seeds', 'output_dir', 'criterion', 'tuning_seed', 'tuning_rounds',
-            'common', 'runs', 'compare', 'tune', 'tuned_as')
+            'common', 'runs', 'compare', 'tune', 'tuned_as', 'report')
 COMPARE_KEYS = ('method', 'baseline', 'label')
 # A run's name is a directory name's start (<run>_s<seed>).
 RUN_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9_.-]*')
+# A page writer: an importable module and a function of it.
+WRITER = re.compile(r'[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*')
 
 
 class StudyFileError(ValueError):
@@ -213,10 +216,14 @@ def load(path: str, output_dir: Optional[str] = None) -> study_lib.Study:
   tuned_as = raw.get('tuned_as', {})
   if not isinstance(tuned_as, dict):
     raise _error(path, '[tuned_as]', '', f'is {_kind(tuned_as)}; give algorithm = "algorithm"')
+  report = raw.get('report', '')
+  if report != '' and not WRITER.fullmatch(_string(path, '', 'report', report)):
+    raise _error(path, '', 'report', f'{_toml(report)} is not module:function; give e.g. '
+                 'report = "benchmarks.report:write_study_pages"')
   study = study_lib.Study(
       name=name, output_dir=output_dir, seeds=seeds, common=common, runs=runs,
       comparisons=comparisons, grid=grid, tuned_as=dict(tuned_as), tuning_seed=tuning_seed,
-      tuning_rounds=tuning_rounds, criterion=criterion, path=path)
+      tuning_rounds=tuning_rounds, criterion=criterion, report=report, path=path)
   _check_tuning(study)
   _check_settings(study)
   return study

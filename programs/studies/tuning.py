@@ -68,12 +68,20 @@ def tune(study: study_lib.Study) -> dict:
   return record
 
 
-def load(study: study_lib.Study) -> Optional[dict]:
-  """The study's tuned.json record, or None before `tune` wrote it."""
-  if not os.path.exists(study.tuned_path):
+def read(path: str) -> Optional[dict]:
+  """The tuned.json record at `path`, or None before it is written. A bare choice, the
+  {algorithm: values} map the papers' suites' `benchmarks.compare --tune` writes, is read as
+  a record of that choice alone ({'chosen': map}: no fingerprint to check it against)."""
+  if not os.path.exists(path):
     return None
-  with open(study.tuned_path) as f:
-    return json.load(f)
+  with open(path) as f:
+    record = json.load(f)
+  return record if 'chosen' in record else dict(chosen=record)
+
+
+def load(study: study_lib.Study) -> Optional[dict]:
+  """The study's tuned.json record (`read`), or None before `tune` wrote it."""
+  return read(study.tuned_path)
 
 
 def changed(study: study_lib.Study, record: dict) -> str:
@@ -102,7 +110,10 @@ def tuned_values(study: study_lib.Study) -> Optional[dict]:
     raise experiment_config.ExperimentError(
         f'{study.path} [tune]: the grids are not tuned yet (no {os.path.relpath(study.tuned_path)}'
         f'); run `{command}` first')
-  where = changed(study, record)
+  # A bare choice records only which algorithms it tuned: it holds while they are the grids'.
+  tuned = {algorithm_of(study, run) for run in study.grid}
+  where = (changed(study, record) if 'grids' in record else
+           '' if set(record['chosen']) == tuned else '[tune]')
   if where:
     raise experiment_config.ExperimentError(
         f'{study.path} {where}: changed since {os.path.relpath(study.tuned_path)} was written; '

@@ -1,0 +1,131 @@
+"""The papers' suites declared as study files (benchmarks/studies/): `python -m programs.study`
+addresses exactly the suite's committed run directories at their recorded settings, and its
+`report` writes the paper layer's pages, not the generic one."""
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from benchmarks import compare
+from benchmarks import report
+from benchmarks import suites
+from programs.studies import experiments
+from programs.studies import study_file
+from programs.studies import tuning
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STUDY_SUITES = [name for name, s in suites.SUITES.items() if s.study]
+
+
+def test_the_fedcda_suites_are_study_files():
+  assert {'fedcda', 'fedcda_paper'} <= set(STUDY_SUITES)
+
+
+@pytest.mark.parametrize('name', STUDY_SUITES)
+def test_a_study_file_gives_the_suites_runs_and_tuning_points(name, monkeypatch):
+  """Every ExperimentConfig `programs.study` makes is the one `benchmarks.compare` makes."""
+  monkeypatch.chdir(ROOT)   # both record run directories relative to the checkout
+  suite = suites.SUITES[name]
+  study = study_file.load(os.path.relpath(suite.study))
+  tuned = suites.load_tuned(name)
+  ours = [dataclasses.asdict(c) for c in experiments.run_configs(
+      study, tuning.tuned_values(study) if tuned or not study.grid else None)]
+  theirs = [dataclasses.asdict(c) for c in compare.run_configs(suite, tuned)]
+  assert ours == theirs
+  assert [dataclasses.asdict(c) for _, _, c in experiments.tuning_points(study)] == [
+      dataclasses.asdict(c) for _, _, c in compare.tuning_points(suite)]
+
+
+@pytest.mark.parametrize('name, runs', [('fedcda', 22), ('fedcross', 18), ('cadis', 27)])
+def test_plan_of_a_finished_suites_study_has_nothing_left(study_command, name, runs):
+  """Every committed run (reported and tuning) is finished at the file's settings: the
+  queue's refusal of a run of other settings does not fire."""
+  result = study_command('plan', f'benchmarks/studies/{name}.toml')
+  assert result.returncode == 0, result.stderr
+  last = result.stdout.splitlines()[-2]
+  assert last.startswith(f'0 of {runs} runs to make, 0 rounds'), result.stdout
+  assert 'blocked' not in result.stdout
+
+
+def test_a_bare_tuned_choice_is_read_as_a_records_choice(tmp_path, write_study):
+  """A suite's tuned.json ({algorithm: values}, as compare --tune writes it) is the study's
+  choice; a study's own record reads the same."""
+  path = write_study(tmp_path, '''
+      seeds = [0]
+      [runs.fedavg]
+      algorithm = "fedavg"
+      [tune.fedavg]
+      client_lr = [0.01, 0.1]
+      ''')
+  study = study_file.load(path)
+  os.makedirs(study.output_dir)
+  with open(study.tuned_path, 'w') as f:
+    json.dump(dict(fedavg=dict(client_lr=0.1)), f)
+  assert tuning.load(study) == dict(chosen=dict(fedavg=dict(client_lr=0.1)))
+  assert tuning.tuned_values(study) == dict(fedavg=dict(client_lr=0.1))
+  with open(study.tuned_path, 'w') as f:   # a choice for another algorithm does not hold
+    json.dump(dict(fedprox=dict(client_lr=0.1)), f)
+  with pytest.raises(Exception, match=r'\[tune\]: changed since'):
+    tuning.tuned_values(study)
+
+
+def _pages() -> list:
+  """Every file benchmarks.report.write_all writes."""
+  named = [os.path.join(suites.suite_dir(name), f) for name in suites.SUITES
+           for f in ('results.md', 'results.json', 'curves.png')]
+  figures = [os.path.join(report.FIGURES, f) for f in sorted(os.listdir(report.FIGURES))]
+  return named + figures + [report.REPRODUCTION, report.PROVENANCE, report.README]
+
+
+def test_report_of_a_suites_study_file_regenerates_its_pages_byte_for_byte(study_command):
+  """`report` on a suite's study file writes the paper layer's pages (its `report` key), not
+  the generic page: every committed page comes back byte for byte (put back if not)."""
+  before = {}
+  for path in _pages():
+    if os.path.exists(path):
+      with open(path, 'rb') as f:
+        before[path] = f.read()
+  try:
+    result = study_command('report', 'benchmarks/studies/fedcda.toml')
+    assert result.returncode == 0, result.stderr
+    assert 'wrote benchmarks/results/fedcda/results.md (and every other page)' in result.stdout
+    changed = []
+    for path, data in before.items():
+      with open(path, 'rb') as f:
+        if f.read() != data and not path.endswith('.png'):   # figures: matplotlib's version
+          changed.append(os.path.relpath(path, ROOT))
+    assert not changed, f'regenerate: python -m benchmarks.report ({changed})'
+  finally:
+    for path, data in before.items():
+      with open(path, 'wb') as f:
+        f.write(data)
+
+
+@pytest.mark.parametrize('value, message', [
+    ('"benchmarks.report"', 'report: "benchmarks.report" is not module:function'),
+    ('3', 'report: 3 is an integer; give a non-empty string'),
+])
+def test_a_bad_report_key_is_one_line(tmp_path, write_study, value, message):
+  path = write_study(tmp_path, f'''
+      seeds = [0]
+      report = {value}
+      [runs.fedavg]
+      algorithm = "fedavg"
+      ''')
+  with pytest.raises(study_file.StudyFileError, match=message.replace('.', r'\.')):
+    study_file.load(path)
+
+
+def test_a_study_file_leaving_the_suites_protocol_is_refused(tmp_path):
+  text = open(suites.study_path('fedcda_paper')).read().replace('checkpoint_every = 10',
+                                                                 'checkpoint_every = 5')
+  path = tmp_path / 'fedcda_paper.toml'
+  path.write_text(text)
+  with pytest.raises(ValueError, match=r'\[common\] checkpoint_every: 5, but every suite takes '
+                     '10'):
+    suites.Suite.from_study(str(path), {'FedCDA Dir 0.1': 'Dir 0.1'}, title='t', scaled='s')
+  with pytest.raises(ValueError, match=r'\[\[compare\]\] label'):
+    suites.Suite.from_study(suites.study_path('fedcda_paper'), {'Dir 0.1': 'Dir 0.1'},
+                            title='t', scaled='s')
