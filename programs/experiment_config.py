@@ -89,10 +89,9 @@ class _GeneralConfig:
   # ... and each of the last this many rounds: summary.json's last-10 mean (and the reports')
   # is then over the run's last rounds, not over its last evaluations wherever they fell.
   eval_last: int = 10
-  # Checkpoint every this many rounds (and after the last one, and on SIGTERM/SIGINT): a
-  # large state's checkpoint every round costs FedCDA a sizeable share of its round
-  # (RESULTS.md, "Checkpointing every N rounds");
-  # a crash repeats the rounds since the last checkpoint.
+  # Checkpoint every this many rounds (and after the last one, and on SIGTERM/SIGINT); a
+  # checkpoint holds the round up while the worker writes the state (RESULTS.md, "A
+  # checkpoint every round"), and a crash repeats the rounds since the last one.
   checkpoint_every: int = 1
   root_output_dir: str = 'runs'
   experiment_name: str = ''
