@@ -29,6 +29,7 @@ from benchmarks import report
 from benchmarks import runs as rd
 from benchmarks import suites
 from programs import pages
+from programs.studies import curves
 
 # --report and --plan are compare's flags (this module runs its runs through compare's queue).
 _REPORT = compare.REPORT
@@ -152,20 +153,9 @@ def figure(loaded: dict, path: str) -> None:
             + rd.metrics_column(run['rows'], 'cumulative_bytes_up')) / 1e6
       keep = np.isfinite(acc) & np.isfinite(mb)
       ax.plot(mb[keep], 100 * acc[keep], lw=1.1, label=label.replace('\\|', '|'))
-    ax.set_title(words, fontsize=8)
-    ax.set_xlabel('cumulative MB (down + up)', fontsize=8)
-    ax.grid(alpha=0.3)
-    ax.tick_params(labelsize=7)
-    if ax.lines:
-      ax.legend(fontsize=6, loc='lower right')
-    else:
-      ax.text(0.5, 0.5, 'no run yet', ha='center', transform=ax.transAxes)
+    curves.finish_panel(ax, words, 'cumulative MB (down + up)', 'no run yet')
   axes[0].set_ylabel('test accuracy (%)', fontsize=8)
-  fig.tight_layout()
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with pages.replacing(path) as tmp:
-    fig.savefig(tmp, format='png', dpi=100, metadata={'Software': None})
-  plt.close(fig)
+  curves.save(fig, path)
 
 
 def page(loaded: dict) -> str:

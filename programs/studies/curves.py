@@ -51,17 +51,31 @@ def plot(path: str, groups: list, colour_of: Callable[[str], str]) -> None:
                       color=colour_of(run), label=f'{run} ({len(done)})', zorder=3 - (i > 0))
       ax.fill_between(x, 100 * (mean - std), 100 * (mean + std), color=line.get_color(),
                       alpha=0.15, lw=0)
-    ax.set_title(title, fontsize=8)
-    ax.set_xlabel('round', fontsize=8)
-    ax.grid(alpha=0.3)
-    ax.tick_params(labelsize=7)
-    if ax.lines:
-      ax.legend(fontsize=6, loc='lower right')
+    if finish_panel(ax, title, 'round', 'no finished run yet'):
       low = min(np.percentile(l.get_ydata(), 5) for l in ax.lines)
       ax.set_ylim(max(low - 5, 0), None)
-    else:
-      ax.text(0.5, 0.5, 'no finished run yet', ha='center', transform=ax.transAxes)
   axes[0][0].set_ylabel('test accuracy (%), mean ± std', fontsize=8)
+  save(fig, path)
+
+
+def finish_panel(ax, title: str, xlabel: str, empty: str) -> bool:
+  """Titles, labels and grids a panel as every page's figure does: a legend when it has
+  lines (returns True), else `empty` written across it."""
+  ax.set_title(title, fontsize=8)
+  ax.set_xlabel(xlabel, fontsize=8)
+  ax.grid(alpha=0.3)
+  ax.tick_params(labelsize=7)
+  if ax.lines:
+    ax.legend(fontsize=6, loc='lower right')
+    return True
+  ax.text(0.5, 0.5, empty, ha='center', transform=ax.transAxes)
+  return False
+
+
+def save(fig, path: str) -> None:
+  """Lays out `fig` and writes it to `path` as a PNG the same figure always gives byte for
+  byte, atomically; closes it."""
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig.tight_layout()
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with pages.replacing(path) as tmp:
