@@ -285,6 +285,24 @@ def test_a_state_held_in_python_is_written_through_the_managers_save(tmp_path):
   assert loaded['state']['n'] == 7 and int(loaded['round']) == 1
 
 
+def test_the_template_leaves_the_threads_event_loop_as_it_was(tmp_path):
+  """Making the template (in the round loop's thread, at a run's start) neither replaces nor
+  unsets that thread's current event loop, which TFF's program code in it reads."""
+  from tff_algos.runtime import saved_model_template  # pylint: disable=g-import-not-at-top
+  loop = asyncio.new_event_loop()
+  asyncio.set_event_loop(loop)
+  try:
+    saved_model_template.SavedModelTemplate(
+        checkpoint_writer.program_state(
+            collections.OrderedDict(w=np.ones([2], np.float32)),
+            collections.OrderedDict(round=0, best_accuracy=-1.0, exploration_client_epochs=0.0)),
+        scratch_dir=str(tmp_path))
+    assert asyncio.get_event_loop() is loop
+  finally:
+    asyncio.set_event_loop(None)
+    loop.close()
+
+
 def _damage(path):
   """Flips bytes in the middle of a file (a checksum no longer matches)."""
   with open(path, 'r+b') as f:

@@ -76,7 +76,13 @@ class SavedModelTemplate:
                                dir=scratch_dir)
     try:
       path = os.path.join(scratch, 'program_state')
-      asyncio.run(file_utils.write_saved_model(program_state, path))
+      # On a loop of its own, leaving the calling thread's current loop as it was
+      # (asyncio.run would unset it: TFF's programs then find none in the main thread).
+      loop = asyncio.new_event_loop()
+      try:
+        loop.run_until_complete(file_utils.write_saved_model(program_state, path))
+      finally:
+        loop.close()
       with open(os.path.join(path, 'saved_model.pb'), 'rb') as f:
         self.saved_model_pb = f.read()
       reader = tf.train.load_checkpoint(os.path.join(path, VARIABLES_PREFIX))
