@@ -26,6 +26,7 @@ from programs import checkpoint_writer
 from programs import experiment
 from programs import run_directory
 from programs.experiment_config import ExperimentError
+from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = experiment.ExperimentConfig(
@@ -82,7 +83,7 @@ def _tff_load(ckpt_dir, version, structure):
   """The version as tff.program's own FileProgramStateManager loads it."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   manager = tff.program.FileProgramStateManager(ckpt_dir)
-  return asyncio.run(manager.load(version, structure))
+  return helpers.run_async(manager.load(version, structure))
 
 
 def test_the_next_round_runs_while_a_checkpoint_is_written(tmp_path, monkeypatch):
@@ -289,6 +290,7 @@ def test_the_template_leaves_the_threads_event_loop_as_it_was(tmp_path):
   """Making the template (in the round loop's thread, at a run's start) neither replaces nor
   unsets that thread's current event loop, which TFF's program code in it reads."""
   from tff_algos.runtime import saved_model_template  # pylint: disable=g-import-not-at-top
+  previous = asyncio.get_event_loop()
   loop = asyncio.new_event_loop()
   asyncio.set_event_loop(loop)
   try:
@@ -299,7 +301,7 @@ def test_the_template_leaves_the_threads_event_loop_as_it_was(tmp_path):
         scratch_dir=str(tmp_path))
     assert asyncio.get_event_loop() is loop
   finally:
-    asyncio.set_event_loop(None)
+    asyncio.set_event_loop(previous)
     loop.close()
 
 
