@@ -394,6 +394,53 @@ def test_patient_explorer_keeps_its_adam_moments(env):
       np.testing.assert_allclose(g, target, atol=2e-3)
 
 
+def sgd_explorer_plain_tf(element, lr):
+  """One explorer under plain SGD on the Keras tiny_cnn in plain TF, epoch by epoch over its
+  batch order: (initial weights, weights after each epoch, each epoch's mean batch loss
+  weighted by batch size, as `last_epoch_loss` reports it)."""
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+  keras = models.build_keras_model('tiny_cnn', (8, 8, 1), 10, seed=0)
+  w = keras.trainable_variables
+  w0 = [v.numpy() for v in w]
+  loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+  x, y, order = element['x'], element['y'], element['order']
+  after, losses = [], []
+  for e in range(order.shape[0]):
+    total = count = 0.0
+    for start in range(0, order.shape[1], BATCH):
+      idx = order[e, start:start + BATCH]
+      with tf.GradientTape() as tape:
+        loss = loss_fn(y[idx], keras(x[idx], training=True))
+      total, count = total + float(loss) * len(idx), count + len(idx)
+      for var, g in zip(w, tape.gradient(loss, w)):
+        var.assign_sub(lr * g)
+    after.append([v.numpy() for v in w])
+    losses.append(total / count)
+  return w0, after, np.array(losses)
+
+
+def test_exploration_patience_stops_a_real_explorer(env, sgd):
+  """Through the builder's keyword: an explorer at SGD lr 0.5 over 6 epochs whose loss rises
+  stops where a numpy count over plain-TF epoch losses says, with the guidance of the weights
+  it stopped at; without patience it runs all 6."""
+  epochs, lr = 6, 0.5
+  _, [element] = data.round_inputs(env['fed'], EXPLORATION_ROUND, 1, epochs, 0,
+                                   client_ids=EXPLORERS[:1])
+  w0, after, losses = sgd_explorer_plain_tf(element, lr)
+  want = np_patience_epochs(losses, 1)
+  assert want < epochs   # the premise: this explorer's loss stalls
+  gaps = np.abs(np.diff(losses[:want])) / losses[:want - 1]
+  assert gaps.min() > 1e-3   # no comparison float32 could decide the other way
+  proc = process(env, 'avgm', True)
+  w = proc.get_model_weights(proc.initialize())
+  for patience, runs in ((1, want), (None, epochs)):
+    result = fedlex.build_fedlex_exploration(env['model_fn'], sgd(learning_rate=lr), BATCH,
+                                             exploration_patience=patience)(w, [[element]])
+    assert float(result['client_epochs']) == runs
+    for g, a, b in zip(result['guidance'], w0, after[runs - 1]):
+      np.testing.assert_allclose(g, np_normalize((a - b) ** 2), atol=2e-3)
+
+
 # ------------------------------------------------------------------------------------------
 # Guided bases
 # ------------------------------------------------------------------------------------------

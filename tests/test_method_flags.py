@@ -98,7 +98,7 @@ KEYWORD_TESTS = {
     ('scaffold', 'client_weighting'): 'tests/test_scaffold.py::test_rounds_match_numpy_scaffold',
     ('scaffold', 'max_control_gib'): 'tests/test_scaffold.py::test_refusals_name_the_reason',
     ('fedlex', 'exploration_patience'):
-        'tests/test_fedlex.py::test_patient_explorer_keeps_its_adam_moments',
+        'tests/test_fedlex.py::test_exploration_patience_stops_a_real_explorer',
     ('fedlex', 'normalize'): 'tests/test_fedlex.py::test_exploration_matches_numpy',
     ('fedlex', 'guidance_floor'): 'tests/test_fedlex.py::test_exploration_matches_numpy',
     # The general flags' keywords.
