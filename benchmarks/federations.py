@@ -7,10 +7,11 @@ r"""Realistic federations: every method with clients that drop out or lag, in ro
 FedAvg, FedCross, FedCDA and CADIS (the reference code's 1/|C_i| weights), and SCAFFOLD beside a
 FedAvg on the same plain client SGD, on the fedcross suite's layout (Fashion-MNIST Dir 0.1, 100
 clients, 10 per round), each with no faults, with 30% of the sampled clients never reporting,
-and with half of them running a random share in [0.5, 1] of their local steps. The page
-(`benchmarks/results/federations/results.md`) gives each run's last-10 accuracy, the rounds and
-megabytes it took to reach 60% and 70% test accuracy, and its megabytes per round each way, and
-draws accuracy against cumulative megabytes, a panel per condition.
+and with half of them running a random share in [0.5, 1] of their local steps.
+
+The page (`benchmarks/results/federations/results.md`) gives each run's last-10 accuracy, the
+rounds and megabytes it took to reach 60% and 70% test accuracy, and its megabytes per round each
+way, and draws accuracy against cumulative megabytes, a panel per condition.
 """
 
 from __future__ import annotations
