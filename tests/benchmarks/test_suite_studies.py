@@ -19,8 +19,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 STUDY_SUITES = [name for name, s in suites.SUITES.items() if s.study]
 
 
-def test_the_fedcda_suites_are_study_files():
-  assert {'fedcda', 'fedcda_paper'} <= set(STUDY_SUITES)
+def test_every_suite_but_those_borrowing_runs_is_a_study_file():
+  assert sorted(name for name, s in suites.SUITES.items() if not s.study) == [
+      'cadis_paper', 'fedcross_paper']
+  assert all(suites.SUITES[name].borrowed for name in ('cadis_paper', 'fedcross_paper'))
+
+
+def test_the_fedlex_adam_suites_and_the_reference_protocol_share_the_reference_rate():
+  """The reference code's Adam rate, in three study files: the reference protocol's client
+  rate is fedlex_paper's for both runs, and the explorers' and the grid's middle in
+  fedlex_adam_tuned."""
+  rate = suites.SUITES['fedlex_reference'].common['client_lr']
+  paper, tuned = suites.SUITES['fedlex_paper'], suites.SUITES['fedlex_adam_tuned']
+  assert {paper.config_overrides(run)['client_lr'] for run in paper.runs} == {rate}
+  assert paper.runs['fedlex_avgm']['fedlex_exploration_lr'] == rate
+  assert tuned.runs['fedlex_avgm']['fedlex_exploration_lr'] == rate
+  assert [sorted(g['client_lr'])[1] for g in tuned.grid.values()] == [rate, rate]
+  assert paper.common == tuned.common
 
 
 @pytest.mark.parametrize('name', STUDY_SUITES)
@@ -38,7 +53,9 @@ def test_a_study_file_gives_the_suites_runs_and_tuning_points(name, monkeypatch)
       dataclasses.asdict(c) for _, _, c in compare.tuning_points(suite)]
 
 
-@pytest.mark.parametrize('name, runs', [('fedcda', 22), ('fedcross', 18), ('cadis', 27)])
+@pytest.mark.parametrize('name, runs', [
+    ('fedcda', 22), ('fedcross', 18), ('cadis', 27), ('fedlex', 107), ('fedlex_paper', 6),
+    ('fedlex_adam_tuned', 12), ('fedlex_reference', 6), ('scaffold', 6)])
 def test_plan_of_a_finished_suites_study_has_nothing_left(study_command, name, runs):
   """Every committed run (reported and tuning) is finished at the file's settings: the
   queue's refusal of a run of other settings does not fire."""
@@ -129,3 +146,4 @@ def test_a_study_file_leaving_the_suites_protocol_is_refused(tmp_path):
   with pytest.raises(ValueError, match=r'\[\[compare\]\] label'):
     suites.Suite.from_study(suites.study_path('fedcda_paper'), {'Dir 0.1': 'Dir 0.1'},
                             title='t', scaled='s')
+
