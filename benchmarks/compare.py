@@ -33,6 +33,7 @@ from benchmarks import suites
 from programs import experiment_config
 from programs import pages
 from programs import run_directory
+from programs.studies import command_flags
 from programs.studies import queue
 # The queue's command and signal handling, as the suites' other tools (federations.py) use it.
 from programs.studies.queue import run_and_write, stop_requests
@@ -40,7 +41,7 @@ from programs.studies.queue import run_and_write, stop_requests
 _SUITE = flags.DEFINE_enum('suite', None, list(suites.SUITES), 'Which comparison to run.')
 _SEEDS = flags.DEFINE_list('seeds', [str(s) for s in suites.SEEDS],
                            'Seeds of every run (the pages show every seed run).')
-_ONLY = flags.DEFINE_list('only', [], 'Run only these run names (all seeds).')
+_ONLY = command_flags.ONLY
 _TUNE = flags.DEFINE_bool('tune', False, 'Run the suite\'s learning-rate grid and freeze the '
                           'best value per algorithm in tuned.json.')
 REPORT = _REPORT = flags.DEFINE_bool('report', False, 'Write the pages from the runs; train nothing.')

@@ -31,6 +31,7 @@ from absl import logging
 
 from programs import experiment_config
 from programs import run_directory
+from programs.studies import command_flags
 from programs.studies import experiments
 from programs.studies import page
 from programs.studies import queue
@@ -41,8 +42,7 @@ COMMANDS = ('run', 'tune', 'plan', 'report')
 _OUTPUT_DIR = flags.DEFINE_string(
     'output_dir', None, 'Where the study\'s runs, tuned.json and page go (relative to the '
     'working directory); default: the file\'s output_dir (relative to the file).')
-_ONLY = flags.DEFINE_list('only', [], '`run` and `plan`: only these runs of the study (every '
-                          'seed; tuning points of their grids too in `plan`).')
+_ONLY = command_flags.ONLY
 
 
 def _error(message: str) -> int:

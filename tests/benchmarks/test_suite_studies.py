@@ -5,6 +5,8 @@ addresses exactly the suite's committed run directories at their recorded settin
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -146,4 +148,12 @@ def test_a_study_file_leaving_the_suites_protocol_is_refused(tmp_path):
   with pytest.raises(ValueError, match=r'\[\[compare\]\] label'):
     suites.Suite.from_study(suites.study_path('fedcda_paper'), {'Dir 0.1': 'Dir 0.1'},
                             title='t', scaled='s')
+
+
+def test_one_process_imports_both_binaries():
+  """benchmarks.compare and programs.study define --only once between them."""
+  result = subprocess.run([sys.executable, '-c', 'import benchmarks.compare, programs.study'],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
+                          text=True)
+  assert result.returncode == 0, result.stderr
 
