@@ -157,3 +157,19 @@ def test_one_process_imports_both_binaries():
                           text=True)
   assert result.returncode == 0, result.stderr
 
+
+def test_the_suites_page_writer_refuses_a_file_no_suite_declares_in_one_line(
+    tmp_path, write_study, study_command):
+  path = write_study(tmp_path, '''
+      report = "benchmarks.report:write_study_pages"
+      seeds = [0]
+      [runs.fedavg]
+      algorithm = "fedavg"
+      ''')
+  result = study_command('report', path)
+  assert result.returncode == 2
+  assert result.stderr.startswith(
+      f'error: {path} report: "benchmarks.report:write_study_pages" writes the pages of the '
+      'suites of benchmarks/suites.py, and none is declared by this file'), result.stderr
+  assert len(result.stderr.splitlines()) == 1, result.stderr
+
