@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from benchmarks import compare
@@ -16,6 +17,7 @@ from benchmarks import suites
 from programs.studies import experiments
 from programs.studies import study_file
 from programs.studies import tuning
+from tests.benchmarks.toy_runs import write_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STUDY_SUITES = [name for name, s in suites.SUITES.items() if s.study]
@@ -173,3 +175,52 @@ def test_the_suites_page_writer_refuses_a_file_no_suite_declares_in_one_line(
       'suites of benchmarks/suites.py, and none is declared by this file'), result.stderr
   assert len(result.stderr.splitlines()) == 1, result.stderr
 
+
+TOY_SUITE_STUDY = '''
+seeds = [0, 1, 2]
+tuning_rounds = 4
+[common]
+dataset = "digits"
+num_clients = 4
+clients_per_round = 2
+rounds = 6
+checkpoint_every = 10
+blown_up_rounds = 0
+[runs.fedavg]
+algorithm = "fedavg"
+[runs.fedprox]
+algorithm = "fedprox"
+[[compare]]
+method = "fedprox"
+baseline = "fedavg"
+label = "FedProx"
+[tune.fedavg]
+client_lr = [0.1, 0.3, 1.0]
+[tuned_as]
+fedprox = "fedavg"
+'''
+
+
+def test_compare_tune_of_a_study_files_suite_writes_the_studys_record(tmp_path, monkeypatch):
+  """compare --tune freezes a suite declared by a study file as `programs.study tune` does:
+  a record of every point's accuracy that the study's `run` accepts, and the suites read."""
+  path = tmp_path / 'toy.toml'
+  path.write_text(TOY_SUITE_STUDY)
+  suite = suites.Suite.from_study(str(path), {'FedProx': 'x'}, title='t', scaled='s')
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  level = {0.1: 0.5, 0.3: 0.7, 1.0: 0.6}
+
+  def fake_run(config):
+    write_run(config.experiment_dir, config.rounds, np.full(config.rounds, level[config.client_lr]),
+              config=dataclasses.asdict(config))
+
+  monkeypatch.setattr(compare, '_run', fake_run)
+  assert compare.tune(suite) == {'fedavg': {'client_lr': 0.3}}
+  study = study_file.load(str(path))
+  record = tuning.load(study)
+  assert record['points'] == {'fedavg': [
+      dict(values=dict(client_lr=lr), diverged=None, accuracy=pytest.approx(accuracy))
+      for lr, accuracy in level.items()]}
+  assert tuning.tuned_values(study) == {'fedavg': {'client_lr': 0.3}}
+  assert suites.load_tuned('toy') == {'fedavg': {'client_lr': 0.3}}
+  assert [c.client_lr for c in compare.run_configs(suite, suites.load_tuned('toy'))] == [0.3] * 6
