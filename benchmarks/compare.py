@@ -33,14 +33,17 @@ from benchmarks import suites
 from programs import experiment_config
 from programs import pages
 from programs import run_directory
+from programs.studies import command_flags
 from programs.studies import queue
+from programs.studies import study_file
+from programs.studies import tuning
 # The queue's command and signal handling, as the suites' other tools (federations.py) use it.
 from programs.studies.queue import run_and_write, stop_requests
 
 _SUITE = flags.DEFINE_enum('suite', None, list(suites.SUITES), 'Which comparison to run.')
 _SEEDS = flags.DEFINE_list('seeds', [str(s) for s in suites.SEEDS],
                            'Seeds of every run (the pages show every seed run).')
-_ONLY = flags.DEFINE_list('only', [], 'Run only these run names (all seeds).')
+_ONLY = command_flags.ONLY
 _TUNE = flags.DEFINE_bool('tune', False, 'Run the suite\'s learning-rate grid and freeze the '
                           'best value per algorithm in tuned.json.')
 REPORT = _REPORT = flags.DEFINE_bool('report', False, 'Write the pages from the runs; train nothing.')
@@ -175,10 +178,14 @@ def plan_runs(results_name: str, configs) -> list:
 
 
 def tune(suite: suites.Suite) -> dict:
-  """Runs the grid and returns {algorithm: best overrides} (by the suite's criterion: the
-  best last-10 mean, or the best single evaluated round)."""
+  """Runs the grid, freezes the choice in tuned.json and returns it: {algorithm: best
+  overrides} by the suite's criterion (the best last-10 mean, or the best single evaluated
+  round). A suite declared by a study file writes the study's record (`tuning.freeze`, as
+  `programs.study tune` does); another, the bare choice."""
   points = tuning_points(suite)
   run_all([config for _, _, config in points], tuning=True)
+  if suite.study:
+    return tuning.freeze(study_file.load(suite.study))['chosen']
   tuned = {}
   for run in suite.grid:
     best = queue.best_point([(values, config) for name, values, config in points if name == run],
@@ -187,6 +194,7 @@ def tune(suite: suites.Suite) -> dict:
       raise experiment_config.ExperimentError(
           f'every point of {run}\'s grid diverged; lower the grid')
     tuned[suite.config_overrides(run)['algorithm']] = best[1]
+  pages.write_json(suites.tuned_path(suite.name), tuned)
   return tuned
 
 
@@ -264,8 +272,7 @@ def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
       if not suite.needs_tuning():
         print(f'error: suite {suite.name} has no tuning grid', file=sys.stderr)
         return 2
-      tuned = tune(suite)
-      pages.write_json(suites.tuned_path(suite.name), tuned)
+      tune(suite)
     elif not _REPORT.value:
       tuned = suites.load_tuned(suite.name)
       if suite.needs_tuning() and tuned is None:

@@ -37,9 +37,9 @@ from programs import fedlex_exploration
 from programs import pages
 from programs.studies import paired
 
-FEDLEX_REFERENCE_ADAM_LR = suites.FEDLEX_REFERENCE_ADAM_LR
-
 SUITE = suites.SUITES['fedlex']
+# The explorers' client rate, one for every guided variant (the fedlex study file's).
+(EXPLORATION_LR,) = {SUITE.runs[c.method]['fedlex_exploration_lr'] for c in SUITE.comparisons}
 OUT = os.path.join(suites.suite_dir('fedlex'), 'diagnosis.md')
 GUIDANCE_KEYS = ('guidance_mean', 'guidance_median', 'guidance_below_0_01',
                  'guidance_zero_fraction', 'guidance_max')
@@ -163,7 +163,7 @@ def _tuning_lines(runs) -> list:
            '(superseded): the explorers trained at the point\'s client rate, so every client '
            'rate of a guided grid also changed G (FedLEx-SGD, which has no client step, '
            'explored at the default client rate, 0.01, at every point). Now: the explorers '
-           f'train at {suites.EXPLORATION_LR:g} at every point of every guided grid, one G per '
+           f'train at {EXPLORATION_LR:g} at every point of every guided grid, one G per '
            'seed, and the grid changes the steps only. Finished: grid points finished or '
            'diverged of the grid\'s.', '',
            '| variant | rule | best point | explorers\' rate | last-10 (%) | G median | '
@@ -173,17 +173,17 @@ def _tuning_lines(runs) -> list:
                                    (guided, earlier, guided), (guided, tuning, guided)):
       rule = ('no G' if pool is tuning and algorithm == base else
               'first rule (superseded)' if pool is earlier else
-              f'explorers at {suites.EXPLORATION_LR:g}')
+              f'explorers at {EXPLORATION_LR:g}')
       lines.append(f'| {label} | {rule} | ' +
                    ' | '.join(_point(_best(pool, algorithm), pool, algorithm)) + ' |')
   tuned = suites.load_tuned(SUITE.name) or {}
   rates = {b: tuned[b]['client_lr'] for b in (c.baseline for c in SUITE.comparisons)
            if 'client_lr' in tuned.get(b, {})}
   if rates:
-    differ = {b: r for b, r in rates.items() if r != suites.EXPLORATION_LR}
+    differ = {b: r for b, r in rates.items() if r != EXPLORATION_LR}
     lines += ['', 'The bases\' tuned client rates: ' +
               ', '.join(f'{b} {r:g}' for b, r in rates.items()) + '; the explorers\' rate, '
-              f'{suites.EXPLORATION_LR:g}, ' + (
+              f'{EXPLORATION_LR:g}, ' + (
                   'is theirs.' if not differ else
                   'differs from ' + ', '.join(differ) + '\'s (fixed before their tuning '
                   'ended; the explorers train unguided, so any base rate is a fair choice, '
@@ -206,7 +206,7 @@ def _equal_step_lines(runs) -> list:
            'G shrinks the step of most coordinates and keeps a few large: at step rate r the '
            'guided variant moves coordinate i by r·G_i times the gradient, on average r·Ḡ, at '
            'most r·G_max. Each row takes the guided variant\'s best tuning point (explorers at '
-           f'{suites.EXPLORATION_LR:g}) and sets beside it the base\'s tuning point whose step '
+           f'{EXPLORATION_LR:g}) and sets beside it the base\'s tuning point whose step '
            'rate is nearest r·Ḡ (log scale; the base\'s grid bounds how near), and the base\'s '
            'best. If the guided variant beats the base at the same mean step but not the '
            'base\'s best, G\'s shape helps, but its spread (G_max / Ḡ) forces a compromise: '
@@ -405,7 +405,7 @@ def _superseded_lines(runs) -> list:
            'Made under the first rule: the explorers trained at the point\'s client rate '
            '(FedLEx-SGD\'s at the default 0.01). Kept, not reported; runs stopped unfinished '
            'are listed as such. A point whose explorers already trained at '
-           f'{suites.EXPLORATION_LR:g} has the same settings as the new rule\'s point of that '
+           f'{EXPLORATION_LR:g} has the same settings as the new rule\'s point of that '
            'name, so (runs being deterministic) the two must agree: the last column shows the '
            'new one.', '',
            '| point | explorers\' rate | status | last-10 (%) | G median | the new rule\'s '
@@ -428,6 +428,9 @@ def _superseded_lines(runs) -> list:
 # (all but where G*|g| nears the effective eps: TFF's build_adam adds eps to the
 # un-corrected sqrt(v), i.e. eps / sqrt(1 - beta_2^t) against the bias-corrected one).
 ADAM_SUITE = suites.SUITES['fedlex_adam_tuned']
+# The reference code's client Adam rate, at which the Adam suite's explorers train (its study
+# file's).
+FEDLEX_REFERENCE_ADAM_LR = ADAM_SUITE.runs['fedlex_avgm']['fedlex_exploration_lr']
 ADAM_STEPS = os.path.join(suites.suite_dir(ADAM_SUITE.name), 'adam_steps.json')
 
 

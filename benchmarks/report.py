@@ -38,6 +38,7 @@ from programs import pages
 from programs import run_results
 from programs.studies import curves
 from programs.studies import paired
+from programs.studies import study_file
 
 REPRODUCTION = os.path.join(suites.RESULTS, 'REPRODUCTION.md')
 PROVENANCE = os.path.join(suites.RESULTS, 'PROVENANCE.md')
@@ -856,10 +857,14 @@ def write_all() -> None:
 
 def write_study_pages(study) -> None:
   """`python -m programs.study` on a suite's study file (its `report` key): every page, as
-  `benchmarks.compare` writes them (the suite's page, REPRODUCTION.md and the rest read it)."""
+  `benchmarks.compare` writes them (the suite's page, REPRODUCTION.md and the rest read it).
+  StudyFileError when no suite is declared by the file."""
   suite = suites.SUITES.get(study.name)
   if suite is None or not suite.study or not os.path.samefile(suite.study, study.path):
-    raise ValueError(f'{study.path}: no suite of benchmarks/suites.py is declared by it')
+    raise study_file.StudyFileError(
+        f'{study.path} report: "{study.report}" writes the pages of the suites of '
+        'benchmarks/suites.py, and none is declared by this file; drop the key for the '
+        'generic page')
   write_all()
   print(f'wrote {os.path.relpath(os.path.join(suites.suite_dir(suite.name), "results.md"))} '
         '(and every other page)')

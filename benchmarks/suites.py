@@ -384,10 +384,6 @@ def _cadis() -> Suite:
                       'them).'))
 
 
-# FedLEx's explorers' client rate: the rate its bases tuned to (FedAvgM, FedAdam, FedProx: 0.1).
-EXPLORATION_LR = 0.1
-
-
 # A FedLEx run's guidance G and exploration cost, as its summary.json records them.
 FEDLEX_SUMMARY_COLUMNS = (('guidance mean', ('guidance', 'guidance_mean'), '.2g'),
                           ('guidance median', ('guidance', 'guidance_median'), '.2g'),
@@ -395,51 +391,20 @@ FEDLEX_SUMMARY_COLUMNS = (('guidance mean', ('guidance', 'guidance_mean'), '.2g'
                           ('exploration client-epochs', ('exploration_client_epochs',), '.0f'))
 
 
+def _fedlex_papers(path: str) -> dict:
+  """paper_numbers.json keys a FedLEx suite's figures by the guided variant: the method run
+  of each of the file's comparisons."""
+  return {c.label: c.method for c in study_file.load(path).comparisons}
+
+
 def _fedlex() -> Suite:
-  bases = (('fedavgm', 'fedlex_avgm'), ('fedsgd', 'fedlex_sgd'), ('fedadam', 'fedlex_opt'),
-           ('fedprox', 'fedlex_prox'))
-  # G scales every gradient entry and most of its entries are far below 0.01 (diagnosis.md),
-  # so the guided variants' rates reach two to three decades above their bases'.
-  # Each grid spans its method's best rate with room on both sides: a grid whose best lay on
-  # its edge was widened (FedAvgM's and the server rates of FedAdam and FedLEx-Opt upwards,
-  # FedLEx-AvgM's, FedSGD's and FedLEx-SGD's downwards).
-  base_lr = [0.01, 0.03, 0.1, 0.3]
-  guided_lr = [0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0]
-  grid = {}
-  for base, guided in bases:
-    if base == 'fedsgd':   # no local step: the server learning rate is the step size
-      grid[base], grid[guided] = (dict(server_lr=[0.01, 0.03, 0.1, 0.3, 1.0]),
-                                  dict(server_lr=[1.0, 3.0, 10.0, 30.0, 100.0, 1000.0]))
-    elif base == 'fedadam':
-      server_lr = [0.001, 0.01, 0.03, 0.1]
-      grid[base] = dict(client_lr=base_lr, server_lr=server_lr)
-      grid[guided] = dict(client_lr=guided_lr, server_lr=server_lr)
-    else:
-      grid[base], grid[guided] = dict(client_lr=base_lr), dict(client_lr=guided_lr)
-  return Suite(
-      name='fedlex',
+  path = study_path('fedlex')
+  comparisons = study_file.load(path).comparisons
+  guided, bases = (tuple(c.method for c in comparisons), tuple(c.baseline for c in comparisons))
+  return Suite.from_study(
+      path, papers=_fedlex_papers(path),
       title='FedLEx on four bases: Fashion-MNIST, 2 classes per client, 20 clients, 5 per round',
-      # Each length is made from round 1 (the shorter runs kept no checkpoint), so every kept
-      # making is compared with the next ("Runs made again"). Whether two makings match bit
-      # for bit depends on the CPU's microarchitecture, not its name, so summary.json's host
-      # records cpu_id (benchmarks/results/PROVENANCE.md names the machines).
       earlier_lengths=(100, 200),
-      common=dict(dataset='fashion_mnist', model='simple_cnn', partition='classes',
-                  classes_per_client=2, num_clients=20, clients_per_round=5, batch_size=50,
-                  local_epochs=1, rounds=400, client_momentum=0.0, proximal_strength=0.01,
-                  # every 5th round (and each of the last 10): evaluation is not what the
-                  # diagnosis reads, and the lengthened runs are made from round 1
-                  eval_every=5),
-      # The explorers train unguided from w_0, so they explore at the bases' tuned client rate,
-      # the same for every variant (one G per seed), not at the guided variant's raised rate:
-      # explorers at the guided grid's rates made G collapse (diagnosis.md).
-      runs=dict({base: dict(algorithm=base) for base, _ in bases},
-                **{guided: dict(algorithm=guided, fedlex_exploration_lr=EXPLORATION_LR)
-                   for _, guided in bases}),
-      comparisons=tuple(Comparison(guided, base, guided, f'{guided} vs {base}')
-                        for base, guided in bases),
-      grid=grid,
-      tuning_rounds=50,   # 83 grid points: a short tuning length keeps the grid affordable
       scaled=("The paper's pathological layout (2 classes per client, 20 clients, 5 per round, "
               'plain SGD) on Fashion-MNIST. Its tables and rates were lost in the text, so every '
               'base and guided variant gets its own rate from a grid (G shrinks every gradient, '
@@ -462,8 +427,7 @@ def _fedlex() -> Suite:
                     'with its base?',
                     # its own length: the suite's rounds may grow until the curves plateau
                     dict(fedlex_guidance_floor=0.01, rounds=100),
-                    tuple(guided for _, guided in bases), seeds=(0, 1, 2),
-                    unchanged=tuple(base for base, _ in bases)),
+                    guided, seeds=(0, 1, 2), unchanged=bases),
               # FedAvgM at its tuned 0.1 reached 63% over rounds 101-125 on seed 0, then
               # 39-44% over each later 25 rounds, while FedLEx-AvgM held 51-61%.
               Probe('fedavgm_lower_rate',
@@ -585,29 +549,14 @@ def _cadis_reference() -> Suite:
       paper_of='cadis', protocol='reference code protocol')
 
 
-# The FedLEx reference code's client optimizer: Adam at 3e-4 (docs/algorithms.md#fedlex).
-FEDLEX_REFERENCE_ADAM_LR = 3e-4
-
-
-def _fedlex_adam(name: str, title: str, rates: dict, protocol: str, **tuning) -> Suite:
+def _fedlex_adam(name: str, title: str, protocol: str) -> Suite:
   """FedLEx-AvgM against FedAvgM on the fedlex suite's layout with the reference code's
-  client optimizer, Adam, here TFF's (`--client_optimizer=adam`), at `rates` ({run: client
-  lr})."""
-  return Suite(
-      name=name,
+  client optimizer, Adam, here TFF's (`--client_optimizer=adam`), at the rates its study
+  file gives or tunes."""
+  return Suite.from_study(
+      study_path(name), papers=_fedlex_papers(study_path(name)),
       title=f'FedLEx-AvgM vs FedAvgM with client Adam {title}: Fashion-MNIST, 2 classes per '
             'client, 20 clients, 5 per round',
-      common=dict(dataset='fashion_mnist', model='simple_cnn', partition='classes',
-                  classes_per_client=2, num_clients=20, clients_per_round=5, batch_size=50,
-                  local_epochs=1, rounds=200, client_optimizer='adam', eval_every=5),
-      # The explorers train with Adam at the reference rate in every run (one G per seed,
-      # as in the fedlex suite).
-      runs=dict(fedavgm=dict(algorithm='fedavgm', **rates.get('fedavgm', {})),
-                fedlex_avgm=dict(algorithm='fedlex_avgm',
-                                 fedlex_exploration_lr=FEDLEX_REFERENCE_ADAM_LR,
-                                 **rates.get('fedlex_avgm', {}))),
-      comparisons=(Comparison('fedlex_avgm', 'fedavgm', 'fedlex_avgm',
-                              f'fedlex_avgm vs fedavgm (Adam {title})'),),
       scaled=('The fedlex suite\'s layout (2 classes per client, 20 clients, 5 per round, E = 1, '
               'batch 50) with the reference code\'s client optimizer, Adam, as TFF\'s '
               '(`build_adam` with PyTorch\'s betas and eps, but eps added to the uncorrected '
@@ -615,49 +564,28 @@ def _fedlex_adam(name: str, title: str, rates: dict, protocol: str, **tuning) ->
               'PyTorch\'s), without its 0.99-a-round rate decay; its K = 10 clients, E = 5, '
               'B = 350 and every-client 150-epoch exploration are not copied.'),
       summary_columns=FEDLEX_SUMMARY_COLUMNS,
-      paper_of='fedlex', protocol=protocol, **tuning)
+      paper_of='fedlex', protocol=protocol)
 
 
 def _fedlex_paper() -> Suite:
   """The reference code's rate for both."""
-  rate = dict(client_lr=FEDLEX_REFERENCE_ADAM_LR)
   return _fedlex_adam('fedlex_paper', 'at the reference rate 3e-4',
-                      dict(fedavgm=rate, fedlex_avgm=rate), 'fedlex layout and TFF\'s Adam at 3e-4')
+                      'fedlex layout and TFF\'s Adam at 3e-4')
 
 
 def _fedlex_adam_tuned() -> Suite:
   """Each at its best rate of a 3-point grid around the reference's (one seed, 50 rounds)."""
-  return _fedlex_adam(
-      'fedlex_adam_tuned', 'at rates tuned on one seed', {},
-      'fedlex layout and TFF\'s Adam at tuned rates',
-      grid={run: dict(client_lr=[1e-4, FEDLEX_REFERENCE_ADAM_LR, 1e-3])
-            for run in ('fedavgm', 'fedlex_avgm')},
-      tuning_rounds=50)
+  return _fedlex_adam('fedlex_adam_tuned', 'at rates tuned on one seed',
+                      'fedlex layout and TFF\'s Adam at tuned rates')
 
 
 def _fedlex_reference() -> Suite:
   """The reference code's own example, as far as this machine's data and our flags go."""
-  return Suite(
-      name='fedlex_reference',
+  path = study_path('fedlex_reference')
+  return Suite.from_study(
+      path, papers=_fedlex_papers(path),
       title='FedLEx-AvgM vs FedAvgM at the reference code\'s protocol: Fashion-MNIST, 2 '
             'classes per client, 10 clients, 2 per round, 2NN, PyTorch\'s Adam',
-      # The reference README's example and its code: its TwoNN (200 hidden; the README's
-      # --dropout 0.1 reaches no layer of it, so: mlp_2nn, no dropout), E = 5,
-      # B = 350, K = 10, C = 0.2, Adam 3e-4 decayed 0.99 a round, no weight decay, a
-      # per-client 80/20 test split, 200 rounds; its FedAvgM is server SGD at lr 0.1 with
-      # momentum 0.9; every client explores up to 150 epochs with patience 40, and its
-      # server averages the raw deviations before one normalisation (after_mean).
-      common=dict(dataset='fashion_mnist', model='mlp_2nn', partition='classes',
-                  classes_per_client=2, num_clients=10, clients_per_round=2, batch_size=350,
-                  local_epochs=5, rounds=200, client_optimizer='torch_adam',
-                  client_lr=FEDLEX_REFERENCE_ADAM_LR, client_lr_decay=0.99, server_lr=0.1,
-                  client_test_fraction=0.2, eval_every=1),
-      runs=dict(fedavgm=dict(algorithm='fedavgm'),
-                fedlex_avgm=dict(algorithm='fedlex_avgm', fedlex_explorer_fraction=1.0,
-                                 fedlex_exploration_epochs=150, fedlex_exploration_patience=40,
-                                 fedlex_normalize='after_mean')),
-      comparisons=(Comparison('fedlex_avgm', 'fedavgm', 'fedlex_avgm',
-                              'fedlex_avgm vs fedavgm (reference protocol)'),),
       scaled=('The reference code\'s example (its 2NN, 10 clients with 2 classes '
               'each, 2 per round, E = 5, batch 350, PyTorch\'s Adam at 3e-4 decayed 0.99 a '
               'round, server momentum 0.9 at lr 0.1, every client exploring up to 150 epochs '
@@ -686,16 +614,10 @@ def _fedlex_reference() -> Suite:
 
 
 def _scaffold() -> Suite:
-  return Suite(
-      name='scaffold',
+  return Suite.from_study(
+      study_path('scaffold'),
+      papers={'SCAFFOLD Dir 0.1': 'CIFAR-10 Dir 0.1', 'SCAFFOLD Dir 0.1, vs FEMNIST': 'FEMNIST'},
       title='SCAFFOLD vs FedAvg: Fashion-MNIST Dir 0.1, 100 clients, 10 per round',
-      # The FedCross suite's layout. SCAFFOLD's option II needs plain client SGD, so both run
-      # without momentum at lr 0.02, the step of the layout's lr 0.01 with momentum 0.5.
-      common=dict(FEDCROSS_COMMON, dirichlet_alpha=0.1, rounds=300, client_lr=0.02,
-                  client_momentum=0.0),
-      runs=dict(fedavg=dict(algorithm='fedavg'), scaffold=dict(algorithm='scaffold')),
-      comparisons=(Comparison('scaffold', 'fedavg', 'CIFAR-10 Dir 0.1', 'SCAFFOLD Dir 0.1'),
-                   Comparison('scaffold', 'fedavg', 'FEMNIST', 'SCAFFOLD Dir 0.1, vs FEMNIST')),
       scaled=('Not one of the four papers: SCAFFOLD (Karimireddy et al., ICML 2020, option II) '
               'on the fedcross suite\'s layout, both runs on plain client SGD (lr 0.02, no '
               'momentum: option II assumes plain SGD), 300 rounds (a budget of 3 hours here). The '

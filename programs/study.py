@@ -22,6 +22,7 @@ import glob
 import importlib
 import os
 import sys
+from typing import Optional
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
@@ -31,6 +32,7 @@ from absl import logging
 
 from programs import experiment_config
 from programs import run_directory
+from programs.studies import command_flags
 from programs.studies import experiments
 from programs.studies import page
 from programs.studies import queue
@@ -41,8 +43,7 @@ COMMANDS = ('run', 'tune', 'plan', 'report')
 _OUTPUT_DIR = flags.DEFINE_string(
     'output_dir', None, 'Where the study\'s runs, tuned.json and page go (relative to the '
     'working directory); default: the file\'s output_dir (relative to the file).')
-_ONLY = flags.DEFINE_list('only', [], '`run` and `plan`: only these runs of the study (every '
-                          'seed; tuning points of their grids too in `plan`).')
+_ONLY = command_flags.ONLY
 
 
 def _error(message: str) -> int:
@@ -72,7 +73,8 @@ def main(argv):
   except study_file.StudyFileError as e:
     return _error(str(e))
   with queue.stop_requests():
-    return queue.run_and_write(lambda: _make(command, study), lambda: write(study))
+    return queue.run_and_write(lambda: _make(command, study),
+                               lambda: _write_pages(write, study))
 
 
 def _make(command: str, study):
@@ -127,6 +129,16 @@ def _writer(study):
     raise study_file.StudyFileError(f'{study.path} report: "{study.report}" cannot be '
                                     f'imported ({e}); name a module:function, or drop the key '
                                     'for the generic page') from None
+
+
+def _write_pages(write, study) -> Optional[int]:
+  """`write(study)`; a StudyFileError it raises (a paper layer refusing the file) is one
+  `error:` line, exit 2."""
+  try:
+    write(study)
+  except study_file.StudyFileError as e:
+    return _error(str(e))
+  return None
 
 
 def _write(study) -> None:

@@ -4,10 +4,12 @@ plan, report) and the one-line refusal of every mistake in the file, before anyt
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 
 import numpy as np
 import pytest
@@ -190,6 +192,43 @@ def test_an_unknown_key_is_named_with_its_fix(tmp_path, write_study):
   path = write_study(tmp_path, TWO_METHODS + '[tuned_as]\nfedprox = "fedavg"\n')
   with pytest.raises(study_file.StudyFileError,
                      match=r'\[tuned_as\] fedprox: "fedavg" names no algorithm with a grid'):
+    study_file.load(path)
+
+
+def test_common_from_starts_from_another_files_common(tmp_path, write_study):
+  """A file's [common] over the [common] of the file `common_from` names (relative to it)."""
+  base = write_study(tmp_path, TWO_METHODS, name='base.toml')
+  (tmp_path / 'sub').mkdir()
+  child = tmp_path / 'sub' / 'child.toml'
+  child.write_text('common_from = "../base.toml"\nseeds = [0]\n[common]\nrounds = 5\n'
+                   'batch_size = 8\n[runs.fedavg]\nalgorithm = "fedavg"\n')
+  with open(base, 'rb') as f:
+    want = dict(tomllib.load(f)['common'], rounds=5, batch_size=8)
+  study = study_file.load(str(child))
+  assert study.common == want
+  assert study.run_fields('fedavg') == dict(want, algorithm='fedavg')
+
+
+@pytest.mark.parametrize('common_from, message', [
+    ('"nothing.toml"', 'common_from: "nothing.toml": no such file'),
+    ('"study.toml"', 'common_from: "study.toml" leads back to this file'),
+    ('3', 'common_from: 3 is an integer; give a non-empty string'),
+])
+def test_a_bad_common_from_is_one_line(tmp_path, write_study, study_command, common_from,
+                                       message):
+  path = write_study(tmp_path, f'common_from = {common_from}\n' + TWO_METHODS)
+  result = study_command('plan', path)
+  assert result.returncode == 2
+  assert result.stderr.startswith(f'error: {path} {message}'), result.stderr
+  assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+def test_a_mistake_in_the_common_from_file_names_that_file(tmp_path, write_study):
+  base = write_study(tmp_path, 'seeds = [0]\n[runs.fedavg]\nclinet_lr = 0.1\n',
+                     name='base.toml')
+  path = write_study(tmp_path, 'common_from = "base.toml"\n' + TWO_METHODS)
+  with pytest.raises(study_file.StudyFileError, match='^' + re.escape(
+      f'{base} [runs.fedavg] clinet_lr: not a trainer flag')):
     study_file.load(path)
 
 

@@ -152,11 +152,12 @@ def run_all(configs, diverged_goes_on: bool = False,
         continue
 
 
-def run_and_write(make: Callable[[], Optional[int]], write: Callable[[], None]) -> int:
+def run_and_write(make: Callable[[], Optional[int]],
+                  write: Callable[[], Optional[int]]) -> int:
   """A command's exit code: `make()` (an exit code it returns ends the command, nothing
-  written), then `write()` its pages. An ExperimentError ends it in one `error:` line (exit
-  2); a stop signal (stopping.Interrupted) writes the pages as far as the runs got and says
-  how to continue."""
+  written), then `write()` its pages (an exit code it returns is the command's). An
+  ExperimentError ends it in one `error:` line (exit 2); a stop signal (stopping.Interrupted)
+  writes the pages as far as the runs got and says how to continue."""
   try:
     code = make()
   except experiment_config.ExperimentError as e:
@@ -170,8 +171,7 @@ def run_and_write(make: Callable[[], Optional[int]], write: Callable[[], None]) 
     return e.exit_code
   if code is not None:
     return code
-  write()
-  return 0
+  return write() or 0
 
 
 def best_point(points, criterion: str) -> Optional[tuple]:

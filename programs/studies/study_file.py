@@ -6,6 +6,7 @@
   criterion = "last10"         # or "best"
   tuning_seed = 100            # optional; not one of the seeds
   tuning_rounds = 50           # optional; default: the runs' own length
+  common_from = "other.toml"   # optional: [common] over that study file's [common]
   [common]                     # trainer flags of every run (programs.train's names)
   [runs.<run>]                 # one table per run: its flags over [common]
   [[compare]]                  # method = "<run>", baseline = "<run>", label = "..."
@@ -42,7 +43,7 @@ STUDY_SETS = {
     'progress': 'no progress bar',
 }
 TOP_KEYS = ('name', 'seeds', 'output_dir', 'criterion', 'tuning_seed', 'tuning_rounds',
-            'common', 'runs', 'compare', 'tune', 'tuned_as', 'report')
+            'common_from', 'common', 'runs', 'compare', 'tune', 'tuned_as', 'report')
 COMPARE_KEYS = ('method', 'baseline', 'label')
 # A run's name is a directory name's start (<run>_s<seed>).
 RUN_NAME = re.compile(r'[A-Za-z0-9][A-Za-z0-9_.-]*')
@@ -150,6 +151,27 @@ def load(path: str, output_dir: Optional[str] = None) -> study_lib.Study:
   `output_dir` (relative to the working directory) replaces the file's own (relative to the
   file's folder; default: <folder of the file>/<its stem>).
   """
+  return _load(path, output_dir, ())
+
+
+def _common_from(path: str, raw: dict, chain: tuple) -> dict:
+  """The [common] the file's `common_from` names (a study file, relative to this one's
+  folder, itself checked throughout); {} without the key."""
+  if 'common_from' not in raw:
+    return {}
+  other = _string(path, '', 'common_from', raw['common_from'])
+  other_path = os.path.normpath(os.path.join(os.path.dirname(path), other))
+  if not os.path.isfile(other_path):
+    raise _error(path, '', 'common_from', f'"{other}": no such file (relative to this file\'s '
+                 'folder); name the study file whose [common] this one starts from')
+  if os.path.abspath(other_path) in chain:
+    raise _error(path, '', 'common_from', f'"{other}" leads back to this file; a file\'s '
+                 '[common] cannot start from itself')
+  return _load(other_path, None, chain).common
+
+
+def _load(path: str, output_dir: Optional[str], chain: tuple) -> study_lib.Study:
+  chain += (os.path.abspath(os.path.normpath(path)),)
   try:
     with open(path, 'rb') as f:
       raw = tomllib.load(f)
@@ -194,7 +216,8 @@ def load(path: str, output_dir: Optional[str] = None) -> study_lib.Study:
   own_output_dir = _string(path, '', 'output_dir', raw.get('output_dir', stem))
   if output_dir is None:   # the file's own, relative to the file
     output_dir = os.path.join(os.path.dirname(path), own_output_dir)
-  common = _flags(path, '[common]', raw.get('common', {}))
+  common = dict(_common_from(path, raw, chain),
+                **_flags(path, '[common]', raw.get('common', {})))
   runs = raw.get('runs')
   if not isinstance(runs, dict) or not runs:
     raise _error(path, '[runs]', '', 'missing; give each run a table, e.g. [runs.fedavg] with '

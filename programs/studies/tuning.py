@@ -46,8 +46,16 @@ def point_result(config) -> dict:
 def tune(study: study_lib.Study) -> dict:
   """Makes the study's grids, freezes each one's best point in tuned.json and returns the
   record written. ExperimentError when every point of a grid diverged."""
+  queue.run_all([config for _, _, config in experiments.tuning_points(study)],
+                diverged_goes_on=True)
+  return freeze(study)
+
+
+def freeze(study: study_lib.Study) -> dict:
+  """Picks each grid's best point from its made tuning runs and writes tuned.json: the
+  choice, what it holds for (`fingerprint`) and every point's accuracy; returns the record.
+  ExperimentError when every point of a grid diverged."""
   points = experiments.tuning_points(study)
-  queue.run_all([config for _, _, config in points], diverged_goes_on=True)
   chosen, accuracies = {}, {}
   key = records.CRITERION_KEYS[study.criterion]
   for run in study.grid:
@@ -70,8 +78,9 @@ def tune(study: study_lib.Study) -> dict:
 
 def read(path: str) -> Optional[dict]:
   """The tuned.json record at `path`, or None before it is written. A bare choice, the
-  {algorithm: values} map the papers' suites' `benchmarks.compare --tune` writes, is read as
-  a record of that choice alone ({'chosen': map}: no fingerprint to check it against)."""
+  {algorithm: values} map `benchmarks.compare --tune` writes for a suite without a study
+  file (the committed suites' tuned.json files hold one too), is read as a record of that
+  choice alone ({'chosen': map}: no fingerprint to check it against)."""
   if not os.path.exists(path):
     return None
   with open(path) as f:

@@ -5,7 +5,10 @@ addresses exactly the suite's committed run directories at their recorded settin
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 
 from benchmarks import compare
@@ -14,13 +17,29 @@ from benchmarks import suites
 from programs.studies import experiments
 from programs.studies import study_file
 from programs.studies import tuning
+from tests.benchmarks.toy_runs import write_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STUDY_SUITES = [name for name, s in suites.SUITES.items() if s.study]
 
 
-def test_the_fedcda_suites_are_study_files():
-  assert {'fedcda', 'fedcda_paper'} <= set(STUDY_SUITES)
+def test_every_suite_but_those_borrowing_runs_is_a_study_file():
+  assert sorted(name for name, s in suites.SUITES.items() if not s.study) == [
+      'cadis_paper', 'fedcross_paper']
+  assert all(suites.SUITES[name].borrowed for name in ('cadis_paper', 'fedcross_paper'))
+
+
+def test_the_fedlex_adam_suites_and_the_reference_protocol_share_the_reference_rate():
+  """The reference code's Adam rate, in three study files: the reference protocol's client
+  rate is fedlex_paper's for both runs, and the explorers' and the grid's middle in
+  fedlex_adam_tuned."""
+  rate = suites.SUITES['fedlex_reference'].common['client_lr']
+  paper, tuned = suites.SUITES['fedlex_paper'], suites.SUITES['fedlex_adam_tuned']
+  assert {paper.config_overrides(run)['client_lr'] for run in paper.runs} == {rate}
+  assert paper.runs['fedlex_avgm']['fedlex_exploration_lr'] == rate
+  assert tuned.runs['fedlex_avgm']['fedlex_exploration_lr'] == rate
+  assert [sorted(g['client_lr'])[1] for g in tuned.grid.values()] == [rate, rate]
+  assert paper.common == tuned.common
 
 
 @pytest.mark.parametrize('name', STUDY_SUITES)
@@ -38,7 +57,9 @@ def test_a_study_file_gives_the_suites_runs_and_tuning_points(name, monkeypatch)
       dataclasses.asdict(c) for _, _, c in compare.tuning_points(suite)]
 
 
-@pytest.mark.parametrize('name, runs', [('fedcda', 22), ('fedcross', 18), ('cadis', 27)])
+@pytest.mark.parametrize('name, runs', [
+    ('fedcda', 22), ('fedcross', 18), ('cadis', 27), ('fedlex', 107), ('fedlex_paper', 6),
+    ('fedlex_adam_tuned', 12), ('fedlex_reference', 6), ('scaffold', 6)])
 def test_plan_of_a_finished_suites_study_has_nothing_left(study_command, name, runs):
   """Every committed run (reported and tuning) is finished at the file's settings: the
   queue's refusal of a run of other settings does not fire."""
@@ -129,3 +150,77 @@ def test_a_study_file_leaving_the_suites_protocol_is_refused(tmp_path):
   with pytest.raises(ValueError, match=r'\[\[compare\]\] label'):
     suites.Suite.from_study(suites.study_path('fedcda_paper'), {'Dir 0.1': 'Dir 0.1'},
                             title='t', scaled='s')
+
+
+def test_one_process_imports_both_binaries():
+  """benchmarks.compare and programs.study define --only once between them."""
+  result = subprocess.run([sys.executable, '-c', 'import benchmarks.compare, programs.study'],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True,
+                          text=True)
+  assert result.returncode == 0, result.stderr
+
+
+def test_the_suites_page_writer_refuses_a_file_no_suite_declares_in_one_line(
+    tmp_path, write_study, study_command):
+  path = write_study(tmp_path, '''
+      report = "benchmarks.report:write_study_pages"
+      seeds = [0]
+      [runs.fedavg]
+      algorithm = "fedavg"
+      ''')
+  result = study_command('report', path)
+  assert result.returncode == 2
+  assert result.stderr.startswith(
+      f'error: {path} report: "benchmarks.report:write_study_pages" writes the pages of the '
+      'suites of benchmarks/suites.py, and none is declared by this file'), result.stderr
+  assert len(result.stderr.splitlines()) == 1, result.stderr
+
+
+TOY_SUITE_STUDY = '''
+seeds = [0, 1, 2]
+tuning_rounds = 4
+[common]
+dataset = "digits"
+num_clients = 4
+clients_per_round = 2
+rounds = 6
+checkpoint_every = 10
+blown_up_rounds = 0
+[runs.fedavg]
+algorithm = "fedavg"
+[runs.fedprox]
+algorithm = "fedprox"
+[[compare]]
+method = "fedprox"
+baseline = "fedavg"
+label = "FedProx"
+[tune.fedavg]
+client_lr = [0.1, 0.3, 1.0]
+[tuned_as]
+fedprox = "fedavg"
+'''
+
+
+def test_compare_tune_of_a_study_files_suite_writes_the_studys_record(tmp_path, monkeypatch):
+  """compare --tune freezes a suite declared by a study file as `programs.study tune` does:
+  a record of every point's accuracy that the study's `run` accepts, and the suites read."""
+  path = tmp_path / 'toy.toml'
+  path.write_text(TOY_SUITE_STUDY)
+  suite = suites.Suite.from_study(str(path), {'FedProx': 'x'}, title='t', scaled='s')
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
+  level = {0.1: 0.5, 0.3: 0.7, 1.0: 0.6}
+
+  def fake_run(config):
+    write_run(config.experiment_dir, config.rounds, np.full(config.rounds, level[config.client_lr]),
+              config=dataclasses.asdict(config))
+
+  monkeypatch.setattr(compare, '_run', fake_run)
+  assert compare.tune(suite) == {'fedavg': {'client_lr': 0.3}}
+  study = study_file.load(str(path))
+  record = tuning.load(study)
+  assert record['points'] == {'fedavg': [
+      dict(values=dict(client_lr=lr), diverged=None, accuracy=pytest.approx(accuracy))
+      for lr, accuracy in level.items()]}
+  assert tuning.tuned_values(study) == {'fedavg': {'client_lr': 0.3}}
+  assert suites.load_tuned('toy') == {'fedavg': {'client_lr': 0.3}}
+  assert [c.client_lr for c in compare.run_configs(suite, suites.load_tuned('toy'))] == [0.3] * 6
