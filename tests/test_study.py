@@ -301,3 +301,14 @@ def test_a_verdict_says_who_is_ahead_only_when_the_seeds_resolve_it():
   assert page.verdict(comp, -1.5, 0.5, 3) == 'fedavg ahead by 1.50 ± 0.50 points: resolved'
   assert page.verdict(comp, 0.4, 0.5, 3) == 'within noise'
   assert page.verdict(comp, 3.0, float('nan'), 1) == 'not enough seeds'
+
+
+def test_tuning_length_without_a_rounds_key_is_the_trainers_default(tmp_path):
+  """A grid with neither tuning_rounds nor rounds: its points run the trainer's default length,
+  and the page's tuning budget says so."""
+  study = study_lib.Study(name='s', output_dir=str(tmp_path), seeds=(0,),
+                          common=dict(dataset='digits'), runs=dict(fedavg={}),
+                          grid=dict(fedavg=dict(client_lr=[0.02, 0.2])))
+  default = study_file.FIELDS['rounds'].default
+  (result,) = page.tuning_results(study, None).values()
+  assert result['rounds'] == default and result['budget'] == 2 * default

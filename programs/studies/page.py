@@ -105,10 +105,11 @@ def tuning_results(study: study_lib.Study, record: Optional[dict]) -> dict:
   out = {}
   points = experiments.tuning_points(study)
   for run, grid in study.grid.items():
-    rows = []
+    rows, rounds = [], 0
     for name, values, config in points:
       if name != run:
         continue
+      rounds = config.rounds
       r = tuning.point_result(config)
       rows.append(dict(values=values, made=r is not None,
                        accuracy=None if r is None or r['diverged'] else r[key],
@@ -118,7 +119,6 @@ def tuning_results(study: study_lib.Study, record: Optional[dict]) -> dict:
     best = chosen.get(tuning.algorithm_of(study, run))
     edge = sorted(k for k, v in (best or {}).items()
                   if len(grid[k]) > 1 and v in (grid[k][0], grid[k][-1]))
-    rounds = study.tuning_fields(run, rows[0]['values'])['rounds'] if rows else 0
     out[run] = dict(points=rows, chosen=best, edge=edge, rounds=rounds,
                     budget=len(rows) * rounds)
   return out
