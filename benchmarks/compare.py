@@ -193,7 +193,7 @@ def tune(suite: suites.Suite) -> dict:
     if best is None:
       raise experiment_config.ExperimentError(
           f'every point of {run}\'s grid diverged; lower the grid')
-    tuned[suite.config_overrides(run)['algorithm']] = best[1]
+    tuned[suite.algorithm(run)] = best[1]
   pages.write_json(suites.tuned_path(suite.name), tuned)
   return tuned
 

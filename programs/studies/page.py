@@ -116,7 +116,7 @@ def tuning_results(study: study_lib.Study, record: Optional[dict]) -> dict:
                        diverged=None if r is None else r['diverged'],
                        finished=bool(r and r['finished']),
                        rounds_done=0 if r is None else r['rounds_done']))
-    best = chosen.get(tuning.algorithm_of(study, run))
+    best = chosen.get(study.algorithm(run))
     edge = sorted(k for k, v in (best or {}).items()
                   if len(grid[k]) > 1 and v in (grid[k][0], grid[k][-1]))
     out[run] = dict(points=rows, chosen=best, edge=edge, rounds=rounds,
@@ -294,10 +294,8 @@ def page(study: study_lib.Study, options: str = '') -> tuple:
 
 def _colours(study: study_lib.Study):
   """A run's colour: one per algorithm, in the order the study first names them."""
-  order = list(dict.fromkeys(study.run_fields(run).get('algorithm', 'fedavg')
-                             for run in study.runs))
-  return lambda run: curves.PALETTE[order.index(study.run_fields(run).get(
-      'algorithm', 'fedavg')) % len(curves.PALETTE)]
+  order = list(dict.fromkeys(study.algorithm(run) for run in study.runs))
+  return lambda run: curves.PALETTE[order.index(study.algorithm(run)) % len(curves.PALETTE)]
 
 
 def write(study: study_lib.Study, options: str = '') -> None:
