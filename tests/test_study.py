@@ -2,6 +2,7 @@
 plan, report) and the one-line refusal of every mistake in the file, before anything trains."""
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import tomllib
 import numpy as np
 import pytest
 
+from programs.studies import experiments
 from programs.studies import page
 from programs.studies import study as study_lib
 from programs.studies import study_file
@@ -137,6 +139,24 @@ def test_plan_lists_only_the_runs_asked_and_their_rounds(tmp_path, write_study, 
   assert [os.path.basename(l.split(':')[0]) for l in lines[:2]] == ['fedprox_s0', 'fedprox_s1']
   assert lines[2].startswith('2 of 2 runs to make, 6 rounds')
   assert not os.path.exists(tmp_path / 'study')   # nothing made
+
+
+def test_plan_sized_by_training_only_adds_no_empty_parentheses(tmp_path, write_study,
+                                                                study_command):
+  """A cost recorded before whole rounds were (training seconds only): the plan says so, with
+  no parenthesis left empty."""
+  from tests.benchmarks.toy_runs import write_run  # pylint: disable=g-import-not-at-top
+  path = write_study(tmp_path, TWO_METHODS)
+  (config,) = experiments.run_configs(study_file.load(path), only=('fedavg',))[:1]
+  write_run(tmp_path / 'study' / 'runs' / 'recorded_s0', 3, [0.5] * 3, seconds=2.0,
+            config=dataclasses.asdict(config))
+  result = study_command('plan', path, '--only=fedavg')
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  assert lines[0].endswith(': 3 rounds left (starts at round 1); ~0 min at 2.00 s/round '
+                           '(training only)'), lines
+  assert lines[2].startswith('2 of 2 runs to make, 6 rounds')
+  assert lines[2].endswith('evaluation adds to it)'), lines
 
 
 BAD = [

@@ -347,9 +347,10 @@ def plan_runs(configs, recorded: Iterable[str], moves_to: Optional[Callable] = N
     lines.append(f'  {where}: {left} rounds left ({start_text}); {estimate}')
   closing = [note] if note else []
   if training_only:
+    example = whole_round_example()
     closing.append(f'{_runs(training_only)} sized by training time only (recorded before '
-                   'whole rounds were, or at another --eval_every): evaluation adds to it '
-                   f'({whole_round_example()})')
+                   'whole rounds were, or at another --eval_every): evaluation adds to it'
+                   + (f' ({example})' if example else ''))
   lines.append(
       f'{len(configs) - done - blocked} of {len(configs)} runs to make, {total_rounds} rounds: '
       f'~{_duration(total_seconds)} as recorded'
