@@ -77,10 +77,9 @@ def compare(study: study_lib.Study, loaded: dict, comp: study_lib.Comparison) ->
   seeds = paired.paired_seeds(method, base)
   figure = paired.paired_margin([method[s][key] for s in seeds], [base[s][key] for s in seeds],
                                 scale=100)
-  spread = paired.mean_std(figure['margins'])[1]
   return dict(label=comp.label, method=comp.method, baseline=comp.baseline, seeds=seeds,
               per_seed=dict(zip(seeds, figure['margins'])), margin=figure['margin'],
-              half_width=figure['half_width'], resolves=paired.resolution(len(seeds), spread),
+              half_width=figure['half_width'],
               baseline_level=paired.mean_std([100 * base[s][key] for s in seeds]),
               method_level=paired.mean_std([100 * method[s][key] for s in seeds]),
               verdict=verdict(comp, figure['margin'], figure['half_width'], len(seeds)))
@@ -240,21 +239,20 @@ def _comparison_lines(study: study_lib.Study, results: list) -> list:
     return []
   lines = ['## Comparisons', ''] + _prose(
       f'Levels: the {CRITERION_WORDS[study.criterion]}, mean ± std over seeds (%). Margin: '
-      'method − baseline per paired seed, in points, mean ± the 95% t half-width, then each '
-      'seed\'s; resolves: the smallest margin these seeds tell from 0 at this spread (the '
-      'half-width). A verdict is resolved when the interval excludes 0.') + ['',
+      'method − baseline per paired seed, in points, mean ± the 95% t half-width (the smallest '
+      'margin these seeds tell from 0 at this spread), then each seed\'s. A verdict is resolved '
+      'when the interval excludes 0.') + ['',
       '| comparison | seeds | baseline (%) | method (%) | margin (points) | per seed | '
-      'resolves | verdict |', '|---|---|---|---|---|---|---|---|']
+      'verdict |', '|---|---|---|---|---|---|---|']
   for c in results:
     per_seed = ', '.join(f's{s}: {m:+.2f}' for s, m in c['per_seed'].items()) or 'none'
     margin = (paired.mean_and_spread(c['margin'], c['half_width'], '.2f', '+.2f')
               if c['seeds'] else 'n/a')
-    resolves = f'±{c["resolves"]:.2f}' if np.isfinite(c['resolves']) else 'n/a'
     pair = f'{c["method"]} vs {c["baseline"]}'
     name = pair if c['label'] == pair else f'{c["label"]}: {pair}'
     lines.append(f'| {name} | {len(c["seeds"])} | '
                  f'{_level(c["baseline_level"])} | {_level(c["method_level"])} | {margin} | '
-                 f'{per_seed} | {resolves} | {c["verdict"]} |')
+                 f'{per_seed} | {c["verdict"]} |')
   return lines + ['']
 
 
