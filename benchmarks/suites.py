@@ -34,9 +34,9 @@ SEEDS = (0, 1, 2)
 OUR_DATASET = 'Fashion-MNIST'
 # The seed grids are tuned on, apart from the reported seeds.
 TUNING_SEED = 100
-# Suite runs checkpoint every this many rounds (and after their last, and when stopped): the
-# worker's write of FedCDA's cache every round would hold up each of its rounds (RESULTS.md,
-# "A checkpoint every round"); a crash repeats at most this many rounds, exactly.
+# Suite runs checkpoint every this many rounds (and after their last, and when stopped), not
+# every round (RESULTS.md, "A checkpoint every round"); a crash repeats at most this many
+# rounds, exactly.
 CHECKPOINT_EVERY = 10
 # Settings of every suite run (experiment_config): checkpoints as above, and a run whose
 # training blows up goes on, its page saying so. A study file of a suite sets them in [common].
