@@ -6,7 +6,7 @@ r"""Runs a paper comparison (benchmarks/suites.py) over fixed seeds and writes i
   python -m benchmarks.compare --suite=fedcda --probes    # runs that test a diagnosis
   python -m benchmarks.compare --suite=fedcda --plan      # what it would run, and how long
 
-Every run is an ordinary experiment directory (`benchmarks/<suite>/runs/<run>_s<seed>`,
+Every run is an ordinary experiment directory (`benchmarks/results/<suite>/runs/<run>_s<seed>`,
 tuning runs under `tuning/`, probe runs under `probes/<probe>/`). A finished run is skipped
 and a stopped one resumes exactly, so the same command continues a suite after a kill or at
 the next session. Two copies of one command share its runs: a run the other holds is
@@ -193,7 +193,7 @@ def tune(suite: suites.Suite) -> dict:
     if best is None:
       raise experiment_config.ExperimentError(
           f'every point of {run}\'s grid diverged; lower the grid')
-    tuned[suite.config_overrides(run)['algorithm']] = best[1]
+    tuned[suite.algorithm(run)] = best[1]
   pages.write_json(suites.tuned_path(suite.name), tuned)
   return tuned
 

@@ -83,7 +83,7 @@ def _sources() -> list:
   comparison of the suite, then per probe that holds one."""
   suite = suites.SUITES['fedcross']
   pairs = [(c.method, c.baseline, c.label) for c in suite.comparisons
-           if suite.config_overrides(c.method)['algorithm'] == 'fedcross']
+           if suite.algorithm(c.method) == 'fedcross']
   out = []
   runs = rd.suite_metrics(suite)
   for method, baseline, label in pairs:

@@ -533,7 +533,7 @@ def _tuning_lines(suite: suites.Suite) -> list:
            'frozen in tuned.json.', '', '| run | grid point | accuracy (%) | chosen |',
            '|---|---|---|---|']
   for run, grid in suite.grid.items():
-    chosen = tuned.get(suite.config_overrides(run)['algorithm'])
+    chosen = tuned.get(suite.algorithm(run))
     for values in rd.grid_points(grid):
       path = os.path.join(suites.suite_dir(suite.name), 'tuning', suites.tuning_name(run, values))
       try:

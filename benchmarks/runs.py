@@ -1,7 +1,7 @@
 """The one layer that reads benchmark run directories (compare, the pages, the diagnoses).
 
 A run directory is an ordinary experiment directory of `programs.train` (config.json,
-metrics.csv, summary.json; benchmarks/<suite>/runs/<run>_s<seed>, tuning runs under
+metrics.csv, summary.json; benchmarks/results/<suite>/runs/<run>_s<seed>, tuning runs under
 tuning/, probe runs under probes/<probe>/, shorter makings of a lengthened suite under
 earlier_runs/rounds<N>/). One run is read by programs/studies/records.py (`load_run`, and
 `at_length` over its first rounds; imported here, so the suites' tools read runs through

@@ -16,6 +16,7 @@ from typing import Optional
 
 from programs.studies import study_file
 from programs.studies import tuning
+from programs.studies.study import algorithm_of
 # A run's directory names, as every study names them.
 from programs.studies.study import run_name, tuning_name  # pylint: disable=unused-import
 
@@ -33,9 +34,9 @@ SEEDS = (0, 1, 2)
 OUR_DATASET = 'Fashion-MNIST'
 # The seed grids are tuned on, apart from the reported seeds.
 TUNING_SEED = 100
-# Suite runs checkpoint every this many rounds (and after their last, and when stopped): the
-# worker's write of FedCDA's cache every round would hold up each of its rounds (RESULTS.md,
-# "A checkpoint every round"); a crash repeats at most this many rounds, exactly.
+# Suite runs checkpoint every this many rounds (and after their last, and when stopped), not
+# every round (RESULTS.md, "A checkpoint every round"); a crash repeats at most this many
+# rounds, exactly.
 CHECKPOINT_EVERY = 10
 # Settings of every suite run (experiment_config): checkpoints as above, and a run whose
 # training blows up goes on, its page saying so. A study file of a suite sets them in [common].
@@ -160,7 +161,7 @@ class Suite:
     for run in self.grid:
       if run not in self.runs:
         raise ValueError(f'suite {self.name}: grid of {run!r}, not one of its runs')
-    tuned = {self.runs[run]['algorithm'] for run in self.grid}
+    tuned = {self.algorithm(run) for run in self.grid}
     for algorithm, source in self.tuned_as.items():
       if source not in tuned:
         raise ValueError(f'suite {self.name}: {algorithm} takes the tuned values of {source}, '
@@ -215,10 +216,14 @@ class Suite:
       return dict(SUITES[suite].config_overrides(source, load_tuned(suite)),
                   rounds=self.common['rounds'])
     fields = dict(self.common, **self.runs[run])
-    source = self.tuned_as.get(fields['algorithm'], fields['algorithm'])
+    source = self.tuned_as.get(algorithm_of(fields), algorithm_of(fields))
     if tuned and source in tuned:
       fields.update(tuned[source])
     return fields
+
+  def algorithm(self, run: str) -> str:
+    """The algorithm of one run (a borrowed one's in its own suite)."""
+    return algorithm_of(self.config_overrides(run))
 
   def probe_overrides(self, probe: Probe, run: str, tuned: Optional[dict] = None) -> dict:
     """The fields of one probe run: the run's own (tuned), then the probe's changes."""

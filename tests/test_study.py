@@ -2,6 +2,7 @@
 plan, report) and the one-line refusal of every mistake in the file, before anything trains."""
 
 import csv
+import dataclasses
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import tomllib
 import numpy as np
 import pytest
 
+from programs.studies import experiments
 from programs.studies import page
 from programs.studies import study as study_lib
 from programs.studies import study_file
@@ -139,6 +141,24 @@ def test_plan_lists_only_the_runs_asked_and_their_rounds(tmp_path, write_study, 
   assert not os.path.exists(tmp_path / 'study')   # nothing made
 
 
+def test_plan_sized_by_training_only_adds_no_empty_parentheses(tmp_path, write_study,
+                                                                study_command):
+  """A cost recorded before whole rounds were (training seconds only): the plan says so, with
+  no parenthesis left empty."""
+  from tests.benchmarks.toy_runs import write_run  # pylint: disable=g-import-not-at-top
+  path = write_study(tmp_path, TWO_METHODS)
+  (config,) = experiments.run_configs(study_file.load(path), only=('fedavg',))[:1]
+  write_run(tmp_path / 'study' / 'runs' / 'recorded_s0', 3, [0.5] * 3, seconds=2.0,
+            config=dataclasses.asdict(config))
+  result = study_command('plan', path, '--only=fedavg')
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  assert lines[0].endswith(': 3 rounds left (starts at round 1); ~0 min at 2.00 s/round '
+                           '(training only)'), lines
+  assert lines[2].startswith('2 of 2 runs to make, 6 rounds')
+  assert lines[2].endswith('evaluation adds to it)'), lines
+
+
 BAD = [
     ('[runs.fedavg]\nclinet_lr = 0.1', '[runs.fedavg] clinet_lr: not a trainer flag '
      '(did you mean client_lr?)'),
@@ -251,7 +271,7 @@ def test_tune_freezes_the_best_point_and_run_waits_for_it(tmp_path, write_study,
   when the grid changes; SIGTERM stops `tune` at a round boundary and the same command
   continues; a best point on the grid's edge is flagged on the page; --only makes
   those runs alone, at the tuned values (FedProx at FedAvg's, tuned_as)."""
-  path = write_study(tmp_path, TUNED, rounds=2)
+  path = write_study(tmp_path, TUNED, rounds=3)   # tuning_rounds = 2
   refused = study_command('run', path)
   assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1
   assert f'run `python -m programs.study tune {path}` first' in refused.stderr
@@ -272,6 +292,8 @@ def test_tune_freezes_the_best_point_and_run_waits_for_it(tmp_path, write_study,
   tuned = study_command('tune', path, f'--output_dir={other}')
   assert tuned.returncode == 0, tuned.stderr
   assert _rounds(str(first)) == [1, 2]
+  config = json.loads((first.parent / 'config.json').read_text())
+  assert config['rounds'] == 2 and config['seed'] == study_lib.TUNING_SEED
   assert not os.path.exists(tmp_path / 'study')   # --output_dir, not the file's
   record = json.loads((other / 'tuned.json').read_text())
   chosen = record['chosen']['fedavg']['client_lr']
@@ -285,7 +307,7 @@ def test_tune_freezes_the_best_point_and_run_waits_for_it(tmp_path, write_study,
   assert made.returncode == 0, made.stderr
   assert sorted(os.listdir(other / 'runs')) == ['fedprox_s0']
   config = json.loads((other / 'runs' / 'fedprox_s0' / 'config.json').read_text())
-  assert config['client_lr'] == chosen and config['seed'] == 0
+  assert config['client_lr'] == chosen and config['seed'] == 0 and config['rounds'] == 3
   with open(path) as f:   # the grid changes: the choice no longer holds
     text = f.read().replace('client_lr = [0.02, 0.2]', 'client_lr = [0.02, 0.2, 0.5]')
   with open(path, 'w') as f:
@@ -295,9 +317,45 @@ def test_tune_freezes_the_best_point_and_run_waits_for_it(tmp_path, write_study,
   assert refused.stderr.startswith(f'error: {path} [tune.fedavg]: changed since ')
 
 
+def test_name_output_dir_criterion_and_tuning_seed_reach_the_plan_and_page(
+    tmp_path, write_study, study_command):
+  """The file's `name` titles the page, its `output_dir` (relative to the file) holds the runs
+  and the page, `criterion = "best"` is what the page reads and `tuning_seed` what the grids
+  are tried on."""
+  path = write_study(tmp_path, 'name = "lr check"\noutput_dir = "out"\ncriterion = "best"\n'
+                     'tuning_seed = 7\n' + TUNED.replace('tuning_rounds = 2\n', ''))
+  study = study_file.load(path)
+  assert {c.seed for _, _, c in experiments.tuning_points(study)} == {7}
+  plan = study_command('plan', path)
+  assert plan.returncode == 0, plan.stderr
+  made = [line.split(':')[0].strip() for line in plan.stdout.splitlines()[1:5]]
+  assert made[:2] == [os.path.relpath(tmp_path / 'out' / 'tuning' / f'fedavg_client_lr{lr}',
+                                      ROOT) for lr in ('0.02', '0.2')], plan.stdout
+  report = study_command('report', path)
+  assert report.returncode == 0, report.stderr
+  text = (tmp_path / 'out' / 'results.md').read_text()
+  assert text.startswith('# Study lr check\n')
+  assert 'Each grid is tried on seed 7, which is not a reported seed' in text
+  assert f'the best {page.CRITERION_WORDS["best"]} wins' in text
+  assert page.CRITERION_WORDS['last10'] not in text
+  assert json.loads((tmp_path / 'out' / 'results.json').read_text())['criterion'] == 'best'
+  assert not os.path.exists(tmp_path / 'study')
+
+
 def test_a_verdict_says_who_is_ahead_only_when_the_seeds_resolve_it():
   comp = study_lib.Comparison('fedprox', 'fedavg', 'digits')
   assert page.verdict(comp, 1.5, 0.5, 3) == 'fedprox ahead by 1.50 ± 0.50 points: resolved'
   assert page.verdict(comp, -1.5, 0.5, 3) == 'fedavg ahead by 1.50 ± 0.50 points: resolved'
   assert page.verdict(comp, 0.4, 0.5, 3) == 'within noise'
   assert page.verdict(comp, 3.0, float('nan'), 1) == 'not enough seeds'
+
+
+def test_tuning_length_without_a_rounds_key_is_the_trainers_default(tmp_path):
+  """A grid with neither tuning_rounds nor rounds: its points run the trainer's default length,
+  and the page's tuning budget says so."""
+  study = study_lib.Study(name='s', output_dir=str(tmp_path), seeds=(0,),
+                          common=dict(dataset='digits'), runs=dict(fedavg={}),
+                          grid=dict(fedavg=dict(client_lr=[0.02, 0.2])))
+  default = study_file.FIELDS['rounds'].default
+  (result,) = page.tuning_results(study, None).values()
+  assert result['rounds'] == default and result['budget'] == 2 * default

@@ -77,10 +77,9 @@ def compare(study: study_lib.Study, loaded: dict, comp: study_lib.Comparison) ->
   seeds = paired.paired_seeds(method, base)
   figure = paired.paired_margin([method[s][key] for s in seeds], [base[s][key] for s in seeds],
                                 scale=100)
-  spread = paired.mean_std(figure['margins'])[1]
   return dict(label=comp.label, method=comp.method, baseline=comp.baseline, seeds=seeds,
               per_seed=dict(zip(seeds, figure['margins'])), margin=figure['margin'],
-              half_width=figure['half_width'], resolves=paired.resolution(len(seeds), spread),
+              half_width=figure['half_width'],
               baseline_level=paired.mean_std([100 * base[s][key] for s in seeds]),
               method_level=paired.mean_std([100 * method[s][key] for s in seeds]),
               verdict=verdict(comp, figure['margin'], figure['half_width'], len(seeds)))
@@ -105,20 +104,20 @@ def tuning_results(study: study_lib.Study, record: Optional[dict]) -> dict:
   out = {}
   points = experiments.tuning_points(study)
   for run, grid in study.grid.items():
-    rows = []
+    rows, rounds = [], 0
     for name, values, config in points:
       if name != run:
         continue
+      rounds = config.rounds
       r = tuning.point_result(config)
       rows.append(dict(values=values, made=r is not None,
                        accuracy=None if r is None or r['diverged'] else r[key],
                        diverged=None if r is None else r['diverged'],
                        finished=bool(r and r['finished']),
                        rounds_done=0 if r is None else r['rounds_done']))
-    best = chosen.get(tuning.algorithm_of(study, run))
+    best = chosen.get(study.algorithm(run))
     edge = sorted(k for k, v in (best or {}).items()
                   if len(grid[k]) > 1 and v in (grid[k][0], grid[k][-1]))
-    rounds = study.tuning_fields(run, rows[0]['values'])['rounds'] if rows else 0
     out[run] = dict(points=rows, chosen=best, edge=edge, rounds=rounds,
                     budget=len(rows) * rounds)
   return out
@@ -240,21 +239,20 @@ def _comparison_lines(study: study_lib.Study, results: list) -> list:
     return []
   lines = ['## Comparisons', ''] + _prose(
       f'Levels: the {CRITERION_WORDS[study.criterion]}, mean ± std over seeds (%). Margin: '
-      'method − baseline per paired seed, in points, mean ± the 95% t half-width, then each '
-      'seed\'s; resolves: the smallest margin these seeds tell from 0 at this spread (the '
-      'half-width). A verdict is resolved when the interval excludes 0.') + ['',
+      'method − baseline per paired seed, in points, mean ± the 95% t half-width (the smallest '
+      'margin these seeds tell from 0 at this spread), then each seed\'s. A verdict is resolved '
+      'when the interval excludes 0.') + ['',
       '| comparison | seeds | baseline (%) | method (%) | margin (points) | per seed | '
-      'resolves | verdict |', '|---|---|---|---|---|---|---|---|']
+      'verdict |', '|---|---|---|---|---|---|---|']
   for c in results:
     per_seed = ', '.join(f's{s}: {m:+.2f}' for s, m in c['per_seed'].items()) or 'none'
     margin = (paired.mean_and_spread(c['margin'], c['half_width'], '.2f', '+.2f')
               if c['seeds'] else 'n/a')
-    resolves = f'±{c["resolves"]:.2f}' if np.isfinite(c['resolves']) else 'n/a'
     pair = f'{c["method"]} vs {c["baseline"]}'
     name = pair if c['label'] == pair else f'{c["label"]}: {pair}'
     lines.append(f'| {name} | {len(c["seeds"])} | '
                  f'{_level(c["baseline_level"])} | {_level(c["method_level"])} | {margin} | '
-                 f'{per_seed} | {resolves} | {c["verdict"]} |')
+                 f'{per_seed} | {c["verdict"]} |')
   return lines + ['']
 
 
@@ -294,10 +292,8 @@ def page(study: study_lib.Study, options: str = '') -> tuple:
 
 def _colours(study: study_lib.Study):
   """A run's colour: one per algorithm, in the order the study first names them."""
-  order = list(dict.fromkeys(study.run_fields(run).get('algorithm', 'fedavg')
-                             for run in study.runs))
-  return lambda run: curves.PALETTE[order.index(study.run_fields(run).get(
-      'algorithm', 'fedavg')) % len(curves.PALETTE)]
+  order = list(dict.fromkeys(study.algorithm(run) for run in study.runs))
+  return lambda run: curves.PALETTE[order.index(study.algorithm(run)) % len(curves.PALETTE)]
 
 
 def write(study: study_lib.Study, options: str = '') -> None:

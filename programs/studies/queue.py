@@ -219,8 +219,8 @@ def _recorded_round_seconds(directories: Iterable[str]):
 
 
 # A round over this many times its run's median round was paused (a process stopped with
-# SIGSTOP while CI ran, a machine shared), not slow: it is left out of the recorded cost.
-# An evaluated round of a run evaluated every few rounds costs about twice a plain one.
+# SIGSTOP while CI ran, a machine shared), not slow: it is left out of the recorded cost; the
+# bound stays above an evaluated round of a run evaluated every few rounds.
 PAUSED_ROUND = 5.0
 
 
@@ -235,9 +235,9 @@ def _without_pauses(seconds: np.ndarray) -> list:
 def recorded_seconds_per_round(directories: Iterable[str]) -> dict:
   """{COST_FIELDS values: (mean seconds of a round, whole)} over the recorded run
   `directories`. whole: the rounds as the program ran them, evaluation included
-  (metrics.csv's round_seconds, recorded since 2026-11-25; a mean, so that rounds evaluated
-  every --eval_every count as often as they come); else only their training (its `seconds`),
-  for costs recorded before."""
+  (metrics.csv's round_seconds; a mean, so that rounds evaluated every --eval_every count as
+  often as they come); else only their training (its `seconds`), for runs recorded without
+  round_seconds."""
   seconds = {}
   for config, whole, training in _recorded_round_seconds(directories):
     key = tuple(getattr(config, f) for f in COST_FIELDS)
@@ -347,9 +347,10 @@ def plan_runs(configs, recorded: Iterable[str], moves_to: Optional[Callable] = N
     lines.append(f'  {where}: {left} rounds left ({start_text}); {estimate}')
   closing = [note] if note else []
   if training_only:
+    example = whole_round_example()
     closing.append(f'{_runs(training_only)} sized by training time only (recorded before '
-                   'whole rounds were, or at another --eval_every): evaluation adds to it '
-                   f'({whole_round_example()})')
+                   'whole rounds were, or at another --eval_every): evaluation adds to it'
+                   + (f' ({example})' if example else ''))
   lines.append(
       f'{len(configs) - done - blocked} of {len(configs)} runs to make, {total_rounds} rounds: '
       f'~{_duration(total_seconds)} as recorded'

@@ -12,11 +12,18 @@ import dataclasses
 import os
 from typing import Optional
 
+from programs import experiment_config
+
 # What a run's accuracy is in tuning and on the page: the mean of its last 10 evaluations,
 # or its best evaluated round.
 CRITERIA = ('last10', 'best')
 # The tuning seed when a study names none: apart from any reported seed.
 TUNING_SEED = 100
+
+
+def algorithm_of(fields: dict) -> str:
+  """The algorithm of a run's trainer flags: its `algorithm`, else the trainer's default."""
+  return fields.get('algorithm', experiment_config.ExperimentConfig.algorithm)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +64,14 @@ class Study:
     """Every trainer flag of one run (before seed and directory): common, the run's own,
     then the tuned values of its algorithm (or of the one it takes them from)."""
     fields = dict(self.common, **self.runs[run])
-    algorithm = fields.get('algorithm', 'fedavg')
-    source = self.tuned_as.get(algorithm, algorithm)
+    source = self.tuned_as.get(self.algorithm(run), self.algorithm(run))
     if tuned and source in tuned:
       fields.update(tuned[source])
     return fields
+
+  def algorithm(self, run: str) -> str:
+    """The algorithm of one run: set in the run, in common, or the trainer's default."""
+    return algorithm_of(dict(self.common, **self.runs[run]))
 
   def tuning_fields(self, run: str, values: dict) -> dict:
     """The flags of one tuning run: the run's own, the grid point, and the tuning length."""

@@ -279,16 +279,12 @@ def _comparisons(path: str, entries, runs: dict) -> tuple:
   return tuple(out)
 
 
-def _algorithm(study: study_lib.Study, run: str) -> str:
-  return study.run_fields(run).get('algorithm', FIELDS['algorithm'].default)
-
-
 def _check_tuning(study: study_lib.Study) -> None:
   """One grid per algorithm (tuned values are an algorithm's); tuned_as names algorithms."""
   path = study.path
   tuned = {}
   for run in study.grid:
-    algorithm = _algorithm(study, run)
+    algorithm = study.algorithm(run)
     if algorithm in tuned:
       raise _error(path, f'[tune.{run}]', '', f'a second grid for {algorithm} (the first: '
                    f'[tune.{tuned[algorithm]}]); an algorithm is tuned once and its values go '
@@ -331,9 +327,9 @@ def _validate(study: study_lib.Study, fields: dict, seed: int, layers: list, run
 def _check_settings(study: study_lib.Study) -> None:
   """Every run's settings, and every grid point's: as tuned (the grid's length) and as the
   full-length run of each run that takes its values."""
-  sources = {_algorithm(study, run): run for run in study.grid}
+  sources = {study.algorithm(run): run for run in study.grid}
   for run in study.runs:
-    algorithm = _algorithm(study, run)
+    algorithm = study.algorithm(run)
     source = sources.get(study.tuned_as.get(algorithm, algorithm))
     _validate(study, study.run_fields(run), study.seeds[0], _layers(study, run), run)
     for values in (records.grid_points(study.grid[source]) if source else ()):

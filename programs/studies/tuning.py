@@ -30,10 +30,6 @@ def fingerprint(study: study_lib.Study) -> dict:
               settings={run: study.run_fields(run) for run in study.grid})
 
 
-def algorithm_of(study: study_lib.Study, run: str) -> str:
-  return study.run_fields(run).get('algorithm', 'fedavg')
-
-
 def point_result(config) -> dict:
   """A tuning run read at its length (records.load_run), or None before it is made."""
   try:
@@ -64,7 +60,7 @@ def freeze(study: study_lib.Study) -> dict:
     if best is None:
       raise experiment_config.ExperimentError(
           f'{study.path} [tune.{run}]: every point of the grid diverged; lower its values')
-    chosen[algorithm_of(study, run)] = best[1]
+    chosen[study.algorithm(run)] = best[1]
     accuracies[run] = []
     for values, config in own:
       r = point_result(config)
@@ -120,7 +116,7 @@ def tuned_values(study: study_lib.Study) -> Optional[dict]:
         f'{study.path} [tune]: the grids are not tuned yet (no {os.path.relpath(study.tuned_path)}'
         f'); run `{command}` first')
   # A bare choice records only which algorithms it tuned: it holds while they are the grids'.
-  tuned = {algorithm_of(study, run) for run in study.grid}
+  tuned = {study.algorithm(run) for run in study.grid}
   where = (changed(study, record) if 'grids' in record else
            '' if set(record['chosen']) == tuned else '[tune]')
   if where:

@@ -224,3 +224,18 @@ def test_compare_tune_of_a_study_files_suite_writes_the_studys_record(tmp_path, 
   assert tuning.tuned_values(study) == {'fedavg': {'client_lr': 0.3}}
   assert suites.load_tuned('toy') == {'fedavg': {'client_lr': 0.3}}
   assert [c.client_lr for c in compare.run_configs(suite, suites.load_tuned('toy'))] == [0.3] * 6
+
+
+@pytest.mark.parametrize('common', ['', 'algorithm = "fedavg"\n'])
+def test_a_runs_algorithm_may_come_from_common_or_the_trainers_default(tmp_path, common):
+  """A run without `algorithm` takes [common]'s, else the trainer's default."""
+  path = tmp_path / 'toy.toml'
+  text = TOY_SUITE_STUDY.replace('[runs.fedavg]\nalgorithm = "fedavg"\n', '[runs.fedavg]\n')
+  path.write_text(text.replace('[common]\n', '[common]\n' + common))
+  study = study_file.load(str(path))
+  suite = suites.Suite.from_study(str(path), {'FedProx': 'x'}, title='t', scaled='s')
+  for runs in (study, suite):
+    assert [runs.algorithm(run) for run in ('fedavg', 'fedprox')] == ['fedavg', 'fedprox']
+  tuned = {'fedavg': {'client_lr': 0.3}}
+  assert suite.config_overrides('fedprox', tuned)['client_lr'] == 0.3   # tuned_as
+  assert study.run_fields('fedprox', tuned)['client_lr'] == 0.3
