@@ -34,8 +34,9 @@ OUR_DATASET = 'Fashion-MNIST'
 # The seed grids are tuned on, apart from the reported seeds.
 TUNING_SEED = 100
 # Suite runs checkpoint every this many rounds (and after their last, and when stopped): the
-# worker's write of FedCDA's cache every round would hold up each of its rounds (RESULTS.md,
-# "A checkpoint every round"); a crash repeats at most this many rounds, exactly.
+# worker's write of FedCDA's cache every round would compete with each of its rounds for the
+# cores (RESULTS.md, "A checkpoint every round"); a crash repeats at most this many rounds,
+# exactly.
 CHECKPOINT_EVERY = 10
 # Settings of every suite run (experiment_config): checkpoints as above, and a run whose
 # training blows up goes on, its page saying so. A study file of a suite sets them in [common].
