@@ -34,10 +34,13 @@ variant also runs through `tff_algos.ResidentProcess` (its server state kept in 
 between rounds instead of crossing to it and back), and both copies must end on the same
 weights. Each resident variant also runs, interleaved, as the training program runs it by
 default (<name>@program): a checkpoint every round, made by the program's own call
-(`CheckpointWriter.checkpoint`: the worker writes the version's tensors, the writer's thread
-completes the version while the next round runs; the round waits for the write in flight,
-as the program's next checkpoint does). What checkpoints add to a round is that
-variant's time less the resident round's, and "as the program runs it" gives the default
+(`CheckpointWriter.checkpoint`: it starts the worker's write of the version's tensors, which
+runs while the next round does), then the next round; the variant's round ends with
+`CheckpointWriter.wait`, which waits for the write, as the program's next checkpoint does,
+and completes the version, so that no write overlaps another variant's round. The program's
+writer thread completes the version during the round after instead: here that completion
+counts in full (an upper bound). What checkpoints add to a round is that variant's time
+less the resident round's, and "as the program runs it" gives the default
 cadence (every round) and --checkpoint_every=N (that addition spread over N rounds). For
 reference, a checkpoint made in the round loop's thread (bringing the state back and
 writing it) is timed too, with the state crossing as a file (ResidentProcess's default
@@ -48,8 +51,9 @@ transfer) and as TFF values (`transfer='values'`, timed from the same state).
 --json=PATH also writes the figures for a script to read (benchmarks/clients_per_round.py):
 each variant's median and least s/round and median ratio to plain_tf; with --resident, each
 @resident variant's default_s and default_ratio_to_plain_tf (a checkpoint every round, as the
-program runs it by default), snapshot_s (the checkpoint's part in the round loop: the
-worker's write), program_s and program_ratio_to_plain_tf
+program runs it by default), snapshot_s (the checkpoint call's part in the round loop:
+starting the worker's write), wait_s (the round's end: what the worker's write had left
+after the next round, and completing the version), program_s and program_ratio_to_plain_tf
 (--checkpoint_every), and checkpoint_s (materialize_s of it) of a checkpoint made in the
 round loop's thread, with the same under transfer_values.
 """
@@ -293,14 +297,15 @@ def main(argv):
     writers[name].prepare(r, checkpoint_writer.program_state(initial, _figures(0)),
                           scratch_dir=scratch.name)
   snapshot_times = {name: [] for name in residents}
+  wait_times = {name: [] for name in residents}
   versions = collections.Counter()
 
   def program_round(name, round_num):
     """A round as programs/experiment.py runs it by default: the last round's state
-    checkpointed (`CheckpointWriter.checkpoint`, the program's call: the worker writes the
-    version's tensors now, the writer's thread completes it), then the next round, which
-    runs while the thread does; it waits for the write in flight, as the program's next
-    checkpoint does."""
+    checkpointed (`CheckpointWriter.checkpoint`, the program's call: the worker starts
+    writing the version's tensors), then the next round, which runs while the worker
+    writes; then the wait for that write, as the program's next checkpoint does, and the
+    version's completion."""
     variant, resident, writer = f'{name}@program', residents[name], writers[name]
     versions[name] += 1
     t0 = time.perf_counter()
@@ -308,7 +313,10 @@ def main(argv):
     if round_num >= _WARMUP.value:
       snapshot_times[name].append(time.perf_counter() - t0)
     state[variant] = resident.next(state[variant], [[inp] for inp in inputs]).state
+    t1 = time.perf_counter()
     writer.wait()
+    if round_num >= _WARMUP.value:
+      wait_times[name].append(time.perf_counter() - t1)
   state.update({f'{name}@resident@0': residents[name].initialize()
                 for name in empty_variants if name in residents})
 
@@ -459,15 +467,16 @@ def main(argv):
     figures['variants'][name + '@resident'].update(
         files, in_loop_program_s=files['program_s'], default_s=default,
         default_ratio_to_plain_tf=default / med['plain_tf'],
-        snapshot_s=statistics.median(snapshot_times[name]), program_s=program,
+        snapshot_s=statistics.median(snapshot_times[name]),
+        wait_s=statistics.median(wait_times[name]), program_s=program,
         program_ratio_to_plain_tf=program / med['plain_tf'])
     figures['variants'][name + '@resident']['transfer_values'] = values
     print(f'final weights max |{name}@resident - {name}| {diff:.2e}; a checkpoint in the round '
           f'loop\'s thread: materialize {files["materialize_s"]:.3f} s + write '
           f'{files["checkpoint_s"] - files["materialize_s"]:.3f} s (with transfer=\'values\': '
           f'materialize {values["materialize_s"]:.3f} s); the program\'s checkpoint in the round '
-          f'loop (the worker\'s write) {statistics.median(snapshot_times[name]):.3f} s, the rest '
-          'off the critical path')
+          f'loop (starting the worker\'s write) {statistics.median(snapshot_times[name]):.3f} s, '
+          f'the wait after the next round {statistics.median(wait_times[name]):.3f} s')
     print(f'as the program runs it ({name}, resident): default (a checkpoint every round) '
           f'{default:.3f} s/round, {default / med["plain_tf"]:.2f}x plain_tf (resident round '
           f'{med[name + "@resident"] / med["plain_tf"]:.2f}x, through process.next '

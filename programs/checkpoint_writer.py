@@ -6,15 +6,22 @@ renamed, so the checkpoint directory stays TFF's and a kill mid-write leaves the
 version intact. When the server state is resident in TFF's worker (`ResidentProcess`,
 transfer='files'), the worker writes the version's tensors itself, under the SavedModel's
 own names (`tff_algos/runtime/saved_model_template.py`, prepared once per run from the
-initial program state): the round loop waits for that write only, and nothing of the state
-passes through Python; the writer's thread then adds saved_model.pb and fingerprint.pb,
-renames the directory and removes the versions beyond KEEP_VERSIONS. Otherwise (worker
-services, where the state is in Python each round, or transfer='values') the round loop
-snapshots the state (`runner.snapshot`) and the writer's thread writes it through the
-manager's own `save`. At most one write is in flight: the next checkpoint, a stop and the
-end of the run wait for it. A write that fails (a full disk, an unwritable directory) leaves
-no partial version and stops the run with one line naming the directory and the fix
-(`ExperimentError`, exit 2): at once if the worker's write fails, else at the next wait.
+initial program state), and nothing of the state passes through Python: the round loop
+only starts that write (`ResidentProcess.write(..., wait=False)`), which the worker runs
+while the next round does; the next checkpoint (or a stop, or the end of the run) waits for
+it, and the writer's thread then adds saved_model.pb and fingerprint.pb, renames the
+directory and removes the versions beyond KEEP_VERSIONS. So the newest complete version
+is the one asked for before the last checkpoint call, one round behind it with the default
+--checkpoint_every=1 (and, for the moment the thread takes to complete it, the one before
+that): a kill loses the rounds after the newest complete version, never more, and leaves
+that version intact; a stop (SIGTERM, SIGINT) and the end of the run complete every version
+asked for. Otherwise (worker services, where the state is in Python each round, or
+transfer='values') the round loop snapshots the state (`runner.snapshot`) and the writer's
+thread writes it through the manager's own `save`. At most one version is being written by
+the worker and one completed by the thread. A write that fails (a full disk, an unwritable directory) leaves no partial
+version and stops the run with one line naming the directory and the fix
+(`ExperimentError`, exit 2) where it is waited for: at the next checkpoint, a stop or the
+end of the run.
 
 Every version is written whole (no increments), so each kept version loads on its own; the
 writer keeps KEEP_VERSIONS of them, so a newest version that cannot be read costs a resume
@@ -86,15 +93,24 @@ def program_state(state, figures) -> collections.OrderedDict:
 
 
 class CheckpointWriter:
-  """Writes checkpoint versions, their last part in a background thread, at most one in
-  flight.
+  """Writes checkpoint versions off the round loop's critical path.
 
   `prepare(runner, program_state)` (once per run, before its first checkpoint) lets the
   runner's worker write the versions' tensors when it can. `checkpoint(runner, held,
-  figures, version)` waits for the write in flight, then checkpoints `held` (the runner's
-  state) with `figures` as `version`. `wait()` waits for the write in flight and raises
-  ExperimentError if it failed; `close()` waits too. `checkpointed` is the newest version
-  written whole. Use from one thread (the round loop's).
+  figures, version)` checkpoints `held` (the runner's state) with `figures` as `version`
+  and returns while the version is written; `wait()` returns once every version asked
+  for is complete, or raises ExperimentError if one's write failed; `close()` waits too.
+  `checkpointed` is the newest version written whole. Use from one thread (the round
+  loop's: it waits for the worker's writes through TFF's executor).
+
+  Prepared, a version is written in two steps, each overlapping a round: the worker writes
+  its tensors (`ResidentProcess.write(..., wait=False)`) while the next round runs; the
+  next `checkpoint` call (or `wait()`) waits for that write, then the writer's thread
+  completes the version while the worker writes the new one. So after `checkpoint(v)`, the
+  newest complete version is the one asked for before v (for the moment its completion
+  takes, the one before that): with a checkpoint every round, one round behind; a kill loses
+  the rounds after it, and leaves it intact. Unprepared, the state is snapshotted at the
+  call and the writer's thread writes the version, the next call waiting for it.
   """
 
   def __init__(self, ckpt_dir: str, checkpointed: int = 0, keep_total: int = KEEP_VERSIONS):
@@ -104,9 +120,11 @@ class CheckpointWriter:
                                                        keep_first=False)
     self.checkpointed = checkpointed
     self._template = self._layout = None   # (prepare: the worker writes the versions)
+    # The worker's write in flight: (its WriteInFlight, its temp directory, its version).
+    self._in_worker: Optional[tuple] = None
     self._thread: Optional[threading.Thread] = None
-    # The write in flight's function and outcome; the function is dropped by the round
-    # loop's thread (it may hold TFF's values of the worker, released on that thread).
+    # The thread's function and outcome; the function is dropped by the round loop's thread
+    # (it may hold TFF's values of the worker, released on that thread).
     self._pending: Optional[Callable[[], Any]] = None
     self._version = 0
     self._error: Optional[BaseException] = None
@@ -137,24 +155,21 @@ class CheckpointWriter:
 
   def checkpoint(self, runner, held, figures, version: int) -> None:
     """Checkpoints `held` (the state `runner` holds) with `figures` (an OrderedDict of the
-    program state's other entries) as `version`, once the write in flight has finished:
-    prepared, the worker writes the version's tensors now and the writer's thread completes
-    the version; otherwise the state is snapshotted now and the thread writes it. Raises
-    ExperimentError (one line) if the file system refuses the worker's write."""
-    self.wait()
+    program state's other entries) as `version`. First the earlier writes move on: the
+    thread's is waited for, then the worker's, whose version the thread then completes.
+    Prepared, the worker starts writing this version's tensors; otherwise the state is
+    snapshotted now and the thread writes it. Raises ExperimentError (one line) if the file
+    system refused a write waited for here (the versions in flight are then abandoned)."""
+    self._join_thread()
+    self._complete_worker_write()
     try:
-      write = (self._write_in_worker(runner, held, figures, version)
-               if self._layout is not None else self._snapshot(runner, held, figures, version))
+      if self._layout is not None:
+        self._start_in_worker(runner, held, figures, version)
+        return
+      write = self._snapshot(runner, held, figures, version)
     except Exception as e:  # pylint: disable=broad-except
-      run_directory.remove_unfinished_checkpoints(self.ckpt_dir)
-      if not is_write_failure(e):
-        raise
-      raise write_error(f'the checkpoint of round {version}', self.ckpt_dir, e,
-                        self.checkpointed) from None
-    self._pending, self._version, self._error = write, version, None
-    self._thread = threading.Thread(target=self._write, name=f'checkpoint {version}',
-                                    daemon=True)
-    self._thread.start()
+      raise self._failed(e, version) from None
+    self._start_thread(write, version)
 
   def _snapshot(self, runner, held, figures, version: int) -> Callable[[], None]:
     """Snapshots the state (`runner.snapshot`, which pauses the collector); returns what
@@ -165,18 +180,29 @@ class CheckpointWriter:
       asyncio.run(self.manager.save(program_state(read_state(), figures), version))
     return write
 
-  def _write_in_worker(self, runner, held, figures, version: int) -> Callable[[], None]:
-    """The worker writes the version's tensors into a temp directory named as TFF names its
-    own (`run_directory.remove_unfinished_checkpoints` knows it); returns what completes
-    the version."""
+  def _start_in_worker(self, runner, held, figures, version: int) -> None:
+    """The worker starts writing the version's tensors into a temp directory named as TFF
+    names its own (`run_directory.remove_unfinished_checkpoints` knows it)."""
     from tff_algos.runtime import saved_model_template  # pylint: disable=g-import-not-at-top
     temp = os.path.join(self.ckpt_dir,
                         f'program_state_{version}_temp{random.randint(1000, 9999)}')
     shutil.rmtree(temp, ignore_errors=True)
     os.makedirs(os.path.join(temp, 'variables'))
-    runner.write(held, os.path.join(temp, saved_model_template.VARIABLES_PREFIX), self._layout,
-                 self._template.extras(figures))
-    return lambda: self._publish(temp, version)
+    written = runner.write(held, os.path.join(temp, saved_model_template.VARIABLES_PREFIX),
+                           self._layout, self._template.extras(figures), wait=False)
+    self._in_worker = (written, temp, version)
+
+  def _complete_worker_write(self) -> None:
+    """Waits for the worker's write in flight; the thread then completes its version."""
+    if self._in_worker is None:
+      return
+    written, temp, version = self._in_worker
+    self._in_worker = None
+    try:
+      written.wait()
+    except Exception as e:  # pylint: disable=broad-except
+      raise self._failed(e, version) from None
+    self._start_thread(lambda: self._publish(temp, version), version)
 
   def _publish(self, temp: str, version: int) -> None:
     """Completes the SavedModel in `temp`, renames it to the version (atomic, as TFF's
@@ -190,30 +216,62 @@ class CheckpointWriter:
     os.rename(temp, path)
     asyncio.run(self.manager._remove_old_program_state())  # pylint: disable=protected-access
 
+  def _start_thread(self, write: Callable[[], None], version: int) -> None:
+    self._pending, self._version, self._error = write, version, None
+    self._thread = threading.Thread(target=self._write, name=f'checkpoint {version}',
+                                    daemon=True)
+    self._thread.start()
+
   def _write(self) -> None:
     try:
       self._pending()
-    except BaseException as e:  # pylint: disable=broad-except  (reported by wait())
+    except BaseException as e:  # pylint: disable=broad-except  (reported by _join_thread)
       self._error = e
-      run_directory.remove_unfinished_checkpoints(self.ckpt_dir)
 
-  def wait(self, raise_error: bool = True) -> None:
-    """Waits for the write in flight; raises ExperimentError if it failed (with
-    `raise_error`; else the failure is dropped, e.g. while another error ends the run)."""
+  def _join_thread(self) -> None:
+    """Waits for the thread's write; raises (as `_failed`) if it failed."""
     if self._thread is None:
       return
     self._thread.join()
     self._thread, self._pending = None, None
     error, self._error = self._error, None
-    if error is None:
-      self.checkpointed = self._version
-      return
-    if not raise_error:
-      return
-    if is_write_failure(error):
-      raise write_error(f'the checkpoint of round {self._version}', self.ckpt_dir, error,
-                        self.checkpointed) from None
-    raise error
+    if error is not None:
+      raise self._failed(error, self._version) from None
+    self.checkpointed = self._version
+
+  def _failed(self, error: BaseException, version: int) -> BaseException:
+    """After `version`'s write failed with `error`: waits for the other write in flight
+    (kept if it completes a version), removes every unfinished version and returns what
+    to raise: ExperimentError (one line) if the file system refused the write, else
+    `error`."""
+    if self._thread is not None:
+      self._thread.join()
+      if self._error is None:
+        self.checkpointed = self._version
+      self._thread = self._pending = self._error = None
+    if self._in_worker is not None:
+      written, self._in_worker = self._in_worker[0], None
+      try:
+        written.wait()
+      except Exception:  # pylint: disable=broad-except  (its version is abandoned)
+        pass
+    run_directory.remove_unfinished_checkpoints(self.ckpt_dir)
+    if not is_write_failure(error):
+      return error
+    return write_error(f'the checkpoint of round {version}', self.ckpt_dir, error,
+                       self.checkpointed)
+
+  def wait(self, raise_error: bool = True) -> None:
+    """Waits until every version asked for is complete; raises ExperimentError (one line)
+    if a write failed, or its error if it failed otherwise (with `raise_error`; else the
+    failure is dropped, e.g. while another error ends the run)."""
+    try:
+      self._join_thread()
+      self._complete_worker_write()
+      self._join_thread()
+    except Exception:  # pylint: disable=broad-except
+      if raise_error:
+        raise
 
   def close(self, raise_error: bool = True) -> None:
     self.wait(raise_error)

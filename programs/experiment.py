@@ -249,9 +249,10 @@ class _Run:
     self.last_round = self.checkpointed = self.start_round
 
   def checkpoint(self) -> None:
-    """Checkpoints the state after `last_round` (what a resume continues from), once the
-    write before it has finished (`CheckpointWriter.checkpoint`: the worker writes the
-    resident state's version now, the rest goes on in the writer's thread)."""
+    """Checkpoints the state after `last_round` (what a resume continues from):
+    `CheckpointWriter.checkpoint` starts the worker's write of the resident state's version,
+    which the next checkpoint, a stop or the end of the run waits for, and completes the
+    version asked for before it."""
     figures = collections.OrderedDict(
         round=self.last_round, best_accuracy=self.best,
         exploration_client_epochs=float(self.program_state['exploration_client_epochs']))

@@ -12,6 +12,7 @@ import dataclasses
 import errno
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -86,10 +87,17 @@ def _tff_load(ckpt_dir, version, structure):
   return helpers.run_async(manager.load(version, structure))
 
 
+def _version_of(path):
+  """The version a temp directory of the writer's is for."""
+  return int(re.search(r'program_state_(\d+)_temp', path).group(1))
+
+
 def test_the_next_round_runs_while_a_checkpoint_is_written(tmp_path, monkeypatch):
-  """Each checkpoint but the last is still being completed when the next round starts (a
-  synchronous checkpoint would time out here); the versions are written whole, in order,
-  the state's tensors by the worker (nothing through FileProgramStateManager.save)."""
+  """The worker's write of each version is waited for only after the next round has run
+  (at the next checkpoint, the last one at the end of the run), and the writer's thread
+  completes a version while the round after runs (a synchronous checkpoint would time out
+  here); the versions are written whole, in order, the state's tensors by the worker
+  (nothing through FileProgramStateManager.save)."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
   rounds_started = [0]
@@ -102,27 +110,228 @@ def test_the_next_round_runs_while_a_checkpoint_is_written(tmp_path, monkeypatch
       started.notify_all()
     return next_round(self, *args, **kwargs)
 
+  waited = {}   # version -> the rounds started when its worker's write was waited for
+  write = resident_state.ResidentProcess.write
+
+  def recording_write(self, state, path, *args, **kwargs):
+    written = write(self, state, path, *args, **kwargs)
+
+    class Recorded:
+      def wait(self):
+        waited[_version_of(path)] = rounds_started[0]
+        written.wait()
+    return Recorded()
+
   overlapped = {}
   publish = checkpoint_writer.CheckpointWriter._publish   # (the writer's thread)
 
   def slow_publish(self, temp, version):
-    if version < BASE.rounds:
-      with started:   # the round after this checkpoint starts before its write ends
-        overlapped[version] = started.wait_for(lambda: rounds_started[0] > version, 60)
+    if version < BASE.rounds - 1:
+      with started:   # the round after the next one starts before this version is complete
+        overlapped[version] = started.wait_for(lambda: rounds_started[0] > version + 1, 60)
     return publish(self, temp, version)
 
   def no_save(*args):
     raise AssertionError('the state went through Python (FileProgramStateManager.save)')
 
   monkeypatch.setattr(resident_state.ResidentProcess, 'next', counting_next)
+  monkeypatch.setattr(resident_state.ResidentProcess, 'write', recording_write)
   monkeypatch.setattr(checkpoint_writer.CheckpointWriter, '_publish', slow_publish)
   monkeypatch.setattr(tff.program.FileProgramStateManager, 'save', no_save)
   monkeypatch.setattr(resident_state.ResidentProcess, 'snapshot', no_save)
   config = dataclasses.replace(BASE, root_output_dir=str(tmp_path), experiment_name='r')
   experiment.run_experiment(config, _quiet)
-  assert overlapped == {1: True, 2: True, 3: True}
+  assert waited == {1: 2, 2: 3, 3: 4, 4: 4}
+  assert overlapped == {1: True, 2: True}
   ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
   assert run_directory.checkpointed_rounds(ckpt_dir) == [2, 3, 4]   # KEEP_VERSIONS of them
+
+
+class _EagerWorker:
+  """A runner whose "worker" writes a version's tensors as `save_computation` does, at once
+  and in this process; each write's `wait()` is recorded in `events`, after ('start', v)."""
+
+  writes_files = True
+
+  def __init__(self, state_type):
+    self.state_type = state_type
+    self.events = []
+
+  def write(self, held, path, layout, extras=(), wait=True):
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+    assert not wait
+    tensors = ([tf.constant(x) for x in resident_state.state_leaves(held, self.state_type)] +
+               [tf.constant(x) for x in extras] +
+               [tf.constant(value, tf.string) for _, value in layout.constants])
+    names = (list(layout.state) + [name for name, _ in layout.extras] +
+             [name for name, _ in layout.constants])
+    tf.raw_ops.SaveV2(prefix=path, tensor_names=names, shape_and_slices=[''] * len(names),
+                      tensors=tensors)
+    version = _version_of(path)
+    self.events.append(('start', version))
+    events = self.events
+
+    class Written:
+      def wait(self):
+        events.append(('wait', version))
+    return Written()
+
+
+def _small_state(value):
+  return collections.OrderedDict(w=np.full([2, 3], value, np.float32), n=np.int32(value))
+
+
+def _figures(version):
+  return collections.OrderedDict(round=version, best_accuracy=version / 10,
+                                 exploration_client_epochs=0.0)
+
+
+def test_a_checkpoint_returns_before_the_workers_write_is_waited_for(tmp_path):
+  """`checkpoint(v)` starts the worker's write and returns: the write is waited for at the
+  next checkpoint, which then completes v (v - 1 is the newest complete version after it),
+  or at `wait()`; every version then loads through FileProgramStateManager as its state."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  state_type = tff.StructWithPythonType([('w', tff.TensorType(np.float32, [2, 3])),
+                                         ('n', tff.TensorType(np.int32))],
+                                        collections.OrderedDict)
+  runner = _EagerWorker(state_type)
+  ckpt_dir = str(tmp_path / 'checkpoints')
+  writer = checkpoint_writer.CheckpointWriter(ckpt_dir)
+  writer.prepare(runner, checkpoint_writer.program_state(_small_state(0), _figures(0)),
+                 scratch_dir=str(tmp_path))
+  writer.checkpoint(runner, _small_state(1), _figures(1), 1)
+  assert runner.events == [('start', 1)]
+  assert writer.checkpointed == 0 and not run_directory.checkpointed_rounds(ckpt_dir)
+  writer.checkpoint(runner, _small_state(2), _figures(2), 2)
+  assert runner.events == [('start', 1), ('wait', 1), ('start', 2)]
+  writer.checkpoint(runner, _small_state(3), _figures(3), 3)
+  assert runner.events[3:] == [('wait', 2), ('start', 3)]
+  assert writer.checkpointed == 1   # (2 is being completed by the thread)
+  writer.wait()
+  assert runner.events[5:] == [('wait', 3)]
+  assert writer.checkpointed == 3
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [1, 2, 3]
+  structure = checkpoint_writer.program_state(_small_state(0), _figures(0))
+  for version in (1, 2, 3):
+    loaded = _tff_load(ckpt_dir, version, structure)
+    expected = checkpoint_writer.program_state(_small_state(version), _figures(version))
+    assert list(loaded) == list(expected)
+    np.testing.assert_array_equal(loaded['state']['w'], expected['state']['w'])
+    assert loaded['state']['n'] == version and int(loaded['round']) == version
+    assert np.float32(loaded['best_accuracy']) == np.float32(version / 10)
+
+
+def test_a_started_write_is_complete_and_the_state_once_waited_for(tmp_path):
+  """The worker's write of version 1, started by `checkpoint`, goes on while the next rounds
+  run and Python drops the state it writes; once waited for, the version is complete and
+  loads through FileProgramStateManager as that state, to the bit."""
+  from tensorflow_federated.python.program import structure_utils  # pylint: disable=g-import-not-at-top
+  from programs import computations  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+  execution.initialize_runtime()
+  config = dataclasses.replace(BASE, algorithm='fedcda', fedcda_warmup_rounds=1,
+                               fedcda_batches=1, fedcda_cache_size=2)
+  process = computations.build_process(
+      config, models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0), config.num_clients)
+  runner = resident_state.ResidentProcess(process, config.clients_per_round,
+                                          scratch_dir=str(tmp_path))
+  fed = experiment.load_federated_data(config)
+
+  def inputs(round_num):
+    _, round_inputs = data.round_inputs(fed, round_num, config.clients_per_round, 1, 0)
+    return [[x] for x in round_inputs]
+  try:
+    held, initial = runner.initial_state()
+    structure = checkpoint_writer.program_state(initial, _figures(0))
+    ckpt_dir = str(tmp_path / 'checkpoints')
+    writer = checkpoint_writer.CheckpointWriter(ckpt_dir)
+    writer.prepare(runner, structure, scratch_dir=str(tmp_path))
+    held, _ = runner.next(held, inputs(1))
+    expected = runner.materialize(held)
+    writer.checkpoint(runner, held, _figures(1), 1)
+    dropped = held._value.reference  # pylint: disable=protected-access
+    stub = runner._executor._stub  # pylint: disable=protected-access
+    disposed, dispose = [], stub.dispose
+
+    def recording_dispose(request):
+      disposed.extend(request.value_ref)
+      return dispose(request)
+    stub.dispose = recording_dispose
+    try:
+      for round_num in (2, 3):   # (the second one's start sends the state's disposal)
+        held, _ = runner.next(held, inputs(round_num))
+    finally:
+      stub.dispose = dispose
+    assert dropped in disposed
+    assert not run_directory.checkpointed_rounds(ckpt_dir)
+    writer.wait()
+  finally:
+    runner.close()
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [1]
+  loaded = _tff_load(ckpt_dir, 1, structure)
+  assert int(loaded['round']) == 1
+  ours = structure_utils.flatten(loaded['state'])
+  theirs = structure_utils.flatten(expected)
+  assert len(ours) == len(theirs)
+  for a, b in zip(ours, theirs, strict=True):
+    assert np.asarray(a).dtype == np.asarray(b).dtype
+    assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_a_stop_with_a_write_in_flight_completes_it_then_the_last_round(
+    unbroken, tmp_path, monkeypatch):
+  """A SIGTERM during round 3 (checkpoints every 2 rounds): round 2's write, still in flight
+  while round 3 ran, is waited for and its version completed, then round 3 is checkpointed
+  and completed before the run stops; --resume then ends as the unbroken run."""
+  from programs import stopping  # pylint: disable=g-import-not-at-top
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+  events = []
+  next_round, write = resident_state.ResidentProcess.next, resident_state.ResidentProcess.write
+  publish = checkpoint_writer.CheckpointWriter._publish
+
+  def signalling_next(self, *args, **kwargs):
+    events.append('round')
+    if events.count('round') == 3:
+      os.kill(os.getpid(), signal.SIGTERM)   # (recorded: the run stops after this round)
+    return next_round(self, *args, **kwargs)
+
+  def recording_write(self, state, path, *args, **kwargs):
+    written = write(self, state, path, *args, **kwargs)
+    events.append(('start', _version_of(path)))
+
+    class Recorded:
+      def wait(self):
+        events.append(('wait', _version_of(path)))
+        written.wait()
+    return Recorded()
+
+  def recording_publish(self, temp, version):
+    publish(self, temp, version)
+    events.append(('complete', version))
+
+  monkeypatch.setattr(resident_state.ResidentProcess, 'next', signalling_next)
+  monkeypatch.setattr(resident_state.ResidentProcess, 'write', recording_write)
+  monkeypatch.setattr(checkpoint_writer.CheckpointWriter, '_publish', recording_publish)
+  config = dataclasses.replace(BASE, checkpoint_every=2, root_output_dir=str(tmp_path),
+                               experiment_name='t')
+  with stopping.StopRequests() as stop:
+    with pytest.raises(stopping.Interrupted) as info:
+      experiment.run_experiment(config, _quiet, stop=stop)
+  assert info.value.last_round == 3
+  assert events == ['round', 'round', ('start', 2), 'round', ('wait', 2), ('complete', 2),
+                    ('start', 3), ('wait', 3), ('complete', 3)]
+  ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [2, 3]
+  assert sorted(os.listdir(ckpt_dir)) == ['program_state_2', 'program_state_3']
+  monkeypatch.undo()
+  messages = []
+  experiment.run_experiment(dataclasses.replace(config, resume=True), messages.append)
+  assert messages == [f'resuming {config.experiment_dir} after round 3'], messages
+  _assert_same_run(unbroken, config.experiment_dir)
 
 
 def test_write_failures_are_named_in_a_few_words():
@@ -149,18 +358,26 @@ WORKER_FULL = ('<_InactiveRpcError of RPC that terminated with: status = StatusC
 def test_a_failed_write_stops_the_run_in_one_line_and_resume_continues(
     failure, unbroken, tmp_path, monkeypatch):
   """The write of round 3 fails after leaving a half-written temp directory: the worker's
-  write of the state (a full disk) or the writer's thread completing the version (an
-  unwritable directory). The run stops with one line naming the directory and the fix;
-  round 2's checkpoint is intact and --resume, once the disk takes writes again, ends as
-  the unbroken run."""
+  write of the state (a full disk, reported when the write is waited for, at round 4's
+  checkpoint) or the writer's thread completing the version (an unwritable directory). The
+  run stops with one line naming the directory and the fix; round 2's checkpoint is intact
+  and --resume, once the disk takes writes again, ends as the unbroken run."""
   from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
   write = resident_state.ResidentProcess.write
   publish = checkpoint_writer.CheckpointWriter._publish
 
+  class Refused:   # the worker's SaveV2 refused by the disk
+    def __init__(self, path):
+      self.path = path
+
+    def wait(self):
+      open(self.path + '.data-00000-of-00001.tempstate1', 'wb').close()
+      raise RuntimeError(WORKER_FULL.format(path=self.path))
+
   def failing_write(self, state, path, *args, **kwargs):
     if failure == 'full' and 'program_state_3_temp' in path:
-      open(path + '.data-00000-of-00001.tempstate1', 'wb').close()
-      raise RuntimeError(WORKER_FULL.format(path=path))
+      assert kwargs == dict(wait=False)
+      return Refused(path)
     return write(self, state, path, *args, **kwargs)
 
   def failing_publish(self, temp, version):
@@ -190,15 +407,23 @@ def test_a_failed_write_stops_the_run_in_one_line_and_resume_continues(
   _assert_same_run(unbroken, config.experiment_dir)
 
 
-def test_a_worker_write_that_fails_otherwise_is_not_dressed_up(tmp_path, monkeypatch):
-  """The worker's write of round 3 fails for another reason than the file system's: its
-  error ends the run as it is, and no partial version is left."""
+@pytest.mark.parametrize('when', ['start', 'wait'])
+def test_a_worker_write_that_fails_otherwise_is_not_dressed_up(when, tmp_path, monkeypatch):
+  """The worker's write of round 3 fails for another reason than the file system's, when it
+  starts or when it is waited for: its error ends the run as it is, and no partial version
+  is left."""
   from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
   write = resident_state.ResidentProcess.write
 
+  class Crashed:
+    def wait(self):
+      raise RuntimeError('the worker crashed')
+
   def failing_write(self, state, path, *args, **kwargs):
     if 'program_state_3_temp' in path:
-      raise RuntimeError('the worker crashed')
+      if when == 'start':
+        raise RuntimeError('the worker crashed')
+      return Crashed()
     return write(self, state, path, *args, **kwargs)
   monkeypatch.setattr(resident_state.ResidentProcess, 'write', failing_write)
   config = dataclasses.replace(BASE, root_output_dir=str(tmp_path), experiment_name='s')

@@ -153,6 +153,35 @@ def test_a_snapshot_read_in_another_thread_while_rounds_go_on_is_the_state():
   assert resident.snapshot(placed)() is expected
 
 
+def test_a_write_started_while_rounds_go_on_is_the_state(tmp_path):
+  """`write(..., wait=False)` (what the program's checkpoint does) returns a WriteInFlight
+  at once; the worker writes while the next rounds run and Python drops the state; once
+  waited for, the file holds the state `materialize` gives, to the bit. A second wait
+  returns at once."""
+  process = _process('fedcda')
+  resident = resident_state.ResidentProcess(process, P)
+  held = resident.initialize()
+  held, _ = resident.next(held, _inputs(1))
+  expected = resident.materialize(held)
+  path = str(tmp_path / 'state')
+  written = resident.write(held, path, resident_state.state_file_layout(resident.state_type),
+                           wait=False)
+  assert isinstance(written, resident_state.WriteInFlight)
+  del held
+  held2, _ = resident.next(resident.initialize(), _inputs(1))
+  held2, _ = resident.next(held2, _inputs(2))
+  written.wait()
+  written.wait()
+  leaves = resident_state.read_state_file(path, resident.state_type)
+  for e, a in zip(resident_state.state_leaves(expected, resident.state_type), leaves,
+                  strict=True):
+    assert np.asarray(e).dtype == a.dtype
+    assert np.asarray(e).tobytes() == a.tobytes()
+  assert resident.write(held2, str(tmp_path / 'now'),
+                        resident_state.state_file_layout(resident.state_type)) is None
+  assert os.path.exists(str(tmp_path / 'now.index'))
+
+
 @pytest.mark.parametrize('algorithm', ['fedcda', 'fedcross', 'fedcda@bfloat16'])
 def test_every_way_the_state_crosses_gives_the_same_state(algorithm):
   """The state crosses between Python and the worker as a checkpoint file (transfer='files',

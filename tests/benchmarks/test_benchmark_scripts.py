@@ -120,7 +120,7 @@ def test_round_overhead_resident_gives_the_round_as_the_program_runs_it(tmp_path
   written = json.loads(figures.read_text())['variants']
   resident, plain = written['ours@resident'], written['plain_tf']['median_s']
   assert resident['checkpoint_every'] == 4 and resident['checkpoint_s'] > 0
-  assert resident['snapshot_s'] > 0
+  assert resident['snapshot_s'] > 0 and resident['wait_s'] > 0
   # A checkpoint every round, as the program makes them, timed in its own interleaved rounds.
   assert resident['default_s'] == pytest.approx(written['ours@program']['median_s'])
   assert resident['default_ratio_to_plain_tf'] == pytest.approx(resident['default_s'] / plain)

@@ -29,6 +29,9 @@ batches of 20 (benchmarks/results/RESULTS.md, "The resident state's memory"). `r
     read = resident.snapshot(state)                  # or: the worker writes it now, and
     python_state = read()                            # read() may run in another thread
     resident.write(state, path, layout, extras)      # or the worker writes a file of its own
+    written = resident.write(state, path, layout, extras, wait=False)
+    state, metrics = resident.next(state, ...)       # ... while the next round runs
+    written.wait()                                   # the file is written
     state = resident.adopt(python_state)             # e.g. after loading a checkpoint
 
 How the state crosses (`transfer`): by default ('files') as a TensorFlow checkpoint in a
@@ -42,7 +45,11 @@ state into tuples of its tensors, another joins them), so that no message exceed
 2 GB limit. Every way gives the same state to the bit, in the same containers (tested).
 With 'files', `write` has the worker write the state's tensors under names the caller gives
 (a `FileLayout`, with a few scalars sent from Python and fixed strings) into a file that
-never passes through Python: a checkpoint version (programs/checkpoint_writer.py).
+never passes through Python: a checkpoint version (programs/checkpoint_writer.py). With
+`wait=False` it returns as soon as the worker has the call (TFF's executor interface is
+asynchronous: the worker's TensorFlowExecutor runs each call on a thread of its own pool
+and only `compute()` waits), so the worker writes while the next round's calls run, and a
+`WriteInFlight` says when the file is written.
 `initial_state()` computes `initialize` in the worker and brings back one copy.
 
 It needs TFF's local runtime (the context `execution.initialize_runtime()` installs without
@@ -393,6 +400,23 @@ def _file_of(state: ResidentValue) -> Optional[str]:
   return kept[2][0] if kept else None   # (state, _remove_state_file, (path,), {})
 
 
+class WriteInFlight:
+  """A file the worker is writing (`ResidentProcess.write(..., wait=False)`). `wait()`
+  returns once it is written, or raises the worker's error (a full disk: a gRPC error
+  naming SaveV2); later calls return at once. Call it on the thread that makes the
+  ResidentProcess's calls (it uses TFF's executor), before the process is closed."""
+
+  def __init__(self, owner: 'ResidentProcess', written):
+    self._owner = owner
+    self._written = written   # the save call's value in the worker (until waited for)
+
+  @_paused
+  def wait(self) -> None:
+    written, self._written = self._written, None
+    if written is not None:
+      self._owner._run(written.compute())  # pylint: disable=protected-access
+
+
 class ResidentOutput(NamedTuple):
   state: ResidentValue
   metrics: Any
@@ -574,17 +598,21 @@ class ResidentProcess:
   async def _server_path(self, path: str):
     return await self._ingest(path, tff.FederatedType(np.str_, tff.SERVER))
 
-  async def _save(self, value, path: str, save: Any = 'save', extras=()) -> None:
-    """The worker writes `value` (the state) at `path` with the computation `save` (of a
-    FileLayout: `extras` are its extras' values); returns once it is written."""
+  async def _start_save(self, value, path: str, save: Any = 'save', extras=()):
+    """Has the worker start writing `value` (the state) at `path` with the computation
+    `save` (of a FileLayout: `extras` are its extras' values); returns the call's value,
+    computed once the file is written."""
     layout = self._layouts[save]
     others = await self._ingest(
         [path] + [np.asarray(extra, dtype)
                   for extra, (_, dtype) in zip(extras, layout.extras, strict=True)],
         tff.FederatedType(_save_argument_type(layout), tff.SERVER))
     argument = await self._executor.create_struct(structure.Struct.unnamed(value, others))
-    written = await self._executor.create_call(await self._function(save), argument)
-    await written.compute()
+    return await self._executor.create_call(await self._function(save), argument)
+
+  async def _save(self, value, path: str, save: Any = 'save', extras=()) -> None:
+    """`_start_save`, returning once the file is written."""
+    await (await self._start_save(value, path, save, extras)).compute()
 
   async def _restore(self, path: str):
     """The state the worker reads from `path`, once it has read it."""
@@ -719,11 +747,18 @@ class ResidentProcess:
     return self._transfer == 'files'
 
   @_paused
-  def write(self, state: ResidentValue, path: str, layout: FileLayout, extras=()) -> None:
-    """The worker writes `state` now as one TensorFlow checkpoint at `path` (its .index and
+  def write(self, state: ResidentValue, path: str, layout: FileLayout, extras=(),
+            wait: bool = True) -> Optional['WriteInFlight']:
+    """The worker writes `state` as one TensorFlow checkpoint at `path` (its .index and
     .data files; the directory must exist), its tensors named by `layout`, with `extras`
     (one value for each of `layout.extras`, sent from Python) and `layout.constants`;
-    nothing of the state passes through Python. transfer='files' only."""
+    nothing of the state passes through Python. transfer='files' only.
+
+    With `wait`, returns once the file is written. Otherwise returns at once a
+    `WriteInFlight` whose `wait()` returns once it is (or raises the worker's error): the
+    worker runs the write on a thread of its own while this process's next calls run, and
+    the write keeps the state's tensors alive in the worker until it is waited for, even
+    if `state` is dropped (TFF's TensorFlowExecutor::CreateCall holds its argument)."""
     if not self.writes_files:
       raise ValueError('write needs transfer=\'files\' (the worker writes the file)')
     if self._closed:
@@ -735,7 +770,12 @@ class ResidentProcess:
     if name not in self._computations:
       self._computations[name] = save_computation(self._state_type, layout)
       self._layouts[name] = layout
-    self._run(self._save(state._value, path, name, extras))  # pylint: disable=protected-access
+    written = WriteInFlight(self, self._run(self._start_save(
+        state._value, path, name, extras)))  # pylint: disable=protected-access
+    if not wait:
+      return written
+    written.wait()
+    return None
 
   @_paused
   def adopt(self, state) -> ResidentValue:
