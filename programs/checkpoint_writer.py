@@ -136,7 +136,7 @@ class CheckpointWriter:
     removed) and the layout in which the worker writes each version's tensors. A program
     state the template cannot name leaf by leaf (a leaf TFF keeps in saved_model.pb rather
     than as a variable; a tensor the worker holds in another dtype) is left to the manager's
-    own `save`."""
+    own `save`, with a warning saying why."""
     if not runner.writes_files:
       return
     from tff_algos.runtime import saved_model_template  # pylint: disable=g-import-not-at-top
@@ -144,7 +144,10 @@ class CheckpointWriter:
       template = saved_model_template.SavedModelTemplate(initial_program_state,
                                                          scratch_dir=scratch_dir)
       self._layout = template.worker_layout(runner.state_type)
-    except ValueError:
+    except saved_model_template.TemplateMismatch as e:
+      from absl import logging  # pylint: disable=g-import-not-at-top
+      logging.warning('checkpoints are written through TFF\'s FileProgramStateManager, the '
+                      'state brought back each time: %s', e)
       return
     except Exception as e:  # pylint: disable=broad-except
       if not is_write_failure(e):
@@ -152,6 +155,11 @@ class CheckpointWriter:
       raise write_error('the checkpoints\' template', scratch_dir or 'the temp directory', e,
                         self.checkpointed) from None
     self._template = template
+
+  @property
+  def worker_writes(self) -> bool:
+    """Whether the worker writes each version's tensors (`prepare` found a layout)."""
+    return self._layout is not None
 
   def checkpoint(self, runner, held, figures, version: int) -> None:
     """Checkpoints `held` (the state `runner` holds) with `figures` (an OrderedDict of the

@@ -511,6 +511,26 @@ def test_a_state_held_in_python_is_written_through_the_managers_save(tmp_path):
   assert loaded['state']['n'] == 7 and int(loaded['round']) == 1
 
 
+def test_a_state_the_worker_holds_otherwise_is_left_to_the_manager_with_a_warning(
+    tmp_path, caplog):
+  """A worker whose state's dtype differs from the program state's (here float64 against
+  float32) cannot write the versions leaf by leaf: `prepare` says so in a warning and leaves
+  them to FileProgramStateManager; a matching one is prepared."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  initial = checkpoint_writer.program_state(_small_state(0), _figures(0))
+  writers = {}
+  for dtype in (np.float32, np.float64):
+    state_type = tff.StructWithPythonType([('w', tff.TensorType(dtype, [2, 3])),
+                                           ('n', tff.TensorType(np.int32))],
+                                          collections.OrderedDict)
+    writers[dtype] = checkpoint_writer.CheckpointWriter(str(tmp_path / dtype.__name__))
+    with caplog.at_level('WARNING'):
+      writers[dtype].prepare(_EagerWorker(state_type), initial, scratch_dir=str(tmp_path))
+  assert writers[np.float32].worker_writes and not writers[np.float64].worker_writes
+  [warning] = [r.getMessage() for r in caplog.records if r.levelname == 'WARNING']
+  assert 'FileProgramStateManager' in warning and 'float64' in warning
+
+
 def test_the_template_leaves_the_threads_event_loop_as_it_was(tmp_path):
   """Making the template (in the round loop's thread, at a run's start) neither replaces nor
   unsets that thread's current event loop, which TFF's program code in it reads."""

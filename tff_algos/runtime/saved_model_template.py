@@ -43,10 +43,15 @@ OBJECT_GRAPH_KEY = '_CHECKPOINTABLE_OBJECT_GRAPH'
 VARIABLES_PREFIX = os.path.join('variables', 'variables')
 
 
+class TemplateMismatch(ValueError):
+  """The program state cannot be named leaf by leaf in its SavedModel as the worker holds
+  it: its checkpoints are left to TFF's own writer."""
+
+
 def _leaf_keys(object_graph: trackable_object_graph_pb2.TrackableObjectGraph,
                program_state) -> list[str]:
   """The bundle key of each leaf of `program_state` (structure_utils.flatten order): the
-  object graph walked from its root's `_value` along the leaf's path. Raises ValueError if
+  object graph walked from its root's `_value` along the leaf's path. Raises TemplateMismatch if
   a leaf is not a variable of its own (TFF's module keeps such a value in saved_model.pb)."""
   keys = []
   for name, _ in structure_utils.flatten_with_name(program_state):
@@ -54,12 +59,12 @@ def _leaf_keys(object_graph: trackable_object_graph_pb2.TrackableObjectGraph,
     for part in ['_value'] + name.split('/'):
       child = [c.node_id for c in node.children if c.local_name == part]
       if not child:
-        raise ValueError(f'the program state\'s leaf {name} is not in its SavedModel\'s '
+        raise TemplateMismatch(f'the program state\'s leaf {name} is not in its SavedModel\'s '
                          'object graph')
       node = object_graph.nodes[child[0]]
     values = [a.checkpoint_key for a in node.attributes if a.name == 'VARIABLE_VALUE']
     if len(values) != 1:
-      raise ValueError(f'the program state\'s leaf {name} is not a variable of its SavedModel')
+      raise TemplateMismatch(f'the program state\'s leaf {name} is not a variable of its SavedModel')
     keys.append(values[0])
   return keys
 
@@ -94,7 +99,7 @@ class SavedModelTemplate:
     self.keys = _leaf_keys(graph, program_state)
     if len(set(self.keys)) != len(self.keys) or set(dtypes) != set(self.keys) | {
         OBJECT_GRAPH_KEY}:
-      raise ValueError('the program state\'s SavedModel holds other tensors than its leaves')
+      raise TemplateMismatch('the program state\'s SavedModel holds other tensors than its leaves')
     self.dtypes = [dtypes[k] for k in self.keys]
     self.shapes = [tuple(shapes[k]) for k in self.keys]
     names = [name for name, _ in structure_utils.flatten_with_name(program_state)]
@@ -103,7 +108,7 @@ class SavedModelTemplate:
     self._figures = [i for i, name in enumerate(names) if not name.startswith(state_key + '/')]
     self.figures = [names[i] for i in self._figures]
     if any('/' in names[i] or self.shapes[i] for i in self._figures):
-      raise ValueError('the program state\'s entries besides its state must be scalars')
+      raise TemplateMismatch('the program state\'s entries besides its state must be scalars')
     self._names = names
     # The structure with each leaf's index in place of the leaf.
     self._indexed = structure_utils.unflatten_as(program_state, list(range(len(names))))
@@ -111,15 +116,15 @@ class SavedModelTemplate:
   def worker_layout(self, state_type) -> resident_state.FileLayout:
     """The names the worker gives a version's tensors (`ResidentProcess.write`): the state's
     tensors (of type `state_type`, in TFF's order) under their keys, the figures (their
-    values: `extras`) and the object graph. Raises ValueError if a tensor of the state's
+    values: `extras`) and the object graph. Raises TemplateMismatch if a tensor of the state's
     type has not the template's dtype or shape."""
     order = resident_state.state_leaves(self._indexed[self._state_key], state_type)
     types = structure.flatten(state_type)
     if sorted(order) != self._in_state or len(types) != len(order):
-      raise ValueError('the state\'s type and its Python value have different leaves')
+      raise TemplateMismatch('the state\'s type and its Python value have different leaves')
     for i, t in zip(order, types):
       if tf.as_dtype(t.dtype) != self.dtypes[i] or tuple(t.shape) != self.shapes[i]:
-        raise ValueError(f'the state\'s tensor {self._names[i]} is {t} in the worker and '
+        raise TemplateMismatch(f'the state\'s tensor {self._names[i]} is {t} in the worker and '
                          f'{self.dtypes[i].name}{list(self.shapes[i])} in its SavedModel')
     return resident_state.FileLayout(
         state=tuple(self.keys[i] for i in order),
