@@ -303,7 +303,6 @@ class _Run:
     ending = sys.exc_info()[0] is not None
     if self.progress is not None:
       self.progress.close()
-    self.loop.close()
     try:
       self.writer.flush()
     except Exception as e:  # pylint: disable=broad-except
@@ -327,6 +326,7 @@ def _resume_or_initialise(c: ExperimentConfig, built: _Built, start_round: int,
             if built.resident else resident_state.DirectProcess(built.process))
   closing.callback(runner.close)
   loop = asyncio.new_event_loop()
+  closing.callback(loop.close)   # (also when what follows raises, before the run exists)
   checkpoints = checkpoint_writer.CheckpointWriter(ckpt_dir, checkpointed=start_round)
   held, state = runner.initial_state()   # (a resume or FedLEx's exploration replaces both)
   program_state = checkpoint_writer.program_state(state, collections.OrderedDict(
