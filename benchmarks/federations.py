@@ -12,6 +12,10 @@ and with half of them running a random share in [0.5, 1] of their local steps.
 The page (`benchmarks/results/federations/results.md`) gives each run's last-10 accuracy, the
 rounds and megabytes it took to reach 60% and 70% test accuracy, and its megabytes per round each
 way, and draws accuracy against cumulative megabytes, a panel per condition.
+
+The runs are those of benchmarks/studies/federations.toml (`python -m programs.study
+run|plan|report` on it makes and reports the same); this module is the paper layer: labels,
+table, figure and verdict.
 """
 
 from __future__ import annotations
@@ -31,34 +35,29 @@ from benchmarks import runs as rd
 from benchmarks import suites
 from programs import pages
 from programs.studies import curves
+from programs.studies import experiments
+from programs.studies import study as study_lib
+from programs.studies import study_file
 
 # --report and --plan are compare's flags (this module runs its runs through compare's queue).
 _REPORT = compare.REPORT
 _PLAN = compare.PLAN
 
 NAME = 'federations'
-SEED = 0
-TARGETS = (0.6, 0.7)
-# The fedcross suite's layout, every round evaluated, for 150 rounds.
-LAYOUT = dict(suites.FEDCROSS_COMMON, dirichlet_alpha=0.1, rounds=150, eval_every=1,
-              target_accuracy=','.join(map(str, TARGETS)))
-# SCAFFOLD's option II assumes plain client SGD: it and its FedAvg run at the scaffold suite's
-# lr 0.02 without momentum (the step of the layout's 0.01 with momentum 0.5).
-_PLAIN_SGD = dict(client_lr=0.02, client_momentum=0.0)
+# The runs, their layout and seed: run <method>_<condition> of the study file.
+STUDY = study_file.load(suites.study_path(NAME))
 METHODS = {
-    'fedavg': ('FedAvg', dict(algorithm='fedavg')),
-    'fedcross': ('FedCross', dict(algorithm='fedcross')),
-    # FedCDA's warmup as in its suite (FedAvg weighted by data size for 25 rounds).
-    'fedcda': ('FedCDA', dict(algorithm='fedcda', fedcda_warmup_rounds=25)),
-    'cadis': ('CADIS (1/\\|C_i\\|)', dict(algorithm='cadis', cadis_sample_weighted=False)),
-    'fedavg_sgd': ('FedAvg (plain SGD)', dict(algorithm='fedavg', **_PLAIN_SGD)),
-    'scaffold': ('SCAFFOLD (plain SGD)', dict(algorithm='scaffold', **_PLAIN_SGD)),
+    'fedavg': 'FedAvg',
+    'fedcross': 'FedCross',
+    'fedcda': 'FedCDA',
+    'cadis': 'CADIS (1/\\|C_i\\|)',
+    'fedavg_sgd': 'FedAvg (plain SGD)',
+    'scaffold': 'SCAFFOLD (plain SGD)',
 }
 CONDITIONS = {
-    'none': ('no faults', {}),
-    'dropout': ('30% of clients never report', dict(client_dropout=0.3)),
-    'stragglers': ('half the clients run 50-100% of their steps',
-                   dict(straggler_fraction=0.5, straggler_min_work=0.5)),
+    'none': 'no faults',
+    'dropout': '30% of clients never report',
+    'stragglers': 'half the clients run 50-100% of their steps',
 }
 # What the runs showed, in words (the table holds the figures).
 VERDICT = (
@@ -79,24 +78,19 @@ VERDICT = (
     "against 2368 with dropout), as it moves three times FedAvg's bytes down and twice up.")
 
 
-def results_dir() -> str:
-  return suites.suite_dir(NAME)
-
-
-def run_dir() -> str:
-  return os.path.join(results_dir(), 'runs')
-
-
 def run_name(method: str, condition: str) -> str:
-  return suites.run_name(f'{method}_{condition}', SEED)
+  """The study file's run of `method` under `condition`."""
+  return f'{method}_{condition}'
+
+
+def targets(study) -> tuple:
+  """The accuracies the table gives the time to (the runs' --target_accuracy)."""
+  return tuple(float(t) for t in study.common['target_accuracy'].split(','))
 
 
 def configs() -> list:
-  """Every run's ExperimentConfig, condition by condition (the fault-free ones first)."""
-  return [suites.experiment_config(dict(LAYOUT, **fields, **faults), SEED, run_dir(),
-                                   run_name(method, condition))
-          for condition, (_, faults) in CONDITIONS.items()
-          for method, (_, fields) in METHODS.items()]
+  """Every run's ExperimentConfig, in the study file's order (the fault-free ones first)."""
+  return experiments.run_configs(STUDY)
 
 
 def _mb(value) -> str:
@@ -119,32 +113,37 @@ def _per_round_mb(rows: list, direction: str) -> float:
   return float(np.mean(total)) if total.size else float('nan')
 
 
-def load() -> dict:
-  """{(method, condition): loaded run or None}."""
+def load(study) -> dict:
+  """{(method, condition): loaded run or None} of the study's runs (StudyFileError unless
+  they are every method under every condition)."""
+  cells = {run_name(method, condition): (method, condition)
+           for condition in CONDITIONS for method in METHODS}
+  if sorted(study.runs) != sorted(cells):
+    raise study_file.StudyFileError(
+        f'{study.path} [runs]: {sorted(study.runs)}; the federations page shows the runs '
+        f'{sorted(cells)} (<method>_<condition>)')
   loaded = {}
-  for condition in CONDITIONS:
-    for method in METHODS:
-      path = os.path.join(run_dir(), run_name(method, condition))
-      loaded[method, condition] = (rd.load_run(path, LAYOUT['rounds'])
-                                   if os.path.exists(os.path.join(path, 'config.json'))
-                                   else None)
+  for name, cell in cells.items():
+    path = os.path.join(study.runs_dir, study_lib.run_name(name, study.seeds[0]))
+    loaded[cell] = (rd.load_run(path, study.common['rounds'])
+                    if os.path.exists(os.path.join(path, 'config.json')) else None)
   return loaded
 
 
-def table(loaded: dict) -> list:
+def table(study, loaded: dict) -> list:
   head = ('| condition | method | last-10 accuracy | '
-          + ' | '.join(f'rounds to {t:.0%} | MB to {t:.0%}' for t in TARGETS)
+          + ' | '.join(f'rounds to {t:.0%} | MB to {t:.0%}' for t in targets(study))
           + ' | MB per round down | MB per round up |')
   lines = [head, '|' + '---|' * (head.count('|') - 1)]
-  for condition, (words, _) in CONDITIONS.items():
-    for method, (label, _) in METHODS.items():
+  for condition, words in CONDITIONS.items():
+    for method, label in METHODS.items():
       run = loaded[method, condition]
       if run is None or not run['rows']:
-        lines.append(f'| {words} | {label} | not run |' + ' |' * (2 * len(TARGETS) + 2))
+        lines.append(f'| {words} | {label} | not run |' + ' |' * (2 * len(targets(study)) + 2))
         continue
       status = '' if run['finished'] else f' (at round {run["rounds_done"]})'
       cells = [f'{100 * run["last10_mean_accuracy"]:.2f}{status}']
-      for target in TARGETS:
+      for target in targets(study):
         rnd, mb = _reached(run, target)
         cells += ['never' if rnd is None else str(rnd), _mb(mb)]
       cells += [_mb(_per_round_mb(run['rows'], d)) for d in ('down', 'up')]
@@ -159,8 +158,8 @@ def figure(loaded: dict, path: str) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig, axes = plt.subplots(1, len(CONDITIONS), figsize=(4.2 * len(CONDITIONS), 3.4),
                            sharey=True)
-  for ax, (condition, (words, _)) in zip(axes, CONDITIONS.items()):
-    for method, (label, _) in METHODS.items():
+  for ax, (condition, words) in zip(axes, CONDITIONS.items()):
+    for method, label in METHODS.items():
       run = loaded[method, condition]
       if run is None or not run['rows']:
         continue
@@ -174,8 +173,9 @@ def figure(loaded: dict, path: str) -> None:
   curves.save(fig, path)
 
 
-def page(loaded: dict) -> str:
-  layout = LAYOUT
+def page(study, loaded: dict) -> str:
+  layout = study.common
+  plain_sgd_lr = study.runs[run_name('scaffold', 'none')]['client_lr']
   lines = ['# Realistic federations: clients that drop out or lag, in rounds and bytes', '',
            '<!-- written by `python -m benchmarks.federations`; do not edit by hand -->', '',
            *report.prose(' '.join(__doc__.split('\n\n')[2].split())), '',
@@ -184,8 +184,8 @@ def page(loaded: dict) -> str:
            f'{layout["dirichlet_alpha"]}, {layout["num_clients"]} clients, '
            f'{layout["clients_per_round"]} per round, batch {layout["batch_size"]}, E = '
            f'{layout["local_epochs"]}, client lr {layout["client_lr"]} with momentum '
-           f'{layout["client_momentum"]} (the plain-SGD pair: lr {_PLAIN_SGD["client_lr"]}, no '
-           f'momentum), {layout["rounds"]} rounds, seed {SEED}. Accuracy: the global model\'s '
+           f'{layout["client_momentum"]} (the plain-SGD pair: lr {plain_sgd_lr}, no momentum), '
+           f'{layout["rounds"]} rounds, seed {study.seeds[0]}. Accuracy: the global model\'s '
            'on the 10,000 test images, evaluated every round; last-10 is the mean of the last 10 '
            'rounds. Every '
            'method loses the same clients in the same rounds (the draw depends on the seed, the '
@@ -200,19 +200,20 @@ def page(loaded: dict) -> str:
            'its paper counts 2·D each way, for clients that keep theirs.'), '',
            'Command: `python -m benchmarks.federations` (two copies share the runs; `--report` '
            'rewrites this page and the figure).', '']
-  lines += table(loaded)
+  lines += table(study, loaded)
   lines += ['', '![accuracy against cumulative megabytes](federations.png)', '']
   lines += report.prose(f'Verdict: {VERDICT}' if VERDICT else
                         'Verdict: not yet: the runs above are not all in.')
   return '\n'.join(lines) + '\n'
 
 
-def write_pages() -> None:
-  loaded = load()
-  os.makedirs(results_dir(), exist_ok=True)
-  pages.write_text(os.path.join(results_dir(), 'results.md'), page(loaded))
-  figure(loaded, os.path.join(results_dir(), 'federations.png'))
-  print(f'wrote {os.path.relpath(os.path.join(results_dir(), "results.md"))}')
+def write_pages(study) -> None:
+  """The page and figure in the study's output_dir, from its runs (the file's `report`)."""
+  loaded = load(study)
+  os.makedirs(study.output_dir, exist_ok=True)
+  pages.write_text(os.path.join(study.output_dir, 'results.md'), page(study, loaded))
+  figure(loaded, os.path.join(study.output_dir, 'federations.png'))
+  print(f'wrote {os.path.relpath(os.path.join(study.output_dir, "results.md"))}')
 
 
 def main(argv):
@@ -222,7 +223,7 @@ def main(argv):
     print('error: choose one of --report and --plan', file=sys.stderr)
     return 2
   if _REPORT.value:
-    write_pages()
+    write_pages(STUDY)
     return 0
   if _PLAN.value:
     print('\n'.join(compare.plan_runs(NAME, configs())))
@@ -232,7 +233,7 @@ def main(argv):
     with compare.stop_requests():
       compare.run_all(configs())
 
-  return compare.run_and_write(make, write_pages)
+  return compare.run_and_write(make, lambda: write_pages(STUDY))
 
 
 if __name__ == '__main__':

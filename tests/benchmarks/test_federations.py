@@ -1,6 +1,7 @@
-"""benchmarks/federations.py: its runs, its table against numpy on toy runs, and the committed
-page regenerating byte for byte."""
+"""benchmarks/federations.py: its runs (benchmarks/studies/federations.toml), its table
+against numpy on toy runs, and the committed page regenerating byte for byte."""
 
+import dataclasses
 import json
 import os
 
@@ -8,36 +9,52 @@ import numpy as np
 import pytest
 from toy_runs import write_run
 
-from benchmarks import federations, suites
+from benchmarks import federations
+from programs.studies import study_file
+
+
+ALGORITHMS = dict(fedavg='fedavg', fedcross='fedcross', fedcda='fedcda', cadis='cadis',
+                  fedavg_sgd='fedavg', scaffold='scaffold')
+# (client_dropout, straggler_fraction) of each condition
+FAULTS = dict(none=(0.0, 0.0), dropout=(0.3, 0.0), stragglers=(0.0, 0.5))
 
 
 def test_every_method_runs_under_every_condition_on_one_layout():
   configs = {os.path.basename(c.experiment_dir): c for c in federations.configs()}
-  assert len(configs) == len(federations.METHODS) * len(federations.CONDITIONS) == 18
-  for method, (_, fields) in federations.METHODS.items():
-    for condition, (_, faults) in federations.CONDITIONS.items():
-      c = configs[federations.run_name(method, condition)]
+  assert sorted(configs) == sorted(f'{method}_{condition}_s0' for method in federations.METHODS
+                                   for condition in federations.CONDITIONS)
+  for method, algorithm in ALGORITHMS.items():
+    for condition, faults in FAULTS.items():
+      c = configs[f'{method}_{condition}_s0']
       assert (c.dataset, c.partition, c.dirichlet_alpha, c.num_clients, c.clients_per_round,
               c.rounds, c.eval_every, c.seed) == ('fashion_mnist', 'dirichlet', 0.1, 100, 10,
                                                   150, 1, 0)
-      assert c.client_dropout == faults.get('client_dropout', 0.0)
-      assert c.straggler_fraction == faults.get('straggler_fraction', 0.0)
-      assert all(getattr(c, k) == v for k, v in fields.items())
+      assert c.algorithm == algorithm
+      assert (c.client_dropout, c.straggler_fraction) == faults
       assert c.target_accuracy == '0.6,0.7'
-  # SCAFFOLD is compared with a FedAvg on the same plain client SGD
-  for name in ('fedavg_sgd', 'scaffold'):
-    c = configs[federations.run_name(name, 'none')]
-    assert (c.client_lr, c.client_momentum) == (0.02, 0.0)
+      # SCAFFOLD is compared with a FedAvg on the same plain client SGD
+      plain = method in ('fedavg_sgd', 'scaffold')
+      assert (c.client_lr, c.client_momentum) == ((0.02, 0.0) if plain else (0.01, 0.5))
+      assert c.fedcda_warmup_rounds == 25 or method != 'fedcda'
+      assert c.cadis_sample_weighted == (method != 'cadis')
 
 
-def test_the_table_reads_levels_targets_and_megabytes(tmp_path, monkeypatch):
-  monkeypatch.setattr(suites, 'RESULTS', str(tmp_path))
+def test_a_study_without_every_method_under_every_condition_is_refused():
+  runs = dict(federations.STUDY.runs)
+  del runs['cadis_stragglers']
+  study = dataclasses.replace(federations.STUDY, runs=runs)
+  with pytest.raises(study_file.StudyFileError, match=r'federations\.toml \[runs\]: '):
+    federations.load(study)
+
+
+def test_the_table_reads_levels_targets_and_megabytes(tmp_path):
+  study = dataclasses.replace(federations.STUDY, output_dir=str(tmp_path))
   rng = np.random.default_rng(0)
-  rounds = federations.LAYOUT['rounds']
+  rounds = study.common['rounds']
   acc = rng.uniform(0.5, 0.8, rounds)
   down = rng.integers(1, 10**6, rounds).astype(float)
   up = rng.integers(1, 10**6, rounds).astype(float)
-  path = os.path.join(federations.run_dir(), federations.run_name('fedcross', 'dropout'))
+  path = os.path.join(study.runs_dir, 'fedcross_dropout_s0')
   write_run(path, rounds, acc, config=dict(algorithm='fedcross'), columns=dict(
       bytes_down_payload=down, bytes_down_overhead=np.full(rounds, 7.0),
       bytes_up_payload=up, bytes_up_overhead=np.full(rounds, 3.0),
@@ -49,7 +66,7 @@ def test_the_table_reads_levels_targets_and_megabytes(tmp_path, monkeypatch):
                                  dict(target=0.7, round=None, bytes=None, seconds=None)]
   with open(os.path.join(path, 'summary.json'), 'w') as f:
     json.dump(summary, f)
-  lines = federations.table(federations.load())
+  lines = federations.table(study, federations.load(study))
   row, = [l for l in lines if '| FedCross |' in l and 'never report' in l]
   cells = [c.strip() for c in row.strip('|').split('|')]
   assert cells[2] == f'{100 * acc[-10:].mean():.2f}'
@@ -58,11 +75,33 @@ def test_the_table_reads_levels_targets_and_megabytes(tmp_path, monkeypatch):
   assert cells[8] == f'{np.mean(up + 3.0) / 1e6:.1f}'
   # every other run is listed as not run
   assert sum('not run' in l for l in lines) == 17
-  federations.write_pages()
-  assert os.path.getsize(os.path.join(federations.results_dir(), 'federations.png')) > 0
+  federations.write_pages(study)
+  assert os.path.getsize(os.path.join(tmp_path, 'federations.png')) > 0
 
 
 def test_the_committed_page_regenerates_byte_for_byte():
-  with open(os.path.join(federations.results_dir(), 'results.md')) as f:
-    assert federations.page(federations.load()) == f.read(), (
+  study = federations.STUDY
+  with open(os.path.join(study.output_dir, 'results.md')) as f:
+    assert federations.page(study, federations.load(study)) == f.read(), (
         'regenerate: python -m benchmarks.federations --report')
+
+
+def test_the_study_files_report_writes_the_federations_page(study_command):
+  """`python -m programs.study report` on the file writes this page (its `report` key), the
+  same bytes (put back if not)."""
+  paths = [os.path.join(federations.STUDY.output_dir, f)
+           for f in ('results.md', 'federations.png')]
+  before = {}
+  for path in paths:
+    with open(path, 'rb') as f:
+      before[path] = f.read()
+  try:
+    result = study_command('report', 'benchmarks/studies/federations.toml')
+    assert result.returncode == 0, result.stderr
+    assert 'wrote benchmarks/results/federations/results.md' in result.stdout
+    with open(paths[0], 'rb') as f:
+      assert f.read() == before[paths[0]]
+  finally:
+    for path, data in before.items():
+      with open(path, 'wb') as f:
+        f.write(data)

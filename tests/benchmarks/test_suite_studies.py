@@ -59,7 +59,7 @@ def test_a_study_file_gives_the_suites_runs_and_tuning_points(name, monkeypatch)
 
 @pytest.mark.parametrize('name, runs', [
     ('fedcda', 22), ('fedcross', 18), ('cadis', 27), ('fedlex', 107), ('fedlex_paper', 6),
-    ('fedlex_adam_tuned', 12), ('fedlex_reference', 6), ('scaffold', 6)])
+    ('fedlex_adam_tuned', 12), ('fedlex_reference', 6), ('scaffold', 6), ('federations', 18)])
 def test_plan_of_a_finished_suites_study_has_nothing_left(study_command, name, runs):
   """Every committed run (reported and tuning) is finished at the file's settings: the
   queue's refusal of a run of other settings does not fire."""
