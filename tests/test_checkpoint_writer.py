@@ -59,6 +59,15 @@ def _assert_same_run(a, b):
   assert _rows(a) == _rows(b)
 
 
+def _resume_ends_as(unbroken, config, after):
+  """`--resume` of the run `config` made continues after round `after` and ends as the
+  unbroken run."""
+  messages = []
+  experiment.run_experiment(dataclasses.replace(config, resume=True), messages.append)
+  assert messages == [f'resuming {config.experiment_dir} after round {after}'], messages
+  _assert_same_run(unbroken, config.experiment_dir)
+
+
 @pytest.fixture(scope='module')
 def unbroken(tmp_path_factory):
   """A 4-round run checkpointed every round, uninterrupted: what every broken run must equal."""
@@ -331,10 +340,7 @@ def test_a_stop_with_a_write_in_flight_completes_it_then_the_last_round(
   assert run_directory.checkpointed_rounds(ckpt_dir) == [2, 3]
   assert sorted(os.listdir(ckpt_dir)) == ['program_state_2', 'program_state_3']
   monkeypatch.undo()
-  messages = []
-  experiment.run_experiment(dataclasses.replace(config, resume=True), messages.append)
-  assert messages == [f'resuming {config.experiment_dir} after round 3'], messages
-  _assert_same_run(unbroken, config.experiment_dir)
+  _resume_ends_as(unbroken, config, after=3)
 
 
 def test_write_failures_are_named_in_a_few_words():
@@ -404,10 +410,7 @@ def test_a_failed_write_stops_the_run_in_one_line_and_resume_continues(
                      'after round 2, the last one checkpointed')
   assert sorted(os.listdir(ckpt_dir)) == ['program_state_1', 'program_state_2']
   monkeypatch.undo()
-  messages = []
-  experiment.run_experiment(dataclasses.replace(config, resume=True), messages.append)
-  assert messages == [f'resuming {config.experiment_dir} after round 2'], messages
-  _assert_same_run(unbroken, config.experiment_dir)
+  _resume_ends_as(unbroken, config, after=2)
 
 
 @pytest.mark.parametrize('when', ['start', 'wait'])
