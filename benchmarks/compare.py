@@ -35,6 +35,7 @@ from programs import pages
 from programs import run_directory
 from programs.studies import command_flags
 from programs.studies import queue
+from programs.studies import study as study_lib
 from programs.studies import study_file
 from programs.studies import tuning
 # The queue's command and signal handling, as the suites' other tools (federations.py) use it.
@@ -130,7 +131,7 @@ def run_all(configs, tuning: bool = False) -> None:
 def tuning_points(suite: suites.Suite) -> list:
   """[(run, grid values, config)] of the suite's learning-rate grid, in grid order."""
   return [(run, values, suites.experiment_config(
-      suite.tuning_overrides(run, values), suites.TUNING_SEED,
+      suite.tuning_overrides(run, values), study_lib.TUNING_SEED,
       os.path.join(suites.suite_dir(suite.name), 'tuning'), suites.tuning_name(run, values)))
           for run, grid in suite.grid.items() for values in rd.grid_points(grid)]
 

@@ -36,6 +36,7 @@ from programs import experiment_config
 from programs import fedlex_exploration
 from programs import pages
 from programs.studies import paired
+from programs.studies import study as study_lib
 
 SUITE = suites.SUITES['fedlex']
 # The explorers' client rate, one for every guided variant (the fedlex study file's).
@@ -159,7 +160,7 @@ def _tuning_lines(runs) -> list:
   tuning = [r for source, _, r in runs if source == 'tuning']
   earlier = [r for source, _, r in runs if source == 'superseded tuning']
   lines = ['## The guided variants\' best tuning points under each exploration rule', '',
-           f'Tuning at seed {suites.TUNING_SEED}, {SUITE.tuning_rounds} rounds. First rule '
+           f'Tuning at seed {study_lib.TUNING_SEED}, {SUITE.tuning_rounds} rounds. First rule '
            '(superseded): the explorers trained at the point\'s client rate, so every client '
            'rate of a guided grid also changed G (FedLEx-SGD, which has no client step, '
            'explored at the default client rate, 0.01, at every point). Now: the explorers '

@@ -38,6 +38,7 @@ from programs import pages
 from programs import run_results
 from programs.studies import curves
 from programs.studies import paired
+from programs.studies import study as study_lib
 from programs.studies import study_file
 
 REPRODUCTION = os.path.join(suites.RESULTS, 'REPRODUCTION.md')
@@ -527,7 +528,7 @@ def _tuning_lines(suite: suites.Suite) -> list:
   tuned = suites.load_tuned(suite.name) or {}
   key = rd.CRITERION_KEYS[suite.criterion]
   lines = ['## Tuning', '',
-           f'Seed {suites.TUNING_SEED} (apart from the reported seeds), '
+           f'Seed {study_lib.TUNING_SEED} (apart from the reported seeds), '
            f'{suite.tuning_rounds or suite.common["rounds"]} rounds; the best '
            f'{"single round" if suite.criterion == "best" else "last-10 mean"} wins and is '
            'frozen in tuned.json.', '', '| run | grid point | accuracy (%) | chosen |',

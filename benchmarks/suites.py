@@ -14,6 +14,7 @@ import json
 import os
 from typing import Optional
 
+from programs.studies import study as study_lib
 from programs.studies import study_file
 from programs.studies import tuning
 from programs.studies.study import algorithm_of
@@ -32,8 +33,6 @@ SEEDS = (0, 1, 2)
 # Every suite runs on this data set (the offline real one); a paper figure on the same data
 # set is compared level for level on the pages, not only by its margin.
 OUR_DATASET = 'Fashion-MNIST'
-# The seed grids are tuned on, apart from the reported seeds.
-TUNING_SEED = 100
 # Suite runs checkpoint every this many rounds (and after their last, and when stopped), not
 # every round (RESULTS.md, "A checkpoint every round"); a crash repeats at most this many
 # rounds, exactly.
@@ -41,8 +40,6 @@ CHECKPOINT_EVERY = 10
 # Settings of every suite run (experiment_config): checkpoints as above, and a run whose
 # training blows up goes on, its page saying so. A study file of a suite sets them in [common].
 RUN_SETTINGS = dict(checkpoint_every=CHECKPOINT_EVERY, blown_up_rounds=0)
-# A run's accuracy on the pages (Suite.criterion): its last 10 evaluations' mean, or its best.
-CRITERIA = ('last10', 'best')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +79,8 @@ class Suite:
   runs: dict                       # run name -> ExperimentConfig overrides
   comparisons: tuple
   scaled: str                      # what differs from the paper, and why (shown on the page)
-  # Tuning: run name -> {field: candidate values}, on one seed (TUNING_SEED, apart from the
-  # reported seeds). The best last-10 mean wins and is frozen in tuned.json for every run of
+  # Tuning: run name -> {field: candidate values}, on one seed (study.TUNING_SEED, apart from
+  # the reported seeds). The best last-10 mean wins and is frozen in tuned.json for every run of
   # that run's algorithm. A grid whose best value lies on its edge is widened until the best
   # lies inside, so a tuned rate is never the grid's choice of where to stop.
   grid: dict = dataclasses.field(default_factory=dict)
@@ -127,8 +124,9 @@ class Suite:
   study: str = ''
 
   def __post_init__(self):
-    if self.criterion not in CRITERIA:
-      raise ValueError(f'suite {self.name}: criterion {self.criterion!r}, not one of {CRITERIA}')
+    if self.criterion not in study_lib.CRITERIA:
+      raise ValueError(f'suite {self.name}: criterion {self.criterion!r}, not one of '
+                       f'{study_lib.CRITERIA}')
     overlap = sorted(set(self.borrowed) & set(self.runs))
     if overlap:
       raise ValueError(f'suite {self.name}: {overlap} both borrowed and made')
@@ -173,9 +171,10 @@ class Suite:
     tuning length and criterion); `papers` maps each comparison's label to its key in
     paper_numbers.json, `paper` holds the rest of the paper layer (title, scaled, probes...).
     ValueError, naming the file and key, where the file leaves the suites' shared protocol
-    (SEEDS, TUNING_SEED, RUN_SETTINGS)."""
+    (SEEDS, study.TUNING_SEED, RUN_SETTINGS)."""
     study = study_file.load(path)
-    fixed = dict(seeds=(study.seeds, SEEDS), tuning_seed=(study.tuning_seed, TUNING_SEED),
+    fixed = dict(seeds=(study.seeds, SEEDS),
+                 tuning_seed=(study.tuning_seed, study_lib.TUNING_SEED),
                  **{k: (study.common.get(k), v) for k, v in RUN_SETTINGS.items()})
     for key, (got, want) in fixed.items():
       if got != want:
