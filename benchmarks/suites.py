@@ -18,8 +18,6 @@ from programs.studies import study as study_lib
 from programs.studies import study_file
 from programs.studies import tuning
 from programs.studies.study import algorithm_of
-# A run's directory names, as every study names them.
-from programs.studies.study import run_name, tuning_name  # pylint: disable=unused-import
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_NUMBERS = os.path.join(HERE, 'paper_numbers.json')
