@@ -17,6 +17,7 @@ skipped, then waited for at the end (`bash benchmarks/reproduce.sh` with JOBS=2)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from typing import Optional
@@ -34,10 +35,10 @@ from programs import experiment_config
 from programs import pages
 from programs import run_directory
 from programs.studies import command_flags
+from programs.studies import experiments
 from programs.studies import queue
 from programs.studies import records
 from programs.studies import study as study_lib
-from programs.studies import study_file
 from programs.studies import tuning
 
 _SUITE = flags.DEFINE_enum('suite', None, list(suites.SUITES), 'Which comparison to run.')
@@ -128,20 +129,16 @@ def run_all(configs, tuning: bool = False) -> None:
 
 
 def tuning_points(suite: suites.Suite) -> list:
-  """[(run, grid values, config)] of the suite's learning-rate grid, in grid order."""
-  return [(run, values, suites.experiment_config(
-      suite.tuning_overrides(run, values), study_lib.TUNING_SEED,
-      os.path.join(suites.suite_dir(suite.name), 'tuning'), study_lib.tuning_name(run, values)))
-          for run, grid in suite.grid.items() for values in records.grid_points(grid)]
+  """[(run, grid values, config)] of the suite's learning-rate grid, in grid order
+  (experiments.tuning_points)."""
+  return experiments.tuning_points(suite.declared)
 
 
 def run_configs(suite: suites.Suite, tuned, only=(), seeds=suites.SEEDS) -> list:
-  """The suite's reported runs (those named in `only`, if given) over `seeds`, seed by seed
-  (every run's first seed, then the next): a suite cut short holds whole comparisons."""
-  return [suites.experiment_config(
-      suite.config_overrides(run, tuned), seed, os.path.join(suites.suite_dir(suite.name), 'runs'),
-      study_lib.run_name(run, seed))
-          for seed in seeds for run in suite.runs if not only or run in only]
+  """The suite's reported runs (those named in `only`, if given) over `seeds`
+  (experiments.run_configs)."""
+  return experiments.run_configs(dataclasses.replace(suite.declared, seeds=tuple(seeds)),
+                                 tuned, only)
 
 
 def probe_configs(suite: suites.Suite, tuned, only=(), probes=()) -> list:
@@ -184,8 +181,8 @@ def tune(suite: suites.Suite) -> dict:
   `programs.study tune` does); another, the bare choice."""
   points = tuning_points(suite)
   run_all([config for _, _, config in points], tuning=True)
-  if suite.study:
-    return tuning.freeze(study_file.load(suite.study))['chosen']
+  if suite.study_decl is not None:
+    return tuning.freeze(suite.study_decl)['chosen']
   tuned = {}
   for run in suite.grid:
     best = queue.best_point([(values, config) for name, values, config in points if name == run],
