@@ -169,6 +169,13 @@ class Suite:
       if source not in tuned:
         raise ValueError(f'suite {self.name}: {algorithm} takes the tuned values of {source}, '
                          f'which has no grid (tuned: {sorted(tuned)})')
+    decl = self.study_decl
+    if decl is not None and (
+        (self.common, self.runs, self.grid, self.tuned_as, self.tuning_rounds, self.criterion)
+        != (layout(decl), decl.runs, decl.grid, decl.tuned_as, decl.tuning_rounds,
+            decl.criterion)):
+      raise ValueError(f'suite {self.name}: its layout, runs and grids differ from its study '
+                       f'file {self.study}\'s; change them there')
 
   @classmethod
   def from_study(cls, path: str, papers: dict, **paper) -> 'Suite':
