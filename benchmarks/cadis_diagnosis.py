@@ -31,6 +31,7 @@ from benchmarks import runs as rd
 from benchmarks import suites
 from programs import methods
 from programs.studies import paired
+from programs.studies import records
 
 OUT = os.path.join(suites.suite_dir('cadis'), 'diagnosis.md')
 EARLIER_RUNS = os.path.join(suites.suite_dir('cadis'), 'earlier_runs')
@@ -89,7 +90,7 @@ def _accuracy_changes(rows) -> tuple:
   """(test accuracy after round t+1 minus after round t, where both were evaluated; the mask
   of those t among all). A run evaluated every k-th round has such pairs only where it
   evaluated every round, e.g. its last rounds."""
-  change = np.diff(rd.metrics_column(rows, 'test_accuracy'))
+  change = np.diff(records.metrics_column(rows, 'test_accuracy'))
   evaluated = np.isfinite(change)
   return change[evaluated], evaluated
 
@@ -110,8 +111,8 @@ def round_to_round_change(rows) -> float:
 
 def kd_to_cross_entropy(rows) -> float:
   """The KD term's mean beside the cross-entropy's (as the program's summary.json)."""
-  kd = rd.metrics_column(rows, 'client_work/train/extra_loss')
-  ce = rd.metrics_column(rows, 'client_work/train/loss')
+  kd = records.metrics_column(rows, 'client_work/train/extra_loss')
+  ce = records.metrics_column(rows, 'client_work/train/loss')
   keep = np.isfinite(kd)
   return float(kd[keep].mean() / ce[keep].mean()) if keep.any() else float('nan')
 
@@ -194,7 +195,7 @@ def _suite_lines(runs: dict, filled: dict) -> list:
                      for w in window for x in w])
       kd = [x for x in (kd_to_cross_entropy(w) for w in window) if np.isfinite(x)]
       kd = float(np.mean(kd)) if kd else float('nan')   # without KD: n/a
-      base_acc = [rd.metrics_column(r[start:mark], 'test_accuracy') for r in baseline]
+      base_acc = [records.metrics_column(r[start:mark], 'test_accuracy') for r in baseline]
       fedavg = (f'{100 * np.nanmean(base_acc):.2f}'
                 if baseline and all(len(r) >= mark for r in baseline) else 'n/a')
       lines.append(
@@ -203,7 +204,7 @@ def _suite_lines(runs: dict, filled: dict) -> list:
           f'{100 * np.mean([float(x["aggregator/cluster_pair_accuracy"]) for x in at]):.1f}% | '
           f'{sum(methods.cadis_clusters_match(x, NUM_CLIENTS) for x in at)} of {len(at)} | '
           f'{eff:.2f} | {rd.num(kd, ".3f")} | '
-          f'{100 * np.nanmean([rd.metrics_column(w, "test_accuracy") for w in window]):.2f}'
+          f'{100 * np.nanmean([records.metrics_column(w, "test_accuracy") for w in window]):.2f}'
           ' | '
           f'{fedavg} |')
       start = mark
@@ -215,7 +216,7 @@ def _run_cells(by_seed: dict, seeds: list) -> list:
   """A run's cells of the reported-runs table over its finished `seeds` ({seed: metrics
   rows}); the weights' and clusters' cells n/a for a run that records none (FedAvg's)."""
   rows = [by_seed[s] for s in seeds]
-  last10 = [rd.last10_of(rd.metrics_column(r, 'test_accuracy')) for r in rows]
+  last10 = [records.last10_of(records.metrics_column(r, 'test_accuracy')) for r in rows]
   cadis = all('aggregator/aggregation_weights' in r[0] for r in rows)
   effects = [weight_effects(r) for r in rows] if cadis else []
   matched = [next((int(x['round']) for x in r
@@ -305,12 +306,12 @@ def _tuning_cluster_lines() -> list:
       continue
     with open(os.path.join(path, 'config.json')) as f:
       config = json.load(f)
-    rows = rd.metrics_rows(path)
+    rows = records.metrics_rows(path)
     matched = [int(x['round']) for x in rows if methods.cadis_clusters_match(x, NUM_CLIENTS)]
     accuracy = [float(x['test_accuracy']) for x in rows if x.get('test_accuracy')]
     found.append((config['client_lr'], config['seed'], len(rows), matched,
                   int(float(rows[-1]['aggregator/num_clusters'])),
-                  100 * float(np.mean(accuracy[-rd.LAST:]))))
+                  100 * float(np.mean(accuracy[-records.LAST:]))))
   if not found:
     return []
   lines = ['The tuning runs of `cadis` (one seed, so the same clients sampled together in '
@@ -435,7 +436,7 @@ def _similarity_lines() -> list:
               for i in (-2, -1))
       stats = similarity_statistics(a, b, z['true_clusters'])
     run_dir = os.path.join(suites.suite_dir('cadis'), 'runs', f'{run}_s{seed}')
-    recorded = (rd.metrics_rows(run_dir)
+    recorded = (records.metrics_rows(run_dir)
                 if os.path.exists(os.path.join(run_dir, 'metrics.csv')) else [])
     clusters = (int(float(recorded[b['round'] - 1]['aggregator/num_clusters']))
                 if len(recorded) >= b['round'] else None)
@@ -470,7 +471,7 @@ def _earlier_lines() -> list:
   for name in ('cadis', 'cadis_no_kd', 'cadis_transitive'):
     path = os.path.join(EARLIER_RUNS, name)
     if os.path.exists(os.path.join(path, 'metrics.csv')):
-      out.append((name, weight_effects(rd.metrics_rows(path))))
+      out.append((name, weight_effects(records.metrics_rows(path))))
   if not out:
     return []
   lines = ['## The earlier runs', '',

@@ -17,6 +17,7 @@ skipped, then waited for at the end (`bash benchmarks/reproduce.sh` with JOBS=2)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from typing import Optional
@@ -34,11 +35,11 @@ from programs import experiment_config
 from programs import pages
 from programs import run_directory
 from programs.studies import command_flags
+from programs.studies import experiments
 from programs.studies import queue
-from programs.studies import study_file
+from programs.studies import records
+from programs.studies import study as study_lib
 from programs.studies import tuning
-# The queue's command and signal handling, as the suites' other tools (federations.py) use it.
-from programs.studies.queue import run_and_write, stop_requests
 
 _SUITE = flags.DEFINE_enum('suite', None, list(suites.SUITES), 'Which comparison to run.')
 _SEEDS = flags.DEFINE_list('seeds', [str(s) for s in suites.SEEDS],
@@ -69,7 +70,7 @@ def shorter_run_target(config) -> Optional[str]:
   try:
     if run_directory.checkpointed_rounds(os.path.join(exp_dir, 'checkpoints')):
       return None
-    r = rd.load_run(exp_dir)   # at its own length
+    r = records.load_run(exp_dir)   # at its own length
   except FileNotFoundError:   # not made yet, or moved away by the other compare process
     return None
   if not r['finished'] or r['rounds'] >= config.rounds:
@@ -128,20 +129,16 @@ def run_all(configs, tuning: bool = False) -> None:
 
 
 def tuning_points(suite: suites.Suite) -> list:
-  """[(run, grid values, config)] of the suite's learning-rate grid, in grid order."""
-  return [(run, values, suites.experiment_config(
-      suite.tuning_overrides(run, values), suites.TUNING_SEED,
-      os.path.join(suites.suite_dir(suite.name), 'tuning'), suites.tuning_name(run, values)))
-          for run, grid in suite.grid.items() for values in rd.grid_points(grid)]
+  """[(run, grid values, config)] of the suite's learning-rate grid, in grid order
+  (experiments.tuning_points)."""
+  return experiments.tuning_points(suite.declared)
 
 
 def run_configs(suite: suites.Suite, tuned, only=(), seeds=suites.SEEDS) -> list:
-  """The suite's reported runs (those named in `only`, if given) over `seeds`, seed by seed
-  (every run's first seed, then the next): a suite cut short holds whole comparisons."""
-  return [suites.experiment_config(
-      suite.config_overrides(run, tuned), seed, os.path.join(suites.suite_dir(suite.name), 'runs'),
-      suites.run_name(run, seed))
-          for seed in seeds for run in suite.runs if not only or run in only]
+  """The suite's reported runs (those named in `only`, if given) over `seeds`
+  (experiments.run_configs)."""
+  return experiments.run_configs(dataclasses.replace(suite.declared, seeds=tuple(seeds)),
+                                 tuned, only)
 
 
 def probe_configs(suite: suites.Suite, tuned, only=(), probes=()) -> list:
@@ -150,7 +147,7 @@ def probe_configs(suite: suites.Suite, tuned, only=(), probes=()) -> list:
   by seed as in `run_configs`."""
   return [suites.experiment_config(
       suite.probe_overrides(probe, run, tuned), seed, suites.probe_dir(suite.name, probe.name),
-      suites.run_name(run, seed))
+      study_lib.run_name(run, seed))
           for probe in suite.probes if not probes or probe.name in probes
           for seed in probe.seeds
           for run in probe.runs if not only or run in only]
@@ -184,8 +181,8 @@ def tune(suite: suites.Suite) -> dict:
   `programs.study tune` does); another, the bare choice."""
   points = tuning_points(suite)
   run_all([config for _, _, config in points], tuning=True)
-  if suite.study:
-    return tuning.freeze(study_file.load(suite.study))['chosen']
+  if suite.study_decl is not None:
+    return tuning.freeze(suite.study_decl)['chosen']
   tuned = {}
   for run in suite.grid:
     best = queue.best_point([(values, config) for name, values, config in points if name == run],
@@ -235,7 +232,7 @@ def main(argv):
     print(f'error: no probe run is named in --only={",".join(_ONLY.value)}; the probes\' runs '
           f'are {sorted({r for p in suite.probes for r in p.runs})}', file=sys.stderr)
     return 2
-  with stop_requests():
+  with queue.stop_requests():
     return _main(suite, seeds, probes_mode)
 
 
@@ -293,7 +290,7 @@ def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
     print(f'wrote {os.path.relpath(os.path.join(suites.suite_dir(suite.name), "results.md"))} '
           '(and every other page)')
 
-  return run_and_write(make, write)
+  return queue.run_and_write(make, write)
 
 
 if __name__ == '__main__':

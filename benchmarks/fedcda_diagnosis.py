@@ -30,6 +30,7 @@ from benchmarks import runs as rd
 from benchmarks import suites
 from programs import pages
 from programs.studies import paired
+from programs.studies import records
 
 SUITE = suites.SUITES['fedcda']
 PAPER_SUITE = suites.SUITES['fedcda_paper']
@@ -57,12 +58,12 @@ def objective_lowered(rows) -> float:
 
 def best_round(rows) -> float:
   """The highest test accuracy of any evaluated round."""
-  return float(np.nanmax(rd.metrics_column(rows, 'test_accuracy')))
+  return float(np.nanmax(records.metrics_column(rows, 'test_accuracy')))
 
 
 def last10(rows) -> float:
   """The last-10 mean of a run's `metrics_rows` (as summary.json's)."""
-  return rd.last10_of(rd.metrics_column(rows, 'test_accuracy'))
+  return records.last10_of(records.metrics_column(rows, 'test_accuracy'))
 
 
 def _pair(method: str, baseline: str, runs: dict) -> tuple:
@@ -85,7 +86,7 @@ def _sources() -> list:
   rounds, declared = rd.reported_rounds(SUITE), rd.declared_rounds(SUITE)
   reported = rd.suite_metrics(SUITE)
   longer = {} if rounds == declared else {
-      run: {seed: rd.run_rows(r) for seed, r in seeds.items() if rd.usable(r)}
+      run: {seed: records.run_rows(r) for seed, r in seeds.items() if records.usable(r)}
       for run, seeds in rd.collect_at(SUITE, declared).items()}
   out = []
   for c in SUITE.comparisons:
@@ -200,9 +201,9 @@ def _selection_lines() -> list:
     probed = rd.probe_metrics(SUITE, probe)
     for run in probe.runs:
       rounds = SUITE.probe_overrides(probe, run, tuned)['rounds']
-      reported = {seed: rd.run_rows(r)
+      reported = {seed: records.run_rows(r)
                   for seed, r in rd.collect_at(SUITE, rounds)[run].items()
-                  if rd.usable(r)}
+                  if records.usable(r)}
       seeds = [s for s in paired.paired_seeds(probed.get(run, {}), reported) if s in probe.seeds]
       r = [last10(reported[s]) for s in seeds]
       p = [last10(probed[run][s]) for s in seeds]

@@ -27,6 +27,7 @@ import numpy as np
 from benchmarks import runs as rd
 from benchmarks import suites
 from programs.studies import paired
+from programs.studies import records
 
 OUT = os.path.join(suites.suite_dir('fedcross'), 'diagnosis.md')
 WINDOW = rd.WINDOW
@@ -56,8 +57,8 @@ def spread_over(rows) -> dict:
 def margin_curve(cross_rows, avg_rows) -> np.ndarray:
   """FedCross − FedAvg per round, NaN where either was not evaluated."""
   n = min(len(cross_rows), len(avg_rows))
-  return (rd.metrics_column(cross_rows[:n], 'test_accuracy') -
-          rd.metrics_column(avg_rows[:n], 'test_accuracy'))
+  return (records.metrics_column(cross_rows[:n], 'test_accuracy') -
+          records.metrics_column(avg_rows[:n], 'test_accuracy'))
 
 
 def peak_margin(curves) -> str:
@@ -66,8 +67,8 @@ def peak_margin(curves) -> str:
   n = min(len(c) for c in curves)
   mean = np.mean([c[:n] for c in curves], axis=0)   # NaN where a round was not evaluated
   evaluated = np.flatnonzero(np.isfinite(mean))     # row i holds round i + 1
-  windows = [(float(np.mean(mean[evaluated[i - rd.LAST + 1:i + 1]])), int(evaluated[i]) + 1)
-             for i in range(rd.LAST - 1, len(evaluated))]
+  windows = [(float(np.mean(mean[evaluated[i - records.LAST + 1:i + 1]])), int(evaluated[i]) + 1)
+             for i in range(records.LAST - 1, len(evaluated))]
   if not windows:
     return 'n/a'
   value, end = max(windows, key=lambda w: w[0])   # the first of equal windows
@@ -122,8 +123,8 @@ def _setting_cells(cross: dict, avg: dict, accel: int, seeds: list) -> list:
   """A setting's cells of the per-setting table over its paired seeds: spread and choices
   after the acceleration, both runs' last-10 means, their margin and the peak margin."""
   spreads = [spread_over(cross[s][accel:]) for s in seeds]
-  last_a = [rd.last10_of(rd.metrics_column(avg[s], 'test_accuracy')) for s in seeds]
-  last_c = [rd.last10_of(rd.metrics_column(cross[s], 'test_accuracy')) for s in seeds]
+  last_a = [records.last10_of(records.metrics_column(avg[s], 'test_accuracy')) for s in seeds]
+  last_c = [records.last10_of(records.metrics_column(cross[s], 'test_accuracy')) for s in seeds]
   return [paired.over_seeds([s['median_distance'] for s in spreads], '.1f', 1e4),
           paired.over_seeds([s['max_distance'] for s in spreads], '.1f', 1e4),
           paired.over_seeds([s['distinct'] for s in spreads], '.1f'),
@@ -154,7 +155,7 @@ def _rounds_lines(sources) -> list:
     start = 0
     for mark in marks:
       spread = [spread_over(cross[s][start:mark]) for s in seeds]
-      alpha = np.mean([_mean_of_evaluated(rd.metrics_column(cross[s][start:mark],
+      alpha = np.mean([_mean_of_evaluated(records.metrics_column(cross[s][start:mark],
                                                                 'aggregator/alpha'))
                        for s in seeds])
       (a, swing_a), (c, swing_c) = (

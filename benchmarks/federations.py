@@ -31,11 +31,12 @@ import numpy as np
 
 from benchmarks import compare
 from benchmarks import report
-from benchmarks import runs as rd
 from benchmarks import suites
 from programs import pages
 from programs.studies import curves
 from programs.studies import experiments
+from programs.studies import queue
+from programs.studies import records
 from programs.studies import study as study_lib
 from programs.studies import study_file
 
@@ -107,7 +108,7 @@ def _reached(run: dict, target: float):
 
 def _per_round_mb(rows: list, direction: str) -> float:
   """Mean megabytes a round moves in `direction` ('down' or 'up'), payload and overhead."""
-  total = sum(rd.metrics_column(rows, f'bytes_{direction}_{part}')
+  total = sum(records.metrics_column(rows, f'bytes_{direction}_{part}')
               for part in ('payload', 'overhead'))
   total = total[np.isfinite(total)]
   return float(np.mean(total)) if total.size else float('nan')
@@ -125,7 +126,7 @@ def load(study) -> dict:
   loaded = {}
   for name, cell in cells.items():
     path = os.path.join(study.runs_dir, study_lib.run_name(name, study.seeds[0]))
-    loaded[cell] = (rd.load_run(path, study.common['rounds'])
+    loaded[cell] = (records.load_run(path, study.common['rounds'])
                     if os.path.exists(os.path.join(path, 'config.json')) else None)
   return loaded
 
@@ -163,9 +164,9 @@ def figure(loaded: dict, path: str) -> None:
       run = loaded[method, condition]
       if run is None or not run['rows']:
         continue
-      acc = rd.metrics_column(run['rows'], 'test_accuracy')
-      mb = (rd.metrics_column(run['rows'], 'cumulative_bytes_down')
-            + rd.metrics_column(run['rows'], 'cumulative_bytes_up')) / 1e6
+      acc = records.metrics_column(run['rows'], 'test_accuracy')
+      mb = (records.metrics_column(run['rows'], 'cumulative_bytes_down')
+            + records.metrics_column(run['rows'], 'cumulative_bytes_up')) / 1e6
       keep = np.isfinite(acc) & np.isfinite(mb)
       ax.plot(mb[keep], 100 * acc[keep], lw=1.1, label=label.replace('\\|', '|'))
     curves.finish_panel(ax, words, 'cumulative MB (down + up)', 'no run yet')
@@ -230,10 +231,10 @@ def main(argv):
     return 0
 
   def make() -> None:
-    with compare.stop_requests():
+    with queue.stop_requests():
       compare.run_all(configs())
 
-  return compare.run_and_write(make, lambda: write_pages(STUDY))
+  return queue.run_and_write(make, lambda: write_pages(STUDY))
 
 
 if __name__ == '__main__':

@@ -36,6 +36,8 @@ from programs import experiment_config
 from programs import fedlex_exploration
 from programs import pages
 from programs.studies import paired
+from programs.studies import records
+from programs.studies import study as study_lib
 
 SUITE = suites.SUITES['fedlex']
 # The explorers' client rate, one for every guided variant (the fedlex study file's).
@@ -92,7 +94,7 @@ def recorded_runs() -> list:
                           ('tuning', os.path.join(base, 'tuning', '*')),
                           ('superseded tuning',
                            os.path.join(base, 'earlier_runs', 'tuning', '*'))):
-    out += [(source, os.path.basename(p), rd.load_run(p)) for p in _dirs(pattern)]
+    out += [(source, os.path.basename(p), records.load_run(p)) for p in _dirs(pattern)]
   return out
 
 
@@ -141,7 +143,7 @@ def _point(r: dict | None, runs, algorithm: str) -> list:
   """Best point (marked when on its grid's edge), explorers' rate, last-10, G median, and how
   many of the grid's points finished or diverged."""
   grid = SUITE.grid[algorithm]
-  total = len(rd.grid_points(grid))
+  total = len(records.grid_points(grid))
   ended = sum(r2['config']['algorithm'] == algorithm and bool(r2['finished'] or r2['diverged'])
               for r2 in runs)
   if r is None:
@@ -151,7 +153,7 @@ def _point(r: dict | None, runs, algorithm: str) -> list:
                      (' (grid edge)' if len(v) > 1 and r['config'][k] in (min(v), max(v)) else '')
                      for k, v in grid.items())
   return [values, f'{explorer_rate(r["config"]):g}' if g else 'n/a',
-          rd.pct(r['last10_mean_accuracy']), f'{g["guidance_median"]:.2g}' if g else 'n/a',
+          paired.pct(r['last10_mean_accuracy']), f'{g["guidance_median"]:.2g}' if g else 'n/a',
           f'{ended} of {total}']
 
 
@@ -159,7 +161,7 @@ def _tuning_lines(runs) -> list:
   tuning = [r for source, _, r in runs if source == 'tuning']
   earlier = [r for source, _, r in runs if source == 'superseded tuning']
   lines = ['## The guided variants\' best tuning points under each exploration rule', '',
-           f'Tuning at seed {suites.TUNING_SEED}, {SUITE.tuning_rounds} rounds. First rule '
+           f'Tuning at seed {study_lib.TUNING_SEED}, {SUITE.tuning_rounds} rounds. First rule '
            '(superseded): the explorers trained at the point\'s client rate, so every client '
            'rate of a guided grid also changed G (FedLEx-SGD, which has no client step, '
            'explored at the default client rate, 0.01, at every point). Now: the explorers '
@@ -226,10 +228,10 @@ def _equal_step_lines(runs) -> list:
       continue
     g, rate = guidance(guided), step_rate(guided['config'])
     near = nearest_point(base_points, rate * g['guidance_mean'])
-    lines.append(f'| {c.label} | {rate:g}, {rd.pct(guided["last10_mean_accuracy"])} | '
+    lines.append(f'| {c.label} | {rate:g}, {paired.pct(guided["last10_mean_accuracy"])} | '
                  f'{rate * g["guidance_mean"]:.2g} | {rate * g["guidance_max"]:.2g} | '
-                 f'{rd.pct(near["last10_mean_accuracy"])} at {step_rate(near["config"]):g} | '
-                 f'{step_rate(best["config"]):g}, {rd.pct(best["last10_mean_accuracy"])} |')
+                 f'{paired.pct(near["last10_mean_accuracy"])} at {step_rate(near["config"]):g} | '
+                 f'{step_rate(best["config"]):g}, {paired.pct(best["last10_mean_accuracy"])} |')
   return lines + ['']
 
 
@@ -258,8 +260,8 @@ def _runs_lines() -> list:
             '|---|---|---|---|---|---|---|---|---|---|---|---|']
   rows, windows = [], []
   for c in SUITE.comparisons:
-    base = {s: r for s, r in runs[c.baseline].items() if rd.usable(r)}
-    guided = {s: r for s, r in runs[c.method].items() if rd.usable(r)}
+    base = {s: r for s, r in runs[c.baseline].items() if records.usable(r)}
+    guided = {s: r for s, r in runs[c.method].items() if records.usable(r)}
     rows.append(paired.paired_row(c.label, (base, guided),
                                   functools.partial(_guidance_cells, base, guided), 12))
     seeds = paired.paired_seeds(base, guided)
@@ -324,7 +326,7 @@ def _seed_window_lines(runs: dict, width: int, total: int) -> list:
            '', '| run | seed | ' + ' | '.join(names) + ' |', '|---|---|' + '---|' * len(names)]
   for run, where, seeds in rows:
     for seed, r in sorted(seeds.items()):
-      if rd.usable(r):
+      if records.usable(r):
         means = window_means(r['curve_rounds'], r['curve_accuracy'], width, total)
         lines.append(f'| {run}{where} | {seed} | '
                      + ' | '.join(rd.num(100 * m) for m in means) + ' |')
@@ -338,8 +340,8 @@ def stuck_at_chance(runs: dict) -> list:
   for run, seeds in runs.items():
     for seed, r in sorted(seeds.items()):
       if rd.never_left_chance(r):
-        rows = rd.metrics_rows(r['dir'])
-        loss = rd.metrics_column(rows[:1], 'client_work/train/loss')
+        rows = records.metrics_rows(r['dir'])
+        loss = records.metrics_column(rows[:1], 'client_work/train/loss')
         out.append(f'{run} seed {seed} (round-1 client train loss {loss[0]:.2g})')
   return out
 
@@ -366,9 +368,9 @@ def _floor_probe_lines() -> list:
            'floored (%) | floored − guided | floored − base |',
            '|---|---|---|---|---|---|---|---|---|']
   for run in probe.runs:
-    f = {s: r for s, r in floored.get(run, {}).items() if rd.usable(r)}
-    g = {s: r for s, r in reported[run].items() if rd.usable(r)}
-    b = {s: r for s, r in floored[base_of[run]].items() if rd.usable(r)}
+    f = {s: r for s, r in floored.get(run, {}).items() if records.usable(r)}
+    g = {s: r for s, r in reported[run].items() if records.usable(r)}
+    b = {s: r for s, r in floored[base_of[run]].items() if records.usable(r)}
     lines.append(paired.paired_row(run, (f, g, b),
                                    functools.partial(_floor_cells, f, g, b, length), 9))
   diverged = sorted(f'{run} seed {s}' for run, seeds_ in floored.items() if run in base_of
@@ -385,7 +387,7 @@ def _floor_probe_lines() -> list:
 def _floor_cells(floored: dict, guided: dict, base: dict, length: int, seeds: list) -> list:
   """A guided variant's cells of the floor probe's table over the seeds where it finished
   floored and unfloored and its base finished, each read at the probe's `length`."""
-  f, g, b = ([rd.at_length(runs[s], length)['last10_mean_accuracy'] for s in seeds]
+  f, g, b = ([records.at_length(runs[s], length)['last10_mean_accuracy'] for s in seeds]
              for runs in (floored, guided, base))
   rate = step_rate(floored[seeds[0]]['config'])
   g_mean = [guidance(floored[s])['guidance_mean'] for s in seeds]
@@ -417,9 +419,9 @@ def _superseded_lines(runs) -> list:
     twin = now.get(name)
     same = twin is not None and twin['finished'] and same_training(r['config'], twin['config'])
     lines.append(f'| {name} | {explorer_rate(r["config"]):g} | {status} | '
-                 f'{rd.pct(r["last10_mean_accuracy"]) if r["finished"] else ""} | '
+                 f'{paired.pct(r["last10_mean_accuracy"]) if r["finished"] else ""} | '
                  f'{format(g["guidance_median"], ".2g") if g else ""} | '
-                 f'{rd.pct(twin["last10_mean_accuracy"]) if same else ""} |')
+                 f'{paired.pct(twin["last10_mean_accuracy"]) if same else ""} |')
   return lines + ['']
 
 
@@ -533,8 +535,8 @@ def _adam_step_lines() -> list:
   with open(ADAM_STEPS) as f:
     recorded = json.load(f)
   dirs = {seed: os.path.join(suites.suite_dir(ADAM_SUITE.name), 'runs',
-                             suites.run_name('fedlex_avgm', int(seed))) for seed in recorded}
-  runs = {seed: rd.load_run(d) if os.path.exists(os.path.join(d, 'config.json')) else None
+                             study_lib.run_name('fedlex_avgm', int(seed))) for seed in recorded}
+  runs = {seed: records.load_run(d) if os.path.exists(os.path.join(d, 'config.json')) else None
           for seed, d in dirs.items()}
   rates = sorted({r for m in recorded.values() for r in m['adam']}, key=float)
   lines = ['## Under client Adam (TFF\'s, as these runs trained)', '',

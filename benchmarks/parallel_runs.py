@@ -79,8 +79,8 @@ def _arrangement(name: str, root: str) -> dict:
       with open(log) as f:
         last = (f.read().strip().splitlines() or ['(no output)'])[-1]
       raise RuntimeError(f'{name}: a run failed: {last}')
-  from benchmarks import runs as rd  # pylint: disable=g-import-not-at-top
-  medians = [float(np.median(rd.metrics_column(rd.metrics_rows(d)[_SKIP.value:],
+  from programs.studies import records  # pylint: disable=g-import-not-at-top
+  medians = [float(np.median(records.metrics_column(records.metrics_rows(d)[_SKIP.value:],
                                                    'round_seconds'))) for d in dirs]
   return dict(runs=count, round_seconds=medians,
               rounds_per_second=float(sum(1 / m for m in medians)))

@@ -38,6 +38,8 @@ from programs import pages
 from programs import run_results
 from programs.studies import curves
 from programs.studies import paired
+from programs.studies import records
+from programs.studies import study as study_lib
 from programs.studies import study_file
 
 REPRODUCTION = os.path.join(suites.RESULTS, 'REPRODUCTION.md')
@@ -107,8 +109,8 @@ def verdict(paper_margin: float, paper_sign: float, mean: float, half_width: flo
 def compare(suite: suites.Suite, loaded: dict, comp: suites.Comparison, paper: dict) -> dict:
   """One comparison of a suite over its paired finished seeds: levels, per-seed margins and
   their intervals for every figure of FIGURES_READ, and the verdict."""
-  method = {s: r for s, r in loaded.get(comp.method, {}).items() if rd.usable(r)}
-  base = {s: r for s, r in loaded.get(comp.baseline, {}).items() if rd.usable(r)}
+  method = {s: r for s, r in loaded.get(comp.method, {}).items() if records.usable(r)}
+  base = {s: r for s, r in loaded.get(comp.baseline, {}).items() if records.usable(r)}
   seeds = paired.paired_seeds(method, base)
   # Read both sides at the rounds both evaluated (a borrowed baseline may be evaluated on
   # another schedule).
@@ -160,8 +162,8 @@ def rounds_to_targets(loaded: dict, comp: suites.Comparison, targets: tuple) -> 
   seed, None = never]}, 'speedup': {target: the baseline's mean rounds / the method's, NaN
   unless every seed of both reached it}, 'steps': per seed, the largest gap between those
   rounds}."""
-  method = {s: r for s, r in loaded.get(comp.method, {}).items() if rd.usable(r)}
-  base = {s: r for s, r in loaded.get(comp.baseline, {}).items() if rd.usable(r)}
+  method = {s: r for s, r in loaded.get(comp.method, {}).items() if records.usable(r)}
+  base = {s: r for s, r in loaded.get(comp.baseline, {}).items() if records.usable(r)}
   out = dict(label=comp.label, seeds=paired.paired_seeds(method, base), steps=[],
              baseline={t: [] for t in targets}, method={t: [] for t in targets})
   for seed in out['seeds']:
@@ -525,21 +527,22 @@ def _tuning_lines(suite: suites.Suite) -> list:
   if not suite.grid:
     return []
   tuned = suites.load_tuned(suite.name) or {}
-  key = rd.CRITERION_KEYS[suite.criterion]
+  key = records.CRITERION_KEYS[suite.criterion]
   lines = ['## Tuning', '',
-           f'Seed {suites.TUNING_SEED} (apart from the reported seeds), '
+           f'Seed {study_lib.TUNING_SEED} (apart from the reported seeds), '
            f'{suite.tuning_rounds or suite.common["rounds"]} rounds; the best '
            f'{"single round" if suite.criterion == "best" else "last-10 mean"} wins and is '
            'frozen in tuned.json.', '', '| run | grid point | accuracy (%) | chosen |',
            '|---|---|---|---|']
   for run, grid in suite.grid.items():
     chosen = tuned.get(suite.algorithm(run))
-    for values in rd.grid_points(grid):
-      path = os.path.join(suites.suite_dir(suite.name), 'tuning', suites.tuning_name(run, values))
+    for values in records.grid_points(grid):
+      path = os.path.join(suites.suite_dir(suite.name), 'tuning',
+                          study_lib.tuning_name(run, values))
       try:
-        r = rd.at_length(rd.load_run(path), suite.tuning_overrides(run, values)['rounds'])
+        r = records.at_length(records.load_run(path), suite.tuning_overrides(run, values)['rounds'])
         figure = 'diverged' if r['diverged'] else (
-            rd.pct(r[key]) if r['finished'] else f'running ({r["rounds_done"]} rounds)')
+            paired.pct(r[key]) if r['finished'] else f'running ({r["rounds_done"]} rounds)')
       except FileNotFoundError:
         figure = 'not run yet'
       point = ', '.join(f'`{k}={v:g}`' for k, v in values.items())
@@ -595,7 +598,7 @@ def _every_run_lines(suite: suites.Suite, loaded: dict) -> list:
         notes.append(f'fell to chance at round {at}')
       values = ''.join(f' {rd.num(rd.summary_value(r, path), spec)} |' for _, path, spec in extra)
       lines.append(f'| {run} | {seed} | {r["rounds_done"]}/{r["rounds"]} | '
-                   + ' | '.join(rd.pct(f[k]) for k in ('last10', 'window', 'best', 'final'))
+                   + ' | '.join(paired.pct(f[k]) for k in ('last10', 'window', 'best', 'final'))
                    + f' | {rd.num(r["seconds_per_round"])} |{values} {"; ".join(notes)} |')
   return lines + ['']
 
@@ -630,7 +633,7 @@ def suite_page(suite: suites.Suite) -> tuple:
   """(results.md text, results.json text, loaded runs) of a suite."""
   loaded = rd.collect(suite)
   results = comparisons(suite, loaded)
-  done = sum(rd.usable(r) for seeds in loaded.values() for r in seeds.values())
+  done = sum(records.usable(r) for seeds in loaded.values() for r in seeds.values())
   lines = [f'# {suite.title}', '', WRITTEN, ''] + prose(
       f'{done} of {len(loaded) * len(suites.SEEDS)} runs finished. The verdicts, beside the '
       'paper\'s protocol or the tuned one, are in [REPRODUCTION.md](../REPRODUCTION.md); this '
@@ -791,7 +794,7 @@ def provenance_page() -> str:
            '| suite | runs | machines (runs) | evaluated every (runs) | runs made again: bit for '
            'bit / parted (first round they differ) |', '|---|---|---|---|---|']
   for suite in suites.SUITES.values():
-    made = [rd.load_run(p) for run in suite.runs for p in rd.seed_dirs(suite, run).values()]
+    made = [records.load_run(p) for run in suite.runs for p in rd.seed_dirs(suite, run).values()]
     if not made:
       continue
     hosts, every = {}, {}
@@ -820,7 +823,7 @@ def status_lines() -> list:
     parts, finished, expected = [], 0, 0
     for _, suite in method_suites(method):
       loaded = rd.collect(suite)
-      finished += sum(rd.usable(r) for seeds in loaded.values() for r in seeds.values())
+      finished += sum(records.usable(r) for seeds in loaded.values() for r in seeds.values())
       expected += len(loaded) * len(suites.SEEDS)
       parts.append(verdicts_line(protocol_of(suite), comparisons(suite, loaded))[2:-1])
     anchor = suites.SUITES[method].method.lower()
@@ -829,7 +832,7 @@ def status_lines() -> list:
                  f'([REPRODUCTION.md](benchmarks/results/REPRODUCTION.md#{anchor})).')
   for suite in other_suites():   # methods beyond the papers: their one comparison line
     loaded = rd.collect(suite)
-    finished = sum(rd.usable(r) for seeds in loaded.values() for r in seeds.values())
+    finished = sum(records.usable(r) for seeds in loaded.values() for r in seeds.values())
     anchor = f'beyond-the-papers-{suite.method.lower()}'
     lines.append(verdicts_line(suite.method, comparisons(suite, loaded))[:-1] +
                  f'. {finished} of {len(loaded) * len(suites.SEEDS)} runs finished '

@@ -4,11 +4,11 @@ A run directory is an ordinary experiment directory of `programs.train` (config.
 metrics.csv, summary.json; benchmarks/results/<suite>/runs/<run>_s<seed>, tuning runs under
 tuning/, probe runs under probes/<probe>/, shorter makings of a lengthened suite under
 earlier_runs/rounds<N>/). One run is read by programs/studies/records.py (`load_run`, and
-`at_length` over its first rounds; imported here, so the suites' tools read runs through
-this module); `collect` reads a suite's runs (its own and those it borrows from another
-suite) at the length its pages report. Accuracy of a run = the mean test accuracy of its
-last LAST evaluations (or its best, `CRITERION_KEYS`); across seeds,
-`programs.studies.paired` reads them (mean ± sample standard deviation, paired margins).
+`at_length` over its first rounds); `collect` reads a suite's runs (its own and those it
+borrows from another suite) at the length its pages report. Accuracy of a run = the mean test
+accuracy of its last `records.LAST` evaluations (or its best, `records.CRITERION_KEYS`);
+across seeds, `programs.studies.paired` reads them (mean ± sample standard deviation, paired
+margins).
 """
 
 from __future__ import annotations
@@ -24,13 +24,8 @@ import numpy as np
 from benchmarks import suites
 from programs import experiment_config
 from programs import pages
-# pylint: disable=unused-import  (one run's reading, for the suites' tools)
-from programs.studies.records import (CRITERION_KEYS, LAST, at_length, curve_figures,
-                                      declared_run, grid_points, last10_of, load_run,
-                                      mean_curve, median_seconds, metrics_column, metrics_rows,
-                                      run_rows, seed_paths, settings_differences, usable)
-from programs.studies.paired import pct
-# pylint: enable=unused-import
+from programs.studies import records
+from programs.studies import study as study_lib
 
 
 PLATEAU_POINTS = 0.5      # a curve has plateaued when its last window moved less than this
@@ -55,7 +50,7 @@ def write_diagnosis(out: str, page: Callable[[], str]) -> int:
 def suite_metrics(suite: suites.Suite) -> dict:
   """{run: {seed: metrics rows}} of the suite's usable runs (finished, at today's settings)
   at the length its pages report (`reported_rounds`)."""
-  return {run: {seed: run_rows(r) for seed, r in seeds.items() if usable(r)}
+  return {run: {seed: records.run_rows(r) for seed, r in seeds.items() if records.usable(r)}
           for run, seeds in collect(suite).items()}
 
 
@@ -81,10 +76,10 @@ def with_kept_evaluations(suite: suites.Suite, metrics: dict) -> tuple:
     for seed, rows in seeds.items():
       rows = [dict(r) for r in rows]
       for n in reversed(kept_lengths(base)):
-        path = os.path.join(kept_dir(base, n), suites.run_name(run, seed))
+        path = os.path.join(kept_dir(base, n), study_lib.run_name(run, seed))
         if not os.path.exists(os.path.join(path, 'metrics.csv')):
           continue
-        kept = metrics_rows(path)
+        kept = records.metrics_rows(path)
         if len(kept) > len(rows) or any(
             a.get(k) != b[k] for a, b in zip(rows, kept) for k in b
             if k not in TIMING_COLUMNS and a.get(k) not in (None, '') and b[k] not in (None, '')):
@@ -103,7 +98,7 @@ def with_kept_evaluations(suite: suites.Suite, metrics: dict) -> tuple:
 def probe_metrics(suite: suites.Suite, probe: suites.Probe) -> dict:
   """{run: {seed: metrics rows}} of a probe's usable runs, and of the reported runs it keeps
   `unchanged` (`collect_probe`: read from their own directories at the probe's length)."""
-  return {run: {seed: run_rows(r) for seed, r in seeds.items() if usable(r)}
+  return {run: {seed: records.run_rows(r) for seed, r in seeds.items() if records.usable(r)}
           for run, seeds in collect_probe(suite, probe).items()}
 
 
@@ -120,7 +115,7 @@ def seed_dirs(suite: suites.Suite, run: str) -> dict:
   """{seed: directory} of every seed ever run for `run` (none is dropped from a page); a
   borrowed run's in the suite that makes it."""
   maker, made_as = source(suite, run)
-  return seed_paths(os.path.join(suites.suite_dir(maker.name), 'runs'), made_as)
+  return records.seed_paths(os.path.join(suites.suite_dir(maker.name), 'runs'), made_as)
 
 
 WINDOW = 50   # rounds of the plateau criterion's window, and per row of the diagnoses' tables
@@ -135,7 +130,7 @@ def plateau_window(rounds: int) -> int:
 def plateau_delta(runs: list) -> tuple:
   """(window W, points moved by the runs' mean curve (`mean_curve`) between its last two
   W-round windows, each the mean over the rounds evaluated in it)."""
-  rounds, mean, _ = mean_curve(runs)
+  rounds, mean, _ = records.mean_curve(runs)
   w = plateau_window(int(rounds[-1])) if rounds.size else 0
   if w < 1:
     return 0, float('nan')
@@ -182,7 +177,7 @@ def window_marks(total: int, first: int = 0, width: int = WINDOW) -> list:
 def window_accuracy(rows: list, start: int, stop: int) -> tuple:
   """(mean, swing) of the test accuracies evaluated in rounds start + 1..stop of a run's
   `metrics_rows` (row i: round i + 1); mean NaN when none was evaluated there."""
-  acc = metrics_column(rows[start:stop], 'test_accuracy')
+  acc = records.metrics_column(rows[start:stop], 'test_accuracy')
   return (float(np.nanmean(acc)) if np.isfinite(acc).any() else float('nan')), swing(acc)
 
 
@@ -199,7 +194,7 @@ def never_left_chance(run: dict) -> bool:
   """Finished (losses finite), yet its test accuracy never rose above STUCK: e.g. a first
   step so large that the network's units died. It counts in every mean (no seed is
   dropped); the verdicts name it, since one such seed sets a margin's spread."""
-  return usable(run) and run['best_accuracy'] <= STUCK
+  return records.usable(run) and run['best_accuracy'] <= STUCK
 
 
 def fell_to_chance(run: dict) -> Optional[int]:
@@ -207,7 +202,7 @@ def fell_to_chance(run: dict) -> Optional[int]:
   finished run ends in after it had learned (best accuracy above LEARNED; e.g. a late step
   so large that it wiped the model out), else None. Like a run that never left chance, it
   counts in every mean and the verdicts name it."""
-  if not usable(run) or run['best_accuracy'] <= LEARNED:
+  if not records.usable(run) or run['best_accuracy'] <= LEARNED:
     return None
   last_above = max((r for r, a in zip(run['curve_rounds'], run['curve_accuracy']) if a > STUCK),
                    default=None)
@@ -255,7 +250,7 @@ def collect_at(suite: suites.Suite, rounds: Optional[int] = None) -> dict:
     seeds = {}
     for n in kept_lengths(base, at_least=rounds) + [None]:
       paths = (seed_dirs(suite, run) if n is None else
-               seed_paths(kept_dir(base, n), made_as))
+               records.seed_paths(kept_dir(base, n), made_as))
       for seed, path in paths.items():
         if seed not in seeds or not settled(seeds[seed]):
           seeds[seed] = _run_at(path, fields, n == rounds)
@@ -267,14 +262,14 @@ def _run_at(path: str, fields: dict, kept_at_length: bool) -> dict:
   """A run's directory read at the declared fields' length: a making kept at that length as
   it is, any other over its first rounds (`at_length`)."""
   if kept_at_length:
-    return declared_run(path, fields)
-  r = load_run(path)
-  return dict(at_length(r, fields['rounds']), stale=settings_differences(r, fields))
+    return records.declared_run(path, fields)
+  r = records.load_run(path)
+  return dict(records.at_length(r, fields['rounds']), stale=records.settings_differences(r, fields))
 
 
 def settled(run: dict) -> bool:
   """Usable, or diverged (deterministic: made again, it would diverge again)."""
-  return usable(run) or bool(run['diverged'] and not run.get('stale'))
+  return records.usable(run) or bool(run['diverged'] and not run.get('stale'))
 
 
 def reported_rounds(suite: suites.Suite) -> int:
@@ -313,9 +308,9 @@ def collect_probe(suite: suites.Suite, probe: suites.Probe) -> dict:
   for run in probe.runs:
     fields = suite.probe_overrides(probe, run, tuned)
     for seed in probe.seeds:
-      path = os.path.join(suites.probe_dir(suite.name, probe.name), suites.run_name(run, seed))
+      path = os.path.join(suites.probe_dir(suite.name, probe.name), study_lib.run_name(run, seed))
       if os.path.exists(os.path.join(path, 'config.json')):
-        out.setdefault(run, {})[seed] = declared_run(path, fields)
+        out.setdefault(run, {})[seed] = records.declared_run(path, fields)
   if probe.unchanged:   # read at the probe's length, whatever length the pages report
     reported = collect_at(suite,
                           suite.probe_overrides(probe, probe.unchanged[0], tuned)['rounds'])
@@ -339,7 +334,7 @@ def last10_at(run: dict, end: int) -> float:
   none is in): rounds end - 9 .. end for a run evaluated every round, and at a run's end,
   which the program always evaluates LAST rounds in a row (--eval_last); a run evaluated
   every k rounds is read there over its last LAST * k rounds."""
-  tail = [a for r, a in zip(run['curve_rounds'], run['curve_accuracy']) if r <= end][-LAST:]
+  tail = [a for r, a in zip(run['curve_rounds'], run['curve_accuracy']) if r <= end][-records.LAST:]
   return float(np.mean(tail)) if tail else float('nan')
 
 
@@ -348,8 +343,9 @@ def on_common_rounds(*runs: dict) -> list:
   evaluated every round set beside one evaluated every k rounds (a probe against a reported
   run it keeps unchanged) would otherwise be read over different rounds (`last10_at`)."""
   common = set.intersection(*(set(r['curve_rounds']) for r in runs))
-  return [{**r, **curve_figures([(x, a) for x, a in zip(r['curve_rounds'], r['curve_accuracy'])
-                                  if x in common], r['rounds'])} for r in runs]
+  return [{**r, **records.curve_figures(
+      [(x, a) for x, a in zip(r['curve_rounds'], r['curve_accuracy']) if x in common],
+      r['rounds'])} for r in runs]
 
 
 def common_evaluations(*runs: list) -> list:
@@ -409,7 +405,7 @@ def remade_runs(suite: suites.Suite) -> list:
       continue
     if not os.path.exists(os.path.join(again_dir, 'metrics.csv')):
       continue
-    earlier, again = load_run(path), load_run(again_dir)
+    earlier, again = records.load_run(path), records.load_run(again_dir)
     length = earlier['rounds_done']
     if (not earlier['finished'] or again['rounds'] <= length or again['rounds_done'] < length
         or experiment_config.settings_changed(
@@ -426,14 +422,14 @@ def remade_runs(suite: suites.Suite) -> list:
     again_at = dict(zip(again['curve_rounds'], again['curve_accuracy']))
     evaluated = list(zip(earlier['curve_rounds'], earlier['curve_accuracy']))
     gaps = [abs(acc - again_at[r]) for r, acc in evaluated if r in again_at]
-    tail = [(acc, again_at[r]) for r, acc in evaluated[-LAST:] if r in again_at]
+    tail = [(acc, again_at[r]) for r, acc in evaluated[-records.LAST:] if r in again_at]
     run, seed = name.rsplit('_s', 1)
     # The same rounds' training time in each making: with the training bit for bit the
     # same, a change is the machine's or the code's.
     out.append(dict(run=run, seed=int(seed), length=length, again_rounds=again['rounds'],
                     first_difference=first,
-                    earlier_seconds=median_seconds(earlier['rows'], length),
-                    again_seconds=median_seconds(again['rows'], length),
+                    earlier_seconds=records.median_seconds(earlier['rows'], length),
+                    again_seconds=records.median_seconds(again['rows'], length),
                     largest_gap=float(max(gaps, default=np.nan)), tail_rounds=len(tail),
                     earlier=float(np.mean([e for e, _ in tail])) if tail else np.nan,
                     again=float(np.mean([a for _, a in tail])) if tail else np.nan))
@@ -457,7 +453,7 @@ def recorded_runs(suite_name: str):
 def recorded_metrics(suite_name: str):
   """(kind, metrics rows) of every run of `recorded_runs`."""
   for kind, directory in recorded_runs(suite_name):
-    yield kind, metrics_rows(directory)
+    yield kind, records.metrics_rows(directory)
 
 
 def compute_hours(suite_name: str) -> dict:
@@ -465,7 +461,7 @@ def compute_hours(suite_name: str) -> dict:
   every run directory of that kind, finished or not)."""
   out = {kind: 0.0 for kind, _ in RUN_KINDS}
   for kind, rows in recorded_metrics(suite_name):
-    out[kind] += float(np.nansum(metrics_column(rows, 'seconds'))) / 3600
+    out[kind] += float(np.nansum(records.metrics_column(rows, 'seconds'))) / 3600
   return out
 
 
@@ -480,13 +476,13 @@ def whole_round_record(suite_name: str) -> tuple:
   kinds, seconds = [], []
   for kind, rows in recorded_metrics(suite_name):
     rows = rows[1:]
-    both = np.isfinite(metrics_column(rows, 'round_seconds')) & np.isfinite(
-        metrics_column(rows, 'seconds'))
+    both = np.isfinite(records.metrics_column(rows, 'round_seconds')) & np.isfinite(
+        records.metrics_column(rows, 'seconds'))
     if not both.any():
       continue
-    whole += float(metrics_column(rows, 'round_seconds')[both].sum())
-    training += float(metrics_column(rows, 'seconds')[both].sum())
-    seconds += list(metrics_column(rows, 'seconds')[both])
+    whole += float(records.metrics_column(rows, 'round_seconds')[both].sum())
+    training += float(records.metrics_column(rows, 'seconds')[both].sum())
+    seconds += list(records.metrics_column(rows, 'seconds')[both])
     kinds += [kind] if kind not in kinds else []
   if not training:
     return float('nan'), (), float('nan')

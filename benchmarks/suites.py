@@ -14,11 +14,11 @@ import json
 import os
 from typing import Optional
 
+from programs.studies import experiments
+from programs.studies import study as study_lib
 from programs.studies import study_file
 from programs.studies import tuning
 from programs.studies.study import algorithm_of
-# A run's directory names, as every study names them.
-from programs.studies.study import run_name, tuning_name  # pylint: disable=unused-import
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_NUMBERS = os.path.join(HERE, 'paper_numbers.json')
@@ -32,8 +32,6 @@ SEEDS = (0, 1, 2)
 # Every suite runs on this data set (the offline real one); a paper figure on the same data
 # set is compared level for level on the pages, not only by its margin.
 OUR_DATASET = 'Fashion-MNIST'
-# The seed grids are tuned on, apart from the reported seeds.
-TUNING_SEED = 100
 # Suite runs checkpoint every this many rounds (and after their last, and when stopped), not
 # every round (RESULTS.md, "A checkpoint every round"); a crash repeats at most this many
 # rounds, exactly.
@@ -41,8 +39,10 @@ CHECKPOINT_EVERY = 10
 # Settings of every suite run (experiment_config): checkpoints as above, and a run whose
 # training blows up goes on, its page saying so. A study file of a suite sets them in [common].
 RUN_SETTINGS = dict(checkpoint_every=CHECKPOINT_EVERY, blown_up_rounds=0)
-# A run's accuracy on the pages (Suite.criterion): its last 10 evaluations' mean, or its best.
-CRITERIA = ('last10', 'best')
+
+
+def suite_dir(suite: str) -> str:
+  return os.path.join(RESULTS, suite)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,8 +82,8 @@ class Suite:
   runs: dict                       # run name -> ExperimentConfig overrides
   comparisons: tuple
   scaled: str                      # what differs from the paper, and why (shown on the page)
-  # Tuning: run name -> {field: candidate values}, on one seed (TUNING_SEED, apart from the
-  # reported seeds). The best last-10 mean wins and is frozen in tuned.json for every run of
+  # Tuning: run name -> {field: candidate values}, on one seed (study.TUNING_SEED, apart from
+  # the reported seeds). The best last-10 mean wins and is frozen in tuned.json for every run of
   # that run's algorithm. A grid whose best value lies on its edge is widened until the best
   # lies inside, so a tuned rate is never the grid's choice of where to stop.
   grid: dict = dataclasses.field(default_factory=dict)
@@ -123,12 +123,15 @@ class Suite:
   # figures are paper_numbers.json's rounds_to_target[name].
   targets: tuple = ()
   # The study file (benchmarks/studies/<name>.toml) the suite's runs are declared in, if any
-  # (`from_study`); '' for a suite declared here alone.
+  # (`from_study`), and its Study; '' and None for a suite declared here alone.
   study: str = ''
+  study_decl: Optional[study_lib.Study] = dataclasses.field(default=None, repr=False,
+                                                            compare=False)
 
   def __post_init__(self):
-    if self.criterion not in CRITERIA:
-      raise ValueError(f'suite {self.name}: criterion {self.criterion!r}, not one of {CRITERIA}')
+    if self.criterion not in study_lib.CRITERIA:
+      raise ValueError(f'suite {self.name}: criterion {self.criterion!r}, not one of '
+                       f'{study_lib.CRITERIA}')
     overlap = sorted(set(self.borrowed) & set(self.runs))
     if overlap:
       raise ValueError(f'suite {self.name}: {overlap} both borrowed and made')
@@ -166,6 +169,13 @@ class Suite:
       if source not in tuned:
         raise ValueError(f'suite {self.name}: {algorithm} takes the tuned values of {source}, '
                          f'which has no grid (tuned: {sorted(tuned)})')
+    decl = self.study_decl
+    if decl is not None and (
+        (self.common, self.runs, self.grid, self.tuned_as, self.tuning_rounds, self.criterion)
+        != (layout(decl), decl.runs, decl.grid, decl.tuned_as, decl.tuning_rounds,
+            decl.criterion)):
+      raise ValueError(f'suite {self.name}: its layout, runs and grids differ from its study '
+                       f'file {self.study}\'s; change them there')
 
   @classmethod
   def from_study(cls, path: str, papers: dict, **paper) -> 'Suite':
@@ -173,9 +183,10 @@ class Suite:
     tuning length and criterion); `papers` maps each comparison's label to its key in
     paper_numbers.json, `paper` holds the rest of the paper layer (title, scaled, probes...).
     ValueError, naming the file and key, where the file leaves the suites' shared protocol
-    (SEEDS, TUNING_SEED, RUN_SETTINGS)."""
+    (SEEDS, study.TUNING_SEED, RUN_SETTINGS)."""
     study = study_file.load(path)
-    fixed = dict(seeds=(study.seeds, SEEDS), tuning_seed=(study.tuning_seed, TUNING_SEED),
+    fixed = dict(seeds=(study.seeds, SEEDS),
+                 tuning_seed=(study.tuning_seed, study_lib.TUNING_SEED),
                  **{k: (study.common.get(k), v) for k, v in RUN_SETTINGS.items()})
     for key, (got, want) in fixed.items():
       if got != want:
@@ -187,7 +198,7 @@ class Suite:
       raise ValueError(f'{path} [[compare]] label: the labels {labels} must be those the paper '
                        f'layer gives paper figures for, {sorted(papers)}')
     return cls(
-        name=study.name, study=path,
+        name=study.name, study=path, study_decl=study,
         common=layout(study),
         runs=study.runs, grid=study.grid, tuned_as=study.tuned_as,
         tuning_rounds=study.tuning_rounds, criterion=study.criterion,
@@ -207,19 +218,26 @@ class Suite:
     """Every run the pages show: the suite's own, then the borrowed ones."""
     return tuple(self.runs) + tuple(self.borrowed)
 
+  @property
+  def declared(self) -> study_lib.Study:
+    """The suite's own runs as a study (its study file's, or built from its fields), whose
+    layer gives their fields and configs."""
+    if self.study_decl is not None:
+      return self.study_decl
+    return study_lib.Study(
+        name=self.name, output_dir=suite_dir(self.name), seeds=SEEDS,
+        common=dict(self.common, **RUN_SETTINGS), runs=self.runs, grid=self.grid,
+        tuned_as=self.tuned_as, tuning_rounds=self.tuning_rounds, criterion=self.criterion)
+
   def config_overrides(self, run: str, tuned: Optional[dict] = None) -> dict:
-    """Every ExperimentConfig field of one run (before seed and output directory); a
-    borrowed run's are its own suite's at this suite's length (`tuned` is then that
-    suite's, read here)."""
+    """Every ExperimentConfig field of one run (before seed and output directory) less
+    RUN_SETTINGS (Study.run_fields); a borrowed run's are its own suite's at this suite's
+    length (`tuned` is then that suite's, read here)."""
     if run in self.borrowed:
       suite, source = self.borrowed[run]
       return dict(SUITES[suite].config_overrides(source, load_tuned(suite)),
                   rounds=self.common['rounds'])
-    fields = dict(self.common, **self.runs[run])
-    source = self.tuned_as.get(algorithm_of(fields), algorithm_of(fields))
-    if tuned and source in tuned:
-      fields.update(tuned[source])
-    return fields
+    return without_run_settings(self.declared.run_fields(run, tuned))
 
   def algorithm(self, run: str) -> str:
     """The algorithm of one run (a borrowed one's in its own suite)."""
@@ -230,18 +248,18 @@ class Suite:
     return dict(self.config_overrides(run, tuned), **probe.overrides)
 
   def tuning_overrides(self, run: str, values: dict) -> dict:
-    """The fields of one tuning run: the run's own, the grid point, and the tuning length."""
-    fields = dict(self.config_overrides(run), **values)
-    if self.tuning_rounds:
-      fields['rounds'] = self.tuning_rounds
-    return fields
+    """The fields of one tuning run less RUN_SETTINGS (Study.tuning_fields)."""
+    return without_run_settings(self.declared.tuning_fields(run, values))
 
+
+def without_run_settings(fields: dict) -> dict:
+  """`fields` less the settings experiment_config gives every suite run (RUN_SETTINGS)."""
+  return {k: v for k, v in fields.items() if k not in RUN_SETTINGS}
 
 
 def layout(study) -> dict:
-  """A study's [common] as a Suite's common: less the settings experiment_config gives every
-  suite run (RUN_SETTINGS)."""
-  return {k: v for k, v in study.common.items() if k not in RUN_SETTINGS}
+  """A study's [common] as a Suite's common: less RUN_SETTINGS."""
+  return without_run_settings(study.common)
 
 
 def study_path(name: str) -> str:
@@ -638,19 +656,11 @@ SUITES = {s.name: s for s in (_fedcda(), _fedcross(), _cadis(), _fedlex(),
                                 _fedlex_reference(), _scaffold())}
 
 
-def suite_dir(suite: str) -> str:
-  return os.path.join(RESULTS, suite)
-
-
 def experiment_config(fields: dict, seed: int, directory: str, name: str):
-  """The programs.experiment.ExperimentConfig of one suite run: its fields (a Suite's
-  config_overrides, probe_overrides or tuning_overrides), seed and run directory."""
-  from programs import experiment  # pylint: disable=g-import-not-at-top
-  # Relative to the repository root (where `python -m benchmarks.compare` runs), so the
-  # committed config.json and summary.json hold no machine-specific paths.
-  return experiment.ExperimentConfig(**fields, seed=seed, progress=False, **RUN_SETTINGS,
-                                     root_output_dir=os.path.relpath(directory),
-                                     experiment_name=name)
+  """The ExperimentConfig of one suite run (experiments.config): its fields (a Suite's
+  config_overrides, probe_overrides or tuning_overrides) with RUN_SETTINGS, seed and run
+  directory."""
+  return experiments.config(dict(fields, **RUN_SETTINGS), seed, directory, name)
 
 
 def probe_dir(suite: str, probe: str) -> str:

@@ -741,14 +741,14 @@ GENERAL_FLAGS_TESTED_HERE = (
 def test_every_compare_suite_run_is_a_valid_configuration():
   """benchmarks/suites.py's runs, tuning runs and probe runs use only flags their method
   reads, with valid values."""
-  from benchmarks import runs as rd  # pylint: disable=g-import-not-at-top
   from benchmarks import suites  # pylint: disable=g-import-not-at-top
+  from programs.studies import records  # pylint: disable=g-import-not-at-top
   for suite in suites.SUITES.values():
     tuned = suites.load_tuned(suite.name)
     for run in suite.runs:
       experiment.validate(experiment.ExperimentConfig(**suite.config_overrides(run, tuned)))
     for run, grid in suite.grid.items():
-      for values in rd.grid_points(grid):
+      for values in records.grid_points(grid):
         experiment.validate(experiment.ExperimentConfig(**suite.tuning_overrides(run, values)))
     for probe in suite.probes:
       for run in probe.runs:

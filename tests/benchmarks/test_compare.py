@@ -62,7 +62,7 @@ def test_tuning_runs_are_the_first_rounds_of_the_reported_runs(name):
   suite = suites.SUITES[name]
   for run, grid in suite.grid.items():
     full = suite.config_overrides(run)
-    for values in rd.grid_points(grid):
+    for values in records.grid_points(grid):
       short = suite.tuning_overrides(run, values)
       differing = {k for k in set(full) | set(short) if full.get(k) != short.get(k)}
       assert differing <= set(values) | {'rounds'}
@@ -105,7 +105,7 @@ def test_a_diverging_grid_point_is_recorded_and_skipped(tmp_path, monkeypatch):
   monkeypatch.setattr(compare, '_run', fake_run)
   assert compare.tune(suite) == {'fedavg': dict(client_lr=0.3)}
   assert compare.tune(suite) == {'fedavg': dict(client_lr=0.3)}   # rerun: nothing new to do
-  diverged = rd.load_run(str(tmp_path / 'toy' / 'tuning' / 'base_client_lr1'))
+  diverged = records.load_run(str(tmp_path / 'toy' / 'tuning' / 'base_client_lr1'))
   assert diverged['diverged'] == 'training diverged at round 5 (train loss nan)'
   # The declaration changes after the grid ran: its finished points are other settings' now,
   # an error naming the directory and the setting, not taken for the new grid's points.
@@ -146,7 +146,7 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_read_back(tmp_path
   (tmp_path / 'toy' / 'tuned.json').write_text('{"fedcda": {"client_lr": 0.3}}')
   runs = rd.collect_probe(suite, probe)
   for run, algorithm in (('base', 'fedavg'), ('new', 'fedcda')):
-    assert sorted(runs[run]) == [0, 1] and all(rd.usable(r) for r in runs[run].values())
+    assert sorted(runs[run]) == [0, 1] and all(records.usable(r) for r in runs[run].values())
     for s in (0, 1):
       assert runs[run][s]['last10_mean_accuracy'] == pytest.approx(tails[algorithm, s])
 
@@ -197,7 +197,7 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_read_back(tmp_path
   runs = rd.collect_probe(suite, only_base)
   assert sorted(runs) == ['base', 'new'] and sorted(runs['new']) == [1, 2]
   for s in (1, 2):
-    assert rd.usable(runs['new'][s])
+    assert records.usable(runs['new'][s])
     assert runs['new'][s]['last10_mean_accuracy'] == pytest.approx(tails['reported new', s])
 
 
@@ -557,17 +557,17 @@ def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsy
   compare._run(configs['base_s0'])   # pylint: disable=protected-access
   assert made == [('new_s0', False), ('base_s0', True)]
   assert 'its shorter run is kept in' in capsys.readouterr().err
-  np.testing.assert_allclose(rd.load_run(str(kept / 'new_s0'))['curve_accuracy'], shorter)
-  assert rd.load_run(configs['new_s0'].experiment_dir)['rounds_done'] == 40
+  np.testing.assert_allclose(records.load_run(str(kept / 'new_s0'))['curve_accuracy'], shorter)
+  assert records.load_run(configs['new_s0'].experiment_dir)['rounds_done'] == 40
   assert not (kept / 'base_s0').exists()
   assert [(r['run'], r['seed']) for r in rd.remade_runs(suite)] == [('new', 0)]
   with pytest.raises(experiment.ExperimentError, match='already keeps a run of that name'):
     compare._run(configs['new_s1'])   # pylint: disable=protected-access
-  assert rd.load_run(configs['new_s1'].experiment_dir)['rounds_done'] == 20
+  assert records.load_run(configs['new_s1'].experiment_dir)['rounds_done'] == 20
   with pytest.raises(experiment.ExperimentError,
                      match=r'holds a shorter finished run \(20 rounds\) of other settings'):
     compare._run(configs['base_s1'])   # pylint: disable=protected-access
-  assert rd.load_run(configs['base_s1'].experiment_dir)['rounds_done'] == 20
+  assert records.load_run(configs['base_s1'].experiment_dir)['rounds_done'] == 20
   assert made == [('new_s0', False), ('base_s0', True)]   # neither of those two was made
 
   # Two compare processes on one run: the other moved it between this one's look and its
@@ -585,7 +585,7 @@ def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsy
   monkeypatch.setattr(run_directory, 'exclusive_run_directory', moved_first)
   compare._run(new_s2)   # pylint: disable=protected-access
   assert made[-1] == ('new_s2', False)
-  assert rd.load_run(new_s2.experiment_dir)['rounds_done'] == 40
+  assert records.load_run(new_s2.experiment_dir)['rounds_done'] == 40
 
 
 def test_compare_reading_a_run_the_other_process_moves_makes_it_anew(tmp_path, monkeypatch):
@@ -632,7 +632,7 @@ def test_compare_takes_a_longer_run_as_finished_and_keeps_other_shorter_records(
   compare._run(config)   # pylint: disable=protected-access
   (total,) = compare.plan(suite, [config])
   assert total.startswith('0 of 1 runs to make, 0 rounds: ')
-  assert rd.load_run(config.experiment_dir)['rounds_done'] == 30
+  assert records.load_run(config.experiment_dir)['rounds_done'] == 30
   probe = dataclasses.replace(config, root_output_dir=str(tmp_path / 'toy' / 'probes' / 'runs'))
   write_run(probe.experiment_dir, 10, np.full(10, 0.5),
             config=dict(dataclasses.asdict(probe), rounds=10))
@@ -640,7 +640,7 @@ def test_compare_takes_a_longer_run_as_finished_and_keeps_other_shorter_records(
                      match='holds a finished run of 10 rounds and no checkpoint to continue it '
                            'to 20: move it away'):
     compare._run(probe)   # pylint: disable=protected-access
-  assert rd.load_run(probe.experiment_dir)['rounds_done'] == 10
+  assert records.load_run(probe.experiment_dir)['rounds_done'] == 10
 
 
 def test_compare_waiting_for_a_run_the_other_process_moved_makes_it(tmp_path, monkeypatch):

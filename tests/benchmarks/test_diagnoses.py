@@ -17,6 +17,7 @@ from benchmarks import fedlex_diagnosis as fd
 from benchmarks import fedprox_pull
 from benchmarks import runs as rd
 from benchmarks import suites
+from programs.studies import records
 from tests.benchmarks.toy_runs import curve_run, evaluated, write_run
 
 
@@ -377,8 +378,8 @@ def test_fedcross_diagnosis_reads_sparsely_evaluated_runs_as_the_report_does():
     out[np.array(rounds) - 1] = full[np.array(rounds) - 1]
     return out
   for c, a in zip(cross_full, avg_full):
-    assert rd.last10_of(column(c)) == pytest.approx(c[110:].mean())
-    assert rd.last10_of(column(c)[:100]) == pytest.approx(c[np.arange(54, 100, 5)].mean())
+    assert records.last10_of(column(c)) == pytest.approx(c[110:].mean())
+    assert records.last10_of(column(c)[:100]) == pytest.approx(c[np.arange(54, 100, 5)].mean())
   margins = [column(c) - column(a) for c, a in zip(cross_full, avg_full)]
   mean = np.mean(margins, axis=0)
   runs = curve_run(rounds, mean[np.array(rounds) - 1])

@@ -13,6 +13,7 @@ from benchmarks import report, suites
 from benchmarks import runs as rd
 from programs import experiment
 from programs.studies import paired
+from programs.studies import study as study_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -85,7 +86,7 @@ def _make(tmp_path, suite, run, seed, accuracy, every=1, finished=True):
   shown = {r: float(accuracy[r - 1]) for r in range(1, rounds + 1)
            if experiment.evaluated_round(r, experiment.ExperimentConfig(
                rounds=rounds, eval_every=every))}
-  _write_run(tmp_path / suite.name / 'runs' / suites.run_name(run, seed),
+  _write_run(tmp_path / suite.name / 'runs' / study_lib.run_name(run, seed),
              dict(config.__dict__, eval_every=every), shown, finished)
 
 

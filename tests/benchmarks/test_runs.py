@@ -12,6 +12,7 @@ import pytest
 from benchmarks import runs as rd
 from benchmarks import suites
 from programs.studies import records
+from programs.studies import study as study_lib
 from tests.benchmarks.toy_runs import (curve_run, evaluated, every_fifth, paired_toy_suite,
                                        write_run)
 
@@ -36,7 +37,7 @@ def test_sparsely_evaluated_runs_are_read_by_round():
   assert rounds[:3] == [5, 10, 15] and rounds[-12:] == [285, 290] + list(range(291, 301))
   full = [rng.uniform(0.3, 0.9, 300) for _ in range(3)]
   runs = [curve_run(rounds, f[np.array(rounds) - 1]) for f in full]
-  x, mean, std = rd.mean_curve(runs)
+  x, mean, std = records.mean_curve(runs)
   np.testing.assert_array_equal(x, rounds)
   stacked = np.array([f[np.array(rounds) - 1] for f in full])
   np.testing.assert_allclose(mean, stacked.mean(0))
@@ -56,7 +57,7 @@ def test_sparsely_evaluated_runs_are_read_by_round():
   assert figures['last10_mean_accuracy'] == pytest.approx(full[0][290:].mean())
   assert figures['final_accuracy'] == full[0][299]
   # the mean curve holds only the rounds every run evaluated
-  x, _, _ = rd.mean_curve([runs[0], curve_run(range(1, 301), full[1])])
+  x, _, _ = records.mean_curve([runs[0], curve_run(range(1, 301), full[1])])
   np.testing.assert_array_equal(x, rounds)
 
 
@@ -66,10 +67,10 @@ def test_load_run_records_the_rounds_that_dropped_clients(tmp_path):
   dropped = [0] * 12
   dropped[0], dropped[6] = 1, 2
   write_run(tmp_path / 'new_s1', 12, np.full(12, 0.5), columns={'dropped_clients': dropped})
-  assert rd.load_run(str(tmp_path / 'new_s1'))['dropped_clients'] == [(1, 1), (7, 2)]
-  assert rd.load_run(str(tmp_path / 'new_s1'), 6)['dropped_clients'] == [(1, 1)]
+  assert records.load_run(str(tmp_path / 'new_s1'))['dropped_clients'] == [(1, 1), (7, 2)]
+  assert records.load_run(str(tmp_path / 'new_s1'), 6)['dropped_clients'] == [(1, 1)]
   write_run(tmp_path / 'new_s2', 12, np.full(12, 0.5))
-  assert rd.load_run(str(tmp_path / 'new_s2'))['dropped_clients'] == []
+  assert records.load_run(str(tmp_path / 'new_s2'))['dropped_clients'] == []
 
 
 def test_runs_that_never_left_chance_are_told_apart(tmp_path, monkeypatch):
@@ -86,7 +87,7 @@ def test_runs_that_never_left_chance_are_told_apart(tmp_path, monkeypatch):
       acc[4] = 0.115
     write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{s}', 12, acc)
   runs = rd.collect(suite)
-  assert all(rd.usable(r) for seeds in runs.values() for r in seeds.values())
+  assert all(records.usable(r) for seeds in runs.values() for r in seeds.values())
   assert [(run, s) for run, seeds in runs.items() for s, r in seeds.items()
           if rd.never_left_chance(r)] == [('new', 1)]
 
@@ -161,7 +162,7 @@ def test_collect_reads_every_seed_ever_run_and_its_figures(tmp_path, monkeypatch
   runs = rd.collect(suite)
   assert sorted(runs['base']) == [0, 1, 2] and sorted(runs['new']) == [0, 1, 2, 7]
   for (run, seed), tail in tails.items():
-    assert rd.usable(runs[run][seed])
+    assert records.usable(runs[run][seed])
     assert runs[run][seed]['last10_mean_accuracy'] == pytest.approx(tail)
   assert not runs['new'][7]['finished'] and runs['new'][7]['rounds_done'] == 12
 
@@ -176,14 +177,15 @@ def test_a_run_shorter_than_its_suite_is_not_finished(tmp_path, monkeypatch):
   monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
   write_run(tmp_path / 'toy' / 'runs' / 'base_s0', 20, np.full(20, 0.5))
   for lr in (0.1, 0.3):
-    write_run(tmp_path / 'toy' / 'tuning' / suites.tuning_name('base', dict(client_lr=lr)), 20,
+    write_run(tmp_path / 'toy' / 'tuning' / study_lib.tuning_name('base', dict(client_lr=lr)), 20,
               np.full(20, lr))
   run = rd.collect(suite)['base'][0]
   assert not run['finished'] and (run['rounds_done'], run['rounds']) == (20, 40)
-  assert rd.load_run(str(tmp_path / 'toy' / 'runs' / 'base_s0'))['finished']
-  for values in rd.grid_points(suite.grid['base']):
-    path = tmp_path / 'toy' / 'tuning' / suites.tuning_name('base', values)
-    tuning = rd.at_length(rd.load_run(str(path)), suite.tuning_overrides('base', values)['rounds'])
+  assert records.load_run(str(tmp_path / 'toy' / 'runs' / 'base_s0'))['finished']
+  for values in records.grid_points(suite.grid['base']):
+    path = tmp_path / 'toy' / 'tuning' / study_lib.tuning_name('base', values)
+    tuning = records.at_length(records.load_run(str(path)),
+                               suite.tuning_overrides('base', values)['rounds'])
     assert tuning['finished'] and tuning['last10_mean_accuracy'] == pytest.approx(
         values['client_lr'])
 
@@ -206,8 +208,8 @@ def test_a_run_made_at_other_settings_is_left_out_and_named(tmp_path, monkeypatc
   path.write_text(json.dumps(dict(rounds=20, algorithm='fedprox')))
   runs = rd.collect(suite)
   assert runs['new'][1]['stale'] == ['algorithm=fedprox (declared: fedcda)']
-  assert runs['new'][1]['finished'] and not rd.usable(runs['new'][1])
-  assert [rd.usable(runs[run][s]) for run in ('base', 'new') for s in (0, 1)] == [
+  assert runs['new'][1]['finished'] and not records.usable(runs['new'][1])
+  assert [records.usable(runs[run][s]) for run in ('base', 'new') for s in (0, 1)] == [
       True, True, True, False]
 
 
@@ -227,7 +229,7 @@ def test_a_run_evaluated_on_another_schedule_is_a_run_of_the_declared_settings(t
                 config=dict(algorithm=algorithm, eval_every=1,
                             **(dict(eval_last=3) if seed else {})))
   runs = rd.collect(suite)
-  assert all(r['stale'] == [] and rd.usable(r) for seeds in runs.values()
+  assert all(r['stale'] == [] and records.usable(r) for seeds in runs.values()
              for r in seeds.values())
   shutil.rmtree(tmp_path / 'toy' / 'runs' / 'new_s1')
   write_run(tmp_path / 'toy' / 'runs' / 'new_s1', 20, np.full(20, 0.5),
@@ -261,25 +263,25 @@ def test_swing_is_the_scatter_about_the_windows_line():
 
 
 def test_at_length_reads_a_longer_run_over_its_first_rounds(tmp_path):
-  """rd.at_length: a 30-round run read at 20 rounds is its first 20 (last-10 = rounds
+  """records.at_length: a 30-round run read at 20 rounds is its first 20 (last-10 = rounds
   11-20, numpy's), finished; read at 40 it is not finished; at its own length it is itself."""
   rng = np.random.default_rng(2)
   acc = rng.uniform(0.2, 0.9, 30)
   write_run(tmp_path / 'r', 30, acc, config=dict(algorithm='fedavg'))
-  run = rd.load_run(str(tmp_path / 'r'))
-  short = rd.at_length(run, 20)
+  run = records.load_run(str(tmp_path / 'r'))
+  short = records.at_length(run, 20)
   assert short['finished'] and short['rounds'] == 20 and short['curve_rounds'] == list(
       range(1, 21))
   assert short['last10_mean_accuracy'] == pytest.approx(acc[10:20].mean())
   assert short['best_accuracy'] == pytest.approx(acc[:20].max())
   assert short['final_accuracy'] == pytest.approx(acc[19])
-  assert not rd.at_length(run, 40)['finished']
-  assert rd.at_length(run, 30) is run
+  assert not records.at_length(run, 40)['finished']
+  assert records.at_length(run, 30) is run
   # its training seconds a round too: the median over rounds 2-20, not the whole run's
   write_run(tmp_path / 'timed', 50, rng.uniform(0.2, 0.9, 50), config=dict(algorithm='fedavg'),
             seconds=np.r_[9.0, [2.0] * 19, [5.0] * 30])
-  timed = rd.load_run(str(tmp_path / 'timed'))
-  assert (rd.at_length(timed, 20)['seconds_per_round'], timed['seconds_per_round']) == (
+  timed = records.load_run(str(tmp_path / 'timed'))
+  assert (records.at_length(timed, 20)['seconds_per_round'], timed['seconds_per_round']) == (
       2.0, 5.0)
 
 
@@ -289,11 +291,11 @@ def test_at_length_a_divergence_past_the_length_does_not_count(tmp_path):
   acc = np.random.default_rng(3).uniform(0.2, 0.9, 25)
   write_run(tmp_path / 'r', 30, acc, config=dict(algorithm='fedavg'), summary_rounds=25)
   (tmp_path / 'r' / 'diverged.txt').write_text('training diverged at round 26 (NaN)\n')
-  run = rd.load_run(str(tmp_path / 'r'))
+  run = records.load_run(str(tmp_path / 'r'))
   assert run['diverged'] and not run['finished']
-  short = rd.at_length(run, 20)
+  short = records.at_length(run, 20)
   assert short['finished'] and short['diverged'] is None and short['rounds_done'] == 20
-  assert rd.usable(short)
+  assert records.usable(short)
 
 
 def test_a_length_is_read_from_the_shortest_kept_making_at_least_that_long(tmp_path,
@@ -345,10 +347,10 @@ def test_with_kept_evaluations_fills_unevaluated_rounds_from_an_identical_making
       kept_loss[17] += 1e-6   # another making's last bits: not the same run
     write_run(base / 'earlier_runs' / 'rounds30' / f'new_s{s}', 30, acc[s][:30],
               seconds=7.0, columns={'client_work/train/loss': kept_loss})
-  metrics = {'new': {s: rd.metrics_rows(base / 'runs' / f'new_s{s}') for s in (0, 1)}}
+  metrics = {'new': {s: records.metrics_rows(base / 'runs' / f'new_s{s}') for s in (0, 1)}}
   got, filled = rd.with_kept_evaluations(suite, metrics)
   assert filled == {('new', 0): (30, 24)}   # 30 rounds, every 5th evaluated: 24 filled
-  col = rd.metrics_column(got['new'][0], 'test_accuracy')
+  col = records.metrics_column(got['new'][0], 'test_accuracy')
   np.testing.assert_allclose(col[:30], acc[0][:30])
   want = np.array([np.nan if a == '' else a for a in every_fifth(acc[0])], np.float64)
   np.testing.assert_array_equal(np.isnan(col[30:]), np.isnan(want[30:]))
@@ -471,7 +473,7 @@ def test_a_suite_being_lengthened_reports_its_last_complete_length(tmp_path, mon
   # read at 40 meanwhile: seed 0 finished there, base seed 1 under way, seed 2 of 20 rounds
   # (not made again yet), new seed 1 kept only at 20 (not begun at 40)
   at40 = rd.collect_at(suite, 40)
-  assert {(run, s): rd.usable(r) for run, seeds in at40.items() for s, r in seeds.items()} == {
+  assert {(run, s): records.usable(r) for run, seeds in at40.items() for s, r in seeds.items()} == {
       ('base', 0): True, ('base', 1): False, ('base', 2): False, ('new', 0): True,
       ('new', 2): False}
   assert at40['base'][1]['rounds_done'] == 15 and at40['base'][2]['rounds_done'] == 20
@@ -487,7 +489,7 @@ def test_a_suite_being_lengthened_reports_its_last_complete_length(tmp_path, mon
   assert rd.reported_rounds(suite) == 40
   runs = rd.collect(suite)
   assert runs['new'][2]['diverged'] == 'training diverged at round 34'
-  assert rd.settled(runs['new'][2]) and not rd.usable(runs['new'][2])
+  assert rd.settled(runs['new'][2]) and not records.usable(runs['new'][2])
   np.testing.assert_allclose(runs['base'][1]['last10_mean_accuracy'], long['base', 1][30:].mean(),
                              rtol=1e-6)
 
@@ -515,14 +517,14 @@ def test_a_lengthened_suite_keeps_probe_baselines_and_summaries_at_their_lengths
   assert runs[0]['summary'] == {} and runs[0]['client_epochs_training'] is None
   assert runs[1]['summary']['rounds'] == 20   # its summary is still the 20-round making's
   got = rd.collect_probe(suite, probe)['base']
-  assert [rd.usable(got[s]) for s in (0, 1, 2)] == [True, True, False]
+  assert [records.usable(got[s]) for s in (0, 1, 2)] == [True, True, False]
   for s in (0, 1):
     np.testing.assert_allclose(got[s]['last10_mean_accuracy'], long[s][20:30].mean(), rtol=1e-6)
   # probe_metrics: the probe's own runs, and the unchanged ones from their own directories
   rows = rd.probe_metrics(suite, probe)
   assert sorted(rows['base']) == [0, 1] and sorted(rows['new']) == [0, 1, 2]
   for s in (0, 1):
-    np.testing.assert_allclose(rd.metrics_column(rows['base'][s], 'test_accuracy'),
+    np.testing.assert_allclose(records.metrics_column(rows['base'][s], 'test_accuracy'),
                                long[s][:30], rtol=1e-6)
 
 
@@ -633,7 +635,7 @@ def test_a_borrowed_run_is_read_from_the_suite_that_makes_it(tmp_path, monkeypat
   runs = rd.collect(borrower)
   assert sorted(runs) == ['base', 'new']
   for s in (0, 1):
-    assert rd.usable(runs['base'][s]) and runs['base'][s]['rounds'] == 20
+    assert records.usable(runs['base'][s]) and runs['base'][s]['rounds'] == 20
     assert runs['base'][s]['last10_mean_accuracy'] == pytest.approx(acc[s][10:20].mean())
   # the maker's own page reads the same runs at its own length
   assert rd.collect(maker)['fedavg_x'][0]['last10_mean_accuracy'] == pytest.approx(

@@ -57,6 +57,15 @@ def test_a_study_file_gives_the_suites_runs_and_tuning_points(name, monkeypatch)
       dataclasses.asdict(c) for _, _, c in compare.tuning_points(suite)]
 
 
+def test_a_study_files_suite_takes_its_runs_from_the_file_alone():
+  suite = suites.SUITES['fedcda']
+  dataclasses.replace(suite, probes=())
+  for change in (dict(runs=dict(suite.runs, extra=dict(algorithm='fedavg'))),
+                 dict(common=dict(suite.common, batch_size=1)), dict(tuning_rounds=1)):
+    with pytest.raises(ValueError, match='differ from its study file'):
+      dataclasses.replace(suite, **change)
+
+
 @pytest.mark.parametrize('name, runs', [
     ('fedcda', 22), ('fedcross', 18), ('cadis', 27), ('fedlex', 107), ('fedlex_paper', 6),
     ('fedlex_adam_tuned', 12), ('fedlex_reference', 6), ('scaffold', 6), ('federations', 18)])
