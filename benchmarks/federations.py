@@ -60,23 +60,31 @@ CONDITIONS = {
     'dropout': '30% of clients never report',
     'stragglers': 'half the clients run 50-100% of their steps',
 }
-# What the runs showed, in words (the table holds the figures).
+# What the runs showed, in words; its figures are filled in from the runs (`verdict_figures`).
 VERDICT = (
     'one seed per run, so gaps of a point or two between methods are not resolved; within a '
     'method the conditions share the seed, the sampled clients and their batch orders, but each'
     ' is still one trajectory: read under a point as noise. Dropping 30% of the sampled clients'
-    ' costs every method 2-4 points of last-10 accuracy (FedAvg -3.1, FedCross -2.0, FedCDA '
-    '-3.9, CADIS -2.5, FedAvg on plain SGD -2.7, SCAFFOLD -2.0) and delays 70% by 0 to 27 '
-    'rounds; stragglers running 50-100% of their steps cost under a point (-0.2 to -0.5), '
-    "except SCAFFOLD (-2.0), and move no method's round of reaching 70% (FedCross's 60% does "
-    'move, from round 26 to 52). Under either fault the picture without faults holds: FedCross '
-    'and CADIS stay within about a point of FedAvg; FedCDA stays 8-9 points below it and never '
-    'reaches 70% in 150 rounds (with dropout it reaches 60% at round 99, against 26 without); '
-    'and of these four, CADIS reaches 60% first every time (rounds 17, 26 and 17, against '
-    "FedAvg's 32, 36 and 34). SCAFFOLD reaches 70% in the fewest rounds without faults and with"
-    " stragglers (41 against 53) but not with dropout (68 against its FedAvg's 60), and it is "
-    'the dearest in megabytes every time (to 70%: 4773 MB against 2468 without faults, 6970 '
-    "against 2368 with dropout), as it moves three times FedAvg's bytes down and twice up.")
+    ' costs every method 2-4 points of last-10 accuracy (FedAvg {d[fedavg_dropout]}, FedCross '
+    '{d[fedcross_dropout]}, FedCDA {d[fedcda_dropout]}, CADIS {d[cadis_dropout]}, FedAvg on '
+    'plain SGD {d[fedavg_sgd_dropout]}, SCAFFOLD {d[scaffold_dropout]}) and delays 70% by '
+    '{delay_70[0]} to {delay_70[1]} rounds; stragglers running 50-100% of their steps cost under'
+    ' a point ({straggle[0]} to {straggle[1]}), except SCAFFOLD ({d[scaffold_stragglers]}), and '
+    "move no method's round of reaching 70% (FedCross's 60% does move, from round "
+    '{r[fedcross_none_60]} to {r[fedcross_stragglers_60]}). Under either fault the picture '
+    'without faults holds: FedCross and CADIS stay within about a point of FedAvg; FedCDA stays '
+    '{fedcda_gap[0]}-{fedcda_gap[1]} points below it and never reaches 70% in {rounds} rounds '
+    '(with dropout it reaches 60% at round {r[fedcda_dropout_60]}, against {r[fedcda_none_60]} '
+    'without); and of these four, CADIS reaches 60% first every time (rounds '
+    '{r[cadis_none_60]}, {r[cadis_dropout_60]} and {r[cadis_stragglers_60]}, against '
+    "FedAvg's {r[fedavg_none_60]}, {r[fedavg_dropout_60]} and {r[fedavg_stragglers_60]}). "
+    'SCAFFOLD reaches 70% in the fewest rounds without faults and with stragglers '
+    '({r[scaffold_none_70]} against {r[fedavg_none_70]}) but not with dropout '
+    "({r[scaffold_dropout_70]} against its FedAvg's {r[fedavg_sgd_dropout_70]}), and it is the "
+    'dearest in megabytes every time (to 70%: {m[scaffold_none_70]} MB against '
+    '{m[fedavg_none_70]} without faults, {m[scaffold_dropout_70]} against '
+    '{m[fedavg_sgd_dropout_70]} with dropout), as it moves {down:.0f} times FedAvg\'s bytes down '
+    'and {up:.0f} times up.')
 
 
 def run_name(method: str, condition: str) -> str:
@@ -174,6 +182,34 @@ def figure(loaded: dict, path: str) -> None:
   curves.save(fig, path)
 
 
+def verdict_figures(study, loaded: dict) -> dict:
+  """The figures VERDICT quotes, from the finished runs: `d` each faulty run's last-10 change
+  from its method's fault-free run (points), `r` / `m` the rounds / MB to each target
+  (`<run>_<percent>`), and the ranges and ratios its sentences give."""
+  accuracy = {run_name(m, c): 100 * loaded[m, c]['last10_mean_accuracy']
+              for m in METHODS for c in CONDITIONS}
+  drop = {run_name(m, c): accuracy[run_name(m, c)] - accuracy[run_name(m, 'none')]
+          for m in METHODS for c in CONDITIONS if c != 'none'}
+  rounds, mb = {}, {}
+  for (m, c), run in loaded.items():
+    for target in targets(study):
+      key = f'{run_name(m, c)}_{round(100 * target)}'
+      rounds[key], mb[key] = _reached(run, target)
+  delays = [rounds[f'{m}_dropout_70'] - rounds[f'{m}_none_70'] for m in METHODS
+            if rounds[f'{m}_dropout_70'] is not None and rounds[f'{m}_none_70'] is not None]
+  straggle = sorted(drop[f'{m}_stragglers'] for m in METHODS if m != 'scaffold')
+  gaps = [accuracy[f'fedavg_{c}'] - accuracy[f'fedcda_{c}'] for c in CONDITIONS]
+  per_round = {d: _per_round_mb(loaded['scaffold', 'none']['rows'], d)
+               / _per_round_mb(loaded['fedavg_sgd', 'none']['rows'], d) for d in ('down', 'up')}
+  return dict(
+      d={k: f'{v:.1f}' for k, v in drop.items()},
+      r=rounds, m={k: f'{v / 1e6:.0f}' if v is not None else 'never' for k, v in mb.items()},
+      delay_70=(min(delays), max(delays)),
+      straggle=(f'{straggle[-1]:.1f}', f'{straggle[0]:.1f}'),
+      fedcda_gap=(f'{min(gaps):.0f}', f'{max(gaps):.0f}'), rounds=study.common['rounds'],
+      down=per_round['down'], up=per_round['up'])
+
+
 def page(study, loaded: dict) -> str:
   layout = study.common
   plain_sgd_lr = study.runs[run_name('scaffold', 'none')]['client_lr']
@@ -203,8 +239,9 @@ def page(study, loaded: dict) -> str:
            'rewrites this page and the figure).', '']
   lines += table(study, loaded)
   lines += ['', '![accuracy against cumulative megabytes](federations.png)', '']
-  lines += report.prose(f'Verdict: {VERDICT}' if VERDICT else
-                        'Verdict: not yet: the runs above are not all in.')
+  finished = all(run is not None and run['finished'] for run in loaded.values())
+  lines += report.prose('Verdict: ' + (VERDICT.format(**verdict_figures(study, loaded))
+                                       if finished else 'not yet: the runs above are not all in.'))
   return '\n'.join(lines) + '\n'
 
 
