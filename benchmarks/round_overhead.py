@@ -39,7 +39,10 @@ runs while the next round does), then the next round; the variant's round ends w
 `CheckpointWriter.wait`, which waits for the write, as the program's next checkpoint does,
 and completes the version, so that no write overlaps another variant's round. The program's
 writer thread completes the version during the round after instead: here that completion
-counts in full (an upper bound). What checkpoints add to a round is that variant's time
+counts in full (an upper bound). The timed rounds are a run's steady state: before them each
+writer has written its first KEEP_VERSIONS versions (timed alone and printed), so each timed
+version's files take the memory of the version the writer drops, as from a run's fifth
+checkpoint on; a run's first versions take new memory, which some machines charge more for. What checkpoints add to a round is that variant's time
 less the resident round's, and "as the program runs it" gives the default
 cadence (every round) and --checkpoint_every=N (that addition spread over N rounds). For
 reference, a checkpoint made in the round loop's thread (bringing the state back and
@@ -53,7 +56,8 @@ each variant's median and least s/round and median ratio to plain_tf; with --res
 @resident variant's default_s and default_ratio_to_plain_tf (a checkpoint every round, as the
 program runs it by default), snapshot_s (the checkpoint call's part in the round loop:
 starting the worker's write), wait_s (the round's end: what the worker's write had left
-after the next round, and completing the version), program_s and program_ratio_to_plain_tf
+after the next round, and completing the version), first_writes_s (the run's first versions,
+each written alone before the timed rounds), program_s and program_ratio_to_plain_tf
 (--checkpoint_every), and checkpoint_s (materialize_s of it) of a checkpoint made in the
 round loop's thread, with the same under transfer_values.
 """
@@ -299,6 +303,19 @@ def main(argv):
   snapshot_times = {name: [] for name in residents}
   wait_times = {name: [] for name in residents}
   versions = collections.Counter()
+  # The rounds are timed in a run's steady state, where each version's files take the memory
+  # of the version the writer drops (KEEP_VERSIONS are kept). A run's first KEEP_VERSIONS
+  # versions each take new memory, which costs more on some machines: they are written here,
+  # untimed by the rounds, and their write (started and waited for at once) is printed.
+  first_writes = {name: [] for name in residents}
+  for name, r in residents.items():
+    for _ in range(checkpoint_writer.KEEP_VERSIONS):
+      versions[name] += 1
+      t0 = time.perf_counter()
+      writers[name].checkpoint(r, state[f'{name}@program'], _figures(versions[name]),
+                               versions[name])
+      writers[name].wait()
+      first_writes[name].append(time.perf_counter() - t0)
 
   def program_round(name, round_num):
     """A round as programs/experiment.py runs it by default: the last round's state
@@ -468,7 +485,8 @@ def main(argv):
         files, in_loop_program_s=files['program_s'], default_s=default,
         default_ratio_to_plain_tf=default / med['plain_tf'],
         snapshot_s=statistics.median(snapshot_times[name]),
-        wait_s=statistics.median(wait_times[name]), program_s=program,
+        wait_s=statistics.median(wait_times[name]), first_writes_s=first_writes[name],
+        program_s=program,
         program_ratio_to_plain_tf=program / med['plain_tf'])
     figures['variants'][name + '@resident']['transfer_values'] = values
     print(f'final weights max |{name}@resident - {name}| {diff:.2e}; a checkpoint in the round '
@@ -476,7 +494,9 @@ def main(argv):
           f'{files["checkpoint_s"] - files["materialize_s"]:.3f} s (with transfer=\'values\': '
           f'materialize {values["materialize_s"]:.3f} s); the program\'s checkpoint in the round '
           f'loop (starting the worker\'s write) {statistics.median(snapshot_times[name]):.3f} s, '
-          f'the wait after the next round {statistics.median(wait_times[name]):.3f} s')
+          f'the wait after the next round {statistics.median(wait_times[name]):.3f} s; the '
+          f'run\'s first {len(first_writes[name])} versions, each written alone before the timed '
+          f'rounds: {", ".join(f"{t:.3f}" for t in first_writes[name])} s')
     print(f'as the program runs it ({name}, resident): default (a checkpoint every round) '
           f'{default:.3f} s/round, {default / med["plain_tf"]:.2f}x plain_tf (resident round '
           f'{med[name + "@resident"] / med["plain_tf"]:.2f}x, through process.next '

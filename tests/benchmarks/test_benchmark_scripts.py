@@ -17,6 +17,8 @@ import sys
 
 import pytest
 
+from programs import checkpoint_writer
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -121,6 +123,9 @@ def test_round_overhead_resident_gives_the_round_as_the_program_runs_it(tmp_path
   resident, plain = written['ours@resident'], written['plain_tf']['median_s']
   assert resident['checkpoint_every'] == 4 and resident['checkpoint_s'] > 0
   assert resident['snapshot_s'] > 0 and resident['wait_s'] > 0
+  # Timed in a run's steady state: the writer's first versions were written before the rounds.
+  assert len(resident['first_writes_s']) == checkpoint_writer.KEEP_VERSIONS
+  assert all(t > 0 for t in resident['first_writes_s'])
   # A checkpoint every round, as the program makes them, timed in its own interleaved rounds.
   assert resident['default_s'] == pytest.approx(written['ours@program']['median_s'])
   assert resident['default_ratio_to_plain_tf'] == pytest.approx(resident['default_s'] / plain)
