@@ -39,10 +39,9 @@ runs while the next round does), then the next round; the variant's round ends w
 `CheckpointWriter.wait`, which waits for the write, as the program's next checkpoint does,
 and completes the version, so that no write overlaps another variant's round. The program's
 writer thread completes the version during the round after instead: here that completion
-counts in full (an upper bound). The timed rounds are a run's steady state: before them each
-writer has written its first KEEP_VERSIONS versions (timed alone and printed), so each timed
-version's files take the memory of the version the writer drops, as from a run's fifth
-checkpoint on; a run's first versions take new memory, which some machines charge more for. What checkpoints add to a round is that variant's time
+counts in full (an upper bound). The timed rounds time a run past its start: before them each
+writer has written its first KEEP_VERSIONS versions (each alone, timed and printed), so each
+timed version also drops the oldest, as from a run's fourth checkpoint on. What checkpoints add to a round is that variant's time
 less the resident round's, and "as the program runs it" gives the default
 cadence (every round) and --checkpoint_every=N (that addition spread over N rounds). For
 reference, a checkpoint made in the round loop's thread (bringing the state back and
@@ -303,10 +302,9 @@ def main(argv):
   snapshot_times = {name: [] for name in residents}
   wait_times = {name: [] for name in residents}
   versions = collections.Counter()
-  # The rounds are timed in a run's steady state, where each version's files take the memory
-  # of the version the writer drops (KEEP_VERSIONS are kept). A run's first KEEP_VERSIONS
-  # versions each take new memory, which costs more on some machines: they are written here,
-  # untimed by the rounds, and their write (started and waited for at once) is printed.
+  # The rounds time a run past its start, where each version written drops the oldest of the
+  # KEEP_VERSIONS kept: a run's first versions are written here, each started and waited for
+  # at once (printed), outside the timed rounds.
   first_writes = {name: [] for name in residents}
   for name, r in residents.items():
     for _ in range(checkpoint_writer.KEEP_VERSIONS):

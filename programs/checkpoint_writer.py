@@ -9,8 +9,9 @@ own names (`tff_algos/runtime/saved_model_template.py`, prepared once per run fr
 initial program state), and nothing of the state passes through Python: the round loop
 only starts that write (`ResidentProcess.write(..., wait=False)`), which the worker runs
 while the next round does; the next checkpoint (or a stop, or the end of the run) waits for
-it, and the writer's thread then adds saved_model.pb and fingerprint.pb, renames the
-directory and removes the versions beyond KEEP_VERSIONS. So the newest complete version
+it, and the writer's thread then adds saved_model.pb and fingerprint.pb and renames the
+directory; the oldest version is removed just before the worker starts the next write,
+whose files then take the memory it frees. So the newest complete version
 is the one asked for before the last checkpoint call, one round behind it with the default
 --checkpoint_every=1 (and, for the moment the thread takes to complete it, the one before
 that): a kill loses the rounds after the newest complete version, never more, and leaves
@@ -24,8 +25,9 @@ version and stops the run with one line naming the directory and the fix
 end of the run.
 
 Every version is written whole (no increments), so each kept version loads on its own; the
-writer keeps KEEP_VERSIONS of them, so a newest version that cannot be read costs a resume
---checkpoint_every rounds (`run_directory.load_checkpoint`).
+writer keeps KEEP_VERSIONS of them (one fewer while the next is written), so a newest
+version that cannot be read costs a resume --checkpoint_every rounds
+(`run_directory.load_checkpoint`).
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ class CheckpointWriter:
     self.manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=keep_total,
                                                        keep_first=False)
     self.checkpointed = checkpointed
+    self._keep = keep_total
     self._template = self._layout = None   # (prepare: the worker writes the versions)
     # The worker's write in flight: (its WriteInFlight, its temp directory, its version).
     self._in_worker: Optional[tuple] = None
@@ -172,6 +175,9 @@ class CheckpointWriter:
     self._complete_worker_write()
     try:
       if self._layout is not None:
+        # The version being completed (if any) counts among those kept.
+        self._drop_oldest(self._keep - 1,
+                          below=self._version if self._thread is not None else None)
         self._start_in_worker(runner, held, figures, version)
         return
       write = self._snapshot(runner, held, figures, version)
@@ -188,13 +194,28 @@ class CheckpointWriter:
       asyncio.run(self.manager.save(program_state(read_state(), figures), version))
     return write
 
+  def _drop_oldest(self, keep: int, below: Optional[int] = None) -> None:
+    """Removes the complete versions (those older than `below`, if given) beyond the newest
+    `keep`: each is first renamed as an unfinished version (removed on resume if a kill
+    interrupts its removal), so a reader never sees part of one. The worker's write is
+    started right after, so that its files take the memory these free: on machines that
+    hand freed memory back to their host a while after (virtual ones), memory freed a round
+    earlier costs the write several times more system time
+    (benchmarks/version_writes.py)."""
+    versions = [v for v in run_directory.checkpointed_rounds(self.ckpt_dir)
+                if below is None or v < below]
+    for old in versions[:max(len(versions) - keep, 0)]:
+      doomed = os.path.join(self.ckpt_dir,
+                            f'program_state_{old}_temp{random.randint(1000, 9999)}')
+      os.rename(os.path.join(self.ckpt_dir, f'program_state_{old}'), doomed)
+      shutil.rmtree(doomed)
+
   def _start_in_worker(self, runner, held, figures, version: int) -> None:
     """The worker starts writing the version's tensors into a temp directory named as TFF
     names its own (`run_directory.remove_unfinished_checkpoints` knows it)."""
     from tff_algos.runtime import saved_model_template  # pylint: disable=g-import-not-at-top
     temp = os.path.join(self.ckpt_dir,
                         f'program_state_{version}_temp{random.randint(1000, 9999)}')
-    shutil.rmtree(temp, ignore_errors=True)
     os.makedirs(os.path.join(temp, 'variables'))
     written = runner.write(held, os.path.join(temp, saved_model_template.VARIABLES_PREFIX),
                            self._layout, self._template.extras(figures), wait=False)
@@ -213,16 +234,15 @@ class CheckpointWriter:
     self._start_thread(lambda: self._publish(temp, version), version)
 
   def _publish(self, temp: str, version: int) -> None:
-    """Completes the SavedModel in `temp`, renames it to the version (atomic, as TFF's
-    write_saved_model does) and removes the versions the manager does not keep (its own
-    `_remove_old_program_state`, as its `save` does)."""
+    """Completes the SavedModel in `temp` and renames it to the version (atomic, as TFF's
+    write_saved_model does); the round loop's thread removes the oldest versions
+    (`_drop_oldest`)."""
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     self._template.write_graph(temp)
     path = os.path.join(self.ckpt_dir, f'program_state_{version}')
     if os.path.exists(path):
       raise tff.program.ProgramStateExistsError(version=version, path=self.ckpt_dir)
     os.rename(temp, path)
-    asyncio.run(self.manager._remove_old_program_state())  # pylint: disable=protected-access
 
   def _start_thread(self, write: Callable[[], None], version: int) -> None:
     self._pending, self._version, self._error = write, version, None
@@ -277,6 +297,11 @@ class CheckpointWriter:
       self._join_thread()
       self._complete_worker_write()
       self._join_thread()
+      if self._layout is not None:
+        try:
+          self._drop_oldest(self._keep)
+        except Exception as e:  # pylint: disable=broad-except
+          raise self._failed(e, self.checkpointed) from None
     except Exception:  # pylint: disable=broad-except
       if raise_error:
         raise

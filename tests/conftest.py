@@ -79,6 +79,26 @@ rounds = {rounds}
 '''
 
 
+@pytest.fixture
+def put_back():
+  """put_back(paths) keeps the files of `paths` that exist as they are now and writes them
+  back when the test ends, whatever it did to them: for tests that regenerate committed pages.
+  Returns {path: bytes} of the files kept."""
+  kept = {}
+
+  def keep(paths):
+    for path in paths:
+      if os.path.exists(path) and path not in kept:
+        with open(path, 'rb') as f:
+          kept[path] = f.read()
+    return dict(kept)
+
+  yield keep
+  for path, data in kept.items():
+    with open(path, 'wb') as f:
+      f.write(data)
+
+
 @pytest.fixture(scope='session')
 def write_study():
   """write_study(folder, body, rounds=3, name='study.toml') -> the path of a study file in

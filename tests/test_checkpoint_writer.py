@@ -231,6 +231,47 @@ def test_a_checkpoint_returns_before_the_workers_write_is_waited_for(tmp_path):
     assert np.float32(loaded['best_accuracy']) == np.float32(version / 10)
 
 
+def test_the_oldest_version_is_removed_just_before_the_workers_next_write(tmp_path):
+  """Each worker write starts with KEEP_VERSIONS - 1 complete versions older than the one
+  being completed (the oldest just removed, no part of it left), so that its files take the
+  memory the removal frees; `wait()` leaves the newest KEEP_VERSIONS, each loading on its
+  own."""
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  state_type = tff.StructWithPythonType([('w', tff.TensorType(np.float32, [2, 3])),
+                                         ('n', tff.TensorType(np.int32))],
+                                        collections.OrderedDict)
+  keep = checkpoint_writer.KEEP_VERSIONS
+  ckpt_dir = str(tmp_path / 'checkpoints')
+  on_disk = {}
+
+  class Recording(_EagerWorker):
+    def write(self, held, path, layout, extras=(), wait=True):
+      version = _version_of(path)
+      on_disk[version] = (
+          [v for v in run_directory.checkpointed_rounds(ckpt_dir) if v < version - 1],
+          sorted(e for e in os.listdir(ckpt_dir)   # (but the one being completed)
+                 if '_temp' in e and not e.startswith(f'program_state_{version - 1}_temp')))
+      return super().write(held, path, layout, extras, wait)
+
+  runner = Recording(state_type)
+  writer = checkpoint_writer.CheckpointWriter(ckpt_dir)
+  writer.prepare(runner, checkpoint_writer.program_state(_small_state(0), _figures(0)),
+                 scratch_dir=str(tmp_path))
+  last = keep + 4
+  for version in range(1, last + 1):
+    writer.checkpoint(runner, _small_state(version), _figures(version), version)
+  writer.wait()
+  for version, (complete, temps) in on_disk.items():
+    assert complete == list(range(max(1, version - keep), version - 1)), (version, on_disk)
+    assert len(temps) == 1 and temps[0].startswith(f'program_state_{version}_temp'), temps
+  newest = list(range(last - keep + 1, last + 1))
+  assert run_directory.checkpointed_rounds(ckpt_dir) == newest
+  assert sorted(os.listdir(ckpt_dir)) == [f'program_state_{v}' for v in newest]
+  structure = checkpoint_writer.program_state(_small_state(0), _figures(0))
+  for version in newest:
+    assert int(_tff_load(ckpt_dir, version, structure)['round']) == version
+
+
 def test_a_started_write_is_complete_and_the_state_once_waited_for(tmp_path):
   """The worker's write of version 1, started by `checkpoint`, goes on while the next rounds
   run and Python drops the state it writes; once waited for, the version is complete and

@@ -19,20 +19,11 @@ from programs.studies import experiments
 from programs.studies import page
 from programs.studies import study as study_lib
 from programs.studies import study_file
+from tests.toy_studies import FEDPROX_AGAINST_FEDAVG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # FedProx against FedAvg, two seeds: the acceptance study.
-TWO_METHODS = '''
-seeds = [0, 1]
-[runs.fedavg]
-algorithm = "fedavg"
-[runs.fedprox]
-algorithm = "fedprox"
-[[compare]]
-method = "fedprox"
-baseline = "fedavg"
-label = "digits 4 clients"
-'''
+TWO_METHODS = 'seeds = [0, 1]\n' + FEDPROX_AGAINST_FEDAVG + 'label = "digits 4 clients"\n'
 
 
 def _rounds(metrics_csv: str) -> list:

@@ -149,6 +149,28 @@ def test_round_overhead_resident_gives_the_round_as_the_program_runs_it(tmp_path
   assert float(line.group(3)) == pytest.approx(resident['program_s'], abs=6e-4)
 
 
+def test_version_writes_times_both_removal_orders(tmp_path):
+  """version_writes writes --versions versions of a --megabytes state in --tensors tensors,
+  --pause s apart, in both orders (the oldest removed after a write, or just before the
+  next), each keeping the newest KEEP_VERSIONS (under --dir, removed after), and gives the
+  ratio of the two orders' median write."""
+  keep = checkpoint_writer.KEEP_VERSIONS
+  stdout = _run('version_writes', '--megabytes=2', '--tensors=2', f'--versions={keep + 3}',
+                '--pause=0.5', f'--dir={tmp_path}', timeout=300).stdout
+  assert (f'state: 2 float32 tensors of 262,144 (2.0 MB); {keep + 3} versions in each order, '
+          '0.5 s apart' in stdout), stdout
+  kept = ', '.join(f'program_state_{v}' for v in range(4, keep + 4))
+  for order in ('removed after', 'removed before'):
+    assert f'{order}: kept {kept}' in stdout, stdout
+  rows = re.findall(r'^version \d+: removed after wall [0-9.]+ s, user [0-9.]+ s, system '
+                    r'[0-9.]+ s; removed before wall [0-9.]+ s', stdout, re.M)
+  assert len(rows) == keep + 3, stdout
+  assert re.search(rf'^median wall from version {keep + 2} on: removed after [0-9.]+ s, '
+                   r'removed before [0-9.]+ s; ratio removed after / removed before '
+                   r'[0-9.]+x$', stdout, re.M), stdout
+  assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.slow
 def test_round_overhead_times_each_variant_against_plain_tf():
   variants = ['plain_tf', 'ours', 'ours@exposed', 'tff', 'fedcross']

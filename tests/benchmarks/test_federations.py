@@ -86,22 +86,13 @@ def test_the_committed_page_regenerates_byte_for_byte():
         'regenerate: python -m benchmarks.federations --report')
 
 
-def test_the_study_files_report_writes_the_federations_page(study_command):
+def test_the_study_files_report_writes_the_federations_page(study_command, put_back):
   """`python -m programs.study report` on the file writes this page (its `report` key), the
   same bytes (put back if not)."""
-  paths = [os.path.join(federations.STUDY.output_dir, f)
-           for f in ('results.md', 'federations.png')]
-  before = {}
-  for path in paths:
-    with open(path, 'rb') as f:
-      before[path] = f.read()
-  try:
-    result = study_command('report', 'benchmarks/studies/federations.toml')
-    assert result.returncode == 0, result.stderr
-    assert 'wrote benchmarks/results/federations/results.md' in result.stdout
-    with open(paths[0], 'rb') as f:
-      assert f.read() == before[paths[0]]
-  finally:
-    for path, data in before.items():
-      with open(path, 'wb') as f:
-        f.write(data)
+  page = os.path.join(federations.STUDY.output_dir, 'results.md')
+  before = put_back([page, os.path.join(federations.STUDY.output_dir, 'federations.png')])
+  result = study_command('report', 'benchmarks/studies/federations.toml')
+  assert result.returncode == 0, result.stderr
+  assert 'wrote benchmarks/results/federations/results.md' in result.stdout
+  with open(page, 'rb') as f:
+    assert f.read() == before[page]

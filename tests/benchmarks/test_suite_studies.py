@@ -18,6 +18,7 @@ from programs.studies import experiments
 from programs.studies import study_file
 from programs.studies import tuning
 from tests.benchmarks.toy_runs import write_run
+from tests.toy_studies import FEDPROX_AGAINST_FEDAVG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STUDY_SUITES = [name for name, s in suites.SUITES.items() if s.study]
@@ -109,28 +110,20 @@ def _pages() -> list:
   return named + figures + [report.REPRODUCTION, report.PROVENANCE, report.README]
 
 
-def test_report_of_a_suites_study_file_regenerates_its_pages_byte_for_byte(study_command):
+def test_report_of_a_suites_study_file_regenerates_its_pages_byte_for_byte(study_command,
+                                                                         put_back):
   """`report` on a suite's study file writes the paper layer's pages (its `report` key), not
   the generic page: every committed page comes back byte for byte (put back if not)."""
-  before = {}
-  for path in _pages():
-    if os.path.exists(path):
-      with open(path, 'rb') as f:
-        before[path] = f.read()
-  try:
-    result = study_command('report', 'benchmarks/studies/fedcda.toml')
-    assert result.returncode == 0, result.stderr
-    assert 'wrote benchmarks/results/fedcda/results.md (and every other page)' in result.stdout
-    changed = []
-    for path, data in before.items():
-      with open(path, 'rb') as f:
-        if f.read() != data and not path.endswith('.png'):   # figures: matplotlib's version
-          changed.append(os.path.relpath(path, ROOT))
-    assert not changed, f'regenerate: python -m benchmarks.report ({changed})'
-  finally:
-    for path, data in before.items():
-      with open(path, 'wb') as f:
-        f.write(data)
+  before = put_back(_pages())
+  result = study_command('report', 'benchmarks/studies/fedcda.toml')
+  assert result.returncode == 0, result.stderr
+  assert 'wrote benchmarks/results/fedcda/results.md (and every other page)' in result.stdout
+  changed = []
+  for path, data in before.items():
+    with open(path, 'rb') as f:
+      if f.read() != data and not path.endswith('.png'):   # figures: matplotlib's version
+        changed.append(os.path.relpath(path, ROOT))
+  assert not changed, f'regenerate: python -m benchmarks.report ({changed})'
 
 
 @pytest.mark.parametrize('value, message', [
@@ -195,14 +188,7 @@ clients_per_round = 2
 rounds = 6
 checkpoint_every = 10
 blown_up_rounds = 0
-[runs.fedavg]
-algorithm = "fedavg"
-[runs.fedprox]
-algorithm = "fedprox"
-[[compare]]
-method = "fedprox"
-baseline = "fedavg"
-label = "FedProx"
+''' + FEDPROX_AGAINST_FEDAVG + '''label = "FedProx"
 [tune.fedavg]
 client_lr = [0.1, 0.3, 1.0]
 [tuned_as]
