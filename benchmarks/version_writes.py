@@ -11,8 +11,8 @@ renamed when written), in two orders, interleaved version by version in one proc
 
   removed after: the oldest version is removed once the new one is complete (as TFF's
     FileProgramStateManager.save does), so the next write comes a round after the removal;
-  removed before: the oldest is removed just before the next write starts (the writer's
-    `_drop_oldest`).
+  removed before: the oldest is removed just before the next write starts (the writer
+    removes it in its thread as the worker starts the write: `CheckpointWriter._doom_oldest`).
 
 It prints each version's wall, user and system seconds in each order, the median wall time
 of the versions written after the first removal, and the ratio of the two orders' medians.

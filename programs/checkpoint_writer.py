@@ -10,8 +10,8 @@ initial program state), and nothing of the state passes through Python: the roun
 only starts that write (`ResidentProcess.write(..., wait=False)`), which the worker runs
 while the next round does; the next checkpoint (or a stop, or the end of the run) waits for
 it, and the writer's thread then adds saved_model.pb and fingerprint.pb and renames the
-directory; the oldest version is removed just before the worker starts the next write,
-whose files then take the memory it frees. So the newest complete version
+directory, after removing the oldest version as the worker starts the next write, whose
+files then take the memory it frees. So the newest complete version
 is the one asked for before the last checkpoint call, one round behind it with the default
 --checkpoint_every=1 (and, for the moment the thread takes to complete it, the one before
 that): a kill loses the rounds after the newest complete version, never more, and leaves
@@ -172,12 +172,14 @@ class CheckpointWriter:
     snapshotted now and the thread writes it. Raises ExperimentError (one line) if the file
     system refused a write waited for here (the versions in flight are then abandoned)."""
     self._join_thread()
-    self._complete_worker_write()
+    written = self._wait_for_worker()
     try:
       if self._layout is not None:
-        # The version being completed (if any) counts among those kept.
-        self._drop_oldest(self._keep - 1,
-                          below=self._version if self._thread is not None else None)
+        # The version the worker wrote (if any) counts among those kept; the thread removes
+        # the oldest while the worker writes this one, then completes that version.
+        doomed = self._doom_oldest(self._keep - 1, below=written[1] if written else None)
+        self._start_thread(lambda: self._complete(doomed, written),
+                           written[1] if written else self.checkpointed)
         self._start_in_worker(runner, held, figures, version)
         return
       write = self._snapshot(runner, held, figures, version)
@@ -194,21 +196,30 @@ class CheckpointWriter:
       asyncio.run(self.manager.save(program_state(read_state(), figures), version))
     return write
 
-  def _drop_oldest(self, keep: int, below: Optional[int] = None) -> None:
-    """Removes the complete versions (those older than `below`, if given) beyond the newest
-    `keep`: each is first renamed as an unfinished version (removed on resume if a kill
-    interrupts its removal), so a reader never sees part of one. The worker's write is
-    started right after, so that its files take the memory these free: on machines that
-    hand freed memory back to their host a while after (virtual ones), memory freed a round
-    earlier costs the write several times more system time
+  def _doom_oldest(self, keep: int, below: Optional[int] = None) -> list[str]:
+    """Renames the complete versions (those older than `below`, if given) beyond the newest
+    `keep` as unfinished ones, so that no reader sees part of one while it is removed (and a
+    resume removes what a kill leaves of it); returns their new paths. They are removed as
+    the worker starts the next write, so that its files take the memory they free: on
+    machines that hand freed memory back to their host a while after (virtual ones), memory
+    freed a round earlier costs the write several times more system time
     (benchmarks/version_writes.py)."""
     versions = [v for v in run_directory.checkpointed_rounds(self.ckpt_dir)
                 if below is None or v < below]
+    doomed = []
     for old in versions[:max(len(versions) - keep, 0)]:
-      doomed = os.path.join(self.ckpt_dir,
-                            f'program_state_{old}_temp{random.randint(1000, 9999)}')
-      os.rename(os.path.join(self.ckpt_dir, f'program_state_{old}'), doomed)
-      shutil.rmtree(doomed)
+      doomed.append(os.path.join(self.ckpt_dir,
+                                 f'program_state_{old}_temp{random.randint(1000, 9999)}'))
+      os.rename(os.path.join(self.ckpt_dir, f'program_state_{old}'), doomed[-1])
+    return doomed
+
+  def _complete(self, doomed: list[str], written: Optional[tuple]) -> None:
+    """The thread's part: removes the `doomed` versions, then completes the version the
+    worker has `written` ((its temp directory, its version), if any)."""
+    for path in doomed:
+      shutil.rmtree(path)
+    if written is not None:
+      self._publish(*written)
 
   def _start_in_worker(self, runner, held, figures, version: int) -> None:
     """The worker starts writing the version's tensors into a temp directory named as TFF
@@ -221,22 +232,22 @@ class CheckpointWriter:
                            self._layout, self._template.extras(figures), wait=False)
     self._in_worker = (written, temp, version)
 
-  def _complete_worker_write(self) -> None:
-    """Waits for the worker's write in flight; the thread then completes its version."""
+  def _wait_for_worker(self) -> Optional[tuple]:
+    """Waits for the worker's write in flight, if any; returns its (temp directory,
+    version), which the thread is to complete."""
     if self._in_worker is None:
-      return
+      return None
     written, temp, version = self._in_worker
     self._in_worker = None
     try:
       written.wait()
     except Exception as e:  # pylint: disable=broad-except
       raise self._failed(e, version) from None
-    self._start_thread(lambda: self._publish(temp, version), version)
+    return temp, version
 
   def _publish(self, temp: str, version: int) -> None:
     """Completes the SavedModel in `temp` and renames it to the version (atomic, as TFF's
-    write_saved_model does); the round loop's thread removes the oldest versions
-    (`_drop_oldest`)."""
+    write_saved_model does)."""
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     self._template.write_graph(temp)
     path = os.path.join(self.ckpt_dir, f'program_state_{version}')
@@ -295,11 +306,14 @@ class CheckpointWriter:
     failure is dropped, e.g. while another error ends the run)."""
     try:
       self._join_thread()
-      self._complete_worker_write()
+      written = self._wait_for_worker()
+      if written is not None:
+        self._start_thread(lambda: self._complete([], written), written[1])
       self._join_thread()
       if self._layout is not None:
         try:
-          self._drop_oldest(self._keep)
+          for path in self._doom_oldest(self._keep):
+            shutil.rmtree(path)
         except Exception as e:  # pylint: disable=broad-except
           raise self._failed(e, self.checkpointed) from None
     except Exception:  # pylint: disable=broad-except

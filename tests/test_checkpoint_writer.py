@@ -231,11 +231,11 @@ def test_a_checkpoint_returns_before_the_workers_write_is_waited_for(tmp_path):
     assert np.float32(loaded['best_accuracy']) == np.float32(version / 10)
 
 
-def test_the_oldest_version_is_removed_just_before_the_workers_next_write(tmp_path):
+def test_the_oldest_version_is_removed_as_the_workers_next_write_starts(tmp_path):
   """Each worker write starts with KEEP_VERSIONS - 1 complete versions older than the one
-  being completed (the oldest just removed, no part of it left), so that its files take the
-  memory the removal frees; `wait()` leaves the newest KEEP_VERSIONS, each loading on its
-  own."""
+  being completed (the oldest renamed as unfinished, the thread removing it), so that its
+  files take the memory the removal frees; `wait()` leaves the newest KEEP_VERSIONS and
+  nothing else, each loading on its own."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   state_type = tff.StructWithPythonType([('w', tff.TensorType(np.float32, [2, 3])),
                                          ('n', tff.TensorType(np.int32))],
@@ -249,8 +249,8 @@ def test_the_oldest_version_is_removed_just_before_the_workers_next_write(tmp_pa
       version = _version_of(path)
       on_disk[version] = (
           [v for v in run_directory.checkpointed_rounds(ckpt_dir) if v < version - 1],
-          sorted(e for e in os.listdir(ckpt_dir)   # (but the one being completed)
-                 if '_temp' in e and not e.startswith(f'program_state_{version - 1}_temp')))
+          sorted(int(re.match(r'program_state_(\d+)_temp', e).group(1))
+                 for e in os.listdir(ckpt_dir) if '_temp' in e))
       return super().write(held, path, layout, extras, wait)
 
   runner = Recording(state_type)
@@ -263,7 +263,9 @@ def test_the_oldest_version_is_removed_just_before_the_workers_next_write(tmp_pa
   writer.wait()
   for version, (complete, temps) in on_disk.items():
     assert complete == list(range(max(1, version - keep), version - 1)), (version, on_disk)
-    assert len(temps) == 1 and temps[0].startswith(f'program_state_{version}_temp'), temps
+    # Unfinished: this one, the one being completed, the oldest being removed.
+    assert set(temps) <= {version, version - 1, version - keep - 1}, (version, temps)
+    assert version in temps
   newest = list(range(last - keep + 1, last + 1))
   assert run_directory.checkpointed_rounds(ckpt_dir) == newest
   assert sorted(os.listdir(ckpt_dir)) == [f'program_state_{v}' for v in newest]
