@@ -57,8 +57,13 @@ program runs it by default), snapshot_s (the checkpoint call's part in the round
 starting the worker's write), wait_s (the round's end: what the worker's write had left
 after the next round, and completing the version), first_writes_s (the run's first versions,
 each written alone before the timed rounds), program_s and program_ratio_to_plain_tf
-(--checkpoint_every), and checkpoint_s (materialize_s of it) of a checkpoint made in the
-round loop's thread, with the same under transfer_values.
+(--checkpoint_every), checkpoint_cpu_s (the machine's CPU seconds a checkpoint every round
+adds: the @program round's less the resident round's, medians of user + system), and
+checkpoint_s (materialize_s of it) of a checkpoint made in the round loop's thread, with the
+same under transfer_values. Every variant also has cpu_user_s and cpu_system_s: the median
+CPU seconds of its rounds, the machine's (/proc/stat: every process and kernel thread), so
+work that a busy machine's wall time hides in part (a checkpoint written beside the round)
+shows in full.
 """
 
 from __future__ import annotations
@@ -136,6 +141,21 @@ def max_abs_difference(a, b) -> float:
   """The largest |a - b| over two structures of the same tensors (e.g. two models)."""
   return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
              for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)))
+
+
+def machine_cpu_s() -> tuple:
+  """The machine's CPU time so far, all processes (this one, TFF's workers, the kernel's
+  threads): (user, system) seconds from /proc/stat, (0, 0) where there is none. A round's
+  difference counts its CPU work whichever process or kernel thread does it, which its wall
+  time on busy cores shows only in part."""
+  try:
+    with open('/proc/stat') as f:
+      fields = [int(x) for x in f.readline().split()[1:8]]
+  except OSError:
+    return 0.0, 0.0
+  tick = os.sysconf('SC_CLK_TCK')
+  user, nice, system, _, _, irq, softirq = fields
+  return (user + nice) / tick, (system + irq + softirq) / tick
 
 
 def _figures(round_num: int) -> collections.OrderedDict:
@@ -285,6 +305,7 @@ def main(argv):
   empty_runs = tuple(f'{v}@0' for v in empty_variants) + tuple(
       f'{v}@resident@0' for v in empty_variants if v in residents)
   times = {v: [] for v in variants + empty_runs}
+  cpu = {v: [] for v in variants + empty_runs}   # (user, system) s of the machine's CPUs
   state = dict(plain=plain_weights, tff=state_tff)
   state.update({name: p.initialize() for name, p in processes.items() if name != 'ours'})
   state['ours'] = state_ours
@@ -369,14 +390,15 @@ def main(argv):
     order = timed[shift:] + timed[:shift]
     line = []
     for variant in order:
-      t0 = time.perf_counter()
+      c0, t0 = machine_cpu_s(), time.perf_counter()
       gc_guard = execution.collector_paused() if _MANAGE_GC.value else contextlib.nullcontext()
       with gc_guard:
         run_variant(variant, r)
-      dt = time.perf_counter() - t0
+      dt, c1 = time.perf_counter() - t0, machine_cpu_s()
       line.append(f'{variant} {dt:.2f}s')
       if r >= _WARMUP.value:
         times[variant].append(dt)
+        cpu[variant].append((c1[0] - c0[0], c1[1] - c0[1]))
     if _MANAGE_GC.value and r == _WARMUP.value - 1:
       execution.freeze_long_lived_objects()
     tag = 'warm-up' if r < _WARMUP.value else 'timed'
@@ -385,7 +407,11 @@ def main(argv):
   print(f'load average at end: {os.getloadavg()[0]:.1f} (2 cores; shared machine)')
   med = {v: statistics.median(t) for v, t in times.items()}
   low = {v: min(t) for v, t in times.items()}  # least disturbed by other load
+  cpu_med = {v: tuple(statistics.median(c[i] for c in cs) for i in (0, 1))
+             for v, cs in cpu.items()}
   print('\nmedian s/round: ' + ', '.join(f'{v} {med[v]:.3f}' for v in variants))
+  print('median CPU s/round (the machine\'s, user + system): ' + ', '.join(
+      f'{v} {cpu_med[v][0]:.2f} + {cpu_med[v][1]:.2f}' for v in variants))
   for v in variants:
     if v != 'plain_tf':
       print(f'ratio {v} / plain_tf: {med[v] / med["plain_tf"]:.2f}x')
@@ -398,7 +424,8 @@ def main(argv):
                  epochs=epochs, warmup_rounds=_WARMUP.value, rounds=_ROUNDS.value,
                  load_average=os.getloadavg()[0]),
       variants={v: dict(median_s=med[v], min_s=low[v],
-                        ratio_to_plain_tf=med[v] / med['plain_tf'])
+                        ratio_to_plain_tf=med[v] / med['plain_tf'],
+                        cpu_user_s=cpu_med[v][0], cpu_system_s=cpu_med[v][1])
                 for v in times})
   if empty_variants:
     print('\n| variant | s/round median (min) | / plain_tf median (min) | 0-epoch round s median '
@@ -500,6 +527,13 @@ def main(argv):
           f'{med[name + "@resident"] / med["plain_tf"]:.2f}x, through process.next '
           f'{med[name] / med["plain_tf"]:.2f}x); --checkpoint_every={n}: {program:.3f} s/round, '
           f'{program / med["plain_tf"]:.2f}x plain_tf')
+    (ru, rs), (du, ds) = cpu_med[name + '@resident'], cpu_med[name + '@program']
+    added_cpu = (du + ds) - (ru + rs)
+    figures['variants'][name + '@resident']['checkpoint_cpu_s'] = added_cpu
+    print(f'CPU per round ({name}, the machine\'s, user + system): resident {ru:.2f} + '
+          f'{rs:.2f} s, default (a checkpoint every round) {du:.2f} + {ds:.2f} s: the '
+          f'checkpoints add {added_cpu:+.2f} s ({added_cpu / sum(cpu_med["plain_tf"]):+.1%} of '
+          f'the plain-TF round\'s CPU)')
   loop.close()
   if _JSON.value:
     pages.write_json(_JSON.value, figures)

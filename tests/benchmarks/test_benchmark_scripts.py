@@ -123,7 +123,15 @@ def test_round_overhead_resident_gives_the_round_as_the_program_runs_it(tmp_path
   resident, plain = written['ours@resident'], written['plain_tf']['median_s']
   assert resident['checkpoint_every'] == 4 and resident['checkpoint_s'] > 0
   assert resident['snapshot_s'] > 0 and resident['wait_s'] > 0
-  # Timed in a run's steady state: the writer's first versions were written before the rounds.
+  # The machine's CPU seconds per round, and what a checkpoint every round adds to them.
+  assert written['plain_tf']['cpu_user_s'] > 0 and written['ours@program']['cpu_user_s'] > 0
+  assert resident['checkpoint_cpu_s'] == pytest.approx(
+      sum(written['ours@program'][k] for k in ('cpu_user_s', 'cpu_system_s')) -
+      sum(written['ours@resident'][k] for k in ('cpu_user_s', 'cpu_system_s')))
+  assert re.search(r'^CPU per round \(ours, the machine\'s, user \+ system\): resident '
+                   r'[0-9.]+ \+ [0-9.]+ s, default .* the checkpoints add [-+][0-9.]+ s', stdout,
+                   re.M), stdout
+  # Timed past a run's start: the writer's first versions were written before the rounds.
   assert len(resident['first_writes_s']) == checkpoint_writer.KEEP_VERSIONS
   assert all(t > 0 for t in resident['first_writes_s'])
   # A checkpoint every round, as the program makes them, timed in its own interleaved rounds.
