@@ -530,10 +530,12 @@ def main(argv):
     (ru, rs), (du, ds) = cpu_med[name + '@resident'], cpu_med[name + '@program']
     added_cpu = (du + ds) - (ru + rs)
     figures['variants'][name + '@resident']['checkpoint_cpu_s'] = added_cpu
+    plain_cpu = sum(cpu_med['plain_tf'])   # (0 when a round is shorter than the clock's tick)
+    share = (f' ({added_cpu / plain_cpu:+.1%} of the plain-TF round\'s CPU)' if plain_cpu > 0
+             else '')
     print(f'CPU per round ({name}, the machine\'s, user + system): resident {ru:.2f} + '
           f'{rs:.2f} s, default (a checkpoint every round) {du:.2f} + {ds:.2f} s: the '
-          f'checkpoints add {added_cpu:+.2f} s ({added_cpu / sum(cpu_med["plain_tf"]):+.1%} of '
-          f'the plain-TF round\'s CPU)')
+          f'checkpoints add {added_cpu:+.2f} s{share}')
   loop.close()
   if _JSON.value:
     pages.write_json(_JSON.value, figures)

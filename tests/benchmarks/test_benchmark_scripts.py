@@ -124,7 +124,7 @@ def test_round_overhead_resident_gives_the_round_as_the_program_runs_it(tmp_path
   assert resident['checkpoint_every'] == 4 and resident['checkpoint_s'] > 0
   assert resident['snapshot_s'] > 0 and resident['wait_s'] > 0
   # The machine's CPU seconds per round, and what a checkpoint every round adds to them.
-  assert written['plain_tf']['cpu_user_s'] > 0 and written['ours@program']['cpu_user_s'] > 0
+  assert written['plain_tf']['cpu_user_s'] >= 0 and written['ours@program']['cpu_user_s'] > 0
   assert resident['checkpoint_cpu_s'] == pytest.approx(
       sum(written['ours@program'][k] for k in ('cpu_user_s', 'cpu_system_s')) -
       sum(written['ours@resident'][k] for k in ('cpu_user_s', 'cpu_system_s')))
