@@ -56,7 +56,9 @@ each variant's median and least s/round and median ratio to plain_tf; with --res
 program runs it by default), snapshot_s (the checkpoint call's part in the round loop:
 starting the worker's write), wait_s (the round's end: what the worker's write had left
 after the next round, and completing the version), first_writes_s (the run's first versions,
-each written alone before the timed rounds), program_s and program_ratio_to_plain_tf
+each written alone before the timed rounds), version_mb and written_mb (the last version's
+size, and what of it was written anew: the rest is the previous version's files, the parts
+of a large tensor that did not change), program_s and program_ratio_to_plain_tf
 (--checkpoint_every), checkpoint_cpu_s (the machine's CPU seconds a checkpoint every round
 adds: the @program round's less the resident round's, medians of user + system), and
 checkpoint_s (materialize_s of it) of a checkpoint made in the round loop's thread, with the
@@ -92,6 +94,7 @@ from benchmarks.method_builds import build_method  # pylint: disable=g-import-no
 from benchmarks.method_builds import load_data  # pylint: disable=g-import-not-at-top
 from programs import checkpoint_writer  # pylint: disable=g-import-not-at-top
 from programs import pages  # pylint: disable=g-import-not-at-top
+from programs import run_directory  # pylint: disable=g-import-not-at-top
 from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
 
 _MODEL = flags.DEFINE_string('model', 'fedavg_cnn', 'tff_algos.models zoo model.')
@@ -156,6 +159,20 @@ def machine_cpu_s() -> tuple:
   tick = os.sysconf('SC_CLK_TCK')
   user, nice, system, _, _, irq, softirq = fields
   return (user + nice) / tick, (system + irq + softirq) / tick
+
+
+def _version_bytes(ckpt_dir: str) -> tuple:
+  """(bytes of the newest version, bytes of its files that are not the previous version's)."""
+  newest, previous = [os.path.join(ckpt_dir, f'program_state_{v}')
+                      for v in run_directory.checkpointed_rounds(ckpt_dir)[-1:-3:-1]]
+
+  def files(directory):
+    return {os.path.join(d, f) for d, _, names in os.walk(directory) for f in names}
+  shared = {os.stat(f).st_ino for f in files(previous)}
+  sizes = {os.stat(f).st_ino: (os.stat(f).st_size, os.stat(f).st_ino in shared)
+           for f in files(newest)}
+  return (sum(size for size, _ in sizes.values()),
+          sum(size for size, old in sizes.values() if not old))
 
 
 def _figures(round_num: int) -> collections.OrderedDict:
@@ -458,6 +475,9 @@ def main(argv):
     print(line)
   for writer in writers.values():
     writer.close()
+  # The newest version's size, and what of it was written anew (its other files are the
+  # previous version's: the parts that did not change, bundle_parts).
+  version_bytes = {name: _version_bytes(writer.ckpt_dir) for name, writer in writers.items()}
   scratch.cleanup()
   loop = asyncio.new_event_loop()
   for name, resident in residents.items():
@@ -510,6 +530,7 @@ def main(argv):
         files, in_loop_program_s=files['program_s'], default_s=default,
         default_ratio_to_plain_tf=default / med['plain_tf'],
         snapshot_s=statistics.median(snapshot_times[name]),
+        version_mb=version_bytes[name][0] / 1e6, written_mb=version_bytes[name][1] / 1e6,
         wait_s=statistics.median(wait_times[name]), first_writes_s=first_writes[name],
         program_s=program,
         program_ratio_to_plain_tf=program / med['plain_tf'])
@@ -521,7 +542,9 @@ def main(argv):
           f'loop (starting the worker\'s write) {statistics.median(snapshot_times[name]):.3f} s, '
           f'the wait after the next round {statistics.median(wait_times[name]):.3f} s; the '
           f'run\'s first {len(first_writes[name])} versions, each written alone before the timed '
-          f'rounds: {", ".join(f"{t:.3f}" for t in first_writes[name])} s')
+          f'rounds: {", ".join(f"{t:.3f}" for t in first_writes[name])} s; the last version '
+          f'{version_bytes[name][0] / 1e6:.1f} MB, {version_bytes[name][1] / 1e6:.1f} MB of it '
+          'written anew')
     print(f'as the program runs it ({name}, resident): default (a checkpoint every round) '
           f'{default:.3f} s/round, {default / med["plain_tf"]:.2f}x plain_tf (resident round '
           f'{med[name + "@resident"] / med["plain_tf"]:.2f}x, through process.next '

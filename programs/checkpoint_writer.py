@@ -24,9 +24,13 @@ version and stops the run with one line naming the directory and the fix
 (`ExperimentError`, exit 2) where it is waited for: at the next checkpoint, a stop or the
 end of the run.
 
-Every version is written whole (no increments), so each kept version loads on its own; the
-writer keeps KEEP_VERSIONS of them (one fewer while the next is written), so a newest
-version that cannot be read costs a resume --checkpoint_every rounds
+A state tensor too large to rewrite every round (FedCDA's cache) is written in parts
+(`tff_algos/runtime/bundle_parts.py`: its cached models, parts of at least 1 MiB): the worker
+writes only the parts whose bytes changed since the version before, and the thread links
+the others' files from that version before merging the version's bundle. Every version is
+a whole SavedModel of its own, so each kept version loads on its own (removing one leaves
+the others whole); the writer keeps KEEP_VERSIONS of them (one fewer while the next is
+written), so a newest version that cannot be read costs a resume --checkpoint_every rounds
 (`run_directory.load_checkpoint`).
 """
 
@@ -46,6 +50,8 @@ from programs.experiment_config import ExperimentError
 
 # Finished versions kept: the newest and two before it, should the newest be unreadable.
 KEEP_VERSIONS = 3
+# In a version being written in parts, where the worker writes them (`bundle_parts`).
+_WRITTEN = 'written'
 
 # errno values meaning the file system refuses the write, with what the user does about it.
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -115,7 +121,8 @@ class CheckpointWriter:
   call and the writer's thread writes the version, the next call waiting for it.
   """
 
-  def __init__(self, ckpt_dir: str, checkpointed: int = 0, keep_total: int = KEEP_VERSIONS):
+  def __init__(self, ckpt_dir: str, checkpointed: int = 0, keep_total: int = KEEP_VERSIONS,
+               min_part_bytes: Optional[int] = None):
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     self.ckpt_dir = ckpt_dir
     self.manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=keep_total,
@@ -123,8 +130,12 @@ class CheckpointWriter:
     self.checkpointed = checkpointed
     self._keep = keep_total
     self._template = self._layout = None   # (prepare: the worker writes the versions)
-    # The worker's write in flight: (its WriteInFlight, its temp directory, its version).
+    self._min_part_bytes = min_part_bytes
+    # The worker's write in flight: (its WriteInFlight, its temp directory, its version,
+    # the version whose parts it links, if any).
     self._in_worker: Optional[tuple] = None
+    # The parts' fingerprints of the last version the worker wrote, and that version.
+    self._fingerprints, self._fingerprinted = None, None
     self._thread: Optional[threading.Thread] = None
     # The thread's function and outcome; the function is dropped by the round loop's thread
     # (it may hold TFF's values of the worker, released on that thread).
@@ -146,7 +157,10 @@ class CheckpointWriter:
     try:
       template = saved_model_template.SavedModelTemplate(initial_program_state,
                                                          scratch_dir=scratch_dir)
-      self._layout = template.worker_layout(runner.state_type)
+      from tff_algos.runtime import bundle_parts  # pylint: disable=g-import-not-at-top
+      self._layout = template.worker_layout(
+          runner.state_type, bundle_parts.MIN_PART_BYTES if self._min_part_bytes is None
+          else self._min_part_bytes)
     except saved_model_template.TemplateMismatch as e:
       from absl import logging  # pylint: disable=g-import-not-at-top
       logging.warning('checkpoints are written through TFF\'s FileProgramStateManager, the '
@@ -228,27 +242,41 @@ class CheckpointWriter:
     temp = os.path.join(self.ckpt_dir,
                         f'program_state_{version}_temp{random.randint(1000, 9999)}')
     os.makedirs(os.path.join(temp, 'variables'))
-    written = runner.write(held, os.path.join(temp, saved_model_template.VARIABLES_PREFIX),
-                           self._layout, self._template.extras(figures), wait=False)
-    self._in_worker = (written, temp, version)
+    path = os.path.join(temp, saved_model_template.VARIABLES_PREFIX)
+    if self._layout.cut:
+      path = os.path.join(temp, _WRITTEN)
+      os.makedirs(path)
+    written = runner.write(held, path, self._layout, self._template.extras(figures),
+                           wait=False, previous=self._fingerprints)
+    self._in_worker = (written, temp, version, self._fingerprinted)
 
   def _wait_for_worker(self) -> Optional[tuple]:
     """Waits for the worker's write in flight, if any; returns its (temp directory,
-    version), which the thread is to complete."""
+    version, the version whose parts it links), which the thread is to complete."""
     if self._in_worker is None:
       return None
-    written, temp, version = self._in_worker
+    written, temp, version, links = self._in_worker
     self._in_worker = None
     try:
-      written.wait()
+      result = written.wait()
     except Exception as e:  # pylint: disable=broad-except
       raise self._failed(e, version) from None
-    return temp, version
+    if self._layout.cut:
+      self._fingerprints, self._fingerprinted = result, version
+    return temp, version, links
 
-  def _publish(self, temp: str, version: int) -> None:
-    """Completes the SavedModel in `temp` and renames it to the version (atomic, as TFF's
-    write_saved_model does)."""
+  def _publish(self, temp: str, version: int, links: Optional[int]) -> None:
+    """Completes the SavedModel in `temp` (with a layout in parts, first its bundle, whose
+    unwritten parts it links from version `links`) and renames it to the version (atomic,
+    as TFF's write_saved_model does)."""
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+    from tff_algos.runtime import bundle_parts  # pylint: disable=g-import-not-at-top
+    from tff_algos.runtime import saved_model_template  # pylint: disable=g-import-not-at-top
+    if self._layout.cut:
+      bundle_parts.assemble(
+          os.path.join(temp, _WRITTEN), temp,
+          os.path.join(temp, saved_model_template.VARIABLES_PREFIX), self._layout.num_parts,
+          None if links is None else os.path.join(self.ckpt_dir, f'program_state_{links}'))
     self._template.write_graph(temp)
     path = os.path.join(self.ckpt_dir, f'program_state_{version}')
     if os.path.exists(path):
@@ -288,6 +316,7 @@ class CheckpointWriter:
       if self._error is None:
         self.checkpointed = self._version
       self._thread = self._pending = self._error = None
+    self._fingerprints = self._fingerprinted = None
     if self._in_worker is not None:
       written, self._in_worker = self._in_worker[0], None
       try:

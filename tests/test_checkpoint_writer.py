@@ -128,17 +128,17 @@ def test_the_next_round_runs_while_a_checkpoint_is_written(tmp_path, monkeypatch
     class Recorded:
       def wait(self):
         waited[_version_of(path)] = rounds_started[0]
-        written.wait()
+        return written.wait()
     return Recorded()
 
   overlapped = {}
   publish = checkpoint_writer.CheckpointWriter._publish   # (the writer's thread)
 
-  def slow_publish(self, temp, version):
+  def slow_publish(self, temp, version, *links):
     if version < BASE.rounds - 1:
       with started:   # the round after the next one starts before this version is complete
         overlapped[version] = started.wait_for(lambda: rounds_started[0] > version + 1, 60)
-    return publish(self, temp, version)
+    return publish(self, temp, version, *links)
 
   def no_save(*args):
     raise AssertionError('the state went through Python (FileProgramStateManager.save)')
@@ -166,7 +166,7 @@ class _EagerWorker:
     self.state_type = state_type
     self.events = []
 
-  def write(self, held, path, layout, extras=(), wait=True):
+  def write(self, held, path, layout, extras=(), wait=True, previous=None):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
     assert not wait
@@ -245,13 +245,13 @@ def test_the_oldest_version_is_removed_as_the_workers_next_write_starts(tmp_path
   on_disk = {}
 
   class Recording(_EagerWorker):
-    def write(self, held, path, layout, extras=(), wait=True):
+    def write(self, held, path, layout, extras=(), wait=True, previous=None):
       version = _version_of(path)
       on_disk[version] = (
           [v for v in run_directory.checkpointed_rounds(ckpt_dir) if v < version - 1],
           sorted(int(re.match(r'program_state_(\d+)_temp', e).group(1))
                  for e in os.listdir(ckpt_dir) if '_temp' in e))
-      return super().write(held, path, layout, extras, wait)
+      return super().write(held, path, layout, extras, wait, previous)
 
   runner = Recording(state_type)
   writer = checkpoint_writer.CheckpointWriter(ckpt_dir)
@@ -358,11 +358,11 @@ def test_a_stop_with_a_write_in_flight_completes_it_then_the_last_round(
     class Recorded:
       def wait(self):
         events.append(('wait', _version_of(path)))
-        written.wait()
+        return written.wait()
     return Recorded()
 
-  def recording_publish(self, temp, version):
-    publish(self, temp, version)
+  def recording_publish(self, temp, version, *links):
+    publish(self, temp, version, *links)
     events.append(('complete', version))
 
   monkeypatch.setattr(resident_state.ResidentProcess, 'next', signalling_next)
@@ -428,16 +428,16 @@ def test_a_failed_write_stops_the_run_in_one_line_and_resume_continues(
 
   def failing_write(self, state, path, *args, **kwargs):
     if failure == 'full' and 'program_state_3_temp' in path:
-      assert kwargs == dict(wait=False)
+      assert kwargs == dict(wait=False, previous=None)   # (no state in parts here)
       return Refused(path)
     return write(self, state, path, *args, **kwargs)
 
-  def failing_publish(self, temp, version):
+  def failing_publish(self, temp, version, *links):
     if failure == 'unwritable' and version == 3:
       open(os.path.join(temp, 'saved_model.pb'), 'wb').close()
       raise PermissionError(errno.EACCES, 'Permission denied',
                             os.path.join(temp, 'fingerprint.pb'))
-    return publish(self, temp, version)
+    return publish(self, temp, version, *links)
 
   config = dataclasses.replace(BASE, root_output_dir=str(tmp_path), experiment_name='f')
   ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
@@ -541,6 +541,76 @@ def test_a_version_the_worker_writes_is_the_managers_own(algorithm, tmp_path):
       for version in (os.path.join(ours, 'program_state_2'),
                       os.path.join(theirs, 'program_state_2')))
   assert ours_files == their_files
+
+
+def test_fedcdas_cache_is_written_in_parts_and_unchanged_parts_are_shared(tmp_path):
+  """With FedCDA's cache cut into its cached models (`min_part_bytes` small enough for the
+  tiny CNN's), the worker writes each version's changed models only: a part of version v
+  is version v - 1's file (the same inode) exactly when its bytes did not change between
+  the two states (computed here from the states brought back), and every version loads
+  through FileProgramStateManager as its state, to the bit, also once the versions it
+  shares files with are removed."""
+  from tensorflow_federated.python.program import structure_utils  # pylint: disable=g-import-not-at-top
+  from programs import computations  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+  from tff_algos.runtime import bundle_parts  # pylint: disable=g-import-not-at-top
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+  execution.initialize_runtime()
+  config = dataclasses.replace(BASE, algorithm='fedcda', fedcda_warmup_rounds=1,
+                               fedcda_batches=1, fedcda_cache_size=2)
+  process = computations.build_process(
+      config, models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0), config.num_clients)
+  runner = resident_state.ResidentProcess(process, config.clients_per_round,
+                                          scratch_dir=str(tmp_path))
+  fed = experiment.load_federated_data(config)
+  ckpt_dir = str(tmp_path / 'checkpoints')
+  expected = {}
+  try:
+    held, initial = runner.initial_state()
+    structure = checkpoint_writer.program_state(initial, _figures(0))
+    writer = checkpoint_writer.CheckpointWriter(ckpt_dir, min_part_bytes=1024)
+    writer.prepare(runner, structure, scratch_dir=str(tmp_path))
+    cut = writer._layout.cut  # pylint: disable=protected-access
+    with pytest.MonkeyPatch.context() as patch:   # nothing through Python here
+      patch.setattr(resident_state.ResidentProcess, 'snapshot', None)
+      for version in range(1, 5):
+        _, inputs = data.round_inputs(fed, version, config.clients_per_round, 1, 0)
+        held, _ = runner.next(held, [[x] for x in inputs])
+        writer.checkpoint(runner, held, _figures(version), version)
+        expected[version] = runner.materialize(held)
+      writer.close()
+  finally:
+    runner.close()
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [2, 3, 4]
+
+  def parts(state):
+    leaves = resident_state.state_leaves(state, runner.state_type)
+    return [row.tobytes() for i, axes, n in cut
+            for row in np.asarray(leaves[i]).reshape(n, -1)]
+
+  def inode(version, part):
+    return os.stat(os.path.join(ckpt_dir, f'program_state_{version}', bundle_parts.PARTS_DIR,
+                                f'part_{part}{bundle_parts.DATA_SUFFIX}')).st_ino
+  # The cache's chunks are cut into their cached models (K = 2 per client).
+  assert cut and sum(n for _, _, n in cut) >= 2 * config.num_clients
+  for version in (3, 4):
+    before, after = parts(expected[version - 1]), parts(expected[version])
+    same = [a == b for a, b in zip(before, after, strict=True)]
+    assert 0 < sum(same) < len(same)   # some clients' models changed, others did not
+    assert [inode(version, p) == inode(version - 1, p) for p in range(len(same))] == same
+
+  def assert_loads(version):
+    loaded = structure_utils.flatten(_tff_load(ckpt_dir, version, structure)['state'])
+    for a, b in zip(loaded, structure_utils.flatten(expected[version]), strict=True):
+      assert np.asarray(a).dtype == np.asarray(b).dtype
+      assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+  for version in (2, 3, 4):
+    assert_loads(version)
+  for version in (2, 3):
+    shutil.rmtree(os.path.join(ckpt_dir, f'program_state_{version}'))
+  assert_loads(4)
 
 
 def test_a_state_held_in_python_is_written_through_the_managers_save(tmp_path):
@@ -681,10 +751,20 @@ def test_a_checkpoint_of_another_program_is_still_refused(tmp_path):
 
 # -- the training program as a process: SIGKILL at random moments, a full disk ---------------
 
-def _train(args, **kwargs):
+# programs.train with its checkpoints' tensors cut into parts of this many bytes at least.
+_TRAIN_IN_PARTS = ('from absl import app\n'
+                   'from tff_algos.runtime import bundle_parts\n'
+                   'bundle_parts.MIN_PART_BYTES = {}\n'
+                   'from programs import train\n'
+                   'app.run(train.main)')
+
+
+def _train(args, part_bytes=None, **kwargs):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT)
-  return subprocess.Popen([sys.executable, '-m', 'programs.train', *FLAGS, *args], cwd=ROOT,
-                          env=env, **kwargs)
+  program = (['-m', 'programs.train'] if part_bytes is None else
+             ['-c', _TRAIN_IN_PARTS.format(part_bytes)])
+  return subprocess.Popen([sys.executable, *program, *FLAGS, *args], cwd=ROOT, env=env,
+                          **kwargs)
 
 
 def _versions_and_writes(ckpt_dir):
@@ -693,15 +773,24 @@ def _versions_and_writes(ckpt_dir):
           any('_temp' in entry for entry in entries))
 
 
+# FedCDA's checkpoints written in parts (its cached models: bundle_parts), each version
+# sharing its unchanged models' files with the one before.
+_FEDCDA = dict(algorithm='fedcda', fedcda_cache_size=2, fedcda_warmup_rounds=1)
+
+
 @pytest.mark.slow
-def test_sigkill_at_random_moments_resumes_bit_exact(tmp_path, monkeypatch):
+@pytest.mark.parametrize('method', ['fedavg', 'fedcda_in_parts'])
+def test_sigkill_at_random_moments_resumes_bit_exact(method, tmp_path, monkeypatch):
   """20 rounds checkpointed every round, killed (SIGKILL) again and again at random moments,
   half of them while a version is being written, and resumed each time: no kill loses a
   finished checkpoint or leaves one that does not load, and the run ends as the unbroken
-  one."""
+  one. FedCDA's versions are written in parts (each sharing what did not change)."""
   rounds = 20
+  in_parts = method == 'fedcda_in_parts'
   config = dataclasses.replace(BASE, rounds=rounds, root_output_dir=str(tmp_path),
-                               experiment_name='unbroken')
+                               experiment_name='unbroken', **(_FEDCDA if in_parts else {}))
+  part_bytes = 1024 if in_parts else None
+  method_flags = [f'--{k}={v}' for k, v in _FEDCDA.items()] if in_parts else []
   experiment.run_experiment(config, _quiet)
   structure = _program_state_structure(monkeypatch)
   name = 'killed'
@@ -710,9 +799,9 @@ def test_sigkill_at_random_moments_resumes_bit_exact(tmp_path, monkeypatch):
   rng = random.Random(0)
   kills = 0
   for attempt in range(5):
-    proc = _train([f'--rounds={rounds}', '--resume', f'--root_output_dir={tmp_path}',
-                   f'--experiment_name={name}'], stdout=subprocess.DEVNULL,
-                  stderr=subprocess.DEVNULL)
+    proc = _train([*method_flags, f'--rounds={rounds}', '--resume',
+                   f'--root_output_dir={tmp_path}', f'--experiment_name={name}'],
+                  part_bytes, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     start = max(run_directory.checkpointed_rounds(ckpt_dir), default=0)
     mid_write = attempt % 2 == 0
     delay = rng.uniform(0.0, 0.3)   # (a few rounds here: each attempt leaves rounds to run)
@@ -735,9 +824,9 @@ def test_sigkill_at_random_moments_resumes_bit_exact(tmp_path, monkeypatch):
     versions = run_directory.checkpointed_rounds(ckpt_dir)
     assert max(versions) >= seen, (versions, seen)   # no finished checkpoint lost
   assert kills >= 3
-  finished = _train([f'--rounds={rounds}', '--resume', f'--root_output_dir={tmp_path}',
-                     f'--experiment_name={name}'], stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, text=True)
+  finished = _train([*method_flags, f'--rounds={rounds}', '--resume',
+                     f'--root_output_dir={tmp_path}', f'--experiment_name={name}'],
+                    part_bytes, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
   _, err = finished.communicate(timeout=900)
   assert finished.returncode == 0, err
   assert 'warning:' not in err
@@ -746,6 +835,8 @@ def test_sigkill_at_random_moments_resumes_bit_exact(tmp_path, monkeypatch):
   experiment.run_experiment(dataclasses.replace(config, resume=True), _quiet)
   for version in run_directory.checkpointed_rounds(ckpt_dir):
     assert int(_tff_load(ckpt_dir, version, structure[0])['round']) == version
+    parts = os.path.join(ckpt_dir, f'program_state_{version}', 'parts')
+    assert os.path.isdir(parts) == in_parts
 
 
 @pytest.fixture

@@ -134,6 +134,10 @@ def test_round_overhead_resident_gives_the_round_as_the_program_runs_it(tmp_path
   # Timed past a run's start: the writer's first versions were written before the rounds.
   assert len(resident['first_writes_s']) == checkpoint_writer.KEEP_VERSIONS
   assert all(t > 0 for t in resident['first_writes_s'])
+  # The last version's size: written whole (no tensor of FedAvg's tiny CNN is cut in parts).
+  assert resident['version_mb'] > 0 and resident['written_mb'] == resident['version_mb']
+  assert re.search(r'the last version [0-9.]+ MB, [0-9.]+ MB of it written anew$', stdout,
+                   re.M), stdout
   # A checkpoint every round, as the program makes them, timed in its own interleaved rounds.
   assert resident['default_s'] == pytest.approx(written['ours@program']['median_s'])
   assert resident['default_ratio_to_plain_tf'] == pytest.approx(resident['default_s'] / plain)

@@ -78,6 +78,7 @@ from tensorflow_federated.python.core.impl.execution_contexts import async_execu
 from tensorflow_federated.python.core.impl.execution_contexts import sync_execution_context
 from tensorflow_federated.python.core.impl.types import type_conversions
 
+from tff_algos.runtime import bundle_parts
 from tff_algos.runtime import contexts
 from tff_algos.runtime.collector import collector_paused
 
@@ -189,6 +190,15 @@ class FileLayout(NamedTuple):
   state: tuple
   extras: tuple = ()
   constants: tuple = ()
+  # State tensors written in parts (`bundle_parts`): (index into `state`, axes, parts)
+  # triples. With any, the write's path is a directory for `bundle_parts.write_parts`, its
+  # argument ends with the previous write's fingerprints and whether its parts can be
+  # linked, and it returns this write's fingerprints.
+  cut: tuple = ()
+
+  @property
+  def num_parts(self) -> int:
+    return sum(parts for _, _, parts in self.cut)
 
 
 def state_file_layout(member_type) -> FileLayout:
@@ -218,9 +228,25 @@ def _read_leaves(path, member_type) -> list:
 
 
 def _save_argument_type(layout: FileLayout):
-  """<path, extra_0, ...>: what a write of `layout` is given besides the state."""
+  """<path, extra_0, ...[, previous, linkable]>: what a write of `layout` is given besides
+  the state (`previous`, `linkable` with `layout.cut`: `bundle_parts.write_parts`)."""
+  parts = ([(None, tff.TensorType(np.uint8, [layout.num_parts,
+                                             bundle_parts.FINGERPRINT_BYTES])),
+            (None, tff.TensorType(np.bool_))] if layout.cut else [])
   return tff.StructType([(None, tff.TensorType(np.str_))] +
-                        [(None, tff.TensorType(dtype)) for _, dtype in layout.extras])
+                        [(None, tff.TensorType(dtype)) for _, dtype in layout.extras] + parts)
+
+
+def _save_arguments(layout: FileLayout, path: str, extras, previous) -> list:
+  """The values of `_save_argument_type(layout)`: `previous` is the last write's
+  fingerprints (with `layout.cut`; None: write every part)."""
+  values = [path] + [np.asarray(extra, dtype)
+                     for extra, (_, dtype) in zip(extras, layout.extras, strict=True)]
+  if layout.cut:
+    shape = (layout.num_parts, bundle_parts.FINGERPRINT_BYTES)
+    values += ([np.zeros(shape, np.uint8), np.bool_(False)] if previous is None else
+               [np.asarray(previous, np.uint8).reshape(shape), np.bool_(True)])
+  return values
 
 
 def save_computation(state_type, layout: Optional[FileLayout] = None):
@@ -228,7 +254,9 @@ def save_computation(state_type, layout: Optional[FileLayout] = None):
   TensorFlow checkpoint at `path` (its .index and .data files), the state's tensors (in
   TFF's flattened order) under `layout.state`'s names (default: the state's own files,
   `state_file_layout`), the extras under `layout.extras`' and `layout.constants`, and
-  returns `path` once they are written."""
+  returns `path` once they are written. With `layout.cut`, the tensors are written in parts
+  in the directory `path` (`bundle_parts.write_parts`, given the argument's last two
+  values) and the result is the parts' fingerprints."""
   member = state_type.member
   layout = layout or state_file_layout(member)
   if len(layout.state) != len(structure.flatten(member)):
@@ -243,6 +271,11 @@ def save_computation(state_type, layout: Optional[FileLayout] = None):
     path = argument[0]
     tensors = (_leaves(state, member) + [argument[i + 1] for i in range(len(layout.extras))] +
                [tf.constant(value, tf.string) for _, value in layout.constants])
+    if layout.cut:
+      return bundle_parts.write_parts(path, names, tensors,
+                                      [(i, axes) for i, axes, _ in layout.cut],
+                                      argument[len(layout.extras) + 1],
+                                      argument[len(layout.extras) + 2])
     if not tensors:   # nothing to write (read_state_file and restore expect no file)
       return tf.identity(path)
     with tf.control_dependencies([_write_leaves(path, names, tensors)]):
@@ -411,10 +444,13 @@ class WriteInFlight:
     self._written = written   # the save call's value in the worker (until waited for)
 
   @_paused
-  def wait(self) -> None:
+  def wait(self):
+    """Returns the write's result the first time (with a FileLayout's `cut`, the parts'
+    fingerprints), None after."""
     written, self._written = self._written, None
     if written is not None:
-      self._owner._run(written.compute())  # pylint: disable=protected-access
+      return self._owner._run(written.compute())  # pylint: disable=protected-access
+    return None
 
 
 class ResidentOutput(NamedTuple):
@@ -598,14 +634,15 @@ class ResidentProcess:
   async def _server_path(self, path: str):
     return await self._ingest(path, tff.FederatedType(np.str_, tff.SERVER))
 
-  async def _start_save(self, value, path: str, save: Any = 'save', extras=()):
+  async def _start_save(self, value, path: str, save: Any = 'save', extras=(),
+                        previous=None):
     """Has the worker start writing `value` (the state) at `path` with the computation
-    `save` (of a FileLayout: `extras` are its extras' values); returns the call's value,
-    computed once the file is written."""
+    `save` (of a FileLayout: `extras` are its extras' values, `previous` the fingerprints
+    of its parts' last write); returns the call's value, computed once the file is
+    written."""
     layout = self._layouts[save]
     others = await self._ingest(
-        [path] + [np.asarray(extra, dtype)
-                  for extra, (_, dtype) in zip(extras, layout.extras, strict=True)],
+        _save_arguments(layout, path, extras, previous),
         tff.FederatedType(_save_argument_type(layout), tff.SERVER))
     argument = await self._executor.create_struct(structure.Struct.unnamed(value, others))
     return await self._executor.create_call(await self._function(save), argument)
@@ -748,11 +785,13 @@ class ResidentProcess:
 
   @_paused
   def write(self, state: ResidentValue, path: str, layout: FileLayout, extras=(),
-            wait: bool = True) -> Optional['WriteInFlight']:
+            wait: bool = True, previous=None) -> Optional['WriteInFlight']:
     """The worker writes `state` as one TensorFlow checkpoint at `path` (its .index and
     .data files; the directory must exist), its tensors named by `layout`, with `extras`
     (one value for each of `layout.extras`, sent from Python) and `layout.constants`;
-    nothing of the state passes through Python. transfer='files' only.
+    nothing of the state passes through Python. transfer='files' only. With `layout.cut`,
+    `path` is the directory of `bundle_parts.write_parts`, which writes only the parts whose
+    fingerprints differ from `previous` (the last write's; None: every part).
 
     With `wait`, returns once the file is written. Otherwise returns at once a
     `WriteInFlight` whose `wait()` returns once it is (or raises the worker's error): the
@@ -771,7 +810,7 @@ class ResidentProcess:
       self._computations[name] = save_computation(self._state_type, layout)
       self._layouts[name] = layout
     written = WriteInFlight(self, self._run(self._start_save(
-        state._value, path, name, extras)))  # pylint: disable=protected-access
+        state._value, path, name, extras, previous)))  # pylint: disable=protected-access
     if not wait:
       return written
     written.wait()

@@ -14,7 +14,9 @@ hashes `saved_model.pb` and the bundle's index. For one run the structure never 
 graph: a version is then a bundle written by anyone under those keys (the worker's `SaveV2`
 of the state: `ResidentProcess.write` with `worker_layout`), the kept `saved_model.pb` and
 the fingerprint TensorFlow computes of them (`write_graph`). `FileProgramStateManager.load`
-reads it as its own (tests/test_checkpoint_writer.py: the same leaves, to the bit).
+reads it as its own (tests/test_checkpoint_writer.py: the same leaves, to the bit), also
+when its large tensors are written in parts (`worker_layout(..., min_part_bytes)`,
+`bundle_parts`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tensorflow_federated.python.common_libs import structure
 from tensorflow_federated.python.program import file_utils
 from tensorflow_federated.python.program import structure_utils
 
+from tff_algos.runtime import bundle_parts
 from tff_algos.runtime import resident_state
 
 # The bundle's entry holding the object graph (TensorFlow's OBJECT_GRAPH_PROTO_KEY).
@@ -113,11 +116,14 @@ class SavedModelTemplate:
     # The structure with each leaf's index in place of the leaf.
     self._indexed = structure_utils.unflatten_as(program_state, list(range(len(names))))
 
-  def worker_layout(self, state_type) -> resident_state.FileLayout:
+  def worker_layout(self, state_type, min_part_bytes: Optional[int] = None
+                    ) -> resident_state.FileLayout:
     """The names the worker gives a version's tensors (`ResidentProcess.write`): the state's
     tensors (of type `state_type`, in TFF's order) under their keys, the figures (their
-    values: `extras`) and the object graph. Raises TemplateMismatch if a tensor of the state's
-    type has not the template's dtype or shape."""
+    values: `extras`) and the object graph; with `min_part_bytes`, the state's tensors that
+    are written in parts of at least that many bytes (`bundle_parts.part_axes`). Raises
+    TemplateMismatch if a tensor of the state's type has not the template's dtype or
+    shape."""
     order = resident_state.state_leaves(self._indexed[self._state_key], state_type)
     types = structure.flatten(state_type)
     if sorted(order) != self._in_state or len(types) != len(order):
@@ -126,7 +132,16 @@ class SavedModelTemplate:
       if tf.as_dtype(t.dtype) != self.dtypes[i] or tuple(t.shape) != self.shapes[i]:
         raise TemplateMismatch(f'the state\'s tensor {self._names[i]} is {t} in the worker and '
                          f'{self.dtypes[i].name}{list(self.shapes[i])} in its SavedModel')
+    cut = []
+    for position, t in enumerate(types):
+      dtype = tf.as_dtype(t.dtype)
+      if min_part_bytes is None or dtype == tf.string:
+        continue
+      axes = bundle_parts.part_axes(t.shape, dtype.size, min_part_bytes)
+      if axes:
+        cut.append((position, axes, bundle_parts.num_parts(t.shape, axes)))
     return resident_state.FileLayout(
+        cut=tuple(cut),
         state=tuple(self.keys[i] for i in order),
         extras=tuple((self.keys[i], np.dtype(self.dtypes[i].as_numpy_dtype))
                      for i in self._figures),
