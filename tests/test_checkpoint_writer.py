@@ -274,23 +274,29 @@ def test_the_oldest_version_is_removed_as_the_workers_next_write_starts(tmp_path
     assert int(_tff_load(ckpt_dir, version, structure)['round']) == version
 
 
+def _resident_runner(algorithm, tmp_path):
+  """(config, a ResidentProcess) of `algorithm` on BASE's digits with the tiny CNN (FedCDA:
+  K = 2, selecting after one round)."""
+  from programs import computations  # pylint: disable=g-import-not-at-top
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  from tff_algos import models  # pylint: disable=g-import-not-at-top
+  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+  execution.initialize_runtime()
+  config = dataclasses.replace(BASE, algorithm=algorithm, fedcda_warmup_rounds=1,
+                               fedcda_batches=1, fedcda_cache_size=2)
+  process = computations.build_process(
+      config, models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0), config.num_clients)
+  return config, resident_state.ResidentProcess(process, config.clients_per_round,
+                                                scratch_dir=str(tmp_path))
+
+
 def test_a_started_write_is_complete_and_the_state_once_waited_for(tmp_path):
   """The worker's write of version 1, started by `checkpoint`, goes on while the next rounds
   run and Python drops the state it writes; once waited for, the version is complete and
   loads through FileProgramStateManager as that state, to the bit."""
   from tensorflow_federated.python.program import structure_utils  # pylint: disable=g-import-not-at-top
-  from programs import computations  # pylint: disable=g-import-not-at-top
   from tff_algos import data  # pylint: disable=g-import-not-at-top
-  from tff_algos import execution  # pylint: disable=g-import-not-at-top
-  from tff_algos import models  # pylint: disable=g-import-not-at-top
-  from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
-  execution.initialize_runtime()
-  config = dataclasses.replace(BASE, algorithm='fedcda', fedcda_warmup_rounds=1,
-                               fedcda_batches=1, fedcda_cache_size=2)
-  process = computations.build_process(
-      config, models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0), config.num_clients)
-  runner = resident_state.ResidentProcess(process, config.clients_per_round,
-                                          scratch_dir=str(tmp_path))
+  config, runner = _resident_runner('fedcda', tmp_path)
   fed = experiment.load_federated_data(config)
 
   def inputs(round_num):
@@ -489,18 +495,9 @@ def test_a_version_the_worker_writes_is_the_managers_own(algorithm, tmp_path):
   among the files) as the same program state written by the manager's own `save`: the
   same leaves, to the bit and in the same dtypes (FedCDA's state: float32, float64 and
   int32 tensors), in the same files."""
-  from programs import computations  # pylint: disable=g-import-not-at-top
   from tff_algos import data  # pylint: disable=g-import-not-at-top
-  from tff_algos import execution  # pylint: disable=g-import-not-at-top
-  from tff_algos import models  # pylint: disable=g-import-not-at-top
   from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
-  execution.initialize_runtime()
-  config = dataclasses.replace(BASE, algorithm=algorithm, fedcda_warmup_rounds=1,
-                               fedcda_batches=1, fedcda_cache_size=2)
-  process = computations.build_process(
-      config, models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0), config.num_clients)
-  runner = resident_state.ResidentProcess(process, config.clients_per_round,
-                                          scratch_dir=str(tmp_path))
+  config, runner = _resident_runner(algorithm, tmp_path)
   try:
     held, initial = runner.initial_state()
     figures = collections.OrderedDict(round=0, best_accuracy=-1.0,
@@ -551,19 +548,10 @@ def test_fedcdas_cache_is_written_in_parts_and_unchanged_parts_are_shared(tmp_pa
   through FileProgramStateManager as its state, to the bit, also once the versions it
   shares files with are removed."""
   from tensorflow_federated.python.program import structure_utils  # pylint: disable=g-import-not-at-top
-  from programs import computations  # pylint: disable=g-import-not-at-top
   from tff_algos import data  # pylint: disable=g-import-not-at-top
-  from tff_algos import execution  # pylint: disable=g-import-not-at-top
-  from tff_algos import models  # pylint: disable=g-import-not-at-top
   from tff_algos.runtime import bundle_parts  # pylint: disable=g-import-not-at-top
   from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
-  execution.initialize_runtime()
-  config = dataclasses.replace(BASE, algorithm='fedcda', fedcda_warmup_rounds=1,
-                               fedcda_batches=1, fedcda_cache_size=2)
-  process = computations.build_process(
-      config, models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0), config.num_clients)
-  runner = resident_state.ResidentProcess(process, config.clients_per_round,
-                                          scratch_dir=str(tmp_path))
+  config, runner = _resident_runner('fedcda', tmp_path)
   fed = experiment.load_federated_data(config)
   ckpt_dir = str(tmp_path / 'checkpoints')
   expected = {}
