@@ -633,7 +633,16 @@ def _fedlex_reference() -> Suite:
                     'pre-trained on every client while FedAvgM starts from w0: how much of a '
                     'gain is that head start?',
                     dict(fedlex_explore_in_place=True), ('fedlex_avgm',), seeds=(0,),
-                    unchanged=('fedavgm',))))
+                    unchanged=('fedavgm',)),
+              Probe('reference_code',
+                    'FedLEx as the authors\' code runs it: G from the placeholder, the '
+                    'explorers training the global model in place (each one epoch with a '
+                    'fresh Adam, its tl_base, then exploring with another), against FedAvgM '
+                    'from w0: does the published gain come from the head start?',
+                    # placeholder G reads no normalisation: back at its default
+                    dict(fedlex_guidance='placeholder', fedlex_explore_in_place=True,
+                         fedlex_normalize='per_client'),
+                    ('fedlex_avgm',), seeds=(0, 1, 2), unchanged=('fedavgm',))))
 
 
 def _scaffold() -> Suite:
