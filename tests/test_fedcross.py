@@ -187,6 +187,22 @@ def test_layerwise_and_model_similarity_choose_differently():
   np.testing.assert_allclose(meas['similarity'].numpy(), np_cosine(flat_np(models)), atol=1e-5)
 
 
+def test_builders_refuse_layerwise_similarity_with_in_order():
+  """The builders refuse what the program's flag check refuses: in_order reads no
+  similarity; the similarity rules take layerwise."""
+  weights_type = model_delta.model_weights_type(MODEL_FN)
+  message = "^similarity='layerwise' is read only by the similarity rules, not by selection="
+  with pytest.raises(ValueError, match=message):
+    ca.build_cross_aggregation_process(weights_type, 3, selection='in_order',
+                                       similarity='layerwise')
+  with pytest.raises(ValueError, match=message):
+    build_fedcross(MODEL_FN, optimizer(), BATCH, 3, selection='in_order',
+                   similarity='layerwise')
+  ca.build_cross_aggregation_process(weights_type, 3, selection='in_order')
+  ca.build_cross_aggregation_process(weights_type, 3, selection='highest_similarity',
+                                     similarity='layerwise')
+
+
 def test_program_refuses_layerwise_similarity_with_in_order():
   from programs import experiment  # pylint: disable=g-import-not-at-top
   config = experiment.ExperimentConfig(
