@@ -765,6 +765,36 @@ def test_fedcda_says_when_a_run_is_warmup_throughout():
              for m in methods.METHODS.values() if m.name != 'fedcda')
 
 
+def test_fedlex_placeholder_explored_in_place_reads_the_last_tl_base(runtime):
+  """--fedlex_guidance=placeholder --fedlex_explore_in_place: each explorer trains 1 +
+  --fedlex_exploration_epochs epochs in place (its tl_base epoch first; inputs drawn as the
+  run draws them), round 1 starts from the last one's model, and the G installed after round
+  1 is the placeholder of the last explorer's tl_base, not of that model."""
+  del runtime
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+  config = _config(algorithm='fedlex_avgm', fedlex_guidance='placeholder',
+                   fedlex_explore_in_place=True, fedlex_exploration_epochs=2)
+  fed = experiment.load_federated_data(config)
+  _, model_fn, process, _ = computations.build_computations(config, fed, NUM_CLIENTS)
+  guidance = fedlex_exploration.guidance(config, fed, process, model_fn, NUM_CLIENTS)
+  state0 = process.initialize()
+  state, metrics = guidance.initial_state(state0)
+  explorers = guidance.explorers
+  _, inputs = data.round_inputs(fed, 0, len(explorers), 3, config.seed + 1,
+                                client_ids=explorers)
+  weights, want, _ = fedlex.explore_in_place(
+      guidance.exploration, process.get_model_weights(state0), [[x] for x in inputs],
+      guidance='placeholder')
+  assert metrics['exploration_client_epochs'] == 3 * len(explorers)
+  for a, b in zip(process.get_model_weights(state).trainable, weights.trainable):
+    np.testing.assert_array_equal(a, b)
+  for g, w in zip(guidance.placeholder, want):
+    np.testing.assert_array_equal(g, w)
+  of_round_1 = fedlex.placeholder_guidance(weights.trainable)
+  assert max(np.abs(g - w).max() for g, w in zip(guidance.placeholder, of_round_1)) > 1e-3
+
+
 def test_fedlex_placeholder_guidance_refuses_the_exploration_flags():
   """--fedlex_guidance=placeholder explores nothing: the explorers' flags are refused unless
   --fedlex_explore_in_place trains them; --fedlex_normalize and --fedlex_refresh always."""
