@@ -592,8 +592,10 @@ def suite_page(suite: suites.Suite) -> tuple:
   loaded = rd.collect(suite)
   results = comparisons(suite, loaded)
   done = sum(records.usable(r) for seeds in loaded.values() for r in seeds.values())
+  # every declared seed, and any made beyond them (e.g. later seeds that narrow an interval)
+  expected = sum(len(set(seeds) | set(suite.seeds)) for seeds in loaded.values())
   lines = [f'# {suite.title}', '', WRITTEN, ''] + prose(
-      f'{done} of {len(loaded) * len(suite.seeds)} runs finished. The verdicts, beside the '
+      f'{done} of {expected} runs finished. The verdicts, beside the '
       'paper\'s protocol or the tuned one, are in [REPRODUCTION.md](../REPRODUCTION.md); this '
       'page holds every run. Commands (each continues where it stopped):') + ['']
   if suite.grid:
