@@ -761,7 +761,8 @@ def federations_sentence() -> str:
           for c in federations.CONDITIONS if loaded['fedavg', c] and loaded['fedcda', c]]
   if not gaps:
     return ''
-  return (f'[Federations](federations/results.md) (one seed, 100 clients, FedAvg\'s rate, '
+  page = os.path.join(federations.NAME, 'results.md')   # beside REPRODUCTION.md
+  return (f'[Federations]({page}) (one seed, 100 clients, FedAvg\'s rate, '
           f'untuned for FedCDA): FedCDA ends {min(gaps):.1f}-{max(gaps):.1f} points below '
           'FedAvg.')
 
