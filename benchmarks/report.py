@@ -86,9 +86,10 @@ def verdict(paper_margin: float, paper_sign: float, mean: float, half_width: flo
 
   An interval that excludes 0 has a sign: `opposite` to the paper's, or the paper's sign with
   at least half its margin (`reproduced`) or less (`smaller`); a paper whose figures were lost
-  but whose sign is known is `reproduced (sign)`. An interval that holds 0 is `below
-  resolution` when the paper's margin is smaller than the interval's half-width (three seeds
-  could not see it even if it were there), else `within noise`.
+  but whose sign is known is `reproduced (sign)`; a comparison the paper makes no claim about
+  is `higher` or `lower`. An interval that holds 0 is `below resolution` when the paper's
+  margin is smaller than the interval's half-width (three seeds could not see it even if it
+  were there), else `within noise`.
   """
   if not np.isfinite(mean):
     return 'not run'
@@ -96,7 +97,7 @@ def verdict(paper_margin: float, paper_sign: float, mean: float, half_width: flo
     return 'one seed'
   sign = np.sign(paper_margin) if np.isfinite(paper_margin) else np.sign(paper_sign)
   if not sign:
-    return 'no paper figure'
+    return ('higher' if mean > 0 else 'lower') if abs(mean) > half_width else 'within noise'
   if abs(mean) > half_width:
     if np.sign(mean) != sign:
       return 'opposite'
@@ -437,8 +438,11 @@ def colour_of(run: str) -> str:
 
 
 def panels(suite: suites.Suite) -> list:
-  """[(title, [runs])] of a suite's curves (curves.panels)."""
-  return curves.panels(suite.comparisons)
+  """[(title, [runs])] of a suite's curves (curves.panels); a comparison between two methods
+  (its baseline another comparison's method) has both curves in their baseline's panel
+  already."""
+  methods = {c.method for c in suite.comparisons}
+  return curves.panels([c for c in suite.comparisons if c.baseline not in methods])
 
 
 def suite_groups(suite: suites.Suite, loaded: dict, prefix: str = '') -> list:
@@ -649,7 +653,7 @@ VERDICT_WORDS = {'reproduced': 'reproduced', 'reproduced (sign)': 'a gain, as cl
                  'smaller': 'a smaller gain', 'opposite': 'opposite',
                  'within noise': 'within noise', 'below resolution': 'too small to see',
                  'one seed': 'one seed', 'not run': 'not run yet',
-                 'no paper figure': 'no paper figure', 'retired': 'retired (cost)'}
+                 'higher': 'higher', 'lower': 'lower', 'retired': 'retired (cost)'}
 
 
 def headline_comparison(h: suites.Headline) -> tuple:

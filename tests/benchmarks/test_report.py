@@ -31,7 +31,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     (-1.0, 0, -2.0, 0.5, 'reproduced'),     # a paper that reports a loss
     (float('nan'), 1, 3.0, 1.0, 'reproduced (sign)'),   # its figures lost, its sign known
     (float('nan'), 1, 0.5, 1.0, 'within noise'),
-    (float('nan'), 0, 3.0, 1.0, 'no paper figure'),
+    (float('nan'), 0, 3.0, 1.0, 'higher'),    # no claim of the paper: our sign alone
+    (float('nan'), 0, -3.0, 1.0, 'lower'),
+    (float('nan'), 0, 0.5, 1.0, 'within noise'),
     (6.8, 0, float('nan'), float('nan'), 'not run'),
     (6.8, 0, 3.0, float('nan'), 'one seed'),
 ])
@@ -219,6 +221,10 @@ def test_each_method_has_one_colour_and_each_baseline_a_panel():
   assert [(title, names) for title, names in report.panels(fedcross)] == [
       ('Dir 0.1', ['fedavg_beta0.1', 'fedcross_beta0.1', 'fedprox_beta0.1']),
       ('Dir 0.5', ['fedavg_beta0.5', 'fedcross_beta0.5', 'fedprox_beta0.5'])]
+  # a comparison between two methods (the code's slips against 1/|C_i|) adds no panel
+  assert report.panels(suites.SUITES['cadis_reference']) == [
+      ('eq. 1 weights', ['fedavg', 'cadis', 'cadis_reference_weights',
+                         'cadis_reference_quirks'])]
 
 
 # --------------------------------------------------------------------------- #
