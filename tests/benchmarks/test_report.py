@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -434,3 +435,57 @@ def test_rounds_to_targets_match_numpy(tmp_path, monkeypatch):
   row, = [l for l in lines if l.startswith(f'| {report.protocol_of(suite)} | New vs base |')]
   assert report._speedup_text(got['speedup'][0.45]) in row
   assert 'speed-up 2.00×' in ' '.join(lines)
+
+
+def _results_with_seeds_landed(tmp_path) -> str:
+  """A results folder that is the committed one (linked) but for the background runs the
+  issue plans, faked by copying committed seeds under new seed numbers (their config's seed
+  changed): cadis_reference seed 2, the fedcross probe paper_local_epochs' seeds 1 and 2,
+  fedlex_reference's FedAvgM and FedLEx-AvgM seeds 3-6. Never committed."""
+  def link_all(source, target, but=()):
+    os.makedirs(target)
+    for name in os.listdir(source):
+      if name not in but:
+        os.symlink(os.path.join(source, name), os.path.join(target, name))
+
+  def copy_seed(runs, run, seed, new):
+    path = os.path.join(runs, f'{run}_s{new}')
+    shutil.copytree(os.path.join(runs, f'{run}_s{seed}'), path, symlinks=True)
+    with open(os.path.join(path, 'config.json')) as f:
+      config = json.load(f)
+    with open(os.path.join(path, 'config.json'), 'w') as f:
+      json.dump(dict(config, seed=new), f)
+
+  root = str(tmp_path / 'results')
+  link_all(suites.RESULTS, root, but=('cadis_reference', 'fedcross', 'fedlex_reference'))
+  for name in ('cadis_reference', 'fedlex_reference'):
+    link_all(os.path.join(suites.RESULTS, name), os.path.join(root, name), but=('runs',))
+    shutil.copytree(os.path.join(suites.RESULTS, name, 'runs'), os.path.join(root, name, 'runs'))
+  for run in ('fedavg', 'cadis', 'cadis_reference_weights', 'cadis_reference_quirks'):
+    copy_seed(os.path.join(root, 'cadis_reference', 'runs'), run, 1, 2)
+  for run in ('fedavgm', 'fedlex_avgm'):
+    for new in (3, 4, 5, 6):
+      copy_seed(os.path.join(root, 'fedlex_reference', 'runs'), run, new - 3, new)
+  fedcross = os.path.join(suites.RESULTS, 'fedcross')
+  link_all(fedcross, os.path.join(root, 'fedcross'), but=('probes',))
+  link_all(os.path.join(fedcross, 'probes'), os.path.join(root, 'fedcross', 'probes'),
+           but=('paper_local_epochs',))
+  probe = os.path.join(root, 'fedcross', 'probes', 'paper_local_epochs')
+  shutil.copytree(os.path.join(fedcross, 'probes', 'paper_local_epochs'), probe)
+  for run in ('fedavg_beta0.1', 'fedcross_beta0.1'):
+    for new in (1, 2):
+      copy_seed(probe, run, 0, new)
+  return root
+
+
+def test_the_page_reads_the_planned_seeds_as_they_land(tmp_path, monkeypatch):
+  """With the planned runs landed (faked from committed seeds), the opening table reads 3
+  seeds for FedCross's probe at the paper's E = 5, judged against FEMNIST (copies of one seed:
+  no spread, so its margin decides) and against CIFAR-10, 3 for CADIS, 7 for FedLEx."""
+  root = _results_with_seeds_landed(tmp_path)
+  monkeypatch.setattr(suites, 'suite_dir', lambda name: os.path.join(root, name))
+  rows = {h.method: row for h, row in zip(suites.HEADLINES, _tables(report.reproduction_page())[0][1:])}
+  assert rows['fedcross'][3] == '3' and rows['cadis'][3] == '3' and rows['fedlex'][3] == '7'
+  assert rows['fedcross'][2].startswith(
+      '**reproduced** against FEMNIST; a smaller gain against CIFAR-10 (+1.15 ± 0.00)')
+  assert 'over 7 seeds' in ' '.join(report.status_lines())
