@@ -3,19 +3,21 @@
   python -m benchmarks.report
 
 Pages: each suite's results.md, results.json and curves.png (one panel per setting);
-REPRODUCTION.md (per method: the settings, paper against ours, the results and two verdicts,
-at the paper's protocol and against the tuned baseline); PROVENANCE.md (machines, evaluation
-schedules, runs made again); README.md's status block. Nothing on a page is typed by hand:
+REPRODUCTION.md (a row per paper: its claim at the closest protocol we ran, `suites.HEADLINES`;
+then per method every comparison of its suites, with seeds, levels, margins and verdicts);
+PROVENANCE.md (machines, evaluation schedules, runs made again); README.md's status block
+(the row per paper, in short). Nothing on a page is typed by hand:
 settings come from the suite declarations, numbers from each run's metrics.csv and
 summary.json, paper figures and settings from paper_numbers.json. A test regenerates the
 pages and compares them byte for byte with the committed ones.
 
 Statistics (`programs.studies.paired`): seeds are paired (same partition, sampling and initial
 model for both runs of a comparison), so a margin is the mean of the per-seed differences,
-with a 95% paired t interval. The verdict reads the margin over the last WINDOW rounds (each
-run's mean test accuracy over the rounds it evaluated there), so that one seed's last 10
-rounds cannot flip it; a suite whose paper reports each run's best round reads the best round
-instead.
+with a 95% paired t interval, over every seed both runs finished (those a study file adds
+after 0, 1, 2 too). The reading rule (`verdict_key`): every suite of a paper that reports each
+run's best round is read at the best round; any other over the last WINDOW rounds (each run's
+mean test accuracy over the rounds it evaluated there), so that one seed's last 10 rounds
+cannot flip it.
 """
 
 from __future__ import annotations
