@@ -154,6 +154,23 @@ def test_a_study_file_leaving_the_suites_protocol_is_refused(tmp_path):
                             title='t', scaled='s')
 
 
+@pytest.mark.parametrize('seeds, refused', [
+    ('[0, 1, 2, 3, 4, 5, 6]', False),   # later seeds, made to narrow an interval
+    ('[0, 1]', True), ('[1, 2, 3]', True)])
+def test_a_suites_study_file_may_add_seeds_after_the_shared_ones(tmp_path, seeds, refused):
+  text = open(suites.study_path('fedcda_paper')).read().replace('seeds = [0, 1, 2]',
+                                                                 f'seeds = {seeds}')
+  path = tmp_path / 'fedcda_paper.toml'
+  path.write_text(text)
+  papers = {'FedCDA Dir 0.1': 'Dir 0.1'}
+  if refused:
+    with pytest.raises(ValueError, match=r'seeds: .*more seeds may follow'):
+      suites.Suite.from_study(str(path), papers, title='t', scaled='s')
+  else:
+    suite = suites.Suite.from_study(str(path), papers, title='t', scaled='s')
+    assert suite.seeds == (0, 1, 2, 3, 4, 5, 6)
+
+
 def test_one_process_imports_both_binaries():
   """benchmarks.compare and programs.study define --only once between them."""
   result = subprocess.run([sys.executable, '-c', 'import benchmarks.compare, programs.study'],
