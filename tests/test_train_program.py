@@ -107,6 +107,10 @@ BAD_INPUTS = [
     ('--straggler_fraction=0.5 --straggler_min_work=0', '--straggler_min_work must be in (0, 1]'),
     ('--straggler_fraction=0.5 --straggler_min_work=nan', '--straggler_min_work must be a finite'),
     ('--straggler_min_work=0.3', '--straggler_min_work is used only with --straggler_fraction'),
+    # given explicitly, at its default value: absl knows it was given
+    ('--straggler_min_work=0.5', '--straggler_min_work is used only with --straggler_fraction'),
+    ('--straggler_fraction=0 --straggler_min_work=0.5',
+     '--straggler_min_work is used only with --straggler_fraction'),
     ('--dataset=mnist --data_dir=/nonexistent', 'tfds build'),
     ('--target_accuracy=1.5', '--target_accuracy: 1.5 is outside (0, 1]'),
     ('--target_accuracy=0', '--target_accuracy: 0 is outside (0, 1]'),
@@ -148,6 +152,10 @@ BAD_INPUTS = [
      '--clients_per_round=1 --client_test_fraction=0.5', 'has test data of its own'),
     ('--dataset=fashion_mnist --data_dir={bad}/fmnist', 'truncated or corrupt gzip'),
     # output directories
+    ('--experiment_name=../escaped_by_name', "--experiment_name='../escaped_by_name' would "
+     'leave --root_output_dir'),
+    ('--experiment_name=a/b', 'would leave --root_output_dir'),
+    ('--experiment_name=..', 'would leave --root_output_dir'),
     ('--root_output_dir={bad}/a_file', 'cannot create the experiment directory'),
     ('--root_output_dir=/proc/no_such_dir', 'cannot create the experiment directory'),
     # --resume of a different run
