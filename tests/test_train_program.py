@@ -709,3 +709,35 @@ def test_accuracy_plot_gains_a_bytes_panel_where_bytes_are_counted(tmp_path):
     run_results.plot_accuracy(_random_rows(rng, 10, with_bytes), path, 't', 1e6)
     widths[with_bytes] = matplotlib.image.imread(path).shape[1]
   assert widths == {False: 600, True: 1100}, widths
+
+
+# programs.train, printing after the run how many TFF worker processes it started.
+_COUNTING_WORKERS = '''
+from absl import app
+from programs import experiment, train
+from tff_algos.runtime import workers
+run = experiment.run_experiment
+def counting(*args, **kwargs):
+  try:
+    return run(*args, **kwargs)
+  finally:
+    print('workers', len(workers.worker_pids()), flush=True)
+experiment.run_experiment = counting
+app.run(train.main)
+'''
+
+
+@pytest.mark.parametrize('flag', ['--worker_timeout=30', '--require_isolated_worker'])
+def test_one_worker_per_run_whatever_the_worker_flags(flag, tmp_path):
+  """The resident state's process reuses the run's TFF context: flags that set the runtime
+  apart from its defaults start no second local worker."""
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  if flag == '--require_isolated_worker' and execution.isolation_unavailable():
+    pytest.skip(execution.isolation_unavailable())
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT)
+  result = subprocess.run(
+      [sys.executable, '-c', _COUNTING_WORKERS, *BASE, '--rounds=1', flag,
+       f'--root_output_dir={tmp_path}', '--experiment_name=w'],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+  assert result.returncode == 0, result.stderr
+  assert 'workers 1' in result.stdout.splitlines(), result.stdout
