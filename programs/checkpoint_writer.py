@@ -76,8 +76,13 @@ def write_failure(error: BaseException) -> str:
 
 
 def write_error(what: str, directory: str, error: BaseException,
-                last_checkpointed: int) -> ExperimentError:
-  """The one-line error ending a run whose write of `what` in `directory` failed."""
+                last_checkpointed: int, gone: bool = False) -> ExperimentError:
+  """The one-line error ending a run whose write of `what` in `directory` failed; `gone`:
+  every version written was removed from outside (the directory deleted mid-run)."""
+  if gone:
+    return ExperimentError(
+        f'cannot write {what} in {directory}: its checkpoints were removed while the run went '
+        'on; rerun with --resume: it starts the run afresh (no checkpoint is left)')
   resume = (f'continues after round {last_checkpointed}, the last one checkpointed'
             if last_checkpointed else 'starts the run again (no round was checkpointed)')
   return ExperimentError(
@@ -324,10 +329,14 @@ class CheckpointWriter:
       except Exception:  # pylint: disable=broad-except  (its version is abandoned)
         pass
     run_directory.remove_unfinished_checkpoints(self.ckpt_dir)
+    # What a resume finds, not what was written: versions removed from outside are gone.
+    left = max(run_directory.checkpointed_rounds(self.ckpt_dir), default=0)
+    if self.checkpointed and not left:
+      return write_error(f'the checkpoint of round {version}', self.ckpt_dir, error, 0,
+                         gone=True)
     if not is_write_failure(error):
       return error
-    return write_error(f'the checkpoint of round {version}', self.ckpt_dir, error,
-                       self.checkpointed)
+    return write_error(f'the checkpoint of round {version}', self.ckpt_dir, error, left)
 
   def wait(self, raise_error: bool = True) -> None:
     """Waits until every version asked for is complete; raises ExperimentError (one line)

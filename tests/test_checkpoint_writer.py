@@ -231,6 +231,35 @@ def test_a_checkpoint_returns_before_the_workers_write_is_waited_for(tmp_path):
     assert np.float32(loaded['best_accuracy']) == np.float32(version / 10)
 
 
+def _small_state_type():
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  return tff.StructWithPythonType([('w', tff.TensorType(np.float32, [2, 3])),
+                                   ('n', tff.TensorType(np.int32))], collections.OrderedDict)
+
+
+def test_a_checkpoints_directory_removed_mid_run_is_said_to_start_afresh(tmp_path):
+  """The checkpoints directory is deleted while version 2 is being written: the write fails
+  in one line saying that --resume starts the run afresh (no version is left), not that it
+  continues after the last version written."""
+  runner = _EagerWorker(_small_state_type())
+  ckpt_dir = str(tmp_path / 'checkpoints')
+  writer = checkpoint_writer.CheckpointWriter(ckpt_dir)
+  writer.prepare(runner, checkpoint_writer.program_state(_small_state(0), _figures(0)),
+                 scratch_dir=str(tmp_path))
+  writer.checkpoint(runner, _small_state(1), _figures(1), 1)
+  writer.checkpoint(runner, _small_state(2), _figures(2), 2)
+  writer._join_thread()  # pylint: disable=protected-access  (version 1 complete)
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [1]
+  shutil.rmtree(ckpt_dir)
+  writer.checkpoint(runner, _small_state(3), _figures(3), 3)
+  with pytest.raises(ExperimentError) as raised:
+    writer.wait()
+  assert str(raised.value) == (
+      f'cannot write the checkpoint of round 2 in {ckpt_dir}: its checkpoints were removed '
+      'while the run went on; rerun with --resume: it starts the run afresh (no checkpoint is '
+      'left)')
+
+
 def test_the_oldest_version_is_removed_as_the_workers_next_write_starts(tmp_path):
   """Each worker write starts with KEEP_VERSIONS - 1 complete versions older than the one
   being completed (the oldest renamed as unfinished, the thread removing it), so that its
