@@ -220,7 +220,7 @@ class CheckpointWriter:
     snapshotted now and the thread writes it. Raises ExperimentError (one line) if the file
     system refused a write waited for here (the versions in flight are then abandoned)."""
     self._join_thread()
-    written = self._usable(self._wait_for_worker(), version)
+    written = self._usable(self._wait_for_worker())
     try:
       if self._layout is not None:
         # The version the worker wrote (if any) counts among those kept; the thread removes
@@ -297,7 +297,8 @@ class CheckpointWriter:
 
   def _wait_for_worker(self) -> Optional[tuple]:
     """Waits for the worker's write in flight, if any; returns its (temp directory,
-    version, the version whose parts it links), which the thread is to complete."""
+    version, the version whose parts it links, and with a layout in parts their
+    fingerprints), which the thread is to complete."""
     if self._in_worker is None:
       return None
     written, temp, version, links = self._in_worker
@@ -311,12 +312,11 @@ class CheckpointWriter:
     self._fingerprints, self._fingerprinted = result, version
     return temp, version, links, result
 
-  def _usable(self, written: Optional[tuple], version: Optional[int]) -> Optional[tuple]:
+  def _usable(self, written: Optional[tuple]) -> Optional[tuple]:
     """`written` (what `_wait_for_worker` returned), or None if it is dropped: when the
     version it links its unwritten parts from has a damaged part among those (found by the
-    thread reading that version back), it cannot be completed whole; the version written
-    next (`version`) is then written whole. Each damaged file is named in one `warning:`
-    line."""
+    thread reading that version back), it cannot be completed whole, and the next version
+    is written whole. Each damaged file is named in one `warning:` line."""
     verified, self._verified = self._verified, None
     if written is None or verified is None or not verified[1]:
       return written
@@ -412,7 +412,7 @@ class CheckpointWriter:
     failure is dropped, e.g. while another error ends the run)."""
     try:
       self._join_thread()
-      written = self._usable(self._wait_for_worker(), None)
+      written = self._usable(self._wait_for_worker())
       if written is not None:
         self._start_thread(lambda: self._complete([], written), written[1])
       self._join_thread()
