@@ -980,6 +980,24 @@ def test_a_damaged_shared_part_is_named_and_resume_restores_the_newest_whole_ver
       'be read and are removed: resuming after round 2, so rounds 3-4 are recomputed',
       f'resuming {config.experiment_dir} after round 2'], messages
   _assert_same_run(unbroken_fedcda, config.experiment_dir)
+  # Every version damaged: the resume is refused in one line naming the damage, not as a
+  # checkpoint of another program, and nothing is removed.
+  versions = run_directory.checkpointed_rounds(ckpt_dir)
+  for version in versions:
+    for path in _part_files(ckpt_dir, version, in_parts):
+      _damage(path)
+  loop = asyncio.new_event_loop()
+  try:
+    with pytest.raises(ExperimentError) as raised:
+      run_directory.load_checkpoint(loop, checkpoint_writer.CheckpointWriter(ckpt_dir).manager,
+                                    {'unused': np.zeros(1)}, config.experiment_dir, _quiet)
+  finally:
+    loop.close()
+  assert re.fullmatch(
+      f'cannot resume {re.escape(config.experiment_dir)}: checkpoint part \\S+ is damaged '
+      r'\(fingerprint differs from its record\) and no version of it is whole; start the run '
+      r'afresh \(another --experiment_name\)', str(raised.value)), str(raised.value)
+  assert run_directory.checkpointed_rounds(ckpt_dir) == versions
 
 
 def test_a_part_damaged_during_the_run_is_written_anew_and_the_run_stays_resumable(
