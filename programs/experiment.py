@@ -327,7 +327,7 @@ def _resume_or_initialise(c: ExperimentConfig, built: _Built, start_round: int,
   closing.callback(runner.close)
   loop = asyncio.new_event_loop()
   closing.callback(loop.close)   # (also when what follows raises, before the run exists)
-  checkpoints = checkpoint_writer.CheckpointWriter(ckpt_dir, checkpointed=start_round)
+  checkpoints = checkpoint_writer.CheckpointWriter(ckpt_dir, checkpointed=start_round, log=log)
   held, state = runner.initial_state()   # (a resume or FedLEx's exploration replaces both)
   program_state = checkpoint_writer.program_state(state, collections.OrderedDict(
       round=0, best_accuracy=-1.0, exploration_client_epochs=0.0))

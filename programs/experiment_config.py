@@ -227,6 +227,10 @@ def validate(config: ExperimentConfig) -> None:
     raise ExperimentError(
         f'--model={c.model} does not take {c.dataset}\'s {catalog.INPUT_DESCRIPTIONS[wanted]}; '
         f'choose one of {", ".join(catalog.models_for(wanted))}')
+  name = c.experiment_name
+  if name in ('.', '..') or any(sep and sep in name for sep in (os.sep, os.altsep)):
+    raise ExperimentError(f'--experiment_name={name!r} would leave --root_output_dir; give a '
+                          'name without a path separator, other than . and ..')
   _check_flags_used(c)
   positive_ints = dict(num_clients=c.num_clients, clients_per_round=c.clients_per_round,
                        rounds=c.rounds, local_epochs=c.local_epochs, batch_size=c.batch_size,
@@ -285,12 +289,23 @@ def client_faults(c: ExperimentConfig):
   --straggler_min_work), or ExperimentError naming the flag to fix."""
   from tff_algos import data  # pylint: disable=g-import-not-at-top  (no TF import)
   if c.straggler_fraction == 0 and c.straggler_min_work != _default('straggler_min_work'):
-    raise ExperimentError('--straggler_min_work is used only with --straggler_fraction > 0; '
-                          'add that or drop --straggler_min_work')
+    raise ExperimentError(_STRAGGLER_MIN_WORK_UNUSED)
   try:
     return data.ClientFaults(c.client_dropout, c.straggler_fraction, c.straggler_min_work)
   except ValueError as e:   # its message starts with the argument's name, the flag's
     raise ExperimentError(f'--{e}') from None
+
+
+_STRAGGLER_MIN_WORK_UNUSED = ('--straggler_min_work is used only with --straggler_fraction > 0; '
+                              'add that or drop --straggler_min_work')
+
+
+def check_given_flags(c: ExperimentConfig, given) -> None:
+  """Refuses a flag of `given` (the names of the flags given explicitly, which absl knows)
+  that the run would ignore whatever its value: `validate` sees values only, so it can
+  refuse such a flag only away from its default."""
+  if 'straggler_min_work' in given and not c.straggler_fraction > 0:
+    raise ExperimentError(_STRAGGLER_MIN_WORK_UNUSED)
 
 
 def target_accuracies(c: ExperimentConfig) -> tuple:

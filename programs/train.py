@@ -152,6 +152,8 @@ def main(argv):
   # its next round boundary (see stopping.StopRequests); the worker stops at exit.
   with stopping.StopRequests() as stop:
     try:
+      experiment_config.check_given_flags(
+          config, [name for name in flags.FLAGS if flags.FLAGS[name].present])
       summary = experiment.run_experiment(config, stop=stop)  # validates before TF starts
     except experiment.ExperimentError as e:
       print(f'error: {e}', file=sys.stderr)

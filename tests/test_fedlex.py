@@ -419,10 +419,26 @@ def sgd_explorer_plain_tf(element, lr):
   return w0, after, np.array(losses)
 
 
-def test_exploration_patience_stops_a_real_explorer(env, sgd):
-  """Through the builder's keyword: an explorer at SGD lr 0.5 over 6 epochs whose loss rises
-  stops where a numpy count over plain-TF epoch losses says, with the guidance of the weights
-  it stopped at; without patience it runs all 6."""
+def _patient_exploration(env, sgd, through, lr, patience):
+  """FedLEx's exploration at SGD `lr` under `patience` (None: off), built through the
+  builder's keyword or through the program's flag (--fedlex_exploration_patience, 0 = off)."""
+  if through == 'keyword':
+    return fedlex.build_fedlex_exploration(env['model_fn'], sgd(learning_rate=lr), BATCH,
+                                           exploration_patience=patience)
+  from programs import experiment_config  # pylint: disable=g-import-not-at-top
+  from programs import fedlex_exploration  # pylint: disable=g-import-not-at-top
+  config = experiment_config.ExperimentConfig(
+      algorithm='fedlex_avgm', dataset='digits', batch_size=BATCH, client_momentum=0.0,
+      fedlex_exploration_lr=lr, fedlex_exploration_patience=patience or 0)
+  return fedlex_exploration.exploration_computation(config, env['model_fn'], 10)[0]
+
+
+@pytest.mark.parametrize('through', ['keyword', 'flag'])
+def test_exploration_patience_stops_a_real_explorer(env, sgd, through):
+  """Through the builder's keyword and through --fedlex_exploration_patience: an explorer at
+  SGD lr 0.5 over 6 epochs whose loss rises stops where a numpy count over plain-TF epoch
+  losses says, with the guidance of the weights it stopped at; without patience it runs
+  all 6."""
   epochs, lr = 6, 0.5
   _, [element] = data.round_inputs(env['fed'], EXPLORATION_ROUND, 1, epochs, 0,
                                    client_ids=EXPLORERS[:1])
@@ -434,8 +450,7 @@ def test_exploration_patience_stops_a_real_explorer(env, sgd):
   proc = process(env, 'avgm', True)
   w = proc.get_model_weights(proc.initialize())
   for patience, runs in ((1, want), (None, epochs)):
-    result = fedlex.build_fedlex_exploration(env['model_fn'], sgd(learning_rate=lr), BATCH,
-                                             exploration_patience=patience)(w, [[element]])
+    result = _patient_exploration(env, sgd, through, lr, patience)(w, [[element]])
     assert float(result['client_epochs']) == runs
     for g, a, b in zip(result['guidance'], w0, after[runs - 1]):
       np.testing.assert_allclose(g, np_normalize((a - b) ** 2), atol=2e-3)

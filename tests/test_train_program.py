@@ -107,6 +107,10 @@ BAD_INPUTS = [
     ('--straggler_fraction=0.5 --straggler_min_work=0', '--straggler_min_work must be in (0, 1]'),
     ('--straggler_fraction=0.5 --straggler_min_work=nan', '--straggler_min_work must be a finite'),
     ('--straggler_min_work=0.3', '--straggler_min_work is used only with --straggler_fraction'),
+    # given explicitly, at its default value: absl knows it was given
+    ('--straggler_min_work=0.5', '--straggler_min_work is used only with --straggler_fraction'),
+    ('--straggler_fraction=0 --straggler_min_work=0.5',
+     '--straggler_min_work is used only with --straggler_fraction'),
     ('--dataset=mnist --data_dir=/nonexistent', 'tfds build'),
     ('--target_accuracy=1.5', '--target_accuracy: 1.5 is outside (0, 1]'),
     ('--target_accuracy=0', '--target_accuracy: 0 is outside (0, 1]'),
@@ -148,6 +152,10 @@ BAD_INPUTS = [
      '--clients_per_round=1 --client_test_fraction=0.5', 'has test data of its own'),
     ('--dataset=fashion_mnist --data_dir={bad}/fmnist', 'truncated or corrupt gzip'),
     # output directories
+    ('--experiment_name=../escaped_by_name', "--experiment_name='../escaped_by_name' would "
+     'leave --root_output_dir'),
+    ('--experiment_name=a/b', 'would leave --root_output_dir'),
+    ('--experiment_name=..', 'would leave --root_output_dir'),
     ('--root_output_dir={bad}/a_file', 'cannot create the experiment directory'),
     ('--root_output_dir=/proc/no_such_dir', 'cannot create the experiment directory'),
     # --resume of a different run
@@ -701,3 +709,35 @@ def test_accuracy_plot_gains_a_bytes_panel_where_bytes_are_counted(tmp_path):
     run_results.plot_accuracy(_random_rows(rng, 10, with_bytes), path, 't', 1e6)
     widths[with_bytes] = matplotlib.image.imread(path).shape[1]
   assert widths == {False: 600, True: 1100}, widths
+
+
+# programs.train, printing after the run how many TFF worker processes it started.
+_COUNTING_WORKERS = '''
+from absl import app
+from programs import experiment, train
+from tff_algos.runtime import workers
+run = experiment.run_experiment
+def counting(*args, **kwargs):
+  try:
+    return run(*args, **kwargs)
+  finally:
+    print('workers', len(workers.worker_pids()), flush=True)
+experiment.run_experiment = counting
+app.run(train.main)
+'''
+
+
+@pytest.mark.parametrize('flag', ['--worker_timeout=30', '--require_isolated_worker'])
+def test_one_worker_per_run_whatever_the_worker_flags(flag, tmp_path):
+  """The resident state's process reuses the run's TFF context: flags that set the runtime
+  apart from its defaults start no second local worker."""
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  if flag == '--require_isolated_worker' and execution.isolation_unavailable():
+    pytest.skip(execution.isolation_unavailable())
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT)
+  result = subprocess.run(
+      [sys.executable, '-c', _COUNTING_WORKERS, *BASE, '--rounds=1', flag,
+       f'--root_output_dir={tmp_path}', '--experiment_name=w'],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+  assert result.returncode == 0, result.stderr
+  assert 'workers 1' in result.stdout.splitlines(), result.stdout

@@ -488,8 +488,9 @@ class ResidentProcess:
                context: Optional[sync_execution_context.SyncExecutionContext] = None,
                refresh_every: Optional[int] = None, part_bytes: int = PART_BYTES,
                transfer: str = 'files', scratch_dir: Optional[str] = None):
-    if context is None:
-      contexts.initialize_runtime()
+    if context is None:   # the run's own context: another one would start another worker
+      if contexts.installed_context() is None:
+        contexts.initialize_runtime()
       context = contexts.installed_context()
     if not isinstance(context, sync_execution_context.SyncExecutionContext):
       raise TypeError(
