@@ -64,10 +64,12 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
     process = method.builder_function()(*args, **kwargs)
   except method.errors as e:
     raise ExperimentError(f'{method.error_prefix}{e}') from None
-  # The rates' schedules (programs/lr_schedules.py), inside the round; constant ones leave
-  # the process as built.
+  # The rates' schedules (programs/lr_schedules.py), inside the round.
+  client, server = lr_schedules.schedules(c)
+  if client.is_constant and server.is_constant:
+    return process
   from tff_algos import schedules  # pylint: disable=g-import-not-at-top
-  return schedules.with_lr_schedules(process, *lr_schedules.schedules(c))
+  return schedules.with_lr_schedules(process, client, server)
 
 
 def check_distributable(c: ExperimentConfig, computations) -> None:
