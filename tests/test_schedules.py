@@ -147,7 +147,12 @@ def _run(process, state, inputs, keep_after=None):
   rates, kept = [], None
   for t, clients in enumerate(inputs, start=1):
     rates.append(_rates(process, state))
-    state = process.next(state, clients).state
+    out = process.next(state, clients)
+    if 'learning_rate' in out.metrics:   # a schedule's metrics: the rates the round used
+      part = dict(client='client_work', server='finalizer')
+      for side, rate in out.metrics['learning_rate'].items():
+        assert np.float32(rate) == rates[-1][part[side]]
+    state = out.state
     kept = state if t == keep_after else kept
   return (state, rates) if keep_after is None else (state, rates, kept)
 
@@ -168,6 +173,7 @@ def test_scheduled_rounds_equal_rates_set_by_hand_and_resume_exactly(
   state, rates, half = _run(scheduled, scheduled.initialize(), round_inputs, keep_after=2)
   reference, by_hand = _by_hand(plain, round_inputs, client, server)
   assert rates == by_hand
+  assert 'learning_rate' in scheduled.next.type_signature.result.metrics.member
   # The rates do follow the schedules (not the built rates throughout).
   assert len({r['client_work'] for r in rates}) == 3
   if server is not None:
@@ -202,6 +208,21 @@ def test_state_carries_the_round_and_the_built_rates(tiny_model_fn, sgd):
   hparams = scheduled.get_hparams(state)
   hparams['client_work']['learning_rate'] = np.float32(0.3)
   assert _rates(scheduled, scheduled.set_hparams(state, hparams))['client_work'] == np.float32(0.3)
+
+
+@pytest.mark.usefixtures('runtime')
+def test_the_schedule_sets_any_client_optimizers_rate(tiny_model_fn):
+  """PyTorch's Adam with coupled weight decay (tff_algos.optimizers): only its rate moves."""
+  from tff_algos import baselines  # pylint: disable=g-import-not-at-top
+  from tff_algos import optimizers  # pylint: disable=g-import-not-at-top
+  adam = optimizers.with_weight_decay(optimizers.build_torch_adam(3e-4), 1e-5)
+  plain = baselines.build_fedavg(tiny_model_fn, adam, BATCH)
+  scheduled = schedules.with_lr_schedules(plain, client=Schedule(warmup_rounds=3))
+  got = scheduled.get_hparams(scheduled.initialize())['client_work']
+  want = plain.get_hparams(plain.initialize())['client_work']
+  assert got['learning_rate'] == np.float32(np.float64(np.float32(3e-4)) / 4)
+  assert {k: v for k, v in got.items() if k != 'learning_rate'} == {
+      k: v for k, v in want.items() if k != 'learning_rate'}
 
 
 @pytest.mark.usefixtures('runtime')

@@ -20,7 +20,8 @@ twin (both in float64).
 round t is the built rate times `factor(t)`, rounded to the rate's dtype (float32), written
 into the state before round t runs. The round number and the built rates live in the state,
 so `get_hparams` reports the rate the next round trains at and a checkpointed state resumes
-exactly where it stopped.
+exactly where it stopped. The round's metrics add the scheduled rates it trained at under
+`learning_rate/client` and `learning_rate/server` (metrics.csv's columns).
 
 Where they live: the wrapped state is the process's `LearningAlgorithmState` whose
 `distributor` field holds `<distributor=(the process's own distributor state), round_num,
@@ -46,6 +47,9 @@ KINDS = ('constant', 'exponential', 'step', 'cosine')
 LEARNING_RATE = 'learning_rate'
 # The hparams part whose learning rate each schedule sets.
 CLIENT, SERVER = 'client_work', 'finalizer'
+# The round's metrics key of the scheduled rates it trained at, 'client' and 'server'.
+METRICS_KEY = 'learning_rate'
+SIDE = {CLIENT: 'client', SERVER: 'server'}
 
 
 def _number(value) -> bool:
@@ -262,13 +266,26 @@ def with_lr_schedules(process, client: Optional[Schedule] = None,
     schedule = old_state.distributor
     return wrapped(new_state, schedule['round_num'] + 1, schedule['base_rates'])
 
+  @tff.tensorflow.computation(state_type)
+  def rates_of(state):
+    hparams = process.get_hparams(unwrapped(state))
+    return collections.OrderedDict((SIDE[part], hparams[part][LEARNING_RATE])
+                                   for part in schedules)
+
+  metrics_type = process.next.type_signature.result.metrics.member
+
+  @tff.tensorflow.computation(metrics_type, rates_of.type_signature.result)
+  def with_rates(metrics, rates):
+    return collections.OrderedDict(list(metrics.items()) + [(METRICS_KEY, rates)])
+
   data_type = process.next.type_signature.parameter[1]
 
   @tff.federated_computation(tff.FederatedType(state_type, tff.SERVER), data_type)
   def next_fn(state, client_data):
     out = process.next(tff.federated_map(inner_state, state), client_data)
+    metrics = tff.federated_map(with_rates, (out.metrics, tff.federated_map(rates_of, state)))
     return tff.learning.templates.LearningProcessOutput(
-        tff.federated_map(after_round, (out.state, state)), out.metrics)
+        tff.federated_map(after_round, (out.state, state)), metrics)
 
   def rewrapped(new_state, old_state):
     schedule = old_state.distributor
