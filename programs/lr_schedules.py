@@ -115,7 +115,10 @@ def problem(config) -> Optional[str]:
     error = _problem(config, side)
     if error:
       return error
-  client, server = schedules(config)
+  try:
+    client, server = schedules(config)
+  except ValueError as e:   # e.g. a whole number given as 2.5 in a study file
+    return f'the learning-rate schedule flags: {e}'
   if not client.is_constant and not method.local_steps:
     return (f'--client_lr_schedule: {config.algorithm} takes no local step (one full-batch '
             'gradient per client), so it has no client learning rate to schedule; drop the '

@@ -173,7 +173,7 @@ def test_scheduled_rounds_equal_rates_set_by_hand_and_resume_exactly(
   state, rates, half = _run(scheduled, scheduled.initialize(), round_inputs, keep_after=2)
   reference, by_hand = _by_hand(plain, round_inputs, client, server)
   assert rates == by_hand
-  assert 'learning_rate' in scheduled.next.type_signature.result.metrics.member
+  assert 'learning_rate' in dir(scheduled.next.type_signature.result.metrics.member)
   # The rates do follow the schedules (not the built rates throughout).
   assert len({r['client_work'] for r in rates}) == 3
   if server is not None:
