@@ -10,6 +10,7 @@ from typing import Optional
 
 import numpy as np
 
+from programs import lr_schedules
 from programs import methods
 from programs.experiment_config import (DEFAULT_MODELS, NOT_BUILD_INPUTS, SERVER_FLAGS_USED,
                              ExperimentConfig, ExperimentError)
@@ -63,10 +64,12 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
     process = method.builder_function()(*args, **kwargs)
   except method.errors as e:
     raise ExperimentError(f'{method.error_prefix}{e}') from None
-  if c.client_lr_decay != 1:
-    from tff_algos import client_lr_decay  # pylint: disable=g-import-not-at-top
-    process = client_lr_decay.with_client_lr_decay(process, c.client_lr_decay)
-  return process
+  # The rates' schedules (programs/lr_schedules.py), inside the round.
+  client, server = lr_schedules.schedules(c)
+  if client.is_constant and server.is_constant:
+    return process
+  from tff_algos import schedules  # pylint: disable=g-import-not-at-top
+  return schedules.with_lr_schedules(process, client, server)
 
 
 def check_distributable(c: ExperimentConfig, computations) -> None:
@@ -154,6 +157,8 @@ def _build_key(c: ExperimentConfig, fed, num_clients: int) -> str:
   x0, _ = fed.client_arrays(0)
   return json.dumps(
       [{k: v for k, v in dataclasses.asdict(c).items() if k not in NOT_BUILD_INPUTS},
+       # a cosine schedule's rounds (--rounds is not otherwise built in)
+       [repr(s) for s in lr_schedules.schedules(c)],
        x0.shape[1:], str(x0.dtype), fed.num_classes, fed.info.get('vocab_size'), num_clients],
       sort_keys=True)
 

@@ -11,6 +11,7 @@ import math
 import os
 from typing import Optional
 
+from programs import lr_schedules
 from programs import methods
 
 ALGORITHMS = methods.ALGORITHMS
@@ -123,9 +124,11 @@ class _GeneralConfig:
 
 
 # Every flag of programs/train.py as a field; the methods' own flags (with their defaults) come
-# from the registry, programs/methods.py.
+# from the registry, programs/methods.py, the learning-rate schedules' from
+# programs/lr_schedules.py.
 ExperimentConfig = dataclasses.make_dataclass(
-    'ExperimentConfig', methods.config_fields(), bases=(_GeneralConfig,))
+    'ExperimentConfig', methods.config_fields() + lr_schedules.config_fields(),
+    bases=(_GeneralConfig,))
 ExperimentConfig.__module__ = __name__
 ExperimentConfig.__doc__ = 'The settings of one experiment: every flag of programs/train.py.'
 
@@ -173,6 +176,7 @@ FLAG_ROLES = {
     'resident_state': BOOKKEEPING, 'blown_up_rounds': BOOKKEEPING,
     'target_accuracy': BOOKKEEPING,   # what is reported, not what is computed
     **{flag.name: DEFINES_RUN for flag in methods.registry_flags()},
+    **{name: DEFINES_RUN for name in lr_schedules.FLAG_NAMES},
 }
 # Flags that do not change what a run computes: a resumed run may change them.
 RESUMABLE_CHANGES = tuple(name for name, role in FLAG_ROLES.items() if role.resumable)
@@ -267,6 +271,9 @@ def validate(config: ExperimentConfig) -> None:
         f'--client_lr_decay: {c.algorithm} takes no local step (one full-batch gradient per '
         'client), so it has no client learning rate to decay; drop the flag or decay '
         '--server_lr instead')
+  error = lr_schedules.problem(c)
+  if error:
+    raise ExperimentError(error)
   if c.partition == 'dirichlet' and not c.dirichlet_alpha > 0:
     raise ExperimentError(f'--dirichlet_alpha must be > 0, got {c.dirichlet_alpha}')
   if c.server_optimizer and c.server_optimizer not in SERVER_OPTIMIZERS:
@@ -359,7 +366,10 @@ def settings_changed(saved: dict, c: ExperimentConfig) -> str:
   """'' when a run recorded as `saved` (its config.json) is a run of `c` up to
   RESUMABLE_CHANGES, else 'it was run with --x=old (now --x=new)'."""
   mine = dataclasses.asdict(c)
-  differing = [name for name in mine if name not in RESUMABLE_CHANGES
+  # A cosine schedule runs over --rounds: then --rounds defines the run.
+  fixed = ('rounds',) if (lr_schedules.uses_rounds(c)
+                          or lr_schedules.uses_rounds(recorded_config(saved))) else ()
+  differing = [name for name in mine if (name not in RESUMABLE_CHANGES or name in fixed)
                and saved.get(name, _default(name)) != mine[name]]
   if not differing:
     return ''

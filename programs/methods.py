@@ -111,7 +111,9 @@ class Method:
   setting), or None. `summary(run)`: the method's own entries of summary.json from the
   finished run (a `RunRecord`).
   `guided`: the method is a plug-in preset, guided whatever --guided says (fedlex_*).
-  `local_steps`: False for FedSGD's one gradient (no KD there).
+  `local_steps`: False for FedSGD's one gradient (no KD there, no client rate to schedule).
+  `server_rate`: False for a method whose server takes no optimizer step (no server rate to
+  schedule: FedCross, FedCDA).
   """
   name: str
   builder: str               # 'module:function'
@@ -125,6 +127,7 @@ class Method:
   summary: Callable[[Any], dict] = lambda run: {}
   guided: bool = False
   local_steps: bool = True
+  server_rate: bool = True
 
   def builder_function(self) -> Callable:
     return named_function(self.builder)
@@ -520,12 +523,12 @@ METHODS = {m.name: m for m in (
            reads=OPTIMIZER_FLAGS, local_steps=False),
     Method('fedcross', 'tff_algos.fedcross:build_fedcross',
            lambda c, i: (_head(c, i) + (c.clients_per_round,), {}),
-           flags=FEDCROSS_FLAGS, check=_fedcross_check),
+           flags=FEDCROSS_FLAGS, check=_fedcross_check, server_rate=False),
     Method('fedcda', 'tff_algos.fedcda:build_fedcda',
            lambda c, i: (_head(c, i) + (i.num_clients, c.clients_per_round),
                          dict(seed=c.seed)),
            flags=FEDCDA_FLAGS, check=_fedcda_check, errors=(ValueError,),
-           note=_fedcda_note, summary=_fedcda_summary),
+           note=_fedcda_note, summary=_fedcda_summary, server_rate=False),
     Method('cadis', 'tff_algos.cadis:build_cadis',
            lambda c, i: (_head(c, i) + (i.num_clients,),
                          dict(clients_per_round=c.clients_per_round,

@@ -22,6 +22,7 @@ from absl import logging
 
 from programs import experiment
 from programs import experiment_config
+from programs import lr_schedules
 from programs import methods
 from programs import stopping
 
@@ -52,7 +53,11 @@ _CLIENT_WEIGHT_DECAY = flags.DEFINE_float(
     'weight_decay: adds this times the weights to every gradient.')
 _CLIENT_LR_DECAY = flags.DEFINE_float(
     'client_lr_decay', 1.0, 'Multiply the client learning rate by this after every round '
-    '(round t trains at --client_lr times this to the power t - 1; 1 = constant).')
+    '(round t trains at --client_lr times this to the power t - 1; 1 = constant); with '
+    '--client_lr_schedule=step, every --client_lr_decay_every rounds.')
+# The other learning-rate schedule flags, client and server (--client_lr_schedule, ...).
+_SCHEDULE_FLAGS = lr_schedules.define_absl_flags()
+flags.adopt_module_key_flags(lr_schedules)
 _SERVER_OPTIMIZER = flags.DEFINE_string(
     'server_optimizer', '', 'sgd, sgdm or adam; empty = the algorithm\'s default.')
 _SERVER_LR = flags.DEFINE_float('server_lr', -1.0, 'Server learning rate; < 0 = default.')
@@ -140,7 +145,8 @@ def config_from_flags() -> experiment.ExperimentConfig:
       worker_timeout=_WORKER_TIMEOUT.value,
       require_isolated_worker=_REQUIRE_ISOLATED_WORKER.value, resident_state=_RESIDENT_STATE.value,
       blown_up_rounds=_BLOWN_UP_ROUNDS.value, target_accuracy=_TARGET_ACCURACY.value,
-      **{name: holder.value for name, holder in _METHOD_FLAGS.items()})
+      **{name: holder.value for name, holder in _METHOD_FLAGS.items()},
+      **{name: holder.value for name, holder in _SCHEDULE_FLAGS.items()})
 
 
 def main(argv):

@@ -350,3 +350,23 @@ def test_tuning_length_without_a_rounds_key_is_the_trainers_default(tmp_path):
   default = study_file.FIELDS['rounds'].default
   (result,) = page.tuning_results(study, None).values()
   assert result['rounds'] == default and result['budget'] == 2 * default
+
+
+def test_schedule_keys_reach_the_runs_and_a_bad_one_is_named(tmp_path, write_study):
+  """The learning-rate schedule flags are study keys like any trainer flag
+  (programs/lr_schedules.py): a run's reach its ExperimentConfig; a bad one names its table."""
+  from programs import lr_schedules  # pylint: disable=g-import-not-at-top
+  path = write_study(tmp_path, 'seeds = [0]\n[runs.fedavg]\nalgorithm = "fedavg"\n'
+                     'client_lr_schedule = "cosine"\nclient_lr_floor = 0.1\n'
+                     'server_lr_schedule = "step"\nserver_lr_decay = 0.5\n'
+                     'server_lr_decay_every = 2\nserver_lr_warmup_rounds = 1\n')
+  study = study_file.load(path)
+  (config,) = experiments.run_configs(study)
+  client, server = lr_schedules.schedules(config)
+  assert (client.kind, client.floor, client.rounds) == ('cosine', 0.1, 3)
+  assert (server.kind, server.decay, server.every, server.warmup_rounds) == ('step', 0.5, 2, 1)
+  path = write_study(tmp_path, 'seeds = [0]\n[runs.fedcross]\nalgorithm = "fedcross"\n'
+                     'server_lr_schedule = "cosine"\n')
+  with pytest.raises(study_file.StudyFileError, match=r'\[runs.fedcross\] server_lr_schedule: '
+                     '--server_lr_schedule: fedcross takes no server optimizer step'):
+    study_file.load(path)

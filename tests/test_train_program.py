@@ -139,6 +139,9 @@ BAD_INPUTS = [
     ('--algorithm=fedavgm --server_optimizer=adam', '--server_optimizer is not used'),
     ('--algorithm=fedavg --server_momentum=0.5', 'only with --server_optimizer=sgdm'),
     ('--algorithm=fedavg --fedcda_cache_size=5', '--fedcda_cache_size is not used'),
+    # learning-rate schedules: unknown, or of a rate the method does not have
+    ('--client_lr_schedule=linear', "--client_lr_schedule='linear' is unknown"),
+    ('--algorithm=fedcross --server_lr_schedule=cosine', 'fedcross takes no server optimizer'),
     # models that cannot take the data
     ('--model=char_lstm', 'does not take digits'),
     ('--model=vgg16', 'vgg16 needs height and width >= 32'),
@@ -169,6 +172,8 @@ BAD_INPUTS = [
     # faults change what the clients run: another run (but the same computations)
     ('--root_output_dir={run} --experiment_name=p --resume --rounds=2 --client_dropout=0.2',
      'run with --client_dropout=0.0 (now --client_dropout=0.2)'),
+    ('--root_output_dir={run} --experiment_name=p --resume --rounds=3 --server_lr_warmup_rounds=1',
+     'run with --server_lr_warmup_rounds=0 (now --server_lr_warmup_rounds=1)'),
     ('--root_output_dir={run} --experiment_name=p --resume --rounds=1',
      'already finished round 2; pass --rounds=2 or more'),
     ('--root_output_dir={run} --experiment_name=p --rounds=2', 'pass --resume to continue'),

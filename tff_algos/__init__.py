@@ -26,10 +26,11 @@ _EXPORTS = {
     'tff_algos.fedlex': ('build_fedlex', 'build_fedlex_exploration'),
     'tff_algos.runtime.resident_state': ('ResidentProcess',),
     'tff_algos.scaffold': ('build_scaffold',),
+    'tff_algos.schedules': ('Schedule', 'with_lr_schedules'),
 }
 _SUBMODULES = ('aggregators', 'baselines', 'cadis', 'client_lr_decay', 'client_work',
                'communication', 'evaluation', 'fedcda', 'fedcross', 'fedlex', 'models',
-               'optimizers', 'runtime', 'scaffold')
+               'optimizers', 'runtime', 'scaffold', 'schedules')
 __getattr__, __dir__, __all__ = lazy_exports(__name__, _EXPORTS, _SUBMODULES)
 __all__ = __all__ + ['execution']
 
@@ -46,3 +47,4 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
   from tff_algos.fedlex import build_fedlex, build_fedlex_exploration  # noqa: F401
   from tff_algos.runtime.resident_state import ResidentProcess  # noqa: F401
   from tff_algos.scaffold import build_scaffold  # noqa: F401
+  from tff_algos.schedules import Schedule, with_lr_schedules  # noqa: F401
