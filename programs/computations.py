@@ -11,7 +11,8 @@ from typing import Optional
 import numpy as np
 
 from programs import methods
-from programs.experiment_config import (DEFAULT_MODELS, NOT_BUILD_INPUTS, SERVER_FLAGS_USED,
+from programs import user_code
+from programs.experiment_config import (DEFAULT_MODELS, NOT_BUILD_INPUTS,
                              ExperimentConfig, ExperimentError)
 
 
@@ -45,7 +46,7 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
   server_opt = None
   # --server_lr alone sets the learning rate of plain server SGD.
   kind = c.server_optimizer or (
-      'sgd' if c.server_lr >= 0 and 'server_optimizer' in SERVER_FLAGS_USED[c.algorithm] else '')
+      'sgd' if c.server_lr >= 0 and 'server_optimizer' in user_code.method(c.algorithm).reads else '')
   if kind:
     lr = c.server_lr if c.server_lr >= 0 else (1e-2 if kind == 'adam' else 1.0)
     if kind == 'adam':
@@ -53,7 +54,7 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
     else:
       server_opt = tff.learning.optimizers.build_sgdm(
           learning_rate=lr, momentum=c.server_momentum if kind == 'sgdm' else None)
-  method = methods.METHODS[c.algorithm]
+  method = user_code.method(c.algorithm)
   args, kwargs = method.arguments(c, methods.BuildInputs(
       model_fn=model_fn, client_optimizer=client_opt, server_optimizer=server_opt,
       num_clients=num_clients, true_clusters=true_clusters))
@@ -63,6 +64,7 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
     process = method.builder_function()(*args, **kwargs)
   except method.errors as e:
     raise ExperimentError(f'{method.error_prefix}{e}') from None
+  user_code.check_process(c, process)
   if c.client_lr_decay != 1:
     from tff_algos import client_lr_decay  # pylint: disable=g-import-not-at-top
     process = client_lr_decay.with_client_lr_decay(process, c.client_lr_decay)
@@ -171,8 +173,10 @@ def build_computations(c: ExperimentConfig, fed, num_clients: int):
   model_name = c.model or DEFAULT_MODELS[c.dataset]
   x0, _ = fed.client_arrays(0)
   try:
-    model_fn = models.make_model_fn(model_name, tuple(x0.shape[1:]), fed.num_classes,
-                                    seed=c.seed, vocab_size=fed.info.get('vocab_size'))
+    model_fn = (user_code.model_fn(model_name, fed.client_data.element_type_structure['x'],
+                                   fed.num_classes, c.seed) if user_code.is_path(model_name)
+                else models.make_model_fn(model_name, tuple(x0.shape[1:]), fed.num_classes,
+                                          seed=c.seed, vocab_size=fed.info.get('vocab_size')))
   except ValueError as e:
     raise ExperimentError(f'--model={model_name} cannot take {c.dataset}: {e}') from None
   true_clusters = getattr(fed, 'true_clusters', None)
