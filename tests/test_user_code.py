@@ -20,6 +20,7 @@ import pytest
 
 from programs import experiment
 from programs import experiment_config
+from programs import methods
 from programs import user_code
 from programs.studies import study_file
 
@@ -134,6 +135,14 @@ def test_method_kwargs_are_checked_against_the_builder(package_dir):
   assert '--dataset=byo_pkg.parts:digits_arrays is your own: name its model' in _refusal(
       _config(dataset=f'{PACKAGE}.parts:digits_arrays'))
   assert '--guided and --kd_weight' in _refusal(_config(algorithm=method, kd_weight=0.5))
+  # The keywords the builder gets: the standard ones it declares, then --method_kwargs.
+  inputs = methods.BuildInputs(model_fn='m', client_optimizer='c', server_optimizer=None,
+                               num_clients=6, true_clusters=None)
+  config = _config(algorithm=method, method_kwargs='{"clip_norm": 0.5}')
+  assert user_code.method(method).arguments(config, inputs) == ((), dict(
+      model_fn='m', client_optimizer_fn='c', client_batch_size=16, clip_norm=0.5))
+  assert user_code.method(method).arguments(
+      config, dataclasses.replace(inputs, server_optimizer='s'))[1]['server_optimizer_fn'] == 's'
   # The builder's own server-optimizer flags are read: it takes server_optimizer_fn.
   experiment_config.validate(_config(algorithm=method, server_lr=0.5,
                                      method_kwargs='{"clip_norm": 1}'))
