@@ -221,7 +221,7 @@ def check_process(c, process) -> None:
 def model_fn(path: str, x_spec, num_classes: int, seed: int):
   """The no-arg model_fn of a model of the user's: `fn(input_shape, num_classes)` returns a
   Keras model giving `num_classes` logits (trained with sparse categorical cross-entropy) or
-  a FunctionalModel; TF's global seed is `seed` before each call. Checked once now in a
+  a FunctionalModel; `tf.keras.utils.set_random_seed(seed)` before each call. Checked once now in a
   throwaway graph (type and output size)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
@@ -252,7 +252,8 @@ def model_fn(path: str, x_spec, num_classes: int, seed: int):
   spec = (tf.TensorSpec([None, *input_shape], x_spec.dtype), tf.TensorSpec([None], tf.int32))
 
   def user_model_fn():
-    tf.random.set_seed(seed)
+    tf.keras.utils.set_random_seed(seed)   # Python's, NumPy's and TF's: Keras's unseeded
+                                           # initialisers draw their seeds from Python's
     return tff.learning.models.from_keras_model(
         fn(input_shape, num_classes),
         loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),

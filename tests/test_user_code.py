@@ -170,6 +170,23 @@ def test_wrong_returns_are_one_line_each(package_dir, runtime):
                             'a process')
 
 
+def test_every_model_of_a_seed_starts_alike(package_dir, runtime):
+  """Keras's unseeded initialisers draw their seeds from Python's random module: the
+  model_fn seeds it, so every build of one seed (each process's, a resumed run's) is the
+  same model, and another seed another one."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  x_spec = tf.TensorSpec([8, 8, 1], tf.float32)
+
+  def weights(seed):
+    model = user_code.model_fn(f'{PACKAGE}.parts:small_mlp', x_spec, 10, seed)()
+    return [v.numpy() for v in model.trainable_variables]
+
+  first, again, other = weights(0), weights(0), weights(1)
+  for a, b in zip(first, again):
+    np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(first[0], other[0])
+
+
 def test_a_client_data_set_is_read_client_by_client(package_dir):
   fed = user_code.load_dataset(_config(dataset=f'{PACKAGE}.parts:clients_of_writers',
                                        model='mlp_2nn'))
