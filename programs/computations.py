@@ -45,8 +45,9 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
   client_opt = client_optimizer(c, c.client_lr)
   server_opt = None
   # --server_lr alone sets the learning rate of plain server SGD.
+  method = user_code.method(c.algorithm)
   kind = c.server_optimizer or (
-      'sgd' if c.server_lr >= 0 and 'server_optimizer' in user_code.method(c.algorithm).reads else '')
+      'sgd' if c.server_lr >= 0 and 'server_optimizer' in method.reads else '')
   if kind:
     lr = c.server_lr if c.server_lr >= 0 else (1e-2 if kind == 'adam' else 1.0)
     if kind == 'adam':
@@ -54,7 +55,6 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
     else:
       server_opt = tff.learning.optimizers.build_sgdm(
           learning_rate=lr, momentum=c.server_momentum if kind == 'sgdm' else None)
-  method = user_code.method(c.algorithm)
   args, kwargs = method.arguments(c, methods.BuildInputs(
       model_fn=model_fn, client_optimizer=client_opt, server_optimizer=server_opt,
       num_clients=num_clients, true_clusters=true_clusters))

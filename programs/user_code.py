@@ -221,8 +221,8 @@ def check_process(c, process) -> None:
 def model_fn(path: str, x_spec, num_classes: int, seed: int):
   """The no-arg model_fn of a model of the user's: `fn(input_shape, num_classes)` returns a
   Keras model giving `num_classes` logits (trained with sparse categorical cross-entropy) or
-  a FunctionalModel; `tf.keras.utils.set_random_seed(seed)` before each call. Checked once now in a
-  throwaway graph (type and output size)."""
+  a FunctionalModel; `tf.keras.utils.set_random_seed(seed)` before each call. Checked once
+  now in a throwaway graph (type and output size)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   fn = resolve('model', path)

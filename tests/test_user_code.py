@@ -147,8 +147,9 @@ def test_method_kwargs_are_checked_against_the_builder(package_dir):
   experiment_config.validate(_config(algorithm=method, server_lr=0.5,
                                      method_kwargs='{"clip_norm": 1}'))
   # A study file's table becomes the flag's JSON.
-  assert study_file._flag_value('s.toml', '[runs.mine]', 'method_kwargs',  # pylint: disable=protected-access
-                                {'clip_norm': 0.5}) == '{"clip_norm": 0.5}'
+  flag_value = study_file._flag_value  # pylint: disable=protected-access
+  assert flag_value('s.toml', '[runs.mine]', 'method_kwargs',
+                    {'clip_norm': 0.5}) == '{"clip_norm": 0.5}'
 
 
 def test_wrong_returns_are_one_line_each(package_dir, runtime):

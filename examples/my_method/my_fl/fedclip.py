@@ -1,7 +1,8 @@
 """FedAvg with server-side clipping: the mean client update is clipped to a global L2 norm
 of at most `clip_norm` before the server optimizer applies it.
 
-  python -m programs.train --algorithm=my_fl.fedclip:build_fedclip --method_kwargs='{"clip_norm": 0.5}'
+  PYTHONPATH=examples/my_method python -m programs.train --dataset=digits \
+      --algorithm=my_fl.fedclip:build_fedclip --method_kwargs='{"clip_norm": 0.5}'
 """
 
 import tensorflow as tf
