@@ -40,6 +40,7 @@ from programs import methods
 from programs import run_directory
 from programs import run_results
 from programs import stopping
+from programs import user_code
 # The documented API, importable from here too: the settings, their check, the error a user
 # fixes, and the process and evaluation the notebooks build (notebooks/1_quickstart.ipynb).
 from programs.computations import Evaluator, build_process  # pylint: disable=unused-import
@@ -52,7 +53,8 @@ def load_federated_data(c: ExperimentConfig):
   """The FederatedDataset of the config (loaders and partitioners from data/)."""
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   try:
-    loaded = data.load_dataset(c.dataset, c.data_dir)
+    loaded = (user_code.load_dataset(c) if user_code.is_path(c.dataset)
+              else data.load_dataset(c.dataset, c.data_dir))
   except (data.DatasetNotFoundError, data.DatasetFormatError) as e:
     raise ExperimentError(str(e)) from None
   except OSError as e:  # unreadable files: permissions, a directory where a file should be
@@ -205,7 +207,7 @@ def _build_computations(c: ExperimentConfig, run_data: _RunData, log) -> _Built:
       [client_evaluator.computation] if client_evaluator else []))
   resident = c.resident_state and not (c.workers or c.local_workers)
   computations.check_state_crosses(c, process, resident)
-  note = methods.METHODS[c.algorithm].note(c)
+  note = user_code.method(c.algorithm).note(c)
   if note:
     log(note)
   return _Built(model_name, model_fn, process, evaluator, client_evaluator, resident, traffic)
@@ -347,7 +349,8 @@ def _resume_or_initialise(c: ExperimentConfig, built: _Built, start_round: int,
 def _prepare_run_directory(c: ExperimentConfig, run_data: _RunData, start_round: int) -> None:
   """The run is known valid from here on: only now is its record (re)written."""
   exp_dir = c.experiment_dir
-  run_directory.write_json(os.path.join(exp_dir, 'config.json'), dataclasses.asdict(c))
+  run_directory.write_json(os.path.join(exp_dir, 'config.json'),
+                            dict(dataclasses.asdict(c), user_code=user_code.fingerprints(c)))
   diverged = os.path.join(exp_dir, run_directory.DIVERGED)
   if not start_round and os.path.exists(diverged):
     os.remove(diverged)   # an earlier start diverged in round 1
@@ -506,8 +509,9 @@ def _finish(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built,
     summary.update(guidance.bytes)
   final_weights = run.runner.get_model_weights(run.held)   # (only the weights leave the worker)
   record = methods.RunRecord(c, run.rows, run.state, final_weights, run_data.num_clients)
-  summary.update(methods.METHODS[c.algorithm].summary(record))
-  summary.update(methods.plugin_summary(methods.METHODS[c.algorithm], record))
+  method = user_code.method(c.algorithm)
+  summary.update(method.summary(record), user_code=user_code.fingerprints(c))
+  summary.update(methods.plugin_summary(method, record))
   # Last: it counts the exploration's bytes, whichever entry above records them.
   summary['time_to_accuracy'] = run_results.time_to_accuracy(
       run.rows, experiment_config.target_accuracies(c), run_results.exploration_bytes(summary))

@@ -13,6 +13,7 @@ from typing import Optional
 
 from programs import lr_schedules
 from programs import methods
+from programs import user_code
 
 ALGORITHMS = methods.ALGORITHMS
 BASELINE_ALGORITHMS = methods.BASELINE_ALGORITHMS
@@ -39,6 +40,8 @@ DEFAULT_TARGET_ACCURACIES = {
     'cifar10': (0.4, 0.5), 'cifar100': (0.25, 0.35), 'shakespeare_tff': (0.4, 0.5),
     'shakespeare_leaf': (0.4, 0.5), 'sent140_leaf': (0.6, 0.7),
 }
+# ... and on a data set of the user's (--dataset=package.module:function).
+USER_TARGET_ACCURACIES = (0.5, 0.8)
 # The server-side flags each algorithm reads (methods.Method.reads); any other one set away
 # from its default is refused rather than recorded in config.json and ignored.
 SERVER_FLAGS_USED = {name: method.reads for name, method in methods.METHODS.items()}
@@ -116,6 +119,9 @@ class _GeneralConfig:
   # evaluated round reaching each, and the bytes and training seconds to it); None = the
   # data set's pair in DEFAULT_TARGET_ACCURACIES.
   target_accuracy: Optional[str] = None
+  # The extra keyword arguments (a JSON object) of a method of the user's (--algorithm=
+  # package.module:builder; programs/user_code.py).
+  method_kwargs: str = ''
 
   @property
   def experiment_dir(self) -> str:
@@ -175,6 +181,7 @@ FLAG_ROLES = {
     'require_isolated_worker': BOOKKEEPING,
     'resident_state': BOOKKEEPING, 'blown_up_rounds': BOOKKEEPING,
     'target_accuracy': BOOKKEEPING,   # what is reported, not what is computed
+    'method_kwargs': DEFINES_RUN,
     **{flag.name: DEFINES_RUN for flag in methods.registry_flags()},
     **{name: DEFINES_RUN for name in lr_schedules.FLAG_NAMES},
 }
@@ -190,7 +197,7 @@ def _default(name: str):
 
 def _check_flags_used(c: ExperimentConfig) -> None:
   """Refuses flags set away from their default that `c.algorithm` would ignore."""
-  method = methods.METHODS[c.algorithm]
+  method = user_code.method(c.algorithm)
   used = method.reads
   for name in methods.SERVER_FLAGS:
     if getattr(c, name) != _default(name) and name not in used:
@@ -215,19 +222,20 @@ def validate(config: ExperimentConfig) -> None:
   from tff_algos.data import partitioners  # pylint: disable=g-import-not-at-top
   from tff_algos.models import catalog  # pylint: disable=g-import-not-at-top
   c = config
-  if c.algorithm not in ALGORITHMS:
-    raise ExperimentError(f'--algorithm={c.algorithm!r} is unknown; choose one of {", ".join(ALGORITHMS)}')
-  if c.dataset not in data.DATASETS:
-    raise ExperimentError(f'--dataset={c.dataset!r} is unknown; choose one of {", ".join(data.DATASETS)}')
+  user_code.check(c)   # import paths (programs/user_code.py)
+  if c.algorithm not in ALGORITHMS and not user_code.is_path(c.algorithm):
+    raise ExperimentError(f'--algorithm={c.algorithm!r} is unknown; choose one of {", ".join(ALGORITHMS)} or a builder of your own, package.module:function')
+  if c.dataset not in data.DATASETS and not user_code.is_path(c.dataset):
+    raise ExperimentError(f'--dataset={c.dataset!r} is unknown; choose one of {", ".join(data.DATASETS)} or package.module:function')
   if c.dataset not in data.NATURALLY_FEDERATED and c.partition not in partitioners.PARTITIONERS:
     raise ExperimentError(f'--partition={c.partition!r} is unknown; choose one of {", ".join(partitioners.PARTITIONERS)}')
   if c.dataset == 'digits' and c.data_dir:
     raise ExperimentError('--dataset=digits is bundled with scikit-learn and reads no files; '
                           'drop --data_dir')
-  if c.model and c.model not in catalog.MODEL_NAMES:
-    raise ExperimentError(f'--model={c.model!r} is unknown; choose one of {", ".join(catalog.MODEL_NAMES)}')
-  wanted = catalog.MODEL_INPUTS[DEFAULT_MODELS[c.dataset]]
-  if c.model and catalog.MODEL_INPUTS[c.model] != wanted:
+  if c.model and c.model not in catalog.MODEL_NAMES and not user_code.is_path(c.model):
+    raise ExperimentError(f'--model={c.model!r} is unknown; choose one of {", ".join(catalog.MODEL_NAMES)} or package.module:function')
+  wanted = catalog.MODEL_INPUTS.get(DEFAULT_MODELS.get(c.dataset))
+  if wanted and c.model in catalog.MODEL_NAMES and catalog.MODEL_INPUTS[c.model] != wanted:
     raise ExperimentError(
         f'--model={c.model} does not take {c.dataset}\'s {catalog.INPUT_DESCRIPTIONS[wanted]}; '
         f'choose one of {", ".join(catalog.models_for(wanted))}')
@@ -266,7 +274,7 @@ def validate(config: ExperimentConfig) -> None:
   if not (0 < c.client_lr_decay < math.inf):
     raise ExperimentError(
         f'--client_lr_decay must be a number > 0 (1 = no decay), got {c.client_lr_decay}')
-  if c.client_lr_decay != 1 and not methods.METHODS[c.algorithm].local_steps:
+  if c.client_lr_decay != 1 and not user_code.method(c.algorithm).local_steps:
     raise ExperimentError(
         f'--client_lr_decay: {c.algorithm} takes no local step (one full-batch gradient per '
         'client), so it has no client learning rate to decay; drop the flag or decay '
@@ -286,7 +294,7 @@ def validate(config: ExperimentConfig) -> None:
                           f'{c.client_test_fraction}')
   client_faults(c)
   target_accuracies(c)
-  error = methods.METHODS[c.algorithm].validate(c)
+  error = user_code.method(c.algorithm).validate(c)
   if error:
     raise ExperimentError(error)
 
@@ -319,7 +327,7 @@ def target_accuracies(c: ExperimentConfig) -> tuple:
   """The test accuracies time_to_accuracy reports: --target_accuracy's, else the data set's
   DEFAULT_TARGET_ACCURACIES; ExperimentError for a value that is not a number in (0, 1]."""
   if c.target_accuracy is None:
-    return DEFAULT_TARGET_ACCURACIES[c.dataset]
+    return DEFAULT_TARGET_ACCURACIES.get(c.dataset, USER_TARGET_ACCURACIES)
   fix = 'give test accuracies in (0, 1], comma-separated (e.g. 0.6,0.7), or drop the flag'
   texts = [t.strip() for t in c.target_accuracy.split(',')]
   if not any(texts):
@@ -372,7 +380,7 @@ def settings_changed(saved: dict, c: ExperimentConfig) -> str:
   differing = [name for name in mine if (name not in RESUMABLE_CHANGES or name in fixed)
                and saved.get(name, _default(name)) != mine[name]]
   if not differing:
-    return ''
+    return user_code.changed(saved.get('user_code') or {}, c)
   return ('it was run with ' + ', '.join(f'--{n}={saved.get(n, _default(n))}' for n in differing)
           + ' (now ' + ', '.join(f'--{n}={mine[n]}' for n in differing) + ')')
 

@@ -10,6 +10,7 @@ from typing import Optional
 import numpy as np
 
 from programs import methods
+from programs import user_code
 from programs.computations import check_distributable, client_optimizer
 from programs.experiment_config import ExperimentConfig, ExperimentError, client_faults
 
@@ -90,7 +91,7 @@ class Guidance:
 
 def guidance(c: ExperimentConfig, fed, process, model_fn, num_clients: int) -> Optional[Guidance]:
   """The run's Guidance, None for a run FedLEx does not guide."""
-  if not methods.METHODS[c.algorithm].is_guided(c):
+  if not user_code.method(c.algorithm).is_guided(c):
     return None
   return Guidance(c, fed, process, model_fn, num_clients)
 

@@ -27,8 +27,10 @@ from programs import methods
 from programs import stopping
 
 _ALGORITHM = flags.DEFINE_string(
-    'algorithm', 'fedavg', f'One of {", ".join(experiment_config.ALGORITHMS)}.')
-_DATASET = flags.DEFINE_string('dataset', 'fashion_mnist', 'Dataset name (see docs/data.md).')
+    'algorithm', 'fedavg', f'One of {", ".join(experiment_config.ALGORITHMS)}, or a builder '
+    'of your own, package.module:function (docs/your_own.md).')
+_DATASET = flags.DEFINE_string('dataset', 'fashion_mnist', 'Dataset name (see docs/data.md), '
+                               'or package.module:function (docs/your_own.md).')
 _DATA_DIR = flags.DEFINE_string('data_dir', None, 'Directory of local dataset files.')
 _PARTITION = flags.DEFINE_string(
     'partition', 'dirichlet',
@@ -63,7 +65,11 @@ _SERVER_OPTIMIZER = flags.DEFINE_string(
 _SERVER_LR = flags.DEFINE_float('server_lr', -1.0, 'Server learning rate; < 0 = default.')
 _SERVER_MOMENTUM = flags.DEFINE_float('server_momentum', 0.9, 'Server momentum (sgdm, fedavgm).')
 _PROXIMAL = flags.DEFINE_float('proximal_strength', 0.01, 'FedProx mu.')
-_MODEL = flags.DEFINE_string('model', '', 'Model name; empty = the dataset default.')
+_MODEL = flags.DEFINE_string('model', '', 'Model name, or package.module:function '
+                             '(docs/your_own.md); empty = the dataset default.')
+_METHOD_KWARGS = flags.DEFINE_string(
+    'method_kwargs', '', 'The extra keyword arguments of a method of your own, a JSON object '
+    '(e.g. \'{"clip_norm": 1.0}\'; docs/your_own.md).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of partition, sampling, batches and init.')
 _EVAL_EVERY = flags.DEFINE_integer('eval_every', 1, 'Evaluate every this many rounds.')
 _EVAL_LAST = flags.DEFINE_integer(
@@ -145,6 +151,7 @@ def config_from_flags() -> experiment.ExperimentConfig:
       worker_timeout=_WORKER_TIMEOUT.value,
       require_isolated_worker=_REQUIRE_ISOLATED_WORKER.value, resident_state=_RESIDENT_STATE.value,
       blown_up_rounds=_BLOWN_UP_ROUNDS.value, target_accuracy=_TARGET_ACCURACY.value,
+      method_kwargs=_METHOD_KWARGS.value,
       **{name: holder.value for name, holder in _METHOD_FLAGS.items()},
       **{name: holder.value for name, holder in _SCHEDULE_FLAGS.items()})
 

@@ -113,6 +113,7 @@ KEYWORD_TESTS = {
 
 # Flags whose effect a default-suite test elsewhere shows.
 TESTED_ELSEWHERE = {
+    'method_kwargs': 'tests/test_user_code.py::test_method_kwargs_are_checked_against_the_builder',
     'client_dropout': 'tests/test_resume_methods.py::test_faults_change_what_runs_and_resume_exactly',
     'straggler_fraction':
         'tests/test_resume_methods.py::test_faults_change_what_runs_and_resume_exactly',

@@ -24,6 +24,7 @@ TFF.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import tomllib
@@ -95,6 +96,8 @@ def flag_type(name: str) -> type:
 def _flag_value(path: str, table: str, key: str, value):
   """`value` as trainer flag `key` takes it (an integer for a float flag becomes a float)."""
   want = flag_type(key)
+  if key == 'method_kwargs' and isinstance(value, dict):   # a table: the method's keywords
+    return json.dumps(value, sort_keys=True)
   number = isinstance(value, (int, float)) and not isinstance(value, bool)
   if want is float and number:
     return float(value)
