@@ -583,6 +583,20 @@ def test_docs_list_what_takes_a_functional_model():
   assert taking_a_model == tested | set(FUNCTIONAL_REFUSED)
 
 
+def test_plain_tf_data_clients_are_refused_naming_the_adapter(model_fn, client_data):
+  """TFF's own processes take batched tf.data clients; ours take the adapter's inputs, and
+  a plain dataset gets one sentence naming it instead of TFF's serialization error."""
+  process = _built('fedavg', model_fn)
+  clients = [client_data.create_tf_dataset_for_client(cid) for cid in IDS[:P]]
+  with pytest.raises(TypeError) as info:
+    process.next(process.initialize(), clients)
+  message = str(info.value)
+  assert message.startswith("this process's clients are one-element sequences of "
+                            'OrderedDict(x, y, order, index, slot, work), not plain tf.data')
+  assert 'data.client_selection_fn(client_data, clients_per_round)(round_num)' in message
+  assert '\n' not in message and 'Cannot serialize' in str(info.value.__cause__)
+
+
 def test_tff_argument_habits_get_one_clear_error(model_fn):
   """What code ported from TFF's builders passes: a server optimizer third (TFF's order), a
   zero batch, a Keras optimizer factory; and TFF's ClientWeighting enum, which is taken."""
