@@ -511,5 +511,6 @@ def _finish(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built,
   # Last: it counts the exploration's bytes, whichever entry above records them.
   summary['time_to_accuracy'] = run_results.time_to_accuracy(
       run.rows, experiment_config.target_accuracies(c), run_results.exploration_bytes(summary))
-  run_results.write_results(c, run.exp_dir, run.rows, summary, final_weights)
+  run_results.write_results(c, run.exp_dir, run.rows, summary, final_weights,
+                            built.model_fn)
   return summary
