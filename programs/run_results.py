@@ -179,6 +179,18 @@ def run_summary(c: ExperimentConfig, rows: list[dict], model_name: str, state,
   return summary
 
 
+def startup_seconds(seconds_before_rounds: float, session_rows: list[dict]) -> float:
+  """summary.json's `startup_seconds`: what starting the run cost beside its rounds, in the
+  process that finished it: the seconds before its first round (loading the data, building
+  the computations, starting TFF's worker, restoring a checkpoint), plus its first round's
+  whole seconds above the median of its later ones (the worker compiling the computations),
+  when it made later ones. `session_rows`: metrics.csv's rows of the rounds it made."""
+  whole = [float(r['round_seconds']) for r in session_rows
+           if r.get('round_seconds') not in (None, '')]
+  first_excess = max(0.0, whole[0] - float(np.median(whole[1:]))) if len(whole) > 1 else 0.0
+  return round(seconds_before_rounds + first_excess, 3)
+
+
 FINAL_WEIGHTS = 'final_weights.npz'
 
 
