@@ -383,12 +383,11 @@ def plan_runs(configs, recorded: Iterable[str], moves_to: Optional[Callable] = N
       seconds = training_per_round.get(tuple(getattr(config, f) for f in TRAINING_COST_FIELDS))
       extra = ' (training only, recorded at another --eval_every)'
     total_rounds += left
-    total_seconds += startup_seconds   # a resumed run starts up again
     if seconds is None:
       untimed += 1
       estimate = 'no round of this cost recorded yet'
     else:
-      total_seconds += left * seconds
+      total_seconds += startup_seconds + left * seconds   # a resumed run starts up again
       training_only += not whole
       estimate = (f'~{_duration(startup_seconds + left * seconds)} at {seconds:.2f} s/round'
                   f'{extra} and {startup_seconds:.0f} s start-up')
