@@ -27,7 +27,10 @@ import os
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
+
+from programs import flag_parsing  # pylint: disable=g-import-not-at-top
+
 
 flags.DEFINE_string('dataset', 'fashion_mnist', 'dataset (data.load_dataset)')
 flags.DEFINE_string('model', 'simple_cnn', 'model (tff_algos.models.zoo)')
@@ -179,4 +182,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

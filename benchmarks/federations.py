@@ -25,13 +25,14 @@ import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-from absl import app  # pylint: disable=g-import-not-at-top
+
 from absl import logging
 import numpy as np
 
 from benchmarks import compare
 from benchmarks import report
 from benchmarks import suites
+from programs import flag_parsing
 from programs import pages
 from programs.studies import curves
 from programs.studies import experiments
@@ -275,4 +276,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

@@ -93,6 +93,7 @@ import tensorflow as tf
 from benchmarks.method_builds import build_method  # pylint: disable=g-import-not-at-top
 from benchmarks.method_builds import load_data  # pylint: disable=g-import-not-at-top
 from programs import checkpoint_writer  # pylint: disable=g-import-not-at-top
+from programs import flag_parsing
 from programs import pages  # pylint: disable=g-import-not-at-top
 from programs import run_directory  # pylint: disable=g-import-not-at-top
 from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
@@ -566,4 +567,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

@@ -58,9 +58,10 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
+
+from programs import flag_parsing  # pylint: disable=g-import-not-at-top
 import numpy as np
 import tensorflow as tf  # before app.run parses flags (see round_overhead.py)
 
@@ -289,15 +290,14 @@ def server_step_table(model_fn):
   print(f'load average at end: {os.getloadavg()[0]:.1f}')
 
 
-def parse_flags(argv):
-  """absl's flag parsing, except that a removed --method value stops the script with one
-  error line naming what replaced it."""
+def refuse_removed_method(argv):
+  """A removed --method value stops the script with one error line naming what replaced
+  it (before absl parses the flags)."""
   method = flags.FlagValues()
   flags.DEFINE_string('method', None, '', flag_values=method)
   method(argv, known_only=True)
   if method.method in _REMOVED_METHODS:
     sys.exit(f'error: --method={method.method} is now {_REMOVED_METHODS[method.method]}')
-  return app.parse_flags_with_usage(argv)
 
 
 def main(argv):
@@ -369,4 +369,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  flag_parsing.run(main, check=refuse_removed_method)

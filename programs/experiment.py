@@ -137,6 +137,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
                     stop: Optional[stopping.StopRequests], closing: contextlib.ExitStack) -> dict:
   """run_experiment, with the experiment directory made and held; `closing` releases what
   the run holds (the resident state's scratch directory) however it ends."""
+  started = time.time()
   start_round = run_directory.resume_point(c, log)
   _start_runtime(c)
   run_data = _load_data(c)
@@ -144,6 +145,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   run = _resume_or_initialise(c, built, start_round, stop, closing, log)
   _prepare_run_directory(c, run_data, run.start_round)
   guidance = _start_guidance(c, run_data, built, run, log)
+  run.seconds_before_rounds = time.time() - started
   _round_loop(c, run, run_data, built, guidance, log)
   return _finish(c, run, run_data, built, guidance)
 
@@ -232,6 +234,7 @@ class _Run:
     self.ckpt_dir = os.path.join(self.exp_dir, 'checkpoints')
     self.csv_path = os.path.join(self.exp_dir, 'metrics.csv')
     self.rows, self.best, self.writer, self.progress = [], -1.0, None, None
+    self.seconds_before_rounds = 0.0   # this process's start-up (run_results.startup_seconds)
     self.last_round = self.checkpointed = start_round
 
   def open_rounds(self) -> None:
@@ -505,6 +508,8 @@ def _finish(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built,
       c, run.rows, built.model_name, run.state,
       float(run.program_state['exploration_client_epochs']), run_data.client_test, run.exp_dir)
   summary.update(run_results.bytes_summary(run.rows, built.traffic))
+  summary['startup_seconds'] = run_results.startup_seconds(
+      run.seconds_before_rounds, [r for r in run.rows if int(r['round']) > run.start_round])
   if guidance is not None and guidance.exploration is not None:
     summary.update(guidance.bytes)
   final_weights = run.runner.get_model_weights(run.held)   # (only the weights leave the worker)
@@ -515,5 +520,6 @@ def _finish(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built,
   # Last: it counts the exploration's bytes, whichever entry above records them.
   summary['time_to_accuracy'] = run_results.time_to_accuracy(
       run.rows, experiment_config.target_accuracies(c), run_results.exploration_bytes(summary))
-  run_results.write_results(c, run.exp_dir, run.rows, summary, final_weights)
+  run_results.write_results(c, run.exp_dir, run.rows, summary, final_weights,
+                            built.model_fn)
   return summary

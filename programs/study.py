@@ -26,11 +26,12 @@ from typing import Optional
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-from absl import app  # pylint: disable=g-import-not-at-top
+
 from absl import flags
 from absl import logging
 
 from programs import experiment_config
+from programs import flag_parsing
 from programs import run_directory
 from programs.studies import command_flags
 from programs.studies import experiments
@@ -149,4 +150,4 @@ def _write(study) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

@@ -22,6 +22,7 @@ from absl import logging
 
 from programs import experiment
 from programs import experiment_config
+from programs import flag_parsing
 from programs import lr_schedules
 from programs import methods
 from programs import stopping
@@ -189,4 +190,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

@@ -26,6 +26,7 @@ import pytest
 from programs import checkpoint_writer
 from programs import experiment
 from programs import run_directory
+from programs import run_results
 from programs.experiment_config import ExperimentError
 from tests import helpers
 
@@ -42,8 +43,7 @@ def _quiet(_):
 
 
 def _weights(directory):
-  with np.load(os.path.join(directory, 'final_weights.npz')) as f:
-    return [f[k] for k in sorted(f.files, key=lambda k: int(k.split('_')[1]))]
+  return run_results.load_final_weights(directory)
 
 
 def _rows(directory):

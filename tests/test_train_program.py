@@ -29,8 +29,7 @@ def _run(args, timeout=240, **kwargs):
 
 
 def _weights(directory):
-  with np.load(os.path.join(directory, 'final_weights.npz')) as f:
-    return [f[k] for k in sorted(f.files, key=lambda k: int(k.split('_')[1]))]
+  return run_results.load_final_weights(directory)
 
 
 def _snapshot(directory):
@@ -503,6 +502,36 @@ def test_outputs_and_pipe_termination(piped_run):
   assert [(t, n) for t, n, _ in got] == [(t, n) for t, n, _ in expected], got
   assert all(a is None and b is None or abs(a - b) < 1e-3
              for (_, _, a), (_, _, b) in zip(got, expected)), got
+
+
+def test_final_weights_load_by_name_and_score_the_final_accuracy(piped_run):
+  """final_weights.npz is keyed by variable name; loaded into a fresh model of the run's
+  architecture with docs/training_program.md's line, it scores summary.json's final accuracy
+  on the central test set."""
+  import json  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  from tff_algos.models import zoo  # pylint: disable=g-import-not-at-top
+  _, out = piped_run
+  summary = json.loads((out / 'summary.json').read_text())
+  model = zoo.build_keras_model(summary['model'], (8, 8, 1), 10, seed=1)
+  w = np.load(out / 'final_weights.npz')
+  assert w.files == [v.name.split(':')[0] for v in
+                     model.trainable_weights + model.non_trainable_weights]
+  [v.assign(w[v.name.split(':')[0]]) for v in model.weights]  # the documented line
+  test = data.load_digits()
+  predicted = np.argmax(model.predict(test.x_test, verbose=0), axis=1)
+  accuracy = float(np.mean(predicted == test.y_test))
+  assert abs(accuracy - summary['final_accuracy']) < 1e-6, (accuracy, summary)
+
+
+def test_weight_names_strip_the_index_and_number_repeats():
+  import types  # pylint: disable=g-import-not-at-top
+  var = lambda name: types.SimpleNamespace(name=name)
+  model = types.SimpleNamespace(
+      trainable_variables=[var('fc/kernel:0'), var('Variable:0'), var('Variable:0')],
+      non_trainable_variables=[var('Variable:0'), var('bn/moving_mean:0')])
+  assert run_results.weight_names(model) == [
+      'fc/kernel', 'Variable', 'Variable_1', 'Variable_2', 'bn/moving_mean']
 
 
 def _client_figures_are_consistent(record):
