@@ -11,6 +11,7 @@ What TFF 0.87's runtime lacks or gets wrong, one concept a module:
   `tff.program` code; the device probe; the shutdown at exit.
 * `collector`: Python's garbage collector kept out of the TFF calls.
 * `resident_state`: a LearningProcess whose server state stays in the worker.
+* `state_transfer`: how that state crosses between Python and the worker (files or values).
 
 Importing this package (and every module but `resident_state`) does not import TensorFlow.
 The public names are in `tff_algos.execution`, `tff_algos.ResidentProcess`.
