@@ -186,16 +186,16 @@ def test_a_write_started_while_rounds_go_on_is_the_state(tmp_path):
 @pytest.mark.parametrize('algorithm', ['fedcda', 'fedcross', 'fedcda@bfloat16'])
 def test_every_way_the_state_crosses_gives_the_same_state(algorithm):
   """The state crosses between Python and the worker as a checkpoint file (transfer='files',
-  the default), as one TFF value, or above `part_bytes` in parts (each a message of its own):
+  the default), as one TFF value, or above `chunk_bytes` in chunks (each a message of its own):
   what comes back is the same state, to the bit and in the same containers, and rounds on a
   state placed any way go on exactly."""
   process = _process(algorithm)
-  whole = resident_state.ResidentProcess(process, P, transfer='values', part_bytes=0)
-  ways = dict(parts=resident_state.ResidentProcess(process, P, transfer='values',
-                                                   part_bytes=4096),
+  whole = resident_state.ResidentProcess(process, P, transfer='values', chunk_bytes=0)
+  ways = dict(chunks=resident_state.ResidentProcess(process, P, transfer='values',
+                                                    chunk_bytes=4096),
               files=resident_state.ResidentProcess(process, P))
-  assert len(ways['parts']._parts) > 3  # pylint: disable=protected-access
-  assert ways['files']._parts is None  # pylint: disable=protected-access
+  assert len(ways['chunks']._chunks) > 3  # pylint: disable=protected-access
+  assert ways['files']._chunks is None  # pylint: disable=protected-access
   held = whole.initialize()
   for round_num in (1, 2):
     held, _ = whole.next(held, _inputs(round_num))
@@ -212,8 +212,8 @@ def test_every_way_the_state_crosses_gives_the_same_state(algorithm):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     resumed, _ = resident.next(placed, _inputs(3))
     _assert_close(unbroken, resident.materialize(resumed))
-  assert state_transfer.state_parts(process.initialize.type_signature.result.member,
-                                    1 << 40) is None
+  assert state_transfer.state_chunks(process.initialize.type_signature.result.member,
+                                     1 << 40) is None
   if algorithm == 'fedcda@bfloat16':
     assert str(process.initialize.type_signature.result.member.aggregator.cache[0].dtype) == 'bfloat16'
 
@@ -311,8 +311,8 @@ def test_misuse_is_refused_with_the_reason():
     resident_state.ResidentProcess(process, 0)
   with pytest.raises(ValueError, match='refresh_every must be >= 0'):
     resident_state.ResidentProcess(process, P, refresh_every=-1)
-  with pytest.raises(ValueError, match='part_bytes must be >= 0'):
-    resident_state.ResidentProcess(process, P, part_bytes=-1)
+  with pytest.raises(ValueError, match='chunk_bytes must be >= 0'):
+    resident_state.ResidentProcess(process, P, chunk_bytes=-1)
   with pytest.raises(ValueError, match="transfer must be one of .*got 'disk'"):
     resident_state.ResidentProcess(process, P, transfer='disk')
   placed = resident.adopt(process.initialize())
@@ -387,9 +387,9 @@ def test_a_detached_state_is_the_state():
   process = _process('fedcda')
   state = process.initialize()
   split, join = resident_state.detach_computations(process.initialize.type_signature.result)
-  parts = split(state)
-  assert bool(parts[-1])
-  rejoined = join(parts[:-1])
+  fields = split(state)
+  assert bool(fields[-1])
+  rejoined = join(fields[:-1])
   for a, b in zip(tf.nest.flatten(state), tf.nest.flatten(rejoined)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert type(rejoined) is type(state)

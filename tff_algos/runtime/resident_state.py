@@ -66,10 +66,10 @@ from tensorflow_federated.python.core.impl.types import type_conversions
 from tff_algos.runtime import contexts
 from tff_algos.runtime.collector import collector_paused
 from tff_algos.runtime.state_transfer import (
-    PART_BYTES, TRANSFERS, FileLayout, join_computation, part_type,
+    CHUNK_BYTES, TRANSFERS, FileLayout, join_computation, chunk_type,
     read_state_file, remove_state_file, restore_computation, save_argument_type,
     save_arguments, save_computation, split_computation, state_file_layout, state_leaves,
-    state_parts, write_state_file)
+    state_chunks, write_state_file)
 
 
 # The name of the scratch directory transfer='files' makes in its `scratch_dir` (removed
@@ -219,7 +219,7 @@ class ResidentProcess:
       and is placed anew (`refresh`): 'files' (default): as a TensorFlow checkpoint in
       `scratch_dir` that one side writes and the other reads (a refresh never leaves the
       worker); 'values': as TFF values through the worker's gRPC interface.
-    part_bytes: with transfer='values', a state larger than this crosses in parts of about
+    chunk_bytes: with transfer='values', a state larger than this crosses in chunks of about
       this size, its tensors grouped in order (a tensor larger than it goes alone), instead
       of as one message (0 = always whole).
     scratch_dir: where transfer='files' makes its directory, at the first transfer (default:
@@ -230,7 +230,7 @@ class ResidentProcess:
 
   def __init__(self, process: tff.learning.templates.LearningProcess, clients_per_round: int,
                context: Optional[sync_execution_context.SyncExecutionContext] = None,
-               refresh_every: Optional[int] = None, part_bytes: int = PART_BYTES,
+               refresh_every: Optional[int] = None, chunk_bytes: int = CHUNK_BYTES,
                transfer: str = 'files', scratch_dir: Optional[str] = None):
     if context is None:
       contexts.initialize_runtime()
@@ -244,8 +244,8 @@ class ResidentProcess:
       raise ValueError(f'clients_per_round must be >= 1, got {clients_per_round}')
     if refresh_every is not None and refresh_every < 0:
       raise ValueError(f'refresh_every must be >= 0, got {refresh_every}')
-    if part_bytes < 0:
-      raise ValueError(f'part_bytes must be >= 0, got {part_bytes}')
+    if chunk_bytes < 0:
+      raise ValueError(f'chunk_bytes must be >= 0, got {chunk_bytes}')
     if transfer not in TRANSFERS:
       raise ValueError(f'transfer must be one of {TRANSFERS}, got {transfer!r}')
     self._transfer = transfer
@@ -287,11 +287,11 @@ class ResidentProcess:
                                 restore=restore_computation(self._state_type))
       self._layouts['save'] = state_file_layout(self._state_type.member)
       self._file_names = itertools.count()
-    self._parts = (state_parts(self._state_type.member, part_bytes)
-                   if part_bytes and transfer == 'values' else None)
-    if self._parts is not None:
-      self._computations.update(split=split_computation(self._state_type, self._parts),
-                                join=join_computation(self._state_type, self._parts))
+    self._chunks = (state_chunks(self._state_type.member, chunk_bytes)
+                    if chunk_bytes and transfer == 'values' else None)
+    if self._chunks is not None:
+      self._computations.update(split=split_computation(self._state_type, self._chunks),
+                                join=join_computation(self._state_type, self._chunks))
 
   # -- helpers ------------------------------------------------------------------------------
 
@@ -476,20 +476,20 @@ class ResidentProcess:
     if state._fetched is not None:  # pylint: disable=protected-access
       return state._fetched  # pylint: disable=protected-access
 
-    async def run_parts():
+    async def run_chunks():
       split = await self._executor.create_call(await self._function('split'),
                                                await self._resident(state))
       leaves = []
-      for i in range(len(self._parts)):
-        part = await (await self._executor.create_selection(split, i)).compute()
-        leaves.extend(structure.flatten(part))
+      for i in range(len(self._chunks)):
+        chunk = await (await self._executor.create_selection(split, i)).compute()
+        leaves.extend(structure.flatten(chunk))
       return structure.pack_sequence_as(member, leaves)
 
     async def run_whole():
       return await (await self._resident(state)).compute()
 
     state._fetched = self._python(  # pylint: disable=protected-access
-        self._run(run_parts() if self._parts is not None else run_whole()), member)
+        self._run(run_chunks() if self._chunks is not None else run_whole()), member)
     return state._fetched  # pylint: disable=protected-access
 
   @_paused
@@ -575,19 +575,19 @@ class ResidentProcess:
         return ResidentValue(self._run(self._restore(path)), self, python=state)
       finally:
         remove_state_file(path)
-    if self._parts is not None:
-      async def run_parts():
+    if self._chunks is not None:
+      async def run_chunks():
         value = self._transform_args(state) if self._transform_args is not None else state
         leaves = state_leaves(value, self._state_type.member)
         join = await self._function('join')
-        parts = []
-        for start, stop in self._parts:
-          parts.append(await self._ingest(
+        chunks = []
+        for start, stop in self._chunks:
+          chunks.append(await self._ingest(
               structure.Struct.unnamed(*leaves[start:stop]),
-              tff.FederatedType(part_type(self._state_type.member, start, stop), tff.SERVER)))
+              tff.FederatedType(chunk_type(self._state_type.member, start, stop), tff.SERVER)))
         return await self._executor.create_call(
-            join, await self._executor.create_struct(structure.Struct.unnamed(*parts)))
-      return ResidentValue(self._run(run_parts()), self, python=state)
+            join, await self._executor.create_struct(structure.Struct.unnamed(*chunks)))
+      return ResidentValue(self._run(run_chunks()), self, python=state)
 
     async def run():
       return await self._resident(state)

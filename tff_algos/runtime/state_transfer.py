@@ -6,7 +6,7 @@ and read by Python, or written by Python and read by the worker (`RestoreV2`); a
 the worker write it and read it back, and never passes through Python. A TFF value crossing
 gRPC is serialised, copied into a message, parsed and held by the worker with its message,
 so a file costs the worker less memory and time. With 'values' the state crosses as TFF
-values, and above `part_bytes` (64 MiB) in parts, each its own message (a computation splits
+values, and above `chunk_bytes` (64 MiB) in chunks, each its own message (a computation splits
 the state into tuples of its tensors, another joins them), so that no message exceeds TFF's
 2 GB limit. Every way gives the same state to the bit, in the same containers (tested). With
 'files', `ResidentProcess.write` has the worker write the state's tensors under names the
@@ -33,32 +33,32 @@ from tensorflow_federated.python.core.impl.types import type_conversions
 from tff_algos.runtime import bundle_parts
 
 
-# A state larger than this crosses between Python and the worker in parts of about this
+# A state larger than this crosses between Python and the worker in chunks of about this
 # size. Whole, a value is one gRPC message: TFF 0.87 refuses one over 2 GB, and the worker
-# holds the serialized message besides the tensors, so parts keep its peak lower.
-PART_BYTES = 64 << 20
+# holds the serialized message besides the tensors, so chunks keep its peak lower.
+CHUNK_BYTES = 64 << 20
 # How the state crosses between Python and the worker (ResidentProcess's `transfer`).
 TRANSFERS = ('files', 'values')
 
 
-def state_parts(member_type, part_bytes: int):
+def state_chunks(member_type, chunk_bytes: int):
   """[(start, stop)] ranges of the flattened tensors of `member_type` (in TFF's order),
-  consecutive tensors grouped up to `part_bytes` each; None if the whole is that small."""
+  consecutive tensors grouped up to `chunk_bytes` each; None if the whole is that small."""
   sizes = [int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
            for t in structure.flatten(member_type)]
-  if sum(sizes) <= part_bytes:
+  if sum(sizes) <= chunk_bytes:
     return None
-  parts, start, total = [], 0, 0
+  chunks, start, total = [], 0, 0
   for i, size in enumerate(sizes):
-    if i > start and total + size > part_bytes:
-      parts.append((start, i))
+    if i > start and total + size > chunk_bytes:
+      chunks.append((start, i))
       start, total = i, 0
     total += size
-  parts.append((start, len(sizes)))
-  return parts
+  chunks.append((start, len(sizes)))
+  return chunks
 
 
-def part_type(member_type, start, stop):
+def chunk_type(member_type, start, stop):
   return tff.StructType([(None, t) for t in structure.flatten(member_type)[start:stop]])
 
 
@@ -69,8 +69,8 @@ def _leaves(value, member_type) -> list:
   return [value]
 
 
-def split_computation(state_type, parts):
-  """state@SERVER -> <part_0@SERVER, ...>: each part a tuple of the state's tensors."""
+def split_computation(state_type, chunks):
+  """state@SERVER -> <chunk_0@SERVER, ...>: each chunk a tuple of the state's tensors."""
   member = state_type.member
 
   def picker(start, stop):
@@ -79,7 +79,7 @@ def split_computation(state_type, parts):
       return tuple(_leaves(state, member)[start:stop])
     return pick
 
-  pickers = [picker(start, stop) for start, stop in parts]
+  pickers = [picker(start, stop) for start, stop in chunks]
 
   @tff.federated_computation(state_type)
   def split(state):
@@ -88,22 +88,22 @@ def split_computation(state_type, parts):
   return split
 
 
-def join_computation(state_type, parts):
-  """<part_0@SERVER, ...> -> state@SERVER (the inverse of `split_computation`)."""
+def join_computation(state_type, chunks):
+  """<chunk_0@SERVER, ...> -> state@SERVER (the inverse of `split_computation`)."""
   member = state_type.member
-  part_types = [part_type(member, start, stop) for start, stop in parts]
-  zipped_type = tff.StructType([(None, t) for t in part_types])
+  chunk_types = [chunk_type(member, start, stop) for start, stop in chunks]
+  zipped_type = tff.StructType([(None, t) for t in chunk_types])
 
   @tff.tensorflow.computation(zipped_type)
   def pack(zipped):
-    leaves = [leaf for part in zipped for leaf in part]
+    leaves = [leaf for chunk in zipped for leaf in chunk]
     return type_conversions.type_to_py_container(
         structure.pack_sequence_as(member, leaves), member)
 
   @tff.federated_computation(
-      tff.StructType([(None, tff.FederatedType(t, tff.SERVER)) for t in part_types]))
-  def join(parts_at_server):
-    return tff.federated_map(pack, tff.federated_zip(parts_at_server))
+      tff.StructType([(None, tff.FederatedType(t, tff.SERVER)) for t in chunk_types]))
+  def join(chunks_at_server):
+    return tff.federated_map(pack, tff.federated_zip(chunks_at_server))
 
   return join
 
