@@ -16,9 +16,10 @@ from tff_algos.runtime.contexts import (
 from tff_algos.runtime.serialization import (
     MAX_VALUE_BYTES, ValueTooLargeError, check_value_fits, install_value_serialization,
     serialize_value, value_bytes)
+from tff_algos.runtime.isolation import (
+    WorkerNotIsolatedError, isolation_unavailable, worker_binary_path, worker_command)
 from tff_algos.runtime.workers import (
-    WorkerNotIsolatedError, WorkerService, WorkerUnavailableError, isolation_unavailable,
-    parse_worker_addresses, worker_binary_path, worker_command, worker_pids)
+    WorkerService, WorkerUnavailableError, parse_worker_addresses, worker_pids)
 
 __all__ = [
     'DEFAULT_WORKER_TIMEOUT_SECONDS', 'MAX_VALUE_BYTES', 'NotMergeableError',
