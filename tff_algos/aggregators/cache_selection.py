@@ -34,8 +34,7 @@ CACHE_DTYPES = {'float32': 4, 'float16': 2, 'bfloat16': 2}
 # Chunks (`chunk_clients`, `push_and_read`): the runtime keeps the state it passes in, so one
 # stacked [N, K, D] tensor would be copied whole every round; with the cache in chunks of G
 # clients (the fewest holding MIN_CHUNK_BYTES) a `tf.cond` per chunk passes every chunk
-# without an upload through untouched. `with_stacked_cache` / `with_chunked_cache` convert
-# checkpoints of the stacked layout.
+# without an upload through untouched.
 #
 # Precision: eq. 8's divergence is a small difference of large sums of squares, so it is
 # evaluated on the candidates measured from the round's mean upload, where nothing cancels;
@@ -44,8 +43,8 @@ CACHE_DTYPES = {'float32': 4, 'float16': 2, 'bfloat16': 2}
 # never recomputed (minus the uploaders' previous selections, read before a FIFO push may
 # evict them, plus their new ones), so a round's work is O(P·K·D), not O(N·D); in float64
 # its drift over U updates stays about U·2⁻⁵³·max|w|, far below float32's resolution.
-# `add_selected_sum` gives an older state its sum. A lower-precision cache (`cache_dtype`)
-# rounds uploads as they enter it, and everything after is computed from the rounded models.
+# A lower-precision cache (`cache_dtype`) rounds uploads as they enter it, and everything
+# after is computed from the rounded models.
 
 
 # --------------------------------------------------------------------------- #
