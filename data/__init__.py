@@ -1,9 +1,12 @@
 """Datasets -> tff.simulation ClientData: loaders, partitioners, client inputs.
 
-Imported as `tff_algos.data` only: the folder is `data/` in a checkout (linked as
-`tff_algos/data`) and `tff_algos/data` in the wheel. A top-level `data` would be a second copy
-of every class beside `tff_algos.data`'s (isinstance across them fails) and clashes with a
-user's own `data`, so importing it under that name raises ImportError.
+Imported as `tff_algos.data` only. The folder stays `data/` at the top of the checkout (the
+layout the project's users asked for: tff_algos/, programs/, data/, tests/); the symlink
+`tff_algos/data` -> `../data` makes it `tff_algos.data` in the checkout, and pyproject.toml's
+`[tool.setuptools.package-dir]` ("tff_algos.data" = "data") puts it in the wheel as
+`tff_algos/data`. A top-level `data` would be a second copy of every class beside
+`tff_algos.data`'s (isinstance across them fails) and clashes with a user's own `data`, so
+importing it under that name raises ImportError.
 `tff_algos.data.client_data_adapter` turns a user's own TFF ClientData into our client inputs.
 
 Public names are re-exported lazily (PEP 562): `from tff_algos.data import IidPartitioner`
