@@ -13,7 +13,7 @@ The page (`benchmarks/results/federations/results.md`) gives each run's last-10 
 rounds and megabytes it took to reach 60% and 70% test accuracy, and its megabytes per round each
 way, and draws accuracy against cumulative megabytes, a panel per condition.
 
-The runs are those of benchmarks/studies/federations.toml (`python -m programs.study
+The runs are those of benchmarks/studies/federations.toml (`python -m benchmarks.study
 run|plan|report` on it makes and reports the same); this module is the paper layer: labels,
 table, figure and verdict.
 """

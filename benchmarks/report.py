@@ -930,7 +930,7 @@ def write_all() -> None:
 
 
 def write_study_pages(study) -> None:
-  """`python -m programs.study` on a suite's study file (its `report` key): every page, as
+  """`python -m benchmarks.study` on a suite's study file (its `report` key): every page, as
   `benchmarks.compare` writes them (the suite's page, REPRODUCTION.md and the rest read it).
   StudyFileError when no suite is declared by the file."""
   suite = suites.SUITES.get(study.name)

@@ -3,7 +3,7 @@
 `benchmarks/compare.py` runs them and `benchmarks/report.py` writes every results page from
 the committed run directories and these declarations, so no number or setting on a page is
 typed by hand. Paper figures come from `benchmarks/paper_numbers.json`. A suite declared as a
-study file (benchmarks/studies/<suite>.toml, run by `python -m programs.study` too) takes
+study file (benchmarks/studies/<suite>.toml, run by `python -m benchmarks.study` too) takes
 its runs, comparisons and grids from the file; here it adds only the paper layer.
 """
 
@@ -22,7 +22,7 @@ from programs.studies.study import algorithm_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_NUMBERS = os.path.join(HERE, 'paper_numbers.json')
-# The suites declared as study files (python -m programs.study): their runs, seeds,
+# The suites declared as study files (python -m benchmarks.study): their runs, seeds,
 # comparisons and grids; suites.py adds the paper layer (Suite.from_study).
 STUDIES = os.path.join(HERE, 'studies')
 # Everything the tools write and commit: one folder per suite, the pages, figures and logs.

@@ -168,9 +168,9 @@ class _EagerWorker:
 
   def write(self, held, path, layout, extras=(), wait=True, previous=None):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+    from tff_algos.runtime import state_transfer  # pylint: disable=g-import-not-at-top
     assert not wait
-    tensors = ([tf.constant(x) for x in resident_state.state_leaves(held, self.state_type)] +
+    tensors = ([tf.constant(x) for x in state_transfer.state_leaves(held, self.state_type)] +
                [tf.constant(x) for x in extras] +
                [tf.constant(value, tf.string) for _, value in layout.constants])
     names = (list(layout.state) + [name for name, _ in layout.extras] +
@@ -580,6 +580,7 @@ def test_fedcdas_cache_is_written_in_parts_and_unchanged_parts_are_shared(tmp_pa
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   from tff_algos.runtime import bundle_parts  # pylint: disable=g-import-not-at-top
   from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+  from tff_algos.runtime import state_transfer  # pylint: disable=g-import-not-at-top
   config, runner = _resident_runner('fedcda', tmp_path)
   fed = experiment.load_federated_data(config)
   ckpt_dir = str(tmp_path / 'checkpoints')
@@ -604,7 +605,7 @@ def test_fedcdas_cache_is_written_in_parts_and_unchanged_parts_are_shared(tmp_pa
   assert run_directory.checkpointed_rounds(ckpt_dir) == [1, 2, 3, 4]
 
   def parts(state):
-    leaves = resident_state.state_leaves(state, runner.state_type)
+    leaves = state_transfer.state_leaves(state, runner.state_type)
     return [row.tobytes() for i, axes, n in cut
             for row in np.asarray(leaves[i]).reshape(n, -1)]
 

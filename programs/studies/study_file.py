@@ -12,7 +12,7 @@
   [[compare]]                  # method = "<run>", baseline = "<run>", label = "..."
   [tune.<run>]                 # a grid: trainer flag = [candidate values]
   [tuned_as]                   # <algorithm> = "<algorithm with a grid>"
-  report = "pkg.module:function"   # optional: a paper layer's page writer (docs/studies.md)
+  report = "pkg.module:function"   # optional: a page writer of your own (docs/studies.md)
 
 docs/studies.md explains each key. A mistake is a `StudyFileError` of one line naming the
 file, the table and the key, and the fix (`study.toml [runs.fedavg] clinet_lr: not a trainer
@@ -245,7 +245,7 @@ def _load(path: str, output_dir: Optional[str], chain: tuple) -> study_lib.Study
   report = raw.get('report', '')
   if report != '' and not WRITER.fullmatch(_string(path, '', 'report', report)):
     raise _error(path, '', 'report', f'{_toml(report)} is not module:function; give e.g. '
-                 'report = "benchmarks.report:write_study_pages"')
+                 'report = "my_pages:write"')
   study = study_lib.Study(
       name=name, output_dir=output_dir, seeds=seeds, common=common, runs=runs,
       comparisons=comparisons, grid=grid, tuned_as=dict(tuned_as), tuning_seed=tuning_seed,

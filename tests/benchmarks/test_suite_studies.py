@@ -112,10 +112,11 @@ def _pages() -> list:
 
 def test_report_of_a_suites_study_file_regenerates_its_pages_byte_for_byte(study_command,
                                                                          put_back):
-  """`report` on a suite's study file writes the paper layer's pages (its `report` key), not
-  the generic page: every committed page comes back byte for byte (put back if not)."""
+  """`report` on a suite's study file (benchmarks.study) writes the paper layer's pages (its
+  `report` key), not the generic page: every committed page comes back byte for byte (put
+  back if not)."""
   before = put_back(_pages())
-  result = study_command('report', 'benchmarks/studies/fedcda.toml')
+  result = study_command('report', 'benchmarks/studies/fedcda.toml', program='benchmarks.study')
   assert result.returncode == 0, result.stderr
   assert 'wrote benchmarks/results/fedcda/results.md (and every other page)' in result.stdout
   changed = []
@@ -187,7 +188,7 @@ def test_the_suites_page_writer_refuses_a_file_no_suite_declares_in_one_line(
       [runs.fedavg]
       algorithm = "fedavg"
       ''')
-  result = study_command('report', path)
+  result = study_command('report', path, program='benchmarks.study')
   assert result.returncode == 2
   assert result.stderr.startswith(
       f'error: {path} report: "benchmarks.report:write_study_pages" writes the pages of the '
