@@ -29,7 +29,7 @@ import numpy as np
 
 from benchmarks import runs as rd
 from benchmarks import suites
-from programs import methods
+from programs.methods import cadis as cadis_method
 from programs.studies import paired
 from programs.studies import records
 
@@ -202,7 +202,7 @@ def _suite_lines(runs: dict, filled: dict) -> list:
           f'| {mark} | {np.mean([float(x["aggregator/tau"]) for x in at]):.3f} | '
           f'{np.mean([float(x["aggregator/num_clusters"]) for x in at]):.1f} | '
           f'{100 * np.mean([float(x["aggregator/cluster_pair_accuracy"]) for x in at]):.1f}% | '
-          f'{sum(methods.cadis_clusters_match(x, NUM_CLIENTS) for x in at)} of {len(at)} | '
+          f'{sum(cadis_method.cadis_clusters_match(x, NUM_CLIENTS) for x in at)} of {len(at)} | '
           f'{eff:.2f} | {rd.num(kd, ".3f")} | '
           f'{100 * np.nanmean([records.metrics_column(w, "test_accuracy") for w in window]):.2f}'
           ' | '
@@ -220,7 +220,7 @@ def _run_cells(by_seed: dict, seeds: list) -> list:
   cadis = all('aggregator/aggregation_weights' in r[0] for r in rows)
   effects = [weight_effects(r) for r in rows] if cadis else []
   matched = [next((int(x['round']) for x in r
-                   if methods.cadis_clusters_match(x, NUM_CLIENTS)), np.nan)
+                   if cadis_method.cadis_clusters_match(x, NUM_CLIENTS)), np.nan)
              for r in rows] if cadis else []
   cells = [paired.over_seeds(last10, scale=100),
            paired.over_seeds([round_to_round_change(r) for r in rows], scale=100)]
@@ -307,7 +307,7 @@ def _tuning_cluster_lines() -> list:
     with open(os.path.join(path, 'config.json')) as f:
       config = json.load(f)
     rows = records.metrics_rows(path)
-    matched = [int(x['round']) for x in rows if methods.cadis_clusters_match(x, NUM_CLIENTS)]
+    matched = [int(x['round']) for x in rows if cadis_method.cadis_clusters_match(x, NUM_CLIENTS)]
     accuracy = [float(x['test_accuracy']) for x in rows if x.get('test_accuracy')]
     found.append((config['client_lr'], config['seed'], len(rows), matched,
                   int(float(rows[-1]['aggregator/num_clusters'])),

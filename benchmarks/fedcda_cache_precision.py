@@ -28,6 +28,7 @@ import sys
 import time
 
 from absl import app, flags
+from tff_algos import constants
 
 flags.DEFINE_string('dataset', 'fashion_mnist', 'dataset (data.load_dataset)')
 flags.DEFINE_string('model', 'simple_cnn', 'model (tff_algos.models.zoo)')
@@ -97,9 +98,9 @@ def main(argv):
   from tff_algos.fedcda import build_fedcda  # pylint: disable=g-import-not-at-top
 
   for dtype in FLAGS.dtypes:
-    if dtype not in cross_round_cache.CACHE_DTYPES or dtype == 'float32':
+    if dtype not in constants.FEDCDA_CACHE_DTYPES or dtype == 'float32':
       sys.exit(f'error: --dtypes takes lower-precision dtypes of '
-               f'{tuple(cross_round_cache.CACHE_DTYPES)} other than float32, got {dtype!r}')
+               f'{tuple(constants.FEDCDA_CACHE_DTYPES)} other than float32, got {dtype!r}')
   execution.initialize_runtime()
   fed = data.federate(data.load_dataset(FLAGS.dataset),
                       data.DirichletPartitioner(FLAGS.num_clients, FLAGS.dirichlet_alpha,

@@ -11,6 +11,7 @@ from typing import Optional
 import numpy as np
 
 from programs import methods
+from programs.methods import registry
 from programs.experiment_config import (DEFAULT_MODELS, NOT_BUILD_INPUTS, SERVER_FLAGS_USED,
                              ExperimentConfig, ExperimentError)
 
@@ -54,13 +55,13 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
       server_opt = tff.learning.optimizers.build_sgdm(
           learning_rate=lr, momentum=c.server_momentum if kind == 'sgdm' else None)
   method = methods.METHODS[c.algorithm]
-  args, kwargs = method.arguments(c, methods.BuildInputs(
+  args, kwargs = method.arguments(c, registry.BuildInputs(
       model_fn=model_fn, client_optimizer=client_opt, server_optimizer=server_opt,
       num_clients=num_clients, true_clusters=true_clusters))
   kwargs.update(method.builder_kwargs(c))
   kwargs.update(method.plugin_kwargs(c))
   try:
-    process = method.builder_function()(*args, **kwargs)
+    process = method.builder(*args, **kwargs)
   except method.errors as e:
     raise ExperimentError(f'{method.error_prefix}{e}') from None
   if c.client_lr_decay != 1:

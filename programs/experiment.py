@@ -37,6 +37,7 @@ from programs import computations
 from programs import experiment_config
 from programs import fedlex_exploration
 from programs import methods
+from programs.methods import registry
 from programs import run_directory
 from programs import run_results
 from programs import stopping
@@ -505,9 +506,9 @@ def _finish(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built,
   if guidance is not None and guidance.exploration is not None:
     summary.update(guidance.bytes)
   final_weights = run.runner.get_model_weights(run.held)   # (only the weights leave the worker)
-  record = methods.RunRecord(c, run.rows, run.state, final_weights, run_data.num_clients)
+  record = registry.RunRecord(c, run.rows, run.state, final_weights, run_data.num_clients)
   summary.update(methods.METHODS[c.algorithm].summary(record))
-  summary.update(methods.plugin_summary(methods.METHODS[c.algorithm], record))
+  summary.update(registry.plugin_summary(methods.METHODS[c.algorithm], record))
   # Last: it counts the exploration's bytes, whichever entry above records them.
   summary['time_to_accuracy'] = run_results.time_to_accuracy(
       run.rows, experiment_config.target_accuracies(c), run_results.exploration_bytes(summary))

@@ -12,6 +12,7 @@ import os
 from typing import Optional
 
 from programs import methods
+from programs.methods import registry
 
 ALGORITHMS = methods.ALGORITHMS
 BASELINE_ALGORITHMS = methods.BASELINE_ALGORITHMS
@@ -38,7 +39,7 @@ DEFAULT_TARGET_ACCURACIES = {
     'cifar10': (0.4, 0.5), 'cifar100': (0.25, 0.35), 'shakespeare_tff': (0.4, 0.5),
     'shakespeare_leaf': (0.4, 0.5), 'sent140_leaf': (0.6, 0.7),
 }
-# The server-side flags each algorithm reads (methods.Method.reads); any other one set away
+# The server-side flags each algorithm reads (registry.Method.reads); any other one set away
 # from its default is refused rather than recorded in config.json and ignored.
 SERVER_FLAGS_USED = {name: method.reads for name, method in methods.METHODS.items()}
 
@@ -123,7 +124,7 @@ class _GeneralConfig:
 
 
 # Every flag of programs/train.py as a field; the methods' own flags (with their defaults) come
-# from the registry, programs/methods.py.
+# from the registry, programs/methods/
 ExperimentConfig = dataclasses.make_dataclass(
     'ExperimentConfig', methods.config_fields(), bases=(_GeneralConfig,))
 ExperimentConfig.__module__ = __name__
@@ -152,7 +153,7 @@ EXECUTION = FlagRole(resumable=True, rebuilds=True)
 BOOKKEEPING = FlagRole(resumable=True, rebuilds=False)
 
 # Every flag of the run (tests/test_train_program.py checks each ExperimentConfig field has
-# one); the flags of programs/methods.py's registry define the run.
+# one); the flags of the method registry (programs/methods/) define the run.
 FLAG_ROLES = {
     'algorithm': DEFINES_RUN, 'dataset': DEFINES_RUN, 'data_dir': EXECUTION,
     'partition': DEFINES_RUN, 'dirichlet_alpha': DEFINES_RUN, 'shards_per_client': DEFINES_RUN,
@@ -188,7 +189,7 @@ def _check_flags_used(c: ExperimentConfig) -> None:
   """Refuses flags set away from their default that `c.algorithm` would ignore."""
   method = methods.METHODS[c.algorithm]
   used = method.reads
-  for name in methods.SERVER_FLAGS:
+  for name in registry.SERVER_FLAGS:
     if getattr(c, name) != _default(name) and name not in used:
       uses = ', '.join(f'--{f}' for f in used) or 'no server-optimizer flag'
       raise ExperimentError(

@@ -10,6 +10,7 @@ from typing import Optional
 import numpy as np
 
 from programs import methods
+from programs.methods import registry
 from programs.computations import check_distributable, client_optimizer
 from programs.experiment_config import ExperimentConfig, ExperimentError, client_faults
 
@@ -107,7 +108,7 @@ def exploration_computation(c: ExperimentConfig, model_fn, num_clients: int):
   # Explorers train unguided: their rate is the base's, not a guided variant's raised one.
   client_opt = client_optimizer(c, fedlex_explorer_lr(c))
   exploration = fedlex.build_fedlex_exploration(
-      model_fn, client_opt, c.batch_size, **methods.exploration_kwargs(c))
+      model_fn, client_opt, c.batch_size, **registry.exploration_kwargs(c))
   return exploration, fedlex_explorers(c, num_clients)
 
 
@@ -136,7 +137,7 @@ def _initial_state(c: ExperimentConfig, fed, process, exploration, explorers, st
     return _explore(c, fed, process, exploration, explorers, state, 0)
   _, inputs = data.round_inputs(fed, 0, len(explorers), c.fedlex_exploration_epochs,
                                 c.seed + 1, client_ids=explorers, faults=client_faults(c))
-  kwargs = methods.exploration_kwargs(c)
+  kwargs = registry.exploration_kwargs(c)
   try:
     weights, guidance, metrics = fedlex.explore_in_place(
         exploration, process.get_model_weights(state), [[x] for x in inputs],

@@ -141,7 +141,7 @@ def run_summary(c: ExperimentConfig, rows: list[dict], model_name: str, state,
                 exploration_client_epochs: float, client_test, exp_dir: str):
   """summary.json's general entries of a finished run (`rows`: its metrics.csv; `state`: its
   final server state; `client_test`: the clients' test data, None without per-client
-  evaluation); the method's own entries come from `methods.Method.summary`."""
+  evaluation); the method's own entries come from `registry.Method.summary` (programs/methods/)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   accuracies = [float(r['test_accuracy']) for r in rows if r.get('test_accuracy') not in (None, '')]

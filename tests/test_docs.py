@@ -74,7 +74,7 @@ def test_each_builders_minimal_call_runs(tmp_path):
   import tff_algos  # pylint: disable=g-import-not-at-top
   from programs import methods  # pylint: disable=g-import-not-at-top
   code = _python_block('tff_integration.md', "Each builder's minimal call")
-  builders = {m.builder.split(':')[1] for m in methods.METHODS.values()}
+  builders = {m.builder.__name__ for m in methods.METHODS.values()}
   assert len(builders) >= 10
   for name in sorted(builders | {'build_fedlex_exploration'}):
     call = re.search(rf'tff_algos\.{name}\((.*?)\)[,\n]', code, re.S)

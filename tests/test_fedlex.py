@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos import data
 from tests import helpers
 from tff_algos import fedlex
@@ -77,7 +78,7 @@ def test_constant_tensor_normalizes_to_ones_without_nan():
     np.testing.assert_array_equal(got, np.ones_like(t))
 
 
-@pytest.mark.parametrize('normalize', fedlex.NORMALIZATIONS)
+@pytest.mark.parametrize('normalize', constants.FEDLEX_NORMALIZATIONS)
 @pytest.mark.parametrize('floor', [0.0, 0.25])
 def test_global_guidance_matrix_matches_numpy(normalize, floor):
   rng = np.random.default_rng(2)
@@ -644,7 +645,7 @@ def test_explore_in_place_trains_the_explorers_in_sequence(env):
         trainable=models[-1], non_trainable=[]))
     models.append(trainable(proc, proc.next(start, [inp]).state))
   devs = [[(a - b) ** 2 for a, b in zip(w, v)] for w, v in zip(models, models[1:])]
-  for normalize in fedlex.NORMALIZATIONS:
+  for normalize in constants.FEDLEX_NORMALIZATIONS:
     weights, guidance, metrics = fedlex.explore_in_place(
         exploration(env, normalize), proc.get_model_weights(state0), env['explorer_inputs'],
         normalize)

@@ -1,7 +1,7 @@
 """Every documented flag of programs/train.py changes what it claims to change.
 
 The flag lists come from the tables of README.md and docs/, programs/train.py and the method registry
-(programs/methods.py), and are checked against each other. Each flag is then shown to reach
+(programs/methods/), and are checked against each other. Each flag is then shown to reach
 its target by the cheapest path:
 - a method flag (BUILDER / EXPLORATION target): the program's config -> builder path with the
   builder replaced by a recorder; a changed value must arrive in the flag's keyword. That the
@@ -29,6 +29,8 @@ from programs import experiment
 from programs import experiment_config
 from programs import fedlex_exploration
 from programs import methods
+from programs.methods import option_table
+from programs.methods import registry
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -209,17 +211,17 @@ def test_every_flag_is_documented_once():
 
 
 def test_docs_method_flag_table_is_the_registrys():
-  with open(methods.TABLE_PAGE) as f:
+  with open(option_table.TABLE_PAGE) as f:
     page = f.read()
-  block = f'{methods.TABLE_BEGIN}\n{methods.flag_table()}{methods.TABLE_END}\n'
-  assert block in page and methods.page_with_table(page) == page, (
+  block = f'{option_table.TABLE_BEGIN}\n{option_table.flag_table()}{option_table.TABLE_END}\n'
+  assert block in page and option_table.page_with_table(page) == page, (
       'regenerate it: python -m programs.methods')
 
 
 def test_every_method_flag_has_a_changed_value():
   """... and every exploration flag (general, read by guided runs)."""
-  assert set(CHANGED) == {f.name for f in methods.all_flags() + methods.FEDLEX_FLAGS}
-  for flag in methods.all_flags() + methods.FEDLEX_FLAGS:
+  assert set(CHANGED) == {f.name for f in methods.all_flags() + registry.FEDLEX_FLAGS}
+  for flag in methods.all_flags() + registry.FEDLEX_FLAGS:
     assert CHANGED[flag.name] != flag.default and type(CHANGED[flag.name]) is type(flag.default)
 
 
@@ -237,9 +239,38 @@ def test_every_builder_keyword_has_a_test_of_its_effect():
   for method in methods.METHODS.values():
     family = 'fedlex' if method.name in methods.FEDLEX_ALGORITHMS else method.name
     keywords |= {(family, f.kwarg) for f in method.flags if f.kwarg}
-  keywords |= {('fedlex', f.kwarg) for f in methods.FEDLEX_FLAGS if f.kwarg}
+  keywords |= {('fedlex', f.kwarg) for f in registry.FEDLEX_FLAGS if f.kwarg}
   assert keywords <= set(KEYWORD_TESTS), keywords - set(KEYWORD_TESTS)
-  assert {f.kwarg for f in methods.PLUGIN_FLAGS} == set(PLUGIN_KEYWORD_TESTS)
+  assert {f.kwarg for f in registry.PLUGIN_FLAGS} == set(PLUGIN_KEYWORD_TESTS)
+
+
+def test_a_method_is_found_by_its_name():
+  """--algorithm=X is declared in programs/methods/X.py (FedLEx's variants in fedlex.py, the
+  baselines in baselines.py), whose builder is the library's builder of the same name."""
+  import tff_algos  # pylint: disable=g-import-not-at-top
+  for name, method in methods.METHODS.items():
+    family = ('fedlex' if name in methods.FEDLEX_ALGORITHMS else
+              'baselines' if name in methods.BASELINE_ALGORITHMS else name)
+    assert os.path.exists(os.path.join(ROOT, 'programs', 'methods', f'{family}.py')), name
+    assert method.builder.__module__ == f'programs.methods.{family}', name
+    library = getattr(tff_algos, method.builder.__name__)
+    assert library.__module__ == f'tff_algos.{family}', name
+
+
+@pytest.mark.parametrize('alpha', [0.0, 0.4999, 0.5, 0.7, 0.99, 1.0, 1.5])
+def test_fedcross_alpha_flag_and_builder_refuse_the_same_values(alpha):
+  """One bound: the flag refuses exactly the alphas the library refuses ([0.5, 1), the
+  paper's), each naming the interval."""
+  from tff_algos.aggregators import cross_aggregation  # pylint: disable=g-import-not-at-top
+  flag = next(f for f in methods.METHODS['fedcross'].flags if f.name == 'fedcross_alpha')
+  try:
+    cross_aggregation.validate_options(4, alpha, 'lowest_similarity', 1, 0)
+    library_error = None
+  except ValueError as e:
+    library_error = str(e)
+  assert (flag.error(alpha) is None) == (library_error is None) == (0.5 <= alpha < 1)
+  if library_error:
+    assert '[0.5, 1)' in flag.error(alpha) and '[0.5, 1)' in library_error
 
 
 # --------------------------------------------------------------------------- #
@@ -247,11 +278,13 @@ def test_every_builder_keyword_has_a_test_of_its_effect():
 # --------------------------------------------------------------------------- #
 
 
-def _record_builder(monkeypatch, module_function: str) -> list:
-  """Replaces the builder by a recorder of its (args, kwargs), which must fit its signature."""
-  module, function = module_function.split(':')
-  module = importlib.import_module(module)
-  signature = inspect.signature(getattr(module, function))
+def _record_builder(monkeypatch, function: str) -> list:
+  """Replaces the builder `tff_algos.<function>` (in the module that defines it) by a
+  recorder of its (args, kwargs), which must fit its signature."""
+  import tff_algos  # pylint: disable=g-import-not-at-top
+  builder = getattr(tff_algos, function)
+  module = importlib.import_module(builder.__module__)
+  signature = inspect.signature(builder)
   calls = []
 
   def record(*args, **kwargs):
@@ -266,15 +299,15 @@ def _record_builder(monkeypatch, module_function: str) -> list:
 def _built_call(monkeypatch, config):
   """(args, kwargs) the program passes to the method's builder for `config`."""
   experiment.validate(config)
-  calls = _record_builder(monkeypatch, methods.METHODS[config.algorithm].builder)
+  calls = _record_builder(monkeypatch, methods.METHODS[config.algorithm].builder.__name__)
   assert computations.build_process(config, lambda: None, NUM_CLIENTS) == 'built'
   assert len(calls) == 1
   return calls[0]
 
 
 METHOD_FLAG_CASES = [(m.name, f.name) for m in methods.METHODS.values() for f in m.flags
-                     if f.target == methods.BUILDER]
-EXPLORATION_FLAGS = [f.name for f in methods.FEDLEX_FLAGS if f.target == methods.EXPLORATION]
+                     if f.target == registry.BUILDER]
+EXPLORATION_FLAGS = [f.name for f in registry.FEDLEX_FLAGS if f.target == registry.EXPLORATION]
 
 
 @pytest.mark.parametrize('algorithm, name', METHOD_FLAG_CASES,
@@ -300,8 +333,8 @@ GUIDED_IDS = [r['algorithm'] + ('-guided' if r.get('guided') else '') for r in G
 @pytest.mark.parametrize('run', GUIDED_RUNS, ids=GUIDED_IDS)
 @pytest.mark.parametrize('name', EXPLORATION_FLAGS)
 def test_fedlex_flag_reaches_the_exploration_builder(monkeypatch, run, name):
-  flag = next(f for f in methods.FEDLEX_FLAGS if f.name == name)
-  calls = _record_builder(monkeypatch, 'tff_algos.fedlex:build_fedlex_exploration')
+  flag = next(f for f in registry.FEDLEX_FLAGS if f.name == name)
+  calls = _record_builder(monkeypatch, 'build_fedlex_exploration')
   for config in (_config(**run), _config(**run, **{name: CHANGED[name]})):
     experiment.validate(config)
     fedlex_exploration.exploration_computation(config, lambda: None, NUM_CLIENTS)
@@ -314,7 +347,7 @@ def test_fedlex_flag_reaches_the_exploration_builder(monkeypatch, run, name):
 def test_exploration_flags_need_a_guided_run(algorithm):
   """Without --guided (and not fedlex_*) an exploration flag would be ignored: refused."""
   settings = dict(helpers.METHOD_SETTINGS.get(algorithm, {}), algorithm=algorithm)
-  for flag in methods.FEDLEX_FLAGS:
+  for flag in registry.FEDLEX_FLAGS:
     changed = {flag.name: CHANGED[flag.name]}
     with pytest.raises(experiment.ExperimentError, match=(
         f'^--{flag.name} is read only by a guided run \\(--guided or --algorithm=fedlex_\\*\\); '
@@ -360,7 +393,7 @@ def test_plugin_flags_reach_every_builder(monkeypatch, algorithm):
 @pytest.mark.parametrize('run', GUIDED_RUNS, ids=GUIDED_IDS)
 def test_exploration_lr_is_the_explorers_rate(monkeypatch, run):
   """--fedlex_exploration_lr sets the explorers' SGD rate; 0 (the default) = --client_lr."""
-  calls = _record_builder(monkeypatch, 'tff_algos.fedlex:build_fedlex_exploration')
+  calls = _record_builder(monkeypatch, 'build_fedlex_exploration')
   for changes in ({}, dict(fedlex_exploration_lr=CHANGED['fedlex_exploration_lr'])):
     config = _config(**run, **changes)
     experiment.validate(config)
@@ -461,7 +494,7 @@ def test_server_hyperparameters_reach_the_process_state(monkeypatch):
   """build_fedavgm / build_fedadam turn their keywords into the server optimizer of the FedAvg
   they build (which test_baselines.py's *_matches_tff tests show is the one applied)."""
   from tff_algos import baselines  # pylint: disable=g-import-not-at-top
-  calls = _record_builder(monkeypatch, 'tff_algos.baselines:build_fedavg')
+  calls = _record_builder(monkeypatch, 'build_fedavg')
   baselines.build_fedavgm(None, None, 16, server_learning_rate=0.3, server_momentum=0.5)
   baselines.build_fedadam(None, None, 16, server_learning_rate=0.07)
   (avgm_args, _), (adam_args, _) = calls
@@ -526,7 +559,7 @@ def test_client_lr_decay_wraps_every_method_with_local_steps(monkeypatch, algori
   monkeypatch.setattr(client_lr_decay, 'with_client_lr_decay',
                       lambda process, decay: wrapped.append((process, decay)) or 'decayed')
   config = _config(algorithm=algorithm, **helpers.METHOD_SETTINGS.get(algorithm, {}))
-  _record_builder(monkeypatch, methods.METHODS[algorithm].builder)
+  _record_builder(monkeypatch, methods.METHODS[algorithm].builder.__name__)
   assert computations.build_process(config, lambda: None, NUM_CLIENTS) == 'built'
   decayed = dataclasses.replace(config, client_lr_decay=0.99)
   experiment.validate(decayed)

@@ -32,13 +32,13 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos.aggregators import accumulate_then_step, clustering, factories
 # The factory's argument defaults and the server step's options, read here by its importers too.
 from tff_algos.aggregators.clustering import (  # noqa: F401
-    CLOSURES, DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_GROWTH, DEFAULT_THRESHOLD_MAX,
+    DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_GROWTH, DEFAULT_THRESHOLD_MAX,
     DEFAULT_TRANSITIVE_HALF_WIDTH, DEFAULT_TWO_HOP_METRICS_MAX_CLIENTS, ClusteringOptions)
 
-SIMILARITY_LAYERS = ('bias', 'kernel')
 KEYED_FIELDS = ('client_index', 'delta')
 
 
@@ -203,14 +203,15 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
                        f'({self._threshold})')
     if not np.isfinite(threshold_growth) or threshold_growth < 1.0:
       raise ValueError(f'threshold_growth must be >= 1, got {threshold_growth!r}')
-    if similarity_layer not in SIMILARITY_LAYERS:
+    if similarity_layer not in constants.CADIS_SIMILARITY_LAYERS:
       raise ValueError(
-          f'similarity_layer must be one of {SIMILARITY_LAYERS}, got {similarity_layer!r}')
+          f'similarity_layer must be one of {constants.CADIS_SIMILARITY_LAYERS}, '
+          f'got {similarity_layer!r}')
     if similarity_index is not None and (isinstance(similarity_index, bool) or
                                          not isinstance(similarity_index, (int, np.integer))):
       raise ValueError(f'similarity_index must be None or an int, got {similarity_index!r}')
-    if closure not in CLOSURES:
-      raise ValueError(f'closure must be one of {CLOSURES}, got {closure!r}')
+    if closure not in constants.CADIS_CLOSURES:
+      raise ValueError(f'closure must be one of {constants.CADIS_CLOSURES}, got {closure!r}')
     if not np.isfinite(transitive_half_width) or transitive_half_width <= 0:
       raise ValueError(f'transitive_half_width must be > 0, got {transitive_half_width!r}')
     if true_clusters is not None:
