@@ -32,7 +32,6 @@ import numpy as np
 
 from benchmarks import runs as rd
 from benchmarks import suites
-from programs import experiment
 from programs import experiment_config
 from programs import pages
 from programs import run_results
@@ -411,7 +410,7 @@ def suite_configs(suite: suites.Suite) -> dict:
   """{run: ExperimentConfig} of every run of the suite's comparisons (tuned)."""
   tuned = suites.load_tuned(suite.name)
   names = [r for comp in suite.comparisons for r in (comp.baseline, comp.method)]
-  return {r: experiment.ExperimentConfig(**suite.config_overrides(r, tuned))
+  return {r: experiment_config.ExperimentConfig(**suite.config_overrides(r, tuned))
           for r in dict.fromkeys(names)}
 
 

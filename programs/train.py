@@ -116,8 +116,8 @@ _METHOD_FLAGS = methods.define_absl_flags()
 flags.adopt_module_key_flags(methods)  # so that --help lists them with this program's flags
 
 
-def config_from_flags() -> experiment.ExperimentConfig:
-  return experiment.ExperimentConfig(
+def config_from_flags() -> experiment_config.ExperimentConfig:
+  return experiment_config.ExperimentConfig(
       algorithm=_ALGORITHM.value, dataset=_DATASET.value, data_dir=_DATA_DIR.value,
       partition=_PARTITION.value, dirichlet_alpha=_DIRICHLET_ALPHA.value,
       shards_per_client=_SHARDS.value, classes_per_client=_CLASSES.value,
@@ -153,7 +153,7 @@ def main(argv):
   with stopping.StopRequests() as stop:
     try:
       summary = experiment.run_experiment(config, stop=stop)  # validates before TF starts
-    except experiment.ExperimentError as e:
+    except experiment_config.ExperimentError as e:
       print(f'error: {e}', file=sys.stderr)
       return 2
     except stopping.Interrupted as e:

@@ -87,7 +87,7 @@ def fed():
 
 
 def _config(algorithm, **kwargs):
-  return experiment.ExperimentConfig(
+  return experiment_config.ExperimentConfig(
       algorithm=algorithm, dataset='digits', num_clients=NUM_CLIENTS,
       clients_per_round=CLIENTS_PER_ROUND, batch_size=16, client_lr=0.1, local_epochs=1,
       fedcda_warmup_rounds=1, fedcda_batches=2, fedlex_exploration_epochs=1,

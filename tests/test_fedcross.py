@@ -188,14 +188,14 @@ def test_layerwise_and_model_similarity_choose_differently():
 
 
 def test_program_refuses_layerwise_similarity_with_in_order():
-  from programs import experiment  # pylint: disable=g-import-not-at-top
-  config = experiment.ExperimentConfig(
+  from programs import experiment_config  # pylint: disable=g-import-not-at-top
+  config = experiment_config.ExperimentConfig(
       algorithm='fedcross', dataset='digits', fedcross_similarity='layerwise')
-  experiment.validate(config)
-  with pytest.raises(experiment.ExperimentError, match=(
+  experiment_config.validate(config)
+  with pytest.raises(experiment_config.ExperimentError, match=(
       '^--fedcross_similarity=layerwise is read only by the similarity rules, not by '
       '--fedcross_selection=in_order; drop it')):
-    experiment.validate(dataclasses.replace(config, fedcross_selection='in_order'))
+    experiment_config.validate(dataclasses.replace(config, fedcross_selection='in_order'))
 
 
 def test_ties_go_to_lowest_index_and_eligibility():

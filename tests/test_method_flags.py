@@ -149,7 +149,7 @@ TESTED_ELSEWHERE = {
 
 
 def _config(**changes):
-  return experiment.ExperimentConfig(**dict(BASE, **changes))
+  return experiment_config.ExperimentConfig(**dict(BASE, **changes))
 
 
 def _flag_rows() -> list:
@@ -200,7 +200,7 @@ def _test_exists_in_default_suite(node_id: str) -> bool:
 
 
 def test_readme_tables_program_and_config_name_the_same_flags():
-  fields = {f.name for f in dataclasses.fields(experiment.ExperimentConfig)}
+  fields = {f.name for f in dataclasses.fields(experiment_config.ExperimentConfig)}
   assert _program_flags() == fields
   assert _readme_flags() == fields
 
@@ -298,7 +298,7 @@ def _record_builder(monkeypatch, function: str) -> list:
 
 def _built_call(monkeypatch, config):
   """(args, kwargs) the program passes to the method's builder for `config`."""
-  experiment.validate(config)
+  experiment_config.validate(config)
   calls = _record_builder(monkeypatch, methods.METHODS[config.algorithm].builder.__name__)
   assert computations.build_process(config, lambda: None, NUM_CLIENTS) == 'built'
   assert len(calls) == 1
@@ -336,7 +336,7 @@ def test_fedlex_flag_reaches_the_exploration_builder(monkeypatch, run, name):
   flag = next(f for f in registry.FEDLEX_FLAGS if f.name == name)
   calls = _record_builder(monkeypatch, 'build_fedlex_exploration')
   for config in (_config(**run), _config(**run, **{name: CHANGED[name]})):
-    experiment.validate(config)
+    experiment_config.validate(config)
     fedlex_exploration.exploration_computation(config, lambda: None, NUM_CLIENTS)
   (_, default_kwargs), (_, kwargs) = calls
   assert kwargs[flag.kwarg] == flag.transform(CHANGED[name]) != default_kwargs[flag.kwarg]
@@ -349,11 +349,11 @@ def test_exploration_flags_need_a_guided_run(algorithm):
   settings = dict(helpers.METHOD_SETTINGS.get(algorithm, {}), algorithm=algorithm)
   for flag in registry.FEDLEX_FLAGS:
     changed = {flag.name: CHANGED[flag.name]}
-    with pytest.raises(experiment.ExperimentError, match=(
+    with pytest.raises(experiment_config.ExperimentError, match=(
         f'^--{flag.name} is read only by a guided run \\(--guided or --algorithm=fedlex_\\*\\); '
         'add --guided or drop it$')):
-      experiment.validate(_config(**settings, **changed))
-    experiment.validate(_config(**settings, **changed, guided=True))
+      experiment_config.validate(_config(**settings, **changed))
+    experiment_config.validate(_config(**settings, **changed, guided=True))
 
 
 @pytest.mark.parametrize('algorithm', methods.ALGORITHMS)
@@ -373,21 +373,21 @@ def test_plugin_flags_reach_every_builder(monkeypatch, algorithm):
   else:
     assert kwargs == dict(default_kwargs, guided=True) and not method.is_guided(_config())
   if not method.local_steps:
-    with pytest.raises(experiment.ExperimentError, match=(
+    with pytest.raises(experiment_config.ExperimentError, match=(
         f'^--kd_weight does not apply to --algorithm={algorithm}: FedSGD takes its one '
         'gradient at the received model, .*; drop it$')):
-      experiment.validate(_config(**settings, kd_weight=0.5))
+      experiment_config.validate(_config(**settings, kd_weight=0.5))
     return
   _, kwargs = _built_call(monkeypatch, _config(**settings, kd_weight=0.5))
   assert kwargs == dict(default_kwargs, kd_weight=0.5)
   _, kwargs = _built_call(monkeypatch, _config(**settings, kd_weight=0.0))
   assert kwargs == dict(default_kwargs, kd_weight=0.0)
   if algorithm == 'cadis':
-    with pytest.raises(experiment.ExperimentError, match=(
+    with pytest.raises(experiment_config.ExperimentError, match=(
         '^--kd_weight and --cadis_kd_weight both set the KD weight; drop --cadis_kd_weight$')):
-      experiment.validate(_config(**settings, kd_weight=0.5, cadis_kd_weight=0.3))
-  with pytest.raises(experiment.ExperimentError, match='^--kd_weight must be a finite number'):
-    experiment.validate(_config(**settings, kd_weight=float('nan')))
+      experiment_config.validate(_config(**settings, kd_weight=0.5, cadis_kd_weight=0.3))
+  with pytest.raises(experiment_config.ExperimentError, match='^--kd_weight must be a finite number'):
+    experiment_config.validate(_config(**settings, kd_weight=float('nan')))
 
 
 @pytest.mark.parametrize('run', GUIDED_RUNS, ids=GUIDED_IDS)
@@ -396,14 +396,14 @@ def test_exploration_lr_is_the_explorers_rate(monkeypatch, run):
   calls = _record_builder(monkeypatch, 'build_fedlex_exploration')
   for changes in ({}, dict(fedlex_exploration_lr=CHANGED['fedlex_exploration_lr'])):
     config = _config(**run, **changes)
-    experiment.validate(config)
+    experiment_config.validate(config)
     fedlex_exploration.exploration_computation(config, lambda: None, NUM_CLIENTS)
   rates = [args[1].initialize(())['learning_rate'] for args, _ in calls]
   assert rates == [BASE['client_lr'], CHANGED['fedlex_exploration_lr']]
   for bad in (-0.1, float('inf'), float('nan')):
-    with pytest.raises(experiment.ExperimentError,
+    with pytest.raises(experiment_config.ExperimentError,
                        match=f'^--fedlex_exploration_lr must be >= 0 and finite, got {bad}$'):
-      experiment.validate(_config(**run, fedlex_exploration_lr=bad))
+      experiment_config.validate(_config(**run, fedlex_exploration_lr=bad))
 
 
 def test_a_run_recorded_before_exploration_lr_existed_is_the_same_run():
@@ -430,8 +430,8 @@ def test_another_methods_flags_are_refused(algorithm):
   for flag in methods.all_flags():
     if flag in methods.METHODS[algorithm].flags:
       continue
-    with pytest.raises(experiment.ExperimentError, match=f'--{flag.name} is not used'):
-      experiment.validate(_config(algorithm=algorithm, **{flag.name: CHANGED[flag.name]}))
+    with pytest.raises(experiment_config.ExperimentError, match=f'--{flag.name} is not used'):
+      experiment_config.validate(_config(algorithm=algorithm, **{flag.name: CHANGED[flag.name]}))
 
 
 # --------------------------------------------------------------------------- #
@@ -562,7 +562,7 @@ def test_client_lr_decay_wraps_every_method_with_local_steps(monkeypatch, algori
   _record_builder(monkeypatch, methods.METHODS[algorithm].builder.__name__)
   assert computations.build_process(config, lambda: None, NUM_CLIENTS) == 'built'
   decayed = dataclasses.replace(config, client_lr_decay=0.99)
-  experiment.validate(decayed)
+  experiment_config.validate(decayed)
   assert computations.build_process(decayed, lambda: None, NUM_CLIENTS) == 'decayed'
   assert wrapped[-1] == ('built', 0.99)
 
@@ -584,8 +584,8 @@ def test_client_lr_decay_wraps_every_method_with_local_steps(monkeypatch, algori
     (dict(algorithm='scaffold', client_optimizer='adam'), 'needs plain client SGD'),
     (dict(algorithm='scaffold', client_optimizer='torch_adam'), 'needs plain client SGD')])
 def test_bad_client_optimizer_flags_are_refused(changes, message):
-  with pytest.raises(experiment.ExperimentError, match=message):
-    experiment.validate(_config(**changes))
+  with pytest.raises(experiment_config.ExperimentError, match=message):
+    experiment_config.validate(_config(**changes))
 
 
 def _labels_per_client(fed):
@@ -779,19 +779,19 @@ def test_every_compare_suite_run_is_a_valid_configuration():
   for suite in suites.SUITES.values():
     tuned = suites.load_tuned(suite.name)
     for run in suite.runs:
-      experiment.validate(experiment.ExperimentConfig(**suite.config_overrides(run, tuned)))
+      experiment_config.validate(experiment_config.ExperimentConfig(**suite.config_overrides(run, tuned)))
     for run, grid in suite.grid.items():
       for values in records.grid_points(grid):
-        experiment.validate(experiment.ExperimentConfig(**suite.tuning_overrides(run, values)))
+        experiment_config.validate(experiment_config.ExperimentConfig(**suite.tuning_overrides(run, values)))
     for probe in suite.probes:
       for run in probe.runs:
-        experiment.validate(experiment.ExperimentConfig(**suite.probe_overrides(probe, run,
+        experiment_config.validate(experiment_config.ExperimentConfig(**suite.probe_overrides(probe, run,
                                                                                 tuned)))
 
 
 def test_fedcda_says_when_a_run_is_warmup_throughout():
   note = methods.METHODS['fedcda'].note
-  config = experiment.ExperimentConfig(algorithm='fedcda', rounds=10, fedcda_warmup_rounds=10)
+  config = experiment_config.ExperimentConfig(algorithm='fedcda', rounds=10, fedcda_warmup_rounds=10)
   assert 'is its warmup FedAvg throughout' in note(config)
   assert note(dataclasses.replace(config, fedcda_warmup_rounds=9)) is None
   assert all(m.note(dataclasses.replace(config, algorithm=m.name)) is None
@@ -802,11 +802,11 @@ def test_fedlex_placeholder_guidance_refuses_the_exploration_flags():
   """--fedlex_guidance=placeholder explores nothing: the explorers' flags are refused unless
   --fedlex_explore_in_place trains them; --fedlex_normalize and --fedlex_refresh always."""
   config = _config(algorithm='fedlex_avgm', fedlex_guidance='placeholder')
-  experiment.validate(config)
+  experiment_config.validate(config)
   for name in ('fedlex_exploration_epochs', 'fedlex_normalize', 'fedlex_refresh'):
-    with pytest.raises(experiment.ExperimentError, match=f'--{name} is not read'):
-      experiment.validate(dataclasses.replace(config, **{name: CHANGED[name]}))
-  experiment.validate(dataclasses.replace(config, fedlex_explore_in_place=True,
+    with pytest.raises(experiment_config.ExperimentError, match=f'--{name} is not read'):
+      experiment_config.validate(dataclasses.replace(config, **{name: CHANGED[name]}))
+  experiment_config.validate(dataclasses.replace(config, fedlex_explore_in_place=True,
                                           fedlex_exploration_epochs=2))
-  with pytest.raises(experiment.ExperimentError, match='fedlex_guidance'):
-    experiment.validate(dataclasses.replace(config, fedlex_guidance='scout'))
+  with pytest.raises(experiment_config.ExperimentError, match='fedlex_guidance'):
+    experiment_config.validate(dataclasses.replace(config, fedlex_guidance='scout'))

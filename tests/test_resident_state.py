@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures('runtime')
 
 
 def _config(algorithm):
-  return experiment.ExperimentConfig(
+  return experiment_config.ExperimentConfig(
       algorithm=algorithm, dataset='digits', num_clients=NUM_CLIENTS, clients_per_round=P,
       batch_size=16, client_lr=0.1, local_epochs=1, fedcda_warmup_rounds=1, fedcda_batches=2,
       fedlex_exploration_epochs=1, **helpers.METHOD_SETTINGS.get(algorithm, {}))
@@ -341,7 +341,7 @@ def test_program_resident_state_flag(tmp_path, monkeypatch):
   monkeypatch.setattr(resident_state, 'ResidentProcess', Recorded)
   runs = {}
   for flag in (True, False):
-    config = experiment.ExperimentConfig(
+    config = experiment_config.ExperimentConfig(
         algorithm='fedcda', dataset='digits', num_clients=NUM_CLIENTS, clients_per_round=P,
         batch_size=16, client_lr=0.1, fedcda_warmup_rounds=1, fedcda_batches=2, rounds=3,
         progress=False, resident_state=flag, root_output_dir=str(tmp_path),

@@ -15,6 +15,7 @@ from benchmarks import report
 from benchmarks import runs as rd
 from benchmarks import suites
 from programs import experiment
+from programs import experiment_config
 from programs import run_directory
 from programs import stopping
 from programs.studies import queue
@@ -96,7 +97,7 @@ def test_a_diverging_grid_point_is_recorded_and_skipped(tmp_path, monkeypatch):
       write_run(config.experiment_dir, 20, np.full(4, 0.3), config=recorded)
       with open(os.path.join(config.experiment_dir, run_directory.DIVERGED), 'w') as f:
         f.write('training diverged at round 5 (train loss nan)\n')
-      raise experiment.ExperimentError(
+      raise experiment_config.ExperimentError(
           'training diverged at round 5 (train loss nan); start a new run with a lower '
           '--client_lr (now 1.0) or server learning rate')
     write_run(config.experiment_dir, 20, np.full(20, level[config.client_lr]),
@@ -110,7 +111,7 @@ def test_a_diverging_grid_point_is_recorded_and_skipped(tmp_path, monkeypatch):
   # The declaration changes after the grid ran: its finished points are other settings' now,
   # an error naming the directory and the setting, not taken for the new grid's points.
   suite.common['client_momentum'] = 0.9
-  with pytest.raises(experiment.ExperimentError,
+  with pytest.raises(experiment_config.ExperimentError,
                      match=r'base_client_lr0\.1 holds a finished run of other settings \(it '
                            r'was run with --client_momentum=0\.5 \(now --client_momentum=0\.9\)'
                            r'\); move it away'):
@@ -422,7 +423,7 @@ def test_compare_leaves_a_run_another_process_holds_for_last_and_then_makes_it(t
   configs = []
   for name in ('held', 'free'):
     (tmp_path / name).mkdir()
-    configs.append(experiment.ExperimentConfig(root_output_dir=str(tmp_path),
+    configs.append(experiment_config.ExperimentConfig(root_output_dir=str(tmp_path),
                                                experiment_name=name))
   holding, release = threading.Event(), threading.Event()
 
@@ -455,7 +456,7 @@ def test_compare_stops_at_a_signal_like_the_program(tmp_path, monkeypatch):
     raise stopping.Interrupted(signal.SIGTERM, 3, config.experiment_dir)
 
   monkeypatch.setattr(experiment, 'run_experiment', fake_run_experiment)
-  configs = [experiment.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name=n)
+  configs = [experiment_config.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name=n)
              for n in ('a', 'b')]
   with pytest.raises(stopping.Interrupted):
     compare.run_all(configs)
@@ -471,7 +472,7 @@ def test_compare_stopped_while_waiting_for_a_run_does_not_start_it(tmp_path, mon
   monkeypatch.setattr(queue, '_STOP', stop)
   monkeypatch.setattr(experiment, 'run_experiment',
                       lambda *a, **k: pytest.fail('a run was started after the signal'))
-  config = experiment.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name='r')
+  config = experiment_config.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name='r')
   os.makedirs(os.path.join(config.experiment_dir, 'checkpoints', 'program_state_7'))
   with open(os.path.join(config.experiment_dir, 'config.json'), 'w') as f:
     json.dump(dict(rounds=30), f)
@@ -495,7 +496,7 @@ def test_compare_waiting_for_another_process_stops_at_a_signal(tmp_path, monkeyp
 
   monkeypatch.setattr(compare, '_run', fake_run)
   (tmp_path / 'held').mkdir()
-  config = experiment.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name='held')
+  config = experiment_config.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name='held')
   holding, release = threading.Event(), threading.Event()
 
   def other_process():
@@ -561,10 +562,10 @@ def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsy
   assert records.load_run(configs['new_s0'].experiment_dir)['rounds_done'] == 40
   assert not (kept / 'base_s0').exists()
   assert [(r['run'], r['seed']) for r in rd.remade_runs(suite)] == [('new', 0)]
-  with pytest.raises(experiment.ExperimentError, match='already keeps a run of that name'):
+  with pytest.raises(experiment_config.ExperimentError, match='already keeps a run of that name'):
     compare._run(configs['new_s1'])   # pylint: disable=protected-access
   assert records.load_run(configs['new_s1'].experiment_dir)['rounds_done'] == 20
-  with pytest.raises(experiment.ExperimentError,
+  with pytest.raises(experiment_config.ExperimentError,
                      match=r'holds a shorter finished run \(20 rounds\) of other settings'):
     compare._run(configs['base_s1'])   # pylint: disable=protected-access
   assert records.load_run(configs['base_s1'].experiment_dir)['rounds_done'] == 20
@@ -636,7 +637,7 @@ def test_compare_takes_a_longer_run_as_finished_and_keeps_other_shorter_records(
   probe = dataclasses.replace(config, root_output_dir=str(tmp_path / 'toy' / 'probes' / 'runs'))
   write_run(probe.experiment_dir, 10, np.full(10, 0.5),
             config=dict(dataclasses.asdict(probe), rounds=10))
-  with pytest.raises(experiment.ExperimentError,
+  with pytest.raises(experiment_config.ExperimentError,
                      match='holds a finished run of 10 rounds and no checkpoint to continue it '
                            'to 20: move it away'):
     compare._run(probe)   # pylint: disable=protected-access

@@ -12,6 +12,7 @@ import pytest
 from benchmarks import report, suites
 from benchmarks import runs as rd
 from programs import experiment
+from programs import experiment_config
 from programs.studies import paired
 from programs.studies import study as study_lib
 
@@ -79,12 +80,12 @@ def _suite(name='toy', rounds=100, criterion='last10', **kwargs):
 
 
 def _make(tmp_path, suite, run, seed, accuracy, every=1, finished=True):
-  fields = dict(experiment.ExperimentConfig(**suite.config_overrides(run)).__dict__,
+  fields = dict(experiment_config.ExperimentConfig(**suite.config_overrides(run)).__dict__,
                 seed=seed)
   rounds = fields['rounds']
-  config = experiment.ExperimentConfig(**{k: v for k, v in fields.items()})
+  config = experiment_config.ExperimentConfig(**{k: v for k, v in fields.items()})
   shown = {r: float(accuracy[r - 1]) for r in range(1, rounds + 1)
-           if experiment.evaluated_round(r, experiment.ExperimentConfig(
+           if experiment.evaluated_round(r, experiment_config.ExperimentConfig(
                rounds=rounds, eval_every=every))}
   _write_run(tmp_path / suite.name / 'runs' / study_lib.run_name(run, seed),
              dict(config.__dict__, eval_every=every), shown, finished)

@@ -66,7 +66,7 @@ def test_first_rounds_of_a_committed_run_are_reproduced(tmp_path, name):
 def test_fedavg_fashion_mnist_dirichlet_reaches_80_percent(tmp_path):
   """Issue 2's evidence run: FedAvg, Fashion-MNIST, Dirichlet 0.5, 20 clients, 4 per round,
   30 rounds (benchmarks/fedavg_fmnist: 85.4% final)."""
-  summary = experiment.run_experiment(experiment.ExperimentConfig(
+  summary = experiment.run_experiment(experiment_config.ExperimentConfig(
       algorithm='fedavg', dataset='fashion_mnist', partition='dirichlet',
       dirichlet_alpha=0.5, num_clients=20, clients_per_round=4, rounds=30, local_epochs=1,
       batch_size=50, client_lr=0.05, client_momentum=0.5, root_output_dir=str(tmp_path),

@@ -303,12 +303,6 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
                           self._capacity, self._threshold, options, self._true_clusters)
 
 
-def build_clustered_aggregator(num_clients: Optional[int], clients_per_round: int,
-                               **kwargs) -> ClusteredAggregator:
-  """`ClusteredAggregator(num_clients, clients_per_round, **kwargs)` (builder-style alias)."""
-  return ClusteredAggregator(num_clients, clients_per_round, **kwargs)
-
-
 def _initial_state_fn(keyed: bool, n: int, threshold: float):
   def initial_state():
     state = collections.OrderedDict(
