@@ -33,6 +33,7 @@ import numpy as np
 from benchmarks import runs as rd
 from benchmarks import suites
 from programs import experiment_config
+from programs import methods
 from programs import pages
 from programs import run_results
 from programs.studies import curves
@@ -383,7 +384,7 @@ def _method_settings(c) -> str:
         ', the code\'s index slip and abs()' if c.cadis_reference_quirks else '')
     return (f'λ {c.cadis_kd_weight:g}, τ₀ {c.cadis_threshold:g} → {c.cadis_threshold_max:g}, '
             f'{weights}{quirks}')
-  if a in experiment_config.FEDLEX_ALGORITHMS:
+  if a in methods.FEDLEX_ALGORITHMS:
     patience = (f' (patience {c.fedlex_exploration_patience})'
                 if c.fedlex_exploration_patience else '')
     normalize = ', mean before normalising' if c.fedlex_normalize == 'after_mean' else ''

@@ -14,9 +14,6 @@ from typing import Optional
 from programs import methods
 from programs.methods import registry
 
-ALGORITHMS = methods.ALGORITHMS
-BASELINE_ALGORITHMS = methods.BASELINE_ALGORITHMS
-FEDLEX_ALGORITHMS = methods.FEDLEX_ALGORITHMS
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 CLIENT_OPTIMIZERS = ('sgdm', 'adam', 'torch_adam')
 # The model each dataset trains by default (its benchmark's model); a --model must take the
@@ -212,8 +209,8 @@ def validate(config: ExperimentConfig) -> None:
   from tff_algos.data import partitioners  # pylint: disable=g-import-not-at-top
   from tff_algos.models import catalog  # pylint: disable=g-import-not-at-top
   c = config
-  if c.algorithm not in ALGORITHMS:
-    raise ExperimentError(f'--algorithm={c.algorithm!r} is unknown; choose one of {", ".join(ALGORITHMS)}')
+  if c.algorithm not in methods.ALGORITHMS:
+    raise ExperimentError(f'--algorithm={c.algorithm!r} is unknown; choose one of {", ".join(methods.ALGORITHMS)}')
   if c.dataset not in data.DATASETS:
     raise ExperimentError(f'--dataset={c.dataset!r} is unknown; choose one of {", ".join(data.DATASETS)}')
   if c.dataset not in data.NATURALLY_FEDERATED and c.partition not in partitioners.PARTITIONERS:

@@ -26,7 +26,7 @@ from programs import methods
 from programs import stopping
 
 _ALGORITHM = flags.DEFINE_string(
-    'algorithm', 'fedavg', f'One of {", ".join(experiment_config.ALGORITHMS)}.')
+    'algorithm', 'fedavg', f'One of {", ".join(methods.ALGORITHMS)}.')
 _DATASET = flags.DEFINE_string('dataset', 'fashion_mnist', 'Dataset name (see docs/data.md).')
 _DATA_DIR = flags.DEFINE_string('data_dir', None, 'Directory of local dataset files.')
 _PARTITION = flags.DEFINE_string(

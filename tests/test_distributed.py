@@ -30,6 +30,7 @@ from programs import computations
 from programs import experiment
 from programs import experiment_config
 from programs import fedlex_exploration
+from programs import methods
 from tests import helpers
 import tff_algos
 from tff_algos import evaluation
@@ -103,7 +104,7 @@ def _build(algorithm):
 def _train(config, fed, process, rounds=ROUNDS):
   """The program's loop (FedLEx: exploration first); returns the global weights' arrays."""
   state = process.initialize()
-  if config.algorithm in experiment_config.FEDLEX_ALGORITHMS:
+  if config.algorithm in methods.FEDLEX_ALGORITHMS:
     exploration, explorers = fedlex_exploration.exploration_computation(
         config, MODEL_FN, NUM_CLIENTS)
     _, inputs = data.round_inputs(fed, 0, len(explorers), 1, 1, client_ids=explorers)

@@ -18,6 +18,7 @@ from programs import computations
 from programs import experiment
 from programs import experiment_config
 from programs import fedlex_exploration
+from programs import methods
 from programs import run_directory
 from tests import helpers
 from tff_algos import fedlex
@@ -61,7 +62,7 @@ def _inputs(round_num):
 def _initial_state(algorithm, process):
   """The program's initial state (FedLEx: after its exploration, computed in Python)."""
   state = process.initialize()
-  if algorithm in experiment_config.FEDLEX_ALGORITHMS:
+  if algorithm in methods.FEDLEX_ALGORITHMS:
     exploration, explorers = fedlex_exploration.exploration_computation(
         _config(algorithm), MODEL_FN, NUM_CLIENTS)
     _, inputs = data.round_inputs(_fed(), 0, len(explorers), 1, 1, client_ids=explorers)
@@ -89,7 +90,7 @@ def test_rounds_match_process_next(algorithm):
   assert resident._detached_fields == len(state)  # pylint: disable=protected-access
   # FedLEx's exploration sets the state in Python: it is adopted; the others start in the
   # worker.
-  held = (resident.adopt(state) if algorithm in experiment_config.FEDLEX_ALGORITHMS
+  held = (resident.adopt(state) if algorithm in methods.FEDLEX_ALGORITHMS
           else resident.initialize())
   for round_num in range(1, ROUNDS + 1):
     output = process.next(state, _inputs(round_num))

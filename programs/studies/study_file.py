@@ -30,6 +30,7 @@ import tomllib
 from typing import Optional
 
 from programs import experiment_config
+from programs import methods
 from programs.studies import records
 from programs.studies import study as study_lib
 
@@ -291,10 +292,10 @@ def _check_tuning(study: study_lib.Study) -> None:
                    'to all its runs: drop one')
     tuned[algorithm] = run
   for algorithm, source in study.tuned_as.items():
-    if algorithm not in experiment_config.ALGORITHMS:
+    if algorithm not in methods.ALGORITHMS:
       raise _error(path, '[tuned_as]', algorithm, 'not an algorithm' + (
-          _did_you_mean(algorithm, experiment_config.ALGORITHMS)
-          or f'; choose one of {", ".join(experiment_config.ALGORITHMS)}'))
+          _did_you_mean(algorithm, methods.ALGORITHMS)
+          or f'; choose one of {", ".join(methods.ALGORITHMS)}'))
     if algorithm in tuned:
       raise _error(path, '[tuned_as]', algorithm,
                    f'has a grid of its own ([tune.{tuned[algorithm]}]); '
