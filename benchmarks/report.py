@@ -30,16 +30,16 @@ from typing import Optional
 
 import numpy as np
 
-from benchmarks import runs as rd
+from benchmarks import suite_runs
 from benchmarks import suites
 from programs import experiment_config
+from programs import generated_files
 from programs import methods
-from programs import pages
 from programs import run_results
 from programs.studies import curves
+from programs.studies import declaration
 from programs.studies import paired
 from programs.studies import records
-from programs.studies import study as study_lib
 from programs.studies import study_file
 
 REPRODUCTION = os.path.join(suites.RESULTS, 'REPRODUCTION.md')
@@ -58,7 +58,7 @@ MIN_SEEDS_FOR_VERDICT = 2
 # --------------------------------------------------------------------------- #
 
 
-def window_mean(run: dict, width: int = rd.WINDOW) -> float:
+def window_mean(run: dict, width: int = suite_runs.WINDOW) -> float:
   """A run's mean test accuracy over the rounds it evaluated among its last `width`."""
   acc = [a for r, a in zip(run['curve_rounds'], run['curve_accuracy'])
          if r > run['rounds'] - width]
@@ -66,7 +66,7 @@ def window_mean(run: dict, width: int = rd.WINDOW) -> float:
 
 
 # A run's figures on the pages: (key, heading).
-FIGURES_READ = (('last10', 'last 10'), ('window', f'last {rd.WINDOW}'), ('best', 'best'))
+FIGURES_READ = (('last10', 'last 10'), ('window', f'last {suite_runs.WINDOW}'), ('best', 'best'))
 
 
 def run_figures(run: dict) -> dict:
@@ -114,7 +114,8 @@ def compare(suite: suites.Suite, loaded: dict, comp: suites.Comparison, paper: d
   seeds = paired.paired_seeds(method, base)
   # Read both sides at the rounds both evaluated (a borrowed baseline may be evaluated on
   # another schedule).
-  pairs = {s: [run_figures(r) for r in rd.on_common_rounds(base[s], method[s])] for s in seeds}
+  pairs = {s: [run_figures(r) for r in suite_runs.on_common_rounds(base[s], method[s])]
+           for s in seeds}
   out = dict(label=comp.label, method=comp.method, baseline=comp.baseline, seeds=seeds,
              paper=paper.get(comp.paper, {}), stuck=[], collapsed=[])
   figures = out['paper']
@@ -131,9 +132,9 @@ def compare(suite: suites.Suite, loaded: dict, comp: suites.Comparison, paper: d
                     if len(seeds) >= MIN_SEEDS_FOR_VERDICT or not seeds else 'one seed')
   for name, side in ((comp.baseline, base), (comp.method, method)):
     for s in seeds:
-      if rd.never_left_chance(side[s]):
+      if suite_runs.never_left_chance(side[s]):
         out['stuck'].append((name, s))
-      elif (at := rd.fell_to_chance(side[s])):
+      elif (at := suite_runs.fell_to_chance(side[s])):
         out['collapsed'].append((name, s, at))
   return out
 
@@ -167,7 +168,7 @@ def rounds_to_targets(loaded: dict, comp: suites.Comparison, targets: tuple) -> 
   out = dict(label=comp.label, seeds=paired.paired_seeds(method, base), steps=[],
              baseline={t: [] for t in targets}, method={t: [] for t in targets})
   for seed in out['seeds']:
-    pair = rd.on_common_rounds(base[seed], method[seed])
+    pair = suite_runs.on_common_rounds(base[seed], method[seed])
     for side, run in zip(('baseline', 'method'), pair):
       points = list(zip(run['curve_rounds'], run['curve_accuracy']))
       for t in targets:
@@ -196,8 +197,9 @@ def _speedup_text(value: float) -> str:
 def rounds_to_target_results(tuned: suites.Suite) -> list:
   """[(suite, rounds its runs are read over, rounds_to_targets of a comparison)] over every
   suite of the tuned suite's method with finished seeds, at the tuned suite's targets."""
-  return [(s, rd.reported_rounds(s), r) for _, s in method_suites(tuned.name)
-          for r in (rounds_to_targets(rd.collect(s), c, tuned.targets) for c in s.comparisons)
+  return [(s, suite_runs.reported_rounds(s), r) for _, s in method_suites(tuned.name)
+          for r in (rounds_to_targets(suite_runs.collect(s), c, tuned.targets)
+                    for c in s.comparisons)
           if r['seeds']]
 
 
@@ -430,7 +432,7 @@ def settings_values(suite: suites.Suite) -> dict:
                   for v in distinct]
     out[heading] = distinct
   out['results read'] = [('best round' if suite.criterion == 'best' else
-                          f'last 10 rounds (verdict: last {rd.WINDOW})')
+                          f'last 10 rounds (verdict: last {suite_runs.WINDOW})')
                          + f', seeds {", ".join(map(str, suites.SEEDS))}']
   return out
 
@@ -529,7 +531,7 @@ def _tuning_lines(suite: suites.Suite) -> list:
   tuned = suites.load_tuned(suite.name) or {}
   key = records.CRITERION_KEYS[suite.criterion]
   lines = ['## Tuning', '',
-           f'Seed {study_lib.TUNING_SEED} (apart from the reported seeds), '
+           f'Seed {declaration.TUNING_SEED} (apart from the reported seeds), '
            f'{suite.tuning_rounds or suite.common["rounds"]} rounds; the best '
            f'{"single round" if suite.criterion == "best" else "last-10 mean"} wins and is '
            'frozen in tuned.json.', '', '| run | grid point | accuracy (%) | chosen |',
@@ -538,7 +540,7 @@ def _tuning_lines(suite: suites.Suite) -> list:
     chosen = tuned.get(suite.algorithm(run))
     for values in records.grid_points(grid):
       path = os.path.join(suites.suite_dir(suite.name), 'tuning',
-                          study_lib.tuning_name(run, values))
+                          declaration.tuning_name(run, values))
       try:
         r = records.at_length(records.load_run(path), suite.tuning_overrides(run, values)['rounds'])
         figure = 'diverged' if r['diverged'] else (
@@ -556,14 +558,14 @@ def _tuning_lines(suite: suites.Suite) -> list:
 def _results_lines(suite: suites.Suite, results: list) -> list:
   key = verdict_key(suite)
   lines = ['| comparison | paper | seeds | baseline (%) | method (%) | margin, last 10 | '
-           f'margin, last {rd.WINDOW} | margin, best | verdict |',
+           f'margin, last {suite_runs.WINDOW} | margin, best | verdict |',
            '|---|---|---|---|---|---|---|---|---|']
   for c in results:
     lines.append(f'| {c["label"]} | {paper_text(c)} | {len(c["seeds"])} | '
                  f'{level(c[key]["baseline"])} | {level(c[key]["method"])} | '
                  + ' | '.join(paired.margin_text(c[k]) for k, _ in FIGURES_READ)
                  + f' | {verdict_cell(c)} |')
-  read = 'best round' if key == 'best' else f'mean over the last {rd.WINDOW} rounds'
+  read = 'best round' if key == 'best' else f'mean over the last {suite_runs.WINDOW} rounds'
   return lines + [''] + prose(
       f'Levels: the {read}, mean ± std over seeds. Margins: method − baseline per paired seed, '
       'mean ± the 95% t half-width, then each seed\'s. The verdict reads the '
@@ -592,14 +594,15 @@ def _every_run_lines(suite: suites.Suite, loaded: dict) -> list:
         notes.append(f'{r["diverged"]}; left out')
       elif not r['finished']:
         notes.append('running or stopped (the same command continues it)')
-      if rd.never_left_chance(r):
+      if suite_runs.never_left_chance(r):
         notes.append('never left chance')
-      elif (at := rd.fell_to_chance(r)):
+      elif (at := suite_runs.fell_to_chance(r)):
         notes.append(f'fell to chance at round {at}')
-      values = ''.join(f' {rd.num(rd.summary_value(r, path), spec)} |' for _, path, spec in extra)
+      values = ''.join(f' {suite_runs.num(suite_runs.summary_value(r, path), spec)} |'
+                       for _, path, spec in extra)
       lines.append(f'| {run} | {seed} | {r["rounds_done"]}/{r["rounds"]} | '
                    + ' | '.join(paired.pct(f[k]) for k in ('last10', 'window', 'best', 'final'))
-                   + f' | {rd.num(r["seconds_per_round"])} |{values} {"; ".join(notes)} |')
+                   + f' | {suite_runs.num(r["seconds_per_round"])} |{values} {"; ".join(notes)} |')
   return lines + ['']
 
 
@@ -613,7 +616,7 @@ def _probe_lines(suite: suites.Suite) -> list:
            'margin |', '|---|---|---|---|---|---|---|---|']
   key = verdict_key(suite)
   for probe in suite.probes:
-    loaded = rd.collect_probe(suite, probe)
+    loaded = suite_runs.collect_probe(suite, probe)
     changes = ', '.join(f'`{k}={v}`' for k, v in sorted(probe.overrides.items()))
     shown = False
     for c in comparisons(suite, loaded):
@@ -631,7 +634,7 @@ def _probe_lines(suite: suites.Suite) -> list:
 
 def suite_page(suite: suites.Suite) -> tuple:
   """(results.md text, results.json text, loaded runs) of a suite."""
-  loaded = rd.collect(suite)
+  loaded = suite_runs.collect(suite)
   results = comparisons(suite, loaded)
   done = sum(records.usable(r) for seeds in loaded.values() for r in seeds.values())
   lines = [f'# {suite.title}', '', WRITTEN, ''] + prose(
@@ -652,15 +655,16 @@ def suite_page(suite: suites.Suite) -> tuple:
   data = dict(comparisons=results,
               runs={run: {str(s): dict(run_figures(r), finished=r['finished'])
                           for s, r in seeds.items()} for run, seeds in loaded.items()})
-  return '\n'.join(lines), json.dumps(pages.json_ready(data), indent=1, sort_keys=True) + '\n', loaded
+  return ('\n'.join(lines),
+          json.dumps(generated_files.json_ready(data), indent=1, sort_keys=True) + '\n', loaded)
 
 
 def write_suite_page(suite: suites.Suite) -> None:
   out = suites.suite_dir(suite.name)
   page, data, loaded = suite_page(suite)
   os.makedirs(out, exist_ok=True)
-  pages.write_text(os.path.join(out, 'results.md'), page)
-  pages.write_text(os.path.join(out, 'results.json'), data)
+  generated_files.write_text(os.path.join(out, 'results.md'), page)
+  generated_files.write_text(os.path.join(out, 'results.json'), data)
   curves.plot(os.path.join(out, 'curves.png'), suite_groups(suite, loaded), colour_of)
 
 
@@ -694,7 +698,7 @@ def _resolution_sentence() -> str:
   """What 3 seeds resolve: the t interval's factor, and the margin stds measured here."""
   stds = [np.std(c[verdict_key(s)]['margins'], ddof=1)
           for m in METHODS for _, s in method_suites(m)
-          for c in comparisons(s, rd.collect(s)) if len(c['seeds']) == len(suites.SEEDS)]
+          for c in comparisons(s, suite_runs.collect(s)) if len(c['seeds']) == len(suites.SEEDS)]
   n = len(suites.SEEDS)
   factor = paired.resolution(n)
   text = f'With {n} seeds the 95% interval is ± {factor:.2f} × the margins\' std over seeds'
@@ -737,13 +741,13 @@ def reproduction_page() -> str:
     verdicts = {}
     for _, suite in columns:
       protocol = protocol_of(suite)
-      results = comparisons(suite, rd.collect(suite))
+      results = comparisons(suite, suite_runs.collect(suite))
       verdicts.setdefault(protocol, []).extend(results)
       for c in results:
         key = c['verdict_key']
         margin_cells = [paired.margin_text(c['last10'], False),
                         paired.margin_text(c[key], False) + (
-                            ' (best round)' if key == 'best' else f' (last {rd.WINDOW})')]
+                            ' (best round)' if key == 'best' else f' (last {suite_runs.WINDOW})')]
         lines.append(f'| {c["label"]} | {paper_text(c)} | {protocol} | '
                      f'{level(c[key]["baseline"])} | {level(c[key]["method"])} | '
                      + ' | '.join(margin_cells) + f' | {verdict_cell(c)} |')
@@ -759,7 +763,7 @@ def reproduction_page() -> str:
     lines += ['', f'![{tuned.method}: paper protocol and tuned, one panel per setting]'
               f'(figures/{method}.png)', '']
   for suite in other_suites():
-    results = comparisons(suite, rd.collect(suite))
+    results = comparisons(suite, suite_runs.collect(suite))
     lines += [f'## Beyond the papers: {suite.method}', ''] + prose(
         f'[{suite.name}/results.md]({suite.name}/results.md): ' + suite.scaled) + [
             '', verdicts_line('Our runs', results), '']
@@ -779,7 +783,7 @@ def write_method_figures() -> None:
   for method in METHODS:
     groups = []
     for _, suite in method_suites(method):
-      groups += suite_groups(suite, rd.collect(suite), f'{protocol_of(suite)}: ')
+      groups += suite_groups(suite, suite_runs.collect(suite), f'{protocol_of(suite)}: ')
     curves.plot(os.path.join(FIGURES, f'{method}.png'), groups, colour_of)
 
 
@@ -794,7 +798,8 @@ def provenance_page() -> str:
            '| suite | runs | machines (runs) | evaluated every (runs) | runs made again: bit for '
            'bit / parted (first round they differ) |', '|---|---|---|---|---|']
   for suite in suites.SUITES.values():
-    made = [records.load_run(p) for run in suite.runs for p in rd.seed_dirs(suite, run).values()]
+    made = [records.load_run(p) for run in suite.runs
+            for p in suite_runs.seed_dirs(suite, run).values()]
     if not made:
       continue
     hosts, every = {}, {}
@@ -805,7 +810,7 @@ def provenance_page() -> str:
       hosts[name] = hosts.get(name, 0) + 1
       e = int(r['config'].get('eval_every', 1))
       every[e] = every.get(e, 0) + 1
-    remade = rd.remade_runs(suite)
+    remade = suite_runs.remade_runs(suite)
     same = sum(r['first_difference'] is None for r in remade)
     parted = sorted(r['first_difference'] for r in remade if r['first_difference'] is not None)
     again = (f'{same} / {len(parted)}' + (f' (rounds {", ".join(map(str, parted))})'
@@ -822,7 +827,7 @@ def status_lines() -> list:
   for method in METHODS:
     parts, finished, expected = [], 0, 0
     for _, suite in method_suites(method):
-      loaded = rd.collect(suite)
+      loaded = suite_runs.collect(suite)
       finished += sum(records.usable(r) for seeds in loaded.values() for r in seeds.values())
       expected += len(loaded) * len(suites.SEEDS)
       parts.append(verdicts_line(protocol_of(suite), comparisons(suite, loaded))[2:-1])
@@ -831,7 +836,7 @@ def status_lines() -> list:
                  f'. {finished} of {expected} runs finished '
                  f'([REPRODUCTION.md](benchmarks/results/REPRODUCTION.md#{anchor})).')
   for suite in other_suites():   # methods beyond the papers: their one comparison line
-    loaded = rd.collect(suite)
+    loaded = suite_runs.collect(suite)
     finished = sum(records.usable(r) for seeds in loaded.values() for r in seeds.values())
     anchor = f'beyond-the-papers-{suite.method.lower()}'
     lines.append(verdicts_line(suite.method, comparisons(suite, loaded))[:-1] +
@@ -842,7 +847,7 @@ def status_lines() -> list:
 
 def readme_with_status(text: str) -> str:
   """`text` (README.md) with the block between the status markers rewritten."""
-  return pages.with_block(text, STATUS_BEGIN, STATUS_END,
+  return generated_files.with_block(text, STATUS_BEGIN, STATUS_END,
                           ''.join(f'{line}\n' for line in status_lines()))
 
 
@@ -850,12 +855,12 @@ def write_all() -> None:
   """Every suite's page, REPRODUCTION.md, PROVENANCE.md and README.md's status block."""
   for suite in suites.SUITES.values():
     write_suite_page(suite)
-  pages.write_text(REPRODUCTION, reproduction_page())
+  generated_files.write_text(REPRODUCTION, reproduction_page())
   write_method_figures()
-  pages.write_text(PROVENANCE, provenance_page())
+  generated_files.write_text(PROVENANCE, provenance_page())
   with open(README) as f:
     text = f.read()
-  pages.write_text(README, readme_with_status(text))
+  generated_files.write_text(README, readme_with_status(text))
 
 
 def write_study_pages(study) -> None:

@@ -143,7 +143,7 @@ def test_every_module_is_on_the_code_map():
 MD_NAME = re.compile(r'[\w./-]*\w\.md\b')
 # Names of pages that are not in the repository, each with its reason: keep it tiny.
 EXTERNAL_PAGES = {
-    'page.md': 'tests/test_pages.py writes it in a temporary folder',
+    'page.md': 'tests/test_generated_files.py writes it in a temporary folder',
     'toy/results.md': "tests/benchmarks/test_report.py's toy suite, in a temporary folder",
     'not/a/link.md': 'tests/test_docs.py: a link inside a code block, which must not count',
     'benchmarks/RESULTS.md': 'an archived page under benchmarks/results/cadis/earlier_runs/, '

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from programs import pages
+from programs import generated_files
 from programs import methods
 from programs.methods import registry
 
@@ -43,7 +43,7 @@ TABLE_PAGE = os.path.join(
 
 def page_with_table(text: str) -> str:
   """`text` (docs/methods.md) with the block between the table markers rewritten."""
-  return pages.with_block(text, TABLE_BEGIN, TABLE_END, flag_table())
+  return generated_files.with_block(text, TABLE_BEGIN, TABLE_END, flag_table())
 
 
 def rewrite_page() -> None:
@@ -52,6 +52,6 @@ def rewrite_page() -> None:
     before = f.read()
   after = page_with_table(before)
   if after != before:
-    pages.write_text(TABLE_PAGE, after)
+    generated_files.write_text(TABLE_PAGE, after)
   print(f'{os.path.relpath(TABLE_PAGE)}: method flag table '
         f'{"rewritten" if after != before else "already current"}')

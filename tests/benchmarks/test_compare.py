@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import compare
 from benchmarks import report
-from benchmarks import runs as rd
+from benchmarks import suite_runs
 from benchmarks import suites
 from programs import experiment
 from programs import experiment_config
@@ -75,7 +75,7 @@ def test_every_kept_length_is_an_earlier_length_of_its_suite(name):
   """A length whose makings are kept in earlier_runs/rounds<N>/ was reported: the suite
   declares it among its earlier_lengths."""
   suite = suites.SUITES[name]
-  kept = rd.kept_lengths(suites.suite_dir(name))
+  kept = suite_runs.kept_lengths(suites.suite_dir(name))
   assert set(kept) <= set(suite.earlier_lengths), (kept, suite.earlier_lengths)
 
 
@@ -120,7 +120,7 @@ def test_a_diverging_grid_point_is_recorded_and_skipped(tmp_path, monkeypatch):
 
 def test_probes_run_the_tuned_runs_with_their_changes_and_are_read_back(tmp_path, monkeypatch):
   """compare.run_probes: each probe run is the suite's tuned run with the probe's changes,
-  under probes/<name>/, read back by rd.collect_probe; a probe that changes one side is
+  under probes/<name>/, read back by suite_runs.collect_probe; a probe that changes one side is
   compared with the reported runs of the other side it keeps unchanged, on its seeds (at a
   shorter length from the making kept at that length, when there is one)."""
   probe = suites.Probe('more_epochs', 'does it hold at E = 5?', dict(local_epochs=5, rounds=30),
@@ -137,7 +137,7 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_read_back(tmp_path
     tails[config.algorithm, config.seed] = acc[-10:].mean()
 
   monkeypatch.setattr(compare, '_run', fake_run)
-  assert rd.collect_probe(suite, probe) == {}   # before any probe run
+  assert suite_runs.collect_probe(suite, probe) == {}   # before any probe run
   compare.run_probes(suite, {'fedcda': dict(client_lr=0.3)})
   assert [(c.algorithm, c.seed) for c in made] == [('fedavg', 0), ('fedcda', 0),
                                                   ('fedavg', 1), ('fedcda', 1)]
@@ -145,7 +145,7 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_read_back(tmp_path
   assert [c.client_lr for c in made if c.algorithm == 'fedcda'] == [0.3, 0.3]   # tuned
   assert made[0].experiment_dir.endswith(os.path.join('toy', 'probes', 'more_epochs', 'base_s0'))
   (tmp_path / 'toy' / 'tuned.json').write_text('{"fedcda": {"client_lr": 0.3}}')
-  runs = rd.collect_probe(suite, probe)
+  runs = suite_runs.collect_probe(suite, probe)
   for run, algorithm in (('base', 'fedavg'), ('new', 'fedcda')):
     assert sorted(runs[run]) == [0, 1] and all(records.usable(r) for r in runs[run].values())
     for s in (0, 1):
@@ -165,7 +165,7 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_read_back(tmp_path
   made.clear()
   compare.run_probes(suite, {'fedcda': dict(client_lr=0.3)})
   assert [(c.algorithm, c.seed) for c in made] == [('fedcda', 0), ('fedcda', 1)]
-  runs = rd.collect_probe(suite, only_new)
+  runs = suite_runs.collect_probe(suite, only_new)
   assert sorted(runs['base']) == [0, 1] and sorted(runs['new']) == [0, 1]
   for s in (0, 1):
     assert runs['base'][s]['last10_mean_accuracy'] == pytest.approx(tails['reported', s])
@@ -173,14 +173,14 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_read_back(tmp_path
   # At a length shorter than the suite's: the reported runs' first rounds, or that length's
   # making kept in earlier_runs/ when there is one.
   short = dataclasses.replace(only_new, overrides=dict(rounds=10))
-  assert rd.collect_probe(suite, short)['base'][1]['rounds'] == 10
+  assert suite_runs.collect_probe(suite, short)['base'][1]['rounds'] == 10
   write_run(tmp_path / 'toy' / 'earlier_runs' / 'rounds10' / 'base_s1', 10,
             np.full(10, 0.3), config=dict(suite.config_overrides('base'), seed=1, rounds=10))
-  assert rd.collect_probe(suite, short)['base'][1]['last10_mean_accuracy'] == (
+  assert suite_runs.collect_probe(suite, short)['base'][1]['last10_mean_accuracy'] == (
       pytest.approx(0.3))
   shutil.rmtree(tmp_path / 'toy' / 'earlier_runs')
   alone = dataclasses.replace(only_new, unchanged=())
-  assert sorted(rd.collect_probe(suite, alone)) == ['new']
+  assert sorted(suite_runs.collect_probe(suite, alone)) == ['new']
 
   # And one that changes only the baseline (e.g. another rate) against the reported method.
   only_base = suites.Probe('base_only', 'the baseline alone?', dict(rounds=20), ('base',),
@@ -195,7 +195,7 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_read_back(tmp_path
   made.clear()
   compare.run_probes(suite, {'fedcda': dict(client_lr=0.3)})
   assert [(c.algorithm, c.seed) for c in made] == [('fedavg', 1), ('fedavg', 2)]
-  runs = rd.collect_probe(suite, only_base)
+  runs = suite_runs.collect_probe(suite, only_base)
   assert sorted(runs) == ['base', 'new'] and sorted(runs['new']) == [1, 2]
   for s in (1, 2):
     assert records.usable(runs['new'][s])
@@ -520,7 +520,7 @@ def test_compare_waiting_for_another_process_stops_at_a_signal(tmp_path, monkeyp
 
 def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsys):
   """A finished run shorter than the suite's rounds, with no checkpoint, is made again from
-  round 1: compare first moves it to earlier_runs/rounds<N>/ (rd.remade_runs then compares
+  round 1: compare first moves it to earlier_runs/rounds<N>/ (suite_runs.remade_runs then compares
   the two), --plan says so; a stopped run with a checkpoint resumes in place; a name already
   kept there is an error naming both, and nothing moves."""
   suite = paired_toy_suite(40, tmp_path, monkeypatch)
@@ -561,7 +561,7 @@ def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsy
   np.testing.assert_allclose(records.load_run(str(kept / 'new_s0'))['curve_accuracy'], shorter)
   assert records.load_run(configs['new_s0'].experiment_dir)['rounds_done'] == 40
   assert not (kept / 'base_s0').exists()
-  assert [(r['run'], r['seed']) for r in rd.remade_runs(suite)] == [('new', 0)]
+  assert [(r['run'], r['seed']) for r in suite_runs.remade_runs(suite)] == [('new', 0)]
   with pytest.raises(experiment_config.ExperimentError, match='already keeps a run of that name'):
     compare._run(configs['new_s1'])   # pylint: disable=protected-access
   assert records.load_run(configs['new_s1'].experiment_dir)['rounds_done'] == 20

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from benchmarks import report, suites
-from benchmarks import runs as rd
+from benchmarks import suite_runs
 from programs import experiment
 from programs import experiment_config
+from programs.studies import declaration
 from programs.studies import paired
-from programs.studies import study as study_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -87,7 +87,7 @@ def _make(tmp_path, suite, run, seed, accuracy, every=1, finished=True):
   shown = {r: float(accuracy[r - 1]) for r in range(1, rounds + 1)
            if experiment.evaluated_round(r, experiment_config.ExperimentConfig(
                rounds=rounds, eval_every=every))}
-  _write_run(tmp_path / suite.name / 'runs' / study_lib.run_name(run, seed),
+  _write_run(tmp_path / suite.name / 'runs' / declaration.run_name(run, seed),
              dict(config.__dict__, eval_every=every), shown, finished)
 
 
@@ -101,7 +101,7 @@ def test_comparison_figures_match_numpy(tmp_path, monkeypatch):
             for run in ('base', 'new') for s in suites.SEEDS}
   for (run, s), acc in curves.items():
     _make(tmp_path, suite, run, s, acc)
-  c, = report.comparisons(suite, rd.collect(suite))
+  c, = report.comparisons(suite, suite_runs.collect(suite))
   reads = dict(last10=lambda a: a[-10:].mean(), window=lambda a: a[-50:].mean(),
                best=lambda a: a.max())
   for key, read in reads.items():
@@ -116,7 +116,7 @@ def test_comparison_figures_match_numpy(tmp_path, monkeypatch):
   assert c['seeds'] == list(suites.SEEDS) and c['verdict_key'] == 'window'
   # a suite read at the best round (the CADIS paper's criterion) reads the best margins
   best = _suite(criterion='best')
-  c, = report.comparisons(best, rd.collect(best))
+  c, = report.comparisons(best, suite_runs.collect(best))
   assert c['verdict_key'] == 'best'
   assert c['verdict'] == report.verdict(5.0, 0, c['best']['margin'], c['best']['half_width'])
 
@@ -128,7 +128,7 @@ def test_a_pair_on_two_schedules_is_read_at_the_rounds_both_evaluated(tmp_path, 
   base, new = rng.uniform(0.5, 0.9, 100), rng.uniform(0.5, 0.9, 100)
   _make(tmp_path, suite, 'base', 0, base, every=5)
   _make(tmp_path, suite, 'new', 0, new, every=1)
-  c, = report.comparisons(suite, rd.collect(suite))
+  c, = report.comparisons(suite, suite_runs.collect(suite))
   both = np.array([r for r in range(1, 101) if r % 5 == 0 or r > 90]) - 1
   tail = both[both >= 50]
   assert c['window']['margins'] == pytest.approx([100 * (new[tail].mean() - base[tail].mean())])
@@ -147,7 +147,7 @@ def test_a_borrowed_run_is_read_from_its_suite_at_the_borrowers_length(tmp_path,
   for s in suites.SEEDS:
     _make(tmp_path, maker, 'base', s, base[s])
     _make(tmp_path, borrower, 'new', s, new[s])
-  loaded = rd.collect(borrower)
+  loaded = suite_runs.collect(borrower)
   assert all(r['rounds'] == 60 and r['finished'] for r in loaded['base'].values())
   c, = report.comparisons(borrower, loaded)
   np.testing.assert_allclose(c['last10']['margins'],
@@ -168,7 +168,7 @@ def test_runs_that_never_left_or_fell_back_to_chance_are_named(tmp_path, monkeyp
     if s == 2:
       acc[70:] = 0.1
     _make(tmp_path, suite, 'new', s, acc)
-  c, = report.comparisons(suite, rd.collect(suite))
+  c, = report.comparisons(suite, suite_runs.collect(suite))
   assert report.stuck_text(c) == ('new seed 1 never left chance; new seed 2 fell to chance at '
                                   'round 71')
   assert '**' + c['verdict'] + '** (new seed 1 never left chance' in report.verdict_cell(c)
@@ -272,7 +272,7 @@ def test_rounds_to_targets_match_numpy(tmp_path, monkeypatch):
   every = {('new', suites.SEEDS[0]): 5}
   for (run, s), acc in curves.items():
     _make(tmp_path, suite, run, s, acc, every=every.get((run, s), 1))
-  got = report.rounds_to_targets(rd.collect(suite), suite.comparisons[0], suite.targets)
+  got = report.rounds_to_targets(suite_runs.collect(suite), suite.comparisons[0], suite.targets)
   assert got['seeds'] == list(suites.SEEDS)
   for t in suite.targets:
     means = {}

@@ -16,8 +16,8 @@ import pytest
 from benchmarks import suites
 from programs import experiment
 from programs import experiment_config
+from programs.studies import declaration
 from programs.studies import records
-from programs.studies import study as study_lib
 
 ROUNDS = 3
 # FedCDA's check runs past its warmup into its own rounds, up to this warmup; past it the
@@ -32,10 +32,10 @@ def test_first_rounds_of_a_committed_run_are_reproduced(tmp_path, name):
   run = suite.comparisons[0].method
   if suite.config_overrides(run).get('fedcda_warmup_rounds', 0) > MAX_WARMUP:
     run = suite.comparisons[0].baseline   # the paper protocol's 50 FedAvg rounds at E = 20
-  committed = os.path.join(suites.suite_dir(name), 'runs', study_lib.run_name(run, 0))
+  committed = os.path.join(suites.suite_dir(name), 'runs', declaration.run_name(run, 0))
   if not os.path.exists(os.path.join(committed, 'metrics.csv')):
     # Before the suite's runs exist, one of its committed learning-rate grid points.
-    points = [os.path.join(suites.suite_dir(name), 'tuning', study_lib.tuning_name(run, values))
+    points = [os.path.join(suites.suite_dir(name), 'tuning', declaration.tuning_name(run, values))
               for values in records.grid_points(suite.grid.get(run, {}))]
     points = [p for p in points if os.path.exists(os.path.join(p, 'summary.json'))]
     if not points:
