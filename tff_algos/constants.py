@@ -1,6 +1,15 @@
 """Names shared by tff_algos and the programs, kept free of TensorFlow: the training program
 reads them before its flags are checked, when nothing may start TensorFlow yet."""
 
+# One client's input, the one element of its sequence (docs/architecture.md, "Client
+# identity"): its inputs x and labels y (their dtypes and shapes the model's), then the fields
+# every client input carries, as (name, NumPy dtype, shape): its per-epoch sample orders
+# [epochs, n], its index, its slot in the round's sample, and its work (0 = it never reports;
+# else the share of its local steps it runs). data/round_sampling.py writes it,
+# client_work/local_training.py and data/client_data_adapter.py type it.
+CLIENT_INPUT_FIELDS = (('order', 'int32', (None, None)), ('index', 'int32', ()),
+                       ('slot', 'int32', ()), ('work', 'float32', ()))
+
 # The four figures over clients of the per-client evaluation, in
 # `evaluation.summarize_client_accuracies`' order (the program's metrics.csv columns).
 CLIENT_ACCURACY_FIGURES = ('client_accuracy_mean', 'client_accuracy_std',

@@ -1,7 +1,7 @@
 """Client work: the shared fast local-training loop and the client work processes built on it."""
 from tff_algos.client_work.corrected_training import build_corrected_client_work
 from tff_algos.client_work.local_training import (
-    INPUT_KEYS, LocalTrainingOutput, build_local_training, client_data_type,
+    LocalTrainingOutput, build_local_training, client_data_type,
     client_element_type, finalize_training_metrics, single_element, training_metric_sums,
     upload_weight, zero_if_non_finite)
 from tff_algos.client_work.model_delta import (
