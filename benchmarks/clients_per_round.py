@@ -27,6 +27,7 @@ from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 import numpy as np
 
+from programs import flag_parsing
 from programs import generated_files  # pylint: disable=g-import-not-at-top
 
 _CLIENTS = flags.DEFINE_list('clients', ['10', '50', '100'], 'Clients per round, each P a run.')
@@ -100,4 +101,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  flag_parsing.run(lambda argv: sys.exit(main(argv)))

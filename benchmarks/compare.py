@@ -24,7 +24,7 @@ from typing import Optional
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-from absl import app  # pylint: disable=g-import-not-at-top
+
 from absl import flags
 from absl import logging
 
@@ -32,6 +32,7 @@ from benchmarks import report
 from benchmarks import suite_runs
 from benchmarks import suites
 from programs import experiment_config
+from programs import flag_parsing
 from programs import generated_files
 from programs import run_directory
 from programs.studies import command_flags
@@ -294,4 +295,4 @@ def _main(suite: suites.Suite, seeds: list, probes_mode: bool) -> int:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

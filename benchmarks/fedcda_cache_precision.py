@@ -7,7 +7,7 @@
 One process, the same clients and batches every round for each cache dtype:
 
 * **Selection on the same history.** After every post-warmup round of the float32 run, its
-  round is replayed eagerly (`cross_round_cache.cache_round`) on the same state and uploads
+  round is replayed eagerly (`cache_selection.cache_round`) on the same state and uploads
   with the cache rounded to each lower precision; the share of uploaders that select the
   same cached model as float32 is the selection agreement, and the eq. 8 objective is
   compared too. This isolates the effect of rounding from the divergence of two trajectories.
@@ -27,8 +27,11 @@ import os
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
+
+from programs import flag_parsing  # pylint: disable=g-import-not-at-top
 from tff_algos import constants
+
 
 flags.DEFINE_string('dataset', 'fashion_mnist', 'dataset (data.load_dataset)')
 flags.DEFINE_string('model', 'simple_cnn', 'model (tff_algos.models.zoo)')
@@ -56,12 +59,12 @@ def _replayed_round(prev, new, slots_clients, dtype, options):
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
+  from tff_algos.aggregators import cache_selection  # pylint: disable=g-import-not-at-top
   k = options['cache_size']
   count = np.asarray(new['count'])
   ring = (count[slots_clients] - 1) % k
   models = tf.nest.map_structure(lambda c: c[slots_clients, ring],
-                                 cross_round_cache.stacked_cache(new['cache'], new['selected_sum']))
+                                 cache_selection.stacked_cache(new['cache'], new['selected_sum']))
   p = len(slots_clients)
   acc = collections.OrderedDict(
       models=models, client_index=np.asarray(slots_clients, np.int32),
@@ -70,18 +73,18 @@ def _replayed_round(prev, new, slots_clients, dtype, options):
   low = tf.as_dtype(dtype)
   cache = tf.nest.map_structure(
       lambda c: np.asarray(tf.cast(c, low)),
-      cross_round_cache.stacked_cache(prev['cache'], prev['selected_sum']))
+      cache_selection.stacked_cache(prev['cache'], prev['selected_sum']))
   # ‖w‖² of the models as the low-precision cache holds them.
   sq = sum(np.sum(np.square(np.asarray(tf.cast(c, tf.float64)).reshape(
       c.shape[0], c.shape[1], -1)), axis=2) for c in tf.nest.flatten(cache))
   state = collections.OrderedDict(
-      cache=cross_round_cache.chunked_cache(cache, len(prev['cache'][0])),
+      cache=cache_selection.chunked_cache(cache, len(prev['cache'][0])),
       losses=prev['losses'], sq_norms=tf.constant(sq, tf.float64),
       count=prev['count'], selected=prev['selected'],
-      selected_sum=cross_round_cache.selected_sum_from_cache(cache, prev['count'],
+      selected_sum=cache_selection.selected_sum_from_cache(cache, prev['count'],
                                                              prev['selected']),
       round_num=prev['round_num'])
-  replay, _, m = cross_round_cache.cache_round(state, acc, **options)
+  replay, _, m = cache_selection.cache_round(state, acc, **options)
   return (np.asarray(replay['selected'])[slots_clients],
           np.asarray(new['selected'])[slots_clients], float(m['objective_after']))
 
@@ -94,7 +97,7 @@ def main(argv):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   from tff_algos import evaluation, execution, models  # pylint: disable=g-import-not-at-top
-  from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
+  from tff_algos.aggregators import cache_selection  # pylint: disable=g-import-not-at-top
   from tff_algos.fedcda import build_fedcda  # pylint: disable=g-import-not-at-top
 
   for dtype in FLAGS.dtypes:
@@ -180,4 +183,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

@@ -265,7 +265,7 @@ def select_both_ways(state: dict, participants, scale, *, cache_size: int,
   client at its selection), with F_n the cached losses times `scale` [N]: (choice [P],
   J with every participant at its newest, J with the choice)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from tff_algos.aggregators import cross_round_cache as crc  # pylint: disable=g-import-not-at-top
+  from tff_algos.aggregators import cache_selection  # pylint: disable=g-import-not-at-top
   k, models, count = cache_size, state['models'], state['count']
   losses = state['losses'] * np.asarray(scale, np.float64)[:, None]
   ages = np.arange(k)
@@ -286,10 +286,10 @@ def select_both_ways(state: dict, participants, scale, *, cache_size: int,
   num_cands = tf.constant(np.minimum(count[participants], k).astype(np.int32))
   split = [tf.constant(b, tf.int32) for b in np.array_split(
       np.random.default_rng(len(participants)).permutation(len(participants)), num_batches)]
-  choice = crc.select_models(gram, fixed_dot, fixed_stats, cand_losses, num_cands, valid, split,
-                             smoothness, k)
+  choice = cache_selection.select_models(gram, fixed_dot, fixed_stats, cand_losses, num_cands,
+                                         valid, split, smoothness, k)
   newest = tf.zeros([len(participants)], tf.int32)
-  objective = lambda c: float(crc.objective_of_choice(  # noqa: E731
+  objective = lambda c: float(cache_selection.objective_of_choice(  # noqa: E731
       gram, fixed_dot, fixed_stats, cand_losses, c, valid, smoothness, k))
   return choice.numpy(), objective(newest), objective(choice)
 

@@ -13,7 +13,7 @@ The page (`benchmarks/results/federations/results.md`) gives each run's last-10 
 rounds and megabytes it took to reach 60% and 70% test accuracy, and its megabytes per round each
 way, and draws accuracy against cumulative megabytes, a panel per condition.
 
-The runs are those of benchmarks/studies/federations.toml (`python -m programs.study
+The runs are those of benchmarks/studies/federations.toml (`python -m benchmarks.study
 run|plan|report` on it makes and reports the same); this module is the paper layer: labels,
 table, figure and verdict.
 """
@@ -25,13 +25,14 @@ import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-from absl import app  # pylint: disable=g-import-not-at-top
+
 from absl import logging
 import numpy as np
 
 from benchmarks import compare
 from benchmarks import report
 from benchmarks import suites
+from programs import flag_parsing
 from programs import generated_files
 from programs.studies import curves
 from programs.studies import declaration
@@ -275,4 +276,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

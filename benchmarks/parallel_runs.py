@@ -30,8 +30,10 @@ import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-from absl import app  # pylint: disable=g-import-not-at-top
+
 from absl import flags
+
+from programs import flag_parsing  # pylint: disable=g-import-not-at-top
 import numpy as np
 
 from benchmarks import suites
@@ -115,4 +117,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: sys.exit(main(argv)))
+  flag_parsing.run(lambda argv: sys.exit(main(argv)))

@@ -28,8 +28,9 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
+
+from programs import flag_parsing  # pylint: disable=g-import-not-at-top
 # Imported before app.run parses the flags (see round_overhead.py); in a child the protobuf
 # implementation is already chosen by its environment.
 import tensorflow as tf  # pylint: disable=unused-import
@@ -158,4 +159,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

@@ -3,19 +3,21 @@
   python -m benchmarks.report
 
 Pages: each suite's results.md, results.json and curves.png (one panel per setting);
-REPRODUCTION.md (per method: the settings, paper against ours, the results and two verdicts,
-at the paper's protocol and against the tuned baseline); PROVENANCE.md (machines, evaluation
-schedules, runs made again); README.md's status block. Nothing on a page is typed by hand:
+REPRODUCTION.md (a row per paper: its claim at the closest protocol we ran, `suites.HEADLINES`;
+then per method every comparison of its suites, with seeds, levels, margins and verdicts);
+PROVENANCE.md (machines, evaluation schedules, runs made again); README.md's status block
+(the row per paper, in short). Nothing on a page is typed by hand:
 settings come from the suite declarations, numbers from each run's metrics.csv and
 summary.json, paper figures and settings from paper_numbers.json. A test regenerates the
 pages and compares them byte for byte with the committed ones.
 
 Statistics (`programs.studies.paired`): seeds are paired (same partition, sampling and initial
 model for both runs of a comparison), so a margin is the mean of the per-seed differences,
-with a 95% paired t interval. The verdict reads the margin over the last WINDOW rounds (each
-run's mean test accuracy over the rounds it evaluated there), so that one seed's last 10
-rounds cannot flip it; a suite whose paper reports each run's best round reads the best round
-instead.
+with a 95% paired t interval, over every seed both runs finished (those a study file adds
+after 0, 1, 2 too). The reading rule (`verdict_key`): every suite of a paper that reports each
+run's best round is read at the best round; any other over the last WINDOW rounds (each run's
+mean test accuracy over the rounds it evaluated there), so that one seed's last 10 rounds
+cannot flip it.
 """
 
 from __future__ import annotations
@@ -75,8 +77,10 @@ def run_figures(run: dict) -> dict:
 
 
 def verdict_key(suite: suites.Suite) -> str:
-  """The figure a suite's verdicts read: its last-WINDOW mean, or its best round."""
-  return 'best' if suite.criterion == 'best' else 'window'
+  """The figure a suite's verdicts read (the reading rule): the best round where its paper
+  reports each run's best (suites.BEST_ROUND_PAPERS), at every protocol of that paper, else
+  the mean over the last WINDOW rounds."""
+  return 'best' if suite.paper in suites.BEST_ROUND_PAPERS else 'window'
 
 
 def verdict(paper_margin: float, paper_sign: float, mean: float, half_width: float) -> str:
@@ -84,9 +88,10 @@ def verdict(paper_margin: float, paper_sign: float, mean: float, half_width: flo
 
   An interval that excludes 0 has a sign: `opposite` to the paper's, or the paper's sign with
   at least half its margin (`reproduced`) or less (`smaller`); a paper whose figures were lost
-  but whose sign is known is `reproduced (sign)`. An interval that holds 0 is `below
-  resolution` when the paper's margin is smaller than the interval's half-width (three seeds
-  could not see it even if it were there), else `within noise`.
+  but whose sign is known is `reproduced (sign)`; a comparison the paper makes no claim about
+  is `higher` or `lower`. An interval that holds 0 is `below resolution` when the paper's
+  margin is smaller than the interval's half-width (three seeds could not see it even if it
+  were there), else `within noise`.
   """
   if not np.isfinite(mean):
     return 'not run'
@@ -94,7 +99,7 @@ def verdict(paper_margin: float, paper_sign: float, mean: float, half_width: flo
     return 'one seed'
   sign = np.sign(paper_margin) if np.isfinite(paper_margin) else np.sign(paper_sign)
   if not sign:
-    return 'no paper figure'
+    return ('higher' if mean > 0 else 'lower') if abs(mean) > half_width else 'within noise'
   if abs(mean) > half_width:
     if np.sign(mean) != sign:
       return 'opposite'
@@ -130,6 +135,8 @@ def compare(suite: suites.Suite, loaded: dict, comp: suites.Comparison, paper: d
   out['verdict'] = (verdict(out['paper_margin'], figures.get('sign', 0), out[key]['margin'],
                             out[key]['half_width'])
                     if len(seeds) >= MIN_SEEDS_FOR_VERDICT or not seeds else 'one seed')
+  if suite.retired and not seeds:
+    out['verdict'] = 'retired'
   for name, side in ((comp.baseline, base), (comp.method, method)):
     for s in seeds:
       if suite_runs.never_left_chance(side[s]):
@@ -248,31 +255,6 @@ def _rounds_to_target_lines(suite: suites.Suite) -> list:
   return lines + ['']
 
 
-def rounds_to_target_line(tuned: suites.Suite) -> str:
-  """REPRODUCTION.md's line on the paper's rounds-to-target table beside ours: the method's
-  speed-ups over the baseline per suite (the comparisons of the method, named without its
-  name; suites with no speed-up at any target left out; the page's table has the rest and
-  says what n/a is)."""
-  paper, paper_targets, speedups = _paper_rounds(tuned)
-  anchor = ROUNDS_TO_TARGET.lower().replace(' ', '-')
-  prefix = f'{tuned.method}, '
-  ours, reached = {}, set()
-  for s, _, r in rounds_to_target_results(tuned):
-    if r['label'].startswith(prefix):
-      ours.setdefault(s.name, []).append(
-          f'{r["label"][len(prefix):]} '
-          + ' / '.join(_speedup_text(r['speedup'][t]) for t in tuned.targets))
-      if any(np.isfinite(r['speedup'][t]) for t in tuned.targets):
-        reached.add(s.name)
-  # a suite whose runs reach no target (too short) is left to the page's table
-  ours = {name: v for name, v in ours.items() if name in reached}
-  return (f'- Rounds to target, {tuned.method}\'s speed-up over FedAvg '
-          f'([table]({tuned.name}/results.md#{anchor})): the paper\'s ({paper["where"]}, '
-          f'{paper["dataset"]}, {" / ".join(t + "%" for t in paper_targets)}) {speedups}; ours '
-          f'({" / ".join(f"{100 * t:g}%" for t in tuned.targets)}) '
-          + '; '.join(f'{name}: {", ".join(v)}' for name, v in ours.items()) + '.')
-
-
 # --------------------------------------------------------------------------- #
 # Formatting
 # --------------------------------------------------------------------------- #
@@ -308,12 +290,6 @@ def paper_text(c: dict) -> str:
   return claim + (f'; {p["dataset"]}' if p.get('dataset') else '')
 
 
-def paper_margin_text(c: dict) -> str:
-  if np.isfinite(c['paper_margin']):
-    return f'{c["paper_margin"]:+.2f} ({c["paper"]["dataset"]})'
-  return paper_text(c).split(';')[0]
-
-
 def cell(text: str) -> str:
   """`text` as one markdown table cell: a bar not already escaped is escaped."""
   return re.sub(r'(?<!\\)\|', r'\\|', text)
@@ -321,22 +297,7 @@ def cell(text: str) -> str:
 
 def verdict_cell(c: dict) -> str:
   stuck = stuck_text(c)
-  return f'**{c["verdict"]}**' + (f' ({stuck})' if stuck else '')
-
-
-def _paper_short(c: dict) -> str:
-  p = c['paper_margin']
-  return f'{p:+.2f}' if np.isfinite(p) else paper_margin_text(c)
-
-
-def verdicts_line(words: str, results: list) -> str:
-  """'- words (paper +p): label **verdict** (+m ± h); ...', the margin each verdict reads;
-  the paper's margin once when the comparisons share it."""
-  papers = list(dict.fromkeys(_paper_short(c) for c in results))
-  shared = len(papers) == 1
-  items = [f'{c["label"]} {verdict_cell(c)} ({paired.margin_text(c[c["verdict_key"]], False)}'
-           + ('' if shared else f'; paper {_paper_short(c)}') + ')' for c in results]
-  return f'- {words}' + (f' (paper {papers[0]})' if shared else '') + ': ' + '; '.join(items) + '.'
+  return f'**{VERDICT_WORDS[c["verdict"]]}**' + (f' ({stuck})' if stuck else '')
 
 
 # --------------------------------------------------------------------------- #
@@ -383,7 +344,7 @@ def _method_settings(c) -> str:
   if a == 'cadis':
     weights = 'eq. 1 weights' if c.cadis_sample_weighted else 'weights 1/\\|C_i\\|'
     quirks = (', KD σ over n − 1' if c.cadis_kd_std == 'sample' else '') + (
-        ', the code\'s index slip and abs()' if c.cadis_reference_quirks else '')
+        ', the code\'s slips (pair index j − i − 1, abs())' if c.cadis_reference_quirks else '')
     return (f'λ {c.cadis_kd_weight:g}, τ₀ {c.cadis_threshold:g} → {c.cadis_threshold_max:g}, '
             f'{weights}{quirks}')
   if a in methods.FEDLEX_ALGORITHMS:
@@ -431,9 +392,9 @@ def settings_values(suite: suites.Suite) -> dict:
       distinct = [v + ' (' + ', '.join(r for r, w in values.items() if w == v) + ')'
                   for v in distinct]
     out[heading] = distinct
-  out['results read'] = [('best round' if suite.criterion == 'best' else
+  out['results read'] = [('best round' if verdict_key(suite) == 'best' else
                           f'last 10 rounds (verdict: last {suite_runs.WINDOW})')
-                         + f', seeds {", ".join(map(str, suites.SEEDS))}']
+                         + f', seeds {", ".join(map(str, suite.seeds))}']
   return out
 
 
@@ -481,8 +442,11 @@ def colour_of(run: str) -> str:
 
 
 def panels(suite: suites.Suite) -> list:
-  """[(title, [runs])] of a suite's curves (curves.panels)."""
-  return curves.panels(suite.comparisons)
+  """[(title, [runs])] of a suite's curves (curves.panels); a comparison between two methods
+  (its baseline another comparison's method) has both curves in their baseline's panel
+  already."""
+  methods = {c.method for c in suite.comparisons}
+  return curves.panels([c for c in suite.comparisons if c.baseline not in methods])
 
 
 def suite_groups(suite: suites.Suite, loaded: dict, prefix: str = '') -> list:
@@ -578,7 +542,7 @@ def _every_run_lines(suite: suites.Suite, loaded: dict) -> list:
            + ''.join(f' {h} |' for h, _, _ in extra) + ' notes |',
            '|---' * (9 + len(extra)) + '|']
   for run, seeds in loaded.items():
-    for seed in sorted(set(seeds) | set(suites.SEEDS)):
+    for seed in sorted(set(seeds) | set(suite.seeds)):
       r = seeds.get(seed)
       if r is None:
         lines.append(f'| {run} | {seed} | not run yet |' + ' |' * (6 + len(extra)))
@@ -637,8 +601,10 @@ def suite_page(suite: suites.Suite) -> tuple:
   loaded = suite_runs.collect(suite)
   results = comparisons(suite, loaded)
   done = sum(records.usable(r) for seeds in loaded.values() for r in seeds.values())
+  # every declared seed, and any made beyond them (e.g. later seeds that narrow an interval)
+  expected = sum(len(set(seeds) | set(suite.seeds)) for seeds in loaded.values())
   lines = [f'# {suite.title}', '', WRITTEN, ''] + prose(
-      f'{done} of {len(loaded) * len(suites.SEEDS)} runs finished. The verdicts, beside the '
+      f'{done} of {expected} runs finished. The verdicts, beside the '
       'paper\'s protocol or the tuned one, are in [REPRODUCTION.md](../REPRODUCTION.md); this '
       'page holds every run. Commands (each continues where it stopped):') + ['']
   if suite.grid:
@@ -674,17 +640,11 @@ def write_suite_page(suite: suites.Suite) -> None:
 
 
 def protocol_of(suite: suites.Suite) -> str:
-  """How the pages call a suite's protocol: its paper protocol (Suite.protocol) or tuned."""
-  return suite.protocol if suite.paper_of else 'tuned'
-
-
-def verdict_words(protocol: str) -> str:
-  """How REPRODUCTION.md opens the verdict line of a protocol (`protocol_of`)."""
-  if protocol == 'tuned':
-    return 'Against the tuned, converged baseline'
-  if protocol == 'paper protocol':
-    return 'At the paper\'s protocol'
-  return f'At the {protocol}' if protocol.endswith('protocol') else f'With the {protocol}'
+  """How the pages call a suite's protocol: its paper protocol (Suite.protocol), `tuned`
+  (the suite tunes its rates on a grid), or the paper's rate untuned."""
+  if suite.paper_of:
+    return suite.protocol
+  return 'tuned' if suite.grid else 'paper\'s rate, untuned'
 
 
 def method_suites(method: str) -> list:
@@ -694,81 +654,197 @@ def method_suites(method: str) -> list:
   return [(f'ours: {protocol_of(s)}', s) for s in paper + [suites.SUITES[method]]]
 
 
-def _resolution_sentence() -> str:
-  """What 3 seeds resolve: the t interval's factor, and the margin stds measured here."""
-  stds = [np.std(c[verdict_key(s)]['margins'], ddof=1)
-          for m in METHODS for _, s in method_suites(m)
-          for c in comparisons(s, suite_runs.collect(s)) if len(c['seeds']) == len(suites.SEEDS)]
-  n = len(suites.SEEDS)
-  factor = paired.resolution(n)
-  text = f'With {n} seeds the 95% interval is ± {factor:.2f} × the margins\' std over seeds'
-  if stds:
-    median = float(np.median(stds))
-    text += (f'; that std is a median {median:.2f} points here (from {min(stds):.2f} to '
-             f'{max(stds):.2f}), so a margin under about {paired.resolution(n, median):.1f} '
-             'points cannot be told from none: a paper margin smaller than our interval\'s '
-             'half-width gets `below resolution`, not a verdict')
-  return text + '.'
+# The verdicts in plain words (`verdict`'s codes; REPRODUCTION.md says what each means).
+VERDICT_WORDS = {'reproduced': 'reproduced', 'reproduced (sign)': 'a gain, as claimed',
+                 'smaller': 'a smaller gain', 'opposite': 'opposite',
+                 'within noise': 'within noise', 'below resolution': 'too small to see',
+                 'one seed': 'one seed', 'not run': 'not run yet',
+                 'higher': 'higher', 'lower': 'lower', 'retired': 'retired (cost)'}
+
+
+def headline_comparison(h: suites.Headline) -> tuple:
+  """(suite, its probe or None, the comparison `compare` reads) of a headline."""
+  suite = suites.SUITES[h.suite]
+  probe = next((p for p in suite.probes if p.name == h.probe), None)
+  loaded = suite_runs.collect_probe(suite, probe) if probe else suite_runs.collect(suite)
+  c = next(c for c in comparisons(suite, loaded) if c['label'] == h.label)
+  return suite, probe, dict(c, planned=len(probe.seeds if probe else suite.seeds))
+
+
+def seeds_cell(c: dict) -> str:
+  """How many paired seeds a comparison reads: 'n', or 'n of N' while seeds it plans
+  (`planned`) are still to come."""
+  n = len(c['seeds'])
+  return f'{n} of {c["planned"]}' if n < c.get('planned', n) else str(n)
+
+
+def _paper_figures(section: str, key: str) -> dict:
+  return suites.load_paper_numbers()[section][key]
+
+
+def judged(c: dict, figures: dict) -> dict:
+  """The comparison `c` judged against the paper figures `figures` instead of its own."""
+  margin = figures.get('method', np.nan) - figures.get('baseline', np.nan)
+  key = c['verdict_key']
+  out = dict(c, paper=figures, paper_margin=margin)
+  if len(c['seeds']) >= MIN_SEEDS_FOR_VERDICT:
+    out['verdict'] = verdict(margin, figures.get('sign', 0), c[key]['margin'],
+                             c[key]['half_width'])
+  return out
+
+
+def headline_row(h: suites.Headline) -> str:
+  suite, probe, c = headline_comparison(h)
+  key = c['verdict_key']
+  first = judged(c, _paper_figures(*h.judged)) if h.judged else c
+  others = [judged(c, _paper_figures(*f)) for f in h.also]
+  claim = h.claim.format(*(f'{x["paper_margin"]:+.2f}' for x in [first] + others))
+  where = suite.name
+  text = f'**{VERDICT_WORDS[first["verdict"]]}**'
+  if others and first['verdict'] != 'one seed':
+    text += (f' against {first["paper"]["dataset"]}; '
+             + '; '.join(f'{VERDICT_WORDS[o["verdict"]]} against {o["paper"]["dataset"]}'
+                         for o in others))
+  text += f' ({margin_short(c[key])})'
+  return (f'| {cell(claim)} | {cell(h.differs)} ([{where}]'
+          f'({suite.name}/results.md)) | {text} | {seeds_cell(c)} | {cell(h.why)} |')
+
+
+def level_short(mean_std: tuple) -> str:
+  """A level as 'mean ± std', or 'mean' with one seed (the seeds column says so)."""
+  return level(mean_std).replace(' (one seed)', '')
+
+
+def margin_short(figure: dict) -> str:
+  """A margin as '+m ± h', or '+m' with one seed (the seeds column says so)."""
+  return paired.margin_text(figure, False).replace(' (one seed)', '')
+
+
+def tuned_method(method: str) -> str:
+  return suites.SUITES[method].method
+
+
+def short_label(label: str, method: str) -> str:
+  """A comparison's label in its method's section: without the method's name."""
+  return re.sub(rf'^{re.escape(method)},? ', '', label)
+
+
+def comparison_row(c: dict, protocol: str, method: str) -> str:
+  """A comparison's row of REPRODUCTION.md's method tables."""
+  key = c['verdict_key']
+  label = short_label(c['label'], method)
+  fell = len(c['stuck']) + len(c['collapsed'])
+  note = f' ({fell} of {2 * len(c["seeds"])} runs ended at chance)' if fell else ''
+  if not c['seeds']:
+    return f'| {label} | {protocol} | 0 | | | {_paper_short(c)} | {verdict_cell(c)} |'
+  return (f'| {label} | {protocol} | {seeds_cell(c)} | {level_short(c[key]["baseline"])} | '
+          f'{margin_short(c[key])} | {_paper_short(c)} | '
+          f'**{VERDICT_WORDS[c["verdict"]]}**{note} |')
+
+
+def _paper_short(c: dict) -> str:
+  p = c['paper_margin']
+  return f'{p:+.2f}' if np.isfinite(p) else ('+' if c['paper'].get('sign', 0) > 0 else 'n/a')
+
+
+def retired_text(suite: suites.Suite) -> str:
+  """Why a retired paper protocol's runs are not made: the round time its timing probe's
+  runs measured here, and what the suite's runs would take at it."""
+  maker = suites.SUITES[suite.retired[0]]
+  probe = next(p for p in maker.probes if p.name == suite.retired[1])
+  times = [r['seconds_per_round'] for seeds in suite_runs.collect_probe(maker, probe).values()
+           for r in seeds.values() if records.usable(r)]
+  rounds = suite.common['rounds']
+  hours = float(np.mean(times)) * rounds / 3600
+  runs = len(suite.runs) * len(suite.seeds)
+  return (f'retired, {min(times):.0f}-{max(times):.0f} s a round here at its local training '
+          f'(probe {probe.name}): {hours:.1f} h a {rounds}-round run, {hours * runs:.0f} h for its '
+          f'{runs} runs')
+
+
+def federations_sentence() -> str:
+  """FedCDA's level on the federations page beside FedAvg's."""
+  from benchmarks import federations   # pylint: disable=g-import-not-at-top (imports report)
+  loaded = federations.load(federations.STUDY)
+  gaps = [100 * (loaded['fedavg', c]['last10_mean_accuracy']
+                 - loaded['fedcda', c]['last10_mean_accuracy'])
+          for c in federations.CONDITIONS if loaded['fedavg', c] and loaded['fedcda', c]]
+  if not gaps:
+    return ''
+  page = os.path.join(federations.NAME, 'results.md')   # beside REPRODUCTION.md
+  return (f'[Federations]({page}) (one seed, 100 clients, FedAvg\'s rate, '
+          f'untuned for FedCDA): FedCDA ends {min(gaps):.1f}-{max(gaps):.1f} points below '
+          'FedAvg.')
+
+
+def seeds_factor_text(counts: list) -> str:
+  """What n paired seeds resolve, for each n on the page."""
+  return ', '.join(f'{paired.resolution(n):.2f} at {n} seeds' for n in sorted(set(counts))
+                   if n >= 2)
+
+
+INTRO = (
+    'Does our implementation give each paper\'s gain? Our data: Fashion-MNIST. Method and '
+    'baseline share each seed (client data, sampling, initial model). **Level**: test accuracy '
+    '(%), mean ± std over seeds. **Margin**: method − baseline in points, mean ± its 95% paired '
+    't interval (the method\'s level: baseline + margin). **Reading rule**: a run\'s best round where the paper reports its best '
+    '(CADIS), else its mean over the last {window} rounds.')
+
+VERDICTS_TEXT = (
+    '**Verdicts** (of the interval): *reproduced*: excludes 0 on the paper\'s side, the margin '
+    '≥ half the paper\'s; *a smaller gain*: under half; *opposite*: excludes 0 on the other '
+    'side; *within noise*: holds 0; *too small to see*: holds 0, wider than the paper\'s '
+    'margin. Its half-width: the per-seed margins\' std × {factors}. '
+    'Machines: [PROVENANCE.md](PROVENANCE.md).')
 
 
 def reproduction_page() -> str:
+  heads = [(h, headline_comparison(h)[2]) for h in suites.HEADLINES]
   lines = ['# Reproducing the papers\' claims', '', WRITTEN, ''] + prose(
-      'Two answers per method: at the paper\'s own protocol (its local training, rounds and '
-      'selection of results, where this machine allows), does our implementation give the '
-      'paper\'s gain; and against a baseline tuned and run until its curve levels off, does '
-      'the gain survive. Data: Fashion-MNIST (the offline real data set); a paper figure on '
-      'another data set says which. Seeds '
-      f'{", ".join(map(str, suites.SEEDS))}, fixed in advance, paired: a margin is the mean of '
-      'the per-seed differences ± the 95% paired t half-width. ' + _resolution_sentence()) + [
-          ''] + prose(
-      'Verdict (read over the last 50 rounds, or at the best round where the paper reports '
-      'that): `reproduced` = the interval excludes 0 on the paper\'s side and the margin is at '
-      'least half the paper\'s; `smaller` = the paper\'s side, under half; `opposite` = the '
-      'interval excludes 0 on the other side; `within noise` = it holds 0; `below resolution` '
-      '= it holds 0 and is wider than the paper\'s margin. Bold settings differ from the '
-      'paper\'s. Machines and runs made again: [PROVENANCE.md](PROVENANCE.md).') + ['']
+      INTRO.format(window=suite_runs.WINDOW)) + ['',
+      '| paper\'s claim | closest protocol we ran: how it differs | verdict (margin) | seeds '
+      '| why |', '|---|---|---|---|---|']
+  lines += [headline_row(h) for h in suites.HEADLINES] + ['']
+  counts = [len(c['seeds']) for _, c in heads]
+  sections = []
   for method in METHODS:
-    columns = method_suites(method)
     tuned = suites.SUITES[method]
-    anchor = re.sub(r'[^a-z0-9 -]', '', SETTINGS_BESIDE_THE_PAPER.lower()).replace(' ', '-')
-    lines += [f'## {tuned.method}', ' · '.join(
-        f'[{s.name}/results.md]({s.name}/results.md)' for _, s in columns) + (
-            f' · [diagnosis]({method}/diagnosis.md)' if os.path.exists(
-                os.path.join(suites.HERE, f'{method}_diagnosis.py')) else '')
-        + f' · [settings beside the paper\'s]({method}/results.md#{anchor})', '']
-    lines += ['| comparison | paper | protocol | baseline (%) | method (%) | margin, last 10 | '
-              'margin the verdict reads | verdict |', '|---|---|---|---|---|---|---|---|']
-    verdicts = {}
-    for _, suite in columns:
+    rows = []
+    notes = []
+    for _, suite in method_suites(method):
       protocol = protocol_of(suite)
-      results = comparisons(suite, suite_runs.collect(suite))
-      verdicts.setdefault(protocol, []).extend(results)
-      for c in results:
-        key = c['verdict_key']
-        margin_cells = [paired.margin_text(c['last10'], False),
-                        paired.margin_text(c[key], False) + (
-                            ' (best round)' if key == 'best' else f' (last {suite_runs.WINDOW})')]
-        lines.append(f'| {c["label"]} | {paper_text(c)} | {protocol} | '
-                     f'{level(c[key]["baseline"])} | {level(c[key]["method"])} | '
-                     + ' | '.join(margin_cells) + f' | {verdict_cell(c)} |')
-    lines += ['']
-    for protocol, results in verdicts.items():   # one line each
-      lines.append(verdicts_line(verdict_words(protocol), results))
-    if tuned.targets:
-      lines.append(rounds_to_target_line(tuned))
-    if tuned.reference_line:
-      lines.append(f'- The authors\' code: {tuned.reference_line}')
-    if tuned.bottom_line:
-      lines.append(f'- Bottom line: {tuned.bottom_line}')
-    lines += ['', f'![{tuned.method}: paper protocol and tuned, one panel per setting]'
-              f'(figures/{method}.png)', '']
-  for suite in other_suites():
-    results = comparisons(suite, suite_runs.collect(suite))
-    lines += [f'## Beyond the papers: {suite.method}', ''] + prose(
-        f'[{suite.name}/results.md]({suite.name}/results.md): ' + suite.scaled) + [
-            '', verdicts_line('Our runs', results), '']
-    if suite.bottom_line:
-      lines += [f'Bottom line: {suite.bottom_line}', '']
+      if suite.retired:
+        notes.append(f'{protocol.capitalize()}: ' + retired_text(suite) + '.')
+      for c in comparisons(suite, suite_runs.collect(suite)):
+        rows.append(comparison_row(dict(c, planned=len(suite.seeds)), protocol, tuned.method))
+        counts.append(len(c['seeds']))
+    for h, c in heads:   # a headline read from a probe: its row, judged as the headline is
+      if h.method == method and h.probe:
+        rows.append(comparison_row(judged(c, _paper_figures(*h.judged)) if h.judged else c,
+                                   f'probe {h.probe}', tuned.method))
+    links = ' · '.join(f'[{s.name}]({s.name}/results.md)' for _, s in method_suites(method))
+    if os.path.exists(os.path.join(suites.HERE, f'{method}_diagnosis.py')):
+      links += f' · [diagnosis]({method}/diagnosis.md)'
+    sections += [f'## {tuned.method}', '', links, '',
+                 '| comparison | protocol | seeds | baseline (%) | margin | paper | verdict |',
+                 '|---|---|---|---|---|---|---|'] + rows + ['']
+    notes += [tuned.bottom_line + (' ' + tuned.reference_line if tuned.reference_line else '')]
+    if method == 'fedcda':
+      notes.append(federations_sentence())
+    for note in notes:
+      if note:
+        sections += prose(note, bullet=True)
+    sections += ['']
+  lines += prose(VERDICTS_TEXT.format(factors=seeds_factor_text(counts))) + [''] + sections
+  for suite in other_suites():   # one line each: not one of the four papers
+    pairs = {}
+    for c in comparisons(suite, suite_runs.collect(suite)):
+      pairs.setdefault((c['method'], c['baseline']), []).append(c)
+    lines += prose(f'Beyond the papers, [{suite.method}]({suite.name}/results.md): ' + '; '.join(
+        f'{c[0]["label"]}, {seeds_cell(dict(c[0], planned=len(suite.seeds)))} seeds, '
+        f'{margin_short(c[0][c[0]["verdict_key"]])}: ' + ', '.join(
+            f'**{VERDICT_WORDS[x["verdict"]]}** against {x["paper"]["dataset"]}\'s '
+            f'{_paper_short(x)}' for x in c) for c in pairs.values()) + '.') + ['']
   return '\n'.join(lines)
 
 
@@ -822,26 +898,21 @@ def provenance_page() -> str:
 
 
 def status_lines() -> list:
-  """README's line per method: its verdicts at the paper's protocol and tuned."""
-  lines = []
-  for method in METHODS:
-    parts, finished, expected = [], 0, 0
-    for _, suite in method_suites(method):
-      loaded = suite_runs.collect(suite)
-      finished += sum(records.usable(r) for seeds in loaded.values() for r in seeds.values())
-      expected += len(loaded) * len(suites.SEEDS)
-      parts.append(verdicts_line(protocol_of(suite), comparisons(suite, loaded))[2:-1])
-    anchor = suites.SUITES[method].method.lower()
-    lines.append(f'- {suites.SUITES[method].method}: ' + '. '.join(parts) +
-                 f'. {finished} of {expected} runs finished '
-                 f'([REPRODUCTION.md](benchmarks/results/REPRODUCTION.md#{anchor})).')
-  for suite in other_suites():   # methods beyond the papers: their one comparison line
-    loaded = suite_runs.collect(suite)
-    finished = sum(records.usable(r) for seeds in loaded.values() for r in seeds.values())
-    anchor = f'beyond-the-papers-{suite.method.lower()}'
-    lines.append(verdicts_line(suite.method, comparisons(suite, loaded))[:-1] +
-                 f'. {finished} of {len(loaded) * len(suites.SEEDS)} runs finished '
-                 f'([REPRODUCTION.md](benchmarks/results/REPRODUCTION.md#{anchor})).')
+  """README's status: what a margin is, then each paper's headline verdict (REPRODUCTION.md's
+  opening table, in short)."""
+  lines = prose(
+      'Each paper\'s claim at the closest protocol we ran; a margin is method − baseline in '
+      'points, the mean over paired seeds ± its 95% paired t half-width (verdicts and every '
+      'comparison: [REPRODUCTION.md](benchmarks/results/REPRODUCTION.md)).') + ['']
+  for h in suites.HEADLINES:
+    _, _, c = headline_comparison(h)
+    first = judged(c, _paper_figures(*h.judged)) if h.judged else c
+    paper = (f'paper {first["paper_margin"]:+.2f} on {first["paper"]["dataset"]}'
+             if np.isfinite(first['paper_margin']) else 'the paper\'s sign only')
+    lines += prose(f'{tuned_method(h.method)}: **{VERDICT_WORDS[first["verdict"]]}**, '
+                   f'{margin_short(c[c["verdict_key"]])} over {seeds_cell(c)} '
+                   f'seed{"s" if c.get("planned", 1) > 1 else ""} ({paper}), at {h.differs}; '
+                   f'{h.why}.', bullet=True)
   return lines
 
 
@@ -864,7 +935,7 @@ def write_all() -> None:
 
 
 def write_study_pages(study) -> None:
-  """`python -m programs.study` on a suite's study file (its `report` key): every page, as
+  """`python -m benchmarks.study` on a suite's study file (its `report` key): every page, as
   `benchmarks.compare` writes them (the suite's page, REPRODUCTION.md and the rest read it).
   StudyFileError when no suite is declared by the file."""
   suite = suites.SUITES.get(study.name)

@@ -93,9 +93,11 @@ import tensorflow as tf
 from benchmarks.method_builds import build_method  # pylint: disable=g-import-not-at-top
 from benchmarks.method_builds import load_data  # pylint: disable=g-import-not-at-top
 from programs import checkpoint_writer  # pylint: disable=g-import-not-at-top
+from programs import flag_parsing
 from programs import generated_files  # pylint: disable=g-import-not-at-top
 from programs import run_directory  # pylint: disable=g-import-not-at-top
 from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+from tff_algos.runtime import state_transfer  # pylint: disable=g-import-not-at-top
 
 _MODEL = flags.DEFINE_string('model', 'fedavg_cnn', 'tff_algos.models zoo model.')
 _DATASET = flags.DEFINE_enum('dataset', 'fashion_mnist', ['fashion_mnist', 'digits'],
@@ -489,7 +491,7 @@ def main(argv):
     # worker writes the state to a file that Python reads. The same is timed with
     # transfer='values' (the state through TFF's gRPC values), from the same state.
     by_transfer = {}
-    for transfer in resident_state.TRANSFERS:
+    for transfer in state_transfer.TRANSFERS:
       if transfer == 'files':
         runner, held = resident, state[f'{name}@resident']
       else:
@@ -566,4 +568,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

@@ -20,7 +20,7 @@ mean over every cached client's selected model that the running `selected_sum` a
 timed the same way (a reference, not part of the step), and the update of one stacked
 [N, K, ...] cache (`tensor_scatter_nd_update` of the P uploads, the unchunked alternative:
 its input stays alive, so it writes a whole new cache). The step itself
-runs on the chunked cache the process keeps (`cross_round_cache.push_and_read`): O(P·K·D)
+runs on the chunked cache the process keeps (`cache_selection.push_and_read`): O(P·K·D)
 arithmetic and copies, plus O(N·K) bookkeeping and one `tf.cond` per chunk.
 
   .venv/bin/python benchmarks/server_scale.py --method=cadis --num_clients=100,300,1000
@@ -58,9 +58,10 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags
 from absl import logging
+
+from programs import flag_parsing  # pylint: disable=g-import-not-at-top
 import numpy as np
 import tensorflow as tf  # before app.run parses flags (see round_overhead.py)
 
@@ -187,7 +188,7 @@ def _full_caches(n, k, weights, rng):
   ring positions and selections) and its selected_sum, from random models like `weights`."""
   import collections  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
+  from tff_algos.aggregators import cache_selection  # pylint: disable=g-import-not-at-top
   stacked = lambda t: (rng.normal(size=(n, k, *np.shape(t))) * 0.1).astype(np.float32)  # noqa: E731
   cache = tff.learning.models.ModelWeights(
       trainable=[stacked(t) for t in weights.trainable],
@@ -199,7 +200,7 @@ def _full_caches(n, k, weights, rng):
   return collections.OrderedDict(
       cache=cache, losses=rng.uniform(0.1, 2.0, size=(n, k)).astype(np.float32),
       sq_norms=sq_norms, count=count, selected=selected,
-      selected_sum=cross_round_cache.selected_sum_from_cache(cache, count, selected),
+      selected_sum=cache_selection.selected_sum_from_cache(cache, count, selected),
       round_num=np.int32(1))
 
 
@@ -221,6 +222,7 @@ def server_step_table(model_fn):
   """Prints FedCDA's server-step time per N (module doc, --server_step)."""
   import collections  # pylint: disable=g-import-not-at-top
   import functools  # pylint: disable=g-import-not-at-top
+  from tff_algos.aggregators import cache_selection  # pylint: disable=g-import-not-at-top
   from tff_algos.aggregators import cross_round_cache  # pylint: disable=g-import-not-at-top
   from tff_algos.client_work import model_delta  # pylint: disable=g-import-not-at-top
   weights = model_delta.initial_model_weights_fn(model_fn)()
@@ -232,11 +234,11 @@ def server_step_table(model_fn):
   for n in ns:
     stacked = _full_caches(n, k, weights, rng)
     state = tf.nest.map_structure(tf.constant, collections.OrderedDict(
-        stacked, cache=cross_round_cache.chunked_cache(
-            stacked['cache'], cross_round_cache.chunk_clients(n, k, d))))
+        stacked, cache=cache_selection.chunked_cache(
+            stacked['cache'], cache_selection.chunk_clients(n, k, d))))
     stacked_cache = tf.nest.map_structure(tf.constant, stacked['cache'])
     step = tf.function(functools.partial(
-        cross_round_cache.cache_round, num_clients=n, clients_per_round=p, cache_size=k,
+        cache_selection.cache_round, num_clients=n, clients_per_round=p, cache_size=k,
         num_batches=min(3, p), warmup_rounds=0, smoothness=1.0, selection='batch_greedy',
         seed=0))
     rows = tf.stack([tf.range(n, dtype=tf.int32), state['selected']], axis=1)
@@ -289,15 +291,14 @@ def server_step_table(model_fn):
   print(f'load average at end: {os.getloadavg()[0]:.1f}')
 
 
-def parse_flags(argv):
-  """absl's flag parsing, except that a removed --method value stops the script with one
-  error line naming what replaced it."""
+def refuse_removed_method(argv):
+  """A removed --method value stops the script with one error line naming what replaced
+  it (before absl parses the flags)."""
   method = flags.FlagValues()
   flags.DEFINE_string('method', None, '', flag_values=method)
   method(argv, known_only=True)
   if method.method in _REMOVED_METHODS:
     sys.exit(f'error: --method={method.method} is now {_REMOVED_METHODS[method.method]}')
-  return app.parse_flags_with_usage(argv)
 
 
 def main(argv):
@@ -369,4 +370,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main, flags_parser=parse_flags)
+  flag_parsing.run(main, check=refuse_removed_method)

@@ -23,8 +23,10 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app  # pylint: disable=g-import-not-at-top
+
 from absl import flags
+
+from programs import flag_parsing  # pylint: disable=g-import-not-at-top
 import numpy as np
 import tensorflow as tf
 
@@ -104,4 +106,4 @@ def serializers(tff, execution):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

@@ -33,11 +33,12 @@ import time
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app  # pylint: disable=g-import-not-at-top
+
 from absl import flags
 import tensorflow as tf
 
 from programs import checkpoint_writer  # pylint: disable=g-import-not-at-top
+from programs import flag_parsing
 
 _MEGABYTES = flags.DEFINE_float(
     'megabytes', 80.0, 'Size of the state (SCAFFOLD\'s in round_overhead: 12 models of '
@@ -125,4 +126,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

@@ -22,8 +22,10 @@ import sys
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-from absl import app  # pylint: disable=g-import-not-at-top
+
 from absl import flags
+
+from programs import flag_parsing  # pylint: disable=g-import-not-at-top
 
 _ROUNDS = flags.DEFINE_integer('rounds', 30, 'Rounds per variant.', lower_bound=1)
 _REFRESH = flags.DEFINE_list('refresh_every', ['0', '10'],
@@ -96,4 +98,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

@@ -1,9 +1,12 @@
 """Datasets -> tff.simulation ClientData: loaders, partitioners, client inputs.
 
-Imported as `tff_algos.data` only: the folder is `data/` in a checkout (linked as
-`tff_algos/data`) and `tff_algos/data` in the wheel. A top-level `data` would be a second copy
-of every class beside `tff_algos.data`'s (isinstance across them fails) and clashes with a
-user's own `data`, so importing it under that name raises ImportError.
+Imported as `tff_algos.data` only. The folder stays `data/` at the top of the checkout (the
+layout the project's users asked for: tff_algos/, programs/, data/, tests/); the symlink
+`tff_algos/data` -> `../data` makes it `tff_algos.data` in the checkout, and pyproject.toml's
+`[tool.setuptools.package-dir]` ("tff_algos.data" = "data") puts it in the wheel as
+`tff_algos/data`. A top-level `data` would be a second copy of every class beside
+`tff_algos.data`'s (isinstance across them fails) and clashes with a user's own `data`, so
+importing it under that name raises ImportError.
 `tff_algos.data.client_data_adapter` turns a user's own TFF ClientData into our client inputs.
 
 Public names are re-exported lazily (PEP 562): `from tff_algos.data import IidPartitioner`
@@ -16,6 +19,23 @@ matplotlib only: never on `programs` or the method modules of `tff_algos`. It do
 `tff_algos.execution` (stdlib only), whose exit hook stops TFF's worker processes: without
 it a script that loads data through TFF and nothing of `tff_algos` ends with TFF's
 ServiceManager traceback.
+
+Modules (docs/architecture.md has the whole map):
+
+* `client_data_adapter`: a user's own `ClientData` turned into our client inputs.
+* `client_faults`: `ClientFaults`, the seeded draw of which clients drop out and how much of
+  their steps stragglers run.
+* `datasets`: in-memory datasets, central and federated, as TFF `ClientData`.
+* `errors`: the loaders' two errors (a missing data set, a bad file), with the fix in their
+  message.
+* `leaf`: LEAF's JSON files (FEMNIST, Shakespeare, Sent140) read into users' arrays.
+* `loaders`: dataset loaders reading local files only (Fashion-MNIST, digits, TFF's and
+  tfds' caches).
+* `partition`: `Partition`, a partitioner's result: save, load, summary and plot.
+* `partitioners`: seeded partitioners (IID, Dirichlet, shards, quantity skew, CADIS's
+  cluster-skewed layouts).
+* `round_sampling`: each sampled client's input: whole-client tensors, epoch orders, index,
+  slot and work.
 """
 
 if __name__ != 'tff_algos.data':

@@ -51,6 +51,7 @@ import tensorflow_federated as tff
 from tff_algos import constants
 
 from .client_faults import ClientFaults
+from .errors import type_name
 from .round_sampling import client_input, sample_clients
 
 __all__ = ['ClientDataInputs', 'ClientDataSource', 'ClientDataSourceIterator',
@@ -134,7 +135,7 @@ class ClientDataInputs:
     self._seed = int(seed)
     self._cache = {} if cache else None
     if faults is not None and not isinstance(faults, ClientFaults):
-      raise TypeError(f'faults must be a data.ClientFaults, got {type(faults).__name__}')
+      raise TypeError(f'faults must be a data.ClientFaults, got {type_name(faults)}')
     self._faults = faults
 
   # ---- the id -> index map ------------------------------------------------ #

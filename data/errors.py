@@ -23,3 +23,10 @@ class DatasetFormatError(ValueError):
 
   def __str__(self) -> str:
     return self.args[0]
+
+
+def type_name(value) -> str:
+  """`value`'s class as the messages name it: module and name (`tff_algos.data.datasets.
+  FederatedDataset`), so a class of the same name from elsewhere reads apart from ours."""
+  cls = type(value)
+  return cls.__qualname__ if cls.__module__ == 'builtins' else f'{cls.__module__}.{cls.__qualname__}'

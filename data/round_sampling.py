@@ -27,6 +27,7 @@ import numpy as np
 from tff_algos import constants
 
 from .client_faults import ClientFaults
+from .errors import type_name
 
 __all__ = ['client_input', 'sample_clients', 'round_inputs']
 
@@ -104,7 +105,7 @@ def round_inputs(
   if not (hasattr(fed, 'client_arrays') and hasattr(fed, 'num_clients')):
     raise TypeError(
         f'round_inputs needs a data.FederatedDataset or data.ClientDataInputs, got '
-        f'{type(fed).__name__}; wrap a TFF ClientData with data.ClientDataInputs(client_data)')
+        f'{type_name(fed)}; wrap a TFF ClientData with data.ClientDataInputs(client_data)')
   if client_ids is None:
     ids = sample_clients(fed.num_clients, clients_per_round, round_num, seed)
   else:

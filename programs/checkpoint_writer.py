@@ -31,7 +31,14 @@ the others' files from that version before merging the version's bundle. Every v
 a whole SavedModel of its own, so each kept version loads on its own (removing one leaves
 the others whole); the writer keeps KEEP_VERSIONS of them (one fewer while the next is
 written), so a newest version that cannot be read costs a resume --checkpoint_every rounds
-(`run_directory.load_checkpoint`).
+(`run_directory.load_checkpoint`). A file shared by hard link, damaged in place, damages
+every version that shares it, so: each version records its parts' fingerprints and sizes
+(`bundle_parts.write_record`); once a version is complete the thread reads its parts back
+against that record, and a version whose unwritten parts would be linked from a damaged
+file is dropped (one `warning:` line naming the file) and the next written whole; one
+version in every WHOLE_EVERY is written whole, sharing nothing, and the newest KEEP_WHOLE
+such versions are kept beside the newest KEEP_VERSIONS, so that damage to one file leaves
+a version whose every part matches its record, which a resume restores from.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ import errno
 import os
 import random
 import shutil
+import sys
 import threading
 from typing import Any, Callable, Optional
 
@@ -50,6 +58,11 @@ from programs.experiment_config import ExperimentError
 
 # Finished versions kept: the newest and two before it, should the newest be unreadable.
 KEEP_VERSIONS = 3
+# With a state in parts: one version in this many is written whole (sharing no file with
+# the versions before it), and the newest KEEP_WHOLE of those are kept too. Its cost and
+# choice: docs/training_program.md, "Checkpoints".
+WHOLE_EVERY = 10
+KEEP_WHOLE = 2
 # In a version being written in parts, where the worker writes them (`bundle_parts`).
 _WRITTEN = 'written'
 
@@ -76,8 +89,13 @@ def write_failure(error: BaseException) -> str:
 
 
 def write_error(what: str, directory: str, error: BaseException,
-                last_checkpointed: int) -> ExperimentError:
-  """The one-line error ending a run whose write of `what` in `directory` failed."""
+                last_checkpointed: int, gone: bool = False) -> ExperimentError:
+  """The one-line error ending a run whose write of `what` in `directory` failed; `gone`:
+  every version written was removed from outside (the directory deleted mid-run)."""
+  if gone:
+    return ExperimentError(
+        f'cannot write {what} in {directory}: its checkpoints were removed while the run went '
+        'on; rerun with --resume: it starts the run afresh (no checkpoint is left)')
   resume = (f'continues after round {last_checkpointed}, the last one checkpointed'
             if last_checkpointed else 'starts the run again (no round was checkpointed)')
   return ExperimentError(
@@ -122,7 +140,8 @@ class CheckpointWriter:
   """
 
   def __init__(self, ckpt_dir: str, checkpointed: int = 0, keep_total: int = KEEP_VERSIONS,
-               min_part_bytes: Optional[int] = None):
+               min_part_bytes: Optional[int] = None, whole_every: Optional[int] = None,
+               log: Callable[[str], None] = lambda line: print(line, file=sys.stderr)):
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     self.ckpt_dir = ckpt_dir
     self.manager = tff.program.FileProgramStateManager(ckpt_dir, keep_total=keep_total,
@@ -136,6 +155,14 @@ class CheckpointWriter:
     self._in_worker: Optional[tuple] = None
     # The parts' fingerprints of the last version the worker wrote, and that version.
     self._fingerprints, self._fingerprinted = None, None
+    # Each part's (name, slice, dtype) (`bundle_parts.part_slices`); the versions written
+    # since the last one written whole; the whole-every period; the last version the thread
+    # read back against its record, and its damaged parts ({data file: what differs}).
+    self._slices = None
+    self._since_whole = 0
+    self._whole_every = WHOLE_EVERY if whole_every is None else whole_every
+    self._verified: Optional[tuple] = None
+    self._log = log
     self._thread: Optional[threading.Thread] = None
     # The thread's function and outcome; the function is dropped by the round loop's thread
     # (it may hold TFF's values of the worker, released on that thread).
@@ -172,6 +199,13 @@ class CheckpointWriter:
       raise write_error('the checkpoints\' template', scratch_dir or 'the temp directory', e,
                         self.checkpointed) from None
     self._template = template
+    if self._layout.cut:
+      import tensorflow as tf  # pylint: disable=g-import-not-at-top
+      from tensorflow_federated.python.common_libs import structure  # pylint: disable=g-import-not-at-top
+      types = structure.flatten(runner.state_type)
+      self._slices = bundle_parts.part_slices(
+          self._layout.cut, self._layout.state, [t.shape for t in types],
+          [tf.as_dtype(t.dtype).name for t in types])
 
   @property
   def worker_writes(self) -> bool:
@@ -186,7 +220,7 @@ class CheckpointWriter:
     snapshotted now and the thread writes it. Raises ExperimentError (one line) if the file
     system refused a write waited for here (the versions in flight are then abandoned)."""
     self._join_thread()
-    written = self._wait_for_worker()
+    written = self._usable(self._wait_for_worker())
     try:
       if self._layout is not None:
         # The version the worker wrote (if any) counts among those kept; the thread removes
@@ -218,10 +252,15 @@ class CheckpointWriter:
     machines that hand freed memory back to their host a while after (virtual ones), memory
     freed a round earlier costs the write several times more system time
     (benchmarks/version_writes.py)."""
+    from tff_algos.runtime import bundle_parts  # pylint: disable=g-import-not-at-top
     versions = [v for v in run_directory.checkpointed_rounds(self.ckpt_dir)
                 if below is None or v < below]
+    whole = [v for v in versions if (bundle_parts.read_record(
+        os.path.join(self.ckpt_dir, f'program_state_{v}')) or {}).get('whole')][-KEEP_WHOLE:]
     doomed = []
     for old in versions[:max(len(versions) - keep, 0)]:
+      if old in whole:
+        continue
       doomed.append(os.path.join(self.ckpt_dir,
                                  f'program_state_{old}_temp{random.randint(1000, 9999)}'))
       os.rename(os.path.join(self.ckpt_dir, f'program_state_{old}'), doomed[-1])
@@ -234,6 +273,10 @@ class CheckpointWriter:
       shutil.rmtree(path)
     if written is not None:
       self._publish(*written)
+      if self._layout.cut:
+        from tff_algos.runtime import bundle_parts  # pylint: disable=g-import-not-at-top
+        path = os.path.join(self.ckpt_dir, f'program_state_{written[1]}')
+        self._verified = (written[1], bundle_parts.damaged_parts(path))
 
   def _start_in_worker(self, runner, held, figures, version: int) -> None:
     """The worker starts writing the version's tensors into a temp directory named as TFF
@@ -243,16 +286,19 @@ class CheckpointWriter:
                         f'program_state_{version}_temp{random.randint(1000, 9999)}')
     os.makedirs(os.path.join(temp, 'variables'))
     path = os.path.join(temp, saved_model_template.VARIABLES_PREFIX)
+    whole = (self._fingerprints is None or self._since_whole + 1 >= self._whole_every)
     if self._layout.cut:
       path = os.path.join(temp, _WRITTEN)
       os.makedirs(path)
     written = runner.write(held, path, self._layout, self._template.extras(figures),
-                           wait=False, previous=self._fingerprints)
-    self._in_worker = (written, temp, version, self._fingerprinted)
+                           wait=False, previous=None if whole else self._fingerprints)
+    self._since_whole = 0 if whole else self._since_whole + 1
+    self._in_worker = (written, temp, version, None if whole else self._fingerprinted)
 
   def _wait_for_worker(self) -> Optional[tuple]:
     """Waits for the worker's write in flight, if any; returns its (temp directory,
-    version, the version whose parts it links), which the thread is to complete."""
+    version, the version whose parts it links, and with a layout in parts their
+    fingerprints), which the thread is to complete."""
     if self._in_worker is None:
       return None
     written, temp, version, links = self._in_worker
@@ -261,14 +307,40 @@ class CheckpointWriter:
       result = written.wait()
     except Exception as e:  # pylint: disable=broad-except
       raise self._failed(e, version) from None
-    if self._layout.cut:
-      self._fingerprints, self._fingerprinted = result, version
-    return temp, version, links
+    if not self._layout.cut:
+      return temp, version, links
+    self._fingerprints, self._fingerprinted = result, version
+    return temp, version, links, result
 
-  def _publish(self, temp: str, version: int, links: Optional[int]) -> None:
+  def _usable(self, written: Optional[tuple]) -> Optional[tuple]:
+    """`written` (what `_wait_for_worker` returned), or None if it is dropped: when the
+    version it links its unwritten parts from has a damaged part among those (found by the
+    thread reading that version back), it cannot be completed whole, and the next version
+    is written whole. Each damaged file is named in one `warning:` line."""
+    verified, self._verified = self._verified, None
+    if written is None or verified is None or not verified[1]:
+      return written
+    temp, done, links = written[:3]
+    unwritten = lambda path: not os.path.exists(os.path.join(
+        temp, _WRITTEN, os.path.basename(path)))
+    dropped = links == verified[0] and any(unwritten(path) for path in verified[1])
+    for path, what in sorted(verified[1].items()):
+      self._log(f'warning: checkpoint part {path} is damaged ({what} differs from its '
+                'record); ' + (f'round {done}\'s checkpoint, which would share it, is dropped '
+                               'and the next one is written whole' if dropped else
+                               f'round {done}\'s checkpoint holds it written anew'))
+    if not dropped:
+      return written
+    shutil.rmtree(temp, ignore_errors=True)
+    self._fingerprints = self._fingerprinted = None
+    return None
+
+  def _publish(self, temp: str, version: int, links: Optional[int],
+               fingerprints=None) -> None:
     """Completes the SavedModel in `temp` (with a layout in parts, first its bundle, whose
-    unwritten parts it links from version `links`) and renames it to the version (atomic,
-    as TFF's write_saved_model does)."""
+    unwritten parts it links from version `links`, and the record of its parts'
+    `fingerprints`) and renames it to the version (atomic, as TFF's write_saved_model
+    does)."""
     import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
     from tff_algos.runtime import bundle_parts  # pylint: disable=g-import-not-at-top
     from tff_algos.runtime import saved_model_template  # pylint: disable=g-import-not-at-top
@@ -277,6 +349,7 @@ class CheckpointWriter:
           os.path.join(temp, _WRITTEN), temp,
           os.path.join(temp, saved_model_template.VARIABLES_PREFIX), self._layout.num_parts,
           None if links is None else os.path.join(self.ckpt_dir, f'program_state_{links}'))
+      bundle_parts.write_record(temp, self._slices, fingerprints, whole=links is None)
     self._template.write_graph(temp)
     path = os.path.join(self.ckpt_dir, f'program_state_{version}')
     if os.path.exists(path):
@@ -324,10 +397,14 @@ class CheckpointWriter:
       except Exception:  # pylint: disable=broad-except  (its version is abandoned)
         pass
     run_directory.remove_unfinished_checkpoints(self.ckpt_dir)
+    # What a resume finds, not what was written: versions removed from outside are gone.
+    left = max(run_directory.checkpointed_rounds(self.ckpt_dir), default=0)
+    if self.checkpointed and not left:
+      return write_error(f'the checkpoint of round {version}', self.ckpt_dir, error, 0,
+                         gone=True)
     if not is_write_failure(error):
       return error
-    return write_error(f'the checkpoint of round {version}', self.ckpt_dir, error,
-                       self.checkpointed)
+    return write_error(f'the checkpoint of round {version}', self.ckpt_dir, error, left)
 
   def wait(self, raise_error: bool = True) -> None:
     """Waits until every version asked for is complete; raises ExperimentError (one line)
@@ -335,7 +412,7 @@ class CheckpointWriter:
     failure is dropped, e.g. while another error ends the run)."""
     try:
       self._join_thread()
-      written = self._wait_for_worker()
+      written = self._usable(self._wait_for_worker())
       if written is not None:
         self._start_thread(lambda: self._complete([], written), written[1])
       self._join_thread()

@@ -10,9 +10,10 @@ from typing import Optional
 
 import numpy as np
 
-from programs import methods
+from programs import lr_schedules
+from programs import user_code
 from programs.methods import registry
-from programs.experiment_config import (DEFAULT_MODELS, NOT_BUILD_INPUTS, SERVER_FLAGS_USED,
+from programs.experiment_config import (DEFAULT_MODELS, NOT_BUILD_INPUTS,
                              ExperimentConfig, ExperimentError)
 
 
@@ -45,8 +46,9 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
   client_opt = client_optimizer(c, c.client_lr)
   server_opt = None
   # --server_lr alone sets the learning rate of plain server SGD.
+  method = user_code.method(c.algorithm)
   kind = c.server_optimizer or (
-      'sgd' if c.server_lr >= 0 and 'server_optimizer' in SERVER_FLAGS_USED[c.algorithm] else '')
+      'sgd' if c.server_lr >= 0 and 'server_optimizer' in method.reads else '')
   if kind:
     lr = c.server_lr if c.server_lr >= 0 else (1e-2 if kind == 'adam' else 1.0)
     if kind == 'adam':
@@ -54,7 +56,6 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
     else:
       server_opt = tff.learning.optimizers.build_sgdm(
           learning_rate=lr, momentum=c.server_momentum if kind == 'sgdm' else None)
-  method = methods.METHODS[c.algorithm]
   args, kwargs = method.arguments(c, registry.BuildInputs(
       model_fn=model_fn, client_optimizer=client_opt, server_optimizer=server_opt,
       num_clients=num_clients, true_clusters=true_clusters))
@@ -64,10 +65,13 @@ def build_process(c: ExperimentConfig, model_fn, num_clients: Optional[int] = No
     process = method.builder(*args, **kwargs)
   except method.errors as e:
     raise ExperimentError(f'{method.error_prefix}{e}') from None
-  if c.client_lr_decay != 1:
-    from tff_algos import client_lr_decay  # pylint: disable=g-import-not-at-top
-    process = client_lr_decay.with_client_lr_decay(process, c.client_lr_decay)
-  return process
+  user_code.check_process(c, process)
+  # The rates' schedules (programs/lr_schedules.py), inside the round.
+  client, server = lr_schedules.schedules(c)
+  if client.is_constant and server.is_constant:
+    return process
+  from tff_algos import schedules  # pylint: disable=g-import-not-at-top
+  return schedules.with_lr_schedules(process, client, server)
 
 
 def check_distributable(c: ExperimentConfig, computations) -> None:
@@ -155,6 +159,8 @@ def _build_key(c: ExperimentConfig, fed, num_clients: int) -> str:
   x0, _ = fed.client_arrays(0)
   return json.dumps(
       [{k: v for k, v in dataclasses.asdict(c).items() if k not in NOT_BUILD_INPUTS},
+       # a cosine schedule's rounds (--rounds is not otherwise built in)
+       [repr(s) for s in lr_schedules.schedules(c)],
        x0.shape[1:], str(x0.dtype), fed.num_classes, fed.info.get('vocab_size'), num_clients],
       sort_keys=True)
 
@@ -172,8 +178,10 @@ def build_computations(c: ExperimentConfig, fed, num_clients: int):
   model_name = c.model or DEFAULT_MODELS[c.dataset]
   x0, _ = fed.client_arrays(0)
   try:
-    model_fn = models.make_model_fn(model_name, tuple(x0.shape[1:]), fed.num_classes,
-                                    seed=c.seed, vocab_size=fed.info.get('vocab_size'))
+    model_fn = (user_code.model_fn(model_name, fed.client_data.element_type_structure['x'],
+                                   fed.num_classes, c.seed) if user_code.is_path(model_name)
+                else models.make_model_fn(model_name, tuple(x0.shape[1:]), fed.num_classes,
+                                          seed=c.seed, vocab_size=fed.info.get('vocab_size')))
   except ValueError as e:
     raise ExperimentError(f'--model={model_name} cannot take {c.dataset}: {e}') from None
   true_clusters = getattr(fed, 'true_clusters', None)

@@ -36,11 +36,11 @@ from programs import checkpoint_writer
 from programs import computations
 from programs import experiment_config
 from programs import fedlex_exploration
-from programs import methods
 from programs.methods import registry
 from programs import run_directory
 from programs import run_results
 from programs import stopping
+from programs import user_code
 # Programs and tests import each name from the module it lives in
 # (tests/test_program_layout.py); only notebooks/1_quickstart.ipynb and
 # 3_inside_the_methods.ipynb still call ExperimentConfig, build_process and Evaluator as
@@ -56,7 +56,8 @@ def load_federated_data(c: ExperimentConfig):
   """The FederatedDataset of the config (loaders and partitioners from data/)."""
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   try:
-    loaded = data.load_dataset(c.dataset, c.data_dir)
+    loaded = (user_code.load_dataset(c) if user_code.is_path(c.dataset)
+              else data.load_dataset(c.dataset, c.data_dir))
   except (data.DatasetNotFoundError, data.DatasetFormatError) as e:
     raise ExperimentError(str(e)) from None
   except OSError as e:  # unreadable files: permissions, a directory where a file should be
@@ -139,6 +140,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
                     stop: Optional[stopping.StopRequests], closing: contextlib.ExitStack) -> dict:
   """run_experiment, with the experiment directory made and held; `closing` releases what
   the run holds (the resident state's scratch directory) however it ends."""
+  started = time.time()
   start_round = run_directory.resume_point(c, log)
   _start_runtime(c)
   run_data = _load_data(c)
@@ -146,6 +148,7 @@ def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
   run = _resume_or_initialise(c, built, start_round, stop, closing, log)
   _prepare_run_directory(c, run_data, run.start_round)
   guidance = _start_guidance(c, run_data, built, run, log)
+  run.seconds_before_rounds = time.time() - started
   _round_loop(c, run, run_data, built, guidance, log)
   return _finish(c, run, run_data, built, guidance)
 
@@ -209,7 +212,7 @@ def _build_computations(c: ExperimentConfig, run_data: _RunData, log) -> _Built:
       [client_evaluator.computation] if client_evaluator else []))
   resident = c.resident_state and not (c.workers or c.local_workers)
   computations.check_state_crosses(c, process, resident)
-  note = methods.METHODS[c.algorithm].note(c)
+  note = user_code.method(c.algorithm).note(c)
   if note:
     log(note)
   return _Built(model_name, model_fn, process, evaluator, client_evaluator, resident, traffic)
@@ -234,6 +237,7 @@ class _Run:
     self.ckpt_dir = os.path.join(self.exp_dir, 'checkpoints')
     self.csv_path = os.path.join(self.exp_dir, 'metrics.csv')
     self.rows, self.best, self.writer, self.progress = [], -1.0, None, None
+    self.seconds_before_rounds = 0.0   # this process's start-up (run_results.startup_seconds)
     self.last_round = self.checkpointed = start_round
 
   def open_rounds(self) -> None:
@@ -331,7 +335,7 @@ def _resume_or_initialise(c: ExperimentConfig, built: _Built, start_round: int,
   closing.callback(runner.close)
   loop = asyncio.new_event_loop()
   closing.callback(loop.close)   # (also when what follows raises, before the run exists)
-  checkpoints = checkpoint_writer.CheckpointWriter(ckpt_dir, checkpointed=start_round)
+  checkpoints = checkpoint_writer.CheckpointWriter(ckpt_dir, checkpointed=start_round, log=log)
   held, state = runner.initial_state()   # (a resume or FedLEx's exploration replaces both)
   program_state = checkpoint_writer.program_state(state, collections.OrderedDict(
       round=0, best_accuracy=-1.0, exploration_client_epochs=0.0))
@@ -351,7 +355,8 @@ def _resume_or_initialise(c: ExperimentConfig, built: _Built, start_round: int,
 def _prepare_run_directory(c: ExperimentConfig, run_data: _RunData, start_round: int) -> None:
   """The run is known valid from here on: only now is its record (re)written."""
   exp_dir = c.experiment_dir
-  run_directory.write_json(os.path.join(exp_dir, 'config.json'), dataclasses.asdict(c))
+  run_directory.write_json(os.path.join(exp_dir, 'config.json'),
+                            dict(dataclasses.asdict(c), user_code=user_code.fingerprints(c)))
   diverged = os.path.join(exp_dir, run_directory.DIVERGED)
   if not start_round and os.path.exists(diverged):
     os.remove(diverged)   # an earlier start diverged in round 1
@@ -506,14 +511,18 @@ def _finish(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built,
       c, run.rows, built.model_name, run.state,
       float(run.program_state['exploration_client_epochs']), run_data.client_test, run.exp_dir)
   summary.update(run_results.bytes_summary(run.rows, built.traffic))
+  summary['startup_seconds'] = run_results.startup_seconds(
+      run.seconds_before_rounds, [r for r in run.rows if int(r['round']) > run.start_round])
   if guidance is not None and guidance.exploration is not None:
     summary.update(guidance.bytes)
   final_weights = run.runner.get_model_weights(run.held)   # (only the weights leave the worker)
   record = registry.RunRecord(c, run.rows, run.state, final_weights, run_data.num_clients)
-  summary.update(methods.METHODS[c.algorithm].summary(record))
-  summary.update(registry.plugin_summary(methods.METHODS[c.algorithm], record))
+  method = user_code.method(c.algorithm)
+  summary.update(method.summary(record), user_code=user_code.fingerprints(c))
+  summary.update(registry.plugin_summary(method, record))
   # Last: it counts the exploration's bytes, whichever entry above records them.
   summary['time_to_accuracy'] = run_results.time_to_accuracy(
       run.rows, experiment_config.target_accuracies(c), run_results.exploration_bytes(summary))
-  run_results.write_results(c, run.exp_dir, run.rows, summary, final_weights)
+  run_results.write_results(c, run.exp_dir, run.rows, summary, final_weights,
+                            built.model_fn)
   return summary

@@ -11,7 +11,9 @@ import math
 import os
 from typing import Optional
 
+from programs import lr_schedules
 from programs import methods
+from programs import user_code
 from programs.methods import registry
 
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
@@ -36,6 +38,8 @@ DEFAULT_TARGET_ACCURACIES = {
     'cifar10': (0.4, 0.5), 'cifar100': (0.25, 0.35), 'shakespeare_tff': (0.4, 0.5),
     'shakespeare_leaf': (0.4, 0.5), 'sent140_leaf': (0.6, 0.7),
 }
+# ... and on a data set of the user's (--dataset=package.module:function).
+USER_TARGET_ACCURACIES = (0.5, 0.8)
 # The server-side flags each algorithm reads (registry.Method.reads); any other one set away
 # from its default is refused rather than recorded in config.json and ignored.
 SERVER_FLAGS_USED = {name: method.reads for name, method in methods.METHODS.items()}
@@ -113,6 +117,9 @@ class _GeneralConfig:
   # evaluated round reaching each, and the bytes and training seconds to it); None = the
   # data set's pair in DEFAULT_TARGET_ACCURACIES.
   target_accuracy: Optional[str] = None
+  # The extra keyword arguments (a JSON object) of a method of the user's (--algorithm=
+  # package.module:builder; programs/user_code.py).
+  method_kwargs: str = ''
 
   @property
   def experiment_dir(self) -> str:
@@ -121,9 +128,11 @@ class _GeneralConfig:
 
 
 # Every flag of programs/train.py as a field; the methods' own flags (with their defaults) come
-# from the registry, programs/methods/
+# from the registry, programs/methods/, the learning-rate schedules' from
+# programs/lr_schedules.py.
 ExperimentConfig = dataclasses.make_dataclass(
-    'ExperimentConfig', methods.config_fields(), bases=(_GeneralConfig,))
+    'ExperimentConfig', methods.config_fields() + lr_schedules.config_fields(),
+    bases=(_GeneralConfig,))
 ExperimentConfig.__module__ = __name__
 ExperimentConfig.__doc__ = 'The settings of one experiment: every flag of programs/train.py.'
 
@@ -170,7 +179,9 @@ FLAG_ROLES = {
     'require_isolated_worker': BOOKKEEPING,
     'resident_state': BOOKKEEPING, 'blown_up_rounds': BOOKKEEPING,
     'target_accuracy': BOOKKEEPING,   # what is reported, not what is computed
+    'method_kwargs': DEFINES_RUN,
     **{flag.name: DEFINES_RUN for flag in methods.registry_flags()},
+    **{name: DEFINES_RUN for name in lr_schedules.FLAG_NAMES},
 }
 # Flags that do not change what a run computes: a resumed run may change them.
 RESUMABLE_CHANGES = tuple(name for name, role in FLAG_ROLES.items() if role.resumable)
@@ -184,7 +195,7 @@ def _default(name: str):
 
 def _check_flags_used(c: ExperimentConfig) -> None:
   """Refuses flags set away from their default that `c.algorithm` would ignore."""
-  method = methods.METHODS[c.algorithm]
+  method = user_code.method(c.algorithm)
   used = method.reads
   for name in registry.SERVER_FLAGS:
     if getattr(c, name) != _default(name) and name not in used:
@@ -209,22 +220,27 @@ def validate(config: ExperimentConfig) -> None:
   from tff_algos.data import partitioners  # pylint: disable=g-import-not-at-top
   from tff_algos.models import catalog  # pylint: disable=g-import-not-at-top
   c = config
-  if c.algorithm not in methods.ALGORITHMS:
-    raise ExperimentError(f'--algorithm={c.algorithm!r} is unknown; choose one of {", ".join(methods.ALGORITHMS)}')
-  if c.dataset not in data.DATASETS:
-    raise ExperimentError(f'--dataset={c.dataset!r} is unknown; choose one of {", ".join(data.DATASETS)}')
+  user_code.check(c)   # import paths (programs/user_code.py)
+  if c.algorithm not in methods.ALGORITHMS and not user_code.is_path(c.algorithm):
+    raise ExperimentError(f'--algorithm={c.algorithm!r} is unknown; choose one of {", ".join(methods.ALGORITHMS)} or a builder of your own, package.module:function')
+  if c.dataset not in data.DATASETS and not user_code.is_path(c.dataset):
+    raise ExperimentError(f'--dataset={c.dataset!r} is unknown; choose one of {", ".join(data.DATASETS)} or package.module:function')
   if c.dataset not in data.NATURALLY_FEDERATED and c.partition not in partitioners.PARTITIONERS:
     raise ExperimentError(f'--partition={c.partition!r} is unknown; choose one of {", ".join(partitioners.PARTITIONERS)}')
   if c.dataset == 'digits' and c.data_dir:
     raise ExperimentError('--dataset=digits is bundled with scikit-learn and reads no files; '
                           'drop --data_dir')
-  if c.model and c.model not in catalog.MODEL_NAMES:
-    raise ExperimentError(f'--model={c.model!r} is unknown; choose one of {", ".join(catalog.MODEL_NAMES)}')
-  wanted = catalog.MODEL_INPUTS[DEFAULT_MODELS[c.dataset]]
-  if c.model and catalog.MODEL_INPUTS[c.model] != wanted:
+  if c.model and c.model not in catalog.MODEL_NAMES and not user_code.is_path(c.model):
+    raise ExperimentError(f'--model={c.model!r} is unknown; choose one of {", ".join(catalog.MODEL_NAMES)} or package.module:function')
+  wanted = catalog.MODEL_INPUTS.get(DEFAULT_MODELS.get(c.dataset))
+  if wanted and c.model in catalog.MODEL_NAMES and catalog.MODEL_INPUTS[c.model] != wanted:
     raise ExperimentError(
         f'--model={c.model} does not take {c.dataset}\'s {catalog.INPUT_DESCRIPTIONS[wanted]}; '
         f'choose one of {", ".join(catalog.models_for(wanted))}')
+  name = c.experiment_name
+  if name in ('.', '..') or any(sep and sep in name for sep in (os.sep, os.altsep)):
+    raise ExperimentError(f'--experiment_name={name!r} would leave --root_output_dir; give a '
+                          'name without a path separator, other than . and ..')
   _check_flags_used(c)
   positive_ints = dict(num_clients=c.num_clients, clients_per_round=c.clients_per_round,
                        rounds=c.rounds, local_epochs=c.local_epochs, batch_size=c.batch_size,
@@ -256,11 +272,14 @@ def validate(config: ExperimentConfig) -> None:
   if not (0 < c.client_lr_decay < math.inf):
     raise ExperimentError(
         f'--client_lr_decay must be a number > 0 (1 = no decay), got {c.client_lr_decay}')
-  if c.client_lr_decay != 1 and not methods.METHODS[c.algorithm].local_steps:
+  if c.client_lr_decay != 1 and not user_code.method(c.algorithm).local_steps:
     raise ExperimentError(
         f'--client_lr_decay: {c.algorithm} takes no local step (one full-batch gradient per '
         'client), so it has no client learning rate to decay; drop the flag or decay '
         '--server_lr instead')
+  error = lr_schedules.problem(c)
+  if error:
+    raise ExperimentError(error)
   if c.partition == 'dirichlet' and not c.dirichlet_alpha > 0:
     raise ExperimentError(f'--dirichlet_alpha must be > 0, got {c.dirichlet_alpha}')
   if c.server_optimizer and c.server_optimizer not in SERVER_OPTIMIZERS:
@@ -273,7 +292,7 @@ def validate(config: ExperimentConfig) -> None:
                           f'{c.client_test_fraction}')
   client_faults(c)
   target_accuracies(c)
-  error = methods.METHODS[c.algorithm].validate(c)
+  error = user_code.method(c.algorithm).validate(c)
   if error:
     raise ExperimentError(error)
 
@@ -283,19 +302,30 @@ def client_faults(c: ExperimentConfig):
   --straggler_min_work), or ExperimentError naming the flag to fix."""
   from tff_algos import data  # pylint: disable=g-import-not-at-top  (no TF import)
   if c.straggler_fraction == 0 and c.straggler_min_work != _default('straggler_min_work'):
-    raise ExperimentError('--straggler_min_work is used only with --straggler_fraction > 0; '
-                          'add that or drop --straggler_min_work')
+    raise ExperimentError(_STRAGGLER_MIN_WORK_UNUSED)
   try:
     return data.ClientFaults(c.client_dropout, c.straggler_fraction, c.straggler_min_work)
   except ValueError as e:   # its message starts with the argument's name, the flag's
     raise ExperimentError(f'--{e}') from None
 
 
+_STRAGGLER_MIN_WORK_UNUSED = ('--straggler_min_work is used only with --straggler_fraction > 0; '
+                              'add that or drop --straggler_min_work')
+
+
+def check_given_flags(c: ExperimentConfig, given) -> None:
+  """Refuses a flag of `given` (the names of the flags given explicitly, which absl knows)
+  that the run would ignore whatever its value: `validate` sees values only, so it can
+  refuse such a flag only away from its default."""
+  if 'straggler_min_work' in given and not c.straggler_fraction > 0:
+    raise ExperimentError(_STRAGGLER_MIN_WORK_UNUSED)
+
+
 def target_accuracies(c: ExperimentConfig) -> tuple:
   """The test accuracies time_to_accuracy reports: --target_accuracy's, else the data set's
   DEFAULT_TARGET_ACCURACIES; ExperimentError for a value that is not a number in (0, 1]."""
   if c.target_accuracy is None:
-    return DEFAULT_TARGET_ACCURACIES[c.dataset]
+    return DEFAULT_TARGET_ACCURACIES.get(c.dataset, USER_TARGET_ACCURACIES)
   fix = 'give test accuracies in (0, 1], comma-separated (e.g. 0.6,0.7), or drop the flag'
   texts = [t.strip() for t in c.target_accuracy.split(',')]
   if not any(texts):
@@ -342,10 +372,13 @@ def settings_changed(saved: dict, c: ExperimentConfig) -> str:
   """'' when a run recorded as `saved` (its config.json) is a run of `c` up to
   RESUMABLE_CHANGES, else 'it was run with --x=old (now --x=new)'."""
   mine = dataclasses.asdict(c)
-  differing = [name for name in mine if name not in RESUMABLE_CHANGES
+  # A cosine schedule runs over --rounds: then --rounds defines the run.
+  fixed = ('rounds',) if (lr_schedules.uses_rounds(c)
+                          or lr_schedules.uses_rounds(recorded_config(saved))) else ()
+  differing = [name for name in mine if (name not in RESUMABLE_CHANGES or name in fixed)
                and saved.get(name, _default(name)) != mine[name]]
   if not differing:
-    return ''
+    return user_code.changed(saved.get('user_code') or {}, c)
   return ('it was run with ' + ', '.join(f'--{n}={saved.get(n, _default(n))}' for n in differing)
           + ' (now ' + ', '.join(f'--{n}={mine[n]}' for n in differing) + ')')
 

@@ -9,7 +9,7 @@ from typing import Optional
 
 import numpy as np
 
-from programs import methods
+from programs import user_code
 from programs.methods import registry
 from programs.computations import check_distributable, client_optimizer
 from programs.experiment_config import ExperimentConfig, ExperimentError, client_faults
@@ -61,12 +61,13 @@ class Guidance:
     c = self._c
     if self.exploration is not None:   # every explorer explores once (in place or not)
       self._count_bytes(self.explorers, 0)
-    state, metrics = _initial_state(c, self._fed, self._process, self.exploration,
-                                    self.explorers, state)
+    state, metrics, placeholder = _initial_state(c, self._fed, self._process,
+                                                 self.exploration, self.explorers, state)
     if c.fedlex_guidance == 'placeholder':
       from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
-      self.placeholder = fedlex.placeholder_guidance(
-          self._process.get_model_weights(state).trainable, c.fedlex_guidance_floor)
+      self.placeholder = placeholder if placeholder is not None else \
+          fedlex.placeholder_guidance(self._process.get_model_weights(state).trainable,
+                                      c.fedlex_guidance_floor)
     return state, metrics
 
   def after_round(self, round_num: int, sampled, runner, held):
@@ -90,7 +91,7 @@ class Guidance:
 
 def guidance(c: ExperimentConfig, fed, process, model_fn, num_clients: int) -> Optional[Guidance]:
   """The run's Guidance, None for a run FedLEx does not guide."""
-  if not methods.METHODS[c.algorithm].is_guided(c):
+  if not user_code.method(c.algorithm).is_guided(c):
     return None
   return Guidance(c, fed, process, model_fn, num_clients)
 
@@ -126,29 +127,31 @@ def fedlex_explorers(c: ExperimentConfig, num_clients: int) -> np.ndarray:
 
 
 def _initial_state(c: ExperimentConfig, fed, process, exploration, explorers, state):
-  """(state, exploration metrics) a guided run starts round 1 from: G explored
-  (--fedlex_guidance=exploration) or not yet (placeholder: all ones), from the initial model
-  or, with --fedlex_explore_in_place, the explorers' in-place training of it."""
+  """(state, exploration metrics, placeholder G or None) a guided run starts round 1 from:
+  G explored (--fedlex_guidance=exploration) or not yet (placeholder: all ones), from the
+  initial model or, with --fedlex_explore_in_place, the explorers' in-place training of it
+  (each input one `tl_base` epoch, then the exploration epochs; the placeholder G then comes
+  from the last explorer's `tl_base`, as the reference's)."""
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
   if not c.fedlex_explore_in_place:
     if exploration is None:
-      return state, collections.OrderedDict(exploration_client_epochs=0.0)
-    return _explore(c, fed, process, exploration, explorers, state, 0)
-  _, inputs = data.round_inputs(fed, 0, len(explorers), c.fedlex_exploration_epochs,
+      return state, collections.OrderedDict(exploration_client_epochs=0.0), None
+    return _explore(c, fed, process, exploration, explorers, state, 0) + (None,)
+  _, inputs = data.round_inputs(fed, 0, len(explorers), 1 + c.fedlex_exploration_epochs,
                                 c.seed + 1, client_ids=explorers, faults=client_faults(c))
   kwargs = registry.exploration_kwargs(c)
   try:
     weights, guidance, metrics = fedlex.explore_in_place(
         exploration, process.get_model_weights(state), [[x] for x in inputs],
-        kwargs['normalize'], kwargs['guidance_floor'])
+        kwargs['normalize'], kwargs['guidance_floor'], c.fedlex_guidance)
   except ValueError as e:
     raise ExperimentError(f'--fedlex_explore_in_place: {e}; try a lower '
                           '--fedlex_exploration_lr') from None
   state = process.set_model_weights(state, weights)
   if c.fedlex_guidance == 'exploration':
-    state = fedlex.set_guidance(process, state, guidance)
-  return state, metrics
+    return fedlex.set_guidance(process, state, guidance), metrics, None
+  return state, metrics, guidance
 
 
 def _explore(c: ExperimentConfig, fed, process, exploration, explorers, state, round_num):

@@ -240,40 +240,80 @@ def truncate_tensorboard(directory: str, last_round: int) -> None:
       os.replace(path + '.tmp', path)
 
 
+def _damage(version_dir: str) -> dict[str, str]:
+  """{file: what differs} for a version written in parts whose parts no longer match their
+  record (`bundle_parts.damaged_parts`); {} for one that matches or has no parts."""
+  if not os.path.isdir(os.path.join(version_dir, 'parts')):
+    return {}
+  from tff_algos.runtime import bundle_parts  # pylint: disable=g-import-not-at-top
+  return bundle_parts.damaged_parts(version_dir)
+
+
 def load_checkpoint(loop, manager, program_state, exp_dir: str,
                     log: Callable[[str], None]):
   """(the newest checkpoint that loads as `program_state`'s structure, its round).
 
-  A newer version that cannot be read (damaged files) is removed, with one warning saying
-  which rounds the run recomputes, and metrics.csv and TensorBoard are cut back to the
-  round resumed (TensorBoard by the run directory's preparation, which truncates to the
-  round the run starts from). Raises ExperimentError if no version loads: then the
-  checkpoints are not this program's state, and nothing is removed.
+  A version written in parts loads only if every part matches its record (`_damage`); a
+  newer version that does not, or cannot be read (damaged files), is removed, with one
+  warning naming the damaged files, or saying which rounds the run recomputes, and
+  metrics.csv and TensorBoard are cut back to the round resumed (TensorBoard by the run
+  directory's preparation, which truncates to the round the run starts from). Raises
+  ExperimentError if no version loads: naming the damage if every version is damaged
+  (TensorFlow's checksums, a part that differs from its record), else saying that the
+  checkpoints are not this program's state; nothing is removed then.
   """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   ckpt_dir = os.path.join(exp_dir, 'checkpoints')
-  unreadable = []
+  unreadable, damaged = [], {}
   for version in reversed(checkpointed_rounds(ckpt_dir)):
+    path = os.path.join(ckpt_dir, f'program_state_{version}')
+    parts = _damage(path)
+    if parts:
+      unreadable.append((version, None))
+      for file, what in parts.items():   # a file shared by hard link: named where written
+        try:
+          key = os.stat(file).st_ino
+        except OSError:
+          key = file
+        damaged[key] = (file, what)
+      continue
     try:
       restored = loop.run_until_complete(manager.load(version, program_state))
     except Exception as e:  # pylint: disable=broad-except
       unreadable.append((version, e))
       continue
     if unreadable:
-      newest, error = unreadable[0]
-      several = len(unreadable) > 1
-      names = ', '.join(str(v) for v, _ in reversed(unreadable))
+      newest = unreadable[0][0]
+      rounds = (f'rounds {version + 1}-{newest} are' if newest > version + 1
+                else f'round {newest} is')
+      for file, what in sorted(damaged.values()):
+        log(f'warning: checkpoint part {file} is damaged ({what} differs from its record); '
+            f'resuming from version {version}')
+      errors = [(v, e) for v, e in unreadable if e is not None]
+      names = ', '.join(str(v) for v, _ in reversed(errors if not damaged else unreadable))
+      several = len(errors if not damaged else unreadable) > 1
+      why = (f'cannot be read ({type(errors[0][1]).__name__})' if not damaged else
+             'share a damaged part or cannot be read' if several else
+             'shares a damaged part or cannot be read')
       log(f'warning: the checkpoint{"s" if several else ""} of round{"s" if several else ""} '
-          f'{names} in {ckpt_dir} cannot be read ({type(error).__name__}) and '
-          f'{"are" if several else "is"} removed: resuming after round {version}, so '
-          + (f'rounds {version + 1}-{newest} are' if newest > version + 1
-             else f'round {newest} is') + ' recomputed')
+          f'{names} in {ckpt_dir} {why} and {"are" if several else "is"} removed: resuming '
+          f'after round {version}, so {rounds} recomputed')
       for bad, _ in unreadable:
         shutil.rmtree(os.path.join(ckpt_dir, f'program_state_{bad}'), ignore_errors=True)
       csv_path = os.path.join(exp_dir, 'metrics.csv')
       rows = csv_rows(csv_path)
       write_csv(csv_path, [r for r in rows if int(r['round']) <= version])
     return restored, version
-  error = unreadable[0][1] if unreadable else None
+  errors = [e for _, e in unreadable if e is not None]
+  if unreadable and all(isinstance(e, (tf.errors.DataLossError, tf.errors.OutOfRangeError))
+                        for e in errors):
+    file, differs = min(damaged.values()) if damaged else (None, None)
+    what = (f'checkpoint part {file} is damaged ({differs} differs from its record)'
+            if damaged else f'its checkpoints are damaged ({type(errors[0]).__name__})')
+    raise ExperimentError(
+        f'cannot resume {exp_dir}: {what} and no version of it is whole; start the run afresh '
+        '(another --experiment_name)')
+  error = errors[0] if errors else None
   raise ExperimentError(
       f'cannot resume {exp_dir}: its checkpoint does not match this program\'s state '
       f'({type(error).__name__}); choose another --experiment_name')

@@ -179,11 +179,60 @@ def run_summary(c: ExperimentConfig, rows: list[dict], model_name: str, state,
   return summary
 
 
+def startup_seconds(seconds_before_rounds: float, session_rows: list[dict]) -> float:
+  """summary.json's `startup_seconds`: what starting the run cost beside its rounds, in the
+  process that finished it: the seconds before its first round (loading the data, building
+  the computations, starting TFF's worker, restoring a checkpoint), plus its first round's
+  whole seconds above the median of its later ones (the worker compiling the computations),
+  when it made later ones. `session_rows`: metrics.csv's rows of the rounds it made."""
+  whole = [float(r['round_seconds']) for r in session_rows
+           if r.get('round_seconds') not in (None, '')]
+  first_excess = max(0.0, whole[0] - float(np.median(whole[1:]))) if len(whole) > 1 else 0.0
+  return round(seconds_before_rounds + first_excess, 3)
+
+
+FINAL_WEIGHTS = 'final_weights.npz'
+
+
+def weight_names(variable_model) -> list[str]:
+  """The names final_weights.npz keys a model's weights by, in `ModelWeights` order
+  (trainable, then non-trainable): each variable's name without its ':0' (a Keras model's
+  'layer/kernel', unique in the model); a name that would repeat (a FunctionalModel's
+  variables are all 'Variable') is numbered, 'Variable_1', ...."""
+  names, seen = [], set()
+  for v in (list(variable_model.trainable_variables)
+            + list(variable_model.non_trainable_variables)):
+    name = v.name.split(':')[0]
+    base, n = name, 0
+    while name in seen:
+      n += 1
+      name = f'{base}_{n}'
+    seen.add(name)
+    names.append(name)
+  return names
+
+
+def write_final_weights(exp_dir: str, model_fn, final_weights) -> None:
+  """final_weights.npz: the global model's weights keyed by `weight_names` (the model built
+  in a throwaway graph, whose layer names are a fresh process's), in `ModelWeights` order."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  with tf.Graph().as_default():
+    names = weight_names(model_fn())
+  arrays = [np.asarray(w) for w in
+            list(final_weights.trainable) + list(final_weights.non_trainable)]
+  np.savez(os.path.join(exp_dir, FINAL_WEIGHTS), **dict(zip(names, arrays)))
+
+
+def load_final_weights(exp_dir: str) -> list:
+  """final_weights.npz's arrays in `ModelWeights` order (trainable, then non-trainable)."""
+  with np.load(os.path.join(exp_dir, FINAL_WEIGHTS)) as f:
+    return [f[k] for k in f.files]
+
+
 def write_results(c: ExperimentConfig, exp_dir: str, rows: list[dict], summary: dict,
-                  final_weights) -> None:
+                  final_weights, model_fn) -> None:
   """Writes final_weights.npz, summary.json and accuracy.png into `exp_dir`."""
-  np.savez(os.path.join(exp_dir, 'final_weights.npz'),
-           *[np.asarray(w) for w in list(final_weights.trainable) + list(final_weights.non_trainable)])
+  write_final_weights(exp_dir, model_fn, final_weights)
   write_json(os.path.join(exp_dir, 'summary.json'), summary)
   plot_accuracy(rows, os.path.join(exp_dir, 'accuracy.png'),
                 f'{c.algorithm} on {c.dataset} ({c.partition})', exploration_bytes(summary))

@@ -12,9 +12,10 @@ directory of programs/train.py under the study's output_dir; a finished run is s
 a stopped one resumes exactly, so the same command continues after a kill, and two copies of
 one command share its runs. SIGTERM/SIGINT stop at the next round boundary, checkpointed
 (exit 128 + the signal). The page (results.md, results.json, curves.png in output_dir) is
-written from the run directories alone; a file's `report = "module:function"` writes a
-paper layer's pages instead (the papers' suites: benchmarks/studies/), except under
---output_dir.
+written from the run directories alone; a file's `report = "module:function"` (a module of
+programs/ or your own) writes its pages instead, except under --output_dir. The papers'
+suites (benchmarks/studies/) name benchmarks' writers, which programs never import: run
+them with `python -m benchmarks.study`, which lends them here (`LENT_WRITERS`).
 """
 
 import dataclasses
@@ -26,11 +27,12 @@ from typing import Optional
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-from absl import app  # pylint: disable=g-import-not-at-top
+
 from absl import flags
 from absl import logging
 
 from programs import experiment_config
+from programs import flag_parsing
 from programs import run_directory
 from programs.studies import command_flags
 from programs.studies import queue
@@ -40,6 +42,11 @@ from programs.studies import study_page
 from programs.studies import tuning
 
 COMMANDS = ('run', 'tune', 'plan', 'report')
+# Page writers a program wrapping this one lends, by the `report` value that names them
+# (benchmarks/study.py lends the paper layer's). Any other `report` is imported here, unless
+# it names a module of OUT_OF_REACH: programs never import those (tests/test_layers.py).
+LENT_WRITERS: dict = {}
+OUT_OF_REACH = ('benchmarks', 'tests')
 _OUTPUT_DIR = flags.DEFINE_string(
     'output_dir', None, 'Where the study\'s runs, tuned.json and page go (relative to the '
     'working directory); default: the file\'s output_dir (relative to the file).')
@@ -68,8 +75,8 @@ def main(argv):
                   f'{", ".join(study.runs)}')
   if _ONLY.value and command not in ('run', 'plan'):
     return _error(f'--only chooses runs for `run` and `plan`; `{command}` takes the whole study')
-  try:
-    write = _writer(study)
+  try:   # (`plan` writes no page)
+    write = _writer(study) if command != 'plan' else None
   except study_file.StudyFileError as e:
     return _error(str(e))
   with queue.stop_requests():
@@ -117,12 +124,19 @@ def _check_before_training(configs) -> None:
 
 
 def _writer(study):
-  """What writes the study's page: the file's `report` (a paper layer's module:function,
-  for its own output_dir only), else the generic page (`_write`). StudyFileError when
-  `report` names nothing importable."""
+  """What writes the study's page: the file's `report` (a module:function lent, or of
+  programs/ or the user's, for its own output_dir only), else the generic page (`_write`).
+  StudyFileError when `report` names nothing importable, or a module of OUT_OF_REACH."""
   if not study.report or _OUTPUT_DIR.value:
     return _write
+  if study.report in LENT_WRITERS:
+    return LENT_WRITERS[study.report]
   module, function = study.report.split(':')
+  if module.split('.')[0] in OUT_OF_REACH:
+    raise study_file.StudyFileError(
+        f'{study.path} report: "{study.report}" is a module of {module.split(".")[0]}/, which '
+        'programs never import; run a paper suite\'s file with `python -m benchmarks.study`, '
+        'or name a module of programs/ or your own')
   try:
     return getattr(importlib.import_module(module), function)
   except (ImportError, AttributeError) as e:
@@ -149,4 +163,4 @@ def _write(study) -> None:
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

@@ -22,12 +22,16 @@ from absl import logging
 
 from programs import experiment
 from programs import experiment_config
+from programs import flag_parsing
+from programs import lr_schedules
 from programs import methods
 from programs import stopping
 
 _ALGORITHM = flags.DEFINE_string(
-    'algorithm', 'fedavg', f'One of {", ".join(methods.ALGORITHMS)}.')
-_DATASET = flags.DEFINE_string('dataset', 'fashion_mnist', 'Dataset name (see docs/data.md).')
+    'algorithm', 'fedavg', f'One of {", ".join(methods.ALGORITHMS)}, or a builder '
+    'of your own, package.module:function (docs/your_own.md).')
+_DATASET = flags.DEFINE_string('dataset', 'fashion_mnist', 'Dataset name (see docs/data.md), '
+                               'or package.module:function (docs/your_own.md).')
 _DATA_DIR = flags.DEFINE_string('data_dir', None, 'Directory of local dataset files.')
 _PARTITION = flags.DEFINE_string(
     'partition', 'dirichlet',
@@ -52,13 +56,21 @@ _CLIENT_WEIGHT_DECAY = flags.DEFINE_float(
     'weight_decay: adds this times the weights to every gradient.')
 _CLIENT_LR_DECAY = flags.DEFINE_float(
     'client_lr_decay', 1.0, 'Multiply the client learning rate by this after every round '
-    '(round t trains at --client_lr times this to the power t - 1; 1 = constant).')
+    '(round t trains at --client_lr times this to the power t - 1; 1 = constant); with '
+    '--client_lr_schedule=step, every --client_lr_decay_every rounds.')
+# The other learning-rate schedule flags, client and server (--client_lr_schedule, ...).
+_SCHEDULE_FLAGS = lr_schedules.define_absl_flags()
+flags.adopt_module_key_flags(lr_schedules)
 _SERVER_OPTIMIZER = flags.DEFINE_string(
     'server_optimizer', '', 'sgd, sgdm or adam; empty = the algorithm\'s default.')
 _SERVER_LR = flags.DEFINE_float('server_lr', -1.0, 'Server learning rate; < 0 = default.')
 _SERVER_MOMENTUM = flags.DEFINE_float('server_momentum', 0.9, 'Server momentum (sgdm, fedavgm).')
 _PROXIMAL = flags.DEFINE_float('proximal_strength', 0.01, 'FedProx mu.')
-_MODEL = flags.DEFINE_string('model', '', 'Model name; empty = the dataset default.')
+_MODEL = flags.DEFINE_string('model', '', 'Model name, or package.module:function '
+                             '(docs/your_own.md); empty = the dataset default.')
+_METHOD_KWARGS = flags.DEFINE_string(
+    'method_kwargs', '', 'The extra keyword arguments of a method of your own, a JSON object '
+    '(e.g. \'{"clip_norm": 1.0}\'; docs/your_own.md).')
 _SEED = flags.DEFINE_integer('seed', 0, 'Seed of partition, sampling, batches and init.')
 _EVAL_EVERY = flags.DEFINE_integer('eval_every', 1, 'Evaluate every this many rounds.')
 _EVAL_LAST = flags.DEFINE_integer(
@@ -140,7 +152,9 @@ def config_from_flags() -> experiment_config.ExperimentConfig:
       worker_timeout=_WORKER_TIMEOUT.value,
       require_isolated_worker=_REQUIRE_ISOLATED_WORKER.value, resident_state=_RESIDENT_STATE.value,
       blown_up_rounds=_BLOWN_UP_ROUNDS.value, target_accuracy=_TARGET_ACCURACY.value,
-      **{name: holder.value for name, holder in _METHOD_FLAGS.items()})
+      method_kwargs=_METHOD_KWARGS.value,
+      **{name: holder.value for name, holder in _METHOD_FLAGS.items()},
+      **{name: holder.value for name, holder in _SCHEDULE_FLAGS.items()})
 
 
 def main(argv):
@@ -152,6 +166,8 @@ def main(argv):
   # its next round boundary (see stopping.StopRequests); the worker stops at exit.
   with stopping.StopRequests() as stop:
     try:
+      experiment_config.check_given_flags(
+          config, [name for name in flags.FLAGS if flags.FLAGS[name].present])
       summary = experiment.run_experiment(config, stop=stop)  # validates before TF starts
     except experiment_config.ExperimentError as e:
       print(f'error: {e}', file=sys.stderr)
@@ -174,4 +190,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

@@ -9,7 +9,7 @@ The worker runs any TensorFlow computation it is handed, unauthenticated, so it 
 where `--bind` says: loopback by default (reach it from another machine through an SSH
 tunnel, docs/distributed.md), or a Unix socket (only users allowed into its directory reach
 it). The binary itself can only listen on every interface: it runs in a network namespace of
-its own, relayed to that address (tff_algos/runtime/workers.py). `--bind=0.0.0.0` runs it as
+its own, relayed to that address (tff_algos/runtime/isolation.py). `--bind=0.0.0.0` runs it as
 TFF does, reachable by anyone who can reach the port.
 
 The service is this process: stopping it (Ctrl-C, SIGTERM, a container's stop) stops the
@@ -23,14 +23,14 @@ import importlib.util
 import os
 import sys
 
-_WORKERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        'tff_algos', 'runtime', 'workers.py')
+_ISOLATION = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          'tff_algos', 'runtime', 'isolation.py')
 _EVERY_INTERFACE = ('0.0.0.0', '::', '*')
 
 
-def _workers_module():
-  """tff_algos/runtime/workers.py alone (the package's __init__ would import TensorFlow)."""
-  spec = importlib.util.spec_from_file_location('_tff_algos_workers', _WORKERS)
+def _isolation_module():
+  """tff_algos/runtime/isolation.py alone (the package's __init__ would import TensorFlow)."""
+  spec = importlib.util.spec_from_file_location('_tff_algos_isolation', _ISOLATION)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -56,10 +56,10 @@ def main(argv=None) -> int:
   if not unix and not 0 < args.port < 65536:
     print(f'error: --port must be in 1..65535, got {args.port}', file=sys.stderr)
     return 2
-  workers = _workers_module()
+  isolation = _isolation_module()
   exposed = args.bind in _EVERY_INTERFACE
-  port = args.port if exposed else workers.NAMESPACE_PORT
-  command = workers.worker_command(port, args.max_concurrent_computation_calls)
+  port = args.port if exposed else isolation.NAMESPACE_PORT
+  command = isolation.worker_command(port, args.max_concurrent_computation_calls)
   if args.binary:
     command[0] = args.binary
   if not os.access(command[0], os.X_OK):
@@ -71,17 +71,17 @@ def main(argv=None) -> int:
     print(f'TFF executor service on port {args.port} of every interface (unauthenticated: '
           f'anyone who reaches it can run code as this user): {" ".join(command)}', flush=True)
     os.execv(command[0], command)
-  reason = workers.isolation_unavailable()
+  reason = isolation.isolation_unavailable()
   if reason is not None:
     print(f'error: cannot bind the worker to {args.bind} here ({reason}): the binary itself '
-          f'listens on every interface; {workers.ISOLATION_FIX}, or pass --bind=0.0.0.0 '
+          f'listens on every interface; {isolation.ISOLATION_FIX}, or pass --bind=0.0.0.0 '
           'on a network you trust', file=sys.stderr)
     return 2
   listen = args.bind if unix else (
       f'[{args.bind}]:{args.port}' if ':' in args.bind else f'{args.bind}:{args.port}')
   print(f'TFF executor service at {listen}: {" ".join(command)}', flush=True)
   try:
-    return workers.serve_isolated(listen, command)
+    return isolation.serve_isolated(listen, command)
   except OSError as e:
     print(f'error: cannot listen at {listen}: {e.strerror or e}; choose another --port or '
           '--bind', file=sys.stderr)

@@ -118,14 +118,14 @@ def write_study():
 def study_command():
   """study_command(*args) -> the finished `python -m programs.study *args` (a CompletedProcess,
   text), run from the checkout; its stdout ends with a line 'TF' or 'no TF': whether it
-  imported TensorFlow."""
+  imported TensorFlow. `program='benchmarks.study'`: the papers' study files' entry."""
   import subprocess  # pylint: disable=g-import-not-at-top
 
-  def run(*args, timeout=600):
+  def run(*args, timeout=600, program='programs.study'):
     code = ('import atexit, runpy, sys; '
             'atexit.register(lambda: print("TF" if "tensorflow" in sys.modules else "no TF")); '
             f'sys.argv = ["study"] + {list(args)!r}; '
-            'runpy.run_module("programs.study", run_name="__main__")')
+            f'runpy.run_module({program!r}, run_name="__main__")')
     return subprocess.run([sys.executable, '-c', code], cwd=_ROOT,
                           env=dict(os.environ, PYTHONPATH=_ROOT, TF_CPP_MIN_LOG_LEVEL='3'),
                           capture_output=True, text=True, timeout=timeout)

@@ -174,3 +174,43 @@ def test_on_a_file_system_without_hard_links_parts_are_copied(tmp_path, monkeypa
   assert all(_inode(tmp_path, 2, part) != _inode(tmp_path, 1, part) for part in range(PARTS))
   shutil.rmtree(tmp_path / 'v1')
   _assert_read_as(tmp_path, 2, second)
+
+
+def test_a_bundles_record_names_each_part_that_no_longer_matches_it(tmp_path):
+  """The record holds each part's slice, its fingerprint (of its row's bytes, as tf.fingerprint
+  of the numpy row gives it) and its data file's size (os.stat); `damaged_parts` finds none
+  in a bundle as written, then names a truncated part ('size'), a part with bytes flipped
+  ('fingerprint') and one whose record's fingerprint differs ('fingerprint'), in a later
+  bundle sharing those files too."""
+  tensors = _tensors(np.random.default_rng(6))
+  fingerprints, _ = _write(tmp_path, 1, tensors)
+  slices = bundle_parts.part_slices([(i, axes, n) for (i, axes), n in zip(CUT, (6, 4))],
+                                    NAMES, [t.shape for t in tensors],
+                                    [t.dtype.name for t in tensors])
+  bundle_parts.write_record(str(tmp_path / 'v1'), slices, fingerprints, whole=True)
+  record = bundle_parts.read_record(str(tmp_path / 'v1'))
+  rows = ([tensors[0].reshape(6, -1)[r] for r in range(6)] +
+          [tensors[2].reshape(4, -1)[r] for r in range(4)])
+  files = [str(tmp_path / 'v1' / bundle_parts.PARTS_DIR / f'part_{p}{bundle_parts.DATA_SUFFIX}')
+           for p in range(PARTS)]
+  assert record['whole'] and [(p['name'], p['slice']) for p in record['parts']] == (
+      [('a', bundle_parts.slice_spec((2, 3, 8), 2, r)) for r in range(6)] +
+      [('b', bundle_parts.slice_spec((4, 6), 1, r)) for r in range(4)])
+  assert [p['fingerprint'] for p in record['parts']] == [
+      tf.fingerprint(row[None]).numpy()[0].tobytes().hex() for row in rows]
+  assert [p['size'] for p in record['parts']] == [os.path.getsize(f) for f in files]
+  assert bundle_parts.damaged_parts(str(tmp_path / 'v1')) == {}
+  second = [t.copy() for t in tensors]
+  second[2][0, 0] += 1.0
+  fingerprints_2, _ = _write(tmp_path, 2, second, fingerprints, 1)
+  bundle_parts.write_record(str(tmp_path / 'v2'), slices, fingerprints_2, whole=False)
+  with open(files[1], 'r+b') as f:
+    f.truncate(os.path.getsize(files[1]) - 1)
+  with open(files[3], 'r+b') as f:
+    f.seek(os.path.getsize(files[3]) // 2)
+    f.write(b'\xff\xfe\xfd\xfc')
+  record['parts'][7]['fingerprint'] = '00' * bundle_parts.FINGERPRINT_BYTES
+  assert bundle_parts.damaged_parts(str(tmp_path / 'v1'), record) == {
+      files[1]: 'size', files[3]: 'fingerprint', files[7]: 'fingerprint'}
+  assert bundle_parts.damaged_parts(str(tmp_path / 'v2')) == {
+      f.replace('v1', 'v2'): what for f, what in ((files[1], 'size'), (files[3], 'fingerprint'))}

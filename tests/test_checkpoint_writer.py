@@ -27,6 +27,7 @@ from programs import checkpoint_writer
 from programs import experiment
 from programs import experiment_config
 from programs import run_directory
+from programs import run_results
 from programs.experiment_config import ExperimentError
 from tests import helpers
 
@@ -43,8 +44,7 @@ def _quiet(_):
 
 
 def _weights(directory):
-  with np.load(os.path.join(directory, 'final_weights.npz')) as f:
-    return [f[k] for k in sorted(f.files, key=lambda k: int(k.split('_')[1]))]
+  return run_results.load_final_weights(directory)
 
 
 def _rows(directory):
@@ -169,9 +169,9 @@ class _EagerWorker:
 
   def write(self, held, path, layout, extras=(), wait=True, previous=None):
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+    from tff_algos.runtime import state_transfer  # pylint: disable=g-import-not-at-top
     assert not wait
-    tensors = ([tf.constant(x) for x in resident_state.state_leaves(held, self.state_type)] +
+    tensors = ([tf.constant(x) for x in state_transfer.state_leaves(held, self.state_type)] +
                [tf.constant(x) for x in extras] +
                [tf.constant(value, tf.string) for _, value in layout.constants])
     names = (list(layout.state) + [name for name, _ in layout.extras] +
@@ -230,6 +230,35 @@ def test_a_checkpoint_returns_before_the_workers_write_is_waited_for(tmp_path):
     np.testing.assert_array_equal(loaded['state']['w'], expected['state']['w'])
     assert loaded['state']['n'] == version and int(loaded['round']) == version
     assert np.float32(loaded['best_accuracy']) == np.float32(version / 10)
+
+
+def _small_state_type():
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  return tff.StructWithPythonType([('w', tff.TensorType(np.float32, [2, 3])),
+                                   ('n', tff.TensorType(np.int32))], collections.OrderedDict)
+
+
+def test_a_checkpoints_directory_removed_mid_run_is_said_to_start_afresh(tmp_path):
+  """The checkpoints directory is deleted while version 2 is being written: the write fails
+  in one line saying that --resume starts the run afresh (no version is left), not that it
+  continues after the last version written."""
+  runner = _EagerWorker(_small_state_type())
+  ckpt_dir = str(tmp_path / 'checkpoints')
+  writer = checkpoint_writer.CheckpointWriter(ckpt_dir)
+  writer.prepare(runner, checkpoint_writer.program_state(_small_state(0), _figures(0)),
+                 scratch_dir=str(tmp_path))
+  writer.checkpoint(runner, _small_state(1), _figures(1), 1)
+  writer.checkpoint(runner, _small_state(2), _figures(2), 2)
+  writer._join_thread()  # pylint: disable=protected-access  (version 1 complete)
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [1]
+  shutil.rmtree(ckpt_dir)
+  writer.checkpoint(runner, _small_state(3), _figures(3), 3)
+  with pytest.raises(ExperimentError) as raised:
+    writer.wait()
+  assert str(raised.value) == (
+      f'cannot write the checkpoint of round 2 in {ckpt_dir}: its checkpoints were removed '
+      'while the run went on; rerun with --resume: it starts the run afresh (no checkpoint is '
+      'left)')
 
 
 def test_the_oldest_version_is_removed_as_the_workers_next_write_starts(tmp_path):
@@ -552,6 +581,7 @@ def test_fedcdas_cache_is_written_in_parts_and_unchanged_parts_are_shared(tmp_pa
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   from tff_algos.runtime import bundle_parts  # pylint: disable=g-import-not-at-top
   from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
+  from tff_algos.runtime import state_transfer  # pylint: disable=g-import-not-at-top
   config, runner = _resident_runner('fedcda', tmp_path)
   fed = experiment.load_federated_data(config)
   ckpt_dir = str(tmp_path / 'checkpoints')
@@ -572,10 +602,11 @@ def test_fedcdas_cache_is_written_in_parts_and_unchanged_parts_are_shared(tmp_pa
       writer.close()
   finally:
     runner.close()
-  assert run_directory.checkpointed_rounds(ckpt_dir) == [2, 3, 4]
+  # The newest three and version 1, written whole (WHOLE_EVERY, KEEP_WHOLE).
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [1, 2, 3, 4]
 
   def parts(state):
-    leaves = resident_state.state_leaves(state, runner.state_type)
+    leaves = state_transfer.state_leaves(state, runner.state_type)
     return [row.tobytes() for i, axes, n in cut
             for row in np.asarray(leaves[i]).reshape(n, -1)]
 
@@ -891,3 +922,116 @@ def test_a_full_disk_stops_the_program_in_one_line_and_resume_continues(small_di
   assert resumed.returncode == 0, err
   assert f'resuming {exp_dir} after round {max(kept)}' in err, err
   _assert_same_run(reference.experiment_dir, exp_dir)
+
+
+# -- damage to a part shared by hard link (FedCDA's cache in parts, the real worker) ---------
+
+_FEDCDA_CONFIG = dict(algorithm='fedcda', fedcda_cache_size=2, fedcda_warmup_rounds=1,
+                      fedcda_batches=1)
+
+
+@pytest.fixture(scope='module')
+def unbroken_fedcda(tmp_path_factory):
+  """BASE's 4 rounds of FedCDA, uninterrupted."""
+  root = tmp_path_factory.mktemp('unbroken_fedcda')
+  config = dataclasses.replace(BASE, root_output_dir=str(root), experiment_name='a',
+                               **_FEDCDA_CONFIG)
+  experiment.run_experiment(config, _quiet)
+  return config.experiment_dir
+
+
+@pytest.fixture
+def in_parts(monkeypatch):
+  """The program's checkpoints of FedCDA's cache in parts of at least 1 KiB (its cached
+  models of the tiny CNN)."""
+  from tff_algos.runtime import bundle_parts  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(bundle_parts, 'MIN_PART_BYTES', 1024)
+  return bundle_parts
+
+
+def _part_files(ckpt_dir, version, bundle_parts):
+  parts = os.path.join(ckpt_dir, f'program_state_{version}', bundle_parts.PARTS_DIR)
+  return sorted(os.path.join(parts, name) for name in os.listdir(parts)
+                if name.endswith(bundle_parts.DATA_SUFFIX))
+
+
+def test_a_damaged_shared_part_is_named_and_resume_restores_the_newest_whole_version(
+    unbroken_fedcda, in_parts, tmp_path, monkeypatch):
+  """One version in two written whole (1 and 3); a part of version 3 that version 4 shares
+  is truncated: --resume names the file as damaged, removes the two versions holding it and
+  resumes from version 2 (sharing only version 1's files), ending as the unbroken run."""
+  monkeypatch.setattr(checkpoint_writer, 'WHOLE_EVERY', 2)
+  config = dataclasses.replace(BASE, root_output_dir=str(tmp_path), experiment_name='d',
+                               **_FEDCDA_CONFIG)
+  experiment.run_experiment(config, _quiet)
+  ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [1, 2, 3, 4]
+  assert [in_parts.read_record(os.path.join(ckpt_dir, f'program_state_{v}'))['whole']
+          for v in (1, 2, 3, 4)] == [True, False, True, False]
+  shared = [path for path in _part_files(ckpt_dir, 3, in_parts)
+            if os.path.samefile(path, path.replace('program_state_3', 'program_state_4'))]
+  assert shared   # (FedCDA's round 4 leaves some clients' cached models as they were)
+  with open(shared[0], 'r+b') as f:
+    f.truncate(os.path.getsize(shared[0]) // 2)
+  messages = []
+  experiment.run_experiment(dataclasses.replace(config, resume=True), messages.append)
+  assert messages == [
+      f'warning: checkpoint part {shared[0]} is damaged (size differs from its record); '
+      'resuming from version 2',
+      f'warning: the checkpoints of rounds 3, 4 in {ckpt_dir} share a damaged part or cannot '
+      'be read and are removed: resuming after round 2, so rounds 3-4 are recomputed',
+      f'resuming {config.experiment_dir} after round 2'], messages
+  _assert_same_run(unbroken_fedcda, config.experiment_dir)
+  # Every version damaged: the resume is refused in one line naming the damage, not as a
+  # checkpoint of another program, and nothing is removed.
+  versions = run_directory.checkpointed_rounds(ckpt_dir)
+  for version in versions:
+    for path in _part_files(ckpt_dir, version, in_parts):
+      _damage(path)
+  loop = asyncio.new_event_loop()
+  try:
+    with pytest.raises(ExperimentError) as raised:
+      run_directory.load_checkpoint(loop, checkpoint_writer.CheckpointWriter(ckpt_dir).manager,
+                                    {'unused': np.zeros(1)}, config.experiment_dir, _quiet)
+  finally:
+    loop.close()
+  assert re.fullmatch(
+      f'cannot resume {re.escape(config.experiment_dir)}: checkpoint part \\S+ is damaged '
+      r'\(fingerprint differs from its record\) and no version of it is whole; start the run '
+      r'afresh \(another --experiment_name\)', str(raised.value)), str(raised.value)
+  assert run_directory.checkpointed_rounds(ckpt_dir) == versions
+
+
+def test_a_part_damaged_during_the_run_is_written_anew_and_the_run_stays_resumable(
+    unbroken_fedcda, in_parts, tmp_path, monkeypatch):
+  """Every part file of version 2 (files version 1 shares) has bytes flipped as soon as the
+  version is complete: the writer reads version 2 back, names each file in a warning, drops
+  version 3 (which would link some of them) and writes version 4 whole, sharing nothing;
+  the run ends as the unbroken one and --resume restores version 4 without a warning."""
+  publish = checkpoint_writer.CheckpointWriter._publish
+  ckpt_dir = os.path.join(tmp_path, 'l', 'checkpoints')
+  flipped = []
+
+  def damaging_publish(self, temp, version, *rest):
+    publish(self, temp, version, *rest)
+    if version == 2:
+      flipped.extend(_part_files(ckpt_dir, 2, in_parts))
+      for path in flipped:
+        _damage(path)
+  monkeypatch.setattr(checkpoint_writer.CheckpointWriter, '_publish', damaging_publish)
+  config = dataclasses.replace(BASE, root_output_dir=str(tmp_path), experiment_name='l',
+                               **_FEDCDA_CONFIG)
+  messages = []
+  experiment.run_experiment(config, messages.append)
+  assert flipped and messages == [
+      f'warning: checkpoint part {path} is damaged (fingerprint differs from its record); '
+      'round 3\'s checkpoint, which would share it, is dropped and the next one is written '
+      'whole' for path in flipped], messages
+  assert run_directory.checkpointed_rounds(ckpt_dir) == [1, 2, 4]
+  assert in_parts.read_record(os.path.join(ckpt_dir, 'program_state_4'))['whole']
+  assert not in_parts.damaged_parts(os.path.join(ckpt_dir, 'program_state_4'))
+  older = {os.stat(p).st_ino for v in (1, 2) for p in _part_files(ckpt_dir, v, in_parts)}
+  assert not older & {os.stat(p).st_ino for p in _part_files(ckpt_dir, 4, in_parts)}
+  _assert_same_run(unbroken_fedcda, config.experiment_dir)
+  monkeypatch.undo()
+  _resume_ends_as(unbroken_fedcda, config, after=4)

@@ -131,3 +131,20 @@ def test_client_input_is_the_element_type_the_processes_take():
   for name in names:
     t = element_type[name]
     assert np.asarray(element[name]).dtype == t.dtype and np.ndim(element[name]) == len(t.shape)
+
+
+def test_a_foreign_class_of_our_name_is_named_with_its_module():
+  """Messages name a class with its module, so another `FederatedDataset` (e.g. a user's, or
+  a second copy of ours imported under another name) does not read as ours."""
+
+  class FederatedDataset:  # pylint: disable=missing-class-docstring
+    pass
+
+  with pytest.raises(TypeError) as info:
+    round_inputs(FederatedDataset(), 0, 1, 1, 0)
+  assert str(info.value).startswith(
+      'round_inputs needs a data.FederatedDataset or data.ClientDataInputs, got '
+      f'{__name__}.test_a_foreign_class_of_our_name_is_named_with_its_module.<locals>.'
+      'FederatedDataset;')
+  with pytest.raises(TypeError, match=r'got list;'):
+    round_inputs([], 0, 1, 1, 0)

@@ -31,6 +31,7 @@ from programs import experiment
 from programs import experiment_config
 from programs import fedlex_exploration
 from programs import methods
+from programs import run_results
 from tests import helpers
 import tff_algos
 from tff_algos import evaluation
@@ -317,8 +318,7 @@ def test_program_on_given_and_local_services_reproduces_local_weights(tmp_path, 
   with open(tmp_path / 'w' / 'summary.json') as f:
     devices = json.load(f)['compute_devices']
   assert services[0] in devices and len(devices) == 2, devices  # both flags were used
-  with np.load(tmp_path / 'w' / 'final_weights.npz') as f:
-    program = [f[k] for k in sorted(f.files, key=lambda k: int(k.split('_')[1]))]
+  program = run_results.load_final_weights(str(tmp_path / 'w'))
   execution.initialize_runtime()
   process = _build('fedcross')
   state = process.initialize()

@@ -3,7 +3,8 @@
 README.md is the quick start (at most 200 lines); each docs/ page starts with a title and
 what it is for, and holds at most 400 lines. The minimal-call and per-client evaluation
 blocks of docs/tff_integration.md run in a fresh interpreter (README's own example runs from an
-installed wheel in tests/test_packaging.py).
+installed wheel in tests/test_packaging.py). Every text file of the repository (code, docs,
+.json data, run records) names only pages and `../` paths that exist in it.
 """
 
 import os
@@ -139,8 +140,9 @@ def test_every_module_is_on_the_code_map():
   assert not missing, f'add a line for each to docs/architecture.md: {missing}'
 
 
-# A name ending in .md, as prose or code names a page.
-MD_NAME = re.compile(r'[\w./-]*\w\.md\b')
+# A name ending in .md, as prose or code names a page (matched from the start of a run of
+# name characters only: linear in the text, which includes megabytes of run records).
+MD_NAME = re.compile(r'(?<![\w./-])[\w./-]*\w\.md\b')
 # Names of pages that are not in the repository, each with its reason: keep it tiny.
 EXTERNAL_PAGES = {
     'page.md': 'tests/test_generated_files.py writes it in a temporary folder',
@@ -151,12 +153,27 @@ EXTERNAL_PAGES = {
 }
 
 
-def _scanned_files() -> list:
-  out = []
+def _text(path: str):
+  """The file's text, or None for a binary file (a NUL byte, or not UTF-8)."""
+  with open(path, 'rb') as f:
+    data = f.read()
+  if b'\0' in data:
+    return None
+  try:
+    return data.decode('utf-8')
+  except UnicodeDecodeError:
+    return None
+
+
+def _scanned_files() -> dict:
+  """{path: text} of every text file of the repository (code, docs, data and run records)."""
+  out = {}
   for dirpath, filenames in _walk(ROOT):
     for name in filenames:
-      if name.endswith(('.py', '.md', '.toml')) or name == 'BUILD':
-        out.append(os.path.join(dirpath, name))
+      path = os.path.join(dirpath, name)
+      text = _text(path)
+      if text is not None:
+        out[path] = text
   return out
 
 
@@ -176,13 +193,47 @@ def test_md_name_finds_page_names():
 
 
 def test_every_named_page_exists():
-  """Every `*.md` name in a .py, .md, .toml or BUILD file resolves (`_resolves`) or is in
-  EXTERNAL_PAGES."""
+  """Every `*.md` name in a text file of the repository (code, docs, .json, .csv, logs...)
+  resolves (`_resolves`) or is in EXTERNAL_PAGES."""
   files = _scanned_files()
   basenames = {os.path.basename(f) for f in files}
   unresolved = []
-  for path in files:
-    for name in set(MD_NAME.findall(_read(path))):
+  for path, text in files.items():
+    for name in set(MD_NAME.findall(text)) if '.md' in text else ():
       if not _resolves(name, path, basenames):
         unresolved.append(f'{os.path.relpath(path, ROOT)}: {name}')
   assert not unresolved, sorted(unresolved)
+
+
+# A relative path that climbs out of its folder, as a file names another file or folder.
+CLIMBING_PATH = re.compile(r'(?<![\w./-])(?:\.\./)+[\w.-]*\w(?:/[\w.-]*\w)*')
+# Climbing paths that name what exists only elsewhere, each with its reason: keep it tiny.
+ELSEWHERE = {
+    '../REPRODUCTION.md': "a link in a suite's page, written under benchmarks/results/<suite>/",
+    '../fedprox_pull.md': "a link in a suite's page, written under benchmarks/results/<suite>/",
+    '../base.toml': "tests/test_study.py's study files, in a temporary folder",
+    '../toy/results.md': "tests/benchmarks/test_report.py's toy suite, in a temporary folder",
+    '../escaped_by_name': "tests/test_train_program.py's --experiment_name that is refused",
+}
+
+
+def test_no_file_names_a_path_outside_the_repository():
+  """Every `../` path in a text file of the repository names something in it (beside the
+  file or from the root) or is in ELSEWHERE: nothing points at a folder of the machine the
+  project was written on."""
+  outside = []
+  for path, text in _scanned_files().items():
+    for name in set(CLIMBING_PATH.findall(text)) if '../' in text else ():
+      targets = [os.path.normpath(os.path.join(base, name))
+                 for base in (os.path.dirname(path), ROOT)]
+      if name not in ELSEWHERE and not any(
+          t.startswith(ROOT + os.sep) and os.path.exists(t) for t in targets):
+        outside.append(f'{os.path.relpath(path, ROOT)}: {name}')
+  assert not outside, sorted(outside)
+
+
+def test_climbing_path_finds_climbing_paths():
+  up = '..' + '/'   # (not written out: this file is scanned too)
+  text = f'the papers in {up}shared/seeds), `{up}{up}README.md` and ./x, not a{up}b.'
+  assert CLIMBING_PATH.findall(text) == [f'{up}shared/seeds', f'{up}{up}README.md']
+

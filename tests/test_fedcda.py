@@ -17,6 +17,7 @@ from tff_algos import constants
 from tff_algos import data
 from tests import helpers
 from tff_algos import aggregators, execution
+from tff_algos.aggregators import cache_selection
 from tff_algos.aggregators import cross_round_cache as crc
 from tff_algos.client_work import model_delta, model_upload
 from tff_algos.fedcda import build_fedcda
@@ -129,7 +130,8 @@ def zero_state(n, k, dtype=tf.float32, clients_per_chunk=3):
       trainable=[tf.zeros([n, k, *s], dtype) for s in SHAPES_TRAINABLE],
       non_trainable=[tf.zeros([n, k, *s], dtype) for s in SHAPES_NON_TRAINABLE])
   return collections.OrderedDict(
-      cache=[tf.convert_to_tensor(c) for c in crc.chunked_cache(cache, clients_per_chunk)],
+      cache=[tf.convert_to_tensor(c)
+             for c in cache_selection.chunked_cache(cache, clients_per_chunk)],
       losses=tf.zeros([n, k]), sq_norms=tf.zeros([n, k], tf.float64),
       count=tf.zeros([n], tf.int32), selected=tf.zeros([n], tf.int32),
       selected_sum=tff.learning.models.ModelWeights(
@@ -207,9 +209,9 @@ def test_cache_round_matches_numpy_brute_force(n, p, k, b, selection, dropout):
   nb = 1 if selection == 'exact' else b
   for t in range(7):
     uploads = random_uploads(rng, n, p, dropout)
-    batches = [list(np.asarray(x)) for x in crc.random_batches(
+    batches = [list(np.asarray(x)) for x in cache_selection.random_batches(
         p, nb, tf.constant([seed, t], tf.int32), [u is not None for u in uploads])]
-    state, result, m = crc.cache_round(
+    state, result, m = cache_selection.cache_round(
         state, accumulator(uploads, p), num_clients=n, clients_per_round=p, cache_size=k,
         num_batches=nb, warmup_rounds=warmup, smoothness=smoothness, selection=selection,
         seed=seed)
@@ -273,12 +275,12 @@ def test_running_sum_over_many_rounds_is_the_mean_recomputed_from_scratch(k, sel
     if t % 6 == 5:
       uploads[-1] = None  # a slot without an upload: that client keeps its selection
     valid = [u is not None for u in uploads]
-    batches = [list(np.asarray(x)) for x in crc.random_batches(
+    batches = [list(np.asarray(x)) for x in cache_selection.random_batches(
         p, nb, tf.constant([seed, t], tf.int32), valid)]
     ages = random_ages(ref, uploads, seed, t)
     evicted_selected += sum(1 for u in uploads if u is not None
                             and len(ref.cache[u[0]]) == k and ref.age[u[0]] == k - 1)
-    state, result, m = crc.cache_round(
+    state, result, m = cache_selection.cache_round(
         state, accumulator(uploads, p), num_clients=n, clients_per_round=p, cache_size=k,
         num_batches=nb, warmup_rounds=warmup, smoothness=1.0, selection=selection, seed=seed)
     want, want_m = ref.step([None if u is None else (u[0], as_cached(u[1]), *u[2:])
@@ -316,9 +318,9 @@ def test_lower_precision_cache_is_the_reference_on_rounded_uploads(cache_dtype):
   switched = 0
   for t in range(8):
     uploads = random_uploads(rng, n, p, 0.0)
-    batches = [list(np.asarray(x)) for x in crc.random_batches(
+    batches = [list(np.asarray(x)) for x in cache_selection.random_batches(
         p, b, tf.constant([3, t], tf.int32), [True] * p)]
-    state, result, m = crc.cache_round(
+    state, result, m = cache_selection.cache_round(
         state, accumulator(uploads, p), num_clients=n, clients_per_round=p, cache_size=k,
         num_batches=b, warmup_rounds=warmup, smoothness=1.0, selection='batch_greedy', seed=3)
     assert {t.dtype for t in tf.nest.flatten(state['cache'])} == {tf.as_dtype(cache_dtype)}
@@ -335,7 +337,7 @@ def test_lower_precision_cache_is_the_reference_on_rounded_uploads(cache_dtype):
     for c in range(n):
       if ref.cache[c]:
         assert (count[c] - 1 - selected[c]) % k == ref.age[c]
-        newest = crc.stacked_cache(state['cache'], state['selected_sum']).trainable[0][
+        newest = cache_selection.stacked_cache(state['cache'], state['selected_sum']).trainable[0][
             c, (count[c] - 1) % k]
         np.testing.assert_array_equal(newest.astype(np.float64), ref.cache[c][0][0][:3])
   assert switched > 0  # the selection did pick older models from the rounded cache
@@ -352,7 +354,8 @@ def test_lower_precision_cache_halves_the_state_inside_tff(cache_dtype):
   state = proc.initialize()
   size = sum(np.asarray(t).nbytes for t in tf.nest.flatten(state))
   assert size == crc.state_size_bytes(n, k, 8, cache_dtype)
-  assert crc.cache_size_bytes(n, k, 8, cache_dtype) * 2 == crc.cache_size_bytes(n, k, 8)
+  assert (cache_selection.cache_size_bytes(n, k, 8, cache_dtype) * 2
+          == cache_selection.cache_size_bytes(n, k, 8))
   rng = np.random.default_rng(5)
   uploads = random_uploads(rng, n, p, 0.0)
   values = [collections.OrderedDict(
@@ -379,7 +382,7 @@ def test_uniform_warmup_weighting_is_the_plain_mean():
   uploads = random_uploads(rng, n, p, 0.0)
   results = {}
   for weighting in constants.FEDCDA_WARMUP_WEIGHTINGS:
-    _, res, _ = crc.cache_round(
+    _, res, _ = cache_selection.cache_round(
         zero_state(n, k), accumulator(uploads, p), num_clients=n, clients_per_round=p,
         cache_size=k, num_batches=1, warmup_rounds=1, smoothness=1.0, selection='exact',
         seed=0, warmup_weighting=weighting)
@@ -408,9 +411,9 @@ def test_selection_is_exact_for_models_far_from_the_origin():
     for c in rng.choice(n, size=p, replace=False):
       vec = (300.0 + 0.05 * rng.normal(size=8)).astype(np.float32).astype(np.float64)
       uploads.append((int(c), vec, 1e-4 * rng.uniform()))
-    batches = [list(np.asarray(x)) for x in crc.random_batches(
+    batches = [list(np.asarray(x)) for x in cache_selection.random_batches(
         p, 1, tf.constant([0, t], tf.int32), [True] * p)]
-    state, _, m = crc.cache_round(
+    state, _, m = cache_selection.cache_round(
         state, accumulator(uploads, p), num_clients=n, clients_per_round=p, cache_size=k,
         num_batches=1, warmup_rounds=0, smoothness=1.0, selection='exact', seed=0)
     _, want = ref.step(uploads, batches, 'exact')
@@ -446,7 +449,7 @@ def test_selection_at_a_real_model_size_is_the_float64_brute_force():
             trainable=[np.stack([u[1] for u in uploads])], non_trainable=[]),
         client_index=clients.astype(np.int32), loss=np.float32([u[2] for u in uploads]),
         valid=np.ones([p], np.float32), weight=np.ones([p], np.float32))
-    state, result, m = crc.cache_round(
+    state, result, m = cache_selection.cache_round(
         state, acc, num_clients=n, clients_per_round=p, cache_size=k, num_batches=1,
         warmup_rounds=0, smoothness=1.0, selection='exact', seed=0)
     want, want_m = ref.step([(c, w.astype(np.float64), loss) for c, w, loss in uploads],
@@ -468,7 +471,7 @@ def test_exact_equals_batch_greedy_with_one_batch_and_is_the_global_minimum():
       uploads = random_uploads(rng, n, p, 0.0)
       outs = {}
       for sel in states:
-        states[sel], res, m = crc.cache_round(
+        states[sel], res, m = cache_selection.cache_round(
             states[sel], accumulator(uploads, p), num_clients=n, clients_per_round=p,
             cache_size=k, num_batches=1, warmup_rounds=0, smoothness=1.0, selection=sel,
             seed=trial)
@@ -488,7 +491,7 @@ def test_one_batch_never_ends_above_all_newest_and_does_choose_older_models():
   improved = 0
   for t in range(8):
     uploads = random_uploads(rng, n, p, 0.0)
-    state, _, m = crc.cache_round(
+    state, _, m = cache_selection.cache_round(
         state, accumulator(uploads, p), num_clients=n, clients_per_round=p, cache_size=k,
         num_batches=1, warmup_rounds=0, smoothness=1.0, selection='batch_greedy', seed=0)
     assert float(m['objective_after']) <= float(m['objective_before']) + 1e-5
@@ -501,14 +504,14 @@ def test_fifo_cache_keeps_the_newest_k_in_age_order():
   state = zero_state(n, k)
   vecs = [np.full(8, float(i + 1)) for i in range(5)]
   for i, v in enumerate(vecs):
-    state, _, _ = crc.cache_round(
+    state, _, _ = cache_selection.cache_round(
         state, accumulator([(1, v, 10.0 + i)], p), num_clients=n, clients_per_round=p,
         cache_size=k, num_batches=1, warmup_rounds=100, smoothness=1.0,
         selection='batch_greedy', seed=0)
   count = state['count'].numpy()
   assert list(count) == [0, 5, 0]
-  slots = crc.candidate_slots(count, k).numpy()[1]  # newest first
-  stacked = crc.stacked_cache(state['cache'], state['selected_sum'])
+  slots = cache_selection.candidate_slots(count, k).numpy()[1]  # newest first
+  stacked = cache_selection.stacked_cache(state['cache'], state['selected_sum'])
   cache_flat = np.concatenate(
       [np.reshape(t[1], [k, -1]) for t in tf.nest.flatten(stacked)], axis=1)
   for age, slot in enumerate(slots):
@@ -524,7 +527,7 @@ def test_cold_clients_are_left_out_of_the_mean():
   n, p, k = 5, 2, 2
   state = zero_state(n, k)
   a, b = np.arange(8.0), -2.0 * np.ones(8)
-  state, res, m = crc.cache_round(
+  state, res, m = cache_selection.cache_round(
       state, accumulator([(3, a, 1.0), (0, b, 1.0)], p), num_clients=n, clients_per_round=p,
       cache_size=k, num_batches=1, warmup_rounds=0, smoothness=1.0, selection='newest',
       seed=0)
@@ -532,7 +535,7 @@ def test_cold_clients_are_left_out_of_the_mean():
   assert float(m['cached_clients']) == 2.0
   # next round client 3 alone uploads: the mean still counts client 0's cached model
   c = np.ones(8)
-  state, res, m = crc.cache_round(
+  state, res, m = cache_selection.cache_round(
       state, accumulator([(3, c, 1.0), None], p), num_clients=n, clients_per_round=p,
       cache_size=k, num_batches=1, warmup_rounds=0, smoothness=1.0, selection='newest',
       seed=0)
@@ -542,7 +545,7 @@ def test_cold_clients_are_left_out_of_the_mean():
 
 def test_no_upload_yet_has_no_result():
   state = zero_state(4, 2)
-  _, res, m = crc.cache_round(
+  _, res, m = cache_selection.cache_round(
       state, accumulator([None, None], 2), num_clients=4, clients_per_round=2, cache_size=2,
       num_batches=1, warmup_rounds=1, smoothness=1.0, selection='batch_greedy', seed=0)
   assert float(res['has_result']) == 0.0
@@ -551,19 +554,19 @@ def test_no_upload_yet_has_no_result():
 
 def test_random_batches_partition_the_slots():
   for p, b in ((4, 3), (7, 3), (2, 3), (6, 1), (9, 4)):
-    sizes = crc.batch_sizes(p, b)
+    sizes = cache_selection.batch_sizes(p, b)
     assert sum(sizes) == p and max(sizes) - min(sizes) <= 1 and len(sizes) == b
-    batches = crc.random_batches(p, b, tf.constant([1, 2], tf.int32))
+    batches = cache_selection.random_batches(p, b, tf.constant([1, 2], tf.int32))
     assert [int(x.shape[0]) for x in batches] == sizes
     assert sorted(np.concatenate([x.numpy() for x in batches]).tolist()) == list(range(p))
   # valid slots are dealt round-robin first: their counts per batch differ by at most one
   valid = np.array([True, False, True, False, True, True, False])
   for t in range(10):
-    batches = crc.random_batches(7, 3, tf.constant([3, t], tf.int32), valid)
+    batches = cache_selection.random_batches(7, 3, tf.constant([3, t], tf.int32), valid)
     counts = [int(valid[x.numpy()].sum()) for x in batches]
     assert max(counts) - min(counts) <= 1, counts
   # the split changes with the round
-  splits = {tuple(np.concatenate([x.numpy() for x in crc.random_batches(
+  splits = {tuple(np.concatenate([x.numpy() for x in cache_selection.random_batches(
       6, 3, tf.constant([0, t], tf.int32))])) for t in range(10)}
   assert len(splits) > 1
 
@@ -575,7 +578,7 @@ def test_random_selection_picks_cached_models_only():
   picked = set()
   for t in range(10):
     uploads = random_uploads(rng, n, p, 0.0)
-    state, _, m = crc.cache_round(
+    state, _, m = cache_selection.cache_round(
         state, accumulator(uploads, p), num_clients=n, clients_per_round=p, cache_size=k,
         num_batches=1, warmup_rounds=0, smoothness=1.0, selection='random', seed=0)
     count, selected = state['count'].numpy(), state['selected'].numpy()
@@ -591,7 +594,7 @@ def test_state_size_formula_and_memory_limit():
       trainable=[tff.TensorType(np.float32, [1000, 100])], non_trainable=[])
   weights_type = tff.types.to_type(weights_type)
   assert crc.num_weights(weights_type) == 100_000
-  assert crc.cache_size_bytes(20, 3, 100_000) == 4 * 20 * 3 * 100_000
+  assert cache_selection.cache_size_bytes(20, 3, 100_000) == 4 * 20 * 3 * 100_000
   with pytest.raises(ValueError, match='GiB'):
     crc.build_cross_round_cache_process(weights_type, 1000, 10, cache_size=3,
                                         max_cache_gib=1.0)
@@ -648,7 +651,7 @@ def test_aggregation_process_on_its_own():
     order = rng.permutation(p)  # clients arrive in any order
     out = proc.next(state, [values[i] for i in order], [weights[i] for i in order])
     state = out.state
-    batches = [list(np.asarray(x)) for x in crc.random_batches(
+    batches = [list(np.asarray(x)) for x in cache_selection.random_batches(
         p, 2, tf.constant([4, t], tf.int32), [u is not None for u in uploads])]
     want, want_m = ref.step(uploads, batches)
     np.testing.assert_allclose(flat(out.result['model']), want, rtol=1e-5, atol=1e-5)
@@ -722,7 +725,7 @@ def test_end_to_end_learns_and_checkpoint_roundtrip(fedcda, fed, tmp_path):
   # the global model is the uniform mean of the cached clients' selected models
   count, sel = np.asarray(agg['count']), np.asarray(agg['selected'])
   cached = np.flatnonzero(count > 0)
-  stacked = crc.stacked_cache(agg['cache'], agg['selected_sum'])
+  stacked = cache_selection.stacked_cache(agg['cache'], agg['selected_sum'])
   for g, c in zip(fedcda.get_model_weights(state).trainable, stacked.trainable):
     np.testing.assert_allclose(g, np.mean([np.asarray(c)[i, sel[i]] for i in cached], 0),
                                rtol=1e-5, atol=1e-6)

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos import data
 from tests import helpers
 from tff_algos import execution
@@ -169,7 +170,7 @@ def test_layerwise_and_model_similarity_choose_differently():
   for seed in range(10):
     models = random_layers(np.random.default_rng(seed), k)
     picks = {}
-    for similarity in ca.SIMILARITIES:
+    for similarity in constants.FEDCROSS_SIMILARITIES:
       _, meas = ca.cross_aggregation_step(
           models, 0, num_models=k, alpha=0.9, selection='lowest_similarity',
           alpha_schedule=False, num_propellers=1, accel_rounds=0, similarity=similarity)
@@ -185,6 +186,22 @@ def test_layerwise_and_model_similarity_choose_differently():
       models, 0, num_models=k, alpha=0.9, selection='lowest_similarity', alpha_schedule=False,
       num_propellers=1, accel_rounds=0)
   np.testing.assert_allclose(meas['similarity'].numpy(), np_cosine(flat_np(models)), atol=1e-5)
+
+
+def test_builders_refuse_layerwise_similarity_with_in_order():
+  """The builders refuse what the program's flag check refuses: in_order reads no
+  similarity; the similarity rules take layerwise."""
+  weights_type = model_delta.model_weights_type(MODEL_FN)
+  message = "^similarity='layerwise' is read only by the similarity rules, not by selection="
+  with pytest.raises(ValueError, match=message):
+    ca.build_cross_aggregation_process(weights_type, 3, selection='in_order',
+                                       similarity='layerwise')
+  with pytest.raises(ValueError, match=message):
+    build_fedcross(MODEL_FN, optimizer(), BATCH, 3, selection='in_order',
+                   similarity='layerwise')
+  ca.build_cross_aggregation_process(weights_type, 3, selection='in_order')
+  ca.build_cross_aggregation_process(weights_type, 3, selection='highest_similarity',
+                                     similarity='layerwise')
 
 
 def test_program_refuses_layerwise_similarity_with_in_order():
@@ -225,7 +242,7 @@ def test_ties_go_to_lowest_index_and_eligibility():
   for t in range(4):
     sim = rng.normal(size=[5, 5]).astype(np.float32)
     ok = rng.uniform(size=5) < 0.6
-    for rule in ca.SELECTIONS:
+    for rule in constants.FEDCROSS_SELECTIONS:
       np.testing.assert_array_equal(ca.select_collaborators(sim, rule, t, ok).numpy(),
                                     np_select(sim, rule, t, ok))
 

@@ -420,10 +420,26 @@ def sgd_explorer_plain_tf(element, lr):
   return w0, after, np.array(losses)
 
 
-def test_exploration_patience_stops_a_real_explorer(env, sgd):
-  """Through the builder's keyword: an explorer at SGD lr 0.5 over 6 epochs whose loss rises
-  stops where a numpy count over plain-TF epoch losses says, with the guidance of the weights
-  it stopped at; without patience it runs all 6."""
+def _patient_exploration(env, sgd, through, lr, patience):
+  """FedLEx's exploration at SGD `lr` under `patience` (None: off), built through the
+  builder's keyword or through the program's flag (--fedlex_exploration_patience, 0 = off)."""
+  if through == 'keyword':
+    return fedlex.build_fedlex_exploration(env['model_fn'], sgd(learning_rate=lr), BATCH,
+                                           exploration_patience=patience)
+  from programs import experiment_config  # pylint: disable=g-import-not-at-top
+  from programs import fedlex_exploration  # pylint: disable=g-import-not-at-top
+  config = experiment_config.ExperimentConfig(
+      algorithm='fedlex_avgm', dataset='digits', batch_size=BATCH, client_momentum=0.0,
+      fedlex_exploration_lr=lr, fedlex_exploration_patience=patience or 0)
+  return fedlex_exploration.exploration_computation(config, env['model_fn'], 10)[0]
+
+
+@pytest.mark.parametrize('through', ['keyword', 'flag'])
+def test_exploration_patience_stops_a_real_explorer(env, sgd, through):
+  """Through the builder's keyword and through --fedlex_exploration_patience: an explorer at
+  SGD lr 0.5 over 6 epochs whose loss rises stops where a numpy count over plain-TF epoch
+  losses says, with the guidance of the weights it stopped at; without patience it runs
+  all 6."""
   epochs, lr = 6, 0.5
   _, [element] = data.round_inputs(env['fed'], EXPLORATION_ROUND, 1, epochs, 0,
                                    client_ids=EXPLORERS[:1])
@@ -435,8 +451,7 @@ def test_exploration_patience_stops_a_real_explorer(env, sgd):
   proc = process(env, 'avgm', True)
   w = proc.get_model_weights(proc.initialize())
   for patience, runs in ((1, want), (None, epochs)):
-    result = fedlex.build_fedlex_exploration(env['model_fn'], sgd(learning_rate=lr), BATCH,
-                                             exploration_patience=patience)(w, [[element]])
+    result = _patient_exploration(env, sgd, through, lr, patience)(w, [[element]])
     assert float(result['client_epochs']) == runs
     for g, a, b in zip(result['guidance'], w0, after[runs - 1]):
       np.testing.assert_allclose(g, np_normalize((a - b) ** 2), atol=2e-3)
@@ -632,28 +647,124 @@ def test_placeholder_guidance_matches_numpy_and_stays_in_the_state(env):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 
 
-def test_explore_in_place_trains_the_explorers_in_sequence(env):
-  """--fedlex_explore_in_place: explorer i trains from explorer i - 1's model (the first from
-  w_0) and round 1 starts from the last one's; D_i = (w_{i-1} - w_i)^2. Reference: each
-  explorer's epochs as one round of the unguided FedAvgM process with it alone (its first
-  server-momentum step moves the model to the client's), started from the previous model."""
-  proc = process(env, 'avgm', False)
-  state0 = proc.initialize()
-  models = [trainable(proc, state0)]
-  for inp in env['explorer_inputs']:
-    start = proc.set_model_weights(proc.initialize(), tff.learning.models.ModelWeights(
-        trainable=models[-1], non_trainable=[]))
-    models.append(trainable(proc, proc.next(start, [inp]).state))
-  devs = [[(a - b) ** 2 for a, b in zip(w, v)] for w, v in zip(models, models[1:])]
+# --fedlex_explore_in_place against a NumPy transcription of the reference code's order
+# (ChristianInterno/FedLEx: the server's `_create_clients` runs `create_scout` on its own
+# model for each explorer in client order), on softmax regression under PyTorch's Adam.
+LIN_FEATURES, LIN_CLASSES, LIN_BATCH, LIN_LR = 6, 3, 4, 0.05
+LIN_SIZES = (11, 7, 9)        # partial last batches
+LIN_EPOCHS = 2                # exploration epochs; the order holds one more (tl_base)
+
+
+def linear_model_fn():
+  keras_model = tf.keras.Sequential([
+      tf.keras.layers.InputLayer(input_shape=(LIN_FEATURES,)),
+      tf.keras.layers.Dense(LIN_CLASSES)])
+  return tff.learning.models.from_keras_model(
+      keras_model, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      input_spec=collections.OrderedDict(x=tf.TensorSpec([None, LIN_FEATURES], tf.float32),
+                                         y=tf.TensorSpec([None], tf.int32)))
+
+
+def np_adam_epochs(w, x, y, orders, b1=0.9, b2=0.999, eps=1e-8):
+  """A fresh torch.optim.Adam(lr=LIN_LR) over the epochs `orders` (one row each, batches of
+  LIN_BATCH, the last partial) of mean softmax cross-entropy, w = [kernel, bias], float64."""
+  w = [np.array(t, np.float64) for t in w]
+  m, v = [np.zeros_like(t) for t in w], [np.zeros_like(t) for t in w]
+  t = 0
+  for row in orders:
+    for start in range(0, len(row), LIN_BATCH):
+      idx = row[start:start + LIN_BATCH]
+      logits = x[idx] @ w[0] + w[1]
+      p = np.exp(logits - logits.max(axis=1, keepdims=True))
+      p /= p.sum(axis=1, keepdims=True)
+      p[np.arange(len(idx)), y[idx]] -= 1.0
+      p /= len(idx)
+      t += 1
+      for i, g in enumerate((x[idx].T @ p, p.sum(axis=0))):
+        m[i] = b1 * m[i] + (1 - b1) * g
+        v[i] = b2 * v[i] + (1 - b2) * g * g
+        w[i] = w[i] - LIN_LR * (m[i] / (1 - b1**t)) / (np.sqrt(v[i] / (1 - b2**t)) + eps)
+  return w
+
+
+def np_reference_in_place(w0, elements, tl_base_epoch=True):
+  """The reference's exploration, in its order: for each explorer, `create_scout` on the one
+  global model: a fresh Adam trains one epoch (its `tl_base`, saved over the previous
+  explorer's), then another fresh Adam the exploration epochs. Returns (final weights, last
+  tl_base, each explorer's (tl_base - final)^2). Without `tl_base_epoch`: the exploration
+  epochs alone, from the previous explorer's model."""
+  w, devs = list(w0), []
+  for el in elements:
+    x, y, order = el['x'].astype(np.float64), el['y'], el['order']
+    if tl_base_epoch:
+      w = np_adam_epochs(w, x, y, order[:1])
+    tl_base = w
+    w = np_adam_epochs(w, x, y, order[1:])
+    devs.append([(a - b) ** 2 for a, b in zip(tl_base, w)])
+  return w, tl_base, devs
+
+
+@pytest.fixture(scope='module')
+def in_place(runtime):
+  """Random data and weights, the explorers' inputs and the in-place exploration's result
+  for each `guidance` and normalisation: (w0, elements, exploration result by key)."""
+  del runtime
+  from tff_algos import optimizers  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(5)
+  elements = [data.client_input(
+      rng.normal(size=(n, LIN_FEATURES)).astype(np.float32),
+      rng.integers(0, LIN_CLASSES, n), 1 + LIN_EPOCHS, rng, index, index)
+      for index, n in enumerate(LIN_SIZES)]
+  w0 = [rng.normal(0, 0.5, (LIN_FEATURES, LIN_CLASSES)).astype(np.float32),
+        rng.normal(0, 0.1, LIN_CLASSES).astype(np.float32)]
+  weights = tff.learning.models.ModelWeights(trainable=w0, non_trainable=[])
+  results = {}
   for normalize in constants.FEDLEX_NORMALIZATIONS:
-    weights, guidance, metrics = fedlex.explore_in_place(
-        exploration(env, normalize), proc.get_model_weights(state0), env['explorer_inputs'],
-        normalize)
-    assert metrics['exploration_client_epochs'] == len(EXPLORERS) * EXPLORATION_EPOCHS
-    for a, b in zip(weights.trainable, models[-1]):
-      np.testing.assert_allclose(a, b, atol=1e-5)
-    for g, w in zip(guidance, np_guidance(devs, normalize, 0.0)):
-      np.testing.assert_allclose(g, w, atol=2e-3)
-  # Not the parallel exploration: explorer 2 did not start from w_0.
-  parallel = exploration(env)(proc.get_model_weights(state0), env['explorer_inputs'])
-  assert not np.allclose(parallel['guidance'][0], guidance[0], atol=1e-2)
+    explore = fedlex.build_fedlex_exploration(
+        linear_model_fn, optimizers.build_torch_adam(LIN_LR), LIN_BATCH, normalize=normalize,
+        guidance_floor=0.05)
+    for guidance in ('exploration', 'placeholder'):
+      results[normalize, guidance] = fedlex.explore_in_place(
+          explore, weights, [[el] for el in elements], normalize, 0.05, guidance)
+  return w0, elements, results
+
+
+def test_explore_in_place_trains_the_explorers_in_sequence(in_place):
+  """--fedlex_explore_in_place equals the NumPy transcription of the reference's order to
+  float32 rounding: the model round 1 starts from, G = guidance of each explorer's
+  deviation from its own tl_base (exploration) or minmax((1 - tl_base)^2) of the last
+  explorer's tl_base (placeholder), both floored at 0.05; every epoch is counted."""
+  w0, elements, results = in_place
+  final, tl_base, devs = np_reference_in_place(w0, elements)
+  for (normalize, guidance), (weights, got, metrics) in results.items():
+    assert metrics['exploration_client_epochs'] == len(LIN_SIZES) * (1 + LIN_EPOCHS)
+    assert metrics['reported_explorers'] == len(LIN_SIZES)
+    for a, b in zip(weights.trainable, final):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    want = np_guidance(devs, normalize, 0.05) if guidance == 'exploration' else \
+        [np.maximum(np_normalize((1.0 - t) ** 2), 0.05) for t in tl_base]
+    for g, w in zip(got, want):
+      np.testing.assert_allclose(g, w, atol=1e-4)
+
+
+def test_explore_in_place_without_its_tl_base_epoch_is_another_model(in_place):
+  """The tl_base epoch matters: the reference's order without it ends far from what
+  explore_in_place gives (far beyond the tolerance above), and so does its G."""
+  w0, elements, results = in_place
+  final, tl_base, devs = np_reference_in_place(w0, elements, tl_base_epoch=False)
+  weights, got, _ = results['per_client', 'exploration']
+  assert max(np.abs(a - b).max() for a, b in zip(weights.trainable, final)) > 1e-2
+  want = np_guidance(devs, 'per_client', 0.05)
+  assert max(np.abs(g - w).max() for g, w in zip(got, want)) > 1e-2
+  _, placeholder, _ = results['per_client', 'placeholder']
+  want = [np.maximum(np_normalize((1.0 - t) ** 2), 0.05) for t in tl_base]
+  assert max(np.abs(g - w).max() for g, w in zip(placeholder, want)) > 1e-2
+
+
+def test_explore_in_place_needs_its_tl_base_epoch(env):
+  proc = process(env, 'avgm', False)
+  one_epoch = [[collections.OrderedDict(inp, order=inp['order'][:1])]
+               for [inp] in env['explorer_inputs']]
+  with pytest.raises(ValueError, match='tl_base epoch'):
+    fedlex.explore_in_place(exploration(env), proc.get_model_weights(proc.initialize()),
+                            one_epoch)

@@ -115,6 +115,7 @@ KEYWORD_TESTS = {
 
 # Flags whose effect a default-suite test elsewhere shows.
 TESTED_ELSEWHERE = {
+    'method_kwargs': 'tests/test_user_code.py::test_method_kwargs_are_checked_against_the_builder',
     'client_dropout': 'tests/test_resume_methods.py::test_faults_change_what_runs_and_resume_exactly',
     'straggler_fraction':
         'tests/test_resume_methods.py::test_faults_change_what_runs_and_resume_exactly',
@@ -176,7 +177,7 @@ def _program_flags() -> set:
   from absl import flags  # pylint: disable=g-import-not-at-top
   import programs.train  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   by_module = flags.FLAGS.flags_by_module_dict()
-  return {f.name for module in ('programs.train', 'programs.methods')
+  return {f.name for module in ('programs.train', 'programs.methods', 'programs.lr_schedules')
           for f in by_module.get(module, [])}
 
 
@@ -418,6 +419,23 @@ def test_a_run_recorded_before_exploration_lr_existed_is_the_same_run():
       'it was run with --fedlex_exploration_lr=0.0 (now --fedlex_exploration_lr=0.05)')
 
 
+def test_a_cosine_schedule_makes_rounds_part_of_the_run():
+  """--rounds may grow on --resume, unless a cosine schedule runs over it; the build key
+  holds the cosine's rounds (a rerun in this process builds the process anew)."""
+  config = _config(rounds=5)
+  recorded = dataclasses.asdict(config)
+  assert experiment_config.settings_changed(recorded, dataclasses.replace(config, rounds=8)) == ''
+  cosine = dataclasses.replace(config, server_lr_schedule='cosine')
+  recorded = dataclasses.asdict(cosine)
+  assert experiment_config.settings_changed(recorded, dataclasses.replace(cosine, rounds=8)) == (
+      'it was run with --rounds=5 (now --rounds=8)')
+  fed = experiment.load_federated_data(config)
+  keys = {computations._build_key(c, fed, NUM_CLIENTS)  # pylint: disable=protected-access
+          for c in (config, dataclasses.replace(config, rounds=8), cosine,
+                    dataclasses.replace(cosine, rounds=8))}
+  assert len(keys) == 3
+
+
 def test_explorer_fraction_sets_the_number_of_explorers():
   for fraction, count in ((0.2, 2), (0.5, 5), (1.0, 10)):
     explorers = fedlex_exploration.fedlex_explorers(
@@ -549,22 +567,108 @@ def test_client_optimizer_and_weight_decay_reach_the_builder(monkeypatch):
   np.testing.assert_allclose(_first_step(explorer, [1e-9]), [-0.2 * 1e-9 / 1.1e-8], rtol=1e-5)
 
 
-@pytest.mark.parametrize('algorithm', [a for a in methods.ALGORITHMS
-                                       if methods.METHODS[a].local_steps])
-def test_client_lr_decay_wraps_every_method_with_local_steps(monkeypatch, algorithm):
-  """--client_lr_decay wraps the built process (tff_algos.client_lr_decay, whose effect
-  tests/test_client_lr_decay.py checks against rates set by hand); 1 leaves it unwrapped."""
-  from tff_algos import client_lr_decay  # pylint: disable=g-import-not-at-top
+def _record_schedules(monkeypatch) -> list:
+  """Replaces tff_algos.schedules.with_lr_schedules by a recorder of its (process, client,
+  server)."""
+  from tff_algos import schedules  # pylint: disable=g-import-not-at-top
   wrapped = []
-  monkeypatch.setattr(client_lr_decay, 'with_client_lr_decay',
-                      lambda process, decay: wrapped.append((process, decay)) or 'decayed')
+
+  def record(process, client=None, server=None):
+    wrapped.append((process, client, server))
+    return 'scheduled'
+
+  monkeypatch.setattr(schedules, 'with_lr_schedules', record)
+  return wrapped
+
+
+@pytest.mark.parametrize('algorithm', methods.ALGORITHMS)
+def test_schedule_flags_wrap_every_method_with_such_a_rate(monkeypatch, algorithm):
+  """--client_lr_decay and the client schedule flags wrap every method with local steps, the
+  server schedule flags every method with a server optimizer (tff_algos.schedules, whose
+  effect tests/test_schedules.py checks against rates set by hand); constant schedules leave
+  the process as built."""
+  from tff_algos.schedules import Schedule  # pylint: disable=g-import-not-at-top
+  wrapped = _record_schedules(monkeypatch)
   config = _config(algorithm=algorithm, **helpers.METHOD_SETTINGS.get(algorithm, {}))
   _record_builder(monkeypatch, methods.METHODS[algorithm].builder.__name__)
   assert computations.build_process(config, lambda: None, NUM_CLIENTS) == 'built'
-  decayed = dataclasses.replace(config, client_lr_decay=0.99)
-  experiment_config.validate(decayed)
-  assert computations.build_process(decayed, lambda: None, NUM_CLIENTS) == 'decayed'
-  assert wrapped[-1] == ('built', 0.99)
+  assert not wrapped   # constant schedules leave the process as built
+  method = methods.METHODS[algorithm]
+  cases = [(dict(client_lr_decay=0.99), method.local_steps,
+            (Schedule('exponential', decay=0.99), Schedule())),
+           (dict(server_lr_schedule='step', server_lr_decay=0.5), method.server_rate,
+            (Schedule(), Schedule('step', decay=0.5)))]
+  for changes, has_rate, expected in cases:
+    changed = dataclasses.replace(config, **changes)
+    if not has_rate:
+      with pytest.raises(experiment_config.ExperimentError, match='to schedule|takes no local step'):
+        experiment_config.validate(changed)
+      continue
+    experiment_config.validate(changed)
+    assert computations.build_process(changed, lambda: None, NUM_CLIENTS) == 'scheduled'
+    assert wrapped[-1] == ('built',) + expected
+
+
+# A valid setting of each schedule flag (with what it needs) -> the Schedule (client, server)
+# it makes; every flag of programs/lr_schedules.py appears in a key.
+SCHEDULE_SETTINGS = [
+    (dict(client_lr_schedule='cosine'), ('cosine', dict(rounds=3)), None),
+    (dict(client_lr_schedule='step', client_lr_decay=0.5, client_lr_decay_every=2),
+     ('step', dict(decay=0.5, every=2)), None),
+    (dict(client_lr_schedule='cosine', client_lr_floor=0.1, client_lr_warmup_rounds=1),
+     ('cosine', dict(floor=0.1, rounds=3, warmup_rounds=1)), None),
+    (dict(client_lr_warmup_rounds=2), ('constant', dict(warmup_rounds=2)), None),
+    (dict(server_lr_schedule='exponential', server_lr_decay=0.9), None,
+     ('exponential', dict(decay=0.9))),
+    (dict(server_lr_decay=0.9), None, ('exponential', dict(decay=0.9))),
+    (dict(server_lr_schedule='step', server_lr_decay=2.0, server_lr_decay_every=3), None,
+     ('step', dict(decay=2.0, every=3))),
+    (dict(server_lr_schedule='cosine', server_lr_floor=0.5, server_lr_warmup_rounds=2), None,
+     ('cosine', dict(floor=0.5, rounds=3, warmup_rounds=2))),
+]
+
+
+def test_every_schedule_flag_reaches_its_schedule(monkeypatch):
+  from programs import lr_schedules  # pylint: disable=g-import-not-at-top
+  from tff_algos.schedules import Schedule  # pylint: disable=g-import-not-at-top
+  assert {name for changes, _, _ in SCHEDULE_SETTINGS for name in changes} == set(
+      lr_schedules.FLAG_NAMES) | {'client_lr_decay'}
+  wrapped = _record_schedules(monkeypatch)
+  _record_builder(monkeypatch, methods.METHODS['fedavg'].builder.__name__)
+  for changes, client, server in SCHEDULE_SETTINGS:
+    config = _config(rounds=3, **changes)
+    experiment_config.validate(config)
+    computations.build_process(config, lambda: None, NUM_CLIENTS)
+    make = lambda spec: Schedule() if spec is None else Schedule(spec[0], **spec[1])  # noqa: E731
+    assert wrapped[-1][1:] == (make(client), make(server)), changes
+
+
+@pytest.mark.parametrize('changes, message', [
+    (dict(client_lr_schedule='linear'), "--client_lr_schedule='linear' is unknown; choose one of"),
+    (dict(server_lr_decay=0.0), '--server_lr_decay must be a number > 0'),
+    (dict(client_lr_schedule='step', client_lr_decay_every=0),
+     '--client_lr_decay_every must be at least 1'),
+    (dict(client_lr_schedule='cosine', client_lr_floor=1.5), r'--client_lr_floor must be in \[0, 1\]'),
+    (dict(server_lr_warmup_rounds=-1), '--server_lr_warmup_rounds must be at least 0'),
+    (dict(client_lr_schedule='step'), '--client_lr_schedule=step needs --client_lr_decay'),
+    (dict(server_lr_schedule='exponential'), '--server_lr_schedule=exponential needs'),
+    (dict(client_lr_schedule='cosine', client_lr_decay=0.5),
+     '--client_lr_decay is not used by --client_lr_schedule=cosine'),
+    (dict(server_lr_decay=0.5, server_lr_decay_every=2),
+     '--server_lr_decay_every is used only with --server_lr_schedule=step'),
+    (dict(client_lr_floor=0.1), '--client_lr_floor is used only with --client_lr_schedule=cosine'),
+    (dict(server_lr_schedule='cosine', server_lr_warmup_rounds=30),
+     '--server_lr_warmup_rounds=30 leaves no round of the cosine in --rounds=30'),
+    (dict(algorithm='fedsgd', client_lr_warmup_rounds=2),
+     '--client_lr_schedule: fedsgd takes no local step'),
+    (dict(algorithm='fedlex_sgd', client_lr_schedule='cosine'), 'fedlex_sgd takes no local step'),
+    (dict(algorithm='fedcross', server_lr_schedule='cosine'),
+     '--server_lr_schedule: fedcross takes no server optimizer step'),
+    (dict(algorithm='fedcda', server_lr_warmup_rounds=1), 'fedcda takes no server optimizer'),
+])
+def test_bad_schedule_flags_are_refused(changes, message):
+  with pytest.raises(experiment_config.ExperimentError, match=message):
+    experiment_config.validate(_config(**changes))
 
 
 @pytest.mark.parametrize('changes, message', [
@@ -766,7 +870,8 @@ GENERAL_FLAGS_TESTED_HERE = (
     'algorithm', 'dataset', 'data_dir', 'partition', 'dirichlet_alpha', 'shards_per_client',
     'classes_per_client', 'quantity_alpha', 'num_clients', 'clients_per_round', 'rounds',
     'local_epochs', 'batch_size', 'client_lr', 'client_momentum', 'client_optimizer',
-    'client_weight_decay', 'client_lr_decay', 'server_optimizer', 'server_lr',
+    'client_weight_decay', 'client_lr_decay', *experiment_config.lr_schedules.FLAG_NAMES,
+    'server_optimizer', 'server_lr',
     'server_momentum', 'proximal_strength', 'model', 'seed', 'eval_every', 'eval_last', 'root_output_dir',
     'experiment_name', 'progress', 'guided', 'kd_weight')
 
@@ -796,6 +901,36 @@ def test_fedcda_says_when_a_run_is_warmup_throughout():
   assert note(dataclasses.replace(config, fedcda_warmup_rounds=9)) is None
   assert all(m.note(dataclasses.replace(config, algorithm=m.name)) is None
              for m in methods.METHODS.values() if m.name != 'fedcda')
+
+
+def test_fedlex_placeholder_explored_in_place_reads_the_last_tl_base(runtime):
+  """--fedlex_guidance=placeholder --fedlex_explore_in_place: each explorer trains 1 +
+  --fedlex_exploration_epochs epochs in place (its tl_base epoch first; inputs drawn as the
+  run draws them), round 1 starts from the last one's model, and the G installed after round
+  1 is the placeholder of the last explorer's tl_base, not of that model."""
+  del runtime
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
+  config = _config(algorithm='fedlex_avgm', fedlex_guidance='placeholder',
+                   fedlex_explore_in_place=True, fedlex_exploration_epochs=2)
+  fed = experiment.load_federated_data(config)
+  _, model_fn, process, _ = computations.build_computations(config, fed, NUM_CLIENTS)
+  guidance = fedlex_exploration.guidance(config, fed, process, model_fn, NUM_CLIENTS)
+  state0 = process.initialize()
+  state, metrics = guidance.initial_state(state0)
+  explorers = guidance.explorers
+  _, inputs = data.round_inputs(fed, 0, len(explorers), 3, config.seed + 1,
+                                client_ids=explorers)
+  weights, want, _ = fedlex.explore_in_place(
+      guidance.exploration, process.get_model_weights(state0), [[x] for x in inputs],
+      guidance='placeholder')
+  assert metrics['exploration_client_epochs'] == 3 * len(explorers)
+  for a, b in zip(process.get_model_weights(state).trainable, weights.trainable):
+    np.testing.assert_array_equal(a, b)
+  for g, w in zip(guidance.placeholder, want):
+    np.testing.assert_array_equal(g, w)
+  of_round_1 = fedlex.placeholder_guidance(weights.trainable)
+  assert max(np.abs(g - w).max() for g, w in zip(guidance.placeholder, of_round_1)) > 1e-3
 
 
 def test_fedlex_placeholder_guidance_refuses_the_exploration_flags():

@@ -24,6 +24,7 @@ from tff_algos import data
 import tff_algos
 from programs import experiment
 from programs import experiment_config
+from programs import run_results
 from programs import run_directory
 from tff_algos import fedlex
 from tff_algos.client_work import corrected_training, model_delta, model_upload, plugins
@@ -256,8 +257,7 @@ def _run(tmp_path, name, **changes):
   config = experiment_config.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name=name,
                                        **dict(RUN, **changes))
   summary = experiment.run_experiment(config)
-  with np.load(tmp_path / name / 'final_weights.npz') as f:
-    weights = [f[k] for k in sorted(f.files, key=lambda k: int(k.split('_')[1]))]
+  weights = run_results.load_final_weights(str(tmp_path / name))
   rows = run_directory.csv_rows(str(tmp_path / name / 'metrics.csv'))
   return summary, weights, rows
 

@@ -24,6 +24,7 @@ from tests import helpers
 from tff_algos import fedlex
 from tff_algos import models
 from tff_algos.runtime import resident_state
+from tff_algos.runtime import state_transfer
 
 MODEL_FN = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
 NUM_CLIENTS, P, ROUNDS = 8, 4, 3
@@ -165,7 +166,7 @@ def test_a_write_started_while_rounds_go_on_is_the_state(tmp_path):
   held, _ = resident.next(held, _inputs(1))
   expected = resident.materialize(held)
   path = str(tmp_path / 'state')
-  written = resident.write(held, path, resident_state.state_file_layout(resident.state_type),
+  written = resident.write(held, path, state_transfer.state_file_layout(resident.state_type),
                            wait=False)
   assert isinstance(written, resident_state.WriteInFlight)
   del held
@@ -173,29 +174,29 @@ def test_a_write_started_while_rounds_go_on_is_the_state(tmp_path):
   held2, _ = resident.next(held2, _inputs(2))
   written.wait()
   written.wait()
-  leaves = resident_state.read_state_file(path, resident.state_type)
-  for e, a in zip(resident_state.state_leaves(expected, resident.state_type), leaves,
+  leaves = state_transfer.read_state_file(path, resident.state_type)
+  for e, a in zip(state_transfer.state_leaves(expected, resident.state_type), leaves,
                   strict=True):
     assert np.asarray(e).dtype == a.dtype
     assert np.asarray(e).tobytes() == a.tobytes()
   assert resident.write(held2, str(tmp_path / 'now'),
-                        resident_state.state_file_layout(resident.state_type)) is None
+                        state_transfer.state_file_layout(resident.state_type)) is None
   assert os.path.exists(str(tmp_path / 'now.index'))
 
 
 @pytest.mark.parametrize('algorithm', ['fedcda', 'fedcross', 'fedcda@bfloat16'])
 def test_every_way_the_state_crosses_gives_the_same_state(algorithm):
   """The state crosses between Python and the worker as a checkpoint file (transfer='files',
-  the default), as one TFF value, or above `part_bytes` in parts (each a message of its own):
+  the default), as one TFF value, or above `chunk_bytes` in chunks (each a message of its own):
   what comes back is the same state, to the bit and in the same containers, and rounds on a
   state placed any way go on exactly."""
   process = _process(algorithm)
-  whole = resident_state.ResidentProcess(process, P, transfer='values', part_bytes=0)
-  ways = dict(parts=resident_state.ResidentProcess(process, P, transfer='values',
-                                                   part_bytes=4096),
+  whole = resident_state.ResidentProcess(process, P, transfer='values', chunk_bytes=0)
+  ways = dict(chunks=resident_state.ResidentProcess(process, P, transfer='values',
+                                                    chunk_bytes=4096),
               files=resident_state.ResidentProcess(process, P))
-  assert len(ways['parts']._parts) > 3  # pylint: disable=protected-access
-  assert ways['files']._parts is None  # pylint: disable=protected-access
+  assert len(ways['chunks']._chunks) > 3  # pylint: disable=protected-access
+  assert ways['files']._chunks is None  # pylint: disable=protected-access
   held = whole.initialize()
   for round_num in (1, 2):
     held, _ = whole.next(held, _inputs(round_num))
@@ -212,8 +213,8 @@ def test_every_way_the_state_crosses_gives_the_same_state(algorithm):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     resumed, _ = resident.next(placed, _inputs(3))
     _assert_close(unbroken, resident.materialize(resumed))
-  assert resident_state.state_parts(process.initialize.type_signature.result.member,
-                                    1 << 40) is None
+  assert state_transfer.state_chunks(process.initialize.type_signature.result.member,
+                                     1 << 40) is None
   if algorithm == 'fedcda@bfloat16':
     assert str(process.initialize.type_signature.result.member.aggregator.cache[0].dtype) == 'bfloat16'
 
@@ -229,14 +230,14 @@ def test_a_state_that_does_not_fit_its_type_is_refused_by_name():
   widened = [np.asarray(x, np.float64) if np.asarray(x).dtype == np.float32 else x
              for x in leaves]
   with pytest.raises(ValueError, match=r"tensor 0 \(float64\) does not fit its type float32"):
-    resident_state.write_state_file('/nonexistent/x', widened, member)
+    state_transfer.write_state_file('/nonexistent/x', widened, member)
   with pytest.raises(ValueError, match=f'the state has {len(leaves) - 1} tensors; its type has'):
-    resident_state.write_state_file('/nonexistent/x', leaves[:-1], member)
+    state_transfer.write_state_file('/nonexistent/x', leaves[:-1], member)
   reshaped = [np.zeros([2]) if i == 0 else x for i, x in enumerate(leaves)]
   with pytest.raises(ValueError, match='tensor 0 .*does not fit|tensor 0 has shape'):
-    resident_state.write_state_file('/nonexistent/x', reshaped, member)
+    state_transfer.write_state_file('/nonexistent/x', reshaped, member)
   with pytest.raises(ValueError, match='tensor 0 has shape'):
-    resident_state.write_state_file(
+    state_transfer.write_state_file(
         '/nonexistent/x', [np.zeros([2], np.float32) if i == 0 else x
                            for i, x in enumerate(leaves)], member)
   resident.close()
@@ -244,7 +245,7 @@ def test_a_state_that_does_not_fit_its_type_is_refused_by_name():
     resident.adopt(state)
 
 
-@pytest.mark.parametrize('transfer', resident_state.TRANSFERS)
+@pytest.mark.parametrize('transfer', state_transfer.TRANSFERS)
 @pytest.mark.parametrize('refresh_every, refreshed', [
     (2, [False, True, False, True]), (3, [False, False, True, False]),
     (0, [False, False, False, False])])
@@ -311,14 +312,14 @@ def test_misuse_is_refused_with_the_reason():
     resident_state.ResidentProcess(process, 0)
   with pytest.raises(ValueError, match='refresh_every must be >= 0'):
     resident_state.ResidentProcess(process, P, refresh_every=-1)
-  with pytest.raises(ValueError, match='part_bytes must be >= 0'):
-    resident_state.ResidentProcess(process, P, part_bytes=-1)
+  with pytest.raises(ValueError, match='chunk_bytes must be >= 0'):
+    resident_state.ResidentProcess(process, P, chunk_bytes=-1)
   with pytest.raises(ValueError, match="transfer must be one of .*got 'disk'"):
     resident_state.ResidentProcess(process, P, transfer='disk')
   placed = resident.adopt(process.initialize())
   with pytest.raises(ValueError, match='held by another ResidentProcess'):
     other.materialize(placed)
-  layout = resident_state.state_file_layout(resident.state_type)
+  layout = state_transfer.state_file_layout(resident.state_type)
   with pytest.raises(ValueError, match='held by another ResidentProcess'):
     other.write(placed, 'unused', layout)
   with pytest.raises(TypeError, match='write takes a ResidentValue, got LearningAlgorithmState'):
@@ -364,12 +365,12 @@ def test_an_empty_state_crosses_without_a_file(tmp_path):
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   state_type = tff.FederatedType(tff.StructType([]), tff.SERVER)
   path = str(tmp_path / 'state')
-  resident_state.save_computation(state_type)((), [path])
+  state_transfer.save_computation(state_type)((), [path])
   assert os.listdir(tmp_path) == []
-  restored, size = resident_state.restore_computation(state_type)(path)
+  restored, size = state_transfer.restore_computation(state_type)(path)
   assert len(restored) == 0 and size == 1
-  assert resident_state.read_state_file(path, state_type.member) == []
-  resident_state.write_state_file(path, [], state_type.member)
+  assert state_transfer.read_state_file(path, state_type.member) == []
+  state_transfer.write_state_file(path, [], state_type.member)
   assert os.listdir(tmp_path) == []
 
 
@@ -387,9 +388,9 @@ def test_a_detached_state_is_the_state():
   process = _process('fedcda')
   state = process.initialize()
   split, join = resident_state.detach_computations(process.initialize.type_signature.result)
-  parts = split(state)
-  assert bool(parts[-1])
-  rejoined = join(parts[:-1])
+  fields = split(state)
+  assert bool(fields[-1])
+  rejoined = join(fields[:-1])
   for a, b in zip(tf.nest.flatten(state), tf.nest.flatten(rejoined)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert type(rejoined) is type(state)

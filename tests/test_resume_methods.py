@@ -27,11 +27,17 @@ METHODS = {
     'fedcross': dict(fedcross_alpha_schedule=True, fedcross_num_propellers=1,
                      fedcross_accel_rounds=2, client_lr_decay=0.5),
     # Selection starts in round 2: the resumed round selects from the restored cache.
-    'fedcda': dict(fedcda_warmup_rounds=1, fedcda_cache_size=2, fedcda_batches=1),
-    'cadis': dict(cadis_kd_weight=0.5, cadis_kd_reduction='mean'),
-    'fedlex_avgm': dict(fedlex_exploration_epochs=1, fedlex_refresh=True),
+    # Schedules with the round number in the state (tff_algos.schedules) resume mid-way.
+    'fedcda': dict(fedcda_warmup_rounds=1, fedcda_cache_size=2, fedcda_batches=1,
+                   client_lr_schedule='step', client_lr_decay=0.5, client_lr_warmup_rounds=1),
+    'cadis': dict(cadis_kd_weight=0.5, cadis_kd_reduction='mean', server_lr_decay=0.5,
+                  client_lr_warmup_rounds=1),
+    'fedlex_avgm': dict(fedlex_exploration_epochs=1, fedlex_refresh=True,
+                        server_lr_schedule='step', server_lr_decay=0.5,
+                        server_lr_decay_every=2),
     # The resumed round corrects its clients' steps by the restored control variates.
-    'scaffold': dict(client_momentum=0.0, scaffold_server_lr=0.8, client_lr_decay=0.5),
+    'scaffold': dict(client_momentum=0.0, scaffold_server_lr=0.8, client_lr_decay=0.5,
+                     server_lr_warmup_rounds=1),
 }
 STATE_METRICS = {
     'fedcross': 'aggregator/alpha', 'fedcda': 'aggregator/switched',
@@ -69,7 +75,9 @@ def test_stopped_and_resumed_run_equals_the_unbroken_run(algorithm, tmp_path):
   assert [r['round'] for r in rows_b] == ['1', '2', '3']
   # The bytes' running totals (and FedLEx's exploration bytes) go on from the kept rows.
   columns = [k for k in rows_a[0] if 'accuracy' in k or 'loss' in k or 'bytes' in k
-             or k == STATE_METRICS[algorithm]]
+             or k == STATE_METRICS[algorithm] or k.startswith('learning_rate/')]
+  # A schedule's rates (tff_algos.schedules), fedcross's --client_lr_decay alone aside.
+  assert (algorithm == 'fedcross') != any(k.startswith('learning_rate/') for k in columns)
   assert 'cumulative_bytes_up' in columns
   assert ({k: v for k, v in summary.items() if 'bytes_' in k}
           == {k: v for k, v in straight.items() if 'bytes_' in k})

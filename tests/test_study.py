@@ -144,10 +144,60 @@ def test_plan_sized_by_training_only_adds_no_empty_parentheses(tmp_path, write_s
   result = study_command('plan', path, '--only=fedavg')
   assert result.returncode == 0, result.stderr
   lines = result.stdout.splitlines()
-  assert lines[0].endswith(': 3 rounds left (starts at round 1); ~0 min at 2.00 s/round '
-                           '(training only)'), lines
+  assert lines[0].endswith(': 3 rounds left (starts at round 1); ~26 s at 2.00 s/round '
+                           '(training only) and 20 s start-up'), lines
   assert lines[2].startswith('2 of 2 runs to make, 6 rounds')
   assert lines[2].endswith('evaluation adds to it)'), lines
+
+
+def test_plan_adds_the_recorded_start_up_of_each_run(tmp_path, write_study, study_command):
+  """Each run to make costs its rounds plus a start-up: the median startup_seconds of the
+  recorded runs' summaries (queue.DEFAULT_STARTUP_SECONDS before any records it)."""
+  from tests.benchmarks.toy_runs import write_run  # pylint: disable=g-import-not-at-top
+  path = write_study(tmp_path, TWO_METHODS)
+  (config,) = experiments.run_configs(study_file.load(path), only=('fedavg',))[:1]
+  for name, startup in (('a_s0', 50.0), ('b_s0', 70.0), ('c_s0', 110.0)):
+    directory = tmp_path / 'study' / 'runs' / name
+    write_run(directory, 3, [0.5] * 3, seconds=2.0, round_seconds=4.0,
+              config=dataclasses.asdict(config))
+    summary = json.loads((directory / 'summary.json').read_text())
+    (directory / 'summary.json').write_text(json.dumps(dict(summary, startup_seconds=startup)))
+  result = study_command('plan', path, '--only=fedavg')
+  assert result.returncode == 0, result.stderr
+  lines = result.stdout.splitlines()
+  assert lines[0].endswith('; ~1 min at 4.00 s/round and 70 s start-up'), lines  # 70 + 3 x 4
+  assert lines[2] == ('2 of 2 runs to make, 6 rounds: ~3 min as recorded (start-up 70 s a '
+                      'run, the median of 3 runs recorded)'), lines   # 2 x (70 + 12) s
+
+
+def test_startup_seconds_add_the_first_rounds_excess():
+  from programs import run_results  # pylint: disable=g-import-not-at-top
+  rows = [dict(round_seconds=s) for s in ('9.5', '1.0', '2.0', '1.5', '')]
+  assert run_results.startup_seconds(3.25, rows) == 3.25 + 9.5 - 1.5   # median of 1, 2, 1.5
+  assert run_results.startup_seconds(3.25, rows[:1]) == 3.25           # no later round
+  assert run_results.startup_seconds(3.25, [dict(round_seconds='1.0')] * 3) == 3.25
+
+
+def test_a_study_run_ends_each_run_with_its_round_accuracy_and_eta(finished_study):
+  """Through a pipe (no terminal: no progress bar), `run` prints one line per run it made:
+  its rounds, final accuracy, time, and the list's remaining runs at its pace; each run's
+  summary records its start-up, which the plan before used its default for."""
+  from programs.studies import queue  # pylint: disable=g-import-not-at-top
+  lines = [l for l in finished_study['again'].stderr.splitlines() if l.startswith('   round')]
+  runs = ['fedavg_s0', 'fedprox_s0', 'fedavg_s1', 'fedprox_s1']
+  made = runs[len(runs) - len(lines):]   # fedavg_s0 may have finished before the kill
+  assert len(made) >= 3, finished_study['again'].stderr
+  for line, run in zip(lines, made):
+    summary = json.loads((finished_study['out'] / 'runs' / run / 'summary.json').read_text())
+    left = len(runs) - 1 - runs.index(run)
+    eta = (rf'{left} more runs? in the list, ~\d+ (s|min) at this pace' if left
+           else 'the last in the list')
+    assert re.fullmatch(rf'   round 3/3, accuracy {summary["final_accuracy"]:.4f}, '
+                        rf'\d+ (s|min); {eta}', line), line
+    assert summary['startup_seconds'] > 0
+  assert '\r' not in finished_study['again'].stderr   # no progress bar through a pipe
+  assert (f'start-up {queue.DEFAULT_STARTUP_SECONDS:.0f} s a run, a default until runs '
+          'record it') in finished_study['plan'].stdout
 
 
 BAD = [
@@ -350,3 +400,23 @@ def test_tuning_length_without_a_rounds_key_is_the_trainers_default(tmp_path):
   default = study_file.FIELDS['rounds'].default
   (result,) = study_page.tuning_results(study, None).values()
   assert result['rounds'] == default and result['budget'] == 2 * default
+
+
+def test_schedule_keys_reach_the_runs_and_a_bad_one_is_named(tmp_path, write_study):
+  """The learning-rate schedule flags are study keys like any trainer flag
+  (programs/lr_schedules.py): a run's reach its ExperimentConfig; a bad one names its table."""
+  from programs import lr_schedules  # pylint: disable=g-import-not-at-top
+  path = write_study(tmp_path, 'seeds = [0]\n[runs.fedavg]\nalgorithm = "fedavg"\n'
+                     'client_lr_schedule = "cosine"\nclient_lr_floor = 0.1\n'
+                     'server_lr_schedule = "step"\nserver_lr_decay = 0.5\n'
+                     'server_lr_decay_every = 2\nserver_lr_warmup_rounds = 1\n')
+  study = study_file.load(path)
+  (config,) = experiments.run_configs(study)
+  client, server = lr_schedules.schedules(config)
+  assert (client.kind, client.floor, client.rounds) == ('cosine', 0.1, 3)
+  assert (server.kind, server.decay, server.every, server.warmup_rounds) == ('step', 0.5, 2, 1)
+  path = write_study(tmp_path, 'seeds = [0]\n[runs.fedcross]\nalgorithm = "fedcross"\n'
+                     'server_lr_schedule = "cosine"\n')
+  with pytest.raises(study_file.StudyFileError, match=r'\[runs.fedcross\] server_lr_schedule: '
+                     '--server_lr_schedule: fedcross takes no server optimizer step'):
+    study_file.load(path)

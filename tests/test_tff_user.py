@@ -447,27 +447,21 @@ def test_clustered_aggregator_with_num_clients_refuses_anonymous_uploads(model_f
                                          weights_type.trainable), tff.TensorType(np.float32))
 
 
-def test_tuple_input_spec_and_functional_model(raw, client_data, model_fn):
+def test_tuple_input_spec_and_what_is_not_a_model_fn(raw, client_data, model_fn, functional):
   spec = client_data.element_type_structure
   tuple_fn = user_model_fn((spec['x'], spec['y']))
   tuples = tff.simulation.datasets.TestClientData(raw).preprocess(
       lambda d: d.map(lambda e: (e['x'], e['y'])).batch(BATCH))
-  functional = tff.learning.models.functional_model_from_keras(
-      user_keras_model, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-      input_spec=spec, metrics_constructor=lambda: collections.OrderedDict(
-          accuracy=tf.keras.metrics.SparseCategoricalAccuracy()))
   reference = tff_algos.build_fedavg(model_fn, sgd(), BATCH)
   with_tuple = tff_algos.build_fedavg(tuple_fn, sgd(), BATCH)
-  with_functional = tff_algos.build_fedavg(functional, sgd(), BATCH)
   expected = reference.get_model_weights(reference.next(
       reference.initialize(), data.client_selection_fn(client_data, P)(1)).state)
-  for process, clients in ((with_tuple, data.client_selection_fn(tuples, P)(1)),
-                           (with_functional, data.client_selection_fn(client_data, P)(1))):
-    state = process.set_model_weights(process.initialize(),
-                                      reference.get_model_weights(reference.initialize()))
-    got = process.get_model_weights(process.next(state, clients).state)
-    for u, v in zip(got.trainable, expected.trainable):
-      np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
+  state = with_tuple.set_model_weights(with_tuple.initialize(),
+                                       reference.get_model_weights(reference.initialize()))
+  got = with_tuple.get_model_weights(with_tuple.next(
+      state, data.client_selection_fn(tuples, P)(1)).state)
+  for u, v in zip(got.trainable, expected.trainable):
+    np.testing.assert_allclose(u, v, rtol=1e-5, atol=1e-6)
   with pytest.raises(TypeError, match='FunctionalModel itself'):
     tff_algos.build_fedavg(lambda: functional, sgd(), BATCH)
   # A Keras model is callable but is not a model_fn; neither is a VariableModel instance.
@@ -482,6 +476,125 @@ def test_tuple_input_spec_and_functional_model(raw, client_data, model_fn):
               collections.OrderedDict(x=spec['x'], y=spec['y'], w=spec['y'])):
     with pytest.raises(TypeError, match=r'\(x, y\) tuple of TensorSpecs'):
       local_training.client_element_type(bad)
+
+
+@pytest.fixture(scope='module')
+def functional(client_data):
+  """The user's Keras model as a FunctionalModel (its seeded initial weights captured)."""
+  return tff.learning.models.functional_model_from_keras(
+      user_keras_model, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+      input_spec=client_data.element_type_structure)
+
+
+# Every builder that takes a model, called as a user would. docs/tff_integration.md lists
+# the same names as those that take a FunctionalModel (test_docs_list_what_takes_a_...).
+def _process(build):
+  return lambda m: ('process', build(m))
+
+
+MODEL_BUILDERS = collections.OrderedDict(
+    build_fedavg=_process(lambda m: tff_algos.build_fedavg(m, sgd(), BATCH)),
+    build_fedavgm=_process(lambda m: tff_algos.build_fedavgm(m, sgd(), BATCH)),
+    build_fedadam=_process(lambda m: tff_algos.build_fedadam(m, sgd(), BATCH)),
+    build_fedprox=_process(lambda m: tff_algos.build_fedprox(m, sgd(), BATCH, 0.01)),
+    build_fedsgd=_process(lambda m: tff_algos.build_fedsgd(m, client_batch_size=BATCH)),
+    build_fedcross=_process(lambda m: tff_algos.build_fedcross(m, sgd(), BATCH, num_models=P)),
+    build_fedcda=_process(lambda m: tff_algos.build_fedcda(m, sgd(), BATCH, len(IDS), P,
+                                                           warmup_rounds=1)),
+    build_scaffold=_process(lambda m: tff_algos.build_scaffold(m, sgd(), BATCH, len(IDS), P)),
+    **{f'build_fedlex-{base}': _process(
+        lambda m, base=base: tff_algos.build_fedlex(m, sgd(), BATCH, base))
+       for base in ('avgm', 'sgd', 'opt', 'prox')},
+    build_fedlex_exploration=lambda m: (
+        'computation', tff_algos.build_fedlex_exploration(m, sgd(), BATCH)),
+    build_per_client_evaluation=lambda m: (
+        'computation', tff_algos.build_per_client_evaluation(m, len(IDS))),
+)
+FUNCTIONAL_REFUSED = ('build_cadis',)
+
+
+def _rounds(process, client_data):
+  """The initial and the final global weights after ROUNDS rounds on the same clients."""
+  state = process.initialize()
+  initial = process.get_model_weights(state)
+  for round_num in range(1, ROUNDS + 1):
+    state = process.next(state, data.client_selection_fn(client_data, P, seed=0)(round_num)
+                         ).state
+  return initial, process.get_model_weights(state)
+
+
+def _computed(computation, name, client_data):
+  """The computation's result on the user's Keras model's initial weights."""
+  weights = tff.learning.models.ModelWeights.from_model(user_keras_model())
+  weights = tff.learning.models.ModelWeights(
+      [w.numpy() for w in weights.trainable], [w.numpy() for w in weights.non_trainable])
+  if name == 'build_per_client_evaluation':
+    inputs = data.ClientDataInputs(client_data)
+    return computation(weights, tff_algos.client_evaluation_inputs(
+        [inputs.client_arrays(n) for n in range(inputs.num_clients)]))
+  return computation(weights, data.client_selection_fn(client_data, P, seed=0)(1))
+
+
+# The FedAvg family's other builders share build_fedavg's client work and aggregation.
+SAME_PATH_AS_FEDAVG = ('build_fedavgm', 'build_fedadam', 'build_fedprox', 'build_fedlex-avgm',
+                       'build_fedlex-sgd', 'build_fedlex-opt', 'build_fedlex-prox')
+
+
+@pytest.mark.parametrize('name', [
+    pytest.param(n, marks=pytest.mark.slow) if n in SAME_PATH_AS_FEDAVG else n
+    for n in MODEL_BUILDERS])
+def test_functional_model_trains_as_its_keras_model(name, model_fn, functional, client_data):
+  """The same Keras model as a from_keras_model model_fn and as a FunctionalModel: the same
+  initial weights, and after ROUNDS rounds on the same clients the same model (float32)."""
+  runs = []
+  for model in (model_fn, functional):
+    kind, built = MODEL_BUILDERS[name](model)
+    runs.append(_rounds(built, client_data) if kind == 'process'
+                else _computed(built, name, client_data))
+  keras_run, functional_run = runs
+  for a, b in zip(tf.nest.flatten(keras_run), tf.nest.flatten(functional_run)):
+    np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+  if kind == 'process':   # it trained: the final model is not the initial one
+    assert not np.allclose(keras_run[0].trainable[0], keras_run[1].trainable[0])
+
+
+def test_cadis_refuses_a_functional_model(functional):
+  with pytest.raises(TypeError, match='Keras'):
+    tff_algos.build_cadis(functional, sgd(), BATCH, len(IDS), clients_per_round=P)
+
+
+def test_docs_list_what_takes_a_functional_model():
+  """docs/tff_integration.md's two lists are the builders tested above, and every exported
+  builder whose first argument is model_fn is in one of them."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  import pathlib  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  text = (pathlib.Path(__file__).parents[1] / 'docs' / 'tff_integration.md').read_text()
+  lists = {}
+  for key in ('Take a FunctionalModel', 'Refuse a FunctionalModel'):
+    line = re.search(rf'^- \*\*{key}\*\*:(.*?)(?=\n- |\n\n)', text, re.M | re.S).group(1)
+    lists[key] = set(re.findall(r'`(build_\w+)', line))
+  tested = {n.split('-')[0] for n in MODEL_BUILDERS}
+  assert lists['Take a FunctionalModel'] == tested
+  assert lists['Refuse a FunctionalModel'] == set(FUNCTIONAL_REFUSED)
+  taking_a_model = {name for name in tff_algos.__all__ if name.startswith('build_') and
+                    next(iter(inspect.signature(getattr(tff_algos, name)).parameters))
+                    == 'model_fn'}
+  assert taking_a_model == tested | set(FUNCTIONAL_REFUSED)
+
+
+def test_plain_tf_data_clients_are_refused_naming_the_adapter(model_fn, client_data):
+  """TFF's own processes take batched tf.data clients; ours take the adapter's inputs, and
+  a plain dataset gets one sentence naming it instead of TFF's serialization error."""
+  process = _built('fedavg', model_fn)
+  clients = [client_data.create_tf_dataset_for_client(cid) for cid in IDS[:P]]
+  with pytest.raises(TypeError) as info:
+    process.next(process.initialize(), clients)
+  message = str(info.value)
+  assert message.startswith("this process's clients are one-element sequences of "
+                            'OrderedDict(x, y, order, index, slot, work), not plain tf.data')
+  assert 'data.client_selection_fn(client_data, clients_per_round)(round_num)' in message
+  assert '\n' not in message and 'Cannot serialize' in str(info.value.__cause__)
 
 
 def test_tff_argument_habits_get_one_clear_error(model_fn):

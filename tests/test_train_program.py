@@ -30,8 +30,7 @@ def _run(args, timeout=240, **kwargs):
 
 
 def _weights(directory):
-  with np.load(os.path.join(directory, 'final_weights.npz')) as f:
-    return [f[k] for k in sorted(f.files, key=lambda k: int(k.split('_')[1]))]
+  return run_results.load_final_weights(directory)
 
 
 def _snapshot(directory):
@@ -108,6 +107,10 @@ BAD_INPUTS = [
     ('--straggler_fraction=0.5 --straggler_min_work=0', '--straggler_min_work must be in (0, 1]'),
     ('--straggler_fraction=0.5 --straggler_min_work=nan', '--straggler_min_work must be a finite'),
     ('--straggler_min_work=0.3', '--straggler_min_work is used only with --straggler_fraction'),
+    # given explicitly, at its default value: absl knows it was given
+    ('--straggler_min_work=0.5', '--straggler_min_work is used only with --straggler_fraction'),
+    ('--straggler_fraction=0 --straggler_min_work=0.5',
+     '--straggler_min_work is used only with --straggler_fraction'),
     ('--dataset=mnist --data_dir=/nonexistent', 'tfds build'),
     ('--target_accuracy=1.5', '--target_accuracy: 1.5 is outside (0, 1]'),
     ('--target_accuracy=0', '--target_accuracy: 0 is outside (0, 1]'),
@@ -136,6 +139,9 @@ BAD_INPUTS = [
     ('--algorithm=fedavgm --server_optimizer=adam', '--server_optimizer is not used'),
     ('--algorithm=fedavg --server_momentum=0.5', 'only with --server_optimizer=sgdm'),
     ('--algorithm=fedavg --fedcda_cache_size=5', '--fedcda_cache_size is not used'),
+    # learning-rate schedules: unknown, or of a rate the method does not have
+    ('--client_lr_schedule=linear', "--client_lr_schedule='linear' is unknown"),
+    ('--algorithm=fedcross --server_lr_schedule=cosine', 'fedcross takes no server optimizer'),
     # models that cannot take the data
     ('--model=char_lstm', 'does not take digits'),
     ('--model=vgg16', 'vgg16 needs height and width >= 32'),
@@ -149,6 +155,10 @@ BAD_INPUTS = [
      '--clients_per_round=1 --client_test_fraction=0.5', 'has test data of its own'),
     ('--dataset=fashion_mnist --data_dir={bad}/fmnist', 'truncated or corrupt gzip'),
     # output directories
+    ('--experiment_name=../escaped_by_name', "--experiment_name='../escaped_by_name' would "
+     'leave --root_output_dir'),
+    ('--experiment_name=a/b', 'would leave --root_output_dir'),
+    ('--experiment_name=..', 'would leave --root_output_dir'),
     ('--root_output_dir={bad}/a_file', 'cannot create the experiment directory'),
     ('--root_output_dir=/proc/no_such_dir', 'cannot create the experiment directory'),
     # --resume of a different run
@@ -162,6 +172,8 @@ BAD_INPUTS = [
     # faults change what the clients run: another run (but the same computations)
     ('--root_output_dir={run} --experiment_name=p --resume --rounds=2 --client_dropout=0.2',
      'run with --client_dropout=0.0 (now --client_dropout=0.2)'),
+    ('--root_output_dir={run} --experiment_name=p --resume --rounds=3 --server_lr_warmup_rounds=1',
+     'run with --server_lr_warmup_rounds=0 (now --server_lr_warmup_rounds=1)'),
     ('--root_output_dir={run} --experiment_name=p --resume --rounds=1',
      'already finished round 2; pass --rounds=2 or more'),
     ('--root_output_dir={run} --experiment_name=p --rounds=2', 'pass --resume to continue'),
@@ -492,6 +504,36 @@ def test_outputs_and_pipe_termination(piped_run):
              for (_, _, a), (_, _, b) in zip(got, expected)), got
 
 
+def test_final_weights_load_by_name_and_score_the_final_accuracy(piped_run):
+  """final_weights.npz is keyed by variable name; loaded into a fresh model of the run's
+  architecture with docs/training_program.md's line, it scores summary.json's final accuracy
+  on the central test set."""
+  import json  # pylint: disable=g-import-not-at-top
+  from tff_algos import data  # pylint: disable=g-import-not-at-top
+  from tff_algos.models import zoo  # pylint: disable=g-import-not-at-top
+  _, out = piped_run
+  summary = json.loads((out / 'summary.json').read_text())
+  model = zoo.build_keras_model(summary['model'], (8, 8, 1), 10, seed=1)
+  w = np.load(out / 'final_weights.npz')
+  assert w.files == [v.name.split(':')[0] for v in
+                     model.trainable_weights + model.non_trainable_weights]
+  [v.assign(w[v.name.split(':')[0]]) for v in model.weights]  # the documented line
+  test = data.load_digits()
+  predicted = np.argmax(model.predict(test.x_test, verbose=0), axis=1)
+  accuracy = float(np.mean(predicted == test.y_test))
+  assert abs(accuracy - summary['final_accuracy']) < 1e-6, (accuracy, summary)
+
+
+def test_weight_names_strip_the_index_and_number_repeats():
+  import types  # pylint: disable=g-import-not-at-top
+  var = lambda name: types.SimpleNamespace(name=name)
+  model = types.SimpleNamespace(
+      trainable_variables=[var('fc/kernel:0'), var('Variable:0'), var('Variable:0')],
+      non_trainable_variables=[var('Variable:0'), var('bn/moving_mean:0')])
+  assert run_results.weight_names(model) == [
+      'fc/kernel', 'Variable', 'Variable_1', 'Variable_2', 'bn/moving_mean']
+
+
 def _client_figures_are_consistent(record):
   mean, std, p10, lowest = (float(record[k]) for k in constants.CLIENT_ACCURACY_FIGURES)
   assert 0 <= lowest <= p10 <= mean <= 1 and 0 <= std <= 0.5, record
@@ -701,3 +743,35 @@ def test_accuracy_plot_gains_a_bytes_panel_where_bytes_are_counted(tmp_path):
     run_results.plot_accuracy(_random_rows(rng, 10, with_bytes), path, 't', 1e6)
     widths[with_bytes] = matplotlib.image.imread(path).shape[1]
   assert widths == {False: 600, True: 1100}, widths
+
+
+# programs.train, printing after the run how many TFF worker processes it started.
+_COUNTING_WORKERS = '''
+from absl import app
+from programs import experiment, train
+from tff_algos.runtime import workers
+run = experiment.run_experiment
+def counting(*args, **kwargs):
+  try:
+    return run(*args, **kwargs)
+  finally:
+    print('workers', len(workers.worker_pids()), flush=True)
+experiment.run_experiment = counting
+app.run(train.main)
+'''
+
+
+@pytest.mark.parametrize('flag', ['--worker_timeout=30', '--require_isolated_worker'])
+def test_one_worker_per_run_whatever_the_worker_flags(flag, tmp_path):
+  """The resident state's process reuses the run's TFF context: flags that set the runtime
+  apart from its defaults start no second local worker."""
+  from tff_algos import execution  # pylint: disable=g-import-not-at-top
+  if flag == '--require_isolated_worker' and execution.isolation_unavailable():
+    pytest.skip(execution.isolation_unavailable())
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3', PYTHONPATH=ROOT)
+  result = subprocess.run(
+      [sys.executable, '-c', _COUNTING_WORKERS, *BASE, '--rounds=1', flag,
+       f'--root_output_dir={tmp_path}', '--experiment_name=w'],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+  assert result.returncode == 0, result.stderr
+  assert 'workers 1' in result.stdout.splitlines(), result.stdout

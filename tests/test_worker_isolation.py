@@ -6,7 +6,7 @@ attacked from a second process as an attacker would: every TCP port any process 
 listens on in this host's network namespace is found (/proc/<pid>/fd against
 /proc/net/tcp{,6}) and handed a computation that writes a file; and, as the user `nobody`,
 the run's endpoints (Unix sockets) are connected to. Both must fail: the workers run in
-private network namespaces (tff_algos/runtime/workers.py), reached through 0700
+private network namespaces (tff_algos/runtime/isolation.py), reached through 0700
 directories. Loopback only.
 """
 
@@ -23,6 +23,7 @@ from programs import experiment
 from programs import experiment_config
 from tff_algos import execution
 from tff_algos.runtime import contexts
+from tff_algos.runtime import isolation
 from tff_algos.runtime import workers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -44,7 +45,7 @@ time.sleep(600)
 
 
 def _isolation_or_skip():
-  reason = workers.isolation_unavailable()
+  reason = isolation.isolation_unavailable()
   if reason is not None:
     pytest.skip(f'workers cannot run isolated from the network on this machine: {reason}')
 
@@ -210,8 +211,8 @@ def test_the_isolated_worker_reads_and_writes_this_file_system(tmp_path):
 
 
 def test_without_isolation_the_run_says_so_in_one_line_and_goes_on(monkeypatch, capsys):
-  monkeypatch.setattr(workers, '_isolation_probe', ('no user namespaces (simulated)',))
-  monkeypatch.setattr(workers, '_exposure_told', False)
+  monkeypatch.setattr(isolation, '_isolation_probe', ('no user namespaces (simulated)',))
+  monkeypatch.setattr(isolation, '_exposure_told', False)
   execution.shutdown_workers()
   try:
     execution.initialize_runtime()
@@ -227,7 +228,7 @@ def test_without_isolation_the_run_says_so_in_one_line_and_goes_on(monkeypatch, 
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith('warning: ') and 'every network' in lines[0]
     assert 'no user namespaces (simulated)' in lines[0] and '--require_isolated_worker' in lines[0]
-    with pytest.raises(workers.WorkerNotIsolatedError, match='cannot run isolated'):
+    with pytest.raises(isolation.WorkerNotIsolatedError, match='cannot run isolated'):
       execution.initialize_runtime(require_isolated_worker=True)
   finally:
     execution.shutdown_workers()
@@ -236,7 +237,7 @@ def test_without_isolation_the_run_says_so_in_one_line_and_goes_on(monkeypatch, 
 def test_program_require_isolated_worker_flag(monkeypatch, tmp_path):
   """--require_isolated_worker: where the worker cannot be isolated the run stops before
   anything starts, with one line naming the fix."""
-  monkeypatch.setattr(workers, '_isolation_probe', ('no user namespaces (simulated)',))
+  monkeypatch.setattr(isolation, '_isolation_probe', ('no user namespaces (simulated)',))
   config = experiment_config.ExperimentConfig(
       algorithm='fedavg', dataset='digits', num_clients=4, clients_per_round=2, rounds=1,
       progress=False, root_output_dir=str(tmp_path), require_isolated_worker=True)

@@ -3,9 +3,13 @@
     from tff_algos import execution
     execution.initialize_runtime()   # before the first TFF call
 
-Each name lives in `tff_algos.runtime` (TFF 0.87 workarounds, one concept a module); this
-module is the one path programs, notebooks and docs import. Standard library only on import:
-`import tff_algos` registers the workers' shutdown at exit through it.
+Each name lives in `tff_algos.runtime` (TFF 0.87 workarounds, one concept a module); outside
+the library this module is the one path into the runtime's contexts, workers, isolation,
+serialization and collector. The server state's modules, which import TensorFlow
+(`resident_state`, `state_transfer`, `saved_model_template`, `bundle_parts`), are imported
+by their own names (public: `tff_algos.ResidentProcess`); tests/test_layers.py holds both
+rules. Standard library only on import: `import tff_algos` registers the workers' shutdown
+at exit through it.
 """
 
 from tff_algos.runtime.collector import collector_paused, freeze_long_lived_objects
@@ -16,9 +20,10 @@ from tff_algos.runtime.contexts import (
 from tff_algos.runtime.serialization import (
     MAX_VALUE_BYTES, ValueTooLargeError, check_value_fits, install_value_serialization,
     serialize_value, value_bytes)
+from tff_algos.runtime.isolation import (
+    WorkerNotIsolatedError, isolation_unavailable, worker_binary_path, worker_command)
 from tff_algos.runtime.workers import (
-    WorkerNotIsolatedError, WorkerService, WorkerUnavailableError, isolation_unavailable,
-    parse_worker_addresses, worker_binary_path, worker_command, worker_pids)
+    WorkerService, WorkerUnavailableError, parse_worker_addresses, worker_pids)
 
 __all__ = [
     'DEFAULT_WORKER_TIMEOUT_SECONDS', 'MAX_VALUE_BYTES', 'NotMergeableError',

@@ -68,7 +68,7 @@ def build_fedcda(
       limit). The state is 4·N·K·D bytes of cache, 8·D of the selected models' running sum
       and 4·(3NK + 2N + 1) of bookkeeping.
     cache_dtype: 'float32' (default), or 'float16' / 'bfloat16': the cache in half the
-      memory; uploads are rounded as they enter it (`cross_round_cache` module doc).
+      memory; uploads are rounded as they enter it (`cache_selection`'s "Precision").
     model_aggregator: must be None (accepted for TFF-style call sites; a factory is refused
       with the reason, see `tff_algos.aggregators.factories`).
     guided: FedLEx's guidance on the clients' gradients (`tff_algos.client_work.plugins`;

@@ -59,7 +59,8 @@ def build_fedcross(
     similarity: what the similarity rules compare: 'model' (default), the cosine of whole
       flattened models (the paper's), or 'layerwise', the sum of per-layer cosines the
       authors' code computes (`cross_aggregation.layerwise_similarity_matrix`). 'in_order'
-      does not read it; the `similarity` measurement reports it under every rule.
+      does not read it, so 'layerwise' with it is refused (ValueError); the `similarity`
+      measurement reports it under every rule.
     alpha_schedule: alpha rises linearly from 0.5 to `alpha` over `accel_rounds` rounds.
     num_propellers: > 1: during the first `accel_rounds` rounds each model is fused with
       the mean of this many in-order collaborators (see cross_aggregation's module doc).

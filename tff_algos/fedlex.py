@@ -404,11 +404,11 @@ def placeholder_guidance(trainable, floor: float = 0.0) -> list:
   There the server's `create_mask` takes, per tensor, the mean over that round's
   participants' scouts of (scout - w_ref)^2 and min-max normalises it; every scout is ones,
   so the participants drop out and G = minmax((1 - w_ref)^2) every round. w_ref is the
-  `tl_base` checkpoint, the global model the explorers trained in place (saved one epoch
-  into the last explorer's turn), i.e. about the model round 1 starts from; here it is
-  exactly that model (`trainable`). Its first mask is written after round 1's local
-  training, so round 1 is unguided (the program installs G after round 1). A constant tensor
-  normalises to ones here (the reference divides 0 by 0).
+  `tl_base` checkpoint, the global model the explorers trained in place, saved after the
+  last explorer's first epoch (`explore_in_place` passes it); when nothing explores the
+  program passes the model round 1 starts from. Its first mask is written after round 1's
+  local training, so round 1 is unguided (the program installs G after round 1). A constant
+  tensor normalises to ones here (the reference divides 0 by 0).
   """
   _check_floor(floor)
   guidance = [normalize_tensor(tf.square(1.0 - tf.cast(w, tf.float32))) for w in trainable]
@@ -417,44 +417,66 @@ def placeholder_guidance(trainable, floor: float = 0.0) -> list:
 
 def explore_in_place(exploration: tff.Computation, initial_weights,
                      explorer_inputs: Sequence[Any], normalize: str = 'per_client',
-                     floor: float = 0.0):
-  """The explorers train one global model in place, one after another (the reference code:
-  its server hands its own model to every explorer, so explorer i starts from explorer
-  i - 1's result and round 1 starts from the last one's).
+                     floor: float = 0.0, guidance: str = 'exploration'):
+  """The explorers train one global model in place, one after another, in the reference
+  code's order (docs/algorithms.md#fedlex): its server hands its own model to every
+  explorer, so explorer i starts from explorer i - 1's result and round 1 starts from the
+  last one's.
 
-  Each explorer runs the exploration computation alone from the current model; its
-  deviation is taken from the model it started from, D_i = (w_{i-1} - w_i)^2, and G is
-  `global_guidance_matrix` of those (same normalisation and floor as the exploration). An
-  explorer that does not report (work 0) leaves the model as it found it and adds no
-  deviation.
+  Each explorer first trains one epoch with a fresh optimizer (the reference's `tl_base`
+  epoch; it saves that model as its `tl_base` checkpoint), then its exploration epochs with
+  another fresh optimizer. Its input's `order` holds both: row 0 is the `tl_base` epoch, the
+  rest the exploration epochs; its `work` cuts each of the two as any client's. `guidance`
+  says which G is returned: 'exploration', `global_guidance_matrix` (with `normalize` and
+  `floor`) of the deviations D_i = (tl_base_i - w_i)^2, each explorer's exploration epochs
+  measured from its own `tl_base`; 'placeholder', `placeholder_guidance` of the last
+  reporting explorer's `tl_base` (the checkpoint the reference's mask reads: each explorer
+  overwrites it). An explorer that does not report (work 0) leaves the model as it found it
+  and adds nothing.
 
-  Returns (final ModelWeights, guidance list, OrderedDict(exploration_client_epochs,
-  num_explorers, finite_explorers, reported_explorers)); with no explorer reporting, the
-  initial weights and G all ones. Raises ValueError when an explorer diverges (its weights
-  would be the run's).
+  Returns (final ModelWeights, guidance list, OrderedDict(exploration_client_epochs, every
+  epoch run including the `tl_base` ones, num_explorers, finite_explorers,
+  reported_explorers)); with no explorer reporting, the initial weights and G all ones
+  ('exploration') or the placeholder of the initial weights. Raises ValueError when an
+  explorer diverges (its weights would be the run's) or an input has fewer than 2 epochs.
   """
-  explorer_inputs = list(explorer_inputs)
-  weights = initial_weights
-  devs, epochs = [], 0.0
-  for inp in explorer_inputs:
-    result = exploration(weights, [inp if isinstance(inp, (list, tuple)) else [inp]])
-    epochs += float(result['client_epochs'])
-    if not float(result['reported_explorers']):
-      continue
-    if not float(result['finite_explorers']):
-      raise ValueError('an explorer training in place diverged (non-finite weights)')
-    final = result['final_weights']
-    devs.append([np.square(np.asarray(a, np.float32) - np.asarray(b, np.float32))
-                 for a, b in zip(weights.trainable, final.trainable)])
-    weights = tff.learning.models.ModelWeights(trainable=list(final.trainable),
-                                               non_trainable=list(final.non_trainable))
+  if guidance not in ('exploration', 'placeholder'):
+    raise ValueError(f"guidance must be 'exploration' or 'placeholder', got {guidance!r}")
+  explorer_inputs = [inp if isinstance(inp, (list, tuple)) else [inp]
+                     for inp in explorer_inputs]
   if not explorer_inputs:
     raise ValueError('at least one explorer is needed')
-  if devs:
-    guidance = [g.numpy() for g in global_guidance_matrix(devs, normalize, floor)]
+  weights, reference = initial_weights, initial_weights
+  devs, epochs = [], 0.0
+  for [element] in explorer_inputs:
+    if np.shape(element['order'])[0] < 2:
+      raise ValueError('an explorer training in place needs its tl_base epoch and at least '
+                       f"one exploration epoch in its order, got {np.shape(element['order'])[0]}")
+    base, explore = (collections.OrderedDict(element, order=rows)
+                     for rows in (element['order'][:1], element['order'][1:]))
+    starts = []
+    for part in (base, explore):   # each call: a fresh optimizer
+      starts.append(weights)
+      result = exploration(weights, [[part]])
+      epochs += float(result['client_epochs'])
+      if not float(result['reported_explorers']):
+        break
+      if not float(result['finite_explorers']):
+        raise ValueError('an explorer training in place diverged (non-finite weights)')
+      final = result['final_weights']
+      weights = tff.learning.models.ModelWeights(trainable=list(final.trainable),
+                                                 non_trainable=list(final.non_trainable))
+    else:
+      reference = starts[1]
+      devs.append([np.square(np.asarray(a, np.float32) - np.asarray(b, np.float32))
+                   for a, b in zip(reference.trainable, weights.trainable)])
+  if guidance == 'placeholder':
+    g = placeholder_guidance(reference.trainable, floor)
+  elif devs:
+    g = [t.numpy() for t in global_guidance_matrix(devs, normalize, floor)]
   else:  # none reported: the model as it was and no guidance, as `build_fedlex_exploration`
-    guidance = [np.ones(np.shape(t), np.float32) for t in weights.trainable]
+    g = [np.ones(np.shape(t), np.float32) for t in weights.trainable]
   metrics = collections.OrderedDict(exploration_client_epochs=epochs,
                                     num_explorers=len(explorer_inputs),
                                     finite_explorers=len(devs), reported_explorers=len(devs))
-  return weights, guidance, metrics
+  return weights, g, metrics

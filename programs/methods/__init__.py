@@ -17,6 +17,19 @@ This index collects them: `programs/train.py` defines the absl flags from it,
 new method is one module in tff_algos, one file here (added to `METHODS` below) and its
 tests.
 
+Modules:
+
+* `baselines`: `fedavg`, `fedavgm`, `fedadam`, `fedprox`, `fedsgd`: their builder calls and
+  the general flags each reads.
+* `cadis`: `--algorithm=cadis`: its flags, checks, summary entries and builder call.
+* `fedcda`: `--algorithm=fedcda`: its flags, checks, note, summary entries and builder call.
+* `fedcross`: `--algorithm=fedcross`: its flags, checks and builder call.
+* `fedlex`: FedLEx's four variants, guided presets of one builder.
+* `option_table`: docs/methods.md's option table, generated from the registry; `__main__`
+  (`python -m programs.methods`) rewrites it.
+* `registry`: `Flag`, `Method`, the validation rules, the general flags.
+* `scaffold`: `--algorithm=scaffold`: its flags, checks, summary entries and builder call.
+
 Importing this package imports neither TensorFlow nor TFF (flags are validated before TF
 starts).
 """

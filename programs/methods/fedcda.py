@@ -75,4 +75,5 @@ def build_fedcda(*args, **kwargs):
 METHOD = registry.Method(
     'fedcda', build_fedcda,
     lambda c, i: (registry.head(c, i) + (i.num_clients, c.clients_per_round), dict(seed=c.seed)),
-    flags=FLAGS, check=_check, errors=(ValueError,), note=_note, summary=_summary)
+    flags=FLAGS, check=_check, errors=(ValueError,), note=_note, summary=_summary,
+    server_rate=False)

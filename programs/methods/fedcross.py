@@ -51,4 +51,4 @@ def build_fedcross(*args, **kwargs):
 METHOD = registry.Method(
     'fedcross', build_fedcross,
     lambda c, i: (registry.head(c, i) + (c.clients_per_round,), {}),
-    flags=FLAGS, check=_check)
+    flags=FLAGS, check=_check, server_rate=False)

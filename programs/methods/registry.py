@@ -104,7 +104,9 @@ class Method:
   setting), or None. `summary(run)`: the method's own entries of summary.json from the
   finished run (a `RunRecord`).
   `guided`: the method is a plug-in preset, guided whatever --guided says (fedlex_*).
-  `local_steps`: False for FedSGD's one gradient (no KD there).
+  `local_steps`: False for FedSGD's one gradient (no KD there, no client rate to schedule).
+  `server_rate`: False for a method whose server takes no optimizer step (no server rate to
+  schedule: FedCross, FedCDA).
   """
   name: str
   builder: Callable          # the method file's `build_<method>`, which imports the real one
@@ -118,6 +120,7 @@ class Method:
   summary: Callable[[Any], dict] = lambda run: {}
   guided: bool = False
   local_steps: bool = True
+  server_rate: bool = True
 
   def builder_kwargs(self, config, target: str = BUILDER) -> dict:
     """{keyword: value} of this method's flags that go to `target`."""
@@ -228,14 +231,17 @@ FEDLEX_FLAGS = (
     Flag('fedlex_guidance', 'exploration',
          'Where G comes from: exploration (the paper) or placeholder, a diagnosis option: '
          'what the reference code at its HEAD does, G = minmax((1 - w)^2) per tensor of the '
-         'model round 1 starts from, installed after an unguided round 1, no exploration '
+         'model round 1 starts from (with --fedlex_explore_in_place: of the last explorer\'s '
+         'tl_base), installed after an unguided round 1, no exploration '
          '(the program\'s loop; `fedlex.placeholder_guidance`).',
          one_of(constants.FEDLEX_GUIDANCES), target=PROGRAM),
     Flag('fedlex_explore_in_place', False,
          'Diagnosis option (the reference code): the explorers train the global model in '
-         'place one after another, so round 1 starts from the last one\'s model; G from '
-         'each one\'s deviation from its own start (the program; '
-         '`fedlex.explore_in_place`).', target=PROGRAM),
+         'place one after another, so round 1 starts from the last one\'s model; each first '
+         'trains one epoch with a fresh optimizer (the reference\'s tl_base), then explores '
+         'with another; placeholder G from the last one\'s tl_base, explored G from each '
+         'one\'s deviation from its own tl_base (the program; `fedlex.explore_in_place`).',
+         target=PROGRAM),
 )
 # The flags the exploration alone reads: inert when nothing explores (placeholder G without
 # --fedlex_explore_in_place), and --fedlex_normalize / --fedlex_refresh with any placeholder G.

@@ -97,6 +97,9 @@ def run_one(config, before_run: Optional[Callable] = None) -> None:
   if before_run is not None:
     before_run(config)
   config.resume = os.path.isdir(os.path.join(config.experiment_dir, 'checkpoints'))
+  # On a terminal, the training program's progress bar (round, loss, accuracy, its ETA);
+  # elsewhere run_all's one line per run. Bookkeeping: not part of the run's identity.
+  config.progress = sys.stderr.isatty()
   experiment.run_experiment(config, stop=_STOP)
 
 
@@ -123,10 +126,22 @@ def run_all(configs, diverged_goes_on: bool = False,
       if not (diverged_goes_on and str(e).startswith('training diverged')):
         raise
 
+  made_seconds = []   # wall seconds of each run this command made, for the ETA
+
+  def make_and_report(config, left):
+    if finished(config):
+      return
+    started = time.time()
+    make(config)
+    if finished(config):
+      made_seconds.append(time.time() - started)
+      print(run_line(config, made_seconds[-1], left, float(np.mean(made_seconds))),
+            file=sys.stderr, flush=True)
+
   held_elsewhere = []
-  for config in configs:
+  for n, config in enumerate(configs):
     try:
-      make(config)
+      make_and_report(config, len(configs) - n - 1)
     except run_directory.RunDirectoryBusy:
       print('   another process is running it: left to it, waited for at the end',
             file=sys.stderr, flush=True)
@@ -146,10 +161,28 @@ def run_all(configs, diverged_goes_on: bool = False,
         if not moved_away(config):
           raise
       try:
-        make(config)
+        make_and_report(config, 0)
         break
       except run_directory.RunDirectoryBusy:   # a third process took it first: wait again
         continue
+
+
+def run_line(config, seconds: float, runs_left: int, mean_seconds: float) -> str:
+  """The line a made run ends with: its rounds, final accuracy and wall time (summary.json),
+  and the command's ETA: the runs after it in the list (finished ones are skipped) at the
+  mean wall time of the runs this command made so far."""
+  eta = (f'{runs_left} more {"run" if runs_left == 1 else "runs"} in the list, '
+         f'~{_duration(runs_left * mean_seconds)} at this pace' if runs_left else
+         'the last in the list')
+  path = os.path.join(config.experiment_dir, 'summary.json')
+  if not os.path.exists(path):   # diverged: recorded, without a summary
+    return f'   diverged, {_duration(seconds)}; {eta}'
+  with open(path) as f:
+    summary = json.load(f)
+  accuracy = summary.get('final_accuracy')
+  accuracy = 'n/a' if accuracy is None else f'{accuracy:.4f}'
+  return (f'   round {summary["rounds"]}/{config.rounds}, accuracy {accuracy}, '
+          f'{_duration(seconds)}; {eta}')
 
 
 def run_and_write(make: Callable[[], Optional[int]],
@@ -285,7 +318,29 @@ def _runs(n: int) -> str:
 
 
 def _duration(seconds: float) -> str:
+  if seconds < 60:
+    return f'{seconds:.0f} s'
   return f'{seconds / 60:.0f} min' if seconds < 3600 else f'{seconds / 3600:.1f} h'
+
+
+# What starting a run costs beside its rounds (summary.json's startup_seconds: the data, the
+# computations built, TFF's worker compiling them), until recorded runs measure it: the
+# 15-25 s a run took here (2 cores, digits and fashion_mnist).
+DEFAULT_STARTUP_SECONDS = 20.0
+
+
+def recorded_startup_seconds(directories: Iterable[str]) -> Optional[tuple]:
+  """(median startup_seconds, runs it rests on) of the recorded run `directories` whose
+  summary.json has it (runs finished since it is recorded); None if none has."""
+  values = []
+  for directory in directories:
+    path = os.path.join(directory, 'summary.json')
+    if os.path.exists(path):
+      with open(path) as f:
+        value = json.load(f).get('startup_seconds')
+      if value is not None:
+        values.append(float(value))
+  return (float(np.median(values)), len(values)) if values else None
 
 
 def plan_runs(configs, recorded: Iterable[str], moves_to: Optional[Callable] = None,
@@ -303,6 +358,8 @@ def plan_runs(configs, recorded: Iterable[str], moves_to: Optional[Callable] = N
   rests on training seconds only.
   """
   recorded = list(recorded)
+  startup = recorded_startup_seconds(recorded)
+  startup_seconds = DEFAULT_STARTUP_SECONDS if startup is None else startup[0]
   per_round = recorded_seconds_per_round(recorded)
   training_per_round = recorded_training_seconds(recorded)
   lines, total_rounds, total_seconds, untimed, done, blocked = [], 0, 0.0, 0, 0, 0
@@ -330,9 +387,10 @@ def plan_runs(configs, recorded: Iterable[str], moves_to: Optional[Callable] = N
       untimed += 1
       estimate = 'no round of this cost recorded yet'
     else:
-      total_seconds += left * seconds
+      total_seconds += startup_seconds + left * seconds   # a resumed run starts up again
       training_only += not whole
-      estimate = f'~{_duration(left * seconds)} at {seconds:.2f} s/round{extra}'
+      estimate = (f'~{_duration(startup_seconds + left * seconds)} at {seconds:.2f} s/round'
+                  f'{extra} and {startup_seconds:.0f} s start-up')
     if start:
       start_text = f'resumes after round {start}'
     elif target:
@@ -346,13 +404,18 @@ def plan_runs(configs, recorded: Iterable[str], moves_to: Optional[Callable] = N
                    f' (~{_duration(left * own[0])} at that pace)')
     lines.append(f'  {where}: {left} rounds left ({start_text}); {estimate}')
   closing = [note] if note else []
+  to_make = len(configs) - done - blocked
+  if to_make:
+    closing.insert(0, f'start-up {startup_seconds:.0f} s a run, ' + (
+        f'the median of {_runs(startup[1])} recorded' if startup else
+        'a default until runs record it'))
   if training_only:
     example = whole_round_example()
     closing.append(f'{_runs(training_only)} sized by training time only (recorded before '
                    'whole rounds were, or at another --eval_every): evaluation adds to it'
                    + (f' ({example})' if example else ''))
   lines.append(
-      f'{len(configs) - done - blocked} of {len(configs)} runs to make, {total_rounds} rounds: '
+      f'{to_make} of {len(configs)} runs to make, {total_rounds} rounds: '
       f'~{_duration(total_seconds)} as recorded'
       + (f', plus {_runs(untimed)} of a cost not recorded yet' if untimed else '')
       + (f'; {blocked} blocked (listed above)' if blocked else '')

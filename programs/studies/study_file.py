@@ -12,7 +12,7 @@
   [[compare]]                  # method = "<run>", baseline = "<run>", label = "..."
   [tune.<run>]                 # a grid: trainer flag = [candidate values]
   [tuned_as]                   # <algorithm> = "<algorithm with a grid>"
-  report = "pkg.module:function"   # optional: a paper layer's page writer (docs/studies.md)
+  report = "pkg.module:function"   # optional: a page writer of your own (docs/studies.md)
 
 docs/studies.md explains each key. A mistake is a `StudyFileError` of one line naming the
 file, the table and the key, and the fix (`study.toml [runs.fedavg] clinet_lr: not a trainer
@@ -24,6 +24,7 @@ TFF.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import tomllib
@@ -96,6 +97,8 @@ def flag_type(name: str) -> type:
 def _flag_value(path: str, table: str, key: str, value):
   """`value` as trainer flag `key` takes it (an integer for a float flag becomes a float)."""
   want = flag_type(key)
+  if key == 'method_kwargs' and isinstance(value, dict):   # a table: the method's keywords
+    return json.dumps(value, sort_keys=True)
   number = isinstance(value, (int, float)) and not isinstance(value, bool)
   if want is float and number:
     return float(value)
@@ -243,7 +246,7 @@ def _load(path: str, output_dir: Optional[str], chain: tuple) -> declaration.Stu
   report = raw.get('report', '')
   if report != '' and not WRITER.fullmatch(_string(path, '', 'report', report)):
     raise _error(path, '', 'report', f'{_toml(report)} is not module:function; give e.g. '
-                 'report = "benchmarks.report:write_study_pages"')
+                 'report = "my_pages:write"')
   study = declaration.Study(
       name=name, output_dir=output_dir, seeds=seeds, common=common, runs=runs,
       comparisons=comparisons, grid=grid, tuned_as=dict(tuned_as), tuning_seed=tuning_seed,

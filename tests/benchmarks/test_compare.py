@@ -277,25 +277,28 @@ def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monk
   lines = plan_lines(['--seeds=0,1'])
   assert lines[:3] == [
       f'  {rel("new_s0")}: 15 rounds left (resumes after round 5); ~9 min at 36.00 s/round '
-      '(training only); its own 7 rounds so far: a median 36.00 s of training (~9 min at that '
+      '(training only) and 20 s start-up; its own 7 rounds so far: a median 36.00 s of training (~9 min at that '
       'pace)',
-      f'  {rel("base_s1")}: 20 rounds left (starts at round 1); ~20 min at 60.00 s/round',
+      f'  {rel("base_s1")}: 20 rounds left (starts at round 1); ~20 min at 60.00 s/round '
+      'and 20 s start-up',
       f'  {rel("new_s1")}: 20 rounds left (starts at round 1); ~12 min at 36.00 s/round '
-      '(training only)']
-  assert lines[3].startswith('3 of 4 runs to make, 55 rounds: ~41 min as recorded')
+      '(training only) and 20 s start-up']
+  # 55 rounds' 2460 s and 3 runs' start-up at queue.DEFAULT_STARTUP_SECONDS (none recorded)
+  assert lines[3].startswith('3 of 4 runs to make, 55 rounds: ~42 min as recorded')
   assert '; 2 runs sized by training time only' in lines[3]
   assert len(lines) == 4
   lines = plan_lines(['--only=new', '--seeds=2'])
   assert lines[0].endswith('20 rounds left (starts at round 1); ~12 min at 36.00 s/round '
-                           '(training only)')
+                           '(training only) and 20 s start-up')
   # A run declared at another --eval_every than any recorded: its training is the same, so
   # it is sized by the recorded training seconds of its cost, and says so.
   every5 = dataclasses.replace(toy, common=dict(toy.common, eval_every=5))
   monkeypatch.setitem(suites.SUITES, 'fedcda', every5)
   lines = plan_lines(['--only=base', '--seeds=1'])
-  assert lines[0] == (f'  {rel("base_s1")}: 20 rounds left (starts at round 1); ~13 min at '
-                      '40.00 s/round (training only, recorded at another --eval_every)')
-  assert lines[1].startswith('1 of 1 runs to make, 20 rounds: ~13 min as recorded (') and (
+  assert lines[0] == (f'  {rel("base_s1")}: 20 rounds left (starts at round 1); ~14 min at '
+                      '40.00 s/round (training only, recorded at another --eval_every) and 20 s '
+                      'start-up')
+  assert lines[1].startswith('1 of 1 runs to make, 20 rounds: ~14 min as recorded (') and (
       '1 run sized by training time only (recorded before whole rounds were, or at '
       'another --eval_every)' in lines[1]), lines
   monkeypatch.setitem(suites.SUITES, 'fedcda', toy)
@@ -303,7 +306,7 @@ def test_compare_plan_lists_the_runs_left_and_their_recorded_cost(tmp_path, monk
   monkeypatch.setattr(queue, 'recorded_training_seconds', lambda directories: {})
   lines = plan_lines(['--only=base'])
   assert lines[0].endswith('no round of this cost recorded yet')
-  assert '2 of 3 runs to make, 40 rounds: ~0 min as recorded, plus 2 runs ' \
+  assert '2 of 3 runs to make, 40 rounds: ~0 s as recorded, plus 2 runs ' \
          'of a cost not recorded yet' in lines[-1] and 'training time only' not in lines[-1]
   # What the command itself would stop at is listed as blocked, with the reason: a stopped run
   # recorded with other settings (its checkpoint cannot resume), a finished one likewise.
@@ -358,11 +361,12 @@ def test_compare_plan_shows_a_stopped_runs_own_pace_and_leaves_paused_rounds_out
   recorded = (19 * 60.0 + 8 * 120.0) / 27   # the paused round left out
   assert lines[0] == (
       f'  {os.path.relpath(dirs["base_s1"].experiment_dir)}: 15 rounds left (resumes after '
-      f'round 5); ~19 min at {recorded:.2f} s/round; its own 9 rounds so far: a median '
+      f'round 5); ~20 min at {recorded:.2f} s/round and 20 s start-up; its own 9 rounds so '
+      'far: a median '
       '120.00 s (~30 min at that pace)')
   assert lines[1] == (
       f'  {os.path.relpath(dirs["new_s1"].experiment_dir)}: 17 rounds left (resumes after '
-      'round 3); ~8 min at 30.00 s/round')
+      'round 3); ~9 min at 30.00 s/round and 20 s start-up')
   assert queue.own_seconds_per_round(dirs['base_s1'].experiment_dir) == (120.0, 9, True)
   assert queue.own_seconds_per_round(dirs['new_s1'].experiment_dir) is None
   assert queue.own_seconds_per_round(dirs['new_s0'].experiment_dir) is None   # not begun

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from benchmarks import fedcda_diagnosis as diagnosis
-from tff_algos.aggregators import cross_round_cache as crc
+from tff_algos.aggregators import cache_selection
 
 
 @pytest.mark.parametrize('seed', range(3))
@@ -25,16 +25,16 @@ def test_select_both_ways_unscaled_is_the_rounds_selection(seed):
       sq_norms=tf.constant(np.sum(cache.astype(np.float64) ** 2, axis=2)),
       count=tf.constant(count), selected=tf.constant(selected),
       # the running sum of the selected models, from the cache
-      selected_sum=crc.selected_sum_from_cache([cache], count, selected),
+      selected_sum=cache_selection.selected_sum_from_cache([cache], count, selected),
       round_num=tf.constant(10, tf.int32))
   uploaders = np.sort(rng.choice(n, p, replace=False)).astype(np.int32)
   acc = collections.OrderedDict(
       models=[tf.constant(rng.normal(size=[p, d]).astype(np.float32))],
       client_index=tf.constant(uploaders), loss=tf.constant(rng.uniform(0.1, 2, p), tf.float32),
       valid=tf.ones([p]), weight=tf.ones([p]))
-  new, _, _ = crc.cache_round(state, acc, num_clients=n, clients_per_round=p, cache_size=k,
-                              num_batches=1, warmup_rounds=0, smoothness=1.0,
-                              selection='exact', seed=0)
+  new, _, _ = cache_selection.cache_round(state, acc, num_clients=n, clients_per_round=p,
+                                          cache_size=k, num_batches=1, warmup_rounds=0,
+                                          smoothness=1.0, selection='exact', seed=0)
   after = dict(models=new['cache'][0].numpy().astype(np.float64),
                losses=new['losses'].numpy().astype(np.float64), count=new['count'].numpy(),
                selected=new['selected'].numpy(), round=10)

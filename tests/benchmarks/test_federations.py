@@ -87,11 +87,12 @@ def test_the_committed_page_regenerates_byte_for_byte():
 
 
 def test_the_study_files_report_writes_the_federations_page(study_command, put_back):
-  """`python -m programs.study report` on the file writes this page (its `report` key), the
+  """`python -m benchmarks.study report` on the file writes this page (its `report` key), the
   same bytes (put back if not)."""
   page = os.path.join(federations.STUDY.output_dir, 'results.md')
   before = put_back([page, os.path.join(federations.STUDY.output_dir, 'federations.png')])
-  result = study_command('report', 'benchmarks/studies/federations.toml')
+  result = study_command('report', 'benchmarks/studies/federations.toml',
+                         program='benchmarks.study')
   assert result.returncode == 0, result.stderr
   assert 'wrote benchmarks/results/federations/results.md' in result.stdout
   with open(page, 'rb') as f:

@@ -112,10 +112,11 @@ def _pages() -> list:
 
 def test_report_of_a_suites_study_file_regenerates_its_pages_byte_for_byte(study_command,
                                                                          put_back):
-  """`report` on a suite's study file writes the paper layer's pages (its `report` key), not
-  the generic page: every committed page comes back byte for byte (put back if not)."""
+  """`report` on a suite's study file (benchmarks.study) writes the paper layer's pages (its
+  `report` key), not the generic page: every committed page comes back byte for byte (put
+  back if not)."""
   before = put_back(_pages())
-  result = study_command('report', 'benchmarks/studies/fedcda.toml')
+  result = study_command('report', 'benchmarks/studies/fedcda.toml', program='benchmarks.study')
   assert result.returncode == 0, result.stderr
   assert 'wrote benchmarks/results/fedcda/results.md (and every other page)' in result.stdout
   changed = []
@@ -154,6 +155,23 @@ def test_a_study_file_leaving_the_suites_protocol_is_refused(tmp_path):
                             title='t', scaled='s')
 
 
+@pytest.mark.parametrize('seeds, refused', [
+    ('[0, 1, 2, 3, 4, 5, 6]', False),   # later seeds, made to narrow an interval
+    ('[0, 1]', True), ('[1, 2, 3]', True)])
+def test_a_suites_study_file_may_add_seeds_after_the_shared_ones(tmp_path, seeds, refused):
+  text = open(suites.study_path('fedcda_paper')).read().replace('seeds = [0, 1, 2]',
+                                                                 f'seeds = {seeds}')
+  path = tmp_path / 'fedcda_paper.toml'
+  path.write_text(text)
+  papers = {'FedCDA Dir 0.1': 'Dir 0.1'}
+  if refused:
+    with pytest.raises(ValueError, match=r'seeds: .*more seeds may follow'):
+      suites.Suite.from_study(str(path), papers, title='t', scaled='s')
+  else:
+    suite = suites.Suite.from_study(str(path), papers, title='t', scaled='s')
+    assert suite.seeds == (0, 1, 2, 3, 4, 5, 6)
+
+
 def test_one_process_imports_both_binaries():
   """benchmarks.compare and programs.study define --only once between them."""
   result = subprocess.run([sys.executable, '-c', 'import benchmarks.compare, programs.study'],
@@ -170,7 +188,7 @@ def test_the_suites_page_writer_refuses_a_file_no_suite_declares_in_one_line(
       [runs.fedavg]
       algorithm = "fedavg"
       ''')
-  result = study_command('report', path)
+  result = study_command('report', path, program='benchmarks.study')
   assert result.returncode == 2
   assert result.stderr.startswith(
       f'error: {path} report: "benchmarks.report:write_study_pages" writes the pages of the '

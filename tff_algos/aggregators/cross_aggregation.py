@@ -229,6 +229,10 @@ def validate_options(num_models: int, alpha: float, selection: str, num_propelle
   if similarity not in constants.FEDCROSS_SIMILARITIES:
     raise ValueError(f'similarity must be one of {constants.FEDCROSS_SIMILARITIES}, '
                      f'got {similarity!r}')
+  if similarity != 'model' and selection == 'in_order':
+    raise ValueError(f'similarity={similarity!r} is read only by the similarity rules, not by '
+                     "selection='in_order'; drop it (similarity='model') or choose "
+                     "'lowest_similarity' or 'highest_similarity'")
   if num_propellers < 1 or (num_models > 1 and num_propellers > num_models - 1):
     raise ValueError(
         f'num_propellers must be in [1, max(1, K-1)={max(1, num_models - 1)}], '
@@ -294,7 +298,8 @@ def build_cross_aggregation_process(
     initial_weights_fn: no-arg TF computation returning the initial `ModelWeights`; the K
       middleware models start as copies of it (default: zeros).
     similarity: 'model' (whole-model cosine) or 'layerwise' (the authors' code's sum of
-      per-layer cosines); read by the similarity rules, reported under every rule.
+      per-layer cosines); read by the similarity rules, reported under every rule;
+      'layerwise' with 'in_order', which reads no similarity, is refused (ValueError).
 
   Returns:
     An AggregationProcess: state = OrderedDict(models=ModelWeights of [K, ...] tensors,

@@ -2,6 +2,13 @@
 
 Names are exported lazily (PEP 562): `tff_algos.models.catalog` (model names and the inputs
 each takes) imports without TensorFlow, so programs can check `--model` before TF starts.
+
+Modules (docs/architecture.md has the whole map):
+
+* `catalog`: what each zoo model consumes, importable without TensorFlow.
+* `model_fns`: `model_fn`s building fresh TFF models.
+* `representation`: the classifier layer and the representation it reads.
+* `zoo`: the papers' Keras models, each with a known final `classifier` layer.
 """
 
 from typing import TYPE_CHECKING

@@ -116,6 +116,50 @@ def make_model_fn(name: str, input_shape: Optional[zoo.Shape] = None,
   return model_fn
 
 
+class _ListWeights(tff.learning.models.VariableModel):
+  """A VariableModel whose weights are lists, as a `from_keras_model` model's are.
+
+  `model_from_functional` keeps its variables in tuples, so the `ModelWeights` type of its
+  model has tuple containers; the builders build weights (zeros, deltas, accumulators) as
+  lists, and `tf.nest` refuses to pair a list with a tuple. One container for every model
+  keeps every method's structures alike. Everything else is the wrapped model's.
+  """
+
+  def __init__(self, model: tff.learning.models.VariableModel):
+    self._model = model
+
+  @property
+  def trainable_variables(self):
+    return list(self._model.trainable_variables)
+
+  @property
+  def non_trainable_variables(self):
+    return list(self._model.non_trainable_variables)
+
+  @property
+  def local_variables(self):
+    return list(self._model.local_variables)
+
+  @property
+  def input_spec(self):
+    return self._model.input_spec
+
+  def forward_pass(self, batch_input, training=True):
+    return self._model.forward_pass(batch_input, training=training)
+
+  def predict_on_batch(self, x, training=True):
+    return self._model.predict_on_batch(x, training=training)
+
+  def report_local_unfinalized_metrics(self):
+    return self._model.report_local_unfinalized_metrics()
+
+  def metric_finalizers(self):
+    return self._model.metric_finalizers()
+
+  def reset_metrics(self):
+    return self._model.reset_metrics()
+
+
 def as_model_fn(model) -> Callable[[], tff.learning.models.VariableModel]:
   """What every builder does with its `model_fn` argument, as TFF's builders do.
 
@@ -128,7 +172,7 @@ def as_model_fn(model) -> Callable[[], tff.learning.models.VariableModel]:
     functional = model
 
     def model_fn() -> tff.learning.models.VariableModel:
-      return tff.learning.models.model_from_functional(functional)
+      return _ListWeights(tff.learning.models.model_from_functional(functional))
 
     return model_fn
   if isinstance(model, tf.keras.Model):  # callable, but it is a model, not a model_fn

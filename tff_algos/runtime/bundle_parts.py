@@ -15,12 +15,15 @@ Each part's files stay listed in the bundle's `PARTS_DIR` (links to the bundle's
 where the next bundle links them from (or copies them, on a file system without hard
 links). A bundle's files are never written again once it is merged: removing one bundle
 leaves every other whole, while a file damaged in place damages every bundle that shares
-it.
+it. So each bundle records, in `PARTS_DIR`/`RECORD`, every part's fingerprint (the one
+`write_parts` computed) and its data file's size, and whether it was written whole
+(sharing nothing); `damaged_parts` reads a bundle's parts back against that record.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 from typing import Optional, Sequence
@@ -38,6 +41,8 @@ REST = 'rest'
 # Beside the merged bundle: each part's files, which the next bundle links.
 PARTS_DIR = 'parts'
 DATA_SUFFIX = '.data-00000-of-00001'
+# In PARTS_DIR: what each part was when written (`write_record`).
+RECORD = 'record.json'
 
 
 def part_axes(shape: Sequence[int], itemsize: int,
@@ -147,3 +152,73 @@ def assemble(written: str, directory: str, prefix: str, parts: int,
                                 delete_old_dirs=True)
   if os.path.isdir(written):
     os.rmdir(written)
+
+
+def part_slices(cut: Sequence[tuple], names: Sequence[str], shapes: Sequence[Sequence[int]],
+                dtypes: Sequence[str]) -> list[tuple]:
+  """Each part's (tensor name, slice spec, dtype name), in `write_parts`' order, for a state
+  whose tensor i is `names[i]` of `shapes[i]` and `dtypes[i]`, cut as `cut` ((index, axes,
+  parts) triples)."""
+  return [(names[i], slice_spec(shapes[i], axes, row), str(dtypes[i]))
+          for i, axes, parts in cut for row in range(parts)]
+
+
+def _data_file(directory: str, part: int) -> str:
+  return os.path.join(directory, PARTS_DIR, part_name(part) + DATA_SUFFIX)
+
+
+def write_record(directory: str, slices: Sequence[tuple], fingerprints: np.ndarray,
+                 whole: bool) -> None:
+  """Records in `directory`/PARTS_DIR each part's slice (`part_slices`), fingerprint
+  (uint8 [parts, FINGERPRINT_BYTES], `write_parts`' result) and data file's size, and
+  whether every part was written anew (`whole`: the bundle shares no file)."""
+  fingerprints = np.asarray(fingerprints, np.uint8)
+  parts = [dict(name=name, slice=spec, dtype=dtype, fingerprint=row.tobytes().hex(),
+                size=os.path.getsize(_data_file(directory, part)))
+           for part, ((name, spec, dtype), row) in enumerate(zip(slices, fingerprints,
+                                                                  strict=True))]
+  with open(os.path.join(directory, PARTS_DIR, RECORD), 'w') as f:
+    json.dump(dict(whole=bool(whole), parts=parts), f)
+
+
+def read_record(directory: str) -> Optional[dict]:
+  """The bundle's record (`write_record`) in `directory`, None if it has none (a bundle
+  not written in parts) or it cannot be read."""
+  try:
+    with open(os.path.join(directory, PARTS_DIR, RECORD)) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def damaged_parts(directory: str, record: Optional[dict] = None) -> dict[str, str]:
+  """{data file: 'size' or 'fingerprint'}: the parts of the bundle in `directory` whose
+  file no longer matches its record (its size; else the fingerprint of the tensor read back,
+  or a read that fails, as TensorFlow's own checksum does); {} if all match. Reading a part
+  costs what fingerprinting it cost its writer. A record that is gone or unreadable counts
+  as the damage of the record file itself."""
+  if record is None:
+    record = read_record(directory)
+    if record is None:
+      return {os.path.join(directory, PARTS_DIR, RECORD): 'record'}
+  damaged = {}
+  for part, row in enumerate(record['parts']):
+    path = _data_file(directory, part)
+    try:
+      size = os.path.getsize(path)
+    except OSError:
+      size = None
+    if size != row['size']:
+      damaged[path] = 'size'
+      continue
+    try:
+      [value] = tf.raw_ops.RestoreV2(
+          prefix=os.path.join(directory, PARTS_DIR, part_name(part)),
+          tensor_names=[row['name']], shape_and_slices=[row['slice']],
+          dtypes=[tf.as_dtype(row['dtype'])])
+      fingerprint = tf.fingerprint(tf.reshape(value, [1, -1]))[0].numpy().tobytes().hex()
+    except (tf.errors.OpError, ValueError):
+      fingerprint = None
+    if fingerprint != row['fingerprint']:
+      damaged[path] = 'fingerprint'
+  return damaged

@@ -184,7 +184,7 @@ def local_context(default_num_clients: int = 0, max_concurrent_computation_calls
                   isolate: Optional[bool] = None):
   """TFF's local C++ runtime (`create_sync_local_cpp_execution_context`) on a worker this
   process starts, isolated from the network where it can be (`isolate`, as
-  `workers.isolated` takes it); TFF's own would serve on every interface. Its `worker` is
+  `isolation.isolated` takes it); TFF's own would serve on every interface. Its `worker` is
   that `WorkerService`: restarted when found dead, as TFF restarts its own."""
   from tensorflow_federated.python.core.backends.native import compiler  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.core.environments.tensorflow_frontend import tensorflow_computation  # pylint: disable=g-import-not-at-top
@@ -323,7 +323,7 @@ def distributed_context(
   `with tff.framework.get_context_stack().install(distributed_context(...)):`. Every
   service must answer within `worker_timeout_seconds` (else WorkerUnavailableError). The
   services this call starts run isolated from the network where they can (`isolate`, as
-  `workers.isolated` takes it) and die with this process (and at `shutdown_workers`).
+  `isolation.isolated` takes it) and die with this process (and at `shutdown_workers`).
   """
   from tensorflow_federated.python.core.backends.native import mergeable_comp_compiler  # pylint: disable=g-import-not-at-top
   if not workers and local_workers < 1:

@@ -34,22 +34,8 @@ batches of 20 (benchmarks/results/RESULTS.md, "The resident state's memory"). `r
     written.wait()                                   # the file is written
     state = resident.adopt(python_state)             # e.g. after loading a checkpoint
 
-How the state crosses (`transfer`): by default ('files') as a TensorFlow checkpoint in a
-scratch directory, written by the worker (a TF computation running `SaveV2`) and read by
-Python, or written by Python and read by the worker (`RestoreV2`); a refresh has the worker
-write it and read it back, and never passes through Python. A TFF value crossing gRPC is
-serialised, copied into a message, parsed and held by the worker with its message, so a
-file costs the worker less memory and time. With 'values' the state crosses as TFF values,
-and above `part_bytes` (64 MiB) in parts, each its own message (a computation splits the
-state into tuples of its tensors, another joins them), so that no message exceeds TFF's
-2 GB limit. Every way gives the same state to the bit, in the same containers (tested).
-With 'files', `write` has the worker write the state's tensors under names the caller gives
-(a `FileLayout`, with a few scalars sent from Python and fixed strings) into a file that
-never passes through Python: a checkpoint version (programs/checkpoint_writer.py). With
-`wait=False` it returns as soon as the worker has the call (TFF's executor interface is
-asynchronous: the worker's TensorFlowExecutor runs each call on a thread of its own pool
-and only `compute()` waits), so the worker writes while the next round's calls run, and a
-`WriteInFlight` says when the file is written.
+How the state crosses between Python and the worker (`transfer`: files or values) and the
+files the worker writes of it (`FileLayout`) are `state_transfer`'s.
 `initial_state()` computes `initialize` in the worker and brings back one copy.
 
 It needs TFF's local runtime (the context `execution.initialize_runtime()` installs without
@@ -73,22 +59,19 @@ import tensorflow_federated as tff
 from tensorflow_federated.proto.v0 import executor_pb2
 # TFF's executor-level pieces, as its AsyncExecutionContext uses them (TFF 0.87).
 from tensorflow_federated.python.common_libs import structure
-from tensorflow_federated.python.core.impl.compiler import array
 from tensorflow_federated.python.core.impl.execution_contexts import async_execution_context
 from tensorflow_federated.python.core.impl.execution_contexts import sync_execution_context
 from tensorflow_federated.python.core.impl.types import type_conversions
 
-from tff_algos.runtime import bundle_parts
 from tff_algos.runtime import contexts
 from tff_algos.runtime.collector import collector_paused
+from tff_algos.runtime.state_transfer import (
+    CHUNK_BYTES, TRANSFERS, FileLayout, join_computation, chunk_type,
+    read_state_file, remove_state_file, restore_computation, save_argument_type,
+    save_arguments, save_computation, split_computation, state_file_layout, state_leaves,
+    state_chunks, write_state_file)
 
 
-# A state larger than this crosses between Python and the worker in parts of about this
-# size. Whole, a value is one gRPC message: TFF 0.87 refuses one over 2 GB, and the worker
-# holds the serialized message besides the tensors, so parts keep its peak lower.
-PART_BYTES = 64 << 20
-# How the state crosses between Python and the worker (ResidentProcess's `transfer`).
-TRANSFERS = ('files', 'values')
 # The name of the scratch directory transfer='files' makes in its `scratch_dir` (removed
 # when the ResidentProcess is; one a kill left behind: `remove_scratch_directories`).
 SCRATCH_PREFIX = 'tff_algos_resident_'
@@ -112,205 +95,6 @@ def remove_scratch_directories(directory: str) -> None:
   for entry in os.listdir(directory):
     if entry.startswith(SCRATCH_PREFIX):
       shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
-
-
-def state_parts(member_type, part_bytes: int):
-  """[(start, stop)] ranges of the flattened tensors of `member_type` (in TFF's order),
-  consecutive tensors grouped up to `part_bytes` each; None if the whole is that small."""
-  sizes = [int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
-           for t in structure.flatten(member_type)]
-  if sum(sizes) <= part_bytes:
-    return None
-  parts, start, total = [], 0, 0
-  for i, size in enumerate(sizes):
-    if i > start and total + size > part_bytes:
-      parts.append((start, i))
-      start, total = i, 0
-    total += size
-  parts.append((start, len(sizes)))
-  return parts
-
-
-def _part_type(member_type, start, stop):
-  return tff.StructType([(None, t) for t in structure.flatten(member_type)[start:stop]])
-
-
-def _leaves(value, member_type) -> list:
-  """The tensors of a state (of type `member_type`, a struct or one tensor) in TFF's order."""
-  if isinstance(member_type, tff.StructType):
-    return structure.flatten(structure.from_container(value, recursive=True))
-  return [value]
-
-
-def split_computation(state_type, parts):
-  """state@SERVER -> <part_0@SERVER, ...>: each part a tuple of the state's tensors."""
-  member = state_type.member
-
-  def picker(start, stop):
-    @tff.tensorflow.computation(member)
-    def pick(state):
-      return tuple(_leaves(state, member)[start:stop])
-    return pick
-
-  pickers = [picker(start, stop) for start, stop in parts]
-
-  @tff.federated_computation(state_type)
-  def split(state):
-    return [tff.federated_map(pick, state) for pick in pickers]
-
-  return split
-
-
-def join_computation(state_type, parts):
-  """<part_0@SERVER, ...> -> state@SERVER (the inverse of `split_computation`)."""
-  member = state_type.member
-  part_types = [_part_type(member, start, stop) for start, stop in parts]
-  zipped_type = tff.StructType([(None, t) for t in part_types])
-
-  @tff.tensorflow.computation(zipped_type)
-  def pack(zipped):
-    leaves = [leaf for part in zipped for leaf in part]
-    return type_conversions.type_to_py_container(
-        structure.pack_sequence_as(member, leaves), member)
-
-  @tff.federated_computation(
-      tff.StructType([(None, tff.FederatedType(t, tff.SERVER)) for t in part_types]))
-  def join(parts_at_server):
-    return tff.federated_map(pack, tff.federated_zip(parts_at_server))
-
-  return join
-
-
-class FileLayout(NamedTuple):
-  """The names of the tensors in a file the worker writes of a state (`save_computation`,
-  `ResidentProcess.write`): the state's tensors in TFF's order under `state`, then scalars
-  Python passes with each write (`extras`: (name, dtype) pairs) and string scalars fixed for
-  every write (`constants`: (name, bytes) pairs)."""
-
-  state: tuple
-  extras: tuple = ()
-  constants: tuple = ()
-  # State tensors written in parts (`bundle_parts`): (index into `state`, axes, parts)
-  # triples. With any, the write's path is a directory for `bundle_parts.write_parts`, its
-  # argument ends with the previous write's fingerprints and whether its parts can be
-  # linked, and it returns this write's fingerprints.
-  cut: tuple = ()
-
-  @property
-  def num_parts(self) -> int:
-    return sum(parts for _, _, parts in self.cut)
-
-
-def state_file_layout(member_type) -> FileLayout:
-  """The layout of the state's own files (transfer='files'): tensor i as `state/<i>`."""
-  return FileLayout(tuple(f'state/{i}' for i in range(len(structure.flatten(member_type)))))
-
-
-def state_leaves(value, member_type) -> list:
-  """A Python state's leaves (of type `member_type`) in TFF's order: the order in which the
-  worker names them in its files (`FileLayout.state`)."""
-  return _leaves(value, member_type)
-
-
-def _write_leaves(path, names, tensors):
-  """SaveV2 of `tensors` under `names` at `path` (in a TF computation or eagerly)."""
-  return tf.raw_ops.SaveV2(prefix=path, tensor_names=list(names),
-                           shape_and_slices=[''] * len(tensors), tensors=tensors)
-
-
-def _read_leaves(path, member_type) -> list:
-  """RestoreV2 of the tensors `_write_leaves` wrote for a state of `member_type`."""
-  types = structure.flatten(member_type)
-  return tf.raw_ops.RestoreV2(prefix=path,
-                              tensor_names=list(state_file_layout(member_type).state),
-                              shape_and_slices=[''] * len(types),
-                              dtypes=[tf.as_dtype(t.dtype) for t in types])
-
-
-def _save_argument_type(layout: FileLayout):
-  """<path, extra_0, ...[, previous, linkable]>: what a write of `layout` is given besides
-  the state (`previous`, `linkable` with `layout.cut`: `bundle_parts.write_parts`)."""
-  parts = ([(None, tff.TensorType(np.uint8, [layout.num_parts,
-                                             bundle_parts.FINGERPRINT_BYTES])),
-            (None, tff.TensorType(np.bool_))] if layout.cut else [])
-  return tff.StructType([(None, tff.TensorType(np.str_))] +
-                        [(None, tff.TensorType(dtype)) for _, dtype in layout.extras] + parts)
-
-
-def _save_arguments(layout: FileLayout, path: str, extras, previous) -> list:
-  """The values of `_save_argument_type(layout)`: `previous` is the last write's
-  fingerprints (with `layout.cut`; None: write every part)."""
-  values = [path] + [np.asarray(extra, dtype)
-                     for extra, (_, dtype) in zip(extras, layout.extras, strict=True)]
-  if layout.cut:
-    shape = (layout.num_parts, bundle_parts.FINGERPRINT_BYTES)
-    values += ([np.zeros(shape, np.uint8), np.bool_(False)] if previous is None else
-               [np.asarray(previous, np.uint8).reshape(shape), np.bool_(True)])
-  return values
-
-
-def save_computation(state_type, layout: Optional[FileLayout] = None):
-  """<state@SERVER, <path, extra_0, ...>@SERVER> -> path@SERVER: the worker writes, as one
-  TensorFlow checkpoint at `path` (its .index and .data files), the state's tensors (in
-  TFF's flattened order) under `layout.state`'s names (default: the state's own files,
-  `state_file_layout`), the extras under `layout.extras`' and `layout.constants`, and
-  returns `path` once they are written. With `layout.cut`, the tensors are written in parts
-  in the directory `path` (`bundle_parts.write_parts`, given the argument's last two
-  values) and the result is the parts' fingerprints."""
-  member = state_type.member
-  layout = layout or state_file_layout(member)
-  if len(layout.state) != len(structure.flatten(member)):
-    raise ValueError(f'the layout names {len(layout.state)} tensors; the state has '
-                     f'{len(structure.flatten(member))}')
-  names = (list(layout.state) + [name for name, _ in layout.extras] +
-           [name for name, _ in layout.constants])
-  argument_type = _save_argument_type(layout)
-
-  @tff.tensorflow.computation(member, argument_type)
-  def save(state, argument):
-    path = argument[0]
-    tensors = (_leaves(state, member) + [argument[i + 1] for i in range(len(layout.extras))] +
-               [tf.constant(value, tf.string) for _, value in layout.constants])
-    if layout.cut:
-      return bundle_parts.write_parts(path, names, tensors,
-                                      [(i, axes) for i, axes, _ in layout.cut],
-                                      argument[len(layout.extras) + 1],
-                                      argument[len(layout.extras) + 2])
-    if not tensors:   # nothing to write (read_state_file and restore expect no file)
-      return tf.identity(path)
-    with tf.control_dependencies([_write_leaves(path, names, tensors)]):
-      return tf.identity(path)
-
-  @tff.federated_computation(state_type, tff.FederatedType(argument_type, tff.SERVER))
-  def save_at_server(state, argument):
-    return tff.federated_map(save, tff.federated_zip((state, argument)))
-
-  return save_at_server
-
-
-def restore_computation(state_type):
-  """path@SERVER -> <state@SERVER, size@SERVER>: the state read from a checkpoint that
-  `save_computation` (or `write_state_file`) wrote; `size` (of its first tensor) is there to
-  be fetched: once it has arrived, the file has been read."""
-  member = state_type.member
-  types = structure.flatten(member)
-
-  @tff.tensorflow.computation(np.str_)
-  def restore(path):
-    if not types:
-      return type_conversions.type_to_py_container(structure.Struct([]), member), tf.size(path)
-    leaves = [tf.ensure_shape(leaf, t.shape)
-              for leaf, t in zip(_read_leaves(path, member), types)]
-    state = type_conversions.type_to_py_container(
-        structure.pack_sequence_as(member, leaves), member)
-    return state, tf.size(leaves[0])
-
-  @tff.federated_computation(tff.FederatedType(np.str_, tff.SERVER))
-  def restore_at_server(path):
-    restored = tff.federated_map(restore, path)
-    return restored[0], restored[1]
-
-  return restore_at_server
 
 
 def detach_computations(state_type):
@@ -370,46 +154,6 @@ def _detach_computations(state_type):
   return split, join
 
 
-def write_state_file(path: str, leaves, member_type) -> None:
-  """Writes a state's flattened tensors (TFF's order) where `restore_computation` reads them.
-  A leaf must have its type's shape and a dtype TFF would take for it (as when a value is
-  sent to the worker); raises ValueError naming the leaf otherwise."""
-  types = structure.flatten(member_type)
-  if len(leaves) != len(types):
-    raise ValueError(f'the state has {len(leaves)} tensors; its type has {len(types)}')
-  tensors = []
-  for i, (leaf, t) in enumerate(zip(leaves, types)):
-    if t.dtype.type is np.str_:
-      tensors.append(tf.constant(np.asarray(leaf, dtype=object), tf.string))
-    else:
-      if not array.is_compatible_dtype(leaf, t.dtype.type):
-        raise ValueError(f'the state\'s tensor {i} ({np.asarray(leaf).dtype}) does not fit its '
-                         f'type {t}')
-      tensors.append(tf.convert_to_tensor(np.asarray(leaf, dtype=t.dtype)))
-    if not tf.TensorShape(t.shape).is_compatible_with(tensors[-1].shape):
-      raise ValueError(f'the state\'s tensor {i} has shape {tensors[-1].shape}; its type is {t}')
-  if tensors:
-    _write_leaves(path, state_file_layout(member_type).state, tensors)
-
-
-def read_state_file(path: str, member_type) -> list[np.ndarray]:
-  """The flattened tensors (TFF's order) of a state `save_computation` wrote at `path`."""
-  if not structure.flatten(member_type):
-    return []
-  return [leaf.numpy() for leaf in _read_leaves(path, member_type)]
-
-
-def _remove_state_file(path: str) -> None:
-  """Removes the files of the checkpoint at `path` (none if its directory is gone)."""
-  directory, name = os.path.split(path)
-  try:
-    entries = os.listdir(directory)
-  except FileNotFoundError:
-    return
-  for entry in entries:
-    if entry.startswith(name + '.'):
-      os.remove(os.path.join(directory, entry))
-
 
 class ResidentValue:
   """A server state held in the worker by one `ResidentProcess` (opaque to callers)."""
@@ -430,7 +174,7 @@ class ResidentValue:
 def _file_of(state: ResidentValue) -> Optional[str]:
   """The file `materialize` left of `state` (transfer='files'), if any is left."""
   kept = state._file.peek() if state._file is not None else None  # pylint: disable=protected-access
-  return kept[2][0] if kept else None   # (state, _remove_state_file, (path,), {})
+  return kept[2][0] if kept else None   # (state, remove_state_file, (path,), {})
 
 
 class WriteInFlight:
@@ -475,7 +219,7 @@ class ResidentProcess:
       and is placed anew (`refresh`): 'files' (default): as a TensorFlow checkpoint in
       `scratch_dir` that one side writes and the other reads (a refresh never leaves the
       worker); 'values': as TFF values through the worker's gRPC interface.
-    part_bytes: with transfer='values', a state larger than this crosses in parts of about
+    chunk_bytes: with transfer='values', a state larger than this crosses in chunks of about
       this size, its tensors grouped in order (a tensor larger than it goes alone), instead
       of as one message (0 = always whole).
     scratch_dir: where transfer='files' makes its directory, at the first transfer (default:
@@ -486,10 +230,11 @@ class ResidentProcess:
 
   def __init__(self, process: tff.learning.templates.LearningProcess, clients_per_round: int,
                context: Optional[sync_execution_context.SyncExecutionContext] = None,
-               refresh_every: Optional[int] = None, part_bytes: int = PART_BYTES,
+               refresh_every: Optional[int] = None, chunk_bytes: int = CHUNK_BYTES,
                transfer: str = 'files', scratch_dir: Optional[str] = None):
-    if context is None:
-      contexts.initialize_runtime()
+    if context is None:   # the run's own context: another one would start another worker
+      if contexts.installed_context() is None:
+        contexts.initialize_runtime()
       context = contexts.installed_context()
     if not isinstance(context, sync_execution_context.SyncExecutionContext):
       raise TypeError(
@@ -500,8 +245,8 @@ class ResidentProcess:
       raise ValueError(f'clients_per_round must be >= 1, got {clients_per_round}')
     if refresh_every is not None and refresh_every < 0:
       raise ValueError(f'refresh_every must be >= 0, got {refresh_every}')
-    if part_bytes < 0:
-      raise ValueError(f'part_bytes must be >= 0, got {part_bytes}')
+    if chunk_bytes < 0:
+      raise ValueError(f'chunk_bytes must be >= 0, got {chunk_bytes}')
     if transfer not in TRANSFERS:
       raise ValueError(f'transfer must be one of {TRANSFERS}, got {transfer!r}')
     self._transfer = transfer
@@ -543,11 +288,11 @@ class ResidentProcess:
                                 restore=restore_computation(self._state_type))
       self._layouts['save'] = state_file_layout(self._state_type.member)
       self._file_names = itertools.count()
-    self._parts = (state_parts(self._state_type.member, part_bytes)
-                   if part_bytes and transfer == 'values' else None)
-    if self._parts is not None:
-      self._computations.update(split=split_computation(self._state_type, self._parts),
-                                join=join_computation(self._state_type, self._parts))
+    self._chunks = (state_chunks(self._state_type.member, chunk_bytes)
+                    if chunk_bytes and transfer == 'values' else None)
+    if self._chunks is not None:
+      self._computations.update(split=split_computation(self._state_type, self._chunks),
+                                join=join_computation(self._state_type, self._chunks))
 
   # -- helpers ------------------------------------------------------------------------------
 
@@ -627,7 +372,7 @@ class ResidentProcess:
     try:
       self._run(self._save(state._value, path))  # pylint: disable=protected-access
     except BaseException:
-      _remove_state_file(path)
+      remove_state_file(path)
       raise
     return path
 
@@ -642,8 +387,8 @@ class ResidentProcess:
     written."""
     layout = self._layouts[save]
     others = await self._ingest(
-        _save_arguments(layout, path, extras, previous),
-        tff.FederatedType(_save_argument_type(layout), tff.SERVER))
+        save_arguments(layout, path, extras, previous),
+        tff.FederatedType(save_argument_type(layout), tff.SERVER))
     argument = await self._executor.create_struct(structure.Struct.unnamed(value, others))
     return await self._executor.create_call(await self._function(save), argument)
 
@@ -726,26 +471,26 @@ class ResidentProcess:
       path = _file_of(state)
       if path is None:
         path = self._write_in_worker(state)
-        state._file = weakref.finalize(state, _remove_state_file, path)  # pylint: disable=protected-access
+        state._file = weakref.finalize(state, remove_state_file, path)  # pylint: disable=protected-access
       return self._python(structure.pack_sequence_as(member, read_state_file(path, member)),
                           member)
     if state._fetched is not None:  # pylint: disable=protected-access
       return state._fetched  # pylint: disable=protected-access
 
-    async def run_parts():
+    async def run_chunks():
       split = await self._executor.create_call(await self._function('split'),
                                                await self._resident(state))
       leaves = []
-      for i in range(len(self._parts)):
-        part = await (await self._executor.create_selection(split, i)).compute()
-        leaves.extend(structure.flatten(part))
+      for i in range(len(self._chunks)):
+        chunk = await (await self._executor.create_selection(split, i)).compute()
+        leaves.extend(structure.flatten(chunk))
       return structure.pack_sequence_as(member, leaves)
 
     async def run_whole():
       return await (await self._resident(state)).compute()
 
     state._fetched = self._python(  # pylint: disable=protected-access
-        self._run(run_parts() if self._parts is not None else run_whole()), member)
+        self._run(run_chunks() if self._chunks is not None else run_whole()), member)
     return state._fetched  # pylint: disable=protected-access
 
   @_paused
@@ -764,7 +509,7 @@ class ResidentProcess:
     path = _file_of(state)
     if path is None:
       path = self._write_in_worker(state)
-      state._file = weakref.finalize(state, _remove_state_file, path)  # pylint: disable=protected-access
+      state._file = weakref.finalize(state, remove_state_file, path)  # pylint: disable=protected-access
     member = self._state_type.member
 
     def read(keep=state):
@@ -826,24 +571,24 @@ class ResidentProcess:
       member = self._state_type.member
       value = self._transform_args(state) if self._transform_args is not None else state
       path = self._new_file()
-      write_state_file(path, _leaves(value, member), member)
+      write_state_file(path, state_leaves(value, member), member)
       try:
         return ResidentValue(self._run(self._restore(path)), self, python=state)
       finally:
-        _remove_state_file(path)
-    if self._parts is not None:
-      async def run_parts():
+        remove_state_file(path)
+    if self._chunks is not None:
+      async def run_chunks():
         value = self._transform_args(state) if self._transform_args is not None else state
-        leaves = _leaves(value, self._state_type.member)
+        leaves = state_leaves(value, self._state_type.member)
         join = await self._function('join')
-        parts = []
-        for start, stop in self._parts:
-          parts.append(await self._ingest(
+        chunks = []
+        for start, stop in self._chunks:
+          chunks.append(await self._ingest(
               structure.Struct.unnamed(*leaves[start:stop]),
-              tff.FederatedType(_part_type(self._state_type.member, start, stop), tff.SERVER)))
+              tff.FederatedType(chunk_type(self._state_type.member, start, stop), tff.SERVER)))
         return await self._executor.create_call(
-            join, await self._executor.create_struct(structure.Struct.unnamed(*parts)))
-      return ResidentValue(self._run(run_parts()), self, python=state)
+            join, await self._executor.create_struct(structure.Struct.unnamed(*chunks)))
+      return ResidentValue(self._run(run_chunks()), self, python=state)
 
     async def run():
       return await self._resident(state)
@@ -874,7 +619,7 @@ class ResidentProcess:
     try:
       return ResidentValue(self._run(self._restore(path)), self)
     finally:
-      _remove_state_file(path)
+      remove_state_file(path)
       if state._file is not None:  # pylint: disable=protected-access
         state._file.detach()  # pylint: disable=protected-access
 

@@ -39,6 +39,7 @@ from tensorflow_federated.python.program import structure_utils
 
 from tff_algos.runtime import bundle_parts
 from tff_algos.runtime import resident_state
+from tff_algos.runtime import state_transfer
 
 # The bundle's entry holding the object graph (TensorFlow's OBJECT_GRAPH_PROTO_KEY).
 OBJECT_GRAPH_KEY = '_CHECKPOINTABLE_OBJECT_GRAPH'
@@ -117,14 +118,14 @@ class SavedModelTemplate:
     self._indexed = structure_utils.unflatten_as(program_state, list(range(len(names))))
 
   def worker_layout(self, state_type, min_part_bytes: Optional[int] = None
-                    ) -> resident_state.FileLayout:
+                    ) -> state_transfer.FileLayout:
     """The names the worker gives a version's tensors (`ResidentProcess.write`): the state's
     tensors (of type `state_type`, in TFF's order) under their keys, the figures (their
     values: `extras`) and the object graph; with `min_part_bytes`, the state's tensors that
     are written in parts of at least that many bytes (`bundle_parts.part_axes`). Raises
     TemplateMismatch if a tensor of the state's type has not the template's dtype or
     shape."""
-    order = resident_state.state_leaves(self._indexed[self._state_key], state_type)
+    order = state_transfer.state_leaves(self._indexed[self._state_key], state_type)
     types = structure.flatten(state_type)
     if sorted(order) != self._in_state or len(types) != len(order):
       raise TemplateMismatch('the state\'s type and its Python value have different leaves')
@@ -140,7 +141,7 @@ class SavedModelTemplate:
       axes = bundle_parts.part_axes(t.shape, dtype.size, min_part_bytes)
       if axes:
         cut.append((position, axes, bundle_parts.num_parts(t.shape, axes)))
-    return resident_state.FileLayout(
+    return state_transfer.FileLayout(
         cut=tuple(cut),
         state=tuple(self.keys[i] for i in order),
         extras=tuple((self.keys[i], np.dtype(self.dtypes[i].as_numpy_dtype))

@@ -58,8 +58,32 @@ def _serialize_into(dest, value, type_spec) -> None:
         _serialize_into(dest.federated.value.add(), member, type_spec.member)
       dest.federated.type.CopyFrom(type_serialization.serialize_type(type_spec).federated)
       return
-  proto, _ = _tff_serialize(value, type_spec)
+  try:
+    proto, _ = _tff_serialize(value, type_spec)
+  except TypeError as e:
+    if _is_client_input(type_spec):
+      raise TypeError(RAW_CLIENT_DATA) from e
+    raise
   dest.CopyFrom(proto)
+
+
+# What a process of this package says when a client is a plain tf.data dataset.
+RAW_CLIENT_DATA = (
+    "this process's clients are one-element sequences of OrderedDict(x, y, order, index, "
+    'slot, work), not plain tf.data datasets: build each round\'s clients from your ClientData '
+    'with data.client_selection_fn(client_data, clients_per_round)(round_num) (or '
+    'data.ClientDataInputs(client_data).round_inputs(...))')
+
+
+def _is_client_input(type_spec) -> bool:
+  """A sequence of the client input our processes take (`client_work.INPUT_KEYS`)."""
+  from tensorflow_federated.python.common_libs import structure  # pylint: disable=g-import-not-at-top
+  from tensorflow_federated.python.core.impl.types import computation_types as ct  # pylint: disable=g-import-not-at-top
+  from tff_algos.client_work import local_training  # pylint: disable=g-import-not-at-top
+  return (isinstance(type_spec, ct.SequenceType)
+          and isinstance(type_spec.element, ct.StructType)
+          and [name for name, _ in structure.iter_elements(type_spec.element)]
+          == list(local_training.INPUT_KEYS))
 
 
 def _is_computation(value) -> bool:
