@@ -67,11 +67,11 @@ def _summary(run: registry.RunRecord) -> dict:
   return out
 
 
-def _check(c) -> Optional[str]:
-  if not 0 <= c.cadis_threshold <= c.cadis_threshold_max <= 1:
+def _check(config) -> Optional[str]:
+  if not 0 <= config.cadis_threshold <= config.cadis_threshold_max <= 1:
     return (f'CADIS needs 0 <= --cadis_threshold <= --cadis_threshold_max <= 1, got '
-            f'{c.cadis_threshold} and {c.cadis_threshold_max}')
-  if c.cadis_closure == 'oracle' and not c.partition.startswith('cluster_'):
+            f'{config.cadis_threshold} and {config.cadis_threshold_max}')
+  if config.cadis_closure == 'oracle' and not config.partition.startswith('cluster_'):
     return ('--cadis_closure=oracle takes the clusters from a cluster-skewed partition: add '
             '--partition=cluster_mc (or cluster_uc, cluster_bc)')
   return None
@@ -86,8 +86,8 @@ def build_cadis(*args, **kwargs):
 
 METHOD = registry.Method(
     'cadis', build_cadis,
-    lambda c, i: (registry.head(c, i) + (i.num_clients,),
-                  dict(clients_per_round=c.clients_per_round, true_clusters=i.true_clusters,
+    lambda config, i: (registry.head(config, i) + (i.num_clients,),
+                  dict(clients_per_round=config.clients_per_round, true_clusters=i.true_clusters,
                        server_optimizer_fn=i.server_optimizer)),
     flags=FLAGS, reads=registry.OPTIMIZER_FLAGS, check=_check,
     errors=(ValueError, TypeError), error_prefix='--algorithm=cadis: ', summary=_summary)

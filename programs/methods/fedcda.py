@@ -34,18 +34,18 @@ FLAGS = (
 )
 
 
-def _check(c) -> Optional[str]:
-  per_batch = 1 if c.fedcda_selection == 'exact' else c.fedcda_batches
-  size = max(1, -(-c.clients_per_round // per_batch))
-  if c.fedcda_selection in ('batch_greedy', 'exact') and c.fedcda_cache_size ** size > 1 << 20:
-    return (f'--fedcda_selection={c.fedcda_selection} would search {c.fedcda_cache_size}^{size} '
+def _check(config) -> Optional[str]:
+  per_batch = 1 if config.fedcda_selection == 'exact' else config.fedcda_batches
+  size = max(1, -(-config.clients_per_round // per_batch))
+  if config.fedcda_selection in ('batch_greedy', 'exact') and config.fedcda_cache_size ** size > 1 << 20:
+    return (f'--fedcda_selection={config.fedcda_selection} would search {config.fedcda_cache_size}^{size} '
             'combinations per batch; raise --fedcda_batches or lower --fedcda_cache_size')
   return None
 
 
-def _note(c) -> Optional[str]:
-  if c.fedcda_warmup_rounds >= c.rounds:
-    return (f'note: --fedcda_warmup_rounds={c.fedcda_warmup_rounds} >= --rounds={c.rounds}: '
+def _note(config) -> Optional[str]:
+  if config.fedcda_warmup_rounds >= config.rounds:
+    return (f'note: --fedcda_warmup_rounds={config.fedcda_warmup_rounds} >= --rounds={config.rounds}: '
             'this run is its warmup FedAvg throughout')
   return None
 
@@ -74,6 +74,6 @@ def build_fedcda(*args, **kwargs):
 
 METHOD = registry.Method(
     'fedcda', build_fedcda,
-    lambda c, i: (registry.head(c, i) + (i.num_clients, c.clients_per_round), dict(seed=c.seed)),
+    lambda config, i: (registry.head(config, i) + (i.num_clients, config.clients_per_round), dict(seed=config.seed)),
     flags=FLAGS, check=_check, errors=(ValueError,), note=_note, summary=_summary,
     server_rate=False)

@@ -30,12 +30,12 @@ FLAGS = (
 )
 
 
-def _check(c) -> Optional[str]:
-  if not 1 <= c.fedcross_num_propellers < max(c.clients_per_round, 2):
+def _check(config) -> Optional[str]:
+  if not 1 <= config.fedcross_num_propellers < max(config.clients_per_round, 2):
     return (f'--fedcross_num_propellers must be in [1, clients_per_round - 1], got '
-            f'{c.fedcross_num_propellers}')
-  if c.fedcross_similarity != 'model' and c.fedcross_selection == 'in_order':
-    return (f'--fedcross_similarity={c.fedcross_similarity} is read only by the similarity '
+            f'{config.fedcross_num_propellers}')
+  if config.fedcross_similarity != 'model' and config.fedcross_selection == 'in_order':
+    return (f'--fedcross_similarity={config.fedcross_similarity} is read only by the similarity '
             'rules, not by --fedcross_selection=in_order; drop it or choose lowest_similarity '
             'or highest_similarity')
   return None
@@ -50,5 +50,5 @@ def build_fedcross(*args, **kwargs):
 
 METHOD = registry.Method(
     'fedcross', build_fedcross,
-    lambda c, i: (registry.head(c, i) + (c.clients_per_round,), {}),
+    lambda config, i: (registry.head(config, i) + (config.clients_per_round,), {}),
     flags=FLAGS, check=_check, server_rate=False)

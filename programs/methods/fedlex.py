@@ -18,23 +18,23 @@ def build_fedlex(*args, **kwargs):
 
 
 def _variant(base: str, reads: tuple, kwargs: Callable) -> registry.Method:
-  def arguments(c, i):
+  def arguments(config, i):
     if base == 'sgd':
-      return (i.model_fn, None, registry.fedsgd_batch(c), base), kwargs(c, i)
-    return (i.model_fn, i.client_optimizer, c.batch_size, base), kwargs(c, i)
+      return (i.model_fn, None, registry.fedsgd_batch(config), base), kwargs(config, i)
+    return (i.model_fn, i.client_optimizer, config.batch_size, base), kwargs(config, i)
   return registry.Method(f'fedlex_{base}', build_fedlex, arguments, reads=reads, guided=True,
                          local_steps=base != 'sgd')
 
 
 METHODS = (
     _variant('avgm', ('server_lr', 'server_momentum'),
-             lambda c, i: dict(server_learning_rate=registry.lr_or(1.0)(c),
-                               server_momentum=c.server_momentum)),
+             lambda config, i: dict(server_learning_rate=registry.lr_or(1.0)(config),
+                               server_momentum=config.server_momentum)),
     _variant('sgd', registry.OPTIMIZER_FLAGS,
-             lambda c, i: dict(server_optimizer_fn=i.server_optimizer)),
+             lambda config, i: dict(server_optimizer_fn=i.server_optimizer)),
     _variant('opt', ('server_lr',),
-             lambda c, i: dict(server_learning_rate=registry.lr_or(1e-2)(c))),
+             lambda config, i: dict(server_learning_rate=registry.lr_or(1e-2)(config))),
     _variant('prox', registry.SERVER_FLAGS,
-             lambda c, i: dict(proximal_strength=c.proximal_strength,
+             lambda config, i: dict(proximal_strength=config.proximal_strength,
                                server_optimizer_fn=i.server_optimizer)),
 )

@@ -113,10 +113,10 @@ class Method:
   arguments: Callable[[Any, BuildInputs], tuple]
   flags: tuple = ()
   reads: tuple = ()
-  check: Callable[[Any], Optional[str]] = lambda c: None
+  check: Callable[[Any], Optional[str]] = lambda config: None
   errors: tuple = ()
   error_prefix: str = ''
-  note: Callable[[Any], Optional[str]] = lambda c: None
+  note: Callable[[Any], Optional[str]] = lambda config: None
   summary: Callable[[Any], dict] = lambda run: {}
   guided: bool = False
   local_steps: bool = True
@@ -169,17 +169,17 @@ class Method:
 
 def lr_or(default):
   """--server_lr, or `default` when it is left at its 'algorithm default' value (< 0)."""
-  return lambda c: c.server_lr if c.server_lr >= 0 else default
+  return lambda config: config.server_lr if config.server_lr >= 0 else default
 
 
-def head(c, i) -> tuple:
+def head(config, i) -> tuple:
   """(model_fn, client optimizer, batch size): the common head of the builders' arguments."""
-  return (i.model_fn, i.client_optimizer, c.batch_size)
+  return (i.model_fn, i.client_optimizer, config.batch_size)
 
 
-def fedsgd_batch(c) -> int:
+def fedsgd_batch(config) -> int:
   # FedSGD takes one full-batch gradient per client; the batch size only bounds memory.
-  return max(c.batch_size, 256)
+  return max(config.batch_size, 256)
 
 
 def num_weights(weights) -> int:

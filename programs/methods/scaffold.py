@@ -21,8 +21,8 @@ FLAGS = (
 )
 
 
-def _check(c) -> Optional[str]:
-  if c.client_optimizer != 'sgdm' or c.client_momentum != 0:
+def _check(config) -> Optional[str]:
+  if config.client_optimizer != 'sgdm' or config.client_momentum != 0:
     return ('--algorithm=scaffold needs plain client SGD (option II\'s control variate '
             '(x - y_i) / (K_i * lr) is the mean gradient of the local steps only without '
             'momentum or Adam): add --client_momentum=0 (and --client_optimizer=sgdm)')
@@ -48,6 +48,6 @@ def build_scaffold(*args, **kwargs):
 
 METHOD = registry.Method(
     'scaffold', build_scaffold,
-    lambda c, i: (registry.head(c, i) + (i.num_clients, c.clients_per_round), {}),
+    lambda config, i: (registry.head(config, i) + (i.num_clients, config.clients_per_round), {}),
     flags=FLAGS, check=_check, errors=(ValueError,), error_prefix='--algorithm=scaffold: ',
     summary=_summary)
