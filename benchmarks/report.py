@@ -304,12 +304,12 @@ def verdict_cell(c: dict) -> str:
 # Settings, paper against ours
 # --------------------------------------------------------------------------- #
 
-PARTITIONS = dict(dirichlet=lambda c: f'Dir {c.dirichlet_alpha:g}',
-                  shards=lambda c: f'shards {c.shards_per_client}',
-                  classes=lambda c: f'{c.classes_per_client} classes per client',
-                  cluster_mc=lambda c: 'cluster MC', cluster_uc=lambda c: 'cluster UC',
-                  cluster_bc=lambda c: 'cluster BC', iid=lambda c: 'IID',
-                  quantity=lambda c: f'quantity skew {c.quantity_alpha:g}')
+PARTITIONS = dict(dirichlet=lambda config: f'Dir {config.dirichlet_alpha:g}',
+                  shards=lambda config: f'shards {config.shards_per_client}',
+                  classes=lambda config: f'{config.classes_per_client} classes per client',
+                  cluster_mc=lambda config: 'cluster MC', cluster_uc=lambda config: 'cluster UC',
+                  cluster_bc=lambda config: 'cluster BC', iid=lambda config: 'IID',
+                  quantity=lambda config: f'quantity skew {config.quantity_alpha:g}')
 DATASETS = dict(fashion_mnist='Fashion-MNIST', digits='digits')
 MODELS = dict(simple_cnn='simple CNN', fedavg_cnn='FedAvg CNN', tiny_cnn='tiny CNN',
               mlp_2nn='2NN', mlp_2nn_dropout='2NN, dropout 0.1')
@@ -317,55 +317,55 @@ MODELS = dict(simple_cnn='simple CNN', fedavg_cnn='FedAvg CNN', tiny_cnn='tiny C
 ADAMS = dict(adam='TFF Adam', torch_adam='PyTorch Adam')
 
 
-def _optimizer(c) -> str:
-  if c.algorithm in ('fedsgd', 'fedlex_sgd'):   # no local step: the server's rate is the step
-    return f'one full-batch gradient, server lr {c.server_lr:g}'
-  if c.client_optimizer in ADAMS:
-    text = f'{ADAMS[c.client_optimizer]} lr {c.client_lr:g}'
+def _optimizer(config) -> str:
+  if config.algorithm in ('fedsgd', 'fedlex_sgd'):   # no local step: the server's rate is the step
+    return f'one full-batch gradient, server lr {config.server_lr:g}'
+  if config.client_optimizer in ADAMS:
+    text = f'{ADAMS[config.client_optimizer]} lr {config.client_lr:g}'
   else:
-    text = f'SGD lr {c.client_lr:g}' + (f', momentum {c.client_momentum:g}'
-                                        if c.client_momentum else '')
-  if c.client_lr_decay != 1:
-    text += f' (× {c.client_lr_decay:g} a round)'
-  return text + (f', weight decay {c.client_weight_decay:g}' if c.client_weight_decay else '')
+    text = f'SGD lr {config.client_lr:g}' + (f', momentum {config.client_momentum:g}'
+                                        if config.client_momentum else '')
+  if config.client_lr_decay != 1:
+    text += f' (× {config.client_lr_decay:g} a round)'
+  return text + (f', weight decay {config.client_weight_decay:g}' if config.client_weight_decay else '')
 
 
-def _method_settings(c) -> str:
-  a = c.algorithm
+def _method_settings(config) -> str:
+  a = config.algorithm
   if a == 'fedcda':
-    return (f'K {c.fedcda_cache_size}, B {c.fedcda_batches}, L {c.fedcda_smoothness:g}, warmup '
-            f'{c.fedcda_warmup_rounds}, {c.fedcda_selection.replace("_", "-")}')
+    return (f'K {config.fedcda_cache_size}, B {config.fedcda_batches}, L {config.fedcda_smoothness:g}, warmup '
+            f'{config.fedcda_warmup_rounds}, {config.fedcda_selection.replace("_", "-")}')
   if a == 'fedcross':
-    accel = (f'dynamic α and {c.fedcross_num_propellers} propellers over '
-             f'{c.fedcross_accel_rounds} rounds' if c.fedcross_accel_rounds else 'no acceleration')
-    similarity = (' (layer-wise sum)' if c.fedcross_similarity == 'layerwise' else '')
-    return (f'α {c.fedcross_alpha:g}, {c.fedcross_selection.replace("_", " ")}{similarity}, '
+    accel = (f'dynamic α and {config.fedcross_num_propellers} propellers over '
+             f'{config.fedcross_accel_rounds} rounds' if config.fedcross_accel_rounds else 'no acceleration')
+    similarity = (' (layer-wise sum)' if config.fedcross_similarity == 'layerwise' else '')
+    return (f'α {config.fedcross_alpha:g}, {config.fedcross_selection.replace("_", " ")}{similarity}, '
             f'{accel}')
   if a == 'cadis':
-    weights = 'eq. 1 weights' if c.cadis_sample_weighted else 'weights 1/\\|C_i\\|'
-    quirks = (', KD σ over n − 1' if c.cadis_kd_std == 'sample' else '') + (
-        ', the code\'s slips (pair index j − i − 1, abs())' if c.cadis_reference_quirks else '')
-    return (f'λ {c.cadis_kd_weight:g}, τ₀ {c.cadis_threshold:g} → {c.cadis_threshold_max:g}, '
+    weights = 'eq. 1 weights' if config.cadis_sample_weighted else 'weights 1/\\|C_i\\|'
+    quirks = (', KD σ over n − 1' if config.cadis_kd_std == 'sample' else '') + (
+        ', the code\'s slips (pair index j − i − 1, abs())' if config.cadis_reference_quirks else '')
+    return (f'λ {config.cadis_kd_weight:g}, τ₀ {config.cadis_threshold:g} → {config.cadis_threshold_max:g}, '
             f'{weights}{quirks}')
   if a in methods.FEDLEX_ALGORITHMS:
-    patience = (f' (patience {c.fedlex_exploration_patience})'
-                if c.fedlex_exploration_patience else '')
-    normalize = ', mean before normalising' if c.fedlex_normalize == 'after_mean' else ''
-    server = f', server lr {c.server_lr:g}' if c.server_lr >= 0 else ''
-    return (f'{100 * c.fedlex_explorer_fraction:g}% of clients explore '
-            f'{c.fedlex_exploration_epochs} epochs{patience}{normalize}{server}')
+    patience = (f' (patience {config.fedlex_exploration_patience})'
+                if config.fedlex_exploration_patience else '')
+    normalize = ', mean before normalising' if config.fedlex_normalize == 'after_mean' else ''
+    server = f', server lr {config.server_lr:g}' if config.server_lr >= 0 else ''
+    return (f'{100 * config.fedlex_explorer_fraction:g}% of clients explore '
+            f'{config.fedlex_exploration_epochs} epochs{patience}{normalize}{server}')
   return ''
 
 
 # The settings table's rows: (heading, formatter of an ExperimentConfig).
 SETTINGS = (
-    ('data', lambda c: f'{DATASETS.get(c.dataset, c.dataset)}, {PARTITIONS[c.partition](c)}'),
-    ('model', lambda c: MODELS.get(c.model, c.model)),
-    ('clients', lambda c: f'{c.num_clients}, {c.clients_per_round} per round'),
-    ('local epochs', lambda c: str(c.local_epochs)),
-    ('batch', lambda c: str(c.batch_size)),
+    ('data', lambda config: f'{DATASETS.get(config.dataset, config.dataset)}, {PARTITIONS[config.partition](config)}'),
+    ('model', lambda config: MODELS.get(config.model, config.model)),
+    ('clients', lambda config: f'{config.num_clients}, {config.clients_per_round} per round'),
+    ('local epochs', lambda config: str(config.local_epochs)),
+    ('batch', lambda config: str(config.batch_size)),
     ('client optimizer', _optimizer),
-    ('rounds', lambda c: str(c.rounds)),
+    ('rounds', lambda config: str(config.rounds)),
     ('method', _method_settings),
 )
 
