@@ -20,12 +20,12 @@ Modules (docs/architecture.md has the whole map):
 * `protobuf_cost`: protobuf's compiled against pure-Python implementation under TFF.
 * `report`: writes every reproduction page from the committed runs.
 * `round_overhead`: seconds per round against a tight plain-TF loop.
-* `runs`: the one reader of the suites' run directories (one run's reading is
-  `programs/studies/records.py`'s).
 * `server_scale`: CADIS's and FedCDA's server step against N.
 * `study`: `programs.study` for the papers' study files (benchmarks/studies/), with the
   paper layer's page writers (their `report` key) lent to it: programs never import
   benchmarks.
+* `suite_runs`: the one reader of the suites' run directories (one run's reading is
+  `programs/studies/records.py`'s).
 * `suites`: the papers' comparisons declared once: settings, runs, seeds, grids, paper
   figures.
 * `value_transfer`: the cost of moving a value through TFF's local runtime.

@@ -27,9 +27,9 @@ import sys
 
 import numpy as np
 
-from benchmarks import runs as rd
+from benchmarks import suite_runs
 from benchmarks import suites
-from programs import methods
+from programs.methods import cadis as cadis_method
 from programs.studies import paired
 from programs.studies import records
 
@@ -139,7 +139,7 @@ def _expected_lines() -> list:
 
 def _filled_text(filled: dict) -> str:
   """Which runs' unevaluated rounds read their kept shorter making's test figures
-  (`rd.with_kept_evaluations`)."""
+  (`suite_runs.with_kept_evaluations`)."""
   if not filled:
     return ''
   by_length = {}
@@ -180,7 +180,7 @@ def _suite_lines(runs: dict, filled: dict) -> list:
     if not rows or 'aggregator/tau' not in rows[0][0]:
       continue
     total = min(len(r) for r in rows)
-    marks = [m for m in rd.checkpoint_rounds(total)]
+    marks = [m for m in suite_runs.checkpoint_rounds(total)]
     lines += [f'`{run}` over rounds (mean over its {len(rows)} seeds; τ, clusters and pairs at '
               'the row\'s round, the clusters among the clients seen so far; the other columns '
               'averaged over the rounds since the previous row):', '',
@@ -202,8 +202,8 @@ def _suite_lines(runs: dict, filled: dict) -> list:
           f'| {mark} | {np.mean([float(x["aggregator/tau"]) for x in at]):.3f} | '
           f'{np.mean([float(x["aggregator/num_clusters"]) for x in at]):.1f} | '
           f'{100 * np.mean([float(x["aggregator/cluster_pair_accuracy"]) for x in at]):.1f}% | '
-          f'{sum(methods.cadis_clusters_match(x, NUM_CLIENTS) for x in at)} of {len(at)} | '
-          f'{eff:.2f} | {rd.num(kd, ".3f")} | '
+          f'{sum(cadis_method.cadis_clusters_match(x, NUM_CLIENTS) for x in at)} of {len(at)} | '
+          f'{eff:.2f} | {suite_runs.num(kd, ".3f")} | '
           f'{100 * np.nanmean([records.metrics_column(w, "test_accuracy") for w in window]):.2f}'
           ' | '
           f'{fedavg} |')
@@ -220,7 +220,7 @@ def _run_cells(by_seed: dict, seeds: list) -> list:
   cadis = all('aggregator/aggregation_weights' in r[0] for r in rows)
   effects = [weight_effects(r) for r in rows] if cadis else []
   matched = [next((int(x['round']) for x in r
-                   if methods.cadis_clusters_match(x, NUM_CLIENTS)), np.nan)
+                   if cadis_method.cadis_clusters_match(x, NUM_CLIENTS)), np.nan)
              for r in rows] if cadis else []
   cells = [paired.over_seeds(last10, scale=100),
            paired.over_seeds([round_to_round_change(r) for r in rows], scale=100)]
@@ -285,7 +285,7 @@ def _compared_lines(runs: dict) -> list:
            '|---|---|---|' + '---|' * len(cadis_runs)]
   for seed in seeds:
     every, shares = sampled_together(true_clusters(seed, labels), total, seed)
-    cells = [rd.num(every, '.0f'),
+    cells = [suite_runs.num(every, '.0f'),
              ' / '.join(f'{100 * shares[m - 1]:.1f}%' for m in marks)]
     for run in cadis_runs:
       rows = runs[run].get(seed)
@@ -307,7 +307,7 @@ def _tuning_cluster_lines() -> list:
     with open(os.path.join(path, 'config.json')) as f:
       config = json.load(f)
     rows = records.metrics_rows(path)
-    matched = [int(x['round']) for x in rows if methods.cadis_clusters_match(x, NUM_CLIENTS)]
+    matched = [int(x['round']) for x in rows if cadis_method.cadis_clusters_match(x, NUM_CLIENTS)]
     accuracy = [float(x['test_accuracy']) for x in rows if x.get('test_accuracy')]
     found.append((config['client_lr'], config['seed'], len(rows), matched,
                   int(float(rows[-1]['aggregator/num_clusters'])),
@@ -461,7 +461,7 @@ def _similarity_lines() -> list:
     lines.append(f'| `{run}` | {seed} | {a} → {b} | {st["same_before"]:.4f} | '
                  f'{st["same_window"]:.4f} | {100 * st["above_before"]:.0f}% | '
                  f'{100 * st["above_window"]:.0f}% | {100 * st["above_after"]:.0f}% | '
-                 f'{100 * st["other_above_after"]:.1f}% | {rd.num(clusters, ".0f")} |')
+                 f'{100 * st["other_above_after"]:.1f}% | {suite_runs.num(clusters, ".0f")} |')
   return lines + ['']
 
 
@@ -488,11 +488,11 @@ def _earlier_lines() -> list:
 
 
 def page() -> str:
-  lines = rd.diagnosis_header(
+  lines = suite_runs.diagnosis_header(
       'CADIS on cluster-MC (100 clients, 10 per round): weights, clusters and KD',
       sys.modules[__name__])
   suite = suites.SUITES['cadis']
-  runs, filled = rd.with_kept_evaluations(suite, rd.suite_metrics(suite))
+  runs, filled = suite_runs.with_kept_evaluations(suite, suite_runs.suite_metrics(suite))
   lines += (_expected_lines() + _suite_lines(runs, filled) + _compared_lines(runs)
             + _similarity_lines() + _earlier_lines())
   return '\n'.join(lines).rstrip('\n') + '\n'
@@ -514,7 +514,7 @@ def main(argv=None) -> int:
     print(f'unknown arguments {argv}: run it without any, or with --record_similarity DIR...',
           file=sys.stderr)
     return 2
-  return rd.write_diagnosis(OUT, page)
+  return suite_runs.write_diagnosis(OUT, page)
 
 
 if __name__ == '__main__':

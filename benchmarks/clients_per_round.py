@@ -28,7 +28,7 @@ from absl import flags
 import numpy as np
 
 from programs import flag_parsing
-from programs import pages  # pylint: disable=g-import-not-at-top
+from programs import generated_files  # pylint: disable=g-import-not-at-top
 
 _CLIENTS = flags.DEFINE_list('clients', ['10', '50', '100'], 'Clients per round, each P a run.')
 _VARIANTS = flags.DEFINE_list('variants', ['plain_tf', 'ours', 'tff', 'fedcross', 'cadis'],
@@ -94,8 +94,9 @@ def main(argv):
           f' | {fit["slope_ms"]:.1f} | {100 * fit["max_relative_gap"]:.0f}% | {over:.1f} | '
           f'{to_tff} |')
   if _JSON.value:
-    pages.write_text(_JSON.value, json.dumps(dict(runs={str(p): runs[p] for p in ps}, fits=fits),
-                                             indent=1, sort_keys=True) + '\n')
+    generated_files.write_text(
+        _JSON.value, json.dumps(dict(runs={str(p): runs[p] for p in ps}, fits=fits), indent=1,
+                                sort_keys=True) + '\n')
   return 0
 
 

@@ -29,17 +29,17 @@ from absl import flags
 from absl import logging
 
 from benchmarks import report
-from benchmarks import runs as rd
+from benchmarks import suite_runs
 from benchmarks import suites
 from programs import experiment_config
 from programs import flag_parsing
-from programs import pages
+from programs import generated_files
 from programs import run_directory
 from programs.studies import command_flags
-from programs.studies import experiments
+from programs.studies import declaration
 from programs.studies import queue
 from programs.studies import records
-from programs.studies import study as study_lib
+from programs.studies import study_configs
 from programs.studies import tuning
 
 _SUITE = flags.DEFINE_enum('suite', None, list(suites.SUITES), 'Which comparison to run.')
@@ -84,7 +84,7 @@ def shorter_run_target(config) -> Optional[str]:
     raise experiment_config.ExperimentError(
         f'{where} holds a finished run of {r["rounds"]} rounds and no checkpoint to continue it '
         f'to {config.rounds}: move it away and run again')
-  target = os.path.join(rd.kept_dir(suite_dir, r['rounds']), os.path.basename(exp_dir))
+  target = os.path.join(suite_runs.kept_dir(suite_dir, r['rounds']), os.path.basename(exp_dir))
   if os.path.exists(target):
     raise experiment_config.ExperimentError(
         f'{where} is to be made again at {config.rounds} rounds, but {os.path.relpath(target)} '
@@ -95,7 +95,7 @@ def shorter_run_target(config) -> Optional[str]:
 def _keep_shorter_run(config) -> None:
   """Moves a shorter finished run about to be made again (`shorter_run_target`) to the
   suite's earlier_runs/rounds<N>/, where its page compares the two makings
-  (rd.remade_runs), instead of letting the new making overwrite its record: the queue's
+  (suite_runs.remade_runs), instead of letting the new making overwrite its record: the queue's
   `before_run` for the suites."""
   if not os.path.isdir(config.experiment_dir):
     return
@@ -131,14 +131,14 @@ def run_all(configs, tuning: bool = False) -> None:
 
 def tuning_points(suite: suites.Suite) -> list:
   """[(run, grid values, config)] of the suite's learning-rate grid, in grid order
-  (experiments.tuning_points)."""
-  return experiments.tuning_points(suite.declared)
+  (study_configs.tuning_points)."""
+  return study_configs.tuning_points(suite.declared)
 
 
 def run_configs(suite: suites.Suite, tuned, only=(), seeds=suites.SEEDS) -> list:
   """The suite's reported runs (those named in `only`, if given) over `seeds`
-  (experiments.run_configs)."""
-  return experiments.run_configs(dataclasses.replace(suite.declared, seeds=tuple(seeds)),
+  (study_configs.run_configs)."""
+  return study_configs.run_configs(dataclasses.replace(suite.declared, seeds=tuple(seeds)),
                                  tuned, only)
 
 
@@ -148,7 +148,7 @@ def probe_configs(suite: suites.Suite, tuned, only=(), probes=()) -> list:
   by seed as in `run_configs`."""
   return [suites.experiment_config(
       suite.probe_overrides(probe, run, tuned), seed, suites.probe_dir(suite.name, probe.name),
-      study_lib.run_name(run, seed))
+      declaration.run_name(run, seed))
           for probe in suite.probes if not probes or probe.name in probes
           for seed in probe.seeds
           for run in probe.runs if not only or run in only]
@@ -157,7 +157,7 @@ def probe_configs(suite: suites.Suite, tuned, only=(), probes=()) -> list:
 def recorded_dirs(suite_name: str) -> list:
   """Every run directory the suite has recorded metrics of (reported, tuning, probes,
   superseded; finished or not): what its plans size a round by."""
-  return [directory for _, directory in rd.recorded_runs(suite_name)]
+  return [directory for _, directory in suite_runs.recorded_runs(suite_name)]
 
 
 def plan(suite: suites.Suite, configs) -> list:
@@ -172,7 +172,7 @@ def plan_runs(results_name: str, configs) -> list:
   return queue.plan_runs(
       configs, recorded_dirs(results_name), moves_to=shorter_run_target,
       note='recorded mostly two runs side by side, so JOBS=2 takes about half of it in wall '
-      'clock; checkpoints add to it', whole_round_example=rd.whole_round_example)
+      'clock; checkpoints add to it', whole_round_example=suite_runs.whole_round_example)
 
 
 def tune(suite: suites.Suite) -> dict:
@@ -192,7 +192,7 @@ def tune(suite: suites.Suite) -> dict:
       raise experiment_config.ExperimentError(
           f'every point of {run}\'s grid diverged; lower the grid')
     tuned[suite.algorithm(run)] = best[1]
-  pages.write_json(suites.tuned_path(suite.name), tuned)
+  generated_files.write_json(suites.tuned_path(suite.name), tuned)
   return tuned
 
 

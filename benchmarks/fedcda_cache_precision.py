@@ -30,6 +30,7 @@ import time
 from absl import flags
 
 from programs import flag_parsing  # pylint: disable=g-import-not-at-top
+from tff_algos import constants
 
 
 flags.DEFINE_string('dataset', 'fashion_mnist', 'dataset (data.load_dataset)')
@@ -100,9 +101,9 @@ def main(argv):
   from tff_algos.fedcda import build_fedcda  # pylint: disable=g-import-not-at-top
 
   for dtype in FLAGS.dtypes:
-    if dtype not in cache_selection.CACHE_DTYPES or dtype == 'float32':
+    if dtype not in constants.FEDCDA_CACHE_DTYPES or dtype == 'float32':
       sys.exit(f'error: --dtypes takes lower-precision dtypes of '
-               f'{tuple(cache_selection.CACHE_DTYPES)} other than float32, got {dtype!r}')
+               f'{tuple(constants.FEDCDA_CACHE_DTYPES)} other than float32, got {dtype!r}')
   execution.initialize_runtime()
   fed = data.federate(data.load_dataset(FLAGS.dataset),
                       data.DirichletPartitioner(FLAGS.num_clients, FLAGS.dirichlet_alpha,

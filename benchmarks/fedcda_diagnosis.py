@@ -26,9 +26,9 @@ import sys
 
 import numpy as np
 
-from benchmarks import runs as rd
+from benchmarks import suite_runs
 from benchmarks import suites
-from programs import pages
+from programs import generated_files
 from programs.studies import paired
 from programs.studies import records
 
@@ -74,7 +74,7 @@ def _pair(method: str, baseline: str, runs: dict) -> tuple:
   cda, avg = runs.get(method, {}), runs.get(baseline, {})
   out = {}, {}
   for seed in paired.paired_seeds(cda, avg):
-    out[0][seed], out[1][seed] = rd.common_evaluations(cda[seed], avg[seed])
+    out[0][seed], out[1][seed] = suite_runs.common_evaluations(cda[seed], avg[seed])
   return out
 
 
@@ -83,11 +83,11 @@ def _sources() -> list:
   reported runs, the pairs finished at the declared length while the suite is being
   lengthened to it, then each probe's."""
   tuned = suites.load_tuned(SUITE.name)
-  rounds, declared = rd.reported_rounds(SUITE), rd.declared_rounds(SUITE)
-  reported = rd.suite_metrics(SUITE)
+  rounds, declared = suite_runs.reported_rounds(SUITE), suite_runs.declared_rounds(SUITE)
+  reported = suite_runs.suite_metrics(SUITE)
   longer = {} if rounds == declared else {
       run: {seed: records.run_rows(r) for seed, r in seeds.items() if records.usable(r)}
-      for run, seeds in rd.collect_at(SUITE, declared).items()}
+      for run, seeds in suite_runs.collect_at(SUITE, declared).items()}
   out = []
   for c in SUITE.comparisons:
     warmup = SUITE.config_overrides(c.method, tuned)['fedcda_warmup_rounds']
@@ -97,7 +97,7 @@ def _sources() -> list:
       out.append((f'{c.label} at {declared} rounds (the pairs finished there so far)',
                   *_pair(c.method, c.baseline, longer), warmup))
   for probe in SUITE.probes:
-    runs = rd.probe_metrics(SUITE, probe)
+    runs = suite_runs.probe_metrics(SUITE, probe)
     changed = ', '.join(f'{k} = {v}' for k, v in sorted(probe.overrides.items()))
     for c in SUITE.comparisons:
       if {c.method, c.baseline} <= set(probe.runs + probe.unchanged):
@@ -113,7 +113,7 @@ def _summary_lines(sources) -> list:
            'of the last 10 rounds (the headline figure); margin: FedCDA − FedAvg of the same '
            'seed; best: the highest accuracy of any round both runs of the seed evaluated; '
            'swing: the std of the accuracies both evaluated over the last '
-           f'{rd.WINDOW} rounds (a quarter of a shorter '
+           f'{suite_runs.WINDOW} rounds (a quarter of a shorter '
            'run: the plateau criterion\'s window, as the suite page\'s) about their '
            'least-squares line (points; the curve\'s scatter with its rise taken out); older '
            'model: the share of participants, after the warmup, whose selection picked an '
@@ -132,14 +132,14 @@ def _summary_lines(sources) -> list:
 def _setting_cells(cda: dict, avg: dict, seeds: list) -> list:
   """A setting's cells of the per-setting table over its paired seeds."""
   total = min(len(side[s]) for side in (cda, avg) for s in seeds)
-  start = total - rd.plateau_window(total)
+  start = total - suite_runs.plateau_window(total)
   a = [last10(avg[s]) for s in seeds]
   c = [last10(cda[s]) for s in seeds]
   return [paired.over_seeds(a, scale=100), paired.over_seeds(c, scale=100),
           paired.over_seeds(paired.margins(c, a), scale=100, signed=True),
           paired.over_seeds([best_round(avg[s]) for s in seeds], scale=100),
           paired.over_seeds([best_round(cda[s]) for s in seeds], scale=100),
-          *(paired.over_seeds([rd.window_accuracy(side[s], start, total)[1] for s in seeds],
+          *(paired.over_seeds([suite_runs.window_accuracy(side[s], start, total)[1] for s in seeds],
                               scale=100) for side in (avg, cda)),
           paired.over_seeds([older_model_share(cda[s]) for s in seeds]),
           paired.over_seeds([objective_lowered(cda[s]) for s in seeds], '.1%')]
@@ -147,7 +147,7 @@ def _setting_cells(cda: dict, avg: dict, seeds: list) -> list:
 
 def _rounds_lines(sources) -> list:
   lines = ['## Over rounds', '',
-           f'Each row averages {rd.WINDOW} rounds (the warmup\'s, FedAvg in both runs, a '
+           f'Each row averages {suite_runs.WINDOW} rounds (the warmup\'s, FedAvg in both runs, a '
            'row of its own), then the seeds; runs evaluated every few rounds are averaged over '
            'the rounds evaluated, and each seed\'s two runs over the rounds both evaluated. '
            'Margin: FedCDA − FedAvg of the same seed over the window, '
@@ -163,19 +163,19 @@ def _rounds_lines(sources) -> list:
               'FedCDA swing | older model | objective lowered |',
               '|---|---|---|---|---|---|---|---|']
     start = 0
-    for mark in rd.window_marks(total, warmup):
+    for mark in suite_runs.window_marks(total, warmup):
       (a, swing_a), (c, swing_c) = (
-          zip(*[rd.window_accuracy(side[s], start, mark) for s in seeds])
+          zip(*[suite_runs.window_accuracy(side[s], start, mark) for s in seeds])
           for side in (avg, cda))
       in_warmup = mark <= warmup   # no selection yet: FedAvg in both runs
       cells = [f'{start + 1}-{mark}' + (', warmup' if in_warmup else ''),
-               rd.num(100 * np.mean(a)), rd.num(100 * np.mean(c)),
+               suite_runs.num(100 * np.mean(a)), suite_runs.num(100 * np.mean(c)),
                paired.over_seeds(paired.margins(c, a), scale=100, signed=True),
-               rd.num(100 * np.mean(swing_a)), rd.num(100 * np.mean(swing_c)),
+               suite_runs.num(100 * np.mean(swing_a)), suite_runs.num(100 * np.mean(swing_c)),
                '' if in_warmup else
-               rd.num(np.mean([older_model_share(cda[s][start:mark]) for s in seeds])),
+               suite_runs.num(np.mean([older_model_share(cda[s][start:mark]) for s in seeds])),
                '' if in_warmup else
-               rd.num(np.mean([objective_lowered(cda[s][start:mark]) for s in seeds]),
+               suite_runs.num(np.mean([objective_lowered(cda[s][start:mark]) for s in seeds]),
                           '.1%')]
       lines.append('| ' + ' | '.join(cells) + ' |')
       start = mark
@@ -198,11 +198,11 @@ def _selection_lines() -> list:
                'mean ± std over the seeds, then each seed\'s.', '',
                '| probe | run | seeds | reported FedCDA (%) | probe\'s FedCDA (%) | '
                'reported − probe (points) |', '|---|---|---|---|---|---|']
-    probed = rd.probe_metrics(SUITE, probe)
+    probed = suite_runs.probe_metrics(SUITE, probe)
     for run in probe.runs:
       rounds = SUITE.probe_overrides(probe, run, tuned)['rounds']
       reported = {seed: records.run_rows(r)
-                  for seed, r in rd.collect_at(SUITE, rounds)[run].items()
+                  for seed, r in suite_runs.collect_at(SUITE, rounds)[run].items()
                   if records.usable(r)}
       seeds = [s for s in paired.paired_seeds(probed.get(run, {}), reported) if s in probe.seeds]
       r = [last10(reported[s]) for s in seeds]
@@ -342,7 +342,7 @@ def record_loss_reading(checkpoints, out: str = LOSS_READING) -> dict:
     recorded.setdefault(os.path.basename(run_dir), {})[str(state['round'])] = figures
     print(f'{os.path.basename(run_dir)} round {state["round"]}: {figures}')
   os.makedirs(os.path.dirname(out), exist_ok=True)
-  pages.write_json(out, recorded)
+  generated_files.write_json(out, recorded)
   return recorded
 
 
@@ -374,7 +374,7 @@ def _loss_reading_lines() -> list:
 
 def page() -> str:
   sources = _sources()
-  lines = rd.diagnosis_header('FedCDA on Fashion-MNIST (20 clients, 4 per round): where '
+  lines = suite_runs.diagnosis_header('FedCDA on Fashion-MNIST (20 clients, 4 per round): where '
                                   'its margin over FedAvg comes from', sys.modules[__name__])
   lines += (_summary_lines(sources) + _selection_lines() + _loss_reading_lines()
             + _rounds_lines(sources))
@@ -394,7 +394,7 @@ def main(argv=None) -> int:
     print(f'unknown arguments {argv}: run it without any, or with --loss_reading DIR...',
           file=sys.stderr)
     return 2
-  return rd.write_diagnosis(OUT, page)
+  return suite_runs.write_diagnosis(OUT, page)
 
 
 if __name__ == '__main__':

@@ -24,13 +24,13 @@ import sys
 
 import numpy as np
 
-from benchmarks import runs as rd
+from benchmarks import suite_runs
 from benchmarks import suites
 from programs.studies import paired
 from programs.studies import records
 
 OUT = os.path.join(suites.suite_dir('fedcross'), 'diagnosis.md')
-WINDOW = rd.WINDOW
+WINDOW = suite_runs.WINDOW
 
 
 def round_spread(row) -> dict:
@@ -63,7 +63,7 @@ def margin_curve(cross_rows, avg_rows) -> np.ndarray:
 
 def peak_margin(curves) -> str:
   """The largest last-10 margin of the seeds' mean margin curve (over its last LAST
-  evaluated rounds, as rd.last10_at), and the round that window ends at."""
+  evaluated rounds, as suite_runs.last10_at), and the round that window ends at."""
   n = min(len(c) for c in curves)
   mean = np.mean([c[:n] for c in curves], axis=0)   # NaN where a round was not evaluated
   evaluated = np.flatnonzero(np.isfinite(mean))     # row i holds round i + 1
@@ -86,13 +86,13 @@ def _sources() -> list:
   pairs = [(c.method, c.baseline, c.label) for c in suite.comparisons
            if suite.algorithm(c.method) == 'fedcross']
   out = []
-  runs = rd.suite_metrics(suite)
+  runs = suite_runs.suite_metrics(suite)
   for method, baseline, label in pairs:
     accel = suite.config_overrides(method).get('fedcross_accel_rounds', 0)
     out.append((f'{label}, E = {suite.common["local_epochs"]} (the reported runs)',
                 runs.get(method, {}), runs.get(baseline, {}), accel))
   for probe in suite.probes:
-    runs = rd.probe_metrics(suite, probe)
+    runs = suite_runs.probe_metrics(suite, probe)
     changed = ', '.join(f'{k} = {v}' for k, v in sorted(probe.overrides.items()) if k != 'rounds')
     for method, baseline, label in pairs:
       if method in probe.runs and baseline in probe.runs:
@@ -147,7 +147,7 @@ def _rounds_lines(sources) -> list:
     if not seeds:
       continue
     total = min(min(len(cross[s]) for s in seeds), min(len(avg[s]) for s in seeds))
-    marks = rd.window_marks(total, accel)
+    marks = suite_runs.window_marks(total, accel)
     lines += [f'{label}, seeds {", ".join(map(str, seeds))}:', '',
               '| rounds | α | median 1 − cos (1e-4) | distinct collaborators | FedAvg (%) | '
               'FedCross (%) | margin (points) | FedAvg swing | FedCross swing |',
@@ -159,15 +159,15 @@ def _rounds_lines(sources) -> list:
                                                                 'aggregator/alpha'))
                        for s in seeds])
       (a, swing_a), (c, swing_c) = (
-          zip(*[rd.window_accuracy(runs[s], start, mark) for s in seeds])
+          zip(*[suite_runs.window_accuracy(runs[s], start, mark) for s in seeds])
           for runs in (avg, cross))
       name = f'{start + 1}-{mark}' + (', acceleration' if mark <= accel else '')
       lines.append(f'| {name} | {alpha:.3f} | '
                    f'{1e4 * np.mean([s["median_distance"] for s in spread]):.1f} | '
                    f'{np.mean([s["distinct"] for s in spread]):.1f} | '
-                   f'{rd.num(100 * np.mean(a))} | {rd.num(100 * np.mean(c))} | '
+                   f'{suite_runs.num(100 * np.mean(a))} | {suite_runs.num(100 * np.mean(c))} | '
                    f'{paired.over_seeds(paired.margins(c, a), scale=100, signed=True)} | '
-                   + ' | '.join(rd.num(100 * np.mean(w)) for w in (swing_a, swing_c))
+                   + ' | '.join(suite_runs.num(100 * np.mean(w)) for w in (swing_a, swing_c))
                    + ' |')
       start = mark
     lines.append('')
@@ -176,7 +176,7 @@ def _rounds_lines(sources) -> list:
 
 def page() -> str:
   sources = _sources()
-  lines = rd.diagnosis_header('FedCross on Fashion-MNIST Dirichlet (100 clients, 10 per '
+  lines = suite_runs.diagnosis_header('FedCross on Fashion-MNIST Dirichlet (100 clients, 10 per '
                                   'round): how far apart its models are', sys.modules[__name__])
   num_models = suites.SUITES['fedcross'].common['clients_per_round']
   lines += _summary_lines(sources, num_models) + _rounds_lines(sources)
@@ -184,7 +184,7 @@ def page() -> str:
 
 
 def main() -> int:
-  return rd.write_diagnosis(OUT, page)
+  return suite_runs.write_diagnosis(OUT, page)
 
 
 if __name__ == '__main__':

@@ -33,12 +33,12 @@ from benchmarks import compare
 from benchmarks import report
 from benchmarks import suites
 from programs import flag_parsing
-from programs import pages
+from programs import generated_files
 from programs.studies import curves
-from programs.studies import experiments
+from programs.studies import declaration
 from programs.studies import queue
 from programs.studies import records
-from programs.studies import study as study_lib
+from programs.studies import study_configs
 from programs.studies import study_file
 
 # --report and --plan are compare's flags (this module runs its runs through compare's queue).
@@ -100,7 +100,7 @@ def targets(study) -> tuple:
 
 def configs() -> list:
   """Every run's ExperimentConfig, in the study file's order (the fault-free ones first)."""
-  return experiments.run_configs(STUDY)
+  return study_configs.run_configs(STUDY)
 
 
 def _mb(value) -> str:
@@ -134,7 +134,7 @@ def load(study) -> dict:
         f'{sorted(cells)} (<method>_<condition>)')
   loaded = {}
   for name, cell in cells.items():
-    path = os.path.join(study.runs_dir, study_lib.run_name(name, study.seeds[0]))
+    path = os.path.join(study.runs_dir, declaration.run_name(name, study.seeds[0]))
     loaded[cell] = (records.load_run(path, study.common['rounds'])
                     if os.path.exists(os.path.join(path, 'config.json')) else None)
   return loaded
@@ -250,7 +250,7 @@ def write_pages(study) -> None:
   """The page and figure in the study's output_dir, from its runs (the file's `report`)."""
   loaded = load(study)
   os.makedirs(study.output_dir, exist_ok=True)
-  pages.write_text(os.path.join(study.output_dir, 'results.md'), page(study, loaded))
+  generated_files.write_text(os.path.join(study.output_dir, 'results.md'), page(study, loaded))
   figure(loaded, os.path.join(study.output_dir, 'federations.png'))
   print(f'wrote {os.path.relpath(os.path.join(study.output_dir, "results.md"))}')
 

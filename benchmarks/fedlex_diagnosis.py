@@ -28,16 +28,16 @@ import sys
 
 import numpy as np
 
-from benchmarks import runs as rd
+from benchmarks import suite_runs
 from benchmarks import suites
 from programs import computations
 from programs import experiment
 from programs import experiment_config
 from programs import fedlex_exploration
-from programs import pages
+from programs import generated_files
+from programs.studies import declaration
 from programs.studies import paired
 from programs.studies import records
-from programs.studies import study as study_lib
 
 SUITE = suites.SUITES['fedlex']
 # The explorers' client rate, one for every guided variant (the fedlex study file's).
@@ -161,7 +161,7 @@ def _tuning_lines(runs) -> list:
   tuning = [r for source, _, r in runs if source == 'tuning']
   earlier = [r for source, _, r in runs if source == 'superseded tuning']
   lines = ['## The guided variants\' best tuning points under each exploration rule', '',
-           f'Tuning at seed {study_lib.TUNING_SEED}, {SUITE.tuning_rounds} rounds. First rule '
+           f'Tuning at seed {declaration.TUNING_SEED}, {SUITE.tuning_rounds} rounds. First rule '
            '(superseded): the explorers trained at the point\'s client rate, so every client '
            'rate of a guided grid also changed G (FedLEx-SGD, which has no client step, '
            'explored at the default client rate, 0.01, at every point). Now: the explorers '
@@ -246,8 +246,8 @@ def window_means(curve_rounds, curve_accuracy, width: int, total: int) -> list:
 
 
 def _runs_lines() -> list:
-  total, runs = rd.collect_reported(SUITE)   # at the length the suite's pages report
-  width = max(1, rd.plateau_window(total))   # as the plateau criterion's window
+  total, runs = suite_runs.collect_reported(SUITE)   # at the length the suite's pages report
+  width = max(1, suite_runs.plateau_window(total))   # as the plateau criterion's window
   lines = ['## The reported runs: G, the steps it scales, the margin over rounds', '',
            'Mean ± std over the seeds where both runs finished. The step rate is the rate that '
            'multiplies a method\'s step (the client rate; FedSGD\'s server rate); G mean × '
@@ -287,7 +287,7 @@ def _runs_lines() -> list:
   stuck = stuck_at_chance(runs)
   if stuck:
     lines += ['Stuck at chance (finished, losses finite, test accuracy never above '
-              f'{100 * rd.STUCK:.0f}%): ' + ', '.join(stuck) + '. Kept in every mean '
+              f'{100 * suite_runs.STUCK:.0f}%): ' + ', '.join(stuck) + '. Kept in every mean '
               'above.', '']
   return lines
 
@@ -319,7 +319,7 @@ def _seed_window_lines(runs: dict, width: int, total: int) -> list:
   for probe in SUITE.probes:
     if SUITE.probe_overrides(probe, probe.runs[0])['rounds'] != total:
       continue   # its windows are not these
-    made = rd.collect_probe(SUITE, probe)
+    made = suite_runs.collect_probe(SUITE, probe)
     rows += [(run, f' (probe `{probe.name}`)', made[run]) for run in probe.runs if run in made]
   names = [f'{a + 1}-{min(a + width, total)}' for a in range(0, total, width)]
   lines = [f'Mean test accuracy (%) of each run and seed over the same {width}-round windows:',
@@ -329,17 +329,17 @@ def _seed_window_lines(runs: dict, width: int, total: int) -> list:
       if records.usable(r):
         means = window_means(r['curve_rounds'], r['curve_accuracy'], width, total)
         lines.append(f'| {run}{where} | {seed} | '
-                     + ' | '.join(rd.num(100 * m) for m in means) + ' |')
+                     + ' | '.join(suite_runs.num(100 * m) for m in means) + ' |')
   return lines + ['']
 
 
 def stuck_at_chance(runs: dict) -> list:
   """'name seed S (round-1 client train loss L)' for every run of `runs` ({run: {seed:
-  loaded run}}) that never left chance (`rd.never_left_chance`)."""
+  loaded run}}) that never left chance (`suite_runs.never_left_chance`)."""
   out = []
   for run, seeds in runs.items():
     for seed, r in sorted(seeds.items()):
-      if rd.never_left_chance(r):
+      if suite_runs.never_left_chance(r):
         rows = records.metrics_rows(r['dir'])
         loss = records.metrics_column(rows[:1], 'client_work/train/loss')
         out.append(f'{run} seed {seed} (round-1 client train loss {loss[0]:.2g})')
@@ -354,7 +354,7 @@ def _floor_probe_lines() -> list:
     return []
   floor = probe.overrides['fedlex_guidance_floor']
   length = probe.overrides.get('rounds', SUITE.common['rounds'])
-  floored, reported = rd.collect_probe(SUITE, probe), rd.collect_at(SUITE, length)
+  floored, reported = suite_runs.collect_probe(SUITE, probe), suite_runs.collect_at(SUITE, length)
   base_of = {c.method: c.baseline for c in SUITE.comparisons}
   changes = ', '.join(f'`{k}={v}`' for k, v in sorted(probe.overrides.items()))
   lines = [f'## G floored at {floor:g}: probe `{probe.name}`', '',
@@ -380,7 +380,7 @@ def _floor_probe_lines() -> list:
   stuck = stuck_at_chance({run: seeds_ for run, seeds_ in floored.items() if run in base_of})
   if stuck:
     lines += ['', f'Stuck at chance with G floored (test accuracy never above '
-              f'{100 * rd.STUCK:.0f}%): ' + ', '.join(stuck) + '.']
+              f'{100 * suite_runs.STUCK:.0f}%): ' + ', '.join(stuck) + '.']
   return lines + ['']
 
 
@@ -525,7 +525,7 @@ def adam_steps(seed: int) -> dict:
 def record_adam_steps(out: str = ADAM_STEPS) -> dict:
   recorded = {str(seed): adam_steps(seed) for seed in suites.SEEDS}
   os.makedirs(os.path.dirname(out), exist_ok=True)
-  pages.write_json(out, recorded)
+  generated_files.write_json(out, recorded)
   return recorded
 
 
@@ -535,7 +535,7 @@ def _adam_step_lines() -> list:
   with open(ADAM_STEPS) as f:
     recorded = json.load(f)
   dirs = {seed: os.path.join(suites.suite_dir(ADAM_SUITE.name), 'runs',
-                             study_lib.run_name('fedlex_avgm', int(seed))) for seed in recorded}
+                             declaration.run_name('fedlex_avgm', int(seed))) for seed in recorded}
   runs = {seed: records.load_run(d) if os.path.exists(os.path.join(d, 'config.json')) else None
           for seed, d in dirs.items()}
   rates = sorted({r for m in recorded.values() for r in m['adam']}, key=float)
@@ -581,7 +581,7 @@ def _adam_step_lines() -> list:
 
 def page() -> str:
   runs = recorded_runs()
-  lines = rd.diagnosis_header(f'{SUITE.title}: what the guidance G is',
+  lines = suite_runs.diagnosis_header(f'{SUITE.title}: what the guidance G is',
                                   sys.modules[__name__])
   lines += (_g_by_rate_lines(runs) + _tuning_lines(runs) + _equal_step_lines(runs) +
             _runs_lines() + _floor_probe_lines() + _adam_step_lines() +
@@ -597,7 +597,7 @@ def main(argv=None) -> int:
     print(f'unknown arguments {argv}: run it without any, or with --adam_steps',
           file=sys.stderr)
     return 2
-  return rd.write_diagnosis(OUT, page)
+  return suite_runs.write_diagnosis(OUT, page)
 
 
 if __name__ == '__main__':

@@ -23,9 +23,9 @@ import sys
 
 import numpy as np
 
-from benchmarks import runs as rd
+from benchmarks import suite_runs
 from benchmarks import suites
-from programs import pages
+from programs import generated_files
 
 OUT = os.path.join(suites.RESULTS, 'fedprox_pull.md')
 OUT_JSON = os.path.join(suites.RESULTS, 'fedprox_pull.json')   # the measurements the page shows
@@ -113,7 +113,7 @@ def measure(suite: str, prox_run: str, avg_run: str) -> dict:
 
 
 def page(results: list) -> str:
-  lines = rd.diagnosis_header('FedProx against FedAvg: how far the proximal term moves '
+  lines = suite_runs.diagnosis_header('FedProx against FedAvg: how far the proximal term moves '
                                   'a round', sys.modules[__name__])
   measured = [r['round'] for r in results[0]['rows']] if results else []   # as recorded
   lines += ['| suite | runs | μ | client lr (momentum) | local steps per client | '
@@ -140,8 +140,8 @@ def page(results: list) -> str:
 
 def main() -> int:
   results = [measure(*pair) for pair in PAIRS]
-  pages.write_text(OUT_JSON, json.dumps(results, indent=1) + '\n')
-  return rd.write_diagnosis(OUT, lambda: page(results))
+  generated_files.write_text(OUT_JSON, json.dumps(results, indent=1) + '\n')
+  return suite_runs.write_diagnosis(OUT, lambda: page(results))
 
 
 if __name__ == '__main__':

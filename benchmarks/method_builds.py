@@ -9,9 +9,9 @@ from __future__ import annotations
 def build_method(name, model_fn, num_clients, batch, lr, seed):
   """A method's process as the training program builds it, on this benchmark's setting."""
   from programs import computations  # pylint: disable=g-import-not-at-top
-  from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import experiment_config  # pylint: disable=g-import-not-at-top
   algorithm = 'cadis' if name == 'cadis_nokd' else name
-  config = experiment.ExperimentConfig(
+  config = experiment_config.ExperimentConfig(
       algorithm=algorithm, num_clients=num_clients, clients_per_round=num_clients,
       batch_size=batch, client_lr=lr, client_momentum=0.0, seed=seed,
       fedcda_warmup_rounds=0, fedcda_max_cache_gib=64.0,

@@ -32,16 +32,16 @@ from typing import Optional
 
 import numpy as np
 
-from benchmarks import runs as rd
+from benchmarks import suite_runs
 from benchmarks import suites
-from programs import experiment
 from programs import experiment_config
-from programs import pages
+from programs import generated_files
+from programs import methods
 from programs import run_results
 from programs.studies import curves
+from programs.studies import declaration
 from programs.studies import paired
 from programs.studies import records
-from programs.studies import study as study_lib
 from programs.studies import study_file
 
 REPRODUCTION = os.path.join(suites.RESULTS, 'REPRODUCTION.md')
@@ -60,7 +60,7 @@ MIN_SEEDS_FOR_VERDICT = 2
 # --------------------------------------------------------------------------- #
 
 
-def window_mean(run: dict, width: int = rd.WINDOW) -> float:
+def window_mean(run: dict, width: int = suite_runs.WINDOW) -> float:
   """A run's mean test accuracy over the rounds it evaluated among its last `width`."""
   acc = [a for r, a in zip(run['curve_rounds'], run['curve_accuracy'])
          if r > run['rounds'] - width]
@@ -68,7 +68,7 @@ def window_mean(run: dict, width: int = rd.WINDOW) -> float:
 
 
 # A run's figures on the pages: (key, heading).
-FIGURES_READ = (('last10', 'last 10'), ('window', f'last {rd.WINDOW}'), ('best', 'best'))
+FIGURES_READ = (('last10', 'last 10'), ('window', f'last {suite_runs.WINDOW}'), ('best', 'best'))
 
 
 def run_figures(run: dict) -> dict:
@@ -119,7 +119,8 @@ def compare(suite: suites.Suite, loaded: dict, comp: suites.Comparison, paper: d
   seeds = paired.paired_seeds(method, base)
   # Read both sides at the rounds both evaluated (a borrowed baseline may be evaluated on
   # another schedule).
-  pairs = {s: [run_figures(r) for r in rd.on_common_rounds(base[s], method[s])] for s in seeds}
+  pairs = {s: [run_figures(r) for r in suite_runs.on_common_rounds(base[s], method[s])]
+           for s in seeds}
   out = dict(label=comp.label, method=comp.method, baseline=comp.baseline, seeds=seeds,
              paper=paper.get(comp.paper, {}), stuck=[], collapsed=[])
   figures = out['paper']
@@ -138,9 +139,9 @@ def compare(suite: suites.Suite, loaded: dict, comp: suites.Comparison, paper: d
     out['verdict'] = 'retired'
   for name, side in ((comp.baseline, base), (comp.method, method)):
     for s in seeds:
-      if rd.never_left_chance(side[s]):
+      if suite_runs.never_left_chance(side[s]):
         out['stuck'].append((name, s))
-      elif (at := rd.fell_to_chance(side[s])):
+      elif (at := suite_runs.fell_to_chance(side[s])):
         out['collapsed'].append((name, s, at))
   return out
 
@@ -174,7 +175,7 @@ def rounds_to_targets(loaded: dict, comp: suites.Comparison, targets: tuple) -> 
   out = dict(label=comp.label, seeds=paired.paired_seeds(method, base), steps=[],
              baseline={t: [] for t in targets}, method={t: [] for t in targets})
   for seed in out['seeds']:
-    pair = rd.on_common_rounds(base[seed], method[seed])
+    pair = suite_runs.on_common_rounds(base[seed], method[seed])
     for side, run in zip(('baseline', 'method'), pair):
       points = list(zip(run['curve_rounds'], run['curve_accuracy']))
       for t in targets:
@@ -203,8 +204,9 @@ def _speedup_text(value: float) -> str:
 def rounds_to_target_results(tuned: suites.Suite) -> list:
   """[(suite, rounds its runs are read over, rounds_to_targets of a comparison)] over every
   suite of the tuned suite's method with finished seeds, at the tuned suite's targets."""
-  return [(s, rd.reported_rounds(s), r) for _, s in method_suites(tuned.name)
-          for r in (rounds_to_targets(rd.collect(s), c, tuned.targets) for c in s.comparisons)
+  return [(s, suite_runs.reported_rounds(s), r) for _, s in method_suites(tuned.name)
+          for r in (rounds_to_targets(suite_runs.collect(s), c, tuned.targets)
+                    for c in s.comparisons)
           if r['seeds']]
 
 
@@ -302,12 +304,12 @@ def verdict_cell(c: dict) -> str:
 # Settings, paper against ours
 # --------------------------------------------------------------------------- #
 
-PARTITIONS = dict(dirichlet=lambda c: f'Dir {c.dirichlet_alpha:g}',
-                  shards=lambda c: f'shards {c.shards_per_client}',
-                  classes=lambda c: f'{c.classes_per_client} classes per client',
-                  cluster_mc=lambda c: 'cluster MC', cluster_uc=lambda c: 'cluster UC',
-                  cluster_bc=lambda c: 'cluster BC', iid=lambda c: 'IID',
-                  quantity=lambda c: f'quantity skew {c.quantity_alpha:g}')
+PARTITIONS = dict(dirichlet=lambda config: f'Dir {config.dirichlet_alpha:g}',
+                  shards=lambda config: f'shards {config.shards_per_client}',
+                  classes=lambda config: f'{config.classes_per_client} classes per client',
+                  cluster_mc=lambda config: 'cluster MC', cluster_uc=lambda config: 'cluster UC',
+                  cluster_bc=lambda config: 'cluster BC', iid=lambda config: 'IID',
+                  quantity=lambda config: f'quantity skew {config.quantity_alpha:g}')
 DATASETS = dict(fashion_mnist='Fashion-MNIST', digits='digits')
 MODELS = dict(simple_cnn='simple CNN', fedavg_cnn='FedAvg CNN', tiny_cnn='tiny CNN',
               mlp_2nn='2NN', mlp_2nn_dropout='2NN, dropout 0.1')
@@ -315,55 +317,55 @@ MODELS = dict(simple_cnn='simple CNN', fedavg_cnn='FedAvg CNN', tiny_cnn='tiny C
 ADAMS = dict(adam='TFF Adam', torch_adam='PyTorch Adam')
 
 
-def _optimizer(c) -> str:
-  if c.algorithm in ('fedsgd', 'fedlex_sgd'):   # no local step: the server's rate is the step
-    return f'one full-batch gradient, server lr {c.server_lr:g}'
-  if c.client_optimizer in ADAMS:
-    text = f'{ADAMS[c.client_optimizer]} lr {c.client_lr:g}'
+def _optimizer(config) -> str:
+  if config.algorithm in ('fedsgd', 'fedlex_sgd'):   # no local step: the server's rate is the step
+    return f'one full-batch gradient, server lr {config.server_lr:g}'
+  if config.client_optimizer in ADAMS:
+    text = f'{ADAMS[config.client_optimizer]} lr {config.client_lr:g}'
   else:
-    text = f'SGD lr {c.client_lr:g}' + (f', momentum {c.client_momentum:g}'
-                                        if c.client_momentum else '')
-  if c.client_lr_decay != 1:
-    text += f' (× {c.client_lr_decay:g} a round)'
-  return text + (f', weight decay {c.client_weight_decay:g}' if c.client_weight_decay else '')
+    text = f'SGD lr {config.client_lr:g}' + (f', momentum {config.client_momentum:g}'
+                                        if config.client_momentum else '')
+  if config.client_lr_decay != 1:
+    text += f' (× {config.client_lr_decay:g} a round)'
+  return text + (f', weight decay {config.client_weight_decay:g}' if config.client_weight_decay else '')
 
 
-def _method_settings(c) -> str:
-  a = c.algorithm
+def _method_settings(config) -> str:
+  a = config.algorithm
   if a == 'fedcda':
-    return (f'K {c.fedcda_cache_size}, B {c.fedcda_batches}, L {c.fedcda_smoothness:g}, warmup '
-            f'{c.fedcda_warmup_rounds}, {c.fedcda_selection.replace("_", "-")}')
+    return (f'K {config.fedcda_cache_size}, B {config.fedcda_batches}, L {config.fedcda_smoothness:g}, warmup '
+            f'{config.fedcda_warmup_rounds}, {config.fedcda_selection.replace("_", "-")}')
   if a == 'fedcross':
-    accel = (f'dynamic α and {c.fedcross_num_propellers} propellers over '
-             f'{c.fedcross_accel_rounds} rounds' if c.fedcross_accel_rounds else 'no acceleration')
-    similarity = (' (layer-wise sum)' if c.fedcross_similarity == 'layerwise' else '')
-    return (f'α {c.fedcross_alpha:g}, {c.fedcross_selection.replace("_", " ")}{similarity}, '
+    accel = (f'dynamic α and {config.fedcross_num_propellers} propellers over '
+             f'{config.fedcross_accel_rounds} rounds' if config.fedcross_accel_rounds else 'no acceleration')
+    similarity = (' (layer-wise sum)' if config.fedcross_similarity == 'layerwise' else '')
+    return (f'α {config.fedcross_alpha:g}, {config.fedcross_selection.replace("_", " ")}{similarity}, '
             f'{accel}')
   if a == 'cadis':
-    weights = 'eq. 1 weights' if c.cadis_sample_weighted else 'weights 1/\\|C_i\\|'
-    quirks = (', KD σ over n − 1' if c.cadis_kd_std == 'sample' else '') + (
-        ', the code\'s slips (pair index j − i − 1, abs())' if c.cadis_reference_quirks else '')
-    return (f'λ {c.cadis_kd_weight:g}, τ₀ {c.cadis_threshold:g} → {c.cadis_threshold_max:g}, '
+    weights = 'eq. 1 weights' if config.cadis_sample_weighted else 'weights 1/\\|C_i\\|'
+    quirks = (', KD σ over n − 1' if config.cadis_kd_std == 'sample' else '') + (
+        ', the code\'s slips (pair index j − i − 1, abs())' if config.cadis_reference_quirks else '')
+    return (f'λ {config.cadis_kd_weight:g}, τ₀ {config.cadis_threshold:g} → {config.cadis_threshold_max:g}, '
             f'{weights}{quirks}')
-  if a in experiment_config.FEDLEX_ALGORITHMS:
-    patience = (f' (patience {c.fedlex_exploration_patience})'
-                if c.fedlex_exploration_patience else '')
-    normalize = ', mean before normalising' if c.fedlex_normalize == 'after_mean' else ''
-    server = f', server lr {c.server_lr:g}' if c.server_lr >= 0 else ''
-    return (f'{100 * c.fedlex_explorer_fraction:g}% of clients explore '
-            f'{c.fedlex_exploration_epochs} epochs{patience}{normalize}{server}')
+  if a in methods.FEDLEX_ALGORITHMS:
+    patience = (f' (patience {config.fedlex_exploration_patience})'
+                if config.fedlex_exploration_patience else '')
+    normalize = ', mean before normalising' if config.fedlex_normalize == 'after_mean' else ''
+    server = f', server lr {config.server_lr:g}' if config.server_lr >= 0 else ''
+    return (f'{100 * config.fedlex_explorer_fraction:g}% of clients explore '
+            f'{config.fedlex_exploration_epochs} epochs{patience}{normalize}{server}')
   return ''
 
 
 # The settings table's rows: (heading, formatter of an ExperimentConfig).
 SETTINGS = (
-    ('data', lambda c: f'{DATASETS.get(c.dataset, c.dataset)}, {PARTITIONS[c.partition](c)}'),
-    ('model', lambda c: MODELS.get(c.model, c.model)),
-    ('clients', lambda c: f'{c.num_clients}, {c.clients_per_round} per round'),
-    ('local epochs', lambda c: str(c.local_epochs)),
-    ('batch', lambda c: str(c.batch_size)),
+    ('data', lambda config: f'{DATASETS.get(config.dataset, config.dataset)}, {PARTITIONS[config.partition](config)}'),
+    ('model', lambda config: MODELS.get(config.model, config.model)),
+    ('clients', lambda config: f'{config.num_clients}, {config.clients_per_round} per round'),
+    ('local epochs', lambda config: str(config.local_epochs)),
+    ('batch', lambda config: str(config.batch_size)),
     ('client optimizer', _optimizer),
-    ('rounds', lambda c: str(c.rounds)),
+    ('rounds', lambda config: str(config.rounds)),
     ('method', _method_settings),
 )
 
@@ -372,7 +374,7 @@ def suite_configs(suite: suites.Suite) -> dict:
   """{run: ExperimentConfig} of every run of the suite's comparisons (tuned)."""
   tuned = suites.load_tuned(suite.name)
   names = [r for comp in suite.comparisons for r in (comp.baseline, comp.method)]
-  return {r: experiment.ExperimentConfig(**suite.config_overrides(r, tuned))
+  return {r: experiment_config.ExperimentConfig(**suite.config_overrides(r, tuned))
           for r in dict.fromkeys(names)}
 
 
@@ -391,7 +393,7 @@ def settings_values(suite: suites.Suite) -> dict:
                   for v in distinct]
     out[heading] = distinct
   out['results read'] = [('best round' if verdict_key(suite) == 'best' else
-                          f'last 10 rounds (verdict: last {rd.WINDOW})')
+                          f'last 10 rounds (verdict: last {suite_runs.WINDOW})')
                          + f', seeds {", ".join(map(str, suite.seeds))}']
   return out
 
@@ -493,7 +495,7 @@ def _tuning_lines(suite: suites.Suite) -> list:
   tuned = suites.load_tuned(suite.name) or {}
   key = records.CRITERION_KEYS[suite.criterion]
   lines = ['## Tuning', '',
-           f'Seed {study_lib.TUNING_SEED} (apart from the reported seeds), '
+           f'Seed {declaration.TUNING_SEED} (apart from the reported seeds), '
            f'{suite.tuning_rounds or suite.common["rounds"]} rounds; the best '
            f'{"single round" if suite.criterion == "best" else "last-10 mean"} wins and is '
            'frozen in tuned.json.', '', '| run | grid point | accuracy (%) | chosen |',
@@ -502,7 +504,7 @@ def _tuning_lines(suite: suites.Suite) -> list:
     chosen = tuned.get(suite.algorithm(run))
     for values in records.grid_points(grid):
       path = os.path.join(suites.suite_dir(suite.name), 'tuning',
-                          study_lib.tuning_name(run, values))
+                          declaration.tuning_name(run, values))
       try:
         r = records.at_length(records.load_run(path), suite.tuning_overrides(run, values)['rounds'])
         figure = 'diverged' if r['diverged'] else (
@@ -520,14 +522,14 @@ def _tuning_lines(suite: suites.Suite) -> list:
 def _results_lines(suite: suites.Suite, results: list) -> list:
   key = verdict_key(suite)
   lines = ['| comparison | paper | seeds | baseline (%) | method (%) | margin, last 10 | '
-           f'margin, last {rd.WINDOW} | margin, best | verdict |',
+           f'margin, last {suite_runs.WINDOW} | margin, best | verdict |',
            '|---|---|---|---|---|---|---|---|---|']
   for c in results:
     lines.append(f'| {c["label"]} | {paper_text(c)} | {len(c["seeds"])} | '
                  f'{level(c[key]["baseline"])} | {level(c[key]["method"])} | '
                  + ' | '.join(paired.margin_text(c[k]) for k, _ in FIGURES_READ)
                  + f' | {verdict_cell(c)} |')
-  read = 'best round' if key == 'best' else f'mean over the last {rd.WINDOW} rounds'
+  read = 'best round' if key == 'best' else f'mean over the last {suite_runs.WINDOW} rounds'
   return lines + [''] + prose(
       f'Levels: the {read}, mean ± std over seeds. Margins: method − baseline per paired seed, '
       'mean ± the 95% t half-width, then each seed\'s. The verdict reads the '
@@ -556,14 +558,15 @@ def _every_run_lines(suite: suites.Suite, loaded: dict) -> list:
         notes.append(f'{r["diverged"]}; left out')
       elif not r['finished']:
         notes.append('running or stopped (the same command continues it)')
-      if rd.never_left_chance(r):
+      if suite_runs.never_left_chance(r):
         notes.append('never left chance')
-      elif (at := rd.fell_to_chance(r)):
+      elif (at := suite_runs.fell_to_chance(r)):
         notes.append(f'fell to chance at round {at}')
-      values = ''.join(f' {rd.num(rd.summary_value(r, path), spec)} |' for _, path, spec in extra)
+      values = ''.join(f' {suite_runs.num(suite_runs.summary_value(r, path), spec)} |'
+                       for _, path, spec in extra)
       lines.append(f'| {run} | {seed} | {r["rounds_done"]}/{r["rounds"]} | '
                    + ' | '.join(paired.pct(f[k]) for k in ('last10', 'window', 'best', 'final'))
-                   + f' | {rd.num(r["seconds_per_round"])} |{values} {"; ".join(notes)} |')
+                   + f' | {suite_runs.num(r["seconds_per_round"])} |{values} {"; ".join(notes)} |')
   return lines + ['']
 
 
@@ -577,7 +580,7 @@ def _probe_lines(suite: suites.Suite) -> list:
            'margin |', '|---|---|---|---|---|---|---|---|']
   key = verdict_key(suite)
   for probe in suite.probes:
-    loaded = rd.collect_probe(suite, probe)
+    loaded = suite_runs.collect_probe(suite, probe)
     changes = ', '.join(f'`{k}={v}`' for k, v in sorted(probe.overrides.items()))
     shown = False
     for c in comparisons(suite, loaded):
@@ -595,7 +598,7 @@ def _probe_lines(suite: suites.Suite) -> list:
 
 def suite_page(suite: suites.Suite) -> tuple:
   """(results.md text, results.json text, loaded runs) of a suite."""
-  loaded = rd.collect(suite)
+  loaded = suite_runs.collect(suite)
   results = comparisons(suite, loaded)
   done = sum(records.usable(r) for seeds in loaded.values() for r in seeds.values())
   # every declared seed, and any made beyond them (e.g. later seeds that narrow an interval)
@@ -618,15 +621,16 @@ def suite_page(suite: suites.Suite) -> tuple:
   data = dict(comparisons=results,
               runs={run: {str(s): dict(run_figures(r), finished=r['finished'])
                           for s, r in seeds.items()} for run, seeds in loaded.items()})
-  return '\n'.join(lines), json.dumps(pages.json_ready(data), indent=1, sort_keys=True) + '\n', loaded
+  return ('\n'.join(lines),
+          json.dumps(generated_files.json_ready(data), indent=1, sort_keys=True) + '\n', loaded)
 
 
 def write_suite_page(suite: suites.Suite) -> None:
   out = suites.suite_dir(suite.name)
   page, data, loaded = suite_page(suite)
   os.makedirs(out, exist_ok=True)
-  pages.write_text(os.path.join(out, 'results.md'), page)
-  pages.write_text(os.path.join(out, 'results.json'), data)
+  generated_files.write_text(os.path.join(out, 'results.md'), page)
+  generated_files.write_text(os.path.join(out, 'results.json'), data)
   curves.plot(os.path.join(out, 'curves.png'), suite_groups(suite, loaded), colour_of)
 
 
@@ -662,7 +666,7 @@ def headline_comparison(h: suites.Headline) -> tuple:
   """(suite, its probe or None, the comparison `compare` reads) of a headline."""
   suite = suites.SUITES[h.suite]
   probe = next((p for p in suite.probes if p.name == h.probe), None)
-  loaded = rd.collect_probe(suite, probe) if probe else rd.collect(suite)
+  loaded = suite_runs.collect_probe(suite, probe) if probe else suite_runs.collect(suite)
   c = next(c for c in comparisons(suite, loaded) if c['label'] == h.label)
   return suite, probe, dict(c, planned=len(probe.seeds if probe else suite.seeds))
 
@@ -748,7 +752,7 @@ def retired_text(suite: suites.Suite) -> str:
   runs measured here, and what the suite's runs would take at it."""
   maker = suites.SUITES[suite.retired[0]]
   probe = next(p for p in maker.probes if p.name == suite.retired[1])
-  times = [r['seconds_per_round'] for seeds in rd.collect_probe(maker, probe).values()
+  times = [r['seconds_per_round'] for seeds in suite_runs.collect_probe(maker, probe).values()
            for r in seeds.values() if records.usable(r)]
   rounds = suite.common['rounds']
   hours = float(np.mean(times)) * rounds / 3600
@@ -797,7 +801,7 @@ VERDICTS_TEXT = (
 def reproduction_page() -> str:
   heads = [(h, headline_comparison(h)[2]) for h in suites.HEADLINES]
   lines = ['# Reproducing the papers\' claims', '', WRITTEN, ''] + prose(
-      INTRO.format(window=rd.WINDOW)) + ['',
+      INTRO.format(window=suite_runs.WINDOW)) + ['',
       '| paper\'s claim | closest protocol we ran: how it differs | verdict (margin) | seeds '
       '| why |', '|---|---|---|---|---|']
   lines += [headline_row(h) for h in suites.HEADLINES] + ['']
@@ -811,7 +815,7 @@ def reproduction_page() -> str:
       protocol = protocol_of(suite)
       if suite.retired:
         notes.append(f'{protocol.capitalize()}: ' + retired_text(suite) + '.')
-      for c in comparisons(suite, rd.collect(suite)):
+      for c in comparisons(suite, suite_runs.collect(suite)):
         rows.append(comparison_row(dict(c, planned=len(suite.seeds)), protocol, tuned.method))
         counts.append(len(c['seeds']))
     for h, c in heads:   # a headline read from a probe: its row, judged as the headline is
@@ -834,7 +838,7 @@ def reproduction_page() -> str:
   lines += prose(VERDICTS_TEXT.format(factors=seeds_factor_text(counts))) + [''] + sections
   for suite in other_suites():   # one line each: not one of the four papers
     pairs = {}
-    for c in comparisons(suite, rd.collect(suite)):
+    for c in comparisons(suite, suite_runs.collect(suite)):
       pairs.setdefault((c['method'], c['baseline']), []).append(c)
     lines += prose(f'Beyond the papers, [{suite.method}]({suite.name}/results.md): ' + '; '.join(
         f'{c[0]["label"]}, {seeds_cell(dict(c[0], planned=len(suite.seeds)))} seeds, '
@@ -855,7 +859,7 @@ def write_method_figures() -> None:
   for method in METHODS:
     groups = []
     for _, suite in method_suites(method):
-      groups += suite_groups(suite, rd.collect(suite), f'{protocol_of(suite)}: ')
+      groups += suite_groups(suite, suite_runs.collect(suite), f'{protocol_of(suite)}: ')
     curves.plot(os.path.join(FIGURES, f'{method}.png'), groups, colour_of)
 
 
@@ -870,7 +874,8 @@ def provenance_page() -> str:
            '| suite | runs | machines (runs) | evaluated every (runs) | runs made again: bit for '
            'bit / parted (first round they differ) |', '|---|---|---|---|---|']
   for suite in suites.SUITES.values():
-    made = [records.load_run(p) for run in suite.runs for p in rd.seed_dirs(suite, run).values()]
+    made = [records.load_run(p) for run in suite.runs
+            for p in suite_runs.seed_dirs(suite, run).values()]
     if not made:
       continue
     hosts, every = {}, {}
@@ -881,7 +886,7 @@ def provenance_page() -> str:
       hosts[name] = hosts.get(name, 0) + 1
       e = int(r['config'].get('eval_every', 1))
       every[e] = every.get(e, 0) + 1
-    remade = rd.remade_runs(suite)
+    remade = suite_runs.remade_runs(suite)
     same = sum(r['first_difference'] is None for r in remade)
     parted = sorted(r['first_difference'] for r in remade if r['first_difference'] is not None)
     again = (f'{same} / {len(parted)}' + (f' (rounds {", ".join(map(str, parted))})'
@@ -913,7 +918,7 @@ def status_lines() -> list:
 
 def readme_with_status(text: str) -> str:
   """`text` (README.md) with the block between the status markers rewritten."""
-  return pages.with_block(text, STATUS_BEGIN, STATUS_END,
+  return generated_files.with_block(text, STATUS_BEGIN, STATUS_END,
                           ''.join(f'{line}\n' for line in status_lines()))
 
 
@@ -921,12 +926,12 @@ def write_all() -> None:
   """Every suite's page, REPRODUCTION.md, PROVENANCE.md and README.md's status block."""
   for suite in suites.SUITES.values():
     write_suite_page(suite)
-  pages.write_text(REPRODUCTION, reproduction_page())
+  generated_files.write_text(REPRODUCTION, reproduction_page())
   write_method_figures()
-  pages.write_text(PROVENANCE, provenance_page())
+  generated_files.write_text(PROVENANCE, provenance_page())
   with open(README) as f:
     text = f.read()
-  pages.write_text(README, readme_with_status(text))
+  generated_files.write_text(README, readme_with_status(text))
 
 
 def write_study_pages(study) -> None:

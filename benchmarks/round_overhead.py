@@ -94,7 +94,7 @@ from benchmarks.method_builds import build_method  # pylint: disable=g-import-no
 from benchmarks.method_builds import load_data  # pylint: disable=g-import-not-at-top
 from programs import checkpoint_writer  # pylint: disable=g-import-not-at-top
 from programs import flag_parsing
-from programs import pages  # pylint: disable=g-import-not-at-top
+from programs import generated_files  # pylint: disable=g-import-not-at-top
 from programs import run_directory  # pylint: disable=g-import-not-at-top
 from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
 from tff_algos.runtime import state_transfer  # pylint: disable=g-import-not-at-top
@@ -563,7 +563,7 @@ def main(argv):
           f'checkpoints add {added_cpu:+.2f} s{share}')
   loop.close()
   if _JSON.value:
-    pages.write_json(_JSON.value, figures)
+    generated_files.write_json(_JSON.value, figures)
   print(f'total wall time {time.perf_counter() - t_start:.0f} s')
 
 

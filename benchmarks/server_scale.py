@@ -311,7 +311,7 @@ def main(argv):
   execution.initialize_runtime()
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   from programs import computations  # pylint: disable=g-import-not-at-top
-  from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import experiment_config  # pylint: disable=g-import-not-at-top
   from tff_algos import models  # pylint: disable=g-import-not-at-top
   from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
 
@@ -333,14 +333,14 @@ def main(argv):
         'empty / full (min) | worker peak RSS MB |')
   print('|---|---|---|---|---|---|', flush=True)
   for n in [int(v) for v in _NUM_CLIENTS.value]:
-    config = experiment.ExperimentConfig(
+    config = experiment_config.ExperimentConfig(
         algorithm=_METHOD.value, num_clients=n, clients_per_round=per_round,
         batch_size=_BATCH.value, client_lr=0.05, client_momentum=0.0,
         fedcda_warmup_rounds=0, fedcda_cache_size=_CACHE.value,
         fedcda_max_cache_gib=_MAX_GIB.value)
     try:
       process = computations.build_process(config, model_fn, n)
-    except experiment.ExperimentError as e:
+    except experiment_config.ExperimentError as e:
       print(f'| {n} | refused: {e} | | | | |', flush=True)
       continue
     runner = (resident_state.ResidentProcess(process, per_round, refresh_every=0)

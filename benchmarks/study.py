@@ -13,10 +13,9 @@ import os
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
-from absl import app  # pylint: disable=g-import-not-at-top
-
 from benchmarks import federations  # pylint: disable=g-import-not-at-top
 from benchmarks import report  # pylint: disable=g-import-not-at-top
+from programs import flag_parsing  # pylint: disable=g-import-not-at-top
 from programs import study  # pylint: disable=g-import-not-at-top
 
 # The paper layer's page writers, by the `report` value that names them.
@@ -32,4 +31,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  flag_parsing.run(main)

@@ -14,11 +14,11 @@ import json
 import os
 from typing import Optional
 
-from programs.studies import experiments
-from programs.studies import study as study_lib
+from programs.studies import declaration
+from programs.studies import study_configs
 from programs.studies import study_file
 from programs.studies import tuning
-from programs.studies.study import algorithm_of
+from programs.studies.declaration import algorithm_of
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PAPER_NUMBERS = os.path.join(HERE, 'paper_numbers.json')
@@ -133,13 +133,13 @@ class Suite:
   # The study file (benchmarks/studies/<name>.toml) the suite's runs are declared in, if any
   # (`from_study`), and its Study; '' and None for a suite declared here alone.
   study: str = ''
-  study_decl: Optional[study_lib.Study] = dataclasses.field(default=None, repr=False,
+  study_decl: Optional[declaration.Study] = dataclasses.field(default=None, repr=False,
                                                             compare=False)
 
   def __post_init__(self):
-    if self.criterion not in study_lib.CRITERIA:
+    if self.criterion not in declaration.CRITERIA:
       raise ValueError(f'suite {self.name}: criterion {self.criterion!r}, not one of '
-                       f'{study_lib.CRITERIA}')
+                       f'{declaration.CRITERIA}')
     overlap = sorted(set(self.borrowed) & set(self.runs))
     if overlap:
       raise ValueError(f'suite {self.name}: {overlap} both borrowed and made')
@@ -194,7 +194,7 @@ class Suite:
     (seeds beginning with SEEDS, study.TUNING_SEED, RUN_SETTINGS)."""
     study = study_file.load(path)
     fixed = dict(seeds=(tuple(study.seeds[:len(SEEDS)]), SEEDS),
-                 tuning_seed=(study.tuning_seed, study_lib.TUNING_SEED),
+                 tuning_seed=(study.tuning_seed, declaration.TUNING_SEED),
                  **{k: (study.common.get(k), v) for k, v in RUN_SETTINGS.items()})
     for key, (got, want) in fixed.items():
       if got != want:
@@ -239,12 +239,12 @@ class Suite:
     return tuple(self.runs) + tuple(self.borrowed)
 
   @property
-  def declared(self) -> study_lib.Study:
+  def declared(self) -> declaration.Study:
     """The suite's own runs as a study (its study file's, or built from its fields), whose
     layer gives their fields and configs."""
     if self.study_decl is not None:
       return self.study_decl
-    return study_lib.Study(
+    return declaration.Study(
         name=self.name, output_dir=suite_dir(self.name), seeds=self.seeds,
         common=dict(self.common, **RUN_SETTINGS), runs=self.runs, grid=self.grid,
         tuned_as=self.tuned_as, tuning_rounds=self.tuning_rounds, criterion=self.criterion)
@@ -690,10 +690,10 @@ SUITES = {s.name: s for s in (_fedcda(), _fedcross(), _cadis(), _fedlex(),
 
 
 def experiment_config(fields: dict, seed: int, directory: str, name: str):
-  """The ExperimentConfig of one suite run (experiments.config): its fields (a Suite's
+  """The ExperimentConfig of one suite run (study_configs.config): its fields (a Suite's
   config_overrides, probe_overrides or tuning_overrides) with RUN_SETTINGS, seed and run
   directory."""
-  return experiments.config(dict(fields, **RUN_SETTINGS), seed, directory, name)
+  return study_configs.config(dict(fields, **RUN_SETTINGS), seed, directory, name)
 
 
 def probe_dir(suite: str, probe: str) -> str:

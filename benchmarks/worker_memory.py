@@ -46,10 +46,11 @@ def _one_variant(variant: str, rounds: int) -> list:
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   from programs import computations  # pylint: disable=g-import-not-at-top
   from programs import experiment  # pylint: disable=g-import-not-at-top
+  from programs import experiment_config  # pylint: disable=g-import-not-at-top
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
   execution.initialize_runtime()
-  c = experiment.ExperimentConfig(
+  c = experiment_config.ExperimentConfig(
       algorithm='fedcda', dataset='fashion_mnist', model='simple_cnn', partition='dirichlet',
       dirichlet_alpha=0.1, num_clients=20, clients_per_round=4, batch_size=50,
       local_epochs=1, fedcda_warmup_rounds=2, progress=False)

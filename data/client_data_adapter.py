@@ -48,6 +48,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import tensorflow_federated as tff
 
+from tff_algos import constants
+
 from .client_faults import ClientFaults
 from .errors import type_name
 from .round_sampling import client_input, sample_clients
@@ -186,11 +188,8 @@ class ClientDataInputs:
     return tff.StructWithPythonType([
         ('x', tff.TensorType(x_spec.dtype.as_numpy_dtype, [None, *x_shape])),
         ('y', tff.TensorType(self._label_dtype, [None, *y_shape])),
-        ('order', tff.TensorType(np.int32, [None, None])),
-        ('index', tff.TensorType(np.int32)),
-        ('slot', tff.TensorType(np.int32)),
-        ('work', tff.TensorType(np.float32)),
-    ], collections.OrderedDict)
+    ] + [(name, tff.TensorType(np.dtype(dtype), shape))
+         for name, dtype, shape in constants.CLIENT_INPUT_FIELDS], collections.OrderedDict)
 
   def federated_type(self) -> tff.FederatedType:
     """The type of one round's selection: one-element sequences of `element_type` at

@@ -24,6 +24,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from tff_algos import constants
+
 from .client_faults import ClientFaults
 from .errors import type_name
 
@@ -55,14 +57,12 @@ def client_input(
         np.zeros([0, n], np.int64)
   else:
     order = np.zeros([epochs, 0], np.int64)
-  return collections.OrderedDict([
-      ('x', x),
-      ('y', y.astype(np.int32, copy=False)),
-      ('order', order.astype(np.int32)),
-      ('index', np.int32(index)),
-      ('slot', np.int32(slot)),
-      ('work', np.float32(work)),
-  ])
+  fields = dict(order=order, index=index, slot=slot, work=work)
+  return collections.OrderedDict(
+      [('x', x), ('y', y.astype(np.int32, copy=False))]
+      + [(name, np.dtype(dtype).type(fields[name]) if shape == () else
+          fields[name].astype(dtype))
+         for name, dtype, shape in constants.CLIENT_INPUT_FIELDS])
 
 
 def sample_clients(num_clients: int, clients_per_round: int, round_num: int,

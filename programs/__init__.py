@@ -13,9 +13,13 @@ Modules (docs/architecture.md has the whole map):
   flag's role (may it change on `--resume`, does it rebuild the computations).
 * `fedlex_exploration`: FedLEx's exploration within a run: explorers, the initial guidance,
   its refresh each round.
-* `methods`: the method registry: each `Method`, its flags, validation and builder
-  arguments.
-* `pages`: writing generated text: atomic replacement, blocks between markers.
+* `flag_parsing`: absl's flag errors (a bad value, an unknown flag) as one `error:` line,
+  exit 2, before TensorFlow starts, for every binary.
+* `generated_files`: writing generated text: atomic replacement, blocks between markers.
+* `lr_schedules`: the learning-rate schedule flags, their validation and the schedules they
+  make.
+* `methods`: the method registry, one file per method: each `Method`, its flags, validation
+  and builder arguments.
 * `run_directory`: the experiment directory: its lock, files, checkpoints and their
   clean-up, the resume point (the newest readable checkpoint), TensorBoard truncation.
 * `run_results`: what a run reports: metrics.csv's rows, summary.json, accuracy.png, final
@@ -25,6 +29,8 @@ Modules (docs/architecture.md has the whole map):
 * `study`: the second binary: a user's own study from its file: `run`, `tune`, `plan`,
   `report`.
 * `train`: the absl binary: any method on any dataset and partition.
+* `user_code`: a model, data set or method of the user's, named by an import path: resolved,
+  checked before TensorFlow starts, and fingerprinted in config.json and summary.json.
 * `studies`: the studies package: a study file's methods x settings x seeds, run, tuned,
   planned and reported.
 """

@@ -36,52 +36,55 @@ from programs import checkpoint_writer
 from programs import computations
 from programs import experiment_config
 from programs import fedlex_exploration
-from programs import methods
+from programs.methods import registry
 from programs import run_directory
 from programs import run_results
 from programs import stopping
 from programs import user_code
-# The documented API, importable from here too: the settings, their check, the error a user
-# fixes, and the process and evaluation the notebooks build (notebooks/1_quickstart.ipynb).
+# Programs and tests import each name from the module it lives in
+# (tests/test_program_layout.py); only notebooks/1_quickstart.ipynb and
+# 3_inside_the_methods.ipynb still call ExperimentConfig, build_process and Evaluator as
+# `experiment.X` (their outputs are stamped with their code's digest: the calls move when they
+# are next run in full).
 from programs.computations import Evaluator, build_process  # pylint: disable=unused-import
 from programs.experiment_config import (ExperimentConfig, ExperimentError, client_faults,
                                         validate)
 from tff_algos.constants import CLIENT_ACCURACY_FIGURES  # no TensorFlow: flags come first
 
 
-def load_federated_data(c: ExperimentConfig):
+def load_federated_data(config: ExperimentConfig):
   """The FederatedDataset of the config (loaders and partitioners from data/)."""
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   try:
-    loaded = (user_code.load_dataset(c) if user_code.is_path(c.dataset)
-              else data.load_dataset(c.dataset, c.data_dir))
+    loaded = (user_code.load_dataset(config) if user_code.is_path(config.dataset)
+              else data.load_dataset(config.dataset, config.data_dir))
   except (data.DatasetNotFoundError, data.DatasetFormatError) as e:
     raise ExperimentError(str(e)) from None
   except OSError as e:  # unreadable files: permissions, a directory where a file should be
-    raise ExperimentError(f'cannot read {c.dataset}: {e.strerror}: {e.filename}') from None
+    raise ExperimentError(f'cannot read {config.dataset}: {e.strerror}: {e.filename}') from None
   if isinstance(loaded, data.FederatedDataset):
-    if c.num_clients > loaded.num_clients:
+    if config.num_clients > loaded.num_clients:
       raise ExperimentError(
-          f'--num_clients={c.num_clients} but {c.dataset} has {loaded.num_clients} clients')
+          f'--num_clients={config.num_clients} but {config.dataset} has {loaded.num_clients} clients')
     return loaded
-  params = dict(num_clients=c.num_clients, seed=c.seed)
-  if c.partition == 'dirichlet':
-    params['alpha'] = c.dirichlet_alpha
-  elif c.partition == 'shards':
-    params['shards_per_client'] = c.shards_per_client
-  elif c.partition == 'classes':
-    params['classes_per_client'] = c.classes_per_client
-  elif c.partition == 'quantity':
-    params['alpha'] = c.quantity_alpha
+  params = dict(num_clients=config.num_clients, seed=config.seed)
+  if config.partition == 'dirichlet':
+    params['alpha'] = config.dirichlet_alpha
+  elif config.partition == 'shards':
+    params['shards_per_client'] = config.shards_per_client
+  elif config.partition == 'classes':
+    params['classes_per_client'] = config.classes_per_client
+  elif config.partition == 'quantity':
+    params['alpha'] = config.quantity_alpha
   try:
-    return data.federate(loaded, data.make_partitioner(c.partition, **params))
+    return data.federate(loaded, data.make_partitioner(config.partition, **params))
   except data.PartitionError as e:
     # The partitioners' minimum client size is not a flag of this program: name the flags.
     reason = re.sub(r'(,? or a smaller min_size|lower min_size, )', '', str(e))
     raise ExperimentError(f'impossible partition: {reason}') from None
 
 
-def with_client_test(c: ExperimentConfig, fed, num_clients: int):
+def with_client_test(config: ExperimentConfig, fed, num_clients: int):
   """(the data the clients train on, each of the first `num_clients` clients' test data or
   None when --client_test_fraction is 0).
 
@@ -90,25 +93,25 @@ def with_client_test(c: ExperimentConfig, fed, num_clients: int):
   client's examples out of training (`data.hold_out_client_test`, seeded by --seed).
   """
   from tff_algos import data  # pylint: disable=g-import-not-at-top
-  if not c.client_test_fraction:
+  if not config.client_test_fraction:
     return fed, None
   if fed.client_test is None:
-    fed = data.hold_out_client_test(fed, c.client_test_fraction, c.seed)
+    fed = data.hold_out_client_test(fed, config.client_test_fraction, config.seed)
   client_test = fed.client_test[:num_clients]
   if not any(len(y) for _, y in client_test):
     raise ExperimentError(
-        f'--client_test_fraction: none of the {num_clients} clients of {c.dataset} has test '
+        f'--client_test_fraction: none of the {num_clients} clients of {config.dataset} has test '
         'data of its own; give the users\' test split in --data_dir or drop the flag')
   return fed, client_test
 
 
-def evaluated_round(round_num: int, c: ExperimentConfig) -> bool:
+def evaluated_round(round_num: int, config: ExperimentConfig) -> bool:
   """Whether the run evaluates on the test set after `round_num`: every --eval_every rounds,
   each of the last --eval_last rounds, and always the last."""
-  return round_num % c.eval_every == 0 or round_num > c.rounds - max(c.eval_last, 1)
+  return round_num % config.eval_every == 0 or round_num > config.rounds - max(config.eval_last, 1)
 
 
-def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
+def run_experiment(config: ExperimentConfig, log: Callable[[str], None] = None,
                    stop: Optional[stopping.StopRequests] = None) -> dict:
   """Runs (or resumes) an experiment; returns the summary dict written to summary.json.
 
@@ -118,11 +121,11 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
   process is running is refused (RunDirectoryBusy).
   """
   log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-  validate(c)
-  made = run_directory.make_output_dir(c.experiment_dir)
+  validate(config)
+  made = run_directory.make_output_dir(config.experiment_dir)
   try:
-    with run_directory.exclusive_run_directory(c.experiment_dir), contextlib.ExitStack() as closing:
-      return _run_experiment(c, log, stop, closing)
+    with run_directory.exclusive_run_directory(config.experiment_dir), contextlib.ExitStack() as closing:
+      return _run_experiment(config, log, stop, closing)
   except run_directory.RunDirectoryBusy:
     # The directory is the other process's, made by it between our look and our makedirs
     # (empty while that process checks its data): removing it would leave that process
@@ -133,31 +136,31 @@ def run_experiment(c: ExperimentConfig, log: Callable[[str], None] = None,
     raise
 
 
-def _run_experiment(c: ExperimentConfig, log: Callable[[str], None],
+def _run_experiment(config: ExperimentConfig, log: Callable[[str], None],
                     stop: Optional[stopping.StopRequests], closing: contextlib.ExitStack) -> dict:
   """run_experiment, with the experiment directory made and held; `closing` releases what
   the run holds (the resident state's scratch directory) however it ends."""
   started = time.time()
-  start_round = run_directory.resume_point(c, log)
-  _start_runtime(c)
-  run_data = _load_data(c)
-  built = _build_computations(c, run_data, log)
-  run = _resume_or_initialise(c, built, start_round, stop, closing, log)
-  _prepare_run_directory(c, run_data, run.start_round)
-  guidance = _start_guidance(c, run_data, built, run, log)
+  start_round = run_directory.resume_point(config, log)
+  _start_runtime(config)
+  run_data = _load_data(config)
+  built = _build_computations(config, run_data, log)
+  run = _resume_or_initialise(config, built, start_round, stop, closing, log)
+  _prepare_run_directory(config, run_data, run.start_round)
+  guidance = _start_guidance(config, run_data, built, run, log)
   run.seconds_before_rounds = time.time() - started
-  _round_loop(c, run, run_data, built, guidance, log)
-  return _finish(c, run, run_data, built, guidance)
+  _round_loop(config, run, run_data, built, guidance, log)
+  return _finish(config, run, run_data, built, guidance)
 
 
-def _start_runtime(c: ExperimentConfig) -> None:
+def _start_runtime(config: ExperimentConfig) -> None:
   """TFF's runtime: local, or the --workers / --local_workers worker services."""
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   try:
-    execution.initialize_runtime(workers=execution.parse_worker_addresses(c.workers),
-                                 local_workers=c.local_workers,
-                                 worker_timeout_seconds=c.worker_timeout,
-                                 require_isolated_worker=c.require_isolated_worker)
+    execution.initialize_runtime(workers=execution.parse_worker_addresses(config.workers),
+                                 local_workers=config.local_workers,
+                                 worker_timeout_seconds=config.worker_timeout,
+                                 require_isolated_worker=config.require_isolated_worker)
   except (execution.WorkerUnavailableError, execution.WorkerNotIsolatedError) as e:
     raise ExperimentError(str(e)) from None
 
@@ -171,14 +174,14 @@ class _RunData:
   client_test: Optional[list]  # each client's own test data; None without per-client evaluation
 
 
-def _load_data(c: ExperimentConfig) -> _RunData:
-  fed = load_federated_data(c)
+def _load_data(config: ExperimentConfig) -> _RunData:
+  fed = load_federated_data(config)
   if len(fed.y_test) == 0:
     raise ExperimentError(
-        f'{c.dataset} has no central test examples (no accuracy can be measured); give its '
+        f'{config.dataset} has no central test examples (no accuracy can be measured); give its '
         'test split data (LEAF: test/*.json) in --data_dir')
-  num_clients = min(c.num_clients, fed.num_clients)
-  fed, client_test = with_client_test(c, fed, num_clients)
+  num_clients = min(config.num_clients, fed.num_clients)
+  fed, client_test = with_client_test(config, fed, num_clients)
   return _RunData(fed, num_clients, client_test)
 
 
@@ -195,21 +198,21 @@ class _Built:
   traffic: Any     # communication.ClientTraffic: one client's bytes per round
 
 
-def _build_computations(c: ExperimentConfig, run_data: _RunData, log) -> _Built:
+def _build_computations(config: ExperimentConfig, run_data: _RunData, log) -> _Built:
   """The run's computations, checked against the runtime they run on."""
   from tff_algos import communication  # pylint: disable=g-import-not-at-top
   fed, num_clients, client_test = run_data.fed, run_data.num_clients, run_data.client_test
   model_name, model_fn, process, evaluator = computations.build_computations(
-      c, fed, num_clients)
+      config, fed, num_clients)
   traffic = communication.process_traffic(process)
   client_evaluator = computations.ClientEvaluator(
-      computations.per_client_evaluation(c, fed, num_clients, len(client_test)),
+      computations.per_client_evaluation(config, fed, num_clients, len(client_test)),
       client_test) if client_test else None
-  computations.check_distributable(c, [process.next] + (
+  computations.check_distributable(config, [process.next] + (
       [client_evaluator.computation] if client_evaluator else []))
-  resident = c.resident_state and not (c.workers or c.local_workers)
-  computations.check_state_crosses(c, process, resident)
-  note = user_code.method(c.algorithm).note(c)
+  resident = config.resident_state and not (config.workers or config.local_workers)
+  computations.check_state_crosses(config, process, resident)
+  note = user_code.method(config.algorithm).note(config)
   if note:
     log(note)
   return _Built(model_name, model_fn, process, evaluator, client_evaluator, resident, traffic)
@@ -224,13 +227,13 @@ class _Run:
   worker services both are the same Python value.
   """
 
-  def __init__(self, c: ExperimentConfig, runner, loop, checkpoints, held, state,
+  def __init__(self, config: ExperimentConfig, runner, loop, checkpoints, held, state,
                program_state, start_round: int, stop: Optional[stopping.StopRequests]):
-    self.c, self.runner, self.loop, self.stop = c, runner, loop, stop
+    self.c, self.runner, self.loop, self.stop = config, runner, loop, stop
     self.checkpoints = checkpoints
     self.held, self.state, self.program_state = held, state, program_state
     self.start_round = start_round
-    self.exp_dir = c.experiment_dir
+    self.exp_dir = config.experiment_dir
     self.ckpt_dir = os.path.join(self.exp_dir, 'checkpoints')
     self.csv_path = os.path.join(self.exp_dir, 'metrics.csv')
     self.rows, self.best, self.writer, self.progress = [], -1.0, None, None
@@ -316,17 +319,17 @@ class _Run:
     self.checkpoints.close(raise_error=not ending)
 
 
-def _resume_or_initialise(c: ExperimentConfig, built: _Built, start_round: int,
+def _resume_or_initialise(config: ExperimentConfig, built: _Built, start_round: int,
                           stop: Optional[stopping.StopRequests],
                           closing: contextlib.ExitStack, log) -> _Run:
   """The run with its state: the last checkpoint's (resume) or the process's initial one."""
   from tff_algos.runtime import resident_state  # pylint: disable=g-import-not-at-top
-  exp_dir = c.experiment_dir
+  exp_dir = config.experiment_dir
   ckpt_dir = os.path.join(exp_dir, 'checkpoints')
   # Its files go in the experiment's directory (the checkpoints' file system); a killed run
   # leaves its scratch directory behind, removed here.
   resident_state.remove_scratch_directories(exp_dir)
-  runner = (resident_state.ResidentProcess(built.process, c.clients_per_round,
+  runner = (resident_state.ResidentProcess(built.process, config.clients_per_round,
                                            scratch_dir=exp_dir)
             if built.resident else resident_state.DirectProcess(built.process))
   closing.callback(runner.close)
@@ -346,14 +349,14 @@ def _resume_or_initialise(c: ExperimentConfig, built: _Built, start_round: int,
     state, held = restored['state'], None
     start_round = checkpoints.checkpointed = int(restored['round'])
     log(f'resuming {exp_dir} after round {start_round}')
-  return _Run(c, runner, loop, checkpoints, held, state, program_state, start_round, stop)
+  return _Run(config, runner, loop, checkpoints, held, state, program_state, start_round, stop)
 
 
-def _prepare_run_directory(c: ExperimentConfig, run_data: _RunData, start_round: int) -> None:
+def _prepare_run_directory(config: ExperimentConfig, run_data: _RunData, start_round: int) -> None:
   """The run is known valid from here on: only now is its record (re)written."""
-  exp_dir = c.experiment_dir
+  exp_dir = config.experiment_dir
   run_directory.write_json(os.path.join(exp_dir, 'config.json'),
-                            dict(dataclasses.asdict(c), user_code=user_code.fingerprints(c)))
+                            dict(dataclasses.asdict(config), user_code=user_code.fingerprints(config)))
   diverged = os.path.join(exp_dir, run_directory.DIVERGED)
   if not start_round and os.path.exists(diverged):
     os.remove(diverged)   # an earlier start diverged in round 1
@@ -364,11 +367,11 @@ def _prepare_run_directory(c: ExperimentConfig, run_data: _RunData, start_round:
   run_directory.truncate_tensorboard(os.path.join(exp_dir, 'tensorboard'), start_round)
 
 
-def _start_guidance(c: ExperimentConfig, run_data: _RunData, built: _Built, run: _Run,
+def _start_guidance(config: ExperimentConfig, run_data: _RunData, built: _Built, run: _Run,
                     log) -> Optional[fedlex_exploration.Guidance]:
   """FedLEx's exploration of a guided run (None otherwise), explored before round 1 when
   the run starts afresh; then the run's rounds open."""
-  guidance = fedlex_exploration.guidance(c, run_data.fed, built.process, built.model_fn,
+  guidance = fedlex_exploration.guidance(config, run_data.fed, built.process, built.model_fn,
                                          run_data.num_clients)
   if guidance is not None and run.start_round == 0:
     run.state, explore_metrics = guidance.initial_state(run.state)
@@ -382,7 +385,7 @@ def _start_guidance(c: ExperimentConfig, run_data: _RunData, built: _Built, run:
   return guidance
 
 
-def _round_loop(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built,
+def _round_loop(config: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built,
                 guidance: Optional[fedlex_exploration.Guidance], log) -> None:
   """Rounds start_round + 1 to --rounds, each recorded in metrics.csv and TensorBoard and
   checkpointed every --checkpoint_every rounds and after the last; a stop request, diverged
@@ -393,41 +396,41 @@ def _round_loop(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Buil
   rows = run.rows
   accuracy = float(rows[-1]['test_accuracy']) if rows and rows[-1].get('test_accuracy') else float('nan')
   try:
-    for round_num in range(run.start_round + 1, c.rounds + 1):
+    for round_num in range(run.start_round + 1, config.rounds + 1):
       run.check_stop()
       t0 = time.time()
-      round_metrics = _train_round(c, run, run_data, guidance, round_num)
+      round_metrics = _train_round(config, run, run_data, guidance, round_num)
       seconds = time.time() - t0
       metrics = run_results.flatten_metrics(round_metrics)
       train_loss = metrics.get('client_work/train/loss', float('nan'))
       dropped = stopping.dropped_clients(metrics)
-      reported = run_results.reported_clients(metrics, c.clients_per_round)
-      in_a_row = _check_round(c, run, round_num, train_loss, dropped, reported, in_a_row, log)
+      reported = run_results.reported_clients(metrics, config.clients_per_round)
+      in_a_row = _check_round(config, run, round_num, train_loss, dropped, reported, in_a_row, log)
       # seconds: the round's training (and FedLEx's exploration); round_seconds, filled in
       # after the evaluation: the whole round as the program runs it (what --plan sizes by).
       row = collections.OrderedDict(round=round_num, seconds=round(seconds, 4),
                                     round_seconds=None, dropped_clients=dropped,
                                     reported_clients=reported,
-                                    unreported_clients=c.clients_per_round - reported)
+                                    unreported_clients=config.clients_per_round - reported)
       row.update(metrics)
-      row.update(run_results.bytes_columns(built.traffic, c.clients_per_round, metrics,
+      row.update(run_results.bytes_columns(built.traffic, config.clients_per_round, metrics,
                                            rows[-1] if rows else None))
       if guidance is not None and guidance.exploration is not None:
         row['exploration_client_epochs'] = float(run.program_state['exploration_client_epochs'])
         row.update(guidance.bytes)
-      evaluated = evaluated_round(round_num, c)
+      evaluated = evaluated_round(round_num, config)
       if evaluated:
         accuracy = _evaluate(run, built, row)
       row['round_seconds'] = round(time.time() - t0, 4)
       run.record(round_num, row)
       run.last_round = round_num
-      if round_num % c.checkpoint_every == 0 or round_num == c.rounds:
+      if round_num % config.checkpoint_every == 0 or round_num == config.rounds:
         run.checkpoint()
-      if c.blown_up_rounds and in_a_row >= c.blown_up_rounds:
+      if config.blown_up_rounds and in_a_row >= config.blown_up_rounds:
         if run.checkpointed < run.last_round:
           run.checkpoint()
         raise stopping.blown_up_error(round_num, in_a_row, run.last_round, run.ckpt_dir,
-                                      c.client_lr)
+                                      config.client_lr)
       if not frozen or (evaluated and not frozen_after_eval):
         # Everything alive now (TFF's compiled computations, ~1M objects) lives as long as
         # the run: keep the garbage collector from re-traversing it every round.
@@ -441,16 +444,16 @@ def _round_loop(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Buil
     run.close()
 
 
-def _train_round(c: ExperimentConfig, run: _Run, run_data: _RunData,
+def _train_round(config: ExperimentConfig, run: _Run, run_data: _RunData,
                  guidance: Optional[fedlex_exploration.Guidance], round_num: int) -> dict:
   """Trains round `round_num` on its sampled clients (and refreshes FedLEx's guidance);
   returns the round's metrics."""
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   fed, num_clients = run_data.fed, run_data.num_clients
-  sampled = data.sample_clients(num_clients, c.clients_per_round, round_num, c.seed)
-  _, inputs = data.round_inputs(fed, round_num, c.clients_per_round, c.local_epochs, c.seed,
-                                client_ids=sampled, faults=client_faults(c))
+  sampled = data.sample_clients(num_clients, config.clients_per_round, round_num, config.seed)
+  _, inputs = data.round_inputs(fed, round_num, config.clients_per_round, config.local_epochs, config.seed,
+                                client_ids=sampled, faults=client_faults(config))
   # The runner's calls pause the collector themselves; FedLEx's exploration is paused here.
   run.held, round_metrics = run.runner.next(run.held, [[element] for element in inputs])
   if guidance is not None:
@@ -462,23 +465,23 @@ def _train_round(c: ExperimentConfig, run: _Run, run_data: _RunData,
   return round_metrics
 
 
-def _check_round(c: ExperimentConfig, run: _Run, round_num: int, train_loss: float,
+def _check_round(config: ExperimentConfig, run: _Run, round_num: int, train_loss: float,
                  dropped: int, reported: int, in_a_row: int, log) -> int:
   """Ends the run if its training diverged, else warns of left-out clients and blown-up
   training; returns the blown-up rounds in a row up to this one (a round nobody reported
   in trained nothing: it neither adds to them nor breaks them)."""
   if not reported:
-    run.warn(stopping.nobody_reported_warning(round_num, c.clients_per_round), log)
+    run.warn(stopping.nobody_reported_warning(round_num, config.clients_per_round), log)
     return in_a_row
   diverged = stopping.divergence(round_num, train_loss, dropped, reported)
   if diverged:
     run_directory.write_diverged(run.exp_dir, diverged)
-    raise stopping.diverged_error(diverged, run.checkpointed, run.ckpt_dir, c.client_lr)
+    raise stopping.diverged_error(diverged, run.checkpointed, run.ckpt_dir, config.client_lr)
   warnings = [stopping.dropped_warning(round_num, dropped, reported)] if dropped else []
   in_a_row = in_a_row + 1 if stopping.blew_up(train_loss) else 0
   if in_a_row:
-    warnings.append(stopping.blown_up_warning(round_num, train_loss, c.client_lr, in_a_row,
-                                              c.blown_up_rounds))
+    warnings.append(stopping.blown_up_warning(round_num, train_loss, config.client_lr, in_a_row,
+                                              config.blown_up_rounds))
   for message in warnings:
     run.warn(message, log)
   return in_a_row
@@ -499,13 +502,13 @@ def _evaluate(run: _Run, built: _Built, row: dict) -> float:
   return accuracy
 
 
-def _finish(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built,
+def _finish(config: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built,
             guidance: Optional[fedlex_exploration.Guidance]) -> dict:
   """Writes the run's results (summary.json, accuracy.png, final_weights.npz); returns the
   summary."""
   run.state = run.runner.materialize(run.held)
   summary = run_results.run_summary(
-      c, run.rows, built.model_name, run.state,
+      config, run.rows, built.model_name, run.state,
       float(run.program_state['exploration_client_epochs']), run_data.client_test, run.exp_dir)
   summary.update(run_results.bytes_summary(run.rows, built.traffic))
   summary['startup_seconds'] = run_results.startup_seconds(
@@ -513,13 +516,13 @@ def _finish(c: ExperimentConfig, run: _Run, run_data: _RunData, built: _Built,
   if guidance is not None and guidance.exploration is not None:
     summary.update(guidance.bytes)
   final_weights = run.runner.get_model_weights(run.held)   # (only the weights leave the worker)
-  record = methods.RunRecord(c, run.rows, run.state, final_weights, run_data.num_clients)
-  method = user_code.method(c.algorithm)
-  summary.update(method.summary(record), user_code=user_code.fingerprints(c))
-  summary.update(methods.plugin_summary(method, record))
+  record = registry.RunRecord(config, run.rows, run.state, final_weights, run_data.num_clients)
+  method = user_code.method(config.algorithm)
+  summary.update(method.summary(record), user_code=user_code.fingerprints(config))
+  summary.update(registry.plugin_summary(method, record))
   # Last: it counts the exploration's bytes, whichever entry above records them.
   summary['time_to_accuracy'] = run_results.time_to_accuracy(
-      run.rows, experiment_config.target_accuracies(c), run_results.exploration_bytes(summary))
-  run_results.write_results(c, run.exp_dir, run.rows, summary, final_weights,
+      run.rows, experiment_config.target_accuracies(config), run_results.exploration_bytes(summary))
+  run_results.write_results(config, run.exp_dir, run.rows, summary, final_weights,
                             built.model_fn)
   return summary

@@ -14,10 +14,8 @@ from typing import Optional
 from programs import lr_schedules
 from programs import methods
 from programs import user_code
+from programs.methods import registry
 
-ALGORITHMS = methods.ALGORITHMS
-BASELINE_ALGORITHMS = methods.BASELINE_ALGORITHMS
-FEDLEX_ALGORITHMS = methods.FEDLEX_ALGORITHMS
 SERVER_OPTIMIZERS = ('sgd', 'sgdm', 'adam')
 CLIENT_OPTIMIZERS = ('sgdm', 'adam', 'torch_adam')
 # The model each dataset trains by default (its benchmark's model); a --model must take the
@@ -42,7 +40,7 @@ DEFAULT_TARGET_ACCURACIES = {
 }
 # ... and on a data set of the user's (--dataset=package.module:function).
 USER_TARGET_ACCURACIES = (0.5, 0.8)
-# The server-side flags each algorithm reads (methods.Method.reads); any other one set away
+# The server-side flags each algorithm reads (registry.Method.reads); any other one set away
 # from its default is refused rather than recorded in config.json and ignored.
 SERVER_FLAGS_USED = {name: method.reads for name, method in methods.METHODS.items()}
 
@@ -130,7 +128,7 @@ class _GeneralConfig:
 
 
 # Every flag of programs/train.py as a field; the methods' own flags (with their defaults) come
-# from the registry, programs/methods.py, the learning-rate schedules' from
+# from the registry, programs/methods/, the learning-rate schedules' from
 # programs/lr_schedules.py.
 ExperimentConfig = dataclasses.make_dataclass(
     'ExperimentConfig', methods.config_fields() + lr_schedules.config_fields(),
@@ -161,7 +159,7 @@ EXECUTION = FlagRole(resumable=True, rebuilds=True)
 BOOKKEEPING = FlagRole(resumable=True, rebuilds=False)
 
 # Every flag of the run (tests/test_train_program.py checks each ExperimentConfig field has
-# one); the flags of programs/methods.py's registry define the run.
+# one); the flags of the method registry (programs/methods/) define the run.
 FLAG_ROLES = {
     'algorithm': DEFINES_RUN, 'dataset': DEFINES_RUN, 'data_dir': EXECUTION,
     'partition': DEFINES_RUN, 'dirichlet_alpha': DEFINES_RUN, 'shards_per_client': DEFINES_RUN,
@@ -195,22 +193,22 @@ def _default(name: str):
   return ExperimentConfig.__dataclass_fields__[name].default
 
 
-def _check_flags_used(c: ExperimentConfig) -> None:
+def _check_flags_used(config: ExperimentConfig) -> None:
   """Refuses flags set away from their default that `c.algorithm` would ignore."""
-  method = user_code.method(c.algorithm)
+  method = user_code.method(config.algorithm)
   used = method.reads
-  for name in methods.SERVER_FLAGS:
-    if getattr(c, name) != _default(name) and name not in used:
+  for name in registry.SERVER_FLAGS:
+    if getattr(config, name) != _default(name) and name not in used:
       uses = ', '.join(f'--{f}' for f in used) or 'no server-optimizer flag'
       raise ExperimentError(
-          f'--{name} is not used by --algorithm={c.algorithm} (it reads {uses}); drop it')
-  if ('server_optimizer' in used and c.server_momentum != _default('server_momentum')
-      and c.server_optimizer != 'sgdm'):
+          f'--{name} is not used by --algorithm={config.algorithm} (it reads {uses}); drop it')
+  if ('server_optimizer' in used and config.server_momentum != _default('server_momentum')
+      and config.server_optimizer != 'sgdm'):
     raise ExperimentError('--server_momentum is used only with --server_optimizer=sgdm; '
                           'add that or drop --server_momentum')
   for flag in methods.all_flags():
-    if flag not in method.flags and getattr(c, flag.name) != flag.default:
-      raise ExperimentError(f'--{flag.name} is not used by --algorithm={c.algorithm}; drop it')
+    if flag not in method.flags and getattr(config, flag.name) != flag.default:
+      raise ExperimentError(f'--{flag.name} is not used by --algorithm={config.algorithm}; drop it')
 
 
 def validate(config: ExperimentConfig) -> None:
@@ -223,8 +221,8 @@ def validate(config: ExperimentConfig) -> None:
   from tff_algos.models import catalog  # pylint: disable=g-import-not-at-top
   c = config
   user_code.check(c)   # import paths (programs/user_code.py)
-  if c.algorithm not in ALGORITHMS and not user_code.is_path(c.algorithm):
-    raise ExperimentError(f'--algorithm={c.algorithm!r} is unknown; choose one of {", ".join(ALGORITHMS)} or a builder of your own, package.module:function')
+  if c.algorithm not in methods.ALGORITHMS and not user_code.is_path(c.algorithm):
+    raise ExperimentError(f'--algorithm={c.algorithm!r} is unknown; choose one of {", ".join(methods.ALGORITHMS)} or a builder of your own, package.module:function')
   if c.dataset not in data.DATASETS and not user_code.is_path(c.dataset):
     raise ExperimentError(f'--dataset={c.dataset!r} is unknown; choose one of {", ".join(data.DATASETS)} or package.module:function')
   if c.dataset not in data.NATURALLY_FEDERATED and c.partition not in partitioners.PARTITIONERS:
@@ -299,14 +297,14 @@ def validate(config: ExperimentConfig) -> None:
     raise ExperimentError(error)
 
 
-def client_faults(c: ExperimentConfig):
+def client_faults(config: ExperimentConfig):
   """The run's `data.ClientFaults` (--client_dropout, --straggler_fraction,
   --straggler_min_work), or ExperimentError naming the flag to fix."""
   from tff_algos import data  # pylint: disable=g-import-not-at-top  (no TF import)
-  if c.straggler_fraction == 0 and c.straggler_min_work != _default('straggler_min_work'):
+  if config.straggler_fraction == 0 and config.straggler_min_work != _default('straggler_min_work'):
     raise ExperimentError(_STRAGGLER_MIN_WORK_UNUSED)
   try:
-    return data.ClientFaults(c.client_dropout, c.straggler_fraction, c.straggler_min_work)
+    return data.ClientFaults(config.client_dropout, config.straggler_fraction, config.straggler_min_work)
   except ValueError as e:   # its message starts with the argument's name, the flag's
     raise ExperimentError(f'--{e}') from None
 
@@ -315,21 +313,21 @@ _STRAGGLER_MIN_WORK_UNUSED = ('--straggler_min_work is used only with --straggle
                               'add that or drop --straggler_min_work')
 
 
-def check_given_flags(c: ExperimentConfig, given) -> None:
+def check_given_flags(config: ExperimentConfig, given) -> None:
   """Refuses a flag of `given` (the names of the flags given explicitly, which absl knows)
   that the run would ignore whatever its value: `validate` sees values only, so it can
   refuse such a flag only away from its default."""
-  if 'straggler_min_work' in given and not c.straggler_fraction > 0:
+  if 'straggler_min_work' in given and not config.straggler_fraction > 0:
     raise ExperimentError(_STRAGGLER_MIN_WORK_UNUSED)
 
 
-def target_accuracies(c: ExperimentConfig) -> tuple:
+def target_accuracies(config: ExperimentConfig) -> tuple:
   """The test accuracies time_to_accuracy reports: --target_accuracy's, else the data set's
   DEFAULT_TARGET_ACCURACIES; ExperimentError for a value that is not a number in (0, 1]."""
-  if c.target_accuracy is None:
-    return DEFAULT_TARGET_ACCURACIES.get(c.dataset, USER_TARGET_ACCURACIES)
+  if config.target_accuracy is None:
+    return DEFAULT_TARGET_ACCURACIES.get(config.dataset, USER_TARGET_ACCURACIES)
   fix = 'give test accuracies in (0, 1], comma-separated (e.g. 0.6,0.7), or drop the flag'
-  texts = [t.strip() for t in c.target_accuracy.split(',')]
+  texts = [t.strip() for t in config.target_accuracy.split(',')]
   if not any(texts):
     raise ExperimentError(f'--target_accuracy is empty; {fix}')
   targets = []
@@ -344,17 +342,17 @@ def target_accuracies(c: ExperimentConfig) -> tuple:
   return tuple(targets)
 
 
-def _validate_workers(c: ExperimentConfig) -> None:
+def _validate_workers(config: ExperimentConfig) -> None:
   from tff_algos import execution  # pylint: disable=g-import-not-at-top  (no TF import)
   try:
-    execution.parse_worker_addresses(c.workers)
+    execution.parse_worker_addresses(config.workers)
   except ValueError as e:
     raise ExperimentError(f'--workers: {e}; give host:port or unix:/path, comma-separated') from None
-  if c.local_workers < 0:
-    raise ExperimentError(f'--local_workers must be >= 0, got {c.local_workers}')
-  if not c.worker_timeout > 0:
-    raise ExperimentError(f'--worker_timeout must be > 0 seconds, got {c.worker_timeout}')
-  if c.require_isolated_worker and (c.local_workers or not c.workers):
+  if config.local_workers < 0:
+    raise ExperimentError(f'--local_workers must be >= 0, got {config.local_workers}')
+  if not config.worker_timeout > 0:
+    raise ExperimentError(f'--worker_timeout must be > 0 seconds, got {config.worker_timeout}')
+  if config.require_isolated_worker and (config.local_workers or not config.workers):
     reason = execution.isolation_unavailable()
     if reason is not None:
       raise ExperimentError(
@@ -370,17 +368,17 @@ def recorded_config(saved: dict) -> ExperimentConfig:
   return ExperimentConfig(**{k: v for k, v in saved.items() if k in fields})
 
 
-def settings_changed(saved: dict, c: ExperimentConfig) -> str:
+def settings_changed(saved: dict, config: ExperimentConfig) -> str:
   """'' when a run recorded as `saved` (its config.json) is a run of `c` up to
   RESUMABLE_CHANGES, else 'it was run with --x=old (now --x=new)'."""
-  mine = dataclasses.asdict(c)
+  mine = dataclasses.asdict(config)
   # A cosine schedule runs over --rounds: then --rounds defines the run.
-  fixed = ('rounds',) if (lr_schedules.uses_rounds(c)
+  fixed = ('rounds',) if (lr_schedules.uses_rounds(config)
                           or lr_schedules.uses_rounds(recorded_config(saved))) else ()
   differing = [name for name in mine if (name not in RESUMABLE_CHANGES or name in fixed)
                and saved.get(name, _default(name)) != mine[name]]
   if not differing:
-    return user_code.changed(saved.get('user_code') or {}, c)
+    return user_code.changed(saved.get('user_code') or {}, config)
   return ('it was run with ' + ', '.join(f'--{n}={saved.get(n, _default(n))}' for n in differing)
           + ' (now ' + ', '.join(f'--{n}={mine[n]}' for n in differing) + ')')
 

@@ -9,8 +9,8 @@ from typing import Optional
 
 import numpy as np
 
-from programs import methods
 from programs import user_code
+from programs.methods import registry
 from programs.computations import check_distributable, client_optimizer
 from programs.experiment_config import ExperimentConfig, ExperimentError, client_faults
 
@@ -23,8 +23,8 @@ class Guidance:
   `initial_state` for --fedlex_guidance=placeholder.
   """
 
-  def __init__(self, c: ExperimentConfig, fed, process, model_fn, num_clients: int):
-    self._c, self._fed, self._process = c, fed, process
+  def __init__(self, config: ExperimentConfig, fed, process, model_fn, num_clients: int):
+    self._c, self._fed, self._process = config, fed, process
     self.exploration = None
     self.explorers = np.zeros([0], np.int64)
     self.placeholder = None
@@ -33,10 +33,10 @@ class Guidance:
     # computation).
     self.bytes = collections.OrderedDict(exploration_bytes_down=0, exploration_bytes_up=0)
     self.traffic = None
-    if c.fedlex_guidance == 'exploration' or c.fedlex_explore_in_place:
+    if config.fedlex_guidance == 'exploration' or config.fedlex_explore_in_place:
       from tff_algos import communication  # pylint: disable=g-import-not-at-top
-      self.exploration, self.explorers = exploration_computation(c, model_fn, num_clients)
-      check_distributable(c, [self.exploration])
+      self.exploration, self.explorers = exploration_computation(config, model_fn, num_clients)
+      check_distributable(config, [self.exploration])
       self.traffic = communication.computation_traffic(
           self.exploration, self.exploration.type_signature.parameter[0].member)
 
@@ -89,44 +89,44 @@ class Guidance:
     return held, epochs
 
 
-def guidance(c: ExperimentConfig, fed, process, model_fn, num_clients: int) -> Optional[Guidance]:
+def guidance(config: ExperimentConfig, fed, process, model_fn, num_clients: int) -> Optional[Guidance]:
   """The run's Guidance, None for a run FedLEx does not guide."""
-  if not user_code.method(c.algorithm).is_guided(c):
+  if not user_code.method(config.algorithm).is_guided(config):
     return None
-  return Guidance(c, fed, process, model_fn, num_clients)
+  return Guidance(config, fed, process, model_fn, num_clients)
 
 
-def fedlex_explorer_lr(c: ExperimentConfig) -> float:
+def fedlex_explorer_lr(config: ExperimentConfig) -> float:
   """The rate FedLEx's explorers train at: --fedlex_exploration_lr, or (0) --client_lr."""
-  return c.fedlex_exploration_lr or c.client_lr
+  return config.fedlex_exploration_lr or config.client_lr
 
 
 
-def exploration_computation(c: ExperimentConfig, model_fn, num_clients: int):
+def exploration_computation(config: ExperimentConfig, model_fn, num_clients: int):
   """FedLEx's exploration computation and its (seeded, fixed) explorer clients."""
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
   # Explorers train unguided: their rate is the base's, not a guided variant's raised one.
-  client_opt = client_optimizer(c, fedlex_explorer_lr(c))
+  client_opt = client_optimizer(config, fedlex_explorer_lr(config))
   exploration = fedlex.build_fedlex_exploration(
-      model_fn, client_opt, c.batch_size, **methods.exploration_kwargs(c))
-  return exploration, fedlex_explorers(c, num_clients)
+      model_fn, client_opt, config.batch_size, **registry.exploration_kwargs(config))
+  return exploration, fedlex_explorers(config, num_clients)
 
 
-def explored_initial_state(c: ExperimentConfig, fed, process, model_fn, num_clients: int):
+def explored_initial_state(config: ExperimentConfig, fed, process, model_fn, num_clients: int):
   """(state, exploration metrics): `process.initialize()` with FedLEx's guidance explored as
   a run does before its first round (process and model_fn from `build_computations`)."""
-  exploration, explorers = exploration_computation(c, model_fn, num_clients)
-  return _explore(c, fed, process, exploration, explorers, process.initialize(), 0)
+  exploration, explorers = exploration_computation(config, model_fn, num_clients)
+  return _explore(config, fed, process, exploration, explorers, process.initialize(), 0)
 
 
-def fedlex_explorers(c: ExperimentConfig, num_clients: int) -> np.ndarray:
+def fedlex_explorers(config: ExperimentConfig, num_clients: int) -> np.ndarray:
   """FedLEx's explorer clients: --fedlex_explorer_fraction of them, fixed by the seed."""
-  count = max(1, int(round(c.fedlex_explorer_fraction * num_clients)))
-  return np.sort(np.random.default_rng([c.seed, 7]).choice(num_clients, count, replace=False))
+  count = max(1, int(round(config.fedlex_explorer_fraction * num_clients)))
+  return np.sort(np.random.default_rng([config.seed, 7]).choice(num_clients, count, replace=False))
 
 
-def _initial_state(c: ExperimentConfig, fed, process, exploration, explorers, state):
+def _initial_state(config: ExperimentConfig, fed, process, exploration, explorers, state):
   """(state, exploration metrics, placeholder G or None) a guided run starts round 1 from:
   G explored (--fedlex_guidance=exploration) or not yet (placeholder: all ones), from the
   initial model or, with --fedlex_explore_in_place, the explorers' in-place training of it
@@ -134,32 +134,32 @@ def _initial_state(c: ExperimentConfig, fed, process, exploration, explorers, st
   from the last explorer's `tl_base`, as the reference's)."""
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
-  if not c.fedlex_explore_in_place:
+  if not config.fedlex_explore_in_place:
     if exploration is None:
       return state, collections.OrderedDict(exploration_client_epochs=0.0), None
-    return _explore(c, fed, process, exploration, explorers, state, 0) + (None,)
-  _, inputs = data.round_inputs(fed, 0, len(explorers), 1 + c.fedlex_exploration_epochs,
-                                c.seed + 1, client_ids=explorers, faults=client_faults(c))
-  kwargs = methods.exploration_kwargs(c)
+    return _explore(config, fed, process, exploration, explorers, state, 0) + (None,)
+  _, inputs = data.round_inputs(fed, 0, len(explorers), 1 + config.fedlex_exploration_epochs,
+                                config.seed + 1, client_ids=explorers, faults=client_faults(config))
+  kwargs = registry.exploration_kwargs(config)
   try:
     weights, guidance, metrics = fedlex.explore_in_place(
         exploration, process.get_model_weights(state), [[x] for x in inputs],
-        kwargs['normalize'], kwargs['guidance_floor'], c.fedlex_guidance)
+        kwargs['normalize'], kwargs['guidance_floor'], config.fedlex_guidance)
   except ValueError as e:
     raise ExperimentError(f'--fedlex_explore_in_place: {e}; try a lower '
                           '--fedlex_exploration_lr') from None
   state = process.set_model_weights(state, weights)
-  if c.fedlex_guidance == 'exploration':
+  if config.fedlex_guidance == 'exploration':
     return fedlex.set_guidance(process, state, guidance), metrics, None
   return state, metrics, guidance
 
 
-def _explore(c: ExperimentConfig, fed, process, exploration, explorers, state, round_num):
+def _explore(config: ExperimentConfig, fed, process, exploration, explorers, state, round_num):
   """Runs FedLEx exploration on `explorers` from the state's global model."""
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   from tff_algos import fedlex  # pylint: disable=g-import-not-at-top
   if len(explorers) == 0:
     return fedlex.refresh_guidance(process, exploration, state, [])
-  _, inputs = data.round_inputs(fed, round_num, len(explorers), c.fedlex_exploration_epochs,
-                                c.seed + 1, client_ids=explorers, faults=client_faults(c))
+  _, inputs = data.round_inputs(fed, round_num, len(explorers), config.fedlex_exploration_epochs,
+                                config.seed + 1, client_ids=explorers, faults=client_faults(config))
   return fedlex.explore_and_initialize(process, exploration, [[x] for x in inputs], state)

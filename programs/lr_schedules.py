@@ -19,7 +19,7 @@ import dataclasses
 import math
 from typing import Optional
 
-from programs import methods
+from programs import user_code
 
 SIDES = ('client', 'server')
 KINDS = ('constant', 'exponential', 'step', 'cosine')
@@ -110,7 +110,7 @@ def _problem(config, side: str) -> Optional[str]:
 def problem(config) -> Optional[str]:
   """The one-line error of the first bad schedule flag of `config` (ExperimentConfig), or
   None; a schedule of a rate the method does not have is one."""
-  method = methods.METHODS[config.algorithm]
+  method = user_code.method(config.algorithm)   # the registry's, or the user's builder
   for side in SIDES:
     error = _problem(config, side)
     if error:

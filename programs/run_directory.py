@@ -157,16 +157,16 @@ def exclusive_run_directory(exp_dir: str, wait: bool = False):
     os.close(fd)
 
 
-def resume_point(c: ExperimentConfig, log: Callable[[str], None] = lambda _: None) -> int:
+def resume_point(config: ExperimentConfig, log: Callable[[str], None] = lambda _: None) -> int:
   """Checks the experiment directory before anything is loaded or written (it reads only).
 
   Returns the round to resume after (0 = a fresh run). Refuses to start over an existing
   run without --resume, and to resume a run recorded with different run-defining flags
   (everything but RESUMABLE_CHANGES) or fewer --rounds than it already finished.
   """
-  exp_dir = c.experiment_dir
+  exp_dir = config.experiment_dir
   last = max(checkpointed_rounds(os.path.join(exp_dir, 'checkpoints')), default=0)
-  if not c.resume:
+  if not config.resume:
     if last:
       raise ExperimentError(
           f'{exp_dir} already holds a run; pass --resume to continue it or choose another '
@@ -189,12 +189,12 @@ def resume_point(c: ExperimentConfig, log: Callable[[str], None] = lambda _: Non
   except (OSError, ValueError) as e:
     raise ExperimentError(f'cannot resume {exp_dir}: its config.json is unreadable ({e}); '
                           'choose another --experiment_name') from None
-  differing = settings_changed(saved, c)
+  differing = settings_changed(saved, config)
   if differing:
     raise ExperimentError(f'cannot resume {exp_dir}: {differing}; pass the same values or '
                           'choose another --experiment_name')
-  if c.rounds < last:
-    raise ExperimentError(f'cannot resume {exp_dir} with --rounds={c.rounds}: it already '
+  if config.rounds < last:
+    raise ExperimentError(f'cannot resume {exp_dir} with --rounds={config.rounds}: it already '
                           f'finished round {last}; pass --rounds={last} or more')
   # The checkpoint and metrics.csv must tell the same story: a record replaced by an older
   # copy (e.g. a checkout) would lose the rounds in between from every page built on it.

@@ -137,17 +137,17 @@ def bytes_summary(rows: list[dict], traffic) -> dict:
   return summary
 
 
-def run_summary(c: ExperimentConfig, rows: list[dict], model_name: str, state,
+def run_summary(config: ExperimentConfig, rows: list[dict], model_name: str, state,
                 exploration_client_epochs: float, client_test, exp_dir: str):
   """summary.json's general entries of a finished run (`rows`: its metrics.csv; `state`: its
   final server state; `client_test`: the clients' test data, None without per-client
-  evaluation); the method's own entries come from `methods.Method.summary`."""
+  evaluation); the method's own entries come from `registry.Method.summary` (programs/methods/)."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
   accuracies = [float(r['test_accuracy']) for r in rows if r.get('test_accuracy') not in (None, '')]
   seconds = [float(r['seconds']) for r in rows[1:]] or [float(r['seconds']) for r in rows]
   summary = collections.OrderedDict(
-      algorithm=c.algorithm, dataset=c.dataset, partition=c.partition, model=model_name,
+      algorithm=config.algorithm, dataset=config.dataset, partition=config.partition, model=model_name,
       rounds=len(rows),
       final_accuracy=accuracies[-1] if accuracies else None,
       best_accuracy=max(accuracies) if accuracies else None,
@@ -229,13 +229,13 @@ def load_final_weights(exp_dir: str) -> list:
     return [f[k] for k in f.files]
 
 
-def write_results(c: ExperimentConfig, exp_dir: str, rows: list[dict], summary: dict,
+def write_results(config: ExperimentConfig, exp_dir: str, rows: list[dict], summary: dict,
                   final_weights, model_fn) -> None:
   """Writes final_weights.npz, summary.json and accuracy.png into `exp_dir`."""
   write_final_weights(exp_dir, model_fn, final_weights)
   write_json(os.path.join(exp_dir, 'summary.json'), summary)
   plot_accuracy(rows, os.path.join(exp_dir, 'accuracy.png'),
-                f'{c.algorithm} on {c.dataset} ({c.partition})', exploration_bytes(summary))
+                f'{config.algorithm} on {config.dataset} ({config.partition})', exploration_bytes(summary))
 
 
 def host_description(cpuinfo: str = '/proc/cpuinfo') -> dict:

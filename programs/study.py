@@ -35,10 +35,10 @@ from programs import experiment_config
 from programs import flag_parsing
 from programs import run_directory
 from programs.studies import command_flags
-from programs.studies import experiments
-from programs.studies import page
 from programs.studies import queue
+from programs.studies import study_configs
 from programs.studies import study_file
+from programs.studies import study_page
 from programs.studies import tuning
 
 COMMANDS = ('run', 'tune', 'plan', 'report')
@@ -90,9 +90,9 @@ def _make(command: str, study):
   if command == 'report':
     return None
   if command == 'plan':
-    configs = [c for _, _, c in experiments.tuning_points(study, only)]
+    configs = [c for _, _, c in study_configs.tuning_points(study, only)]
     tuned = tuning.tuned_values(study) if tuning.load(study) or not study.grid else None
-    configs += experiments.run_configs(study, tuned, only)
+    configs += study_configs.run_configs(study, tuned, only)
     recorded = [os.path.dirname(p) for kind in ('runs', 'tuning')
                 for p in sorted(glob.glob(os.path.join(study.output_dir, kind, '*',
                                                        'metrics.csv')))]
@@ -104,10 +104,10 @@ def _make(command: str, study):
   if command == 'tune':
     if not study.grid:
       return _error(f'{study.path} has no [tune.<run>] grid: nothing to tune')
-    _check_before_training([c for _, _, c in experiments.tuning_points(study)])
+    _check_before_training([c for _, _, c in study_configs.tuning_points(study)])
     tuning.tune(study)
     return None
-  configs = experiments.run_configs(study, tuning.tuned_values(study), only)
+  configs = study_configs.run_configs(study, tuning.tuned_values(study), only)
   _check_before_training(configs)
   queue.run_all(configs, diverged_goes_on=True)
   return None
@@ -157,7 +157,7 @@ def _write_pages(write, study) -> Optional[int]:
 
 def _write(study) -> None:
   options = f' --output_dir={_OUTPUT_DIR.value}' if _OUTPUT_DIR.value else ''
-  page.write(study, options)
+  study_page.write(study, options)
   print(f'wrote {os.path.relpath(os.path.join(study.output_dir, "results.md"))} '
         '(results.json, curves.png beside it)')
 

@@ -28,7 +28,7 @@ from programs import methods
 from programs import stopping
 
 _ALGORITHM = flags.DEFINE_string(
-    'algorithm', 'fedavg', f'One of {", ".join(experiment_config.ALGORITHMS)}, or a builder '
+    'algorithm', 'fedavg', f'One of {", ".join(methods.ALGORITHMS)}, or a builder '
     'of your own, package.module:function (docs/your_own.md).')
 _DATASET = flags.DEFINE_string('dataset', 'fashion_mnist', 'Dataset name (see docs/data.md), '
                                'or package.module:function (docs/your_own.md).')
@@ -128,8 +128,8 @@ _METHOD_FLAGS = methods.define_absl_flags()
 flags.adopt_module_key_flags(methods)  # so that --help lists them with this program's flags
 
 
-def config_from_flags() -> experiment.ExperimentConfig:
-  return experiment.ExperimentConfig(
+def config_from_flags() -> experiment_config.ExperimentConfig:
+  return experiment_config.ExperimentConfig(
       algorithm=_ALGORITHM.value, dataset=_DATASET.value, data_dir=_DATA_DIR.value,
       partition=_PARTITION.value, dirichlet_alpha=_DIRICHLET_ALPHA.value,
       shards_per_client=_SHARDS.value, classes_per_client=_CLASSES.value,
@@ -169,7 +169,7 @@ def main(argv):
       experiment_config.check_given_flags(
           config, [name for name in flags.FLAGS if flags.FLAGS[name].present])
       summary = experiment.run_experiment(config, stop=stop)  # validates before TF starts
-    except experiment.ExperimentError as e:
+    except experiment_config.ExperimentError as e:
       print(f'error: {e}', file=sys.stderr)
       return 2
     except stopping.Interrupted as e:

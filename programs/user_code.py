@@ -31,6 +31,7 @@ import sys
 from typing import Callable
 
 from programs import methods
+from programs.methods import registry
 
 # package.module:attribute
 IMPORT_PATH = re.compile(r'[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*')
@@ -98,33 +99,33 @@ def resolve(flag: str, path: str) -> Callable:
   return value
 
 
-def check(c) -> None:
+def check(config) -> None:
   """Resolves every import path of config `c` and checks a method's keywords
   (--method_kwargs); imports neither TensorFlow nor TFF itself."""
   for flag in PATH_FLAGS:
-    if is_path(getattr(c, flag)):
-      resolve(flag, getattr(c, flag))
-  if c.method_kwargs and not is_path(c.algorithm):
+    if is_path(getattr(config, flag)):
+      resolve(flag, getattr(config, flag))
+  if config.method_kwargs and not is_path(config.algorithm):
     raise _error(f'--method_kwargs is read only by a method of your own (--algorithm='
-                 f'package.module:builder), not by --algorithm={c.algorithm}; drop it')
-  if is_path(c.dataset) and not c.model:
-    raise _error(f'--dataset={c.dataset} is your own: name its model, --model=<a built-in '
+                 f'package.module:builder), not by --algorithm={config.algorithm}; drop it')
+  if is_path(config.dataset) and not config.model:
+    raise _error(f'--dataset={config.dataset} is your own: name its model, --model=<a built-in '
                  'model taking its inputs> or --model=package.module:function')
-  if is_path(c.algorithm):
-    _keywords(c, resolve('algorithm', c.algorithm))
+  if is_path(config.algorithm):
+    _keywords(config, resolve('algorithm', config.algorithm))
 
 
-def method_kwargs(c) -> dict:
+def method_kwargs(config) -> dict:
   """--method_kwargs: a JSON object of the extra keywords of a method of the user's."""
-  if not c.method_kwargs:
+  if not config.method_kwargs:
     return {}
   try:
-    value = json.loads(c.method_kwargs)
+    value = json.loads(config.method_kwargs)
   except ValueError as e:
     raise _error(f'--method_kwargs is not JSON ({e}); give an object, e.g. '
                  '\'{"clip_norm": 1.0}\'') from None
   if not isinstance(value, dict):
-    raise _error(f'--method_kwargs must be a JSON object (keyword: value), got {c.method_kwargs}')
+    raise _error(f'--method_kwargs must be a JSON object (keyword: value), got {config.method_kwargs}')
   return value
 
 
@@ -139,36 +140,36 @@ def _parameters(fn: Callable) -> tuple[set, bool]:
   return names, any(p.kind == p.VAR_KEYWORD for p in parameters)
 
 
-def _keywords(c, builder: Callable) -> set:
+def _keywords(config, builder: Callable) -> set:
   """The standard keywords `builder` takes; refuses a builder missing a required one and
   --method_kwargs it does not take or that clash with the standard ones."""
   names, any_keyword = _parameters(builder)
   missing = [k for k in REQUIRED_KEYWORDS if k not in names and not any_keyword]
   if missing:
-    raise _error(f'--algorithm={c.algorithm} must take the keyword arguments '
+    raise _error(f'--algorithm={config.algorithm} must take the keyword arguments '
                  f'{", ".join(REQUIRED_KEYWORDS)} (it lacks {", ".join(missing)}); see '
                  'docs/your_own.md')
-  for key in method_kwargs(c):
+  for key in method_kwargs(config):
     if key in STANDARD_KEYWORDS:
       raise _error(f'--method_kwargs: {key} is set by the program ({STANDARD_KEYWORDS[key]}); '
                    'drop it')
     if key not in names and not any_keyword:
       close = difflib.get_close_matches(key, sorted(names - set(STANDARD_KEYWORDS)), n=1)
-      raise _error(f'--method_kwargs: {c.algorithm} takes no keyword {key}'
+      raise _error(f'--method_kwargs: {config.algorithm} takes no keyword {key}'
                    + (f' (did you mean {close[0]}?)' if close else '')
                    + f'; it takes {", ".join(sorted(names)) or "none"}')
   return {k for k in STANDARD_KEYWORDS if k in names or any_keyword}
 
 
-def _check_user_method(c):
-  if c.guided or c.kd_weight >= 0:
+def _check_user_method(config):
+  if config.guided or config.kd_weight >= 0:
     return (f'--guided and --kd_weight are the project\'s client stages; a method of your '
-            f'own (--algorithm={c.algorithm}) builds its own client work: drop them')
+            f'own (--algorithm={config.algorithm}) builds its own client work: drop them')
   return None
 
 
 def method(name: str):
-  """The `methods.Method` of --algorithm=`name`: the registry's, or one for a builder of the
+  """The `registry.Method` of --algorithm=`name`: the registry's, or one for a builder of the
   user's (imported now), which reads the server-optimizer flags only if it takes
   server_optimizer_fn."""
   if not is_path(name):
@@ -177,42 +178,42 @@ def method(name: str):
   names, any_keyword = _parameters(builder)
   takes_server = 'server_optimizer_fn' in names or any_keyword
 
-  def arguments(c, i):
+  def arguments(config, i):
     values = dict(model_fn=i.model_fn, client_optimizer_fn=i.client_optimizer,
-                  server_optimizer_fn=i.server_optimizer, client_batch_size=c.batch_size,
-                  num_clients=i.num_clients, clients_per_round=c.clients_per_round,
-                  seed=c.seed)
-    kwargs = {k: values[k] for k in _keywords(c, builder)
+                  server_optimizer_fn=i.server_optimizer, client_batch_size=config.batch_size,
+                  num_clients=i.num_clients, clients_per_round=config.clients_per_round,
+                  seed=config.seed)
+    kwargs = {k: values[k] for k in _keywords(config, builder)
               if not (k == 'server_optimizer_fn' and i.server_optimizer is None)}
-    kwargs.update(method_kwargs(c))
+    kwargs.update(method_kwargs(config))
     return (), kwargs
 
-  return methods.Method(name, name, arguments,
-                        reads=methods.OPTIMIZER_FLAGS if takes_server else (),
-                        check=_check_user_method, errors=(ValueError, TypeError),
-                        error_prefix=f'--algorithm={name}: ')
+  return registry.Method(name, builder, arguments,
+                         reads=registry.OPTIMIZER_FLAGS if takes_server else (),
+                         check=_check_user_method, errors=(ValueError, TypeError),
+                         error_prefix=f'--algorithm={name}: ')
 
 
-def check_process(c, process) -> None:
+def check_process(config, process) -> None:
   """A method of the user's built a LearningProcess whose clients take the program's input
   (`data.round_sampling.client_input`); fault flags need it to read `work`."""
-  if not is_path(c.algorithm):
+  if not is_path(config.algorithm):
     return
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
   if not isinstance(process, tff.learning.templates.LearningProcess):
-    raise _error(f'--algorithm={c.algorithm} returned {type(process).__name__}; expected a '
+    raise _error(f'--algorithm={config.algorithm} returned {type(process).__name__}; expected a '
                  'tff.learning.templates.LearningProcess')
   element = process.next.type_signature.parameter[1].member.element
   names = {name for name, _ in tff.structure.iter_elements(element)} if isinstance(
       element, tff.StructType) else set()
   wanted = {'x', 'y', 'order', 'index', 'slot', 'work'}
-  if 'work' not in names and (c.client_dropout or c.straggler_fraction):
+  if 'work' not in names and (config.client_dropout or config.straggler_fraction):
     raise _error(f'--client_dropout/--straggler_fraction: the clients of --algorithm='
-                 f'{c.algorithm} do not read `work` (the share of its local steps a client '
+                 f'{config.algorithm} do not read `work` (the share of its local steps a client '
                  'runs; 0 = it does not report), so faults would be ignored; build its client '
                  'work on tff_algos.client_work (docs/your_own.md) or drop the fault flags')
   if names != wanted:
-    raise _error(f'--algorithm={c.algorithm}: its clients take {element}, but the program '
+    raise _error(f'--algorithm={config.algorithm}: its clients take {element}, but the program '
                  f'hands each client one element with fields {", ".join(sorted(wanted))} '
                  '(data.round_sampling.client_input); build its client work on '
                  'tff_algos.client_work (docs/your_own.md)')
@@ -262,40 +263,40 @@ def model_fn(path: str, x_spec, num_classes: int, seed: int):
   return user_model_fn
 
 
-def load_dataset(c):
+def load_dataset(config):
   """A data set of the user's as `data.load_dataset` gives the built-in ones: a
   FederatedDataset (used as it is), or an ArrayDataset (partitioned by --partition)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from tff_algos import data  # pylint: disable=g-import-not-at-top
   import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
-  fn = resolve('dataset', c.dataset)
+  fn = resolve('dataset', config.dataset)
   names, any_keyword = _parameters(fn)
-  given = dict(seed=c.seed, data_dir=c.data_dir)
+  given = dict(seed=config.seed, data_dir=config.data_dir)
   try:
     loaded = fn(**{k: v for k, v in given.items() if k in names or any_keyword})
   except Exception as e:  # pylint: disable=broad-except
-    raise _error(f'--dataset={c.dataset} raised {_raised(e)}') from None
+    raise _error(f'--dataset={config.dataset} raised {_raised(e)}') from None
   expected = ('expected a tff_algos.data.FederatedDataset, a tff_algos.data.ArrayDataset, '
               '(x_train, y_train, x_test, y_test) arrays or (ClientData, (x_test, y_test))')
   if isinstance(loaded, (data.FederatedDataset, data.ArrayDataset)):
     return loaded
   if type(loaded).__name__ in ('FederatedDataset', 'ArrayDataset'):
-    raise _error(f'--dataset={c.dataset} returned {type(loaded).__module__}.'
+    raise _error(f'--dataset={config.dataset} returned {type(loaded).__module__}.'
                  f'{type(loaded).__name__}, another copy of the class; import it as '
                  '`from tff_algos import data` (not `import data`)')
   if isinstance(loaded, tuple) and len(loaded) == 4:
     try:
       x_train, y_train, x_test, y_test = (np.asarray(a) for a in loaded)
-      return data.ArrayDataset(c.dataset, x_train, y_train.astype(np.int32), x_test,
+      return data.ArrayDataset(config.dataset, x_train, y_train.astype(np.int32), x_test,
                                y_test.astype(np.int32),
                                int(max(y_train.max(initial=0), y_test.max(initial=0))) + 1)
     except ValueError as e:
-      raise _error(f'--dataset={c.dataset}: {e}') from None
+      raise _error(f'--dataset={config.dataset}: {e}') from None
   if (isinstance(loaded, tuple) and len(loaded) == 2
       and isinstance(loaded[0], tff.simulation.datasets.ClientData)
       and isinstance(loaded[1], tuple) and len(loaded[1]) == 2):
-    return _federated(c.dataset, loaded[0], *loaded[1])
-  raise _error(f'--dataset={c.dataset} returned {type(loaded).__name__}; {expected}')
+    return _federated(config.dataset, loaded[0], *loaded[1])
+  raise _error(f'--dataset={config.dataset} returned {type(loaded).__name__}; {expected}')
 
 
 def _federated(name: str, client_data, x_test, y_test):

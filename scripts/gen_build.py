@@ -32,7 +32,7 @@ def _py_files(package):
 
 def test_name(path: str) -> str:
   """A test file's py_test name: its path under tests/ without '.py', '/' read as '_'
-  (tests/test_x.py: test_x; tests/benchmarks/test_runs.py: benchmarks_test_runs)."""
+  (tests/test_x.py: test_x; tests/benchmarks/test_suite_runs.py: benchmarks_test_suite_runs)."""
   return os.path.splitext(os.path.relpath(path, 'tests'))[0].replace(os.sep, '_')
 
 

@@ -76,8 +76,8 @@ def test_every_py_test_runs_pytest_on_its_file():
   tests = _py_tests()
   test_files = sorted(p for p in _python_files()
                       if os.path.basename(p).startswith('test_') and p.startswith('tests/'))
-  # Named by the path under tests/ (tests/benchmarks/test_runs.py: benchmarks_test_runs), so
-  # that files of one name in two folders are two targets.
+  # Named by the path under tests/ (tests/benchmarks/test_suite_runs.py:
+  # benchmarks_test_suite_runs), so that files of one name in two folders are two targets.
   names = {p: os.path.splitext(os.path.relpath(p, 'tests'))[0].replace('/', '_')
            for p in test_files}
   assert sorted(tests) == sorted(names.values())

@@ -25,13 +25,14 @@ import pytest
 
 from programs import checkpoint_writer
 from programs import experiment
+from programs import experiment_config
 from programs import run_directory
 from programs import run_results
 from programs.experiment_config import ExperimentError
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BASE = experiment.ExperimentConfig(
+BASE = experiment_config.ExperimentConfig(
     dataset='digits', num_clients=8, clients_per_round=3, batch_size=16, client_lr=0.1,
     local_epochs=1, rounds=4, progress=False, checkpoint_every=1)
 FLAGS = ['--dataset=digits', '--num_clients=8', '--clients_per_round=3', '--batch_size=16',

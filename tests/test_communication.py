@@ -10,6 +10,7 @@ import pytest
 
 from programs import computations
 from programs import experiment
+from programs import experiment_config
 from programs import fedlex_exploration
 from programs import methods
 from programs import run_results
@@ -163,7 +164,7 @@ def test_every_method_moves_its_formula(name, model, tiny_model_fn, bn_model_fn)
   if name == 'cadis' and model == 'batchnorm':
     pytest.skip('CADIS refuses non-trainable weights (its keyed delta is the trainable one)')
   model_fn = tiny_model_fn if model == 'tiny_cnn' else bn_model_fn
-  config = experiment.ExperimentConfig(algorithm=name, num_clients=6, clients_per_round=6,
+  config = experiment_config.ExperimentConfig(algorithm=name, num_clients=6, clients_per_round=6,
                                        batch_size=10, client_momentum=0.0,
                                        fedcda_warmup_rounds=0)
   process = computations.build_process(config, model_fn, 6)
@@ -208,7 +209,7 @@ def test_a_guided_run_writes_its_bytes_columns_totals_and_exploration(tmp_path, 
   the finite and the reporting counts) from each that reports."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from tff_algos import data  # pylint: disable=g-import-not-at-top
-  config = experiment.ExperimentConfig(
+  config = experiment_config.ExperimentConfig(
       algorithm='fedlex_avgm', dataset='digits', num_clients=10, clients_per_round=4,
       local_epochs=1, batch_size=16, client_lr=0.1, rounds=2, progress=False,
       fedlex_refresh=True, client_dropout=0.5, root_output_dir=str(tmp_path),

@@ -115,6 +115,24 @@ def test_round_inputs_with_given_clients():
     round_inputs(fed, 0, None, 1, 0, client_ids=[1, 1])
 
 
+def test_client_input_is_the_element_type_the_processes_take():
+  """The client input written here has the keys, dtypes and ranks of
+  `local_training.client_element_type` (both from constants.CLIENT_INPUT_FIELDS)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_federated as tff  # pylint: disable=g-import-not-at-top
+  from tff_algos.client_work import local_training  # pylint: disable=g-import-not-at-top
+  element = client_input(np.zeros((3, 4), np.float32), np.zeros(3, np.int64), 2,
+                         np.random.default_rng(0), index=5, slot=1, work=0.5)
+  spec = collections.OrderedDict(x=tf.TensorSpec([None, 4], tf.float32),
+                                 y=tf.TensorSpec([None], tf.int32))
+  element_type = local_training.client_element_type(spec)
+  names = tff.structure.name_list(element_type)
+  assert list(element) == names
+  for name in names:
+    t = element_type[name]
+    assert np.asarray(element[name]).dtype == t.dtype and np.ndim(element[name]) == len(t.shape)
+
+
 def test_a_foreign_class_of_our_name_is_named_with_its_module():
   """Messages name a class with its module, so another `FederatedDataset` (e.g. a user's, or
   a second copy of ours imported under another name) does not read as ours."""

@@ -30,6 +30,7 @@ from programs import computations
 from programs import experiment
 from programs import experiment_config
 from programs import fedlex_exploration
+from programs import methods
 from programs import run_results
 from tests import helpers
 import tff_algos
@@ -88,7 +89,7 @@ def fed():
 
 
 def _config(algorithm, **kwargs):
-  return experiment.ExperimentConfig(
+  return experiment_config.ExperimentConfig(
       algorithm=algorithm, dataset='digits', num_clients=NUM_CLIENTS,
       clients_per_round=CLIENTS_PER_ROUND, batch_size=16, client_lr=0.1, local_epochs=1,
       fedcda_warmup_rounds=1, fedcda_batches=2, fedlex_exploration_epochs=1,
@@ -104,7 +105,7 @@ def _build(algorithm):
 def _train(config, fed, process, rounds=ROUNDS):
   """The program's loop (FedLEx: exploration first); returns the global weights' arrays."""
   state = process.initialize()
-  if config.algorithm in experiment_config.FEDLEX_ALGORITHMS:
+  if config.algorithm in methods.FEDLEX_ALGORITHMS:
     exploration, explorers = fedlex_exploration.exploration_computation(
         config, MODEL_FN, NUM_CLIENTS)
     _, inputs = data.round_inputs(fed, 0, len(explorers), 1, 1, client_ids=explorers)

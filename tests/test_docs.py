@@ -75,7 +75,7 @@ def test_each_builders_minimal_call_runs(tmp_path):
   import tff_algos  # pylint: disable=g-import-not-at-top
   from programs import methods  # pylint: disable=g-import-not-at-top
   code = _python_block('tff_integration.md', "Each builder's minimal call")
-  builders = {m.builder.split(':')[1] for m in methods.METHODS.values()}
+  builders = {m.builder.__name__ for m in methods.METHODS.values()}
   assert len(builders) >= 10
   for name in sorted(builders | {'build_fedlex_exploration'}):
     call = re.search(rf'tff_algos\.{name}\((.*?)\)[,\n]', code, re.S)
@@ -145,7 +145,7 @@ def test_every_module_is_on_the_code_map():
 MD_NAME = re.compile(r'(?<![\w./-])[\w./-]*\w\.md\b')
 # Names of pages that are not in the repository, each with its reason: keep it tiny.
 EXTERNAL_PAGES = {
-    'page.md': 'tests/test_pages.py writes it in a temporary folder',
+    'page.md': 'tests/test_generated_files.py writes it in a temporary folder',
     'toy/results.md': "tests/benchmarks/test_report.py's toy suite, in a temporary folder",
     'not/a/link.md': 'tests/test_docs.py: a link inside a code block, which must not count',
     'benchmarks/RESULTS.md': 'an archived page under benchmarks/results/cadis/earlier_runs/, '
@@ -213,6 +213,7 @@ ELSEWHERE = {
     '../fedprox_pull.md': "a link in a suite's page, written under benchmarks/results/<suite>/",
     '../base.toml': "tests/test_study.py's study files, in a temporary folder",
     '../toy/results.md': "tests/benchmarks/test_report.py's toy suite, in a temporary folder",
+    '../escaped_by_name': "tests/test_train_program.py's --experiment_name that is refused",
 }
 
 

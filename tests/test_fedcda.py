@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos import data
 from tests import helpers
 from tff_algos import aggregators, execution
@@ -371,8 +372,6 @@ def test_lower_precision_cache_halves_the_state_inside_tff(cache_dtype):
   assert {np.asarray(c).dtype for c in out.state['cache']} == {np.dtype(np_dtype)}
   with pytest.raises(ValueError, match='cache_dtype'):
     crc.validate_options(n, p, k, 1, 1, 1.0, 'exact', 'data_size', 'float64')
-  from programs import methods  # pylint: disable=g-import-not-at-top
-  assert methods.FEDCDA_CACHE_DTYPES == tuple(cache_selection.CACHE_DTYPES)  # the program's choices
   with pytest.raises(ValueError, match='float16'):  # the limit's message names the option
     crc.build_cross_round_cache_process(weights_type, 10**7, 3, max_cache_gib=1.0)
 
@@ -382,7 +381,7 @@ def test_uniform_warmup_weighting_is_the_plain_mean():
   rng = np.random.default_rng(2)
   uploads = random_uploads(rng, n, p, 0.0)
   results = {}
-  for weighting in crc.WARMUP_WEIGHTINGS:
+  for weighting in constants.FEDCDA_WARMUP_WEIGHTINGS:
     _, res, _ = cache_selection.cache_round(
         zero_state(n, k), accumulator(uploads, p), num_clients=n, clients_per_round=p,
         cache_size=k, num_batches=1, warmup_rounds=1, smoothness=1.0, selection='exact',
@@ -684,7 +683,7 @@ def test_type_signature(fedcda):
       'objective_after']
 
 
-@pytest.mark.parametrize('weighting', crc.WARMUP_WEIGHTINGS)
+@pytest.mark.parametrize('weighting', constants.FEDCDA_WARMUP_WEIGHTINGS)
 def test_warmup_equals_tff_fedavg(fedcda, fed, weighting):
   """The warmup is TFF's FedAvg: weighted by example counts by default (the paper), or
   uniformly with warmup_weighting='uniform'."""

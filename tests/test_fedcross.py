@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos import data
 from tests import helpers
 from tff_algos import execution
@@ -169,7 +170,7 @@ def test_layerwise_and_model_similarity_choose_differently():
   for seed in range(10):
     models = random_layers(np.random.default_rng(seed), k)
     picks = {}
-    for similarity in ca.SIMILARITIES:
+    for similarity in constants.FEDCROSS_SIMILARITIES:
       _, meas = ca.cross_aggregation_step(
           models, 0, num_models=k, alpha=0.9, selection='lowest_similarity',
           alpha_schedule=False, num_propellers=1, accel_rounds=0, similarity=similarity)
@@ -204,14 +205,14 @@ def test_builders_refuse_layerwise_similarity_with_in_order():
 
 
 def test_program_refuses_layerwise_similarity_with_in_order():
-  from programs import experiment  # pylint: disable=g-import-not-at-top
-  config = experiment.ExperimentConfig(
+  from programs import experiment_config  # pylint: disable=g-import-not-at-top
+  config = experiment_config.ExperimentConfig(
       algorithm='fedcross', dataset='digits', fedcross_similarity='layerwise')
-  experiment.validate(config)
-  with pytest.raises(experiment.ExperimentError, match=(
+  experiment_config.validate(config)
+  with pytest.raises(experiment_config.ExperimentError, match=(
       '^--fedcross_similarity=layerwise is read only by the similarity rules, not by '
       '--fedcross_selection=in_order; drop it')):
-    experiment.validate(dataclasses.replace(config, fedcross_selection='in_order'))
+    experiment_config.validate(dataclasses.replace(config, fedcross_selection='in_order'))
 
 
 def test_ties_go_to_lowest_index_and_eligibility():
@@ -241,7 +242,7 @@ def test_ties_go_to_lowest_index_and_eligibility():
   for t in range(4):
     sim = rng.normal(size=[5, 5]).astype(np.float32)
     ok = rng.uniform(size=5) < 0.6
-    for rule in ca.SELECTIONS:
+    for rule in constants.FEDCROSS_SELECTIONS:
       np.testing.assert_array_equal(ca.select_collaborators(sim, rule, t, ok).numpy(),
                                     np_select(sim, rule, t, ok))
 

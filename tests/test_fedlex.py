@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos import data
 from tests import helpers
 from tff_algos import fedlex
@@ -77,7 +78,7 @@ def test_constant_tensor_normalizes_to_ones_without_nan():
     np.testing.assert_array_equal(got, np.ones_like(t))
 
 
-@pytest.mark.parametrize('normalize', fedlex.NORMALIZATIONS)
+@pytest.mark.parametrize('normalize', constants.FEDLEX_NORMALIZATIONS)
 @pytest.mark.parametrize('floor', [0.0, 0.25])
 def test_global_guidance_matrix_matches_numpy(normalize, floor):
   rng = np.random.default_rng(2)
@@ -718,7 +719,7 @@ def in_place(runtime):
         rng.normal(0, 0.1, LIN_CLASSES).astype(np.float32)]
   weights = tff.learning.models.ModelWeights(trainable=w0, non_trainable=[])
   results = {}
-  for normalize in fedlex.NORMALIZATIONS:
+  for normalize in constants.FEDLEX_NORMALIZATIONS:
     explore = fedlex.build_fedlex_exploration(
         linear_model_fn, optimizers.build_torch_adam(LIN_LR), LIN_BATCH, normalize=normalize,
         guidance_floor=0.05)

@@ -28,9 +28,9 @@ NEVER = {
     'programs': {'benchmarks', 'tests'},
     'benchmarks': {'tests'},
 }
-# All the data layer takes of the library: the exit hook that stops TFF's workers, and the
-# lazy exports.
-DATA_TAKES = {'tff_algos.execution', 'tff_algos._lazy_exports'}
+# All the data layer takes of the library: the exit hook that stops TFF's workers, the
+# lazy exports, and the shared names without TensorFlow (the client input's fields).
+DATA_TAKES = {'tff_algos.execution', 'tff_algos._lazy_exports', 'tff_algos.constants'}
 # The runtime modules data, programs and benchmarks may import by their own name: the
 # server state's, which import TensorFlow (programs' round loop and checkpoints use them).
 # Everything else of the runtime is reached through `tff_algos.execution`.
@@ -126,13 +126,13 @@ FILES = _files()
 
 
 def test_imports_reads_statements_and_strings():
-  source = ('from tff_algos import data\nfrom . import pages\nimport importlib\n'
+  source = ('from tff_algos import data\nfrom . import generated_files\nimport importlib\n'
             'def f():\n  from benchmarks import report\n'
             '  importlib.import_module("benchmarks.federations")\n'
             'BUILDER = "tff_algos.fedcross:build_fedcross"\nNOT = "a:b"\n'
             '_EXPORTS = {"tff_algos.runtime.resident_state": ("ResidentProcess",)}\n')
   assert imports('programs/x.py', source) == {
-      'tff_algos.data', 'programs.pages', 'importlib', 'benchmarks.report',
+      'tff_algos.data', 'programs.generated_files', 'importlib', 'benchmarks.report',
       'benchmarks.federations', 'tff_algos.fedcross', 'tff_algos.runtime.resident_state'}
   assert imports('data/x.py', 'from .. import execution\nfrom .leaf import load_leaf\n') == {
       'tff_algos.execution', 'tff_algos.data.leaf'}

@@ -1,7 +1,7 @@
 """Every documented flag of programs/train.py changes what it claims to change.
 
 The flag lists come from the tables of README.md and docs/, programs/train.py and the method registry
-(programs/methods.py), and are checked against each other. Each flag is then shown to reach
+(programs/methods/), and are checked against each other. Each flag is then shown to reach
 its target by the cheapest path:
 - a method flag (BUILDER / EXPLORATION target): the program's config -> builder path with the
   builder replaced by a recorder; a changed value must arrive in the flag's keyword. That the
@@ -29,6 +29,8 @@ from programs import experiment
 from programs import experiment_config
 from programs import fedlex_exploration
 from programs import methods
+from programs.methods import option_table
+from programs.methods import registry
 from tests import helpers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -148,7 +150,7 @@ TESTED_ELSEWHERE = {
 
 
 def _config(**changes):
-  return experiment.ExperimentConfig(**dict(BASE, **changes))
+  return experiment_config.ExperimentConfig(**dict(BASE, **changes))
 
 
 def _flag_rows() -> list:
@@ -199,7 +201,7 @@ def _test_exists_in_default_suite(node_id: str) -> bool:
 
 
 def test_readme_tables_program_and_config_name_the_same_flags():
-  fields = {f.name for f in dataclasses.fields(experiment.ExperimentConfig)}
+  fields = {f.name for f in dataclasses.fields(experiment_config.ExperimentConfig)}
   assert _program_flags() == fields
   assert _readme_flags() == fields
 
@@ -210,17 +212,17 @@ def test_every_flag_is_documented_once():
 
 
 def test_docs_method_flag_table_is_the_registrys():
-  with open(methods.TABLE_PAGE) as f:
+  with open(option_table.TABLE_PAGE) as f:
     page = f.read()
-  block = f'{methods.TABLE_BEGIN}\n{methods.flag_table()}{methods.TABLE_END}\n'
-  assert block in page and methods.page_with_table(page) == page, (
+  block = f'{option_table.TABLE_BEGIN}\n{option_table.flag_table()}{option_table.TABLE_END}\n'
+  assert block in page and option_table.page_with_table(page) == page, (
       'regenerate it: python -m programs.methods')
 
 
 def test_every_method_flag_has_a_changed_value():
   """... and every exploration flag (general, read by guided runs)."""
-  assert set(CHANGED) == {f.name for f in methods.all_flags() + methods.FEDLEX_FLAGS}
-  for flag in methods.all_flags() + methods.FEDLEX_FLAGS:
+  assert set(CHANGED) == {f.name for f in methods.all_flags() + registry.FEDLEX_FLAGS}
+  for flag in methods.all_flags() + registry.FEDLEX_FLAGS:
     assert CHANGED[flag.name] != flag.default and type(CHANGED[flag.name]) is type(flag.default)
 
 
@@ -238,9 +240,38 @@ def test_every_builder_keyword_has_a_test_of_its_effect():
   for method in methods.METHODS.values():
     family = 'fedlex' if method.name in methods.FEDLEX_ALGORITHMS else method.name
     keywords |= {(family, f.kwarg) for f in method.flags if f.kwarg}
-  keywords |= {('fedlex', f.kwarg) for f in methods.FEDLEX_FLAGS if f.kwarg}
+  keywords |= {('fedlex', f.kwarg) for f in registry.FEDLEX_FLAGS if f.kwarg}
   assert keywords <= set(KEYWORD_TESTS), keywords - set(KEYWORD_TESTS)
-  assert {f.kwarg for f in methods.PLUGIN_FLAGS} == set(PLUGIN_KEYWORD_TESTS)
+  assert {f.kwarg for f in registry.PLUGIN_FLAGS} == set(PLUGIN_KEYWORD_TESTS)
+
+
+def test_a_method_is_found_by_its_name():
+  """--algorithm=X is declared in programs/methods/X.py (FedLEx's variants in fedlex.py, the
+  baselines in baselines.py), whose builder is the library's builder of the same name."""
+  import tff_algos  # pylint: disable=g-import-not-at-top
+  for name, method in methods.METHODS.items():
+    family = ('fedlex' if name in methods.FEDLEX_ALGORITHMS else
+              'baselines' if name in methods.BASELINE_ALGORITHMS else name)
+    assert os.path.exists(os.path.join(ROOT, 'programs', 'methods', f'{family}.py')), name
+    assert method.builder.__module__ == f'programs.methods.{family}', name
+    library = getattr(tff_algos, method.builder.__name__)
+    assert library.__module__ == f'tff_algos.{family}', name
+
+
+@pytest.mark.parametrize('alpha', [0.0, 0.4999, 0.5, 0.7, 0.99, 1.0, 1.5])
+def test_fedcross_alpha_flag_and_builder_refuse_the_same_values(alpha):
+  """One bound: the flag refuses exactly the alphas the library refuses ([0.5, 1), the
+  paper's), each naming the interval."""
+  from tff_algos.aggregators import cross_aggregation  # pylint: disable=g-import-not-at-top
+  flag = next(f for f in methods.METHODS['fedcross'].flags if f.name == 'fedcross_alpha')
+  try:
+    cross_aggregation.validate_options(4, alpha, 'lowest_similarity', 1, 0)
+    library_error = None
+  except ValueError as e:
+    library_error = str(e)
+  assert (flag.error(alpha) is None) == (library_error is None) == (0.5 <= alpha < 1)
+  if library_error:
+    assert '[0.5, 1)' in flag.error(alpha) and '[0.5, 1)' in library_error
 
 
 # --------------------------------------------------------------------------- #
@@ -248,11 +279,13 @@ def test_every_builder_keyword_has_a_test_of_its_effect():
 # --------------------------------------------------------------------------- #
 
 
-def _record_builder(monkeypatch, module_function: str) -> list:
-  """Replaces the builder by a recorder of its (args, kwargs), which must fit its signature."""
-  module, function = module_function.split(':')
-  module = importlib.import_module(module)
-  signature = inspect.signature(getattr(module, function))
+def _record_builder(monkeypatch, function: str) -> list:
+  """Replaces the builder `tff_algos.<function>` (in the module that defines it) by a
+  recorder of its (args, kwargs), which must fit its signature."""
+  import tff_algos  # pylint: disable=g-import-not-at-top
+  builder = getattr(tff_algos, function)
+  module = importlib.import_module(builder.__module__)
+  signature = inspect.signature(builder)
   calls = []
 
   def record(*args, **kwargs):
@@ -266,16 +299,16 @@ def _record_builder(monkeypatch, module_function: str) -> list:
 
 def _built_call(monkeypatch, config):
   """(args, kwargs) the program passes to the method's builder for `config`."""
-  experiment.validate(config)
-  calls = _record_builder(monkeypatch, methods.METHODS[config.algorithm].builder)
+  experiment_config.validate(config)
+  calls = _record_builder(monkeypatch, methods.METHODS[config.algorithm].builder.__name__)
   assert computations.build_process(config, lambda: None, NUM_CLIENTS) == 'built'
   assert len(calls) == 1
   return calls[0]
 
 
 METHOD_FLAG_CASES = [(m.name, f.name) for m in methods.METHODS.values() for f in m.flags
-                     if f.target == methods.BUILDER]
-EXPLORATION_FLAGS = [f.name for f in methods.FEDLEX_FLAGS if f.target == methods.EXPLORATION]
+                     if f.target == registry.BUILDER]
+EXPLORATION_FLAGS = [f.name for f in registry.FEDLEX_FLAGS if f.target == registry.EXPLORATION]
 
 
 @pytest.mark.parametrize('algorithm, name', METHOD_FLAG_CASES,
@@ -301,10 +334,10 @@ GUIDED_IDS = [r['algorithm'] + ('-guided' if r.get('guided') else '') for r in G
 @pytest.mark.parametrize('run', GUIDED_RUNS, ids=GUIDED_IDS)
 @pytest.mark.parametrize('name', EXPLORATION_FLAGS)
 def test_fedlex_flag_reaches_the_exploration_builder(monkeypatch, run, name):
-  flag = next(f for f in methods.FEDLEX_FLAGS if f.name == name)
-  calls = _record_builder(monkeypatch, 'tff_algos.fedlex:build_fedlex_exploration')
+  flag = next(f for f in registry.FEDLEX_FLAGS if f.name == name)
+  calls = _record_builder(monkeypatch, 'build_fedlex_exploration')
   for config in (_config(**run), _config(**run, **{name: CHANGED[name]})):
-    experiment.validate(config)
+    experiment_config.validate(config)
     fedlex_exploration.exploration_computation(config, lambda: None, NUM_CLIENTS)
   (_, default_kwargs), (_, kwargs) = calls
   assert kwargs[flag.kwarg] == flag.transform(CHANGED[name]) != default_kwargs[flag.kwarg]
@@ -315,13 +348,13 @@ def test_fedlex_flag_reaches_the_exploration_builder(monkeypatch, run, name):
 def test_exploration_flags_need_a_guided_run(algorithm):
   """Without --guided (and not fedlex_*) an exploration flag would be ignored: refused."""
   settings = dict(helpers.METHOD_SETTINGS.get(algorithm, {}), algorithm=algorithm)
-  for flag in methods.FEDLEX_FLAGS:
+  for flag in registry.FEDLEX_FLAGS:
     changed = {flag.name: CHANGED[flag.name]}
-    with pytest.raises(experiment.ExperimentError, match=(
+    with pytest.raises(experiment_config.ExperimentError, match=(
         f'^--{flag.name} is read only by a guided run \\(--guided or --algorithm=fedlex_\\*\\); '
         'add --guided or drop it$')):
-      experiment.validate(_config(**settings, **changed))
-    experiment.validate(_config(**settings, **changed, guided=True))
+      experiment_config.validate(_config(**settings, **changed))
+    experiment_config.validate(_config(**settings, **changed, guided=True))
 
 
 @pytest.mark.parametrize('algorithm', methods.ALGORITHMS)
@@ -341,37 +374,37 @@ def test_plugin_flags_reach_every_builder(monkeypatch, algorithm):
   else:
     assert kwargs == dict(default_kwargs, guided=True) and not method.is_guided(_config())
   if not method.local_steps:
-    with pytest.raises(experiment.ExperimentError, match=(
+    with pytest.raises(experiment_config.ExperimentError, match=(
         f'^--kd_weight does not apply to --algorithm={algorithm}: FedSGD takes its one '
         'gradient at the received model, .*; drop it$')):
-      experiment.validate(_config(**settings, kd_weight=0.5))
+      experiment_config.validate(_config(**settings, kd_weight=0.5))
     return
   _, kwargs = _built_call(monkeypatch, _config(**settings, kd_weight=0.5))
   assert kwargs == dict(default_kwargs, kd_weight=0.5)
   _, kwargs = _built_call(monkeypatch, _config(**settings, kd_weight=0.0))
   assert kwargs == dict(default_kwargs, kd_weight=0.0)
   if algorithm == 'cadis':
-    with pytest.raises(experiment.ExperimentError, match=(
+    with pytest.raises(experiment_config.ExperimentError, match=(
         '^--kd_weight and --cadis_kd_weight both set the KD weight; drop --cadis_kd_weight$')):
-      experiment.validate(_config(**settings, kd_weight=0.5, cadis_kd_weight=0.3))
-  with pytest.raises(experiment.ExperimentError, match='^--kd_weight must be a finite number'):
-    experiment.validate(_config(**settings, kd_weight=float('nan')))
+      experiment_config.validate(_config(**settings, kd_weight=0.5, cadis_kd_weight=0.3))
+  with pytest.raises(experiment_config.ExperimentError, match='^--kd_weight must be a finite number'):
+    experiment_config.validate(_config(**settings, kd_weight=float('nan')))
 
 
 @pytest.mark.parametrize('run', GUIDED_RUNS, ids=GUIDED_IDS)
 def test_exploration_lr_is_the_explorers_rate(monkeypatch, run):
   """--fedlex_exploration_lr sets the explorers' SGD rate; 0 (the default) = --client_lr."""
-  calls = _record_builder(monkeypatch, 'tff_algos.fedlex:build_fedlex_exploration')
+  calls = _record_builder(monkeypatch, 'build_fedlex_exploration')
   for changes in ({}, dict(fedlex_exploration_lr=CHANGED['fedlex_exploration_lr'])):
     config = _config(**run, **changes)
-    experiment.validate(config)
+    experiment_config.validate(config)
     fedlex_exploration.exploration_computation(config, lambda: None, NUM_CLIENTS)
   rates = [args[1].initialize(())['learning_rate'] for args, _ in calls]
   assert rates == [BASE['client_lr'], CHANGED['fedlex_exploration_lr']]
   for bad in (-0.1, float('inf'), float('nan')):
-    with pytest.raises(experiment.ExperimentError,
+    with pytest.raises(experiment_config.ExperimentError,
                        match=f'^--fedlex_exploration_lr must be >= 0 and finite, got {bad}$'):
-      experiment.validate(_config(**run, fedlex_exploration_lr=bad))
+      experiment_config.validate(_config(**run, fedlex_exploration_lr=bad))
 
 
 def test_a_run_recorded_before_exploration_lr_existed_is_the_same_run():
@@ -415,8 +448,8 @@ def test_another_methods_flags_are_refused(algorithm):
   for flag in methods.all_flags():
     if flag in methods.METHODS[algorithm].flags:
       continue
-    with pytest.raises(experiment.ExperimentError, match=f'--{flag.name} is not used'):
-      experiment.validate(_config(algorithm=algorithm, **{flag.name: CHANGED[flag.name]}))
+    with pytest.raises(experiment_config.ExperimentError, match=f'--{flag.name} is not used'):
+      experiment_config.validate(_config(algorithm=algorithm, **{flag.name: CHANGED[flag.name]}))
 
 
 # --------------------------------------------------------------------------- #
@@ -479,7 +512,7 @@ def test_server_hyperparameters_reach_the_process_state(monkeypatch):
   """build_fedavgm / build_fedadam turn their keywords into the server optimizer of the FedAvg
   they build (which test_baselines.py's *_matches_tff tests show is the one applied)."""
   from tff_algos import baselines  # pylint: disable=g-import-not-at-top
-  calls = _record_builder(monkeypatch, 'tff_algos.baselines:build_fedavg')
+  calls = _record_builder(monkeypatch, 'build_fedavg')
   baselines.build_fedavgm(None, None, 16, server_learning_rate=0.3, server_momentum=0.5)
   baselines.build_fedadam(None, None, 16, server_learning_rate=0.07)
   (avgm_args, _), (adam_args, _) = calls
@@ -557,7 +590,7 @@ def test_schedule_flags_wrap_every_method_with_such_a_rate(monkeypatch, algorith
   from tff_algos.schedules import Schedule  # pylint: disable=g-import-not-at-top
   wrapped = _record_schedules(monkeypatch)
   config = _config(algorithm=algorithm, **helpers.METHOD_SETTINGS.get(algorithm, {}))
-  _record_builder(monkeypatch, methods.METHODS[algorithm].builder)
+  _record_builder(monkeypatch, methods.METHODS[algorithm].builder.__name__)
   assert computations.build_process(config, lambda: None, NUM_CLIENTS) == 'built'
   assert not wrapped   # constant schedules leave the process as built
   method = methods.METHODS[algorithm]
@@ -568,10 +601,10 @@ def test_schedule_flags_wrap_every_method_with_such_a_rate(monkeypatch, algorith
   for changes, has_rate, expected in cases:
     changed = dataclasses.replace(config, **changes)
     if not has_rate:
-      with pytest.raises(experiment.ExperimentError, match='to schedule|takes no local step'):
-        experiment.validate(changed)
+      with pytest.raises(experiment_config.ExperimentError, match='to schedule|takes no local step'):
+        experiment_config.validate(changed)
       continue
-    experiment.validate(changed)
+    experiment_config.validate(changed)
     assert computations.build_process(changed, lambda: None, NUM_CLIENTS) == 'scheduled'
     assert wrapped[-1] == ('built',) + expected
 
@@ -601,10 +634,10 @@ def test_every_schedule_flag_reaches_its_schedule(monkeypatch):
   assert {name for changes, _, _ in SCHEDULE_SETTINGS for name in changes} == set(
       lr_schedules.FLAG_NAMES) | {'client_lr_decay'}
   wrapped = _record_schedules(monkeypatch)
-  _record_builder(monkeypatch, methods.METHODS['fedavg'].builder)
+  _record_builder(monkeypatch, methods.METHODS['fedavg'].builder.__name__)
   for changes, client, server in SCHEDULE_SETTINGS:
     config = _config(rounds=3, **changes)
-    experiment.validate(config)
+    experiment_config.validate(config)
     computations.build_process(config, lambda: None, NUM_CLIENTS)
     make = lambda spec: Schedule() if spec is None else Schedule(spec[0], **spec[1])  # noqa: E731
     assert wrapped[-1][1:] == (make(client), make(server)), changes
@@ -634,8 +667,8 @@ def test_every_schedule_flag_reaches_its_schedule(monkeypatch):
     (dict(algorithm='fedcda', server_lr_warmup_rounds=1), 'fedcda takes no server optimizer'),
 ])
 def test_bad_schedule_flags_are_refused(changes, message):
-  with pytest.raises(experiment.ExperimentError, match=message):
-    experiment.validate(_config(**changes))
+  with pytest.raises(experiment_config.ExperimentError, match=message):
+    experiment_config.validate(_config(**changes))
 
 
 @pytest.mark.parametrize('changes, message', [
@@ -655,8 +688,8 @@ def test_bad_schedule_flags_are_refused(changes, message):
     (dict(algorithm='scaffold', client_optimizer='adam'), 'needs plain client SGD'),
     (dict(algorithm='scaffold', client_optimizer='torch_adam'), 'needs plain client SGD')])
 def test_bad_client_optimizer_flags_are_refused(changes, message):
-  with pytest.raises(experiment.ExperimentError, match=message):
-    experiment.validate(_config(**changes))
+  with pytest.raises(experiment_config.ExperimentError, match=message):
+    experiment_config.validate(_config(**changes))
 
 
 def _labels_per_client(fed):
@@ -851,19 +884,19 @@ def test_every_compare_suite_run_is_a_valid_configuration():
   for suite in suites.SUITES.values():
     tuned = suites.load_tuned(suite.name)
     for run in suite.runs:
-      experiment.validate(experiment.ExperimentConfig(**suite.config_overrides(run, tuned)))
+      experiment_config.validate(experiment_config.ExperimentConfig(**suite.config_overrides(run, tuned)))
     for run, grid in suite.grid.items():
       for values in records.grid_points(grid):
-        experiment.validate(experiment.ExperimentConfig(**suite.tuning_overrides(run, values)))
+        experiment_config.validate(experiment_config.ExperimentConfig(**suite.tuning_overrides(run, values)))
     for probe in suite.probes:
       for run in probe.runs:
-        experiment.validate(experiment.ExperimentConfig(**suite.probe_overrides(probe, run,
+        experiment_config.validate(experiment_config.ExperimentConfig(**suite.probe_overrides(probe, run,
                                                                                 tuned)))
 
 
 def test_fedcda_says_when_a_run_is_warmup_throughout():
   note = methods.METHODS['fedcda'].note
-  config = experiment.ExperimentConfig(algorithm='fedcda', rounds=10, fedcda_warmup_rounds=10)
+  config = experiment_config.ExperimentConfig(algorithm='fedcda', rounds=10, fedcda_warmup_rounds=10)
   assert 'is its warmup FedAvg throughout' in note(config)
   assert note(dataclasses.replace(config, fedcda_warmup_rounds=9)) is None
   assert all(m.note(dataclasses.replace(config, algorithm=m.name)) is None
@@ -904,11 +937,11 @@ def test_fedlex_placeholder_guidance_refuses_the_exploration_flags():
   """--fedlex_guidance=placeholder explores nothing: the explorers' flags are refused unless
   --fedlex_explore_in_place trains them; --fedlex_normalize and --fedlex_refresh always."""
   config = _config(algorithm='fedlex_avgm', fedlex_guidance='placeholder')
-  experiment.validate(config)
+  experiment_config.validate(config)
   for name in ('fedlex_exploration_epochs', 'fedlex_normalize', 'fedlex_refresh'):
-    with pytest.raises(experiment.ExperimentError, match=f'--{name} is not read'):
-      experiment.validate(dataclasses.replace(config, **{name: CHANGED[name]}))
-  experiment.validate(dataclasses.replace(config, fedlex_explore_in_place=True,
+    with pytest.raises(experiment_config.ExperimentError, match=f'--{name} is not read'):
+      experiment_config.validate(dataclasses.replace(config, **{name: CHANGED[name]}))
+  experiment_config.validate(dataclasses.replace(config, fedlex_explore_in_place=True,
                                           fedlex_exploration_epochs=2))
-  with pytest.raises(experiment.ExperimentError, match='fedlex_guidance'):
-    experiment.validate(dataclasses.replace(config, fedlex_guidance='scout'))
+  with pytest.raises(experiment_config.ExperimentError, match='fedlex_guidance'):
+    experiment_config.validate(dataclasses.replace(config, fedlex_guidance='scout'))

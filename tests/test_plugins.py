@@ -23,6 +23,7 @@ import tensorflow_federated as tff
 from tff_algos import data
 import tff_algos
 from programs import experiment
+from programs import experiment_config
 from programs import run_results
 from programs import run_directory
 from tff_algos import fedlex
@@ -253,7 +254,7 @@ RUN = dict(dataset='digits', num_clients=10, clients_per_round=5, local_epochs=2
 
 
 def _run(tmp_path, name, **changes):
-  config = experiment.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name=name,
+  config = experiment_config.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name=name,
                                        **dict(RUN, **changes))
   summary = experiment.run_experiment(config)
   weights = run_results.load_final_weights(str(tmp_path / name))

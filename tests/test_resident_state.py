@@ -18,6 +18,7 @@ from programs import computations
 from programs import experiment
 from programs import experiment_config
 from programs import fedlex_exploration
+from programs import methods
 from programs import run_directory
 from tests import helpers
 from tff_algos import fedlex
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.usefixtures('runtime')
 
 
 def _config(algorithm):
-  return experiment.ExperimentConfig(
+  return experiment_config.ExperimentConfig(
       algorithm=algorithm, dataset='digits', num_clients=NUM_CLIENTS, clients_per_round=P,
       batch_size=16, client_lr=0.1, local_epochs=1, fedcda_warmup_rounds=1, fedcda_batches=2,
       fedlex_exploration_epochs=1, **helpers.METHOD_SETTINGS.get(algorithm, {}))
@@ -62,7 +63,7 @@ def _inputs(round_num):
 def _initial_state(algorithm, process):
   """The program's initial state (FedLEx: after its exploration, computed in Python)."""
   state = process.initialize()
-  if algorithm in experiment_config.FEDLEX_ALGORITHMS:
+  if algorithm in methods.FEDLEX_ALGORITHMS:
     exploration, explorers = fedlex_exploration.exploration_computation(
         _config(algorithm), MODEL_FN, NUM_CLIENTS)
     _, inputs = data.round_inputs(_fed(), 0, len(explorers), 1, 1, client_ids=explorers)
@@ -90,7 +91,7 @@ def test_rounds_match_process_next(algorithm):
   assert resident._detached_fields == len(state)  # pylint: disable=protected-access
   # FedLEx's exploration sets the state in Python: it is adopted; the others start in the
   # worker.
-  held = (resident.adopt(state) if algorithm in experiment_config.FEDLEX_ALGORITHMS
+  held = (resident.adopt(state) if algorithm in methods.FEDLEX_ALGORITHMS
           else resident.initialize())
   for round_num in range(1, ROUNDS + 1):
     output = process.next(state, _inputs(round_num))
@@ -342,7 +343,7 @@ def test_program_resident_state_flag(tmp_path, monkeypatch):
   monkeypatch.setattr(resident_state, 'ResidentProcess', Recorded)
   runs = {}
   for flag in (True, False):
-    config = experiment.ExperimentConfig(
+    config = experiment_config.ExperimentConfig(
         algorithm='fedcda', dataset='digits', num_clients=NUM_CLIENTS, clients_per_round=P,
         batch_size=16, client_lr=0.1, fedcda_warmup_rounds=1, fedcda_batches=2, rounds=3,
         progress=False, resident_state=flag, root_output_dir=str(tmp_path),

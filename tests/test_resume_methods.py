@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from programs import experiment
+from programs import experiment_config
 from programs import run_directory
 
-BASE = experiment.ExperimentConfig(
+BASE = experiment_config.ExperimentConfig(
     dataset='digits', num_clients=8, clients_per_round=3, batch_size=16, client_lr=0.1,
     local_epochs=1, rounds=3, progress=False)
 
@@ -201,7 +202,7 @@ def test_a_checkpoint_that_does_not_match_the_state_is_refused(tmp_path):
   for version in os.listdir(ckpt_dir):
     _rewrite_checkpoint(os.path.join(ckpt_dir, version),
                         lambda agg: {k: v for k, v in agg.items() if k != 'losses'})
-  with pytest.raises(experiment.ExperimentError, match='checkpoint does not match'):
+  with pytest.raises(experiment_config.ExperimentError, match='checkpoint does not match'):
     experiment.run_experiment(dataclasses.replace(config, rounds=BASE.rounds, resume=True),
                               quiet)
 

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from programs import experiment
+from programs import experiment_config
 from programs import run_directory
 from programs import stopping
 
@@ -68,7 +69,7 @@ def _csv_rounds(path):
 
 def test_every_signal_stops_the_run_at_a_round_boundary(tmp_path):
   assert len(TIMINGS) >= 20
-  config = experiment.ExperimentConfig(
+  config = experiment_config.ExperimentConfig(
       dataset='digits', num_clients=6, clients_per_round=2, batch_size=64, client_lr=0.1,
       eval_every=2, progress=False, root_output_dir=str(tmp_path), experiment_name='sig')
   ckpt_dir = os.path.join(config.experiment_dir, 'checkpoints')
@@ -188,7 +189,7 @@ def test_program_exit_codes_message_and_no_worker_left(tmp_path):
 def test_a_stop_between_checkpoints_checkpoints_the_last_finished_round(tmp_path):
   """With --checkpoint_every larger than the run, a SIGTERM still leaves the last finished
   round checkpointed (nothing to repeat on --resume)."""
-  config = experiment.ExperimentConfig(
+  config = experiment_config.ExperimentConfig(
       dataset='digits', num_clients=6, clients_per_round=2, batch_size=64, client_lr=0.1,
       rounds=50, checkpoint_every=1000, progress=False, root_output_dir=str(tmp_path),
       experiment_name='sig')

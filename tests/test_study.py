@@ -15,10 +15,10 @@ import tomllib
 import numpy as np
 import pytest
 
-from programs.studies import experiments
-from programs.studies import page
-from programs.studies import study as study_lib
+from programs.studies import declaration
+from programs.studies import study_configs
 from programs.studies import study_file
+from programs.studies import study_page
 from tests.toy_studies import FEDPROX_AGAINST_FEDAVG
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,7 +138,7 @@ def test_plan_sized_by_training_only_adds_no_empty_parentheses(tmp_path, write_s
   no parenthesis left empty."""
   from tests.benchmarks.toy_runs import write_run  # pylint: disable=g-import-not-at-top
   path = write_study(tmp_path, TWO_METHODS)
-  (config,) = experiments.run_configs(study_file.load(path), only=('fedavg',))[:1]
+  (config,) = study_configs.run_configs(study_file.load(path), only=('fedavg',))[:1]
   write_run(tmp_path / 'study' / 'runs' / 'recorded_s0', 3, [0.5] * 3, seconds=2.0,
             config=dataclasses.asdict(config))
   result = study_command('plan', path, '--only=fedavg')
@@ -334,7 +334,7 @@ def test_tune_freezes_the_best_point_and_run_waits_for_it(tmp_path, write_study,
   assert tuned.returncode == 0, tuned.stderr
   assert _rounds(str(first)) == [1, 2]
   config = json.loads((first.parent / 'config.json').read_text())
-  assert config['rounds'] == 2 and config['seed'] == study_lib.TUNING_SEED
+  assert config['rounds'] == 2 and config['seed'] == declaration.TUNING_SEED
   assert not os.path.exists(tmp_path / 'study')   # --output_dir, not the file's
   record = json.loads((other / 'tuned.json').read_text())
   chosen = record['chosen']['fedavg']['client_lr']
@@ -366,7 +366,7 @@ def test_name_output_dir_criterion_and_tuning_seed_reach_the_plan_and_page(
   path = write_study(tmp_path, 'name = "lr check"\noutput_dir = "out"\ncriterion = "best"\n'
                      'tuning_seed = 7\n' + TUNED.replace('tuning_rounds = 2\n', ''))
   study = study_file.load(path)
-  assert {c.seed for _, _, c in experiments.tuning_points(study)} == {7}
+  assert {c.seed for _, _, c in study_configs.tuning_points(study)} == {7}
   plan = study_command('plan', path)
   assert plan.returncode == 0, plan.stderr
   made = [line.split(':')[0].strip() for line in plan.stdout.splitlines()[1:5]]
@@ -377,28 +377,28 @@ def test_name_output_dir_criterion_and_tuning_seed_reach_the_plan_and_page(
   text = (tmp_path / 'out' / 'results.md').read_text()
   assert text.startswith('# Study lr check\n')
   assert 'Each grid is tried on seed 7, which is not a reported seed' in text
-  assert f'the best {page.CRITERION_WORDS["best"]} wins' in text
-  assert page.CRITERION_WORDS['last10'] not in text
+  assert f'the best {study_page.CRITERION_WORDS["best"]} wins' in text
+  assert study_page.CRITERION_WORDS['last10'] not in text
   assert json.loads((tmp_path / 'out' / 'results.json').read_text())['criterion'] == 'best'
   assert not os.path.exists(tmp_path / 'study')
 
 
 def test_a_verdict_says_who_is_ahead_only_when_the_seeds_resolve_it():
-  comp = study_lib.Comparison('fedprox', 'fedavg', 'digits')
-  assert page.verdict(comp, 1.5, 0.5, 3) == 'fedprox ahead by 1.50 ± 0.50 points: resolved'
-  assert page.verdict(comp, -1.5, 0.5, 3) == 'fedavg ahead by 1.50 ± 0.50 points: resolved'
-  assert page.verdict(comp, 0.4, 0.5, 3) == 'within noise'
-  assert page.verdict(comp, 3.0, float('nan'), 1) == 'not enough seeds'
+  comp = declaration.Comparison('fedprox', 'fedavg', 'digits')
+  assert study_page.verdict(comp, 1.5, 0.5, 3) == 'fedprox ahead by 1.50 ± 0.50 points: resolved'
+  assert study_page.verdict(comp, -1.5, 0.5, 3) == 'fedavg ahead by 1.50 ± 0.50 points: resolved'
+  assert study_page.verdict(comp, 0.4, 0.5, 3) == 'within noise'
+  assert study_page.verdict(comp, 3.0, float('nan'), 1) == 'not enough seeds'
 
 
 def test_tuning_length_without_a_rounds_key_is_the_trainers_default(tmp_path):
   """A grid with neither tuning_rounds nor rounds: its points run the trainer's default length,
   and the page's tuning budget says so."""
-  study = study_lib.Study(name='s', output_dir=str(tmp_path), seeds=(0,),
+  study = declaration.Study(name='s', output_dir=str(tmp_path), seeds=(0,),
                           common=dict(dataset='digits'), runs=dict(fedavg={}),
                           grid=dict(fedavg=dict(client_lr=[0.02, 0.2])))
   default = study_file.FIELDS['rounds'].default
-  (result,) = page.tuning_results(study, None).values()
+  (result,) = study_page.tuning_results(study, None).values()
   assert result['rounds'] == default and result['budget'] == 2 * default
 
 

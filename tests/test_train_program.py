@@ -16,6 +16,7 @@ from programs import experiment_config
 from programs import run_directory
 from programs import run_results
 from programs import stopping
+from tff_algos import constants
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = ['--dataset=digits', '--num_clients=10', '--clients_per_round=4', '--local_epochs=1',
@@ -275,9 +276,8 @@ def test_server_lr_alone_sets_the_server_sgd_rate():
   """--server_lr without --server_optimizer is used (plain server SGD), not ignored."""
   from tff_algos import models  # pylint: disable=g-import-not-at-top
   from programs import computations  # pylint: disable=g-import-not-at-top
-  from programs import experiment  # pylint: disable=g-import-not-at-top
   model_fn = models.make_model_fn('tiny_cnn', (8, 8, 1), 10, seed=0)
-  config = experiment.ExperimentConfig(dataset='digits', server_lr=0.25)
+  config = experiment_config.ExperimentConfig(dataset='digits', server_lr=0.25)
   process = computations.build_process(config, model_fn, num_clients=4)
   state = process.initialize()
   assert float(state.finalizer['learning_rate']) == 0.25
@@ -368,7 +368,7 @@ def test_a_round_nobody_reported_in_is_neither_divergence_nor_a_blow_up():
 @pytest.mark.parametrize('rounds,every,last', [(30, 1, 10), (30, 5, 10), (23, 7, 0),
                                                (23, 7, 3), (5, 4, 10), (600, 5, 10)])
 def test_evaluated_rounds_are_every_eval_every_and_the_last_eval_last(rounds, every, last):
-  config = experiment.ExperimentConfig(rounds=rounds, eval_every=every, eval_last=last)
+  config = experiment_config.ExperimentConfig(rounds=rounds, eval_every=every, eval_last=last)
   got = [r for r in range(1, rounds + 1) if experiment.evaluated_round(r, config)]
   expected = sorted({r for r in range(every, rounds + 1, every)} |
                     set(range(max(1, rounds - last + 1), rounds + 1)) | {rounds})
@@ -409,7 +409,7 @@ def test_a_diverged_run_is_not_resumed_and_a_fresh_start_clears_its_mark(tmp_pat
 def test_every_flag_has_a_role_and_a_flag_defining_the_run_rebuilds():
   """experiment_config.FLAG_ROLES says of every ExperimentConfig field whether --resume may
   change it and whether it rebuilds the computations; both old lists derive from it."""
-  fields = list(experiment.ExperimentConfig.__dataclass_fields__)
+  fields = list(experiment_config.ExperimentConfig.__dataclass_fields__)
   roles = experiment_config.FLAG_ROLES
   assert [f for f in fields if f not in roles] == [] and set(roles) == set(fields)
   # A flag that changes what the run computes must not reuse another run's computations,
@@ -490,7 +490,7 @@ def test_outputs_and_pipe_termination(piped_run):
   assert list(rows[0])[:3] == ['round', 'seconds', 'round_seconds']
   assert all(float(r['round_seconds']) > float(r['seconds']) > 0 for r in rows), rows
   # Without --client_test_fraction there is no per-client evaluation.
-  assert not set(experiment.CLIENT_ACCURACY_FIGURES) & (set(rows[0]) | set(summary))
+  assert not set(constants.CLIENT_ACCURACY_FIGURES) & (set(rows[0]) | set(summary))
   # time_to_accuracy at digits' default targets, read again from metrics.csv by hand.
   evaluated = [(int(r['round']), float(r['test_accuracy'])) for r in rows if r['test_accuracy']]
   expected = []
@@ -535,7 +535,7 @@ def test_weight_names_strip_the_index_and_number_repeats():
 
 
 def _client_figures_are_consistent(record):
-  mean, std, p10, lowest = (float(record[k]) for k in experiment.CLIENT_ACCURACY_FIGURES)
+  mean, std, p10, lowest = (float(record[k]) for k in constants.CLIENT_ACCURACY_FIGURES)
   assert 0 <= lowest <= p10 <= mean <= 1 and 0 <= std <= 0.5, record
 
 
@@ -559,14 +559,14 @@ def test_client_test_fraction_holds_out_examples_and_evaluates_every_client(tmp_
   for row in rows:
     evaluated = row['test_accuracy'] != ''
     assert evaluated == (row['round'] != '1')
-    assert all((row[k] != '') == evaluated for k in experiment.CLIENT_ACCURACY_FIGURES), row
+    assert all((row[k] != '') == evaluated for k in constants.CLIENT_ACCURACY_FIGURES), row
   for row in rows[1:]:
     _client_figures_are_consistent(row)
-  for k in experiment.CLIENT_ACCURACY_FIGURES:
+  for k in constants.CLIENT_ACCURACY_FIGURES:
     assert summary[k] == float(rows[-1][k]), k
   assert summary['clients_evaluated'] == 10
 
-  fed = experiment.load_federated_data(experiment.ExperimentConfig(
+  fed = experiment.load_federated_data(experiment_config.ExperimentConfig(
       dataset='digits', num_clients=10, clients_per_round=4))
   sizes = fed.client_sizes()
   held_out = [0 if n < 2 else min(n - 1, max(1, int(np.floor(0.2 * n + 0.5)))) for n in sizes]
@@ -600,7 +600,7 @@ def test_leaf_client_test_fraction_uses_the_users_own_test_data(tmp_path):
   assert summary['clients_evaluated'] == 2
   # Two clients, of 3 and 2 test examples (accuracies k/3 and j/2): mean - population std is
   # the lower one, p10 a tenth of the way up to the higher, and 6 x min is a whole number.
-  mean, std, p10, lowest = (float(row[k]) for k in experiment.CLIENT_ACCURACY_FIGURES)
+  mean, std, p10, lowest = (float(row[k]) for k in constants.CLIENT_ACCURACY_FIGURES)
   assert mean - std == pytest.approx(lowest, abs=1e-6)
   assert p10 == pytest.approx(lowest + 0.2 * std, abs=1e-6)
   assert lowest * 6 == pytest.approx(round(lowest * 6), abs=1e-5)
@@ -660,7 +660,7 @@ def test_a_refused_run_leaves_the_other_process_its_directory(tmp_path, monkeypa
   exist_ok), one takes the lock. The refused one must not remove the directory as one it
   made and left empty (the holder writes nothing while it checks its data): the holder
   would then write into a path a third process makes anew, two runs in one directory."""
-  config = experiment.ExperimentConfig(dataset='digits', root_output_dir=str(tmp_path),
+  config = experiment_config.ExperimentConfig(dataset='digits', root_output_dir=str(tmp_path),
                                        experiment_name='shared')
   run_dir = config.experiment_dir
   os.makedirs(run_dir)
@@ -722,13 +722,13 @@ def test_every_dataset_has_a_default_target_pair_and_the_flag_overrides_it():
   assert set(defaults) == set(data.DATASETS)
   assert all(len(p) == 2 and 0 < p[0] < p[1] <= 1 for p in defaults.values()), defaults
   for dataset in data.DATASETS:
-    c = experiment.ExperimentConfig(dataset=dataset)
+    c = experiment_config.ExperimentConfig(dataset=dataset)
     assert experiment_config.target_accuracies(c) == defaults[dataset]
-  c = experiment.ExperimentConfig(target_accuracy=' 0.5, 1,0.25')
+  c = experiment_config.ExperimentConfig(target_accuracy=' 0.5, 1,0.25')
   assert experiment_config.target_accuracies(c) == (0.5, 1.0, 0.25)
   # What is reported, not what is computed: a resumed run may change it, and reuses the
   # computations built for the old value.
-  saved = dict(experiment.ExperimentConfig(target_accuracy='0.6').__dict__)
+  saved = dict(experiment_config.ExperimentConfig(target_accuracy='0.6').__dict__)
   assert experiment_config.settings_changed(saved, c) == ''
   assert 'target_accuracy' in experiment_config.NOT_BUILD_INPUTS
 

@@ -20,7 +20,7 @@ import pytest
 
 from programs import experiment
 from programs import experiment_config
-from programs import methods
+from programs.methods import registry
 from programs import user_code
 from programs.studies import study_file
 
@@ -136,7 +136,7 @@ def test_method_kwargs_are_checked_against_the_builder(package_dir):
       _config(dataset=f'{PACKAGE}.parts:digits_arrays'))
   assert '--guided and --kd_weight' in _refusal(_config(algorithm=method, kd_weight=0.5))
   # The keywords the builder gets: the standard ones it declares, then --method_kwargs.
-  inputs = methods.BuildInputs(model_fn='m', client_optimizer='c', server_optimizer=None,
+  inputs = registry.BuildInputs(model_fn='m', client_optimizer='c', server_optimizer=None,
                                num_clients=6, true_clusters=None)
   config = _config(algorithm=method, method_kwargs='{"clip_norm": 0.5}')
   assert user_code.method(method).arguments(config, inputs) == ((), dict(

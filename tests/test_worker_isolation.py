@@ -20,6 +20,7 @@ import time
 import pytest
 
 from programs import experiment
+from programs import experiment_config
 from tff_algos import execution
 from tff_algos.runtime import contexts
 from tff_algos.runtime import isolation
@@ -237,10 +238,10 @@ def test_program_require_isolated_worker_flag(monkeypatch, tmp_path):
   """--require_isolated_worker: where the worker cannot be isolated the run stops before
   anything starts, with one line naming the fix."""
   monkeypatch.setattr(isolation, '_isolation_probe', ('no user namespaces (simulated)',))
-  config = experiment.ExperimentConfig(
+  config = experiment_config.ExperimentConfig(
       algorithm='fedavg', dataset='digits', num_clients=4, clients_per_round=2, rounds=1,
       progress=False, root_output_dir=str(tmp_path), require_isolated_worker=True)
-  with pytest.raises(experiment.ExperimentError) as info:
+  with pytest.raises(experiment_config.ExperimentError) as info:
     experiment.run_experiment(config)
   message = str(info.value)
   assert '\n' not in message and 'isolated' in message and 'user namespaces' in message

@@ -25,6 +25,7 @@ Modules (docs/architecture.md has the whole map):
 * `learning_process`: the parts every hand-written `LearningProcess` here shares.
 * `optimizers`: PyTorch's Adam (`build_torch_adam`) and coupled weight decay.
 * `scaffold`: SCAFFOLD, `build_scaffold`.
+* `schedules`: client and server learning-rate schedules (`Schedule`) on any process.
 * `aggregators`: the stateful aggregation processes, exported.
 * `client_work`: the client work processes, exported.
 * `models`: the model zoo and `model_fn`s, exported.

@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos.aggregators import clustered_aggregation, factories, reporting
 from tff_algos.client_work import local_training, model_delta, plugins
 from tff_algos.models import model_fns, representation
@@ -30,9 +31,9 @@ from tff_algos.models import model_fns, representation
 def classifier_similarity_index(model_fn, similarity_layer: str = 'bias') -> int:
   """Position of the final classifier's bias ('bias') or kernel ('kernel') among the
   model's trainable tensors, i.e. in its model deltas."""
-  if similarity_layer not in clustered_aggregation.SIMILARITY_LAYERS:
+  if similarity_layer not in constants.CADIS_SIMILARITY_LAYERS:
     raise ValueError(f'similarity_layer must be one of '
-                     f'{clustered_aggregation.SIMILARITY_LAYERS}, got {similarity_layer!r}')
+                     f'{constants.CADIS_SIMILARITY_LAYERS}, got {similarity_layer!r}')
   with tf.Graph().as_default():
     kernel, bias = representation.classifier_weight_indices(model_fn())
   return bias if similarity_layer == 'bias' else kernel

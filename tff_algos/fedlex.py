@@ -25,12 +25,12 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos import baselines
 from tff_algos.client_work import local_training
 from tff_algos.client_work import model_delta
 from tff_algos.models import model_fns
 
-NORMALIZATIONS = ('per_client', 'after_mean')
 BASES = ('avgm', 'sgd', 'opt', 'prox')
 
 
@@ -94,8 +94,9 @@ def global_guidance_matrix(client_deviations: Sequence[Sequence[Any]],
 
 
 def _check_normalize(normalize):
-  if normalize not in NORMALIZATIONS:
-    raise ValueError(f'normalize must be one of {NORMALIZATIONS}, got {normalize!r}')
+  if normalize not in constants.FEDLEX_NORMALIZATIONS:
+    raise ValueError(f'normalize must be one of {constants.FEDLEX_NORMALIZATIONS}, '
+                     f'got {normalize!r}')
 
 
 def _check_floor(floor):

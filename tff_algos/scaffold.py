@@ -20,12 +20,11 @@ from typing import Callable, Optional
 
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos import learning_process
 from tff_algos.aggregators import accumulate_then_step, control_variates, factories
 from tff_algos.client_work import corrected_training, local_training, model_delta
 from tff_algos.models import model_fns
-
-CLIENT_WEIGHTINGS = model_delta.CLIENT_WEIGHTINGS
 
 
 def build_scaffold(

@@ -2,7 +2,7 @@
 
 Written with matplotlib's Agg backend and no software stamp in the PNG, so that the same
 runs give the same file byte for byte (a test regenerates the committed pages and compares
-them). A study's page (programs/studies/page.py) and the papers' pages (benchmarks/report.py)
+them). A study's page (programs/studies/study_page.py) and the papers' pages (benchmarks/report.py)
 draw their curves here.
 """
 
@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from programs import pages
+from programs import generated_files
 from programs.studies import records
 
 PALETTE = ('#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#8c564b', '#e377c2',
@@ -78,6 +78,6 @@ def save(fig, path: str) -> None:
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   fig.tight_layout()
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  with pages.replacing(path) as tmp:
+  with generated_files.replacing(path) as tmp:
     fig.savefig(tmp, format='png', dpi=100, metadata={'Software': None})
   plt.close(fig)

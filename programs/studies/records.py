@@ -5,7 +5,7 @@ metrics.csv, summary.json, diverged.txt). `load_run` reads one at its own length
 length it is meant to reach); `at_length` reads a loaded run over its first rounds. A run's
 accuracy is the mean test accuracy of its last LAST evaluations, or its best evaluated round
 (`CRITERION_KEYS`). The studies (their queue and page) and the reproduction pages
-(benchmarks/runs.py) read runs through here. Imports neither TensorFlow nor TFF.
+(benchmarks/suite_runs.py) read runs through here. Imports neither TensorFlow nor TFF.
 """
 
 from __future__ import annotations

@@ -31,8 +31,9 @@ import tomllib
 from typing import Optional
 
 from programs import experiment_config
+from programs import methods
+from programs.studies import declaration
 from programs.studies import records
-from programs.studies import study as study_lib
 
 FIELDS = experiment_config.ExperimentConfig.__dataclass_fields__
 # Trainer flags the study sets itself for every run, and how.
@@ -148,7 +149,7 @@ def _string(path: str, table: str, key: str, value) -> str:
   return value
 
 
-def load(path: str, output_dir: Optional[str] = None) -> study_lib.Study:
+def load(path: str, output_dir: Optional[str] = None) -> declaration.Study:
   """The `Study` of the file at `path`, checked throughout (StudyFileError, one line).
 
   `output_dir` (relative to the working directory) replaces the file's own (relative to the
@@ -173,7 +174,7 @@ def _common_from(path: str, raw: dict, chain: tuple) -> dict:
   return _load(other_path, None, chain).common
 
 
-def _load(path: str, output_dir: Optional[str], chain: tuple) -> study_lib.Study:
+def _load(path: str, output_dir: Optional[str], chain: tuple) -> declaration.Study:
   chain += (os.path.abspath(os.path.normpath(path)),)
   try:
     with open(path, 'rb') as f:
@@ -205,14 +206,14 @@ def _load(path: str, output_dir: Optional[str], chain: tuple) -> study_lib.Study
   if len(set(seeds)) < len(seeds):
     raise _error(path, '', 'seeds', f'{list(seeds)} repeats a seed; give each seed once')
   criterion = raw.get('criterion', 'last10')
-  if criterion not in study_lib.CRITERIA:
+  if criterion not in declaration.CRITERIA:
     raise _error(path, '', 'criterion', f'{_toml(criterion)} is not a criterion; choose '
-                 + ' or '.join(f'"{c}"' for c in study_lib.CRITERIA))
-  tuning_seed = _integer(path, 'tuning_seed', raw.get('tuning_seed', study_lib.TUNING_SEED))
+                 + ' or '.join(f'"{c}"' for c in declaration.CRITERIA))
+  tuning_seed = _integer(path, 'tuning_seed', raw.get('tuning_seed', declaration.TUNING_SEED))
   if tuning_seed in seeds:
     raise _error(path, '', 'tuning_seed', f'{tuning_seed} is one of the seeds {list(seeds)}: '
                  'tuning on a reported seed would favour it; choose another (default '
-                 f'{study_lib.TUNING_SEED})')
+                 f'{declaration.TUNING_SEED})')
   tuning_rounds = raw.get('tuning_rounds')
   if tuning_rounds is not None:
     tuning_rounds = _integer(path, 'tuning_rounds', tuning_rounds, least=1)
@@ -246,7 +247,7 @@ def _load(path: str, output_dir: Optional[str], chain: tuple) -> study_lib.Study
   if report != '' and not WRITER.fullmatch(_string(path, '', 'report', report)):
     raise _error(path, '', 'report', f'{_toml(report)} is not module:function; give e.g. '
                  'report = "my_pages:write"')
-  study = study_lib.Study(
+  study = declaration.Study(
       name=name, output_dir=output_dir, seeds=seeds, common=common, runs=runs,
       comparisons=comparisons, grid=grid, tuned_as=dict(tuned_as), tuning_seed=tuning_seed,
       tuning_rounds=tuning_rounds, criterion=criterion, report=report, path=path)
@@ -278,11 +279,11 @@ def _comparisons(path: str, entries, runs: dict) -> tuple:
       raise _error(path, table, 'baseline', 'the same run as method; compare two runs')
     label = _string(path, table, 'label',
                     entry.get('label', f'{entry["method"]} vs {entry["baseline"]}'))
-    out.append(study_lib.Comparison(entry['method'], entry['baseline'], label))
+    out.append(declaration.Comparison(entry['method'], entry['baseline'], label))
   return tuple(out)
 
 
-def _check_tuning(study: study_lib.Study) -> None:
+def _check_tuning(study: declaration.Study) -> None:
   """One grid per algorithm (tuned values are an algorithm's); tuned_as names algorithms."""
   path = study.path
   tuned = {}
@@ -294,10 +295,10 @@ def _check_tuning(study: study_lib.Study) -> None:
                    'to all its runs: drop one')
     tuned[algorithm] = run
   for algorithm, source in study.tuned_as.items():
-    if algorithm not in experiment_config.ALGORITHMS:
+    if algorithm not in methods.ALGORITHMS:
       raise _error(path, '[tuned_as]', algorithm, 'not an algorithm' + (
-          _did_you_mean(algorithm, experiment_config.ALGORITHMS)
-          or f'; choose one of {", ".join(experiment_config.ALGORITHMS)}'))
+          _did_you_mean(algorithm, methods.ALGORITHMS)
+          or f'; choose one of {", ".join(methods.ALGORITHMS)}'))
     if algorithm in tuned:
       raise _error(path, '[tuned_as]', algorithm,
                    f'has a grid of its own ([tune.{tuned[algorithm]}]); '
@@ -307,13 +308,13 @@ def _check_tuning(study: study_lib.Study) -> None:
                    f'grid; the tuned ones are {", ".join(tuned) or "none"}')
 
 
-def _layers(study: study_lib.Study, run: str, point: Optional[tuple] = None) -> list:
+def _layers(study: declaration.Study, run: str, point: Optional[tuple] = None) -> list:
   """[(table, flags)] setting a run's flags, the one that wins first."""
   layers = [(f'[tune.{point[0]}]', point[1])] if point else []
   return layers + [(f'[runs.{run}]', study.runs[run]), ('[common]', study.common)]
 
 
-def _validate(study: study_lib.Study, fields: dict, seed: int, layers: list, run: str) -> None:
+def _validate(study: declaration.Study, fields: dict, seed: int, layers: list, run: str) -> None:
   """experiment_config.validate of one run's settings, its error read back to the table and
   key that set the flag it names."""
   try:
@@ -327,7 +328,7 @@ def _validate(study: study_lib.Study, fields: dict, seed: int, layers: list, run
     raise _error(study.path, f'[runs.{run}]', named[0] if named else '', str(e)) from None
 
 
-def _check_settings(study: study_lib.Study) -> None:
+def _check_settings(study: declaration.Study) -> None:
   """Every run's settings, and every grid point's: as tuned (the grid's length) and as the
   full-length run of each run that takes its values."""
   sources = {study.algorithm(run): run for run in study.grid}

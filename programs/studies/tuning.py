@@ -15,14 +15,14 @@ import os
 from typing import Optional
 
 from programs import experiment_config
-from programs import pages
-from programs.studies import experiments
+from programs import generated_files
+from programs.studies import declaration
 from programs.studies import queue
 from programs.studies import records
-from programs.studies import study as study_lib
+from programs.studies import study_configs
 
 
-def fingerprint(study: study_lib.Study) -> dict:
+def fingerprint(study: declaration.Study) -> dict:
   """What a tuning choice holds for: the grids, how they are tried, and the settings of the
   runs they tune."""
   return dict(grids=study.grid, tuning_seed=study.tuning_seed,
@@ -39,19 +39,19 @@ def point_result(config) -> dict:
   return r
 
 
-def tune(study: study_lib.Study) -> dict:
+def tune(study: declaration.Study) -> dict:
   """Makes the study's grids, freezes each one's best point in tuned.json and returns the
   record written. ExperimentError when every point of a grid diverged."""
-  queue.run_all([config for _, _, config in experiments.tuning_points(study)],
+  queue.run_all([config for _, _, config in study_configs.tuning_points(study)],
                 diverged_goes_on=True)
   return freeze(study)
 
 
-def freeze(study: study_lib.Study) -> dict:
+def freeze(study: declaration.Study) -> dict:
   """Picks each grid's best point from its made tuning runs and writes tuned.json: the
   choice, what it holds for (`fingerprint`) and every point's accuracy; returns the record.
   ExperimentError when every point of a grid diverged."""
-  points = experiments.tuning_points(study)
+  points = study_configs.tuning_points(study)
   chosen, accuracies = {}, {}
   key = records.CRITERION_KEYS[study.criterion]
   for run in study.grid:
@@ -68,7 +68,7 @@ def freeze(study: study_lib.Study) -> dict:
                                   accuracy=None if r['diverged'] else r[key]))
   record = dict(fingerprint(study), chosen=chosen, points=accuracies)
   os.makedirs(study.output_dir, exist_ok=True)
-  pages.write_json(study.tuned_path, record)
+  generated_files.write_json(study.tuned_path, record)
   return record
 
 
@@ -84,12 +84,12 @@ def read(path: str) -> Optional[dict]:
   return record if 'chosen' in record else dict(chosen=record)
 
 
-def load(study: study_lib.Study) -> Optional[dict]:
+def load(study: declaration.Study) -> Optional[dict]:
   """The study's tuned.json record (`read`), or None before `tune` wrote it."""
   return read(study.tuned_path)
 
 
-def changed(study: study_lib.Study, record: dict) -> str:
+def changed(study: declaration.Study, record: dict) -> str:
   """'' when `record` was tuned for what the study declares now, else where it differs:
   '[tune.<run>]' (a grid, or the settings of its run) or a top-level key."""
   now = json.loads(json.dumps(fingerprint(study)))   # as the record holds it
@@ -103,7 +103,7 @@ def changed(study: study_lib.Study, record: dict) -> str:
   return ''
 
 
-def tuned_values(study: study_lib.Study) -> Optional[dict]:
+def tuned_values(study: declaration.Study) -> Optional[dict]:
   """{algorithm: values} of tuned.json for the reported runs (None: the study has no grid).
   ExperimentError when the grids have not been tuned yet, or the file changed what they were
   tuned for since."""

@@ -12,9 +12,10 @@ import pytest
 
 from benchmarks import compare
 from benchmarks import report
-from benchmarks import runs as rd
+from benchmarks import suite_runs
 from benchmarks import suites
 from programs import experiment
+from programs import experiment_config
 from programs import run_directory
 from programs import stopping
 from programs.studies import queue
@@ -74,7 +75,7 @@ def test_every_kept_length_is_an_earlier_length_of_its_suite(name):
   """A length whose makings are kept in earlier_runs/rounds<N>/ was reported: the suite
   declares it among its earlier_lengths."""
   suite = suites.SUITES[name]
-  kept = rd.kept_lengths(suites.suite_dir(name))
+  kept = suite_runs.kept_lengths(suites.suite_dir(name))
   assert set(kept) <= set(suite.earlier_lengths), (kept, suite.earlier_lengths)
 
 
@@ -96,7 +97,7 @@ def test_a_diverging_grid_point_is_recorded_and_skipped(tmp_path, monkeypatch):
       write_run(config.experiment_dir, 20, np.full(4, 0.3), config=recorded)
       with open(os.path.join(config.experiment_dir, run_directory.DIVERGED), 'w') as f:
         f.write('training diverged at round 5 (train loss nan)\n')
-      raise experiment.ExperimentError(
+      raise experiment_config.ExperimentError(
           'training diverged at round 5 (train loss nan); start a new run with a lower '
           '--client_lr (now 1.0) or server learning rate')
     write_run(config.experiment_dir, 20, np.full(20, level[config.client_lr]),
@@ -110,7 +111,7 @@ def test_a_diverging_grid_point_is_recorded_and_skipped(tmp_path, monkeypatch):
   # The declaration changes after the grid ran: its finished points are other settings' now,
   # an error naming the directory and the setting, not taken for the new grid's points.
   suite.common['client_momentum'] = 0.9
-  with pytest.raises(experiment.ExperimentError,
+  with pytest.raises(experiment_config.ExperimentError,
                      match=r'base_client_lr0\.1 holds a finished run of other settings \(it '
                            r'was run with --client_momentum=0\.5 \(now --client_momentum=0\.9\)'
                            r'\); move it away'):
@@ -119,7 +120,7 @@ def test_a_diverging_grid_point_is_recorded_and_skipped(tmp_path, monkeypatch):
 
 def test_probes_run_the_tuned_runs_with_their_changes_and_are_read_back(tmp_path, monkeypatch):
   """compare.run_probes: each probe run is the suite's tuned run with the probe's changes,
-  under probes/<name>/, read back by rd.collect_probe; a probe that changes one side is
+  under probes/<name>/, read back by suite_runs.collect_probe; a probe that changes one side is
   compared with the reported runs of the other side it keeps unchanged, on its seeds (at a
   shorter length from the making kept at that length, when there is one)."""
   probe = suites.Probe('more_epochs', 'does it hold at E = 5?', dict(local_epochs=5, rounds=30),
@@ -136,7 +137,7 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_read_back(tmp_path
     tails[config.algorithm, config.seed] = acc[-10:].mean()
 
   monkeypatch.setattr(compare, '_run', fake_run)
-  assert rd.collect_probe(suite, probe) == {}   # before any probe run
+  assert suite_runs.collect_probe(suite, probe) == {}   # before any probe run
   compare.run_probes(suite, {'fedcda': dict(client_lr=0.3)})
   assert [(c.algorithm, c.seed) for c in made] == [('fedavg', 0), ('fedcda', 0),
                                                   ('fedavg', 1), ('fedcda', 1)]
@@ -144,7 +145,7 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_read_back(tmp_path
   assert [c.client_lr for c in made if c.algorithm == 'fedcda'] == [0.3, 0.3]   # tuned
   assert made[0].experiment_dir.endswith(os.path.join('toy', 'probes', 'more_epochs', 'base_s0'))
   (tmp_path / 'toy' / 'tuned.json').write_text('{"fedcda": {"client_lr": 0.3}}')
-  runs = rd.collect_probe(suite, probe)
+  runs = suite_runs.collect_probe(suite, probe)
   for run, algorithm in (('base', 'fedavg'), ('new', 'fedcda')):
     assert sorted(runs[run]) == [0, 1] and all(records.usable(r) for r in runs[run].values())
     for s in (0, 1):
@@ -164,7 +165,7 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_read_back(tmp_path
   made.clear()
   compare.run_probes(suite, {'fedcda': dict(client_lr=0.3)})
   assert [(c.algorithm, c.seed) for c in made] == [('fedcda', 0), ('fedcda', 1)]
-  runs = rd.collect_probe(suite, only_new)
+  runs = suite_runs.collect_probe(suite, only_new)
   assert sorted(runs['base']) == [0, 1] and sorted(runs['new']) == [0, 1]
   for s in (0, 1):
     assert runs['base'][s]['last10_mean_accuracy'] == pytest.approx(tails['reported', s])
@@ -172,14 +173,14 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_read_back(tmp_path
   # At a length shorter than the suite's: the reported runs' first rounds, or that length's
   # making kept in earlier_runs/ when there is one.
   short = dataclasses.replace(only_new, overrides=dict(rounds=10))
-  assert rd.collect_probe(suite, short)['base'][1]['rounds'] == 10
+  assert suite_runs.collect_probe(suite, short)['base'][1]['rounds'] == 10
   write_run(tmp_path / 'toy' / 'earlier_runs' / 'rounds10' / 'base_s1', 10,
             np.full(10, 0.3), config=dict(suite.config_overrides('base'), seed=1, rounds=10))
-  assert rd.collect_probe(suite, short)['base'][1]['last10_mean_accuracy'] == (
+  assert suite_runs.collect_probe(suite, short)['base'][1]['last10_mean_accuracy'] == (
       pytest.approx(0.3))
   shutil.rmtree(tmp_path / 'toy' / 'earlier_runs')
   alone = dataclasses.replace(only_new, unchanged=())
-  assert sorted(rd.collect_probe(suite, alone)) == ['new']
+  assert sorted(suite_runs.collect_probe(suite, alone)) == ['new']
 
   # And one that changes only the baseline (e.g. another rate) against the reported method.
   only_base = suites.Probe('base_only', 'the baseline alone?', dict(rounds=20), ('base',),
@@ -194,7 +195,7 @@ def test_probes_run_the_tuned_runs_with_their_changes_and_are_read_back(tmp_path
   made.clear()
   compare.run_probes(suite, {'fedcda': dict(client_lr=0.3)})
   assert [(c.algorithm, c.seed) for c in made] == [('fedavg', 1), ('fedavg', 2)]
-  runs = rd.collect_probe(suite, only_base)
+  runs = suite_runs.collect_probe(suite, only_base)
   assert sorted(runs) == ['base', 'new'] and sorted(runs['new']) == [1, 2]
   for s in (1, 2):
     assert records.usable(runs['new'][s])
@@ -426,7 +427,7 @@ def test_compare_leaves_a_run_another_process_holds_for_last_and_then_makes_it(t
   configs = []
   for name in ('held', 'free'):
     (tmp_path / name).mkdir()
-    configs.append(experiment.ExperimentConfig(root_output_dir=str(tmp_path),
+    configs.append(experiment_config.ExperimentConfig(root_output_dir=str(tmp_path),
                                                experiment_name=name))
   holding, release = threading.Event(), threading.Event()
 
@@ -459,7 +460,7 @@ def test_compare_stops_at_a_signal_like_the_program(tmp_path, monkeypatch):
     raise stopping.Interrupted(signal.SIGTERM, 3, config.experiment_dir)
 
   monkeypatch.setattr(experiment, 'run_experiment', fake_run_experiment)
-  configs = [experiment.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name=n)
+  configs = [experiment_config.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name=n)
              for n in ('a', 'b')]
   with pytest.raises(stopping.Interrupted):
     compare.run_all(configs)
@@ -475,7 +476,7 @@ def test_compare_stopped_while_waiting_for_a_run_does_not_start_it(tmp_path, mon
   monkeypatch.setattr(queue, '_STOP', stop)
   monkeypatch.setattr(experiment, 'run_experiment',
                       lambda *a, **k: pytest.fail('a run was started after the signal'))
-  config = experiment.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name='r')
+  config = experiment_config.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name='r')
   os.makedirs(os.path.join(config.experiment_dir, 'checkpoints', 'program_state_7'))
   with open(os.path.join(config.experiment_dir, 'config.json'), 'w') as f:
     json.dump(dict(rounds=30), f)
@@ -499,7 +500,7 @@ def test_compare_waiting_for_another_process_stops_at_a_signal(tmp_path, monkeyp
 
   monkeypatch.setattr(compare, '_run', fake_run)
   (tmp_path / 'held').mkdir()
-  config = experiment.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name='held')
+  config = experiment_config.ExperimentConfig(root_output_dir=str(tmp_path), experiment_name='held')
   holding, release = threading.Event(), threading.Event()
 
   def other_process():
@@ -523,7 +524,7 @@ def test_compare_waiting_for_another_process_stops_at_a_signal(tmp_path, monkeyp
 
 def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsys):
   """A finished run shorter than the suite's rounds, with no checkpoint, is made again from
-  round 1: compare first moves it to earlier_runs/rounds<N>/ (rd.remade_runs then compares
+  round 1: compare first moves it to earlier_runs/rounds<N>/ (suite_runs.remade_runs then compares
   the two), --plan says so; a stopped run with a checkpoint resumes in place; a name already
   kept there is an error naming both, and nothing moves."""
   suite = paired_toy_suite(40, tmp_path, monkeypatch)
@@ -564,11 +565,11 @@ def test_compare_keeps_a_shorter_run_it_makes_again(tmp_path, monkeypatch, capsy
   np.testing.assert_allclose(records.load_run(str(kept / 'new_s0'))['curve_accuracy'], shorter)
   assert records.load_run(configs['new_s0'].experiment_dir)['rounds_done'] == 40
   assert not (kept / 'base_s0').exists()
-  assert [(r['run'], r['seed']) for r in rd.remade_runs(suite)] == [('new', 0)]
-  with pytest.raises(experiment.ExperimentError, match='already keeps a run of that name'):
+  assert [(r['run'], r['seed']) for r in suite_runs.remade_runs(suite)] == [('new', 0)]
+  with pytest.raises(experiment_config.ExperimentError, match='already keeps a run of that name'):
     compare._run(configs['new_s1'])   # pylint: disable=protected-access
   assert records.load_run(configs['new_s1'].experiment_dir)['rounds_done'] == 20
-  with pytest.raises(experiment.ExperimentError,
+  with pytest.raises(experiment_config.ExperimentError,
                      match=r'holds a shorter finished run \(20 rounds\) of other settings'):
     compare._run(configs['base_s1'])   # pylint: disable=protected-access
   assert records.load_run(configs['base_s1'].experiment_dir)['rounds_done'] == 20
@@ -640,7 +641,7 @@ def test_compare_takes_a_longer_run_as_finished_and_keeps_other_shorter_records(
   probe = dataclasses.replace(config, root_output_dir=str(tmp_path / 'toy' / 'probes' / 'runs'))
   write_run(probe.experiment_dir, 10, np.full(10, 0.5),
             config=dict(dataclasses.asdict(probe), rounds=10))
-  with pytest.raises(experiment.ExperimentError,
+  with pytest.raises(experiment_config.ExperimentError,
                      match='holds a finished run of 10 rounds and no checkpoint to continue it '
                            'to 20: move it away'):
     compare._run(probe)   # pylint: disable=protected-access

@@ -15,7 +15,7 @@ from benchmarks import fedcda_diagnosis
 from benchmarks import fedcross_diagnosis
 from benchmarks import fedlex_diagnosis as fd
 from benchmarks import fedprox_pull
-from benchmarks import runs as rd
+from benchmarks import suite_runs
 from benchmarks import suites
 from programs.studies import records
 from tests.benchmarks.toy_runs import curve_run, evaluated, write_run
@@ -81,16 +81,16 @@ def test_fedcda_diagnosis_statistics_on_random_rows(seed):
   evaluated = acc[np.isfinite(acc)]
   assert fedcda_diagnosis.best_round(rows) == pytest.approx(evaluated.max())
   assert fedcda_diagnosis.last10(rows) == pytest.approx(evaluated[-10:].mean())
-  assert rd.window_marks(n, warmup) == [25, 50, 100, 120]
-  assert rd.window_marks(600, 50) == list(range(50, 601, 50))
-  assert rd.window_marks(120) == [50, 100, 120]
+  assert suite_runs.window_marks(n, warmup) == [25, 50, 100, 120]
+  assert suite_runs.window_marks(600, 50) == list(range(50, 601, 50))
+  assert suite_runs.window_marks(120) == [50, 100, 120]
   for start, stop in ((0, 25), (25, 50), (50, 100), (100, 120)):
     window = acc[start:stop]
     rounds = np.flatnonzero(np.isfinite(window)).astype(float)
     values = window[np.isfinite(window)]
     design = np.stack([rounds, np.ones_like(rounds)], axis=1)
     fit, *_ = np.linalg.lstsq(design, values, rcond=None)
-    mean, swing = rd.window_accuracy(rows, start, stop)
+    mean, swing = suite_runs.window_accuracy(rows, start, stop)
     assert mean == pytest.approx(values.mean())
     assert swing == pytest.approx(np.std(values - design @ fit))
 
@@ -112,13 +112,14 @@ def test_fedcda_diagnosis_reads_a_pair_at_the_rounds_bothevaluated():
   keep = np.array([r in sparse for r in range(1, 61)])
   for start, stop in ((0, 25), (25, 50), (50, 60)):
     mask = keep[start:stop]
-    assert rd.window_accuracy(a, start, stop)[0] == pytest.approx(avg[start:stop][mask].mean())
+    assert suite_runs.window_accuracy(a, start, stop)[0] == pytest.approx(
+        avg[start:stop][mask].mean())
     rounds = np.flatnonzero(mask).astype(float)
     values = avg[start:stop][mask]
     fit = np.polyval(np.polyfit(rounds, values, 1), rounds)
-    assert rd.window_accuracy(a, start, stop)[1] == pytest.approx(np.std(values - fit))
-    assert rd.window_accuracy(c, start, stop)[0] - rd.window_accuracy(a, start, stop)[0] \
-        == pytest.approx(0.05)
+    assert suite_runs.window_accuracy(a, start, stop)[1] == pytest.approx(np.std(values - fit))
+    assert (suite_runs.window_accuracy(c, start, stop)[0]
+            - suite_runs.window_accuracy(a, start, stop)[0]) == pytest.approx(0.05)
   assert fedcda_diagnosis.best_round(a[:45]) == pytest.approx(avg[:45][keep[:45]].max())
   assert fedcda_diagnosis.last10(a) == pytest.approx(avg[-10:].mean())   # the headline's
 
@@ -369,7 +370,7 @@ def test_fedcross_diagnosis_spread_on_random_rounds():
 
 
 def test_fedcross_diagnosis_reads_sparsely_evaluated_runs_as_the_report_does():
-  """last-10 and the peak margin over the last 10 evaluated rounds (rd.last10_at)."""
+  """last-10 and the peak margin over the last 10 evaluated rounds (suite_runs.last10_at)."""
   rng = np.random.default_rng(8)
   rounds = evaluated(120, 5)
   cross_full, avg_full = rng.uniform(0.4, 0.9, (2, 3, 120))
@@ -383,7 +384,7 @@ def test_fedcross_diagnosis_reads_sparsely_evaluated_runs_as_the_report_does():
   margins = [column(c) - column(a) for c, a in zip(cross_full, avg_full)]
   mean = np.mean(margins, axis=0)
   runs = curve_run(rounds, mean[np.array(rounds) - 1])
-  best = max(((rd.last10_at(runs, r), r) for r in rounds[9:]), key=lambda w: w[0])
+  best = max(((suite_runs.last10_at(runs, r), r) for r in rounds[9:]), key=lambda w: w[0])
   assert fedcross_diagnosis.peak_margin(margins) == f'{100 * best[0]:+.2f} (round {best[1]})'
 
 
@@ -417,7 +418,7 @@ def test_fedcross_diagnosis_tables_on_toy_runs():
   over = '\n'.join(fedcross_diagnosis._rounds_lines([('toy', cross, avg, 50)]))
   # seed 0: 0.52 with ten rounds 0.1 higher, seed 1: 0.48; FedAvg flat (no swing), FedCross's
   # swing that of seed 0's bump about its line (seed 1 flat), averaged over the two seeds
-  bump_swing = rd.swing(bump[:50])
+  bump_swing = suite_runs.swing(bump[:50])
   assert (f'| 1-50, acceleration | 0.990 | 10.0 | 2.0 | 50.00 | 51.00 | +1.00 ± 4.24 | 0.00 | '
           f'{50 * bump_swing:.2f} |') in over, over
   assert '| 51-60 | 0.990 | 2.0 | 2.0 | 50.00 | 50.00 | +0.00 ± 2.83 | 0.00 | 0.00 |' in over, over
@@ -526,7 +527,7 @@ def test_fedlex_diagnosis_groups_g_by_explorer_rate_and_scales_steps(tmp_path, m
   products = [30.0 * guid['fedlex_avgm', s]['guidance_mean'] for s in (0, 1)]
   assert cells[7] == f'{np.mean(products):.2g} ± {np.std(products, ddof=1):.2g}', row
   assert cells[5:7] == ['0.1', '30'], row
-  width = rd.plateau_window(rounds)
+  width = suite_runs.plateau_window(rounds)
   margins = [[np.nanmean(curves['fedlex_avgm', s][a:a + width]) -
               np.nanmean(curves['fedavgm', s][a:a + width]) for a in range(0, rounds, width)]
              for s in (0, 1)]
@@ -612,7 +613,7 @@ def test_fedlex_diagnosis_floor_probe_and_runs_stuck_at_chance(tmp_path, monkeyp
   assert 'at the probe\'s length (100 rounds;' in text
   assert 'Stuck at chance with G floored (test accuracy never above 11%): fedlex_prox seed 1 ' \
          '(round-1 client train loss 4.6e+25).' in text, text
-  assert fd.stuck_at_chance(rd.collect(suite)) == []   # the reported runs all learned
+  assert fd.stuck_at_chance(suite_runs.collect(suite)) == []   # the reported runs all learned
 
 
 def test_fedprox_pull_arithmetic_against_numpy():

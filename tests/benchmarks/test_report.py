@@ -13,10 +13,11 @@ import pytest
 from scipy import stats
 
 from benchmarks import report, suites
-from benchmarks import runs as rd
+from benchmarks import suite_runs
 from programs import experiment
+from programs import experiment_config
+from programs.studies import declaration
 from programs.studies import paired
-from programs.studies import study as study_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -85,14 +86,14 @@ def _suite(name='toy', rounds=100, criterion='last10', **kwargs):
 
 
 def _make(tmp_path, suite, run, seed, accuracy, every=1, finished=True):
-  fields = dict(experiment.ExperimentConfig(**suite.config_overrides(run)).__dict__,
+  fields = dict(experiment_config.ExperimentConfig(**suite.config_overrides(run)).__dict__,
                 seed=seed)
   rounds = fields['rounds']
-  config = experiment.ExperimentConfig(**{k: v for k, v in fields.items()})
+  config = experiment_config.ExperimentConfig(**{k: v for k, v in fields.items()})
   shown = {r: float(accuracy[r - 1]) for r in range(1, rounds + 1)
-           if experiment.evaluated_round(r, experiment.ExperimentConfig(
+           if experiment.evaluated_round(r, experiment_config.ExperimentConfig(
                rounds=rounds, eval_every=every))}
-  _write_run(tmp_path / suite.name / 'runs' / study_lib.run_name(run, seed),
+  _write_run(tmp_path / suite.name / 'runs' / declaration.run_name(run, seed),
              dict(config.__dict__, eval_every=every), shown, finished)
 
 
@@ -106,7 +107,7 @@ def test_comparison_figures_match_numpy(tmp_path, monkeypatch):
             for run in ('base', 'new') for s in suites.SEEDS}
   for (run, s), acc in curves.items():
     _make(tmp_path, suite, run, s, acc)
-  c, = report.comparisons(suite, rd.collect(suite))
+  c, = report.comparisons(suite, suite_runs.collect(suite))
   reads = dict(last10=lambda a: a[-10:].mean(), window=lambda a: a[-50:].mean(),
                best=lambda a: a.max())
   for key, read in reads.items():
@@ -122,7 +123,7 @@ def test_comparison_figures_match_numpy(tmp_path, monkeypatch):
   # a paper that reports each run's best round (CADIS's) has every suite of its method read
   # at the best round, whatever the suite's own tuning criterion
   monkeypatch.setattr(suites, 'BEST_ROUND_PAPERS', ('toy',))
-  c, = report.comparisons(suite, rd.collect(suite))
+  c, = report.comparisons(suite, suite_runs.collect(suite))
   assert suite.criterion == 'last10' and c['verdict_key'] == 'best'
   assert c['verdict'] == report.verdict(5.0, 0, c['best']['margin'], c['best']['half_width'])
 
@@ -134,7 +135,7 @@ def test_a_pair_on_two_schedules_is_read_at_the_rounds_both_evaluated(tmp_path, 
   base, new = rng.uniform(0.5, 0.9, 100), rng.uniform(0.5, 0.9, 100)
   _make(tmp_path, suite, 'base', 0, base, every=5)
   _make(tmp_path, suite, 'new', 0, new, every=1)
-  c, = report.comparisons(suite, rd.collect(suite))
+  c, = report.comparisons(suite, suite_runs.collect(suite))
   both = np.array([r for r in range(1, 101) if r % 5 == 0 or r > 90]) - 1
   tail = both[both >= 50]
   assert c['window']['margins'] == pytest.approx([100 * (new[tail].mean() - base[tail].mean())])
@@ -153,7 +154,7 @@ def test_a_borrowed_run_is_read_from_its_suite_at_the_borrowers_length(tmp_path,
   for s in suites.SEEDS:
     _make(tmp_path, maker, 'base', s, base[s])
     _make(tmp_path, borrower, 'new', s, new[s])
-  loaded = rd.collect(borrower)
+  loaded = suite_runs.collect(borrower)
   assert all(r['rounds'] == 60 and r['finished'] for r in loaded['base'].values())
   c, = report.comparisons(borrower, loaded)
   np.testing.assert_allclose(c['last10']['margins'],
@@ -174,7 +175,7 @@ def test_runs_that_never_left_or_fell_back_to_chance_are_named(tmp_path, monkeyp
     if s == 2:
       acc[70:] = 0.1
     _make(tmp_path, suite, 'new', s, acc)
-  c, = report.comparisons(suite, rd.collect(suite))
+  c, = report.comparisons(suite, suite_runs.collect(suite))
   assert report.stuck_text(c) == ('new seed 1 never left chance; new seed 2 fell to chance at '
                                   'round 71')
   assert ('**' + report.VERDICT_WORDS[c['verdict']] + '** (new seed 1 never left chance'
@@ -355,7 +356,7 @@ def test_seeds_beyond_the_declared_ones_are_read_and_counted(tmp_path, monkeypat
   for s in range(5):
     for run in ('base', 'new'):
       _make(tmp_path, suite, run, s, rng.uniform(0.5, 0.9, 100))
-  c, = report.comparisons(suite, rd.collect(suite))
+  c, = report.comparisons(suite, suite_runs.collect(suite))
   assert c['seeds'] == [0, 1, 2, 3, 4]
   assert '10 of 10 runs finished' in report.suite_page(suite)[0]
   assert report.seeds_cell(dict(c, planned=7)) == '5 of 7'
@@ -370,7 +371,7 @@ def test_a_headline_is_judged_against_the_paper_figure_it_names(tmp_path, monkey
   for s in suites.SEEDS:
     _make(tmp_path, suite, 'base', s, np.full(100, 0.70 + 0.001 * s))
     _make(tmp_path, suite, 'new', s, np.full(100, 0.72 + 0.002 * s))
-  c, = report.comparisons(suite, rd.collect(suite))
+  c, = report.comparisons(suite, suite_runs.collect(suite))
   assert c['verdict'] == 'smaller'   # +2.2 against the toy paper's +5
   small = report.judged(c, dict(baseline=70.0, method=72.0, dataset='Other'))
   assert small['verdict'] == 'reproduced' and small['paper_margin'] == pytest.approx(2.0)
@@ -385,11 +386,11 @@ def test_a_retired_protocol_gives_the_cost_its_timing_probe_measured(tmp_path, m
   paper = _suite(name='paper', rounds=200, paper_of='toy', retired=('toy', 'timing'))
   _toy(monkeypatch, tmp_path, maker, paper)
   for run, seconds in (('base', 90.0), ('new', 96.0)):
-    path = tmp_path / 'toy' / 'probes' / 'timing' / study_lib.run_name(run, 0)
+    path = tmp_path / 'toy' / 'probes' / 'timing' / declaration.run_name(run, 0)
     fields = dict(maker.probe_overrides(maker.probes[0], run), seed=0)
-    _write_run(path, dict(experiment.ExperimentConfig(**fields).__dict__),
+    _write_run(path, dict(experiment_config.ExperimentConfig(**fields).__dict__),
                {r: 0.5 for r in range(1, 21)}, seconds=seconds)
-  c, = report.comparisons(paper, rd.collect(paper))
+  c, = report.comparisons(paper, suite_runs.collect(paper))
   assert c['verdict'] == 'retired'
   hours = 93.0 * 200 / 3600
   assert report.retired_text(paper) == (
@@ -408,7 +409,7 @@ def test_rounds_to_targets_match_numpy(tmp_path, monkeypatch):
   every = {('new', suites.SEEDS[0]): 5}
   for (run, s), acc in curves.items():
     _make(tmp_path, suite, run, s, acc, every=every.get((run, s), 1))
-  got = report.rounds_to_targets(rd.collect(suite), suite.comparisons[0], suite.targets)
+  got = report.rounds_to_targets(suite_runs.collect(suite), suite.comparisons[0], suite.targets)
   assert got['seeds'] == list(suites.SEEDS)
   for t in suite.targets:
     means = {}

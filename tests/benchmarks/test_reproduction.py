@@ -16,8 +16,8 @@ import pytest
 from benchmarks import suites
 from programs import experiment
 from programs import experiment_config
+from programs.studies import declaration
 from programs.studies import records
-from programs.studies import study as study_lib
 
 ROUNDS = 3
 # FedCDA's check runs past its warmup into its own rounds, up to this warmup; past it the
@@ -32,10 +32,10 @@ def test_first_rounds_of_a_committed_run_are_reproduced(tmp_path, name):
   run = suite.comparisons[0].method
   if suite.config_overrides(run).get('fedcda_warmup_rounds', 0) > MAX_WARMUP:
     run = suite.comparisons[0].baseline   # the paper protocol's 50 FedAvg rounds at E = 20
-  committed = os.path.join(suites.suite_dir(name), 'runs', study_lib.run_name(run, 0))
+  committed = os.path.join(suites.suite_dir(name), 'runs', declaration.run_name(run, 0))
   if not os.path.exists(os.path.join(committed, 'metrics.csv')):
     # Before the suite's runs exist, one of its committed learning-rate grid points.
-    points = [os.path.join(suites.suite_dir(name), 'tuning', study_lib.tuning_name(run, values))
+    points = [os.path.join(suites.suite_dir(name), 'tuning', declaration.tuning_name(run, values))
               for values in records.grid_points(suite.grid.get(run, {}))]
     points = [p for p in points if os.path.exists(os.path.join(p, 'summary.json'))]
     if not points:
@@ -66,7 +66,7 @@ def test_first_rounds_of_a_committed_run_are_reproduced(tmp_path, name):
 def test_fedavg_fashion_mnist_dirichlet_reaches_80_percent(tmp_path):
   """Issue 2's evidence run: FedAvg, Fashion-MNIST, Dirichlet 0.5, 20 clients, 4 per round,
   30 rounds (benchmarks/fedavg_fmnist: 85.4% final)."""
-  summary = experiment.run_experiment(experiment.ExperimentConfig(
+  summary = experiment.run_experiment(experiment_config.ExperimentConfig(
       algorithm='fedavg', dataset='fashion_mnist', partition='dirichlet',
       dirichlet_alpha=0.5, num_clients=20, clients_per_round=4, rounds=30, local_epochs=1,
       batch_size=50, client_lr=0.05, client_momentum=0.5, root_output_dir=str(tmp_path),

@@ -14,7 +14,7 @@ import pytest
 from benchmarks import compare
 from benchmarks import report
 from benchmarks import suites
-from programs.studies import experiments
+from programs.studies import study_configs
 from programs.studies import study_file
 from programs.studies import tuning
 from tests.benchmarks.toy_runs import write_run
@@ -50,11 +50,11 @@ def test_a_study_file_gives_the_suites_runs_and_tuning_points(name, monkeypatch)
   suite = suites.SUITES[name]
   study = study_file.load(os.path.relpath(suite.study))
   tuned = suites.load_tuned(name)
-  ours = [dataclasses.asdict(c) for c in experiments.run_configs(
+  ours = [dataclasses.asdict(c) for c in study_configs.run_configs(
       study, tuning.tuned_values(study) if tuned or not study.grid else None)]
   theirs = [dataclasses.asdict(c) for c in compare.run_configs(suite, tuned)]
   assert ours == theirs
-  assert [dataclasses.asdict(c) for _, _, c in experiments.tuning_points(study)] == [
+  assert [dataclasses.asdict(c) for _, _, c in study_configs.tuning_points(study)] == [
       dataclasses.asdict(c) for _, _, c in compare.tuning_points(suite)]
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from benchmarks import suites
 from programs import experiment
+from programs import experiment_config
 
 # The toy suites' runs and their algorithms (what each run's config.json records).
 TOY_ALGORITHMS = {'base': 'fedavg', 'new': 'fedcda'}
@@ -58,7 +59,7 @@ def curve_run(rounds, accuracy) -> dict:
 
 def evaluated(total, every, last=10) -> list:
   """The rounds a run of `total` rounds evaluates at --eval_every=every, --eval_last=last."""
-  config = experiment.ExperimentConfig(rounds=total, eval_every=every, eval_last=last)
+  config = experiment_config.ExperimentConfig(rounds=total, eval_every=every, eval_last=last)
   return [r for r in range(1, total + 1) if experiment.evaluated_round(r, config)]
 
 

@@ -25,5 +25,5 @@ from tff_algos.aggregators.cross_aggregation import build_cross_aggregation_proc
 from tff_algos.aggregators.cross_round_cache import (build_cross_round_cache_process,
                                                      build_replace_finalizer)
 from tff_algos.aggregators.control_variates import build_control_variate_aggregation
-from tff_algos.aggregators.clustered_aggregation import ClusteredAggregator, build_clustered_aggregator
+from tff_algos.aggregators.clustered_aggregation import ClusteredAggregator
 from tff_algos.aggregators.reporting import ReportingFactory, keep_unless_reported

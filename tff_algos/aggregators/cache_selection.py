@@ -14,11 +14,8 @@ import itertools
 import numpy as np
 import tensorflow as tf
 
+from tff_algos import constants
 from tff_algos.aggregators import accumulate_then_step
-
-
-# The dtype the cached models are held in, and its bytes per weight.
-CACHE_DTYPES = {'float32': 4, 'float16': 2, 'bfloat16': 2}
 
 # The state, dense so `tff.program` checkpoints it:
 #   cache         chunks of [G_c, K, D] tensors, N·K·D weights in the cache's dtype (one
@@ -55,7 +52,7 @@ CACHE_DTYPES = {'float32': 4, 'float16': 2, 'bfloat16': 2}
 def cache_size_bytes(num_clients: int, cache_size: int, num_params: int,
                      cache_dtype: str = 'float32') -> int:
   """Bytes of the model cache: b·N·K·D, b = 4 (float32) or 2 (float16, bfloat16)."""
-  return (CACHE_DTYPES[cache_dtype] * int(num_clients) * int(cache_size)
+  return (constants.FEDCDA_CACHE_DTYPES[cache_dtype] * int(num_clients) * int(cache_size)
           * int(num_params))
 
 

@@ -32,13 +32,13 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos.aggregators import accumulate_then_step, clustering, factories
 # The factory's argument defaults and the server step's options, read here by its importers too.
 from tff_algos.aggregators.clustering import (  # noqa: F401
-    CLOSURES, DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_GROWTH, DEFAULT_THRESHOLD_MAX,
+    DEFAULT_THRESHOLD, DEFAULT_THRESHOLD_GROWTH, DEFAULT_THRESHOLD_MAX,
     DEFAULT_TRANSITIVE_HALF_WIDTH, DEFAULT_TWO_HOP_METRICS_MAX_CLIENTS, ClusteringOptions)
 
-SIMILARITY_LAYERS = ('bias', 'kernel')
 KEYED_FIELDS = ('client_index', 'delta')
 
 
@@ -203,14 +203,15 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
                        f'({self._threshold})')
     if not np.isfinite(threshold_growth) or threshold_growth < 1.0:
       raise ValueError(f'threshold_growth must be >= 1, got {threshold_growth!r}')
-    if similarity_layer not in SIMILARITY_LAYERS:
+    if similarity_layer not in constants.CADIS_SIMILARITY_LAYERS:
       raise ValueError(
-          f'similarity_layer must be one of {SIMILARITY_LAYERS}, got {similarity_layer!r}')
+          f'similarity_layer must be one of {constants.CADIS_SIMILARITY_LAYERS}, '
+          f'got {similarity_layer!r}')
     if similarity_index is not None and (isinstance(similarity_index, bool) or
                                          not isinstance(similarity_index, (int, np.integer))):
       raise ValueError(f'similarity_index must be None or an int, got {similarity_index!r}')
-    if closure not in CLOSURES:
-      raise ValueError(f'closure must be one of {CLOSURES}, got {closure!r}')
+    if closure not in constants.CADIS_CLOSURES:
+      raise ValueError(f'closure must be one of {constants.CADIS_CLOSURES}, got {closure!r}')
     if not np.isfinite(transitive_half_width) or transitive_half_width <= 0:
       raise ValueError(f'transitive_half_width must be > 0, got {transitive_half_width!r}')
     if true_clusters is not None:
@@ -300,12 +301,6 @@ class ClusteredAggregator(tff.aggregators.WeightedAggregationFactory):
           self._threshold, options, self._true_clusters, self._delta_aggregator)
     return _build_process(value_type, weight_type, delta_specs, keyed, self._num_clients,
                           self._capacity, self._threshold, options, self._true_clusters)
-
-
-def build_clustered_aggregator(num_clients: Optional[int], clients_per_round: int,
-                               **kwargs) -> ClusteredAggregator:
-  """`ClusteredAggregator(num_clients, clients_per_round, **kwargs)` (builder-style alias)."""
-  return ClusteredAggregator(num_clients, clients_per_round, **kwargs)
 
 
 def _initial_state_fn(keyed: bool, n: int, threshold: float):

@@ -45,9 +45,9 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from tff_algos import constants
 from tff_algos.aggregators import cross_aggregation
 
-CLOSURES = ('two_hop', 'components', 'oracle')
 DEFAULT_THRESHOLD = 0.975
 DEFAULT_THRESHOLD_MAX = 0.985
 DEFAULT_THRESHOLD_GROWTH = 1.0005
@@ -242,8 +242,8 @@ def cluster_relation(adj, seen, closure: str = 'two_hop') -> tf.Tensor:
   'two_hop': i ~ j iff some k has A_ki = A_kj = 1; 'components': i ~ j iff a path of A
   joins them.
   """
-  if closure not in CLOSURES[:2]:
-    raise ValueError(f'closure must be one of {CLOSURES[:2]}, got {closure!r}')
+  if closure not in constants.CADIS_CLOSURES[:2]:
+    raise ValueError(f'closure must be one of {constants.CADIS_CLOSURES[:2]}, got {closure!r}')
   seen = tf.convert_to_tensor(seen, tf.bool)
   n = tf.shape(seen)[0]
   self_loops = tf.logical_and(tf.eye(n, dtype=tf.bool), seen[None, :])

@@ -21,11 +21,10 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos.aggregators import accumulate_then_step
 from tff_algos.client_work import model_upload
 
-SELECTIONS = ('lowest_similarity', 'highest_similarity', 'in_order')
-SIMILARITIES = ('model', 'layerwise')
 
 
 # --------------------------------------------------------------------------- #
@@ -76,12 +75,14 @@ def layerwise_similarity_matrix(stacked_models) -> tf.Tensor:
 
 
 def similarity_matrix(stacked_models, similarity: str = 'model') -> tf.Tensor:
-  """[K, K] similarity of the models [K, ...] by `similarity`, one of `SIMILARITIES`."""
+  """[K, K] similarity of the models [K, ...] by `similarity`, one of
+  `constants.FEDCROSS_SIMILARITIES`."""
   if similarity == 'model':
     return cosine_similarity_matrix(flatten_models(stacked_models))
   if similarity == 'layerwise':
     return layerwise_similarity_matrix(stacked_models)
-  raise ValueError(f'similarity must be one of {SIMILARITIES}, got {similarity!r}')
+  raise ValueError(f'similarity must be one of {constants.FEDCROSS_SIMILARITIES}, '
+                   f'got {similarity!r}')
 
 
 def in_order_collaborators(num_models: int, round_num) -> tf.Tensor:
@@ -106,8 +107,8 @@ def select_collaborators(sim, rule: str, round_num, eligible=None) -> tf.Tensor:
       clients do not report"): only they get a collaborator and only they are one; a model
       with no eligible candidate (its in-order partner not eligible) gets -1.
   """
-  if rule not in SELECTIONS:
-    raise ValueError(f'selection must be one of {SELECTIONS}, got {rule!r}')
+  if rule not in constants.FEDCROSS_SELECTIONS:
+    raise ValueError(f'selection must be one of {constants.FEDCROSS_SELECTIONS}, got {rule!r}')
   sim = tf.convert_to_tensor(sim, tf.float32)
   k = sim.shape[0]
   if k is None:
@@ -221,12 +222,13 @@ def validate_options(num_models: int, alpha: float, selection: str, num_propelle
   if isinstance(num_models, bool) or not isinstance(num_models, (int, np.integer)) \
       or num_models < 1:
     raise ValueError(f'num_models must be an integer >= 1, got {num_models!r}')
-  if not 0.0 <= alpha <= 1.0:
-    raise ValueError(f'alpha must be in [0, 1] (paper: [0.5, 1)), got {alpha}')
-  if selection not in SELECTIONS:
-    raise ValueError(f'selection must be one of {SELECTIONS}, got {selection!r}')
-  if similarity not in SIMILARITIES:
-    raise ValueError(f'similarity must be one of {SIMILARITIES}, got {similarity!r}')
+  if not constants.fedcross_alpha_is_valid(alpha):
+    raise ValueError(f'alpha must be in {constants.FEDCROSS_ALPHA_INTERVAL}, got {alpha}')
+  if selection not in constants.FEDCROSS_SELECTIONS:
+    raise ValueError(f'selection must be one of {constants.FEDCROSS_SELECTIONS}, got {selection!r}')
+  if similarity not in constants.FEDCROSS_SIMILARITIES:
+    raise ValueError(f'similarity must be one of {constants.FEDCROSS_SIMILARITIES}, '
+                     f'got {similarity!r}')
   if similarity != 'model' and selection == 'in_order':
     raise ValueError(f'similarity={similarity!r} is read only by the similarity rules, not by '
                      "selection='in_order'; drop it (similarity='model') or choose "
@@ -289,7 +291,7 @@ def build_cross_aggregation_process(
     weights_type: the `tff.learning.models.ModelWeights` type of one model.
     num_models: K, the number of middleware models (= clients per round).
     alpha: the CrossAggr weight of a model's own upload (paper default 0.99).
-    selection: collaborator rule, one of `SELECTIONS`.
+    selection: collaborator rule, one of `constants.FEDCROSS_SELECTIONS`.
     alpha_schedule: dynamic alpha over the first `accel_rounds` rounds.
     num_propellers: propellers per model during the first `accel_rounds` rounds (> 1 on).
     accel_rounds: length of the acceleration phase.

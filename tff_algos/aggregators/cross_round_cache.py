@@ -21,13 +21,12 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos.aggregators import accumulate_then_step
 from tff_algos.aggregators.cache_selection import (
-    CACHE_DTYPES, batch_sizes, cache_round, cache_size_bytes, chunk_clients, chunk_sizes)
+    batch_sizes, cache_round, cache_size_bytes, chunk_clients, chunk_sizes)
 from tff_algos.client_work import model_upload
 
-SELECTIONS = ('batch_greedy', 'exact', 'newest', 'random')
-WARMUP_WEIGHTINGS = ('data_size', 'uniform')
 # The exhaustive search of one batch evaluates K^{batch size} combinations at once.
 MAX_COMBINATIONS = 1 << 20
 
@@ -65,13 +64,14 @@ def validate_options(num_clients: int, clients_per_round: int, cache_size: int,
                      f'({num_clients})')
   if not smoothness >= 0.0:
     raise ValueError(f'smoothness (L) must be >= 0, got {smoothness}')
-  if selection not in SELECTIONS:
-    raise ValueError(f'selection must be one of {SELECTIONS}, got {selection!r}')
-  if warmup_weighting not in WARMUP_WEIGHTINGS:
-    raise ValueError(f'warmup_weighting must be one of {WARMUP_WEIGHTINGS}, '
+  if selection not in constants.FEDCDA_SELECTIONS:
+    raise ValueError(f'selection must be one of {constants.FEDCDA_SELECTIONS}, got {selection!r}')
+  if warmup_weighting not in constants.FEDCDA_WARMUP_WEIGHTINGS:
+    raise ValueError(f'warmup_weighting must be one of {constants.FEDCDA_WARMUP_WEIGHTINGS}, '
                      f'got {warmup_weighting!r}')
-  if cache_dtype not in CACHE_DTYPES:
-    raise ValueError(f'cache_dtype must be one of {tuple(CACHE_DTYPES)}, got {cache_dtype!r}')
+  if cache_dtype not in constants.FEDCDA_CACHE_DTYPES:
+    raise ValueError(f'cache_dtype must be one of {tuple(constants.FEDCDA_CACHE_DTYPES)}, '
+                     f'got {cache_dtype!r}')
   largest = max(batch_sizes(clients_per_round, 1 if selection == 'exact' else num_batches))
   if selection in ('batch_greedy', 'exact') and cache_size ** largest > MAX_COMBINATIONS:
     raise ValueError(
@@ -109,14 +109,15 @@ def build_cross_round_cache_process(
     num_batches: B for 'batch_greedy' (paper: 3).
     warmup_rounds: rounds of FedAvg behaviour before selection starts (paper: 50 of 200).
     smoothness: L in eq. 8 (paper: 1).
-    selection: one of `SELECTIONS`.
-    warmup_weighting: the warmup's FedAvg weights, one of `WARMUP_WEIGHTINGS`: 'data_size'
+    selection: one of `constants.FEDCDA_SELECTIONS`.
+    warmup_weighting: the warmup's FedAvg weights, one of `constants.FEDCDA_WARMUP_WEIGHTINGS`: 'data_size'
       (the upload weights, i.e. example counts; the paper) or 'uniform'.
     seed: seeds the random batch split and 'random' selection (with the round number).
     max_cache_gib: refuse a configuration whose state (`state_size_bytes`) exceeds this
       many GiB (None: no limit).
-    cache_dtype: the dtype the cached models are held in, one of `CACHE_DTYPES`: 'float32'
-      (default), or 'float16' / 'bfloat16' for half the cache's memory (`cache_selection`'s "Precision").
+    cache_dtype: the dtype the cached models are held in, one of `constants.FEDCDA_CACHE_DTYPES`:
+      'float32' (default), or 'float16' / 'bfloat16' for half the cache's memory
+      (`cache_selection`'s "Precision").
 
   Returns:
     An AggregationProcess: state as in `cache_selection`'s comment; next(state, upload@CLIENTS,
@@ -130,7 +131,7 @@ def build_cross_round_cache_process(
              ', hold the cache in float16 (--fedcda_cache_dtype=float16, half the memory)')
   accumulate_then_step.check_state_size(
       'the FedCDA cache', size, max_cache_gib,
-      f'{CACHE_DTYPES[cache_dtype]}·N·K·D bytes: N={n} clients, K={k}, '
+      f'{constants.FEDCDA_CACHE_DTYPES[cache_dtype]}·N·K·D bytes: N={n} clients, K={k}, '
       f'D={num_weights(weights_type)} weights, {cache_dtype}',
       f'lower the cache size (--fedcda_cache_size) or the number of clients{smaller}, or '
       'raise max_cache_gib (--fedcda_max_cache_gib)')

@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos import optimizers
 from tff_algos.client_work import local_training, model_delta, plugins
 from tff_algos.models import model_fns
@@ -95,8 +96,8 @@ def build_corrected_client_work(
   model_fn = model_fns.as_model_fn(model_fn)
   local_training.check_client_training(client_optimizer_fn, client_batch_size)
   check_plain_sgd(client_optimizer_fn)
-  if client_weighting not in model_delta.CLIENT_WEIGHTINGS:
-    raise ValueError(f'client_weighting must be one of {model_delta.CLIENT_WEIGHTINGS}, '
+  if client_weighting not in constants.CLIENT_WEIGHTINGS:
+    raise ValueError(f'client_weighting must be one of {constants.CLIENT_WEIGHTINGS}, '
                      f'got {client_weighting!r}')
   stages = plugins.ClientStages(guided, kd_weight, kd_reduction, kd_std)
   weights_type = model_delta.model_weights_type(model_fn)

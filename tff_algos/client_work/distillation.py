@@ -19,10 +19,9 @@ from typing import Any, Callable, NamedTuple
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos.models import representation
 
-REDUCTIONS = ('sum', 'mean')
-STDS = ('population', 'sample')
 KERNEL_EPSILON = 1e-3
 _MIN_SQUARED_DISTANCE = 1e-12
 # Gap (in log space) below a row's smallest kernel value at which the excluded diagonal sits:
@@ -53,10 +52,10 @@ def pairwise_distances(representations) -> tf.Tensor:
 
 
 def _check(reduction: str, std: str) -> None:
-  if reduction not in REDUCTIONS:
-    raise ValueError(f'kd_reduction must be one of {REDUCTIONS}, got {reduction!r}')
-  if std not in STDS:
-    raise ValueError(f'kd_std must be one of {STDS}, got {std!r}')
+  if reduction not in constants.KD_REDUCTIONS:
+    raise ValueError(f'kd_reduction must be one of {constants.KD_REDUCTIONS}, got {reduction!r}')
+  if std not in constants.KD_STDS:
+    raise ValueError(f'kd_std must be one of {constants.KD_STDS}, got {std!r}')
 
 
 def log_conditional_probabilities(representations, std: str = 'population') -> tf.Tensor:

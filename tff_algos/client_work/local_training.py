@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
-INPUT_KEYS = ('x', 'y', 'order', 'index', 'slot', 'work')
+from tff_algos import constants
 
 
 def input_xy_specs(model_input_spec) -> tuple:
@@ -58,11 +58,8 @@ def client_element_type(model_input_spec) -> tff.StructType:
   return tff.StructType([
       ('x', tff.TensorType(x_spec.dtype.as_numpy_dtype, x_spec.shape)),
       ('y', tff.TensorType(y_spec.dtype.as_numpy_dtype, y_spec.shape)),
-      ('order', tff.TensorType(np.int32, [None, None])),
-      ('index', tff.TensorType(np.int32)),
-      ('slot', tff.TensorType(np.int32)),
-      ('work', tff.TensorType(np.float32)),
-  ])
+  ] + [(name, tff.TensorType(np.dtype(dtype), shape))
+       for name, dtype, shape in constants.CLIENT_INPUT_FIELDS])
 
 
 def client_data_type(model_input_spec) -> tff.SequenceType:

@@ -16,11 +16,10 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_federated as tff
 
+from tff_algos import constants
 from tff_algos.client_work import local_training
 from tff_algos.client_work import plugins
 from tff_algos.models import model_fns
-
-CLIENT_WEIGHTINGS = ('num_examples', 'uniform')
 
 
 def keyed_update_type(delta_type: tff.Type) -> tff.Type:
@@ -292,8 +291,8 @@ def build_model_delta_client_work(
   model_fn = model_fns.as_model_fn(model_fn)
   local_training.check_client_training(client_optimizer_fn, client_batch_size,
                                        needs_optimizer=not full_gradient)
-  if client_weighting not in CLIENT_WEIGHTINGS:
-    raise ValueError(f'client_weighting must be one of {CLIENT_WEIGHTINGS}, got {client_weighting!r}')
+  if client_weighting not in constants.CLIENT_WEIGHTINGS:
+    raise ValueError(f'client_weighting must be one of {constants.CLIENT_WEIGHTINGS}, got {client_weighting!r}')
   if proximal_strength < 0:
     raise ValueError(f'proximal_strength must be >= 0, got {proximal_strength}')
   stages = plugins.ClientStages(guided, kd_weight, kd_reduction, kd_std)

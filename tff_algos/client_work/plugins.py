@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
+from tff_algos import constants
 from tff_algos.client_work import distillation
 
 
@@ -45,11 +46,11 @@ class ClientStages:
         self.kd_weight, (int, float, np.integer, np.floating)) or not np.isfinite(
             self.kd_weight) or self.kd_weight < 0:
       raise ValueError(f'kd_weight must be a finite number >= 0, got {self.kd_weight!r}')
-    if self.kd_reduction not in distillation.REDUCTIONS:
-      raise ValueError(f'kd_reduction must be one of {distillation.REDUCTIONS}, got '
+    if self.kd_reduction not in constants.KD_REDUCTIONS:
+      raise ValueError(f'kd_reduction must be one of {constants.KD_REDUCTIONS}, got '
                        f'{self.kd_reduction!r}')
-    if self.kd_std not in distillation.STDS:
-      raise ValueError(f'kd_std must be one of {distillation.STDS}, got {self.kd_std!r}')
+    if self.kd_std not in constants.KD_STDS:
+      raise ValueError(f'kd_std must be one of {constants.KD_STDS}, got {self.kd_std!r}')
     object.__setattr__(self, 'guided', bool(self.guided))
     object.__setattr__(self, 'kd_weight', float(self.kd_weight))
 

@@ -1,4 +1,4 @@
-"""benchmarks/runs.py: reading run directories (lengths, kept makings, borrowed runs, costs)
+"""benchmarks/suite_runs.py: reading run directories (lengths, kept makings, borrowed runs, costs)
 and the statistics read from them, against numpy on toy runs."""
 
 import dataclasses
@@ -9,10 +9,10 @@ import shutil
 import numpy as np
 import pytest
 
-from benchmarks import runs as rd
+from benchmarks import suite_runs
 from benchmarks import suites
+from programs.studies import declaration
 from programs.studies import records
-from programs.studies import study as study_lib
 from tests.benchmarks.toy_runs import (curve_run, evaluated, every_fifth, paired_toy_suite,
                                        write_run)
 
@@ -21,11 +21,11 @@ def test_plateau_delta_is_the_move_between_the_last_two_windows():
   rng = np.random.default_rng(0)
   curves = [np.clip(np.linspace(0.2, 0.8, 200) + rng.normal(0, 0.01, 200), 0, 1)
             for _ in range(3)]
-  w, moved = rd.plateau_delta([curve_run(range(1, 201), c) for c in curves])
+  w, moved = suite_runs.plateau_delta([curve_run(range(1, 201), c) for c in curves])
   mean = np.mean(curves, axis=0) * 100
   assert w == 50
   assert moved == pytest.approx(mean[-50:].mean() - mean[-100:-50].mean())
-  w, moved = rd.plateau_delta([curve_run(range(1, 41), np.full(40, 0.7))])
+  w, moved = suite_runs.plateau_delta([curve_run(range(1, 41), np.full(40, 0.7))])
   assert (w, moved) == (10, 0.0)
 
 
@@ -42,7 +42,7 @@ def test_sparsely_evaluated_runs_are_read_by_round():
   stacked = np.array([f[np.array(rounds) - 1] for f in full])
   np.testing.assert_allclose(mean, stacked.mean(0))
   np.testing.assert_allclose(std, stacked.std(0, ddof=1))
-  w, moved = rd.plateau_delta(runs)
+  w, moved = suite_runs.plateau_delta(runs)
   by_round = dict(zip(rounds, stacked.mean(0)))
   last = [v for r, v in by_round.items() if r > 250]
   before = [v for r, v in by_round.items() if 200 < r <= 250]
@@ -52,7 +52,7 @@ def test_sparsely_evaluated_runs_are_read_by_round():
   # 205-250 at round 250, which a run evaluated every round would read as 241-250)
   for end, window in ((300, range(291, 301)), (250, range(205, 251, 5)),
                       (253, range(205, 251, 5))):
-    assert rd.last10_at(runs[0], end) == pytest.approx(full[0][np.array(window) - 1].mean())
+    assert suite_runs.last10_at(runs[0], end) == pytest.approx(full[0][np.array(window) - 1].mean())
   figures = records.curve_figures(list(zip(rounds, runs[0]['curve_accuracy'])), 300)
   assert figures['last10_mean_accuracy'] == pytest.approx(full[0][290:].mean())
   assert figures['final_accuracy'] == full[0][299]
@@ -86,10 +86,10 @@ def test_runs_that_never_left_chance_are_told_apart(tmp_path, monkeypatch):
       acc = np.full(12, 0.1)
       acc[4] = 0.115
     write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{s}', 12, acc)
-  runs = rd.collect(suite)
+  runs = suite_runs.collect(suite)
   assert all(records.usable(r) for seeds in runs.values() for r in seeds.values())
   assert [(run, s) for run, seeds in runs.items() for s, r in seeds.items()
-          if rd.never_left_chance(r)] == [('new', 1)]
+          if suite_runs.never_left_chance(r)] == [('new', 1)]
 
 
 def test_runs_that_fell_back_to_chance_give_the_round_their_last_stretch_began(tmp_path,
@@ -109,10 +109,11 @@ def test_runs_that_fell_back_to_chance_give_the_round_their_last_stretch_began(t
     if (run, s) == ('new', 0):   # never left chance
       acc = np.full(12, 0.1)
     write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{s}', 12, acc)
-  runs = rd.collect(suite)
-  assert {(run, s): rd.fell_to_chance(r) for run, seeds in runs.items()
-          for s, r in seeds.items() if rd.fell_to_chance(r)} == {('new', 2): 9}
-  assert rd.never_left_chance(runs['new'][0]) and rd.fell_to_chance(runs['new'][0]) is None
+  runs = suite_runs.collect(suite)
+  assert {(run, s): suite_runs.fell_to_chance(r) for run, seeds in runs.items()
+          for s, r in seeds.items() if suite_runs.fell_to_chance(r)} == {('new', 2): 9}
+  assert suite_runs.never_left_chance(runs['new'][0])
+  assert suite_runs.fell_to_chance(runs['new'][0]) is None
 
 
 def test_on_common_rounds_reads_a_pair_at_the_rounds_both_evaluated():
@@ -124,7 +125,7 @@ def test_on_common_rounds_reads_a_pair_at_the_rounds_both_evaluated():
   curves = {run: np.linspace(0.3, 0.8, 100) + rng.normal(0, 0.02, 100) for run in ('a', 'b')}
   base = dict(curve_run(range(1, 101), curves['a']), rounds=100)
   method = dict(curve_run(sparse, curves['b'][np.array(sparse) - 1]), rounds=100)
-  a, b = rd.on_common_rounds(base, method)
+  a, b = suite_runs.on_common_rounds(base, method)
   assert a['curve_rounds'] == b['curve_rounds'] == sparse
   assert a['best_accuracy'] == pytest.approx(curves['a'][np.array(sparse) - 1].max())
   assert a['last10_mean_accuracy'] == pytest.approx(curves['a'][np.array(sparse[-10:]) - 1].mean())
@@ -139,12 +140,12 @@ def test_common_evaluations_blank_what_the_other_run_did_not_evaluate():
          {'round': '3', 'test_accuracy': 'nan'}]
   two = [{'round': '1', 'test_accuracy': ''}, {'round': '2', 'test_accuracy': '0.7'},
          {'round': '3', 'test_accuracy': '0.6'}]
-  a, b = rd.common_evaluations(one, two)
+  a, b = suite_runs.common_evaluations(one, two)
   assert [r['test_accuracy'] for r in a] == ['', '', 'nan']
   assert [r['test_accuracy'] for r in b] == ['', '', '0.6']
   assert one[0]['test_accuracy'] == '0.5'   # copies
   with pytest.raises(ValueError, match='same rounds'):
-    rd.common_evaluations(one, two[:2])
+    suite_runs.common_evaluations(one, two[:2])
 
 
 def test_collect_reads_every_seed_ever_run_and_its_figures(tmp_path, monkeypatch):
@@ -159,7 +160,7 @@ def test_collect_reads_every_seed_ever_run_and_its_figures(tmp_path, monkeypatch
       write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{seed}', 30, acc)
       tails[run, seed] = acc[-10:].mean()
   write_run(tmp_path / 'toy' / 'runs' / 'new_s7', 30, np.full(12, 0.5), summary_rounds=12)
-  runs = rd.collect(suite)
+  runs = suite_runs.collect(suite)
   assert sorted(runs['base']) == [0, 1, 2] and sorted(runs['new']) == [0, 1, 2, 7]
   for (run, seed), tail in tails.items():
     assert records.usable(runs[run][seed])
@@ -177,13 +178,13 @@ def test_a_run_shorter_than_its_suite_is_not_finished(tmp_path, monkeypatch):
   monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
   write_run(tmp_path / 'toy' / 'runs' / 'base_s0', 20, np.full(20, 0.5))
   for lr in (0.1, 0.3):
-    write_run(tmp_path / 'toy' / 'tuning' / study_lib.tuning_name('base', dict(client_lr=lr)), 20,
+    write_run(tmp_path / 'toy' / 'tuning' / declaration.tuning_name('base', dict(client_lr=lr)), 20,
               np.full(20, lr))
-  run = rd.collect(suite)['base'][0]
+  run = suite_runs.collect(suite)['base'][0]
   assert not run['finished'] and (run['rounds_done'], run['rounds']) == (20, 40)
   assert records.load_run(str(tmp_path / 'toy' / 'runs' / 'base_s0'))['finished']
   for values in records.grid_points(suite.grid['base']):
-    path = tmp_path / 'toy' / 'tuning' / study_lib.tuning_name('base', values)
+    path = tmp_path / 'toy' / 'tuning' / declaration.tuning_name('base', values)
     tuning = records.at_length(records.load_run(str(path)),
                                suite.tuning_overrides('base', values)['rounds'])
     assert tuning['finished'] and tuning['last10_mean_accuracy'] == pytest.approx(
@@ -194,7 +195,7 @@ def test_a_run_shorter_than_its_suite_is_not_finished(tmp_path, monkeypatch):
     (200, list(range(20, 201, 20))), (300, list(range(50, 301, 50))),
     (150, list(range(25, 151, 25))), (100, list(range(10, 101, 10))), (7, [7])])
 def test_checkpoint_rounds(rounds, want):
-  assert rd.checkpoint_rounds(rounds) == want
+  assert suite_runs.checkpoint_rounds(rounds) == want
 
 
 def test_a_run_made_at_other_settings_is_left_out_and_named(tmp_path, monkeypatch):
@@ -206,7 +207,7 @@ def test_a_run_made_at_other_settings_is_left_out_and_named(tmp_path, monkeypatc
       write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{seed}', 20, np.full(20, level))
   path = tmp_path / 'toy' / 'runs' / 'new_s1' / 'config.json'
   path.write_text(json.dumps(dict(rounds=20, algorithm='fedprox')))
-  runs = rd.collect(suite)
+  runs = suite_runs.collect(suite)
   assert runs['new'][1]['stale'] == ['algorithm=fedprox (declared: fedcda)']
   assert runs['new'][1]['finished'] and not records.usable(runs['new'][1])
   assert [records.usable(runs[run][s]) for run in ('base', 'new') for s in (0, 1)] == [
@@ -228,13 +229,13 @@ def test_a_run_evaluated_on_another_schedule_is_a_run_of_the_declared_settings(t
       write_run(tmp_path / 'toy' / 'runs' / f'{run}_s{seed}', 20, np.full(20, 0.5),
                 config=dict(algorithm=algorithm, eval_every=1,
                             **(dict(eval_last=3) if seed else {})))
-  runs = rd.collect(suite)
+  runs = suite_runs.collect(suite)
   assert all(r['stale'] == [] and records.usable(r) for seeds in runs.values()
              for r in seeds.values())
   shutil.rmtree(tmp_path / 'toy' / 'runs' / 'new_s1')
   write_run(tmp_path / 'toy' / 'runs' / 'new_s1', 20, np.full(20, 0.5),
             config=dict(algorithm='fedprox', eval_every=1))
-  assert rd.collect(suite)['new'][1]['stale'] == ['algorithm=fedprox (declared: fedcda)']
+  assert suite_runs.collect(suite)['new'][1]['stale'] == ['algorithm=fedprox (declared: fedcda)']
 
 
 def test_swing_is_the_scatter_about_the_windows_line():
@@ -249,17 +250,17 @@ def test_swing_is_the_scatter_about_the_windows_line():
     y = acc[np.isfinite(acc)]
     coef, *_ = np.linalg.lstsq(np.stack([x, np.ones_like(x)], axis=1), y, rcond=None)
     residual = y - (coef[0] * x + coef[1])
-    assert rd.swing(acc) == pytest.approx(np.sqrt(np.mean(residual ** 2)))
+    assert suite_runs.swing(acc) == pytest.approx(np.sqrt(np.mean(residual ** 2)))
   # a straight rise has no swing; under three evaluated rounds there is no line to speak of
-  assert rd.swing(0.3 + 0.01 * np.arange(20)) == pytest.approx(0, abs=1e-12)
-  assert np.isnan(rd.swing(np.array([0.5, np.nan, 0.6, np.nan])))
+  assert suite_runs.swing(0.3 + 0.01 * np.arange(20)) == pytest.approx(0, abs=1e-12)
+  assert np.isnan(suite_runs.swing(np.array([0.5, np.nan, 0.6, np.nan])))
   rounds = list(range(5, 101, 5))   # a 100-round run evaluated every 5 rounds
   acc = list(rng.uniform(0.4, 0.9, len(rounds)))
   run = dict(rounds=100, curve_rounds=rounds, curve_accuracy=acc)
   x = np.array([r for r in rounds if r > 60], np.float64)
   y = np.array([a for r, a in zip(rounds, acc) if r > 60])
   coef = np.polyfit(x, y, 1)
-  assert rd.run_swing(run, 40) == pytest.approx(np.std(y - np.polyval(coef, x)))
+  assert suite_runs.run_swing(run, 40) == pytest.approx(np.std(y - np.polyval(coef, x)))
 
 
 def test_at_length_reads_a_longer_run_over_its_first_rounds(tmp_path):
@@ -314,23 +315,24 @@ def test_a_length_is_read_from_the_shortest_kept_making_at_least_that_long(tmp_p
     if s < 2:
       write_run(base / 'earlier_runs' / 'rounds30' / f'base_s{s}', 30, acc[s][:30],
                 config=dict(config, rounds=30))
-  assert rd.kept_lengths(str(base)) == [30] and rd.kept_lengths(str(base), at_least=31) == []
-  at20 = rd.collect_at(suite, 20)['base']
+  assert suite_runs.kept_lengths(str(base)) == [30]
+  assert suite_runs.kept_lengths(str(base), at_least=31) == []
+  at20 = suite_runs.collect_at(suite, 20)['base']
   for s in (0, 1):
     assert at20[s]['dir'].endswith(os.path.join('rounds30', f'base_s{s}'))
     assert at20[s]['finished'] and at20[s]['rounds'] == 20
     assert at20[s]['last10_mean_accuracy'] == pytest.approx(acc[s][10:20].mean())
   assert at20[2]['dir'].endswith(os.path.join('runs', 'base_s2'))
   assert at20[2]['last10_mean_accuracy'] == pytest.approx(acc[2][[4, 9, 14, 19]].mean())
-  assert rd.collect_at(suite, 30)['base'][0]['dir'].endswith(
+  assert suite_runs.collect_at(suite, 30)['base'][0]['dir'].endswith(
       os.path.join('rounds30', 'base_s0'))
-  at40 = rd.collect_at(suite)['base']
+  at40 = suite_runs.collect_at(suite)['base']
   assert all(r['dir'].endswith(os.path.join('runs', f'base_s{s}')) for s, r in at40.items())
 
 
 def test_with_kept_evaluations_fills_unevaluated_rounds_from_an_identical_making(tmp_path,
                                                                                 monkeypatch):
-  """rd.with_kept_evaluations: a run evaluated every 5th round takes the test figures of
+  """suite_runs.with_kept_evaluations: a run evaluated every 5th round takes the test figures of
   the rounds it did not evaluate from its kept shorter making, evaluated every round, when
   every other value of the rounds both ran agrees (timing aside); a making whose training
   loss differs in one round lends nothing."""
@@ -348,7 +350,7 @@ def test_with_kept_evaluations_fills_unevaluated_rounds_from_an_identical_making
     write_run(base / 'earlier_runs' / 'rounds30' / f'new_s{s}', 30, acc[s][:30],
               seconds=7.0, columns={'client_work/train/loss': kept_loss})
   metrics = {'new': {s: records.metrics_rows(base / 'runs' / f'new_s{s}') for s in (0, 1)}}
-  got, filled = rd.with_kept_evaluations(suite, metrics)
+  got, filled = suite_runs.with_kept_evaluations(suite, metrics)
   assert filled == {('new', 0): (30, 24)}   # 30 rounds, every 5th evaluated: 24 filled
   col = records.metrics_column(got['new'][0], 'test_accuracy')
   np.testing.assert_allclose(col[:30], acc[0][:30])
@@ -370,7 +372,7 @@ def test_compute_hours_sum_every_kind_of_run(tmp_path, monkeypatch):
     rounds, seconds = int(rng.integers(3, 30)), float(rng.uniform(0.5, 9))
     write_run(tmp_path / 'toy' / path, rounds + 5, np.full(rounds, 0.5), seconds=seconds)
     want[kind] = want.get(kind, 0.0) + rounds * seconds / 3600
-  got = rd.compute_hours('toy')
+  got = suite_runs.compute_hours('toy')
   assert set(got) == set(want)
   for kind in want:
     np.testing.assert_allclose(got[kind], want[kind], rtol=1e-12)
@@ -394,7 +396,7 @@ def test_remade_runs_compare_each_shorter_run_with_its_new_making(tmp_path, monk
   write_run(base / 'runs' / 'base_s1', 40, earlier[:15], summary_rounds=15)   # still running
   write_run(base / 'earlier_runs' / 'rounds20' / 'new_s2', 20, earlier)   # other settings:
   write_run(base / 'runs' / 'new_s2', 40, again, config=dict(algorithm='fedcda', batch_size=7))
-  got = {(r['run'], r['seed']): r for r in rd.remade_runs(suite)}
+  got = {(r['run'], r['seed']): r for r in suite_runs.remade_runs(suite)}
   assert sorted(got) == [('base', 0), ('new', 0)]
   new = got['new', 0]
   assert new['length'] == 20 and new['again_rounds'] == 40 and new['first_difference'] == 13
@@ -410,7 +412,7 @@ def test_remade_runs_compare_each_shorter_run_with_its_new_making(tmp_path, monk
   # one, the 20-round making with the 30-round one (where it first differs) and that with
   # the reported 40-round run (the same bit for bit).
   write_run(base / 'earlier_runs' / 'rounds30' / 'new_s0', 30, again[:30], seconds=3.0)
-  got = {(r['run'], r['seed'], r['length']): r for r in rd.remade_runs(suite)}
+  got = {(r['run'], r['seed'], r['length']): r for r in suite_runs.remade_runs(suite)}
   assert sorted(got) == [('base', 0, 20), ('new', 0, 20), ('new', 0, 30)]
   assert (got['new', 0, 20]['again_rounds'], got['new', 0, 20]['first_difference']) == (30, 13)
   assert got['new', 0, 20]['again_seconds'] == 3.0
@@ -435,7 +437,7 @@ def test_a_run_made_again_evaluating_less_often_is_compared_where_both_evaluated
     write_run(base / 'runs' / f'new_s{seed}', 40,   # test figures every 5th round
               [a if r in rounds else '' for r, a in enumerate(again, 1)],
               config=dict(algorithm='fedcda', eval_every=5))
-  got = {r['seed']: r for r in rd.remade_runs(suite)}
+  got = {r['seed']: r for r in suite_runs.remade_runs(suite)}
   assert got[0]['first_difference'] is None and got[0]['largest_gap'] == 0
   np.testing.assert_allclose([got[0]['earlier'], got[0]['again']],
                              [earlier[[14, 19]].mean()] * 2, rtol=1e-6)
@@ -463,16 +465,16 @@ def test_a_suite_being_lengthened_reports_its_last_complete_length(tmp_path, mon
   for run in ('base', 'new'):
     write_run(base / 'runs' / f'{run}_s0', 40, long[run, 0])
   write_run(base / 'runs' / 'base_s1', 40, long['base', 1][:15], summary_rounds=15)   # going
-  assert rd.reported_rounds(suite) == 20
-  runs = rd.collect(suite)
+  assert suite_runs.reported_rounds(suite) == 20
+  runs = suite_runs.collect(suite)
   for (run, s), acc in short.items():
     assert runs[run][s]['finished']
     np.testing.assert_allclose(runs[run][s]['last10_mean_accuracy'], acc[10:].mean(), rtol=1e-6)
   assert runs['base'][0]['dir'].endswith(os.path.join('earlier_runs', 'rounds20', 'base_s0'))
-  assert [len(rows) for rows in rd.suite_metrics(suite)['base'].values()] == [20] * 3
+  assert [len(rows) for rows in suite_runs.suite_metrics(suite)['base'].values()] == [20] * 3
   # read at 40 meanwhile: seed 0 finished there, base seed 1 under way, seed 2 of 20 rounds
   # (not made again yet), new seed 1 kept only at 20 (not begun at 40)
-  at40 = rd.collect_at(suite, 40)
+  at40 = suite_runs.collect_at(suite, 40)
   assert {(run, s): records.usable(r) for run, seeds in at40.items() for s, r in seeds.items()} == {
       ('base', 0): True, ('base', 1): False, ('base', 2): False, ('new', 0): True,
       ('new', 2): False}
@@ -486,10 +488,10 @@ def test_a_suite_being_lengthened_reports_its_last_complete_length(tmp_path, mon
   write_run(base / 'runs' / 'base_s2', 40, long['base', 2])
   write_run(base / 'runs' / 'new_s2', 40, long['new', 2][:33], summary_rounds=33)
   (base / 'runs' / 'new_s2' / 'diverged.txt').write_text('training diverged at round 34\n')
-  assert rd.reported_rounds(suite) == 40
-  runs = rd.collect(suite)
+  assert suite_runs.reported_rounds(suite) == 40
+  runs = suite_runs.collect(suite)
   assert runs['new'][2]['diverged'] == 'training diverged at round 34'
-  assert rd.settled(runs['new'][2]) and not records.usable(runs['new'][2])
+  assert suite_runs.settled(runs['new'][2]) and not records.usable(runs['new'][2])
   np.testing.assert_allclose(runs['base'][1]['last10_mean_accuracy'], long['base', 1][30:].mean(),
                              rtol=1e-6)
 
@@ -512,16 +514,16 @@ def test_a_lengthened_suite_keeps_probe_baselines_and_summaries_at_their_lengths
   write_run(base / 'runs' / 'base_s0', 40, long[0])   # extended in place, finished
   write_run(base / 'runs' / 'base_s1', 40, long[1][:33], summary_rounds=20)   # extending
   write_run(base / 'runs' / 'base_s2', 20, long[2][:20])
-  assert rd.reported_rounds(suite) == 20
-  runs = rd.collect(suite)['base']
+  assert suite_runs.reported_rounds(suite) == 20
+  runs = suite_runs.collect(suite)['base']
   assert runs[0]['summary'] == {} and runs[0]['client_epochs_training'] is None
   assert runs[1]['summary']['rounds'] == 20   # its summary is still the 20-round making's
-  got = rd.collect_probe(suite, probe)['base']
+  got = suite_runs.collect_probe(suite, probe)['base']
   assert [records.usable(got[s]) for s in (0, 1, 2)] == [True, True, False]
   for s in (0, 1):
     np.testing.assert_allclose(got[s]['last10_mean_accuracy'], long[s][20:30].mean(), rtol=1e-6)
   # probe_metrics: the probe's own runs, and the unchanged ones from their own directories
-  rows = rd.probe_metrics(suite, probe)
+  rows = suite_runs.probe_metrics(suite, probe)
   assert sorted(rows['base']) == [0, 1] and sorted(rows['new']) == [0, 1, 2]
   for s in (0, 1):
     np.testing.assert_allclose(records.metrics_column(rows['base'][s], 'test_accuracy'),
@@ -542,8 +544,8 @@ def test_a_run_read_short_of_its_making_sums_its_costs_from_its_rows(tmp_path, m
               columns={'client_work/train/client_epochs': epochs,
                        'exploration_client_epochs': explored})
     write_run(base / 'runs' / f'new_s{s}', 20, rng.uniform(0.3, 0.9, 20))
-  runs = rd.collect(suite)
-  assert rd.reported_rounds(suite) == 20
+  runs = suite_runs.collect(suite)
+  assert suite_runs.reported_rounds(suite) == 20
   for s in (0, 1, 2):
     assert runs['base'][s]['summary'] == {}
     assert runs['base'][s]['client_epochs_training'] == int(epochs[:20].sum())
@@ -558,21 +560,21 @@ def test_a_run_read_short_of_its_making_sums_its_costs_from_its_rows(tmp_path, m
 
 
 def test_whole_round_ratio_sums_the_rounds_that_record_both(tmp_path, monkeypatch):
-  """rd.whole_round_ratio: round_seconds over seconds, summed over every round but the
+  """suite_runs.whole_round_ratio: round_seconds over seconds, summed over every round but the
   first of the runs that record both; NaN when none does; whole_round_record also says
   which kinds of runs the ratio comes from and how long their rounds trained."""
   monkeypatch.setattr(suites, 'suite_dir', lambda name: str(tmp_path / name))
   write_run(tmp_path / 'toy' / 'runs' / 'old_s0', 5, np.full(5, 0.5), seconds=1.0)
-  assert np.isnan(rd.whole_round_ratio('toy'))
-  assert rd.whole_round_record('toy')[1] == ()
+  assert np.isnan(suite_runs.whole_round_ratio('toy'))
+  assert suite_runs.whole_round_record('toy')[1] == ()
   write_run(tmp_path / 'toy' / 'runs' / 'a_s0', 5, np.full(5, 0.5), seconds=2.0,
             round_seconds=3.0)
   write_run(tmp_path / 'toy' / 'tuning' / 'b_lr1', 3, np.full(3, 0.5), seconds=1.0,
             round_seconds=4.0)
-  assert rd.whole_round_ratio('toy') == pytest.approx((4 * 3.0 + 2 * 4.0) / (4 * 2.0 + 2))
+  assert suite_runs.whole_round_ratio('toy') == pytest.approx((4 * 3.0 + 2 * 4.0) / (4 * 2.0 + 2))
   # which runs the ratio comes from, and how long their rounds trained (median of 2,2,2,2,1,1)
-  ratio, kinds, median = rd.whole_round_record('toy')
-  assert ratio == pytest.approx(rd.whole_round_ratio('toy'))
+  ratio, kinds, median = suite_runs.whole_round_record('toy')
+  assert ratio == pytest.approx(suite_runs.whole_round_ratio('toy'))
   assert kinds == ('reported runs', 'tuning') and median == pytest.approx(2.0)
 
 
@@ -589,20 +591,20 @@ def test_whole_round_example_cites_a_suite_that_records_whole_rounds(tmp_path, m
   monkeypatch.setattr(suites, 'SUITES', {'old': suite('old'), 'dense': suite('dense'),
                                          'sparse': suite('sparse', eval_every=5)})
   write_run(tmp_path / 'old' / 'runs' / 'a_s0', 5, np.full(5, 0.5), seconds=1.0)
-  assert rd.whole_round_example() == 'no suite records it yet'
+  assert suite_runs.whole_round_example() == 'no suite records it yet'
   write_run(tmp_path / 'sparse' / 'runs' / 'a_s0', 5, np.full(5, 0.5), seconds=2.0,
             round_seconds=3.0)
-  assert rd.whole_round_example() == (
+  assert suite_runs.whole_round_example() == (
       'e.g. the sparse suite\'s recorded rounds, evaluated every 5 rounds, took 1.5 times their '
       'training')
   write_run(tmp_path / 'dense' / 'runs' / 'a_s0', 5, np.full(5, 0.5), seconds=2.0,
             round_seconds=5.0)
-  assert rd.whole_round_example() == (
+  assert suite_runs.whole_round_example() == (
       'e.g. the dense suite\'s recorded rounds, evaluated every round, took 2.5 times their '
       'training')
-  assert rd.whole_round_example(besides='dense').startswith('e.g. the sparse suite')
+  assert suite_runs.whole_round_example(besides='dense').startswith('e.g. the sparse suite')
   shutil.rmtree(tmp_path / 'dense')
-  assert rd.whole_round_example(besides='sparse') == 'no suite records it yet'
+  assert suite_runs.whole_round_example(besides='sparse') == 'no suite records it yet'
 
 
 def test_a_borrowed_run_is_read_from_the_suite_that_makes_it(tmp_path, monkeypatch):
@@ -620,8 +622,8 @@ def test_a_borrowed_run_is_read_from_the_suite_that_makes_it(tmp_path, monkeypat
       comparisons=(suites.Comparison('new', 'base', 'p', 'l'),))
   monkeypatch.setitem(suites.SUITES, 'maker', maker)
   assert borrower.run_names == ('new', 'base')
-  assert rd.source(borrower, 'base') == (maker, 'fedavg_x')
-  assert rd.source(borrower, 'new') == (borrower, 'new')
+  assert suite_runs.source(borrower, 'base') == (maker, 'fedavg_x')
+  assert suite_runs.source(borrower, 'new') == (borrower, 'new')
   assert borrower.config_overrides('base') == dict(algorithm='fedavg', client_lr=0.1, rounds=20)
   rng = np.random.default_rng(17)
   acc = {s: rng.uniform(0.3, 0.9, 40) for s in (0, 1)}
@@ -630,16 +632,17 @@ def test_a_borrowed_run_is_read_from_the_suite_that_makes_it(tmp_path, monkeypat
               config=dict(algorithm='fedavg', client_lr=0.1))
     write_run(tmp_path / 'borrower' / 'runs' / f'new_s{s}', 20, np.full(20, 0.5),
               config=dict(algorithm='fedcda', client_lr=0.1))
-  assert sorted(rd.seed_dirs(borrower, 'base')) == [0, 1]
-  assert rd.seed_dirs(borrower, 'base')[0] == str(tmp_path / 'maker' / 'runs' / 'fedavg_x_s0')
-  runs = rd.collect(borrower)
+  assert sorted(suite_runs.seed_dirs(borrower, 'base')) == [0, 1]
+  assert suite_runs.seed_dirs(borrower, 'base')[0] == str(
+      tmp_path / 'maker' / 'runs' / 'fedavg_x_s0')
+  runs = suite_runs.collect(borrower)
   assert sorted(runs) == ['base', 'new']
   for s in (0, 1):
     assert records.usable(runs['base'][s]) and runs['base'][s]['rounds'] == 20
     assert runs['base'][s]['last10_mean_accuracy'] == pytest.approx(acc[s][10:20].mean())
   # the maker's own page reads the same runs at its own length
-  assert rd.collect(maker)['fedavg_x'][0]['last10_mean_accuracy'] == pytest.approx(
+  assert suite_runs.collect(maker)['fedavg_x'][0]['last10_mean_accuracy'] == pytest.approx(
       acc[0][30:].mean())
   path = tmp_path / 'maker' / 'runs' / 'fedavg_x_s1' / 'config.json'
   path.write_text(json.dumps(dict(algorithm='fedavg', client_lr=0.3, rounds=40)))
-  assert rd.collect(borrower)['base'][1]['stale'] == ['client_lr=0.3 (declared: 0.1)']
+  assert suite_runs.collect(borrower)['base'][1]['stale'] == ['client_lr=0.3 (declared: 0.1)']

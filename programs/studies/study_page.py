@@ -19,12 +19,12 @@ from typing import Optional
 import numpy as np
 
 from programs import experiment_config
-from programs import pages
+from programs import generated_files
 from programs.studies import curves
-from programs.studies import experiments
+from programs.studies import declaration
 from programs.studies import paired
 from programs.studies import records
-from programs.studies import study as study_lib
+from programs.studies import study_configs
 from programs.studies import tuning
 
 WRITTEN = '<!-- written by `python -m programs.study`; do not edit by hand -->'
@@ -33,11 +33,11 @@ CRITERION_WORDS = dict(last10='last-10 mean (the mean of its last 10 evaluations
 MB = 1e6
 
 
-def load_runs(study: study_lib.Study, tuned: Optional[dict]) -> dict:
+def load_runs(study: declaration.Study, tuned: Optional[dict]) -> dict:
   """{run: {seed: loaded run}} of every run directory made so far, read at the declared
   length; a run recorded at other settings than declared now is marked `stale`."""
   out = {run: {} for run in study.runs}
-  for config in experiments.run_configs(study, tuned):
+  for config in study_configs.run_configs(study, tuned):
     if os.path.exists(os.path.join(config.experiment_dir, 'config.json')):
       run = config.experiment_name.rsplit('_s', 1)[0]
       out[run][config.seed] = records.declared_run(config.experiment_dir,
@@ -68,7 +68,7 @@ def run_figures(run: dict, criterion: str) -> dict:
               mb_per_round_down=_mb_per_round(run, 'down'))
 
 
-def compare(study: study_lib.Study, loaded: dict, comp: study_lib.Comparison) -> dict:
+def compare(study: declaration.Study, loaded: dict, comp: declaration.Comparison) -> dict:
   """One comparison over the seeds where both runs are finished: levels, per-seed margins
   (points), their mean and 95% paired t half-width, and the verdict."""
   key = records.CRITERION_KEYS[study.criterion]
@@ -85,7 +85,7 @@ def compare(study: study_lib.Study, loaded: dict, comp: study_lib.Comparison) ->
               verdict=verdict(comp, figure['margin'], figure['half_width'], len(seeds)))
 
 
-def verdict(comp: study_lib.Comparison, mean: float, half_width: float, seeds: int) -> str:
+def verdict(comp: declaration.Comparison, mean: float, half_width: float, seeds: int) -> str:
   """In words: who is ahead by how much when the interval excludes 0 (resolved), else
   within noise; fewer than two paired seeds have no interval."""
   if seeds < 2:
@@ -96,13 +96,13 @@ def verdict(comp: study_lib.Comparison, mean: float, half_width: float, seeds: i
   return 'within noise'
 
 
-def tuning_results(study: study_lib.Study, record: Optional[dict]) -> dict:
+def tuning_results(study: declaration.Study, record: Optional[dict]) -> dict:
   """{run: {points: [{values, accuracy, diverged, rounds_done, finished}], chosen, edge,
   budget}} of the study's grids, read from the tuning runs; `chosen` from tuned.json."""
   key = records.CRITERION_KEYS[study.criterion]
   chosen = (record or {}).get('chosen', {})
   out = {}
-  points = experiments.tuning_points(study)
+  points = study_configs.tuning_points(study)
   for run, grid in study.grid.items():
     rows, rounds = [], 0
     for name, values, config in points:
@@ -140,7 +140,7 @@ def _prose(text: str) -> list:
   return [text]
 
 
-def _settings_lines(study: study_lib.Study, tuned: Optional[dict]) -> list:
+def _settings_lines(study: declaration.Study, tuned: Optional[dict]) -> list:
   fields = {run: study.run_fields(run, tuned) for run in study.runs}
   keys = sorted({k for f in fields.values() for k in f})
   defaults = experiment_config.ExperimentConfig.__dataclass_fields__
@@ -159,7 +159,7 @@ def _settings_lines(study: study_lib.Study, tuned: Optional[dict]) -> list:
   return lines + ['']
 
 
-def _tuning_lines(study: study_lib.Study, results: dict, record: Optional[dict]) -> list:
+def _tuning_lines(study: declaration.Study, results: dict, record: Optional[dict]) -> list:
   if not study.grid:
     return []
   length = study.tuning_rounds or "the runs' own"
@@ -195,7 +195,7 @@ def _targets(figures: dict) -> list:
                  for t in f['time_to_accuracy']}, key=float)
 
 
-def _every_run_lines(study: study_lib.Study, figures: dict) -> list:
+def _every_run_lines(study: declaration.Study, figures: dict) -> list:
   targets = _targets(figures)
   lines = _prose(
       f'accuracy: the {CRITERION_WORDS[study.criterion]}; to a target: the first evaluated '
@@ -234,7 +234,7 @@ def _every_run_lines(study: study_lib.Study, figures: dict) -> list:
   return lines + ['']
 
 
-def _comparison_lines(study: study_lib.Study, results: list) -> list:
+def _comparison_lines(study: declaration.Study, results: list) -> list:
   if not results:
     return []
   lines = ['## Comparisons', ''] + _prose(
@@ -256,12 +256,12 @@ def _comparison_lines(study: study_lib.Study, results: list) -> list:
   return lines + ['']
 
 
-def _commands(study: study_lib.Study, options: str) -> list:
+def _commands(study: declaration.Study, options: str) -> list:
   commands = (['tune'] if study.grid else []) + ['run', 'report']
   return [f'    python -m programs.study {c} {study.path}{options}' for c in commands]
 
 
-def page(study: study_lib.Study, options: str = '') -> tuple:
+def page(study: declaration.Study, options: str = '') -> tuple:
   """(results.md text, results.json text, loaded runs) of a study; `options`: the command
   line's flags that make its runs (e.g. ' --output_dir=...')."""
   record = tuning.load(study)
@@ -286,22 +286,22 @@ def page(study: study_lib.Study, options: str = '') -> tuple:
   lines += ['## Every run', ''] + _every_run_lines(study, figures)
   data = dict(name=study.name, criterion=study.criterion, seeds=list(study.seeds),
               comparisons=results, runs=figures, tuning=tuned_grids)
-  return ('\n'.join(lines), json.dumps(pages.json_ready(data), indent=1, sort_keys=True) + '\n',
-          loaded)
+  return ('\n'.join(lines),
+          json.dumps(generated_files.json_ready(data), indent=1, sort_keys=True) + '\n', loaded)
 
 
-def _colours(study: study_lib.Study):
+def _colours(study: declaration.Study):
   """A run's colour: one per algorithm, in the order the study first names them."""
   order = list(dict.fromkeys(study.algorithm(run) for run in study.runs))
   return lambda run: curves.PALETTE[order.index(study.algorithm(run)) % len(curves.PALETTE)]
 
 
-def write(study: study_lib.Study, options: str = '') -> None:
+def write(study: declaration.Study, options: str = '') -> None:
   """Writes results.md, results.json and curves.png in the study's output_dir."""
   text, data, loaded = page(study, options)
   os.makedirs(study.output_dir, exist_ok=True)
-  pages.write_text(os.path.join(study.output_dir, 'results.md'), text)
-  pages.write_text(os.path.join(study.output_dir, 'results.json'), data)
+  generated_files.write_text(os.path.join(study.output_dir, 'results.md'), text)
+  generated_files.write_text(os.path.join(study.output_dir, 'results.json'), data)
   groups = curves.panels(study.comparisons) or [('every run', list(study.runs))]
   curves.plot(os.path.join(study.output_dir, 'curves.png'),
               [(title, {r: list(loaded[r].values()) for r in names}) for title, names in groups],

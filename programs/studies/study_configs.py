@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 
 from programs import experiment_config
+from programs.studies import declaration
 from programs.studies import records
-from programs.studies import study as study_lib
 
 
 def output_path(path: str) -> str:
@@ -31,19 +31,19 @@ def config(fields: dict, seed: int, directory: str, name: str):
       experiment_name=name)
 
 
-def run_configs(study: study_lib.Study, tuned=None, only=()) -> list:
+def run_configs(study: declaration.Study, tuned=None, only=()) -> list:
   """The study's reported runs (those named in `only`, if given) over its seeds, seed by
   seed (every run's first seed, then the next): a study cut short holds whole comparisons.
   `tuned`: {algorithm: values} of tuned.json."""
   return [config(study.run_fields(run, tuned), seed, study.runs_dir,
-                 study_lib.run_name(run, seed))
+                 declaration.run_name(run, seed))
           for seed in study.seeds for run in study.runs if not only or run in only]
 
 
-def tuning_points(study: study_lib.Study, only=()) -> list:
+def tuning_points(study: declaration.Study, only=()) -> list:
   """[(run, grid values, config)] of the study's grids (runs named in `only`, if given), in
   grid order, on the tuning seed."""
   return [(run, values, config(study.tuning_fields(run, values), study.tuning_seed,
-                               study.tuning_dir, study_lib.tuning_name(run, values)))
+                               study.tuning_dir, declaration.tuning_name(run, values)))
           for run, grid in study.grid.items() if not only or run in only
           for values in records.grid_points(grid)]

@@ -23,9 +23,9 @@ import numpy as np
 
 from benchmarks import suites
 from programs import experiment_config
-from programs import pages
+from programs import generated_files
+from programs.studies import declaration
 from programs.studies import records
-from programs.studies import study as study_lib
 
 
 PLATEAU_POINTS = 0.5      # a curve has plateaued when its last window moved less than this
@@ -42,7 +42,7 @@ def diagnosis_header(title: str, module) -> list:
 
 def write_diagnosis(out: str, page: Callable[[], str]) -> int:
   """A diagnosis script's main: writes its page to `out` and says so."""
-  pages.write_text(out, page())
+  generated_files.write_text(out, page())
   print(f'wrote {os.path.relpath(out)}')
   return 0
 
@@ -76,7 +76,7 @@ def with_kept_evaluations(suite: suites.Suite, metrics: dict) -> tuple:
     for seed, rows in seeds.items():
       rows = [dict(r) for r in rows]
       for n in reversed(kept_lengths(base)):
-        path = os.path.join(kept_dir(base, n), study_lib.run_name(run, seed))
+        path = os.path.join(kept_dir(base, n), declaration.run_name(run, seed))
         if not os.path.exists(os.path.join(path, 'metrics.csv')):
           continue
         kept = records.metrics_rows(path)
@@ -308,7 +308,7 @@ def collect_probe(suite: suites.Suite, probe: suites.Probe) -> dict:
   for run in probe.runs:
     fields = suite.probe_overrides(probe, run, tuned)
     for seed in probe.seeds:
-      path = os.path.join(suites.probe_dir(suite.name, probe.name), study_lib.run_name(run, seed))
+      path = os.path.join(suites.probe_dir(suite.name, probe.name), declaration.run_name(run, seed))
       if os.path.exists(os.path.join(path, 'config.json')):
         out.setdefault(run, {})[seed] = records.declared_run(path, fields)
   if probe.unchanged:   # read at the probe's length, whatever length the pages report
