@@ -570,6 +570,14 @@ def _every_run_lines(suite: suites.Suite, loaded: dict) -> list:
   return lines + ['']
 
 
+def probe_comparisons(suite: suites.Suite, probe: suites.Probe) -> list:
+  """The suite's comparisons a probe made: one side among its runs, both sides run."""
+  loaded = suite_runs.collect_probe(suite, probe)
+  return [c for c in comparisons(suite, loaded)
+          if {c['method'], c['baseline']} & set(probe.runs)
+          and c['method'] in loaded and c['baseline'] in loaded]
+
+
 def _probe_lines(suite: suites.Suite) -> list:
   if not suite.probes:
     return []
@@ -580,13 +588,9 @@ def _probe_lines(suite: suites.Suite) -> list:
            'margin |', '|---|---|---|---|---|---|---|---|']
   key = verdict_key(suite)
   for probe in suite.probes:
-    loaded = suite_runs.collect_probe(suite, probe)
     changes = ', '.join(f'`{k}={v}`' for k, v in sorted(probe.overrides.items()))
     shown = False
-    for c in comparisons(suite, loaded):
-      if not ({c['method'], c['baseline']} & set(probe.runs)) or not (
-          c['method'] in loaded and c['baseline'] in loaded):
-        continue
+    for c in probe_comparisons(suite, probe):
       shown = True
       lines.append(f'| {probe.name} | {cell(probe.question)} | {changes} | {c["label"]} | '
                    f'{len(c["seeds"])} | {level(c[key]["baseline"])} | '
@@ -818,6 +822,11 @@ def reproduction_page() -> str:
       for c in comparisons(suite, suite_runs.collect(suite)):
         rows.append(comparison_row(dict(c, planned=len(suite.seeds)), protocol, tuned.method))
         counts.append(len(c['seeds']))
+      for probe in (p for p in suite.probes if p.name in suite.shown_probes):
+        for c in probe_comparisons(suite, probe):
+          rows.append(comparison_row(dict(c, planned=len(probe.seeds)),
+                                     f'{protocol}, probe {probe.name}', tuned.method))
+          counts.append(len(c['seeds']))
     for h, c in heads:   # a headline read from a probe: its row, judged as the headline is
       if h.method == method and h.probe:
         rows.append(comparison_row(judged(c, _paper_figures(*h.judged)) if h.judged else c,

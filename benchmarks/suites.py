@@ -126,6 +126,9 @@ class Suite:
   # REPRODUCTION.md's line on what the authors' code does that the paper does not, and what
   # that did in our runs (tuned suites).
   reference_line: str = ''
+  # Probes whose comparisons REPRODUCTION.md shows in the method's table, beside the suite's
+  # own (a question about the paper's claim that the page answers, not a diagnosis).
+  shown_probes: tuple = ()
   # Test accuracies whose rounds to reach (and speed-up over the baseline) this tuned suite's
   # page reports for every suite of its method: the paper's rounds-to-target table, whose
   # figures are paper_numbers.json's rounds_to_target[name].
@@ -169,6 +172,9 @@ class Suite:
         or any(n >= (rounds or n + 1) for n in self.earlier_lengths)):
       raise ValueError(f'suite {self.name}: earlier_lengths {self.earlier_lengths} must be '
                        f'distinct lengths below its {rounds} rounds, shortest first')
+    unknown = set(self.shown_probes) - {p.name for p in self.probes}
+    if unknown:
+      raise ValueError(f'suite {self.name}: shown_probes {sorted(unknown)} are not its probes')
     for run in self.grid:
       if run not in self.runs:
         raise ValueError(f'suite {self.name}: grid of {run!r}, not one of its runs')
@@ -480,9 +486,9 @@ def _fedlex() -> Suite:
       bottom_line=('*G*: FedLEx\'s per-coordinate scaling of client gradients, learnt by a few '
                    'exploring clients. No gain resolved; with client Adam at its tuned rate '
                    'every FedLEx-AvgM run fell to chance (10%).'),
-      reference_line=('The authors\' code builds G from an all-ones stand-in; an earlier version '
-                      'pre-trains the model on the explorers, a head start its FedAvgM lacks '
-                      '(fedlex_reference probes).'))
+      reference_line=('The authors\' code builds G from an all-ones stand-in and lets the '
+                      'explorers pre-train the model in place before round 1, a head start its '
+                      'FedAvgM lacks: probe reference_code runs FedLEx-AvgM so.'))
 
 
 # The papers' own protocols: each method's runs at its paper's settings (where this machine
@@ -647,7 +653,8 @@ def _fedlex_reference() -> Suite:
                     # placeholder G reads no normalisation: back at its default
                     dict(fedlex_guidance='placeholder', fedlex_explore_in_place=True,
                          fedlex_normalize='per_client'),
-                    ('fedlex_avgm',), seeds=(0, 1, 2), unchanged=('fedavgm',))))
+                    ('fedlex_avgm',), seeds=(0, 1, 2), unchanged=('fedavgm',))),
+      shown_probes=('reference_code',))
 
 
 def _scaffold() -> Suite:

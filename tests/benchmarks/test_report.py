@@ -442,7 +442,8 @@ def _results_with_seeds_landed(tmp_path) -> str:
   """A results folder that is the committed one (linked) but for the background runs the
   issue plans, faked by copying committed seeds under new seed numbers (their config's seed
   changed): cadis_reference seed 2, the fedcross probe paper_local_epochs' seeds 1 and 2,
-  fedlex_reference's FedAvgM and FedLEx-AvgM seeds 3-6. Never committed."""
+  fedlex_reference's FedAvgM and FedLEx-AvgM seeds 3-6; a seed already landed is read as it is.
+  Never committed."""
   def link_all(source, target, but=()):
     os.makedirs(target)
     for name in os.listdir(source):
@@ -451,6 +452,8 @@ def _results_with_seeds_landed(tmp_path) -> str:
 
   def copy_seed(runs, run, seed, new):
     path = os.path.join(runs, f'{run}_s{new}')
+    if os.path.exists(path):   # landed for real: read as it is
+      return
     shutil.copytree(os.path.join(runs, f'{run}_s{seed}'), path, symlinks=True)
     with open(os.path.join(path, 'config.json')) as f:
       config = json.load(f)
