@@ -155,7 +155,7 @@ def test_plan_adds_the_recorded_start_up_of_each_run(tmp_path, write_study, stud
   recorded runs' summaries (queue.DEFAULT_STARTUP_SECONDS before any records it)."""
   from tests.benchmarks.toy_runs import write_run  # pylint: disable=g-import-not-at-top
   path = write_study(tmp_path, TWO_METHODS)
-  (config,) = experiments.run_configs(study_file.load(path), only=('fedavg',))[:1]
+  (config,) = study_configs.run_configs(study_file.load(path), only=('fedavg',))[:1]
   for name, startup in (('a_s0', 50.0), ('b_s0', 70.0), ('c_s0', 110.0)):
     directory = tmp_path / 'study' / 'runs' / name
     write_run(directory, 3, [0.5] * 3, seconds=2.0, round_seconds=4.0,
@@ -411,7 +411,7 @@ def test_schedule_keys_reach_the_runs_and_a_bad_one_is_named(tmp_path, write_stu
                      'server_lr_schedule = "step"\nserver_lr_decay = 0.5\n'
                      'server_lr_decay_every = 2\nserver_lr_warmup_rounds = 1\n')
   study = study_file.load(path)
-  (config,) = experiments.run_configs(study)
+  (config,) = study_configs.run_configs(study)
   client, server = lr_schedules.schedules(config)
   assert (client.kind, client.floor, client.rounds) == ('cosine', 0.1, 3)
   assert (server.kind, server.decay, server.every, server.warmup_rounds) == ('step', 0.5, 2, 1)
