@@ -76,14 +76,14 @@ RAW_CLIENT_DATA = (
 
 
 def _is_client_input(type_spec) -> bool:
-  """A sequence of the client input our processes take (`client_work.INPUT_KEYS`)."""
+  """A sequence of the client input our processes take (x, y and `constants.CLIENT_INPUT_FIELDS`)."""
   from tensorflow_federated.python.common_libs import structure  # pylint: disable=g-import-not-at-top
   from tensorflow_federated.python.core.impl.types import computation_types as ct  # pylint: disable=g-import-not-at-top
-  from tff_algos.client_work import local_training  # pylint: disable=g-import-not-at-top
+  from tff_algos import constants  # pylint: disable=g-import-not-at-top
   return (isinstance(type_spec, ct.SequenceType)
           and isinstance(type_spec.element, ct.StructType)
           and [name for name, _ in structure.iter_elements(type_spec.element)]
-          == list(local_training.INPUT_KEYS))
+          == ['x', 'y'] + [name for name, _, _ in constants.CLIENT_INPUT_FIELDS])
 
 
 def _is_computation(value) -> bool:
