@@ -28,7 +28,6 @@ import os
 import re
 import sys
 import textwrap
-from typing import Optional
 
 import numpy as np
 

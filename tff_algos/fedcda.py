@@ -17,7 +17,6 @@ from typing import Callable, Optional
 
 import tensorflow_federated as tff
 
-from tff_algos import constants
 from tff_algos.aggregators import cross_round_cache, factories
 from tff_algos.client_work import model_delta, model_upload
 from tff_algos.models import model_fns
