@@ -4,6 +4,8 @@ Modules (docs/architecture.md has the whole map):
 
 * `cadis_diagnosis`: CADIS's weights, clusters and KD term on cluster-MC.
 * `clients_per_round`: round time against clients per round, ours and TFF's.
+* `clients_together`: a round's clients trained together over stacked weights, checked
+  against each trained alone; what pfor batches.
 * `compare`: runs a suite over its seeds (on `programs/studies/queue.py`) and writes its
   results page.
 * `fedcda_cache_precision`: FedCDA's cache in float16 / bfloat16 against float32.
