@@ -376,3 +376,14 @@ def test_worker_peak_reports_the_workers_peak_memory_and_the_exit_code(tmp_path)
   failing = subprocess.run(['bash', 'benchmarks/worker_peak.sh', str(log), '--', sys.executable,
                             '-c', 'raise SystemExit(3)'], cwd=ROOT, timeout=60, check=False)
   assert failing.returncode == 3 and 'rc=3 worker_peak_kB=0' in log.read_text()
+
+
+@pytest.mark.slow
+def test_clients_together_prints_each_models_equality_and_pfors_loops():
+  result = json.loads(_run('clients_together').stdout.strip().splitlines()[-1])
+  assert [(r['model'], r['momentum']) for r in result['equality']] == [
+      ('fedavg_cnn', None), ('fedavg_cnn', 0.9), ('mlp_2nn', None), ('mlp_2nn', 0.9)]
+  assert all(r['weight_difference'] < 1e-4 and r['sum_difference'] < 1e-4
+             for r in result['equality'])
+  assert result['pfor_loops'] == {
+      'fedavg_cnn': ['Conv2D', 'Conv2DBackpropFilter', 'Conv2DBackpropInput'], 'mlp_2nn': []}
