@@ -115,9 +115,12 @@ def _check_settings(values):
 
 def worker_settings() -> dict:
   """The TFF worker's thread settings as it runs: its environment's TF_NUM_*_THREADS and
-  its --max_concurrent_computation_calls, read from /proc."""
+  its --max_concurrent_computation_calls, read from /proc ({} if it has not started within
+  30 s: an isolated worker is started by its relay)."""
   from tff_algos import execution  # pylint: disable=g-import-not-at-top
-  pids = execution.worker_pids()
+  deadline = time.monotonic() + 30
+  while not (pids := execution.worker_pids()) and time.monotonic() < deadline:
+    time.sleep(0.1)
   if not pids:
     return {}
   with open(f'/proc/{pids[0]}/environ', 'rb') as f:
