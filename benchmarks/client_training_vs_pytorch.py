@@ -306,7 +306,7 @@ def main(argv):
       print(TORCH_HOWTO.format(python=python), flush=True)
   worker = worker_settings()
   setup = dict(
-      dataset=ds.name, clients=_CLIENTS.value, examples_per_client=_EXAMPLES.value,
+      dataset=ds.name, clients=len(xs), examples_per_client=int(xs[0].shape[0]),
       epochs=1, client_lr=_LR.value, warmup_rounds=_WARMUP.value, rounds=_ROUNDS.value,
       tf=tf.__version__,
       tf_intra_op_threads=tf.config.threading.get_intra_op_parallelism_threads(),

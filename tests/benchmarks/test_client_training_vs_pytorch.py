@@ -59,6 +59,7 @@ def test_without_torch_the_tf_side_runs_and_says_how_to_get_torch(tmp_path):
   assert re.search(r'round 1 \(timed\): ', out.stdout) and 'round 2' not in out.stdout
   written = json.loads(figures.read_text())
   setup = written['setup']
+  assert (setup['dataset'], setup['clients'], setup['examples_per_client']) == ('digits', 2, 10)
   assert (setup['tf_intra_op_threads'], setup['tf_inter_op_threads']) == (1, 2)
   assert setup['worker'] == dict(intra_op_threads='1', inter_op_threads='2',
                                  max_concurrent_computation_calls='3')
@@ -117,3 +118,51 @@ def test_the_torch_twins_match_and_train_as_tf_does(tmp_path):
     assert s['median_s']['torch'] > 0, name
     assert s['ratio_ours_to_torch'] == pytest.approx(
         s['median_s']['ours'] / s['median_s']['torch'])
+
+
+# Run by the PyTorch interpreter: the twin's forward pass against NumPy on the Keras layout
+# (Flatten's (h, w, c) order, read by a twin that flattens (c, h, w)), and the simulator's
+# round against the NumPy example-weighted mean of its clients' epochs.
+_TWIN_CHECK = '''
+import json, sys
+import numpy as np
+sys.path.insert(0, 'benchmarks')
+import torch_twins
+rng = np.random.default_rng(0)
+sizes = (4, 8)
+def dense(n_in, n_out):
+  return [rng.normal(0, 0.3, (n_in, n_out)).astype(np.float32),
+          rng.normal(0, 0.1, n_out).astype(np.float32)]
+layers = [('fc1', dense(24, 200)), ('fc2', dense(200, 200)), ('classifier', dense(200, 10))]
+xs = [rng.normal(size=(n, 4, 3, 2)).astype(np.float32) for n in sizes]
+ys = [rng.integers(0, 10, n).astype(np.int32) for n in sizes]
+sim = torch_twins.Simulator('mlp_2nn', (4, 3, 2), 10, layers, xs, ys, 0.1, 2)
+h = xs[1].reshape(len(xs[1]), -1)
+for _, (kernel, bias) in layers[:2]:
+  h = np.maximum(h @ kernel + bias, 0)
+logits = h @ layers[2][1][0] + layers[2][1][1]
+forward = float(np.abs(sim.model(sim.xs[1]).detach().numpy() - logits).max())
+orders = [rng.permutation(n)[None] for n in sizes]
+trained = []
+for client in range(2):
+  sim.train_client(client, orders[client])
+  trained.append({k: v.detach().numpy().copy() for k, v in sim.model.state_dict().items()})
+sim.round(orders)
+mean = max(float(np.abs(sim.global_state[k].numpy()
+                        - (sizes[0] * trained[0][k] + sizes[1] * trained[1][k]) / sum(sizes)).max())
+           for k in trained[0])
+moved = max(float(np.abs(trained[1][k] - w.T).max()) for k, w in
+            (('fc2.weight', layers[1][1][0]), ('classifier.weight', layers[2][1][0])))
+print(json.dumps(dict(forward=forward, mean=mean, moved=moved)))
+'''
+
+
+@pytest.mark.skipif(not TORCH_PYTHON, reason='set TFF_ALGOS_TORCH_PYTHON to an interpreter '
+                    'with PyTorch (e.g. /work/torchvenv/bin/python) to run the torch side')
+def test_the_twin_reads_keras_weights_and_the_round_is_the_weighted_mean():
+  out = subprocess.run([TORCH_PYTHON, '-c', _TWIN_CHECK], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300, check=False)
+  assert out.returncode == 0, out.stderr
+  checks = json.loads(out.stdout.strip().splitlines()[-1])
+  assert checks['forward'] < 1e-4, checks
+  assert checks['moved'] > 1e-3 and checks['mean'] < 1e-6, checks
