@@ -21,8 +21,9 @@ same batch order, plain TF's against PyTorch's (max |difference| of the trainabl
 within TOLERANCE: float32 sums in other orders, growing over the epoch's steps).
 
 Threads: --tf_intra_op_threads / --tf_inter_op_threads set TF's pools in this process and, as
-TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS in its environment, in the TFF worker (read
-back from the worker's environment and printed); --max_concurrent_computation_calls goes to
+TF_NUM_INTRAOP_THREADS / TF_NUM_INTEROP_THREADS in its environment, in the TFF worker (its
+sessions take TF's default pools, which TF sizes from these; read back from the worker's
+environment and printed); --max_concurrent_computation_calls goes to
 the worker's command line; --torch_threads is PyTorch's `set_num_threads`. 0 = the library's
 default. --profile instead profiles one client epoch of the plain-TF loop per setting
 (`epoch_profile`: which ops take the time, and the framework's overhead per step).
