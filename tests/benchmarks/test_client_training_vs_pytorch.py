@@ -38,7 +38,7 @@ def _run(*flags, expect_code=0):
     ('--tf_intra_op_threads=-1', 'tf_intra_op_threads'),
 ])
 def test_a_bad_flag_is_one_error_line(flag, says):
-  out = _run('--examples_per_client=20', flag, expect_code=2)
+  out = _run('--examples_per_client=200', flag, expect_code=2)   # 200: every default batch
   lines = out.stderr.strip().splitlines()
   assert len(lines) == 1 and lines[0].startswith('error: ') and says in lines[0], out.stderr
 
