@@ -273,7 +273,7 @@ def serve(requests, replies):
       if kind == 'hello':
         if args['threads']:
           torch.set_num_threads(args['threads'])
-        reply = dict(torch=torch.__version__, threads=torch.get_num_threads(),
+        reply = dict(torch=str(torch.__version__), threads=torch.get_num_threads(),
                      interop_threads=torch.get_num_interop_threads())
       elif kind == 'setup':
         simulator = Simulator(**args)
