@@ -90,9 +90,10 @@ import numpy as np
 # flags, Keras' Flatten fails to build fedavg_cnn ("Attempt to convert a value (None)").
 import tensorflow as tf
 
+from benchmarks import fedavg_rounds  # pylint: disable=g-import-not-at-top
+from benchmarks.fedavg_rounds import max_abs_difference
 from benchmarks.method_builds import build_method  # pylint: disable=g-import-not-at-top
 from benchmarks.method_builds import load_data  # pylint: disable=g-import-not-at-top
-from programs import checkpoint_writer  # pylint: disable=g-import-not-at-top
 from programs import flag_parsing
 from programs import generated_files  # pylint: disable=g-import-not-at-top
 from programs import run_directory  # pylint: disable=g-import-not-at-top
@@ -142,12 +143,6 @@ METHODS = ('fedcross', 'fedcda', 'cadis', 'cadis_nokd', 'fedlex_avgm', 'fedlex_s
 VARIANTS = ('plain_tf', 'ours', 'ours@exposed', 'tff') + METHODS
 
 
-def max_abs_difference(a, b) -> float:
-  """The largest |a - b| over two structures of the same tensors (e.g. two models)."""
-  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
-             for x, y in zip(tf.nest.flatten(a), tf.nest.flatten(b)))
-
-
 def machine_cpu_s() -> tuple:
   """The machine's CPU time so far, all processes (this one, TFF's workers, the kernel's
   threads): (user, system) seconds from /proc/stat, (0, 0) where there is none. A round's
@@ -177,12 +172,6 @@ def _version_bytes(ckpt_dir: str) -> tuple:
           sum(size for size, old in sizes.values() if not old))
 
 
-def _figures(round_num: int) -> collections.OrderedDict:
-  """The program state's figures besides the server state, as programs/experiment.py's."""
-  return collections.OrderedDict(round=round_num, best_accuracy=0.0,
-                                 exploration_client_epochs=0.0)
-
-
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # TFF logs every Keras model it wraps
@@ -200,13 +189,10 @@ def main(argv):
     raise app.UsageError('examples_per_client must be a multiple of batch_size '
                          '(the plain-TF loop stacks full batches)')
   ds = load_data(_DATASET.value)
-  total = num_clients * per_client
-  if total > ds.x_train.shape[0]:
-    raise app.UsageError(f'{num_clients} x {per_client} examples > {ds.x_train.shape[0]} '
-                         f'in {ds.name}')
-  pick = np.random.default_rng(_SEED.value).permutation(ds.x_train.shape[0])[:total]
-  xs = np.split(ds.x_train[pick], num_clients)
-  ys = np.split(ds.y_train[pick], num_clients)
+  try:
+    xs, ys = fedavg_rounds.client_split(ds, num_clients, per_client, _SEED.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   input_shape = ds.input_shape
   model_fn = models.make_model_fn(_MODEL.value, input_shape, ds.num_classes, seed=_SEED.value)
   client_opt = tff.learning.optimizers.build_sgdm(learning_rate=_LR.value)
@@ -248,48 +234,10 @@ def main(argv):
   # Plain TF: a Keras model created after TFF has built its processes (TFF_NOTES traps).
   keras_model = models.build_keras_model(_MODEL.value, input_shape, ds.num_classes,
                                          seed=_SEED.value)
-  variables = keras_model.trainable_variables
-  loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-  lr = tf.constant(_LR.value, tf.float32)
-
-  @tf.function
-  def client_epochs(global_weights, xb, yb):
-    """All local epochs of one client over stacked batches xb [steps, B, ...]."""
-    for v, w in zip(variables, global_weights):
-      v.assign(w)
-    loss_sum = tf.constant(0.0)
-    correct = tf.constant(0.0)
-    for i in tf.range(tf.shape(xb)[0]):
-      x, y = xb[i], yb[i]
-      with tf.GradientTape() as tape:
-        logits = keras_model(x, training=True)
-        loss = loss_fn(y, logits)
-      grads = tape.gradient(loss, variables)
-      for v, g in zip(variables, grads):
-        v.assign_sub(lr * g)
-      count = tf.cast(tf.shape(y)[0], tf.float32)
-      loss_sum += loss * count
-      correct += tf.reduce_sum(tf.cast(
-          tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
-    delta = [w - v for v, w in zip(variables, global_weights)]
-    return delta, loss_sum, correct
-
+  plain = fedavg_rounds.PlainTF(keras_model, _LR.value, batch)
   plain_weights = [tf.constant(np.asarray(t)) for t in w0.trainable]
-  for v, w in zip(variables, plain_weights):  # check: same start as the TFF processes
+  for v, w in zip(keras_model.trainable_variables, plain_weights):  # same start as TFF's
     v.assign(w)
-
-  def plain_round(weights, inputs):
-    total_n = 0.0
-    acc = [tf.zeros_like(w) for w in weights]
-    for inp in inputs:
-      steps = inp['order'].reshape(-1, batch)  # epochs x n / B full batches
-      xb = tf.constant(inp['x'][steps])
-      yb = tf.constant(inp['y'][steps])
-      delta, _, _ = client_epochs(weights, xb, yb)
-      n = float(inp['x'].shape[0])
-      acc = [a + n * d for a, d in zip(acc, delta)]
-      total_n += n
-    return [w - a / total_n for w, a in zip(weights, acc)]
 
   def tff_dataset(inp):
     x, y, order = inp['x'], inp['y'], inp['order']
@@ -330,48 +278,21 @@ def main(argv):
   state['ours'] = state_ours
   state.update({f'{name}@0': processes[name].initialize() for name in empty_variants})
   state.update({f'{name}@resident': r.initialize() for name, r in residents.items()})
-  # The program's checkpoints (<name>@program): a CheckpointWriter each, in a temp directory,
-  # prepared as the program prepares its own (from the initial program state).
+  # The program's checkpoints (<name>@program): each run past its start (ProgramRun), its
+  # writer in a temp directory, prepared as the program prepares its own.
   scratch = tempfile.TemporaryDirectory()
-  writers = {}
-  for name, r in residents.items():
-    state[f'{name}@program'], initial = r.initial_state()
-    writers[name] = checkpoint_writer.CheckpointWriter(os.path.join(scratch.name, name))
-    writers[name].prepare(r, checkpoint_writer.program_state(initial, _figures(0)),
-                          scratch_dir=scratch.name)
+  program_runs = {name: fedavg_rounds.ProgramRun(r, os.path.join(scratch.name, name),
+                                                 scratch.name)
+                  for name, r in residents.items()}
   snapshot_times = {name: [] for name in residents}
   wait_times = {name: [] for name in residents}
-  versions = collections.Counter()
-  # The rounds time a run past its start, where each version written drops the oldest of the
-  # KEEP_VERSIONS kept: a run's first versions are written here, each started and waited for
-  # at once (printed), outside the timed rounds.
-  first_writes = {name: [] for name in residents}
-  for name, r in residents.items():
-    for _ in range(checkpoint_writer.KEEP_VERSIONS):
-      versions[name] += 1
-      t0 = time.perf_counter()
-      writers[name].checkpoint(r, state[f'{name}@program'], _figures(versions[name]),
-                               versions[name])
-      writers[name].wait()
-      first_writes[name].append(time.perf_counter() - t0)
 
   def program_round(name, round_num):
-    """A round as programs/experiment.py runs it by default: the last round's state
-    checkpointed (`CheckpointWriter.checkpoint`, the program's call: the worker starts
-    writing the version's tensors), then the next round, which runs while the worker
-    writes; then the wait for that write, as the program's next checkpoint does, and the
-    version's completion."""
-    variant, resident, writer = f'{name}@program', residents[name], writers[name]
-    versions[name] += 1
-    t0 = time.perf_counter()
-    writer.checkpoint(resident, state[variant], _figures(versions[name]), versions[name])
+    """A round as programs/experiment.py runs it by default (fedavg_rounds.ProgramRun)."""
+    snapshot, wait = program_runs[name].round(inputs)
     if round_num >= _WARMUP.value:
-      snapshot_times[name].append(time.perf_counter() - t0)
-    state[variant] = resident.next(state[variant], [[inp] for inp in inputs]).state
-    t1 = time.perf_counter()
-    writer.wait()
-    if round_num >= _WARMUP.value:
-      wait_times[name].append(time.perf_counter() - t1)
+      snapshot_times[name].append(snapshot)
+      wait_times[name].append(wait)
   state.update({f'{name}@resident@0': residents[name].initialize()
                 for name in empty_variants if name in residents})
 
@@ -379,8 +300,7 @@ def main(argv):
     if variant.endswith('@program'):
       program_round(variant.split('@')[0], round_num)
     elif variant == 'plain_tf':
-      state['plain'] = plain_round(state['plain'], inputs)
-      _ = [w.numpy() for w in state['plain']]  # wait for the values
+      state['plain'] = plain.round(state['plain'], inputs)
     elif variant == 'tff':
       state['tff'] = stock.next(state['tff'], datasets).state
     elif '@resident' in variant:
@@ -397,10 +317,7 @@ def main(argv):
 
   total_rounds = _WARMUP.value + _ROUNDS.value
   for r in range(total_rounds):
-    inputs = []
-    for c in range(num_clients):
-      rng = np.random.default_rng([_SEED.value, r, c, 1])
-      inputs.append(data.client_input(xs[c], ys[c], epochs, rng, c, c))
+    inputs = fedavg_rounds.round_inputs(xs, ys, epochs, _SEED.value, r)
     empty_inputs = [data.client_input(xs[c], ys[c], 0, np.random.default_rng(0), c, c)
                     for c in range(num_clients)]
     datasets = [tff_dataset(inp) for inp in inputs]
@@ -475,11 +392,12 @@ def main(argv):
     line += f', max |ours - tff| {diff_tff:.2e}'
   if 'ours' in variants:
     print(line)
-  for writer in writers.values():
-    writer.close()
+  for run in program_runs.values():
+    run.close()
   # The newest version's size, and what of it was written anew (its other files are the
   # previous version's: the parts that did not change, bundle_parts).
-  version_bytes = {name: _version_bytes(writer.ckpt_dir) for name, writer in writers.items()}
+  version_bytes = {name: _version_bytes(run.writer.ckpt_dir)
+                   for name, run in program_runs.items()}
   scratch.cleanup()
   loop = asyncio.new_event_loop()
   for name, resident in residents.items():
@@ -522,6 +440,7 @@ def main(argv):
           checkpoint_s=back + write, materialize_s=back, checkpoint_every=n,
           program_s=program, program_ratio_to_plain_tf=program / med['plain_tf'])
     files, values = by_transfer['files'], by_transfer['values']
+    first_writes = program_runs[name].first_writes
     # As programs/train.py runs it now: what its checkpoints add to a resident round, every
     # round (the default) and spread over --checkpoint_every rounds.
     n = _CHECKPOINT_EVERY.value
@@ -533,7 +452,8 @@ def main(argv):
         default_ratio_to_plain_tf=default / med['plain_tf'],
         snapshot_s=statistics.median(snapshot_times[name]),
         version_mb=version_bytes[name][0] / 1e6, written_mb=version_bytes[name][1] / 1e6,
-        wait_s=statistics.median(wait_times[name]), first_writes_s=first_writes[name],
+        wait_s=statistics.median(wait_times[name]),
+        first_writes_s=first_writes,
         program_s=program,
         program_ratio_to_plain_tf=program / med['plain_tf'])
     figures['variants'][name + '@resident']['transfer_values'] = values
@@ -543,8 +463,8 @@ def main(argv):
           f'materialize {values["materialize_s"]:.3f} s); the program\'s checkpoint in the round '
           f'loop (starting the worker\'s write) {statistics.median(snapshot_times[name]):.3f} s, '
           f'the wait after the next round {statistics.median(wait_times[name]):.3f} s; the '
-          f'run\'s first {len(first_writes[name])} versions, each written alone before the timed '
-          f'rounds: {", ".join(f"{t:.3f}" for t in first_writes[name])} s; the last version '
+          f'run\'s first {len(first_writes)} versions, each written alone before the timed '
+          f'rounds: {", ".join(f"{t:.3f}" for t in first_writes)} s; the last version '
           f'{version_bytes[name][0] / 1e6:.1f} MB, {version_bytes[name][1] / 1e6:.1f} MB of it '
           'written anew')
     print(f'as the program runs it ({name}, resident): default (a checkpoint every round) '
