@@ -80,30 +80,35 @@ def build_fedavg(
 
 def build_fedavgm(model_fn, client_optimizer_fn, client_batch_size, *,
                   server_learning_rate: float = 1.0, server_momentum: float = 0.9,
+                  client_stages: plugins.ClientStages = plugins.ClientStages(),
                   **kwargs) -> tff.learning.templates.LearningProcess:
   """FedAvgM (Hsu et al. 2019): FedAvg with server SGD momentum (default lr 1.0, m 0.9).
 
-  `**kwargs` go to `build_fedavg`: client_weighting, model_aggregator, client_stages.
+  `client_stages`: the plug-ins, as `build_fedavg` (`tff_algos.ClientStages`). `**kwargs`
+  go to `build_fedavg`: client_weighting, model_aggregator.
   """
   return build_fedavg(
       model_fn, client_optimizer_fn, client_batch_size,
       tff.learning.optimizers.build_sgdm(learning_rate=server_learning_rate,
-                                         momentum=server_momentum), **kwargs)
+                                         momentum=server_momentum),
+      client_stages=client_stages, **kwargs)
 
 
 def build_fedadam(model_fn, client_optimizer_fn, client_batch_size, *,
                   server_learning_rate: float = 1e-2, beta_1: float = 0.9,
                   beta_2: float = 0.99, epsilon: float = 1e-3,
+                  client_stages: plugins.ClientStages = plugins.ClientStages(),
                   **kwargs) -> tff.learning.templates.LearningProcess:
   """FedAdam / FedOpt (Reddi et al. 2021): FedAvg with a server Adam optimiser.
 
-  `**kwargs` go to `build_fedavg`: client_weighting, model_aggregator, client_stages.
+  `client_stages`: the plug-ins, as `build_fedavg` (`tff_algos.ClientStages`). `**kwargs`
+  go to `build_fedavg`: client_weighting, model_aggregator.
   """
   return build_fedavg(
       model_fn, client_optimizer_fn, client_batch_size,
       tff.learning.optimizers.build_adam(learning_rate=server_learning_rate,
                                          beta_1=beta_1, beta_2=beta_2, epsilon=epsilon),
-      **kwargs)
+      client_stages=client_stages, **kwargs)
 
 
 def build_fedprox(
