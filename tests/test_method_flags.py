@@ -312,8 +312,6 @@ METHOD_FLAG_CASES = [(m.name, f.name) for m in methods.METHODS.values() for f in
 EXPLORATION_FLAGS = [f.name for f in registry.FEDLEX_FLAGS if f.target == registry.EXPLORATION]
 
 
-@pytest.mark.parametrize('algorithm, name', METHOD_FLAG_CASES,
-                         ids=[f'{a}-{n}' for a, n in METHOD_FLAG_CASES])
 def _argument(flag, kwargs):
   """What `flag` set in a builder call's `kwargs`: its keyword, or its `client_stages` field."""
   if flag.target == registry.STAGES:
@@ -330,6 +328,8 @@ def _without(flag, kwargs) -> dict:
   return dict(kwargs, client_stages=stages)
 
 
+@pytest.mark.parametrize('algorithm, name', METHOD_FLAG_CASES,
+                         ids=[f'{a}-{n}' for a, n in METHOD_FLAG_CASES])
 def test_method_flag_reaches_its_builder_keyword(monkeypatch, algorithm, name):
   flag = next(f for f in methods.METHODS[algorithm].flags if f.name == name)
   base = dict(helpers.METHOD_SETTINGS.get(algorithm, {}), algorithm=algorithm)
