@@ -13,7 +13,7 @@ from tff_algos import data
 from tests import helpers
 from tff_algos.aggregators import clustered_aggregation as cla
 from tff_algos.cadis import build_cadis, classifier_similarity_index
-from tff_algos.client_work import distillation, local_training, model_delta
+from tff_algos.client_work import distillation, local_training, model_delta, plugins
 from tff_algos.models import representation, zoo
 
 pytestmark = pytest.mark.usefixtures('runtime')
@@ -151,10 +151,11 @@ def test_kd_gradient_flows_only_into_the_student(reduction):
 @pytest.fixture(scope='module')
 def client_works(tiny_model_fn, sgd):
   plain = model_delta.build_model_delta_client_work(tiny_model_fn, sgd(), BATCH)
-  keyed0 = model_delta.build_model_delta_client_work(tiny_model_fn, sgd(), BATCH, keyed=True,
-                                                     kd_weight=0.0)
-  kd = model_delta.build_model_delta_client_work(tiny_model_fn, sgd(), BATCH, keyed=True,
-                                                 kd_weight=0.5, kd_reduction='mean')
+  keyed0 = model_delta.build_model_delta_client_work(
+      tiny_model_fn, sgd(), BATCH, keyed=True, client_stages=plugins.ClientStages(kd_weight=0.0))
+  kd = model_delta.build_model_delta_client_work(
+      tiny_model_fn, sgd(), BATCH, keyed=True,
+      client_stages=plugins.ClientStages(kd_weight=0.5, kd_reduction='mean'))
   return plain, keyed0, kd
 
 
@@ -174,12 +175,14 @@ def client_inputs(ds):
 
 
 def test_kd_options_are_validated(tiny_model_fn, sgd):
-  for kwargs, match in ((dict(kd_weight=-1.0), 'kd_weight'), (dict(kd_weight=np.nan), 'kd_weight'),
-                        (dict(kd_reduction='max'), 'kd_reduction'),
-                        (dict(kd_std='bessel'), 'kd_std'),
-                        (dict(kd_weight=1.0, full_gradient=True), 'full_gradient')):
+  for stages, kwargs, match in ((dict(kd_weight=-1.0), {}, 'kd_weight'),
+                                (dict(kd_weight=np.nan), {}, 'kd_weight'),
+                                (dict(kd_reduction='max'), {}, 'kd_reduction'),
+                                (dict(kd_std='bessel'), {}, 'kd_std'),
+                                (dict(kd_weight=1.0), dict(full_gradient=True), 'full_gradient')):
     with pytest.raises(ValueError, match=match):
-      model_delta.build_model_delta_client_work(tiny_model_fn, sgd(), BATCH, **kwargs)
+      model_delta.build_model_delta_client_work(
+          tiny_model_fn, sgd(), BATCH, client_stages=plugins.ClientStages(**stages), **kwargs)
 
 
 def test_lambda_zero_equals_plain_client_work_bit_for_bit(client_works, digits,
@@ -267,7 +270,8 @@ def test_kd_std_sample_reaches_the_client_work(client_works, digits, initial_wei
                                                 tiny_model_fn, sgd):
   _, _, kd = client_works   # kd_reduction='mean', σ population
   sample = model_delta.build_model_delta_client_work(
-      tiny_model_fn, sgd(), BATCH, keyed=True, kd_weight=0.5, kd_reduction='mean', kd_std='sample')
+      tiny_model_fn, sgd(), BATCH, keyed=True,
+      client_stages=plugins.ClientStages(kd_weight=0.5, kd_reduction='mean', kd_std='sample'))
   inp = client_inputs(digits)[0]
   w = [initial_weights]
   got = [np.asarray(t) for t in sample.next(sample.initialize(), w, [[inp]]).result[0]
@@ -299,8 +303,8 @@ def cadis_process(fed, tiny_model_fn, sgd):
 
 
 def test_build_cadis_refuses_bad_arguments(tiny_model_fn, sgd):
-  bad = [dict(kd_weight=-0.1), dict(kd_reduction='avg'), dict(threshold=1.2),
-         dict(closure='chain'), dict(similarity_layer='penultimate'),
+  # The stages' own values: tests/test_plugins.py.
+  bad = [dict(threshold=1.2), dict(closure='chain'), dict(similarity_layer='penultimate'),
          dict(clients_per_round=11), dict(true_clusters=[0, 1, 2]),
          dict(threshold=0.98, threshold_max=0.9)]
   for kwargs in bad:

@@ -16,7 +16,7 @@ import tensorflow as tf
 import tensorflow_federated as tff
 
 from tff_algos import baselines, data
-from tff_algos import build_cadis, build_fedcda, build_fedcross, build_scaffold
+from tff_algos import ClientStages, build_cadis, build_fedcda, build_fedcross, build_scaffold
 from tff_algos.aggregators import clustering, reporting
 from tff_algos.client_work import model_delta
 
@@ -244,7 +244,7 @@ def test_cadis_silent_row_is_not_clustered(quirks):
 
 def test_cadis_round_without_reporters_keeps_model_and_momentum(digits, tiny_model_fn, sgd):
   process = build_cadis(tiny_model_fn, sgd(), BATCH, num_clients=4, clients_per_round=2,
-                        kd_weight=0.0,
+                        client_stages=ClientStages(kd_weight=0.0),
                         server_optimizer_fn=tff.learning.optimizers.build_sgdm(1.0, 0.9))
   state = process.next(process.initialize(), as_next_input(
       [client(digits, 0, 0), client(digits, 1, 1, size=13)])).state

@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_federated as tff
 
+import tff_algos
 from tff_algos import constants
 from tff_algos import data
 from tests import helpers
@@ -143,8 +144,9 @@ def exploration(env, normalize='per_client', floor=0.0, patience=None):
 def process(env, base, guided):
   key = (base, guided)
   if key not in _processes:
-    _processes[key] = fedlex.build_fedlex(env['model_fn'], env['opt'], BATCH, base,
-                                          guided=guided, **_BASE_KWARGS[base])
+    _processes[key] = fedlex.build_fedlex(
+        env['model_fn'], env['opt'], BATCH, base,
+        client_stages=tff_algos.ClientStages(guided=guided), **_BASE_KWARGS[base])
   return _processes[key]
 
 
@@ -558,7 +560,8 @@ def test_fractional_guidance_scales_the_update_once(env, base):
     guided, plain = process(env, base, True), process(env, base, False)
   else:  # a batch as large as any client's data: one local step
     whole = max(int(np.shape(x[0]['order'])[1]) for x in inputs)
-    guided, plain = (fedlex.build_fedlex(env['model_fn'], env['opt'], whole, base, guided=g)
+    guided, plain = (fedlex.build_fedlex(env['model_fn'], env['opt'], whole, base,
+                                         client_stages=tff_algos.ClientStages(guided=g))
                      for g in (True, False))
   state = guided.initialize()
   rng = np.random.default_rng(7)
@@ -587,8 +590,8 @@ def test_fedlex_prox_guides_the_proximal_gradient_too(env):
   assert n - half > 0  # two steps
   mu, lr = 1.0, 0.1
   opt = tff.learning.optimizers.build_sgdm(learning_rate=lr)
-  prox, plain = (fedlex.build_fedlex(env['model_fn'], opt, half, 'prox', guided=True,
-                                     proximal_strength=m) for m in (mu, 0.0))
+  prox, plain = (fedlex.build_fedlex(env['model_fn'], opt, half, 'prox', proximal_strength=m)
+                 for m in (mu, 0.0))
   state = prox.initialize()
   rng = np.random.default_rng(11)
   guidance = [rng.uniform(0.2, 0.9, size=np.shape(g)).astype(np.float32)

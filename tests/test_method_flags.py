@@ -3,8 +3,9 @@
 The flag lists come from the tables of README.md and docs/, programs/train.py and the method registry
 (programs/methods/), and are checked against each other. Each flag is then shown to reach
 its target by the cheapest path:
-- a method flag (BUILDER / EXPLORATION target): the program's config -> builder path with the
-  builder replaced by a recorder; a changed value must arrive in the flag's keyword. That the
+- a method flag (BUILDER / STAGES / EXPLORATION target): the program's config -> builder path
+  with the builder replaced by a recorder; a changed value must arrive in the flag's keyword
+  (STAGES: its field of the builder's `client_stages`). That the
   keyword changes the computation is shown by the unit test named in KEYWORD_TESTS (checked
   to exist and to be in the default suite);
 - a server, client or data flag: the recorded builder arguments, the optimizers'
@@ -56,15 +57,15 @@ CHANGED = dict(
     fedlex_exploration_patience=3, fedlex_normalize='after_mean', fedlex_guidance_floor=0.1, fedlex_refresh=True,
     fedlex_guidance='placeholder', fedlex_explore_in_place=True)
 
-# The plug-in flags' builder keywords (every builder takes them) -> the default-suite test
-# showing that the keyword changes every client work's upload.
+# The plug-in flags' ClientStages fields (every builder takes them) -> the default-suite test
+# showing that the field changes every client work's upload.
 PLUGIN_KEYWORD_TESTS = {
     'guided': 'tests/test_plugins.py::test_each_option_changes_every_client_works_upload',
     'kd_weight': 'tests/test_plugins.py::test_each_option_changes_every_client_works_upload',
 }
 
-# (method, builder keyword) -> the default-suite unit test showing that the keyword changes
-# the computation (against numpy or a reference), as 'file::test'.
+# (method, builder keyword or ClientStages field) -> the default-suite unit test showing that
+# it changes the computation (against numpy or a reference), as 'file::test'.
 KEYWORD_TESTS = {
     ('fedcross', 'alpha'): 'tests/test_fedcross.py::test_rules_and_cross_aggregate_match_numpy',
     ('fedcross', 'selection'):
@@ -307,8 +308,24 @@ def _built_call(monkeypatch, config):
 
 
 METHOD_FLAG_CASES = [(m.name, f.name) for m in methods.METHODS.values() for f in m.flags
-                     if f.target == registry.BUILDER]
+                     if f.target in (registry.BUILDER, registry.STAGES)]
 EXPLORATION_FLAGS = [f.name for f in registry.FEDLEX_FLAGS if f.target == registry.EXPLORATION]
+
+
+def _argument(flag, kwargs):
+  """What `flag` set in a builder call's `kwargs`: its keyword, or its `client_stages` field."""
+  if flag.target == registry.STAGES:
+    return getattr(kwargs['client_stages'], flag.kwarg)
+  return kwargs[flag.kwarg]
+
+
+def _without(flag, kwargs) -> dict:
+  """`kwargs` without what `flag` sets (its keyword, or its field of `client_stages`)."""
+  if flag.target != registry.STAGES:
+    return {k: v for k, v in kwargs.items() if k != flag.kwarg}
+  stages = dataclasses.asdict(kwargs['client_stages'])
+  del stages[flag.kwarg]
+  return dict(kwargs, client_stages=stages)
 
 
 @pytest.mark.parametrize('algorithm, name', METHOD_FLAG_CASES,
@@ -318,10 +335,10 @@ def test_method_flag_reaches_its_builder_keyword(monkeypatch, algorithm, name):
   base = dict(helpers.METHOD_SETTINGS.get(algorithm, {}), algorithm=algorithm)
   _, default_kwargs = _built_call(monkeypatch, _config(**base))
   _, kwargs = _built_call(monkeypatch, _config(**base, **{name: CHANGED[name]}))
-  assert kwargs[flag.kwarg] == flag.transform(CHANGED[name]) != default_kwargs[flag.kwarg]
+  assert _argument(flag, kwargs) == flag.transform(CHANGED[name]) != _argument(
+      flag, default_kwargs)
   # ... and nothing else changed.
-  assert {k: v for k, v in kwargs.items() if k != flag.kwarg} == {
-      k: v for k, v in default_kwargs.items() if k != flag.kwarg}
+  assert _without(flag, kwargs) == _without(flag, default_kwargs)
 
 
 # Every guided run explores: the fedlex_* presets, and every other method with --guided.
@@ -359,30 +376,35 @@ def test_exploration_flags_need_a_guided_run(algorithm):
 
 @pytest.mark.parametrize('algorithm', methods.ALGORITHMS)
 def test_plugin_flags_reach_every_builder(monkeypatch, algorithm):
-  """--guided and --kd_weight arrive as the builder's guided= / kd_weight= (with nothing else
-  changed); the defaults add neither. fedlex_* are guided by their builder's default;
-  FedSGD's single gradient refuses KD in one line; CADIS's own λ is --cadis_kd_weight
-  unless --kd_weight is given, never both."""
+  """--guided and --kd_weight arrive as fields of the builder's one `client_stages` (with
+  nothing else changed); a plain run passes none. fedlex_* pass their guidance, cadis its
+  --cadis_kd_* flags; FedSGD's single gradient refuses KD in one line; CADIS's own λ is
+  --cadis_kd_weight unless --kd_weight is given, never both."""
+  from tff_algos.client_work import plugins  # pylint: disable=g-import-not-at-top
   method = methods.METHODS[algorithm]
   settings = dict(helpers.METHOD_SETTINGS.get(algorithm, {}), algorithm=algorithm)
   _, default_kwargs = _built_call(monkeypatch, _config(**settings))
-  assert 'guided' not in default_kwargs
-  assert default_kwargs.get('kd_weight', 0.0) == (1.0 if algorithm == 'cadis' else 0.0)
-  _, kwargs = _built_call(monkeypatch, _config(**settings, guided=True))
-  if method.guided:
-    assert kwargs == default_kwargs and method.is_guided(_config())
-  else:
-    assert kwargs == dict(default_kwargs, guided=True) and not method.is_guided(_config())
+  preset = (plugins.ClientStages(kd_weight=1.0) if algorithm == 'cadis' else
+            plugins.ClientStages(guided=True) if method.guided else None)
+  assert default_kwargs.get('client_stages') == preset
+  plain = {k: v for k, v in default_kwargs.items() if k != 'client_stages'}
+
+  def stages(**changes):
+    _, kwargs = _built_call(monkeypatch, _config(**settings, **changes))
+    assert {k: v for k, v in kwargs.items() if k != 'client_stages'} == plain
+    return kwargs['client_stages']
+
+  preset = preset or plugins.ClientStages()
+  assert stages(guided=True) == dataclasses.replace(preset, guided=True)
+  assert method.is_guided(_config()) == method.guided
   if not method.local_steps:
     with pytest.raises(experiment_config.ExperimentError, match=(
         f'^--kd_weight does not apply to --algorithm={algorithm}: FedSGD takes its one '
         'gradient at the received model, .*; drop it$')):
       experiment_config.validate(_config(**settings, kd_weight=0.5))
     return
-  _, kwargs = _built_call(monkeypatch, _config(**settings, kd_weight=0.5))
-  assert kwargs == dict(default_kwargs, kd_weight=0.5)
-  _, kwargs = _built_call(monkeypatch, _config(**settings, kd_weight=0.0))
-  assert kwargs == dict(default_kwargs, kd_weight=0.0)
+  assert stages(kd_weight=0.5) == dataclasses.replace(preset, kd_weight=0.5)
+  assert stages(kd_weight=0.0) == dataclasses.replace(preset, kd_weight=0.0)
   if algorithm == 'cadis':
     with pytest.raises(experiment_config.ExperimentError, match=(
         '^--kd_weight and --cadis_kd_weight both set the KD weight; drop --cadis_kd_weight$')):

@@ -2,8 +2,9 @@
 
 FedLEx's guidance (`guided`) and CADIS's KD term (`kd_weight`) are options of the client works
 every builder uses (model delta: the FedAvg family, FedSGD, CADIS; model upload: FedCross,
-FedCDA; corrected training: SCAFFOLD). Here: each option changes every client work's upload
-(so it cannot be silently ignored), every builder takes both, SCAFFOLD composes guidance
+FedCDA; corrected training: SCAFFOLD), passed as one `ClientStages` value. Here: each option
+changes every client work's upload (so it cannot be silently ignored), every builder takes
+both through its one `client_stages` parameter, SCAFFOLD composes guidance
 with its correction as documented (against NumPy), `fedlex_avgm` is `fedavgm --guided`, and
 FedCross, FedCDA and SCAFFOLD still learn digits with each option.
 """
@@ -13,7 +14,9 @@ import os
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '3')
 
 import collections  # pylint: disable=g-import-not-at-top
+import dataclasses
 import functools
+import inspect
 
 import numpy as np
 import pytest
@@ -24,6 +27,7 @@ from tff_algos import data
 import tff_algos
 from programs import experiment
 from programs import experiment_config
+from programs import methods
 from programs import run_results
 from programs import run_directory
 from tff_algos import fedlex
@@ -73,13 +77,13 @@ def _inputs():
 # Each option changes the upload of each client work
 # --------------------------------------------------------------------------- #
 
-OPTIONS = {'guided': dict(guided=True), 'kd': dict(kd_weight=1.0)}
+OPTIONS = {'guided': plugins.ClientStages(guided=True), 'kd': plugins.ClientStages(kd_weight=1.0)}
 KINDS = ('model_delta', 'model_upload', 'corrected_training')
 
 
 @functools.lru_cache(maxsize=None)
 def _work(kind, option=None):
-  kwargs = OPTIONS[option] if option else {}
+  kwargs = dict(client_stages=OPTIONS[option]) if option else {}
   if kind == 'model_delta':
     return model_delta.build_model_delta_client_work(hidden_model_fn, sgd(), BATCH, **kwargs)
   if kind == 'model_upload':
@@ -166,10 +170,10 @@ def test_every_builder_takes_both_options_into_its_client_work(name):
     with pytest.raises(ValueError, match='^kd_weight > 0 needs local training steps, which '
                        r'full_gradient \(FedSGD\) does not take: its one gradient is at the '
                        'received model'):
-      BUILDERS[name](kd_weight=0.5)
-    process = BUILDERS[name](guided=True)
+      BUILDERS[name](client_stages=plugins.ClientStages(kd_weight=0.5))
+    process = BUILDERS[name](client_stages=plugins.ClientStages(guided=True))
   else:
-    process = BUILDERS[name](guided=True, kd_weight=0.5)
+    process = BUILDERS[name](client_stages=plugins.ClientStages(guided=True, kd_weight=0.5))
   guidance = fedlex.get_guidance(process.initialize())
   assert [np.shape(g) for g in guidance] == [(FEATURES, HIDDEN), (HIDDEN,), (HIDDEN, CLASSES),
                                              (CLASSES,)]
@@ -186,6 +190,34 @@ def test_bad_plugin_arguments_are_refused_in_one_line():
                           (dict(guided='yes'), 'guided must be True or False')):
     with pytest.raises((ValueError, TypeError), match=message):
       plugins.ClientStages(**kwargs)
+  # The stages' fields as a dict, not a ClientStages: one TypeError naming the type.
+  for build in (BUILDERS['fedavg'], BUILDERS['cadis'],
+                functools.partial(model_upload.build_model_upload_client_work, hidden_model_fn,
+                                  sgd(), BATCH),
+                functools.partial(corrected_training.build_corrected_client_work,
+                                  hidden_model_fn, sgd(), BATCH)):
+    with pytest.raises(TypeError, match=r'^client_stages must be a tff_algos.ClientStages, '
+                       r'e.g. ClientStages\(guided=True, kd_weight=0.5\), got \{'):
+      build(client_stages=dict(guided=True))
+
+
+def test_every_builder_takes_the_stages_as_one_client_stages_parameter():
+  """Each builder the registry names, and each client work, has one keyword-only plug-in
+  parameter, `client_stages`, whose default is a ClientStages (CADIS's: KD at λ 1.0,
+  FedLEx's: guided), and no stage field as a keyword of its own."""
+  builders = {getattr(tff_algos, m.builder.__name__) for m in methods.METHODS.values()} | {
+      model_delta.build_model_delta_client_work, model_upload.build_model_upload_client_work,
+      corrected_training.build_corrected_client_work}
+  fields = {f.name for f in dataclasses.fields(plugins.ClientStages)}
+  presets = {'build_cadis': plugins.ClientStages(kd_weight=1.0),
+             'build_fedlex': plugins.ClientStages(guided=True)}
+  assert len(builders) == 13   # 10 registry builders (fedlex_* share one), 3 client works
+  for builder in builders:
+    parameters = inspect.signature(builder).parameters
+    assert not fields & set(parameters), builder.__name__
+    stages = parameters['client_stages']
+    assert stages.kind == inspect.Parameter.KEYWORD_ONLY, builder.__name__
+    assert stages.default == presets.get(builder.__name__, plugins.ClientStages())
 
 
 # --------------------------------------------------------------------------- #
@@ -219,8 +251,8 @@ def test_scaffold_guided_step_is_guidance_then_correction():
   rng = np.random.default_rng(11)
   x = rng.normal(size=(n, FEATURES)).astype(np.float32)
   y = rng.integers(0, CLASSES, size=n).astype(np.int32)
-  work = corrected_training.build_corrected_client_work(_linear_model_fn, sgd(), n,
-                                                        guided=True)
+  work = corrected_training.build_corrected_client_work(
+      _linear_model_fn, sgd(), n, client_stages=plugins.ClientStages(guided=True))
   weights = model_delta.initial_model_weights_fn(_linear_model_fn)()
   shapes = [np.shape(t) for t in weights.trainable]
   c = [rng.normal(scale=0.2, size=s).astype(np.float32) for s in shapes]

@@ -2,7 +2,8 @@
 and SCAFFOLD.
 
 Every method is built by a `build_<method>` function returning a
-`tff.learning.templates.LearningProcess`; see README.md.
+`tff.learning.templates.LearningProcess`; see README.md. Each takes the plug-in client stages
+(FedLEx's guidance, CADIS's KD term) as one `ClientStages` value, `client_stages=`.
 
 The builders are exported lazily (PEP 562): `import tff_algos` does not start TensorFlow, so a
 program can validate its flags (e.g. against `tff_algos.models.catalog`) first.
@@ -27,7 +28,7 @@ Modules (docs/architecture.md has the whole map):
 * `scaffold`: SCAFFOLD, `build_scaffold`.
 * `schedules`: client and server learning-rate schedules (`Schedule`) on any process.
 * `aggregators`: the stateful aggregation processes, exported.
-* `client_work`: the client work processes, exported.
+* `client_work`: the client work processes, exported; `ClientStages` from its `plugins`.
 * `models`: the model zoo and `model_fn`s, exported.
 * `runtime`: TFF 0.87's runtime workarounds, one module each.
 """
@@ -43,6 +44,7 @@ _EXPORTS = {
         'build_fedprox', 'build_fedsgd'),
     'tff_algos.cadis': ('build_cadis',),
     'tff_algos.client_lr_decay': ('with_client_lr_decay',),
+    'tff_algos.client_work.plugins': ('ClientStages',),
     'tff_algos.evaluation': ('build_per_client_evaluation', 'client_evaluation_inputs',
                              'summarize_client_accuracies'),
     'tff_algos.fedcda': ('build_fedcda',),
@@ -64,6 +66,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the real names
       build_fedsgd)
   from tff_algos.cadis import build_cadis  # noqa: F401
   from tff_algos.client_lr_decay import with_client_lr_decay  # noqa: F401
+  from tff_algos.client_work.plugins import ClientStages  # noqa: F401
   from tff_algos.evaluation import (  # noqa: F401
       build_per_client_evaluation, client_evaluation_inputs, summarize_client_accuracies)
   from tff_algos.fedcda import build_fedcda  # noqa: F401

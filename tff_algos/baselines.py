@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import tensorflow_federated as tff
 
 from tff_algos.aggregators import factories, reporting
-from tff_algos.client_work import model_delta
+from tff_algos.client_work import model_delta, plugins
 from tff_algos.models import model_fns
 
 ModelAggregator = factories.ModelAggregator
@@ -50,10 +50,7 @@ def build_fedavg(
     *,
     client_weighting: Optional[str] = None,
     model_aggregator: Optional[ModelAggregator] = None,
-    guided: bool = False,
-    kd_weight: float = 0.0,
-    kd_reduction: str = 'sum',
-    kd_std: str = 'population',
+    client_stages: plugins.ClientStages = plugins.ClientStages(),
 ) -> tff.learning.templates.LearningProcess:
   """FedAvg (McMahan et al. 2017): server SGD with learning rate 1.0 by default.
 
@@ -68,17 +65,13 @@ def build_fedavg(
     model_aggregator: a `tff.aggregators` weighted or unweighted aggregation factory
       (default `MeanFactory`): TFF's DP, clipping, zeroing, compression and robust
       wrappers apply to the averaged model deltas as in TFF's FedAvg builders.
-    guided: FedLEx guidance in the client work state (see `tff_algos.fedlex`).
-    kd_weight: λ of CADIS's KD term on the clients (0 = off), teacher = the received model.
-    kd_reduction: 'sum' or 'mean' (`tff_algos.client_work.distillation`).
-    kd_std: 'population' (default) or 'sample' (reference code): σ of the KD
-      kernel (`tff_algos.client_work.distillation`).
-    (The three plug-ins are `tff_algos.client_work.plugins`'s, as on every builder.)
+    client_stages: the plug-ins, FedLEx's guidance and CADIS's KD term
+      (`tff_algos.ClientStages`; default none).
   """
   client_work = model_delta.build_model_delta_client_work(
       model_fn, client_optimizer_fn, client_batch_size,
       client_weighting=factories.resolve_client_weighting(client_weighting, model_aggregator),
-      guided=guided, kd_weight=kd_weight, kd_reduction=kd_reduction, kd_std=kd_std)
+      client_stages=client_stages)
   return compose_with_client_work(
       model_fn, client_work,
       server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=1.0),
@@ -87,32 +80,35 @@ def build_fedavg(
 
 def build_fedavgm(model_fn, client_optimizer_fn, client_batch_size, *,
                   server_learning_rate: float = 1.0, server_momentum: float = 0.9,
+                  client_stages: plugins.ClientStages = plugins.ClientStages(),
                   **kwargs) -> tff.learning.templates.LearningProcess:
   """FedAvgM (Hsu et al. 2019): FedAvg with server SGD momentum (default lr 1.0, m 0.9).
 
-  `**kwargs` go to `build_fedavg`: client_weighting, model_aggregator, guided,
-  kd_weight, kd_reduction, kd_std.
+  `client_stages`: the plug-ins, as `build_fedavg` (`tff_algos.ClientStages`). `**kwargs`
+  go to `build_fedavg`: client_weighting, model_aggregator.
   """
   return build_fedavg(
       model_fn, client_optimizer_fn, client_batch_size,
       tff.learning.optimizers.build_sgdm(learning_rate=server_learning_rate,
-                                         momentum=server_momentum), **kwargs)
+                                         momentum=server_momentum),
+      client_stages=client_stages, **kwargs)
 
 
 def build_fedadam(model_fn, client_optimizer_fn, client_batch_size, *,
                   server_learning_rate: float = 1e-2, beta_1: float = 0.9,
                   beta_2: float = 0.99, epsilon: float = 1e-3,
+                  client_stages: plugins.ClientStages = plugins.ClientStages(),
                   **kwargs) -> tff.learning.templates.LearningProcess:
   """FedAdam / FedOpt (Reddi et al. 2021): FedAvg with a server Adam optimiser.
 
-  `**kwargs` go to `build_fedavg`: client_weighting, model_aggregator, guided,
-  kd_weight, kd_reduction, kd_std.
+  `client_stages`: the plug-ins, as `build_fedavg` (`tff_algos.ClientStages`). `**kwargs`
+  go to `build_fedavg`: client_weighting, model_aggregator.
   """
   return build_fedavg(
       model_fn, client_optimizer_fn, client_batch_size,
       tff.learning.optimizers.build_adam(learning_rate=server_learning_rate,
                                          beta_1=beta_1, beta_2=beta_2, epsilon=epsilon),
-      **kwargs)
+      client_stages=client_stages, **kwargs)
 
 
 def build_fedprox(
@@ -120,10 +116,7 @@ def build_fedprox(
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None, *,
     client_weighting: Optional[str] = None,
     model_aggregator: Optional[ModelAggregator] = None,
-    guided: bool = False,
-    kd_weight: float = 0.0,
-    kd_reduction: str = 'sum',
-    kd_std: str = 'population',
+    client_stages: plugins.ClientStages = plugins.ClientStages(),
 ) -> tff.learning.templates.LearningProcess:
   """FedProx (Li et al. 2020): local loss + (mu/2)||w - w_t||^2 (plug-ins as `build_fedavg`).
 
@@ -137,7 +130,7 @@ def build_fedprox(
       model_fn, client_optimizer_fn, client_batch_size,
       proximal_strength=proximal_strength,
       client_weighting=factories.resolve_client_weighting(client_weighting, model_aggregator),
-      guided=guided, kd_weight=kd_weight, kd_reduction=kd_reduction, kd_std=kd_std)
+      client_stages=client_stages)
   return compose_with_client_work(
       model_fn, client_work,
       server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=1.0),
@@ -149,17 +142,16 @@ def build_fedsgd(
     client_batch_size: int = 256, *,
     client_weighting: Optional[str] = None,
     model_aggregator: Optional[ModelAggregator] = None,
-    guided: bool = False,
-    kd_weight: float = 0.0,
+    client_stages: plugins.ClientStages = plugins.ClientStages(),
 ) -> tff.learning.templates.LearningProcess:
   """FedSGD: each client uploads its full-batch mean gradient; server SGD (lr 0.1 default,
   as `tff.learning.algorithms.build_fed_sgd`). `client_batch_size` only bounds memory.
-  `guided` as `build_fedavg` (the upload is G*g); `kd_weight` > 0 is refused with the
-  reason (`tff_algos.client_work.plugins`: no local step, so no KD term)."""
+  `client_stages` as `build_fedavg` (`tff_algos.ClientStages`): guided, the upload is G*g;
+  `kd_weight` > 0 is refused with the reason (no local step, so no KD term)."""
   client_work = model_delta.build_model_delta_client_work(
       model_fn, None, client_batch_size, full_gradient=True,
       client_weighting=factories.resolve_client_weighting(client_weighting, model_aggregator),
-      guided=guided, kd_weight=kd_weight)
+      client_stages=client_stages)
   return compose_with_client_work(
       model_fn, client_work,
       server_optimizer_fn or tff.learning.optimizers.build_sgdm(learning_rate=0.1),

@@ -46,9 +46,7 @@ def build_cadis(
     num_clients: int,
     *,
     clients_per_round: int,
-    kd_weight: float = 1.0,
-    kd_reduction: str = 'sum',
-    kd_std: str = 'population',
+    client_stages: plugins.ClientStages = plugins.ClientStages(kd_weight=1.0),
     threshold: float = clustered_aggregation.DEFAULT_THRESHOLD,
     threshold_max: float = clustered_aggregation.DEFAULT_THRESHOLD_MAX,
     similarity_layer: str = 'bias',
@@ -58,7 +56,6 @@ def build_cadis(
     true_clusters: Optional[Sequence[int]] = None,
     server_optimizer_fn: Optional[tff.learning.optimizers.Optimizer] = None,
     model_aggregator=None,
-    guided: bool = False,
     two_hop_metrics_max_clients: Optional[int] = (
         clustered_aggregation.DEFAULT_TWO_HOP_METRICS_MAX_CLIENTS),
     reference_quirks: bool = False,
@@ -74,10 +71,9 @@ def build_cadis(
     num_clients: N, the number of clients; client inputs carry `index` in [0, N).
     clients_per_round: the most clients one round may bring (the server accumulator's
       rows; a round with more clients fails).
-    kd_weight: λ of the KD term (default 1.0; 0 = plain local SGD, no teacher built).
-    kd_reduction: 'sum' (default, reference code) or 'mean' (sum / batch size).
-    kd_std: σ of the KD kernel over the batch's pairwise distances: 'population' (default)
-      or 'sample' (n − 1, the reference code's `torch.std`; `distillation`).
+    client_stages: the plug-ins, CADIS's KD term and FedLEx's guidance
+      (`tff_algos.ClientStages`); default KD at λ = 1.0 (`ClientStages(kd_weight=1.0)`),
+      unguided; `kd_weight=0` is plain local SGD (no teacher built).
     threshold: τ_0, the clustering threshold on the rescaled Q-matrix (0.975).
     threshold_max: τ_max of the schedule τ_{t+1} = min(τ_t·1.0005^t, τ_max) (0.985).
     similarity_layer: 'bias' (default) or 'kernel' of the final classifier: whose delta's
@@ -104,8 +100,6 @@ def build_cadis(
       refuses them). None (default): Σ p_i Δ_i on the server's accumulator in one
       aggregation. State gains `aggregator.delta_aggregator` (the factory's
       state), metrics `aggregator/delta_aggregator` (its measurements).
-    guided: FedLEx's guidance on the clients' gradients (`tff_algos.client_work.plugins`;
-      `state.client_work['guidance']`, set by `tff_algos.fedlex.set_guidance`).
     two_hop_metrics_max_clients: with closure 'two_hop', the whole-relation metrics
       (`num_clusters`, `cluster_pair_accuracy`, `clusters_match`: 4·N³ flops) are computed
       while N is at most this (default 1000; None: always), and read -1 / NaN above it.
@@ -120,13 +114,14 @@ def build_cadis(
 
   Raises:
     ValueError: an argument is out of range or inconsistent (checked before building).
-    TypeError: model_aggregator is not a TFF aggregation factory.
+    TypeError: model_aggregator is not a TFF aggregation factory, or client_stages is not
+      a `ClientStages`.
   """
   factories.check_model_aggregator(model_aggregator)
   model_fn = model_fns.as_model_fn(model_fn)
   local_training.check_client_training(client_optimizer_fn, client_batch_size)
-  # The plug-ins' own checks, before the (slower) factory is built.
-  plugins.ClientStages(guided, kd_weight, kd_reduction, kd_std)
+  # Before the (slower) factory is built.
+  plugins.ClientStages.of(client_stages)
   # The factory validates num_clients, clients_per_round, thresholds, closure, layer and
   # true_clusters; the similarity tensor's position comes from the model itself.
   factory = clustered_aggregation.ClusteredAggregator(
@@ -142,7 +137,7 @@ def build_cadis(
   weights_type = initial_weights.type_signature.result
   client_work = model_delta.build_model_delta_client_work(
       model_fn, client_optimizer_fn, int(client_batch_size), keyed=True,
-      kd_weight=kd_weight, kd_reduction=kd_reduction, kd_std=kd_std, guided=guided)
+      client_stages=client_stages)
   distributor = tff.learning.templates.build_broadcast_process(weights_type)
   # A round nobody reported in leaves the model and the server optimizer as they were.
   aggregator = reporting.ReportingFactory(factory).create(

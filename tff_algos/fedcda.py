@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import tensorflow_federated as tff
 
 from tff_algos.aggregators import cross_round_cache, factories
-from tff_algos.client_work import model_delta, model_upload
+from tff_algos.client_work import model_delta, model_upload, plugins
 from tff_algos.models import model_fns
 
 
@@ -39,10 +39,7 @@ def build_fedcda(
     max_cache_gib: Optional[float] = 4.0,
     cache_dtype: str = 'float32',
     model_aggregator=None,
-    guided: bool = False,
-    kd_weight: float = 0.0,
-    kd_reduction: str = 'sum',
-    kd_std: str = 'population',
+    client_stages: plugins.ClientStages = plugins.ClientStages(),
 ) -> tff.learning.templates.LearningProcess:
   """FedCDA as a `tff.learning.templates.LearningProcess`.
 
@@ -70,12 +67,8 @@ def build_fedcda(
       memory; uploads are rounded as they enter it (`cache_selection`'s "Precision").
     model_aggregator: must be None (accepted for TFF-style call sites; a factory is refused
       with the reason, see `tff_algos.aggregators.factories`).
-    guided: FedLEx's guidance on the clients' gradients (`tff_algos.client_work.plugins`;
-      `state.client_work['guidance']`, set by `tff_algos.fedlex.set_guidance`).
-    kd_weight: λ of CADIS's KD term on the clients (0 = off), teacher = the global model.
-    kd_reduction: 'sum' or 'mean' (`tff_algos.client_work.distillation`).
-    kd_std: 'population' (default) or 'sample' (reference code): σ of the KD
-      kernel (`tff_algos.client_work.distillation`).
+    client_stages: the plug-ins, FedLEx's guidance and CADIS's KD term
+      (`tff_algos.ClientStages`; default none).
 
   Returns:
     A LearningProcess; `next(state, client_data)` takes the P clients' one-element
@@ -101,7 +94,6 @@ def build_fedcda(
       initial_weights,
       tff.learning.templates.build_broadcast_process(weights_type),
       model_upload.build_model_upload_client_work(
-          model_fn, client_optimizer_fn, client_batch_size, guided=guided,
-          kd_weight=kd_weight, kd_reduction=kd_reduction, kd_std=kd_std),
+          model_fn, client_optimizer_fn, client_batch_size, client_stages=client_stages),
       aggregator,
       cross_round_cache.build_replace_finalizer(weights_type))

@@ -24,7 +24,7 @@ import tensorflow_federated as tff
 
 from tff_algos import learning_process
 from tff_algos.aggregators import accumulate_then_step, cross_aggregation, factories
-from tff_algos.client_work import local_training, model_delta, model_upload
+from tff_algos.client_work import local_training, model_delta, model_upload, plugins
 from tff_algos.models import model_fns
 
 
@@ -41,10 +41,7 @@ def build_fedcross(
     num_propellers: int = 1,
     accel_rounds: int = 0,
     model_aggregator=None,
-    guided: bool = False,
-    kd_weight: float = 0.0,
-    kd_reduction: str = 'sum',
-    kd_std: str = 'population',
+    client_stages: plugins.ClientStages = plugins.ClientStages(),
 ) -> tff.learning.templates.LearningProcess:
   """FedCross (multi-model cross-aggregation) as a `tff.learning.templates.LearningProcess`.
 
@@ -67,13 +64,8 @@ def build_fedcross(
     accel_rounds: length of the acceleration phase (0 = off).
     model_aggregator: must be None (accepted for TFF-style call sites; a factory is refused
       with the reason, see `tff_algos.aggregators.factories`).
-    guided: FedLEx's guidance on the clients' gradients (`tff_algos.client_work.plugins`;
-      `state.client_work['guidance']`, set by `tff_algos.fedlex.set_guidance`).
-    kd_weight: λ of CADIS's KD term on the clients (0 = off); the teacher is the
-      middleware model the client received.
-    kd_reduction: 'sum' or 'mean' (`tff_algos.client_work.distillation`).
-    kd_std: 'population' (default) or 'sample' (reference code): σ of the KD
-      kernel (`tff_algos.client_work.distillation`).
+    client_stages: the plug-ins, FedLEx's guidance and CADIS's KD term (its teacher: the
+      middleware model the client received) (`tff_algos.ClientStages`; default none).
 
   Returns:
     A LearningProcess; `next(state, client_data)` takes the K clients' one-element
@@ -93,8 +85,7 @@ def build_fedcross(
   weights_type = initial_weights.type_signature.result
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
   client_work = model_upload.build_model_upload_client_work(
-      model_fn, client_optimizer_fn, client_batch_size, guided=guided, kd_weight=kd_weight,
-      kd_reduction=kd_reduction, kd_std=kd_std)
+      model_fn, client_optimizer_fn, client_batch_size, client_stages=client_stages)
   aggregator = cross_aggregation.build_cross_aggregation_process(
       weights_type, k, alpha=alpha, selection=selection, alpha_schedule=alpha_schedule,
       num_propellers=num_propellers, accel_rounds=accel_rounds,

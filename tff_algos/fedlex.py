@@ -6,8 +6,8 @@ its defaults and options: docs/algorithms.md#fedlex.
 `build_fedlex_exploration` is a `tff.federated_computation` running the exploration on the
 explorer clients it is given and returning the guidance matrix G and the cost in
 client-epochs; `build_fedlex(base='avgm'|'sgd'|'opt'|'prox')` is the base of
-`tff_algos.baselines` with `guided=True` (the plug-in of `tff_algos.client_work.plugins`,
-which every builder takes). G lives in `state.client_work`, all ones at first (bit for bit
+`tff_algos.baselines` with `client_stages=ClientStages(guided=True)` (the plug-in of
+`tff_algos.client_work.plugins`, which every builder takes). G lives in `state.client_work`, all ones at first (bit for bit
 the unguided base); `set_guidance`, `explore_and_initialize` and `refresh_guidance` install
 an explored one, so `tff.program` checkpoints it with the model. Early stopping
 (`exploration_patience`) runs one epoch at a time, the explorer's optimizer state running on
@@ -29,6 +29,7 @@ from tff_algos import constants
 from tff_algos import baselines
 from tff_algos.client_work import local_training
 from tff_algos.client_work import model_delta
+from tff_algos.client_work import plugins
 from tff_algos.models import model_fns
 
 BASES = ('avgm', 'sgd', 'opt', 'prox')
@@ -261,7 +262,7 @@ def build_fedlex(
     client_batch_size: int,
     base: str = 'avgm',
     *,
-    guided: bool = True,
+    client_stages: plugins.ClientStages = plugins.ClientStages(guided=True),
     **base_kwargs,
 ) -> tff.learning.templates.LearningProcess:
   """FedLEx on a base algorithm: FedLExAvgM / FedLExSgd / FedLExOpt / FedLExProx.
@@ -274,7 +275,9 @@ def build_fedlex(
       (`build_fedsgd`), 'opt' (`build_fedadam`: server Adam), 'prox' (`build_fedprox`;
       G multiplies the whole gradient of its local objective, so the step is
       lr G (g + mu (w - w_t)): the proximal pull is guided too).
-    guided: False builds the plain base (same builder, no guidance state), for baselines.
+    client_stages: the plug-ins (`tff_algos.ClientStages`); default FedLEx's guidance
+      alone, `ClientStages(guided=True)`; unguided, the plain base (same builder, no
+      guidance state), for baselines.
     **base_kwargs: passed to the base builder (server_learning_rate, server_momentum,
       proximal_strength, server_optimizer_fn, client_weighting, model_aggregator, ...).
 
@@ -286,18 +289,19 @@ def build_fedlex(
     raise ValueError(f'base must be one of {BASES}, got {base!r}')
   if base == 'sgd':
     return baselines.build_fedsgd(model_fn, client_batch_size=client_batch_size,
-                                  guided=guided, **base_kwargs)
+                                  client_stages=client_stages, **base_kwargs)
   builder = dict(avgm=baselines.build_fedavgm, opt=baselines.build_fedadam,
                  prox=baselines.build_fedprox)[base]
-  return builder(model_fn, client_optimizer_fn, client_batch_size, guided=guided,
-                 **base_kwargs)
+  return builder(model_fn, client_optimizer_fn, client_batch_size,
+                 client_stages=client_stages, **base_kwargs)
 
 
 def _guidance_of(state) -> list:
   work = state.client_work
   if not isinstance(work, collections.abc.Mapping) or 'guidance' not in work:
-    raise ValueError('state carries no guidance: build the process with guided=True '
-                     '(build_fedlex, or any builder)')
+    raise ValueError('state carries no guidance: build the process with '
+                     'client_stages=ClientStages(guided=True) (build_fedlex\'s default, or '
+                     'any builder)')
   return list(work['guidance'])
 
 

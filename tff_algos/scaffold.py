@@ -23,7 +23,7 @@ import tensorflow_federated as tff
 from tff_algos import constants
 from tff_algos import learning_process
 from tff_algos.aggregators import accumulate_then_step, control_variates, factories
-from tff_algos.client_work import corrected_training, local_training, model_delta
+from tff_algos.client_work import corrected_training, local_training, model_delta, plugins
 from tff_algos.models import model_fns
 
 
@@ -38,10 +38,7 @@ def build_scaffold(
     client_weighting: str = 'uniform',
     max_control_gib: Optional[float] = 4.0,
     model_aggregator=None,
-    guided: bool = False,
-    kd_weight: float = 0.0,
-    kd_reduction: str = 'sum',
-    kd_std: str = 'population',
+    client_stages: plugins.ClientStages = plugins.ClientStages(),
 ) -> tff.learning.templates.LearningProcess:
   """SCAFFOLD (option II control variates) as a `tff.learning.templates.LearningProcess`.
 
@@ -61,13 +58,10 @@ def build_scaffold(
       4·D + 4·N) exceed this many GiB (None: no limit).
     model_aggregator: must be None (accepted for TFF-style call sites; a factory is refused
       with the reason, see `tff_algos.aggregators.factories`).
-    guided: FedLEx's guidance on the clients' gradients, applied before the control-variate
-      correction: each step is y -= eta_l * (G * g + c - c_i), so the control variates
-      track guided gradients (`corrected_training`'s module doc says why).
-    kd_weight: λ of CADIS's KD term on the clients (0 = off), teacher = the global model x.
-    kd_reduction: 'sum' or 'mean' (`tff_algos.client_work.distillation`).
-    kd_std: 'population' (default) or 'sample' (reference code): σ of the KD
-      kernel (`tff_algos.client_work.distillation`).
+    client_stages: the plug-ins, FedLEx's guidance and CADIS's KD term
+      (`tff_algos.ClientStages`; default none). Guided, each step is
+      y -= eta_l * (G * g + c - c_i), so the control variates track guided gradients
+      (`corrected_training`'s module doc says why).
 
   Returns:
     A LearningProcess; `next(state, client_data)` takes the round's clients' one-element
@@ -95,7 +89,7 @@ def build_scaffold(
       weights_type, num_clients, clients_per_round, max_control_gib=max_control_gib)
   client_work = corrected_training.build_corrected_client_work(
       model_fn, client_optimizer_fn, client_batch_size, client_weighting=client_weighting,
-      guided=guided, kd_weight=kd_weight, kd_reduction=kd_reduction, kd_std=kd_std)
+      client_stages=client_stages)
   finalizer = model_delta.build_update_finalizer(
       tff.learning.optimizers.build_sgdm(learning_rate=float(server_learning_rate)),
       weights_type)

@@ -1,8 +1,9 @@
 """The methods of the training program, found by their names: one file per method.
 
 `programs/methods/<method>.py` declares its `--algorithm`: its own flags (name, default,
-help, validation rule and where the value goes: a keyword of its builder, of FedLEx's
-exploration builder, or the program's loop), the general server flags it reads, its checks,
+help, validation rule and where the value goes: a keyword of its builder, a field of the
+builder's `client_stages` (a `tff_algos.ClientStages`), a keyword of FedLEx's exploration
+builder, or the program's loop), the general server flags it reads, its checks,
 its summary entries, and how its builder (imported by name in that file, when a process is
 built) is called. FedLEx's four variants share `fedlex.py`, the five baselines
 `baselines.py`. The machinery they use (`Flag`, `Method`, the validation rules) and the

@@ -7,7 +7,7 @@ import math
 from typing import Optional
 
 from programs.methods import registry
-from programs.methods.registry import Flag, one_of
+from programs.methods.registry import STAGES, Flag, one_of
 from tff_algos import constants
 
 FLAGS = (
@@ -17,12 +17,12 @@ FLAGS = (
     Flag('cadis_kd_weight', 1.0, 'CADIS: lambda of the KD term (0 = off); the general '
          '--kd_weight, when given, sets it instead.',
          lambda v: None if v >= 0 and math.isfinite(v) else f' must be >= 0, got {v}',
-         kwarg='kd_weight'),
+         target=STAGES, kwarg='kd_weight'),
     Flag('cadis_kd_reduction', 'sum', 'CADIS KD: sum or mean.', one_of(constants.KD_REDUCTIONS),
-         kwarg='kd_reduction'),
+         target=STAGES, kwarg='kd_reduction'),
     Flag('cadis_kd_std', 'population', 'CADIS KD: sigma of the pairwise distances, '
          'population or sample (n - 1, the authors\' code).', one_of(constants.KD_STDS),
-         kwarg='kd_std'),
+         target=STAGES, kwarg='kd_std'),
     Flag('cadis_similarity_layer', 'bias',
          'CADIS: classifier bias or kernel delta for similarity.',
          one_of(constants.CADIS_SIMILARITY_LAYERS), kwarg='similarity_layer'),

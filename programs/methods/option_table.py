@@ -25,6 +25,8 @@ def flag_table() -> str:
     method = ', '.join(m.name for m in users)
     if flag.target == registry.BUILDER:
       sets = f'`{users[0].builder.__name__}({flag.kwarg}=)`'
+    elif flag.target == registry.STAGES:
+      sets = f'`{users[0].builder.__name__}(client_stages=ClientStages({flag.kwarg}=))`'
     elif flag.target == registry.EXPLORATION:
       sets = f'`build_fedlex_exploration({flag.kwarg}=)`'
     else:

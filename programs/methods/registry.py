@@ -4,7 +4,8 @@ flags every method takes (the plug-in client stages and FedLEx's exploration).
 A method file (programs/methods/<method>.py) declares its `Method` with these; the package's
 index (programs/methods/__init__.py) collects them. The plug-in client stages every method
 takes (`--guided` with FedLEx's exploration flags, `--kd_weight`:
-`tff_algos/client_work/plugins.py`) are declared here once, as general flags.
+`tff_algos/client_work/plugins.py`) are declared here once, as general flags; they and a
+method's own STAGES flags reach its builder as one `tff_algos.ClientStages`, `client_stages=`.
 
 Importing this module imports neither TensorFlow nor TFF (flags are validated before TF
 starts): a method's builder is imported when a process is built.
@@ -20,6 +21,7 @@ from tff_algos import constants
 
 # Where a method flag's value goes.
 BUILDER = 'builder'          # a keyword argument of the method's builder
+STAGES = 'stages'            # a field of the builder's `client_stages=` (tff_algos.ClientStages)
 EXPLORATION = 'exploration'  # a keyword of tff_algos.fedlex.build_fedlex_exploration
 PROGRAM = 'program'          # read by programs/experiment.py's loop (named in `help`)
 
@@ -59,8 +61,8 @@ class Flag:
   default: Any               # its type is the flag's type (bool, int, float, str)
   help: str
   check: Optional[Callable[[Any], Optional[str]]] = None
-  target: str = BUILDER      # BUILDER, EXPLORATION or PROGRAM
-  kwarg: Optional[str] = None  # the keyword it becomes (BUILDER / EXPLORATION targets)
+  target: str = BUILDER      # BUILDER, STAGES, EXPLORATION or PROGRAM
+  kwarg: Optional[str] = None  # the keyword (BUILDER, EXPLORATION) or ClientStages field
   transform: Callable[[Any], Any] = lambda v: v  # flag value -> argument value
 
   def error(self, value) -> Optional[str]:
@@ -96,8 +98,9 @@ class Method:
   """One `--algorithm`.
 
   `arguments(config, inputs)` returns the builder's (args, kwargs) apart from the BUILDER
-  flags' keywords, which are added from `flags`. `reads` are the general server flags
-  (SERVER_FLAGS) the arguments use; any other one set away from its default is refused.
+  flags' keywords, which are added from `flags`, and `client_stages=` (`plugin_kwargs`).
+  `reads` are the general server flags (SERVER_FLAGS) the arguments use; any other one set
+  away from its default is refused.
   `check(config)` validates combinations of flags (None or a message). `errors`: exception
   types the builder raises for impossible settings, reported as `error_prefix + str(e)`.
   `note(config)`: a line the program prints before training (a valid but noteworthy
@@ -139,14 +142,18 @@ class Method:
     return self.guided or config.guided
 
   def plugin_kwargs(self, config) -> dict:
-    """The plug-in keywords (`guided=`, `kd_weight=`) `config` adds to the builder call;
-    none when the flags are at their defaults, so a plain run's call is as it was."""
-    kwargs = {}
-    if config.guided and not self.guided:
-      kwargs['guided'] = True
+    """The builder's `client_stages=`: one `tff_algos.ClientStages` from the plug-in flags
+    (`--guided`, `--kd_weight`) and the method's STAGES flags (CADIS's `--cadis_kd_*`); {}
+    when none sets a stage, so a plain run's call is as it was. Imports TensorFlow."""
+    fields = self.builder_kwargs(config, STAGES)
     if config.kd_weight >= 0:   # < 0: the method's own default (CADIS: --cadis_kd_weight)
-      kwargs['kd_weight'] = config.kd_weight
-    return kwargs
+      fields['kd_weight'] = config.kd_weight
+    if self.is_guided(config):
+      fields['guided'] = True
+    if not fields:
+      return {}
+    from tff_algos.client_work import plugins  # pylint: disable=g-import-not-at-top
+    return dict(client_stages=plugins.ClientStages(**fields))
 
   def check_plugins(self, config) -> Optional[str]:
     """The plug-in flags' combinations with this method (None or a message)."""
@@ -154,9 +161,9 @@ class Method:
       return (f'--kd_weight does not apply to --algorithm={self.name}: FedSGD takes its one '
               'gradient at the received model, where the student is the teacher and the KD '
               'term and its gradient are 0; drop it')
-    if config.kd_weight >= 0 and any(
-        f.kwarg == 'kd_weight' and getattr(config, f.name) != f.default for f in self.flags):
-      own = next(f.name for f in self.flags if f.kwarg == 'kd_weight')
+    own_weight = [f for f in self.flags if f.target == STAGES and f.kwarg == 'kd_weight']
+    if config.kd_weight >= 0 and any(getattr(config, f.name) != f.default for f in own_weight):
+      own = own_weight[0].name
       return f'--kd_weight and --{own} both set the KD weight; drop --{own}'
     if not self.is_guided(config):
       for flag in FEDLEX_FLAGS:
@@ -194,12 +201,12 @@ PLUGIN_FLAGS = (
     Flag('guided', False, 'FedLEx\'s guidance on any --algorithm: an exploration phase '
          'builds the guidance matrix G (the --fedlex_* exploration flags), and every client '
          'gradient is multiplied by G before its step (fedlex_* are guided already).',
-         kwarg='guided'),
+         target=STAGES, kwarg='guided'),
     Flag('kd_weight', -1.0, 'lambda of CADIS\'s KD term on any --algorithm with local steps '
          '(the teacher: the model the client received); 0 = off, < 0 = the method\'s '
          'default (cadis: --cadis_kd_weight, others off).',
          lambda v: None if math.isfinite(v) else f' must be a finite number, got {v}',
-         kwarg='kd_weight'),
+         target=STAGES, kwarg='kd_weight'),
 )
 
 # FedLEx's exploration (docs/algorithms.md#fedlex): read by every guided run (--guided or

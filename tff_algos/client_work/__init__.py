@@ -8,7 +8,8 @@ Modules (docs/architecture.md has the whole map):
 * `model_delta`: client work uploading a model delta (the FedAvg family, FedSGD, CADIS).
 * `model_upload`: client work uploading the trained model keyed by index and slot (FedCross,
   FedCDA).
-* `plugins`: the plug-ins every client work takes: FedLEx's guidance, CADIS's KD term.
+* `plugins`: the plug-ins every client work takes as one `ClientStages`: FedLEx's guidance,
+  CADIS's KD term.
 """
 from tff_algos.client_work.corrected_training import build_corrected_client_work
 from tff_algos.client_work.local_training import (
@@ -20,3 +21,4 @@ from tff_algos.client_work.model_delta import (
     initial_model_weights_fn, model_input_spec, model_weights_type,
     sum_and_finalize_training_metrics)
 from tff_algos.client_work.model_upload import build_model_upload_client_work, model_upload_type
+from tff_algos.client_work.plugins import ClientStages

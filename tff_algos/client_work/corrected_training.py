@@ -66,10 +66,7 @@ def build_corrected_client_work(
     client_batch_size: int,
     *,
     client_weighting: str = 'uniform',
-    guided: bool = False,
-    kd_weight: float = 0.0,
-    kd_reduction: str = 'sum',
-    kd_std: str = 'population',
+    client_stages: plugins.ClientStages = plugins.ClientStages(),
 ) -> tff.learning.templates.ClientWorkProcess:
   """SCAFFOLD's client work (see the module doc).
 
@@ -79,12 +76,8 @@ def build_corrected_client_work(
       (optionally with `tff_algos.optimizers.with_weight_decay`); anything else is refused.
     client_batch_size: local batch size.
     client_weighting: 'uniform' (the paper) or 'num_examples': the upload's weight.
-    guided: FedLEx's guidance in the client work state, applied before the correction
-      (module doc).
-    kd_weight: λ of CADIS's KD term (`plugins`; 0 = off).
-    kd_reduction: 'sum' or 'mean' (`distillation`).
-    kd_std: 'population' (default) or 'sample' (reference code): σ of the KD
-      kernel (`distillation`).
+    client_stages: the plug-ins, FedLEx's guidance (applied before the correction, module
+      doc) and CADIS's KD term (`plugins.ClientStages`; default none).
 
   Returns:
     A `ClientWorkProcess` whose state is the client optimizer's hparams (TFF's hparams API),
@@ -99,7 +92,7 @@ def build_corrected_client_work(
   if client_weighting not in constants.CLIENT_WEIGHTINGS:
     raise ValueError(f'client_weighting must be one of {constants.CLIENT_WEIGHTINGS}, '
                      f'got {client_weighting!r}')
-  stages = plugins.ClientStages(guided, kd_weight, kd_reduction, kd_std)
+  stages = plugins.ClientStages.of(client_stages)
   weights_type = model_delta.model_weights_type(model_fn)
   with_non_trainable = bool(weights_type.non_trainable)
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))

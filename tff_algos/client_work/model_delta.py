@@ -3,8 +3,8 @@
 `build_model_delta_client_work` is FedAvg's / FedProx's / FedSGD's client side (with
 `keyed=True`, CADIS's): a `tff.learning.templates.ClientWorkProcess` that plugs into
 `compose_learning_process` beside TFF's stock distributor, aggregators and finalizer. Its
-plug-ins (`guided`: FedLEx's guidance; `kd_weight`: CADIS's KD term) are
-`tff_algos.client_work.plugins`'s, as in every client work here.
+plug-ins (FedLEx's guidance, CADIS's KD term) are one `plugins.ClientStages`, as in every
+client work here.
 """
 
 from __future__ import annotations
@@ -251,11 +251,8 @@ def build_model_delta_client_work(
     proximal_strength: float = 0.0,
     full_gradient: bool = False,
     client_weighting: str = 'num_examples',
-    guided: bool = False,
     keyed: bool = False,
-    kd_weight: float = 0.0,
-    kd_reduction: str = 'sum',
-    kd_std: str = 'population',
+    client_stages: plugins.ClientStages = plugins.ClientStages(),
 ) -> tff.learning.templates.ClientWorkProcess:
   """Local training that uploads the model delta (or FedSGD's mean gradient).
 
@@ -266,18 +263,11 @@ def build_model_delta_client_work(
     proximal_strength: FedProx's mu (0 = FedAvg).
     full_gradient: FedSGD: upload the mean full-batch gradient at the received weights.
     client_weighting: 'num_examples' (FedAvg) or 'uniform'.
-    guided: FedLEx's guidance (`plugins`): the state holds G (ones at first;
-      `ClientWorkState`), every gradient is multiplied by it before the optimiser step
-      (before upload for FedSGD).
     keyed: upload `OrderedDict(client_index=int32, delta=<the update>)`, the client's index
       from its input travelling with its update (for aggregators with per-client state,
       e.g. `tff_algos.aggregators.clustered_aggregation`).
-    kd_weight: CADIS's λ (`plugins`): adds λ·KL(teacher ‖ student) to every batch loss, the
-      teacher being the received model. 0 (default) builds no teacher. Needs a
-      Keras-backed model with a 'classifier' layer, and local steps (not FedSGD).
-    kd_reduction: 'sum' (default, the reference code) or 'mean' (see `distillation`).
-    kd_std: 'population' (default) or 'sample' (reference code): σ of the KD kernel (see
-      `distillation`).
+    client_stages: the plug-ins, FedLEx's guidance and CADIS's KD term
+      (`plugins.ClientStages`; default none); guided, the state holds G (`ClientWorkState`).
 
   Returns:
     A `ClientWorkProcess` whose update is `initial - final` trainable weights (TFF's
@@ -295,7 +285,7 @@ def build_model_delta_client_work(
     raise ValueError(f'client_weighting must be one of {constants.CLIENT_WEIGHTINGS}, got {client_weighting!r}')
   if proximal_strength < 0:
     raise ValueError(f'proximal_strength must be >= 0, got {proximal_strength}')
-  stages = plugins.ClientStages(guided, kd_weight, kd_reduction, kd_std)
+  stages = plugins.ClientStages.of(client_stages)
   stages.check_local_steps(full_gradient)
   weights_type = model_weights_type(model_fn)
   if keyed and weights_type.non_trainable:

@@ -12,8 +12,8 @@ model it received, unchanged and finite, so no NaN reaches a server accumulator.
 weight 0, which tells the aggregator to ignore the upload; the non-finite ones are counted in
 `train/non_finite_clients`, the non-reporting ones in `train/unreported_clients`.
 
-The plug-ins (`guided`: FedLEx's guidance, `kd_weight`: CADIS's KD term with the received
-model as the teacher) are `tff_algos.client_work.plugins`'s, as in every client work here.
+The plug-ins (FedLEx's guidance, CADIS's KD term with the received model as the teacher) are
+one `plugins.ClientStages`, as in every client work here.
 """
 
 from __future__ import annotations
@@ -42,10 +42,7 @@ def build_model_upload_client_work(
     client_optimizer_fn: tff.learning.optimizers.Optimizer,
     client_batch_size: int,
     *,
-    guided: bool = False,
-    kd_weight: float = 0.0,
-    kd_reduction: str = 'sum',
-    kd_std: str = 'population',
+    client_stages: plugins.ClientStages = plugins.ClientStages(),
 ) -> tff.learning.templates.ClientWorkProcess:
   """Local training on the shared fast loop that uploads the trained model (see module doc).
 
@@ -53,11 +50,8 @@ def build_model_upload_client_work(
     model_fn: no-arg function returning a `tff.learning.models.VariableModel`.
     client_optimizer_fn: a `tff.learning.optimizers.Optimizer` for local steps.
     client_batch_size: local batch size.
-    guided: FedLEx's guidance in the client work state (`plugins`).
-    kd_weight: λ of CADIS's KD term (`plugins`; 0 = off).
-    kd_reduction: 'sum' or 'mean' (`distillation`).
-    kd_std: 'population' (default) or 'sample' (reference code): σ of the KD
-      kernel (`distillation`).
+    client_stages: the plug-ins, FedLEx's guidance and CADIS's KD term
+      (`plugins.ClientStages`; default none).
 
   Returns:
     A `ClientWorkProcess` whose state is the client optimizer's hparams (TFF's hparams API:
@@ -69,7 +63,7 @@ def build_model_upload_client_work(
   """
   model_fn = model_fns.as_model_fn(model_fn)
   local_training.check_client_training(client_optimizer_fn, client_batch_size)
-  stages = plugins.ClientStages(guided, kd_weight, kd_reduction, kd_std)
+  stages = plugins.ClientStages.of(client_stages)
   weights_type = model_delta.model_weights_type(model_fn)
   data_type = local_training.client_data_type(model_delta.model_input_spec(model_fn))
 

@@ -1,15 +1,10 @@
 """The plug-in client stages every client work accepts: FedLEx's guidance and CADIS's KD term.
 
 Both change how a client trains, never what the server does with its upload
-(docs/architecture.md, "Plug-ins"), so each is written once here and every client work
+(docs/architecture.md, "Plug-ins"), so each is written once here. Every builder (public and
+client work) takes them as one `ClientStages` value, `client_stages=`, and every client work
 (`model_delta`, `model_upload`, `corrected_training`) takes its hooks into the shared
-local-training loop from `ClientStages.hooks`. Guidance (`guided=True`,
-docs/algorithms.md#fedlex): G, in the client work's state and all ones after `initialize`,
-multiplies every gradient of the local objective (proximal and KD terms included) before the
-optimizer step; a method's own gradient transform (SCAFFOLD's correction) comes after it.
-KD (`kd_weight=λ > 0`, docs/algorithms.md#cadis): λ·KL(teacher ‖ student) added to every batch
-loss (`distillation.build_kd_loss`); refused for FedSGD, whose one gradient is taken where
-student and teacher coincide.
+local-training loop from `ClientStages.hooks`. `ClientStages`' docstring documents the stages.
 """
 
 from __future__ import annotations
@@ -33,7 +28,26 @@ class TrainingHooks(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class ClientStages:
-  """The plug-ins of one client work (see the module doc); the defaults are none at all."""
+  """The plug-in stages of one client work; the defaults are none at all.
+
+  Attributes:
+    guided: FedLEx's guidance (docs/algorithms.md#fedlex). G, in the client work's state
+      (`state.client_work['guidance']`) and all ones after `initialize` (bit for bit the
+      unguided method) until `tff_algos.fedlex.set_guidance` or `explore_and_initialize`
+      installs one, multiplies every gradient of the local objective (proximal and KD terms
+      included) before the optimizer step (FedSGD: its upload is G·g); a method's own
+      gradient transform (SCAFFOLD's correction) comes after it.
+    kd_weight: λ of CADIS's KD term (docs/algorithms.md#cadis): λ·KL(teacher ‖ student) of
+      the representations' kernel similarities added to every batch loss
+      (`distillation.build_kd_loss`), the teacher being the model the client received
+      (FedCross: its middleware model). 0 (default) builds no teacher; > 0 needs a
+      Keras-backed model with a 'classifier' layer and local steps, so FedSGD refuses it
+      (its one gradient is taken where student and teacher coincide).
+    kd_reduction: 'sum' (default, the reference code) or 'mean' (the sum / batch size) of
+      the KD term over a batch's anchors (`distillation`).
+    kd_std: σ of the KD kernel over a batch's pairwise distances: 'population' (default) or
+      'sample' (n − 1, the reference code's `torch.std`; `distillation`).
+  """
   guided: bool = False
   kd_weight: float = 0.0
   kd_reduction: str = 'sum'
@@ -53,6 +67,14 @@ class ClientStages:
       raise ValueError(f'kd_std must be one of {constants.KD_STDS}, got {self.kd_std!r}')
     object.__setattr__(self, 'guided', bool(self.guided))
     object.__setattr__(self, 'kd_weight', float(self.kd_weight))
+
+  @staticmethod
+  def of(client_stages) -> 'ClientStages':
+    """`client_stages` if it is a `ClientStages`, else one TypeError naming the fix."""
+    if not isinstance(client_stages, ClientStages):
+      raise TypeError('client_stages must be a tff_algos.ClientStages, e.g. '
+                      f'ClientStages(guided=True, kd_weight=0.5), got {client_stages!r}')
+    return client_stages
 
   def check_local_steps(self, full_gradient: bool) -> None:
     """One ValueError when KD is asked of a client work without local steps (FedSGD)."""
