@@ -3,6 +3,8 @@
 Modules (docs/architecture.md has the whole map):
 
 * `cadis_diagnosis`: CADIS's weights, clusters and KD term on cluster-MC.
+* `checkpoint_cost`: RESULTS.md's tables of what checkpoints add to a round, from
+  `round_overhead`'s JSON logs.
 * `client_training_vs_pytorch`: client training, our round as the program runs it and plain
   TF against a PyTorch simulator's round on the same clients (`torch_twins` runs the PyTorch
   side); `--profile`: where a TF client epoch's time goes (`epoch_profile`).

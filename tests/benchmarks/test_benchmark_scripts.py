@@ -387,3 +387,40 @@ def test_clients_together_prints_each_models_equality_and_pfors_loops():
              for r in result['equality'])
   assert result['pfor_loops'] == {
       'fedavg_cnn': ['Conv2D', 'Conv2DBackpropFilter', 'Conv2DBackpropInput'], 'mlp_2nn': []}
+
+
+CHECKPOINT_RUNS = ('overlap_1', 'overlap_2', 'steady_1', 'steady_2', 'drop_before_1',
+                   'drop_before_2', 'thread_removes_1', 'thread_removes_2', 'parts_1', 'parts_2',
+                   'integrity_1', 'integrity_2')
+
+
+@pytest.mark.parametrize('argv', [['--added', *CHECKPOINT_RUNS], ['parts_1', 'parts_2'],
+                                  ['integrity_1', 'integrity_2']])
+def test_results_checkpoint_tables_are_the_scripts_output(argv, capsys):
+  # No TF: reads the committed round_overhead logs and RESULTS.md only.
+  from benchmarks import checkpoint_cost  # pylint: disable=g-import-not-at-top
+  assert checkpoint_cost.main(argv) == 0
+  with open(os.path.join(ROOT, 'benchmarks', 'results', 'RESULTS.md')) as f:
+    page = f.read()
+  missing = [row for row in capsys.readouterr().out.splitlines() if row not in page]
+  assert not missing, f'RESULTS.md lacks what `python -m benchmarks.checkpoint_cost ' \
+                      f'{" ".join(argv)}` prints: {missing}'
+
+
+def test_checkpoint_cost_names_a_missing_log_in_one_line(capsys):
+  from benchmarks import checkpoint_cost  # pylint: disable=g-import-not-at-top
+  assert checkpoint_cost.main(['no_such_run']) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith('error: no log for no_such_run')
+  assert checkpoint_cost.main([]) == 2
+
+
+def test_checkpoint_cost_adds_the_default_cadence_over_the_resident_round():
+  from benchmarks import checkpoint_cost  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(ROOT, 'benchmarks', 'results', 'logs',
+                         'round_overhead_2026-12-07_parts_1.json')) as f:
+    variants = json.load(f)['variants']
+  fedcda = variants['fedcda@resident']
+  want = 100 * (fedcda['default_s'] - fedcda['median_s']) / variants['plain_tf']['median_s']
+  assert checkpoint_cost.added_percent(variants, 'fedcda') == pytest.approx(want)
+  assert round(want, 1) == 4.1  # RESULTS.md's FedCDA figure of parts_1
