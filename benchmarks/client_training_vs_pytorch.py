@@ -308,8 +308,8 @@ def main(argv):
   worker = worker_settings()
   setup = dict(
       dataset=ds.name, clients=len(xs), examples_per_client=int(xs[0].shape[0]),
-      epochs=1, client_lr=_LR.value, warmup_rounds=_WARMUP.value, rounds=_ROUNDS.value,
-      tf=tf.__version__,
+      seed=_SEED.value, clients_sha256=fedavg_rounds.clients_sha256(xs, ys), epochs=1,
+      client_lr=_LR.value, warmup_rounds=_WARMUP.value, rounds=_ROUNDS.value, tf=tf.__version__,
       tf_intra_op_threads=tf.config.threading.get_intra_op_parallelism_threads(),
       tf_inter_op_threads=tf.config.threading.get_inter_op_parallelism_threads(),
       worker=worker, torch=torch_side.info if torch_side else None,

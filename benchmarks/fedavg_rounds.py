@@ -10,6 +10,7 @@ imports TF before parsing.
 from __future__ import annotations
 
 import collections
+import hashlib
 import time
 
 import numpy as np
@@ -33,6 +34,15 @@ def client_split(ds, num_clients: int, per_client: int, seed: int) -> tuple:
                      f'in {ds.name}')
   pick = np.random.default_rng(seed).permutation(ds.x_train.shape[0])[:total]
   return np.split(ds.x_train[pick], num_clients), np.split(ds.y_train[pick], num_clients)
+
+
+def clients_sha256(xs, ys) -> str:
+  """sha256 over the clients' examples and labels in order: which clients a run trained."""
+  h = hashlib.sha256()
+  for x, y in zip(xs, ys):
+    h.update(np.ascontiguousarray(x).tobytes())
+    h.update(np.ascontiguousarray(y).tobytes())
+  return h.hexdigest()
 
 
 def round_inputs(xs, ys, epochs: int, seed: int, round_num: int) -> list:

@@ -78,6 +78,25 @@ def test_without_torch_the_tf_side_runs_and_says_how_to_get_torch(tmp_path):
   assert '| mlp_2nn | 5 |' in out.stdout and '| - | - | - |' in out.stdout
 
 
+def test_seed_picks_the_clients_and_client_lr_the_step(tmp_path):
+  """--seed=1 trains seed 1's clients (not seed 0's), and --client_lr=0 leaves both TF sides'
+  weights where they started."""
+  from benchmarks import fedavg_rounds  # pylint: disable=g-import-not-at-top
+  from benchmarks.method_builds import load_data  # pylint: disable=g-import-not-at-top
+  figures = tmp_path / 'figures.json'
+  _run(*TINY, '--models=mlp_2nn', '--rounds=1', '--warmup_rounds=0', '--seed=1',
+       '--client_lr=0', f'--torch_python={sys.executable}', f'--json={figures}')
+  written = json.loads(figures.read_text())
+  digits = load_data('digits')
+  digest = {seed: fedavg_rounds.clients_sha256(*fedavg_rounds.client_split(digits, 2, 10, seed))
+            for seed in (0, 1)}
+  assert digest[0] != digest[1]
+  assert written['setup']['clients_sha256'] == digest[1]
+  [setting] = written['settings']
+  assert setting['plain_tf_moved_max_abs'] == 0
+  assert setting['ours_vs_plain_tf_max_abs_difference'] == 0
+
+
 def test_profile_gives_the_ops_and_the_overhead_of_a_client_epoch(tmp_path):
   figures = tmp_path / 'figures.json'
   out = _run(*TINY, '--models=mlp_2nn', '--profile', f'--json={figures}')
