@@ -41,12 +41,6 @@ from programs import run_directory
 from programs import run_results
 from programs import stopping
 from programs import user_code
-# Programs and tests import each name from the module it lives in
-# (tests/test_program_layout.py); only notebooks/1_quickstart.ipynb and
-# 3_inside_the_methods.ipynb still call ExperimentConfig, build_process and Evaluator as
-# `experiment.X` (their outputs are stamped with their code's digest: the calls move when they
-# are next run in full).
-from programs.computations import Evaluator, build_process  # pylint: disable=unused-import
 from programs.experiment_config import (ExperimentConfig, ExperimentError, client_faults,
                                         validate)
 from tff_algos.constants import CLIENT_ACCURACY_FIGURES  # no TensorFlow: flags come first
