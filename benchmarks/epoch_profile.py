@@ -39,7 +39,9 @@ def _op_events(xspace_path: str) -> list:
       for event in line.events:
         name = plane.event_metadata[event.metadata_id].name
         op_name, sep, op_type = name.rpartition(':')
-        if (not sep or not op_name or '::' in name or not op_type[:1].isupper()
+        # Op types are CamelCase; Grappler's fused kernels (_FusedConv2D, _FusedMatMul:
+        # the forward layers) start with an underscore.
+        if (not sep or not op_name or '::' in name or not op_type.lstrip('_')[:1].isupper()
             or '/' in op_type or op_type in CONTAINERS):
           continue
         start = line.timestamp_ns * 1000 + event.offset_ps
