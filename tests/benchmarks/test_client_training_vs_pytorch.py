@@ -116,11 +116,12 @@ def test_profile_gives_the_ops_and_the_overhead_of_a_client_epoch(tmp_path):
 @pytest.mark.skipif(not TORCH_PYTHON, reason='set TFF_ALGOS_TORCH_PYTHON to an interpreter '
                     'with PyTorch (e.g. /work/torchvenv/bin/python) to run the torch side')
 def test_the_torch_twins_match_and_train_as_tf_does(tmp_path):
-  """Each twin has the Keras model's weight counts; one client step, and its epoch (two steps),
-  from the same weights in the same batch order land within float32 rounding of plain TF's (fedavg_cnn: 'same' padding
-  and the flattened features' order; resnet20: stride-2 'same' convolutions, BatchNorm,
-  option-A shortcuts); the torch side is timed and --torch_threads reaches it. (simple_cnn's
-  'valid' convolutions need more than digits' 8x8 inputs.)"""
+  """Each twin has the Keras model's weight counts; one client step, and its epoch (two
+  steps), from the same weights in the same batch order land within float32 rounding of plain
+  TF's (fedavg_cnn: 'same' padding and the flattened features' order; resnet20: stride-2
+  'same' convolutions, BatchNorm, option-A shortcuts); the torch side is timed and
+  --torch_threads reaches it. (simple_cnn's 'valid' convolutions need more than digits' 8x8
+  inputs.)"""
   figures = tmp_path / 'figures.json'
   out = _run(*TINY, '--models=fedavg_cnn,mlp_2nn,resnet20', '--rounds=1',
              '--warmup_rounds=0', f'--torch_python={TORCH_PYTHON}', '--torch_threads=1',
@@ -192,7 +193,8 @@ def test_the_twin_reads_keras_weights_and_the_round_is_the_weighted_mean():
 
 def test_results_md_shows_the_committed_runs_figures():
   """RESULTS.md's issue-87 figures are the committed logs' own: the two default runs and the
-  two oneDNN runs as the benchmark's table() prints them, and each lever run's medians."""
+  two oneDNN runs as the benchmark's table() prints them, each lever run's medians, and the
+  profiled epoch's seconds with oneDNN off and on."""
   logs = os.path.join(ROOT, 'benchmarks', 'results', 'logs')
   with open(os.path.join(ROOT, 'benchmarks', 'results', 'RESULTS.md')) as f:
     page = f.read()
@@ -210,3 +212,7 @@ def test_results_md_shows_the_committed_runs_figures():
       m = f['median_s']
       assert (f'{m["ours"]:.3f} / {m["plain_tf"]:.3f} / {m["torch"]:.3f} | '
               f'{f["ratio_ours_to_torch"]:.2f}x') in page, (name, f['batch_size'])
+  profiles = {name: {f['batch_size']: f['profile']['wall_s'] for f in load(name)}
+              for name in ('profile', 'profile_onednn')}
+  for batch, off in profiles['profile'].items():
+    assert f'| {batch} | {off:.3f} s | {profiles["profile_onednn"][batch]:.3f} s |' in page, batch
